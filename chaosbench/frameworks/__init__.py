@@ -1,0 +1,1 @@
+"""Framework adapters: the fault-tolerance systems under test."""

@@ -1,0 +1,204 @@
+"""The framework-adapter interface: how the job is launched and supervised, and what counts as a reaction.
+
+An adapter first makes a :class:`LaunchPlan` (plain data: processes, log patterns, timeouts, versions), which
+``chaosbench run --dry-run`` prints; then :meth:`Framework.supervise` runs the plan until the job ends, the
+adapter gives up, the run's deadline passes or the harness is interrupted.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
+from chaosbench.timeline import TimelineFollower, TimelineWriter
+
+if TYPE_CHECKING:
+    from chaosbench.specs import Scenario
+    from chaosbench.workloads.base import Workload
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def base_versions() -> dict[str, str | None]:
+    from chaosbench import __version__
+
+    return {
+        "chaosbench": __version__,
+        "python": sys.version.split()[0],
+        "torch": package_version("torch"),
+    }
+
+
+@dataclass
+class LogPattern:
+    """A log line of the framework that means something: ``kind`` is the event written when ``regex``
+    matches a line of a process with role ``role`` (named groups become event fields)."""
+
+    kind: str  # detect | restart | give_up | log
+    regex: str
+    role: str = "*"
+
+    def compiled(self) -> re.Pattern[str]:
+        return re.compile(self.regex)
+
+
+@dataclass
+class JobContext:
+    """Everything an adapter needs to plan a run."""
+
+    scenario: Scenario
+    run_id: str
+    run_dir: Path
+    ckpt_dir: Path
+    events_path: Path
+    workload: Workload
+    runtime: Runtime
+
+    @property
+    def ranks(self) -> int:
+        return self.scenario.workload.ranks
+
+    def rank_env(self, incarnation: int) -> dict[str, str]:
+        """Environment every training process gets, whoever launches it."""
+        env = {
+            "CHAOSBENCH_EVENTS": str(self.events_path),
+            "CHAOSBENCH_RUN_ID": self.run_id,
+            "CHAOSBENCH_NODE": "node0",
+            "CHAOSBENCH_INCARNATION": str(incarnation),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.update(self.workload.env(self))
+        return env
+
+
+@dataclass
+class LaunchPlan:
+    """Plain data describing how the job will be run; printable and testable without running it."""
+
+    framework: str
+    adapter: str
+    processes: list[ProcessSpec]
+    patterns: list[LogPattern] = field(default_factory=list)
+    timeouts: dict[str, float | None] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "adapter": self.adapter,
+            "processes": [p.to_dict() for p in self.processes],
+            "patterns": [{"kind": p.kind, "regex": p.regex, "role": p.role} for p in self.patterns],
+            "timeouts": self.timeouts,
+            "versions": self.versions,
+            "options": self.options,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class JobResult:
+    """How supervision ended: ``completed`` (all ranks exited 0), ``failed`` (the job died and nothing
+    restarted it), ``gave_up`` (retry limit reached), ``deadline`` or ``interrupted``."""
+
+    status: str
+    reason: str = ""
+
+
+class RunControl:
+    """The harness side of a live run, handed to :meth:`Framework.supervise`."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        timeline: TimelineWriter,
+        follower: TimelineFollower,
+        deadline_monotonic: float,
+    ) -> None:
+        self.runtime = runtime
+        self.timeline = timeline
+        self.follower = follower
+        self.deadline_monotonic = deadline_monotonic
+        self.interrupted = threading.Event()
+
+    def stop_reason(self) -> str | None:
+        if self.interrupted.is_set():
+            return "interrupted"
+        if time.monotonic() >= self.deadline_monotonic:
+            return "deadline"
+        return None
+
+    def sleep(self, seconds: float) -> None:
+        self.interrupted.wait(max(0.0, min(seconds, self.deadline_monotonic - time.monotonic())))
+
+
+class LogWatcher:
+    """Turns matching log lines into timeline events, stamped when the line was read."""
+
+    def __init__(self, framework: str, patterns: list[LogPattern], timeline: TimelineWriter) -> None:
+        self.framework = framework
+        self.timeline = timeline
+        self._patterns = [(p, p.compiled()) for p in patterns]
+
+    def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+        for pat, rx in self._patterns:
+            if pat.role not in ("*", handle.spec.role):
+                continue
+            m = rx.search(line)
+            if m:
+                fields = {k: v for k, v in m.groupdict().items() if v is not None}
+                self.timeline.emit(
+                    pat.kind,
+                    t_ns=t_ns,
+                    src="framework",
+                    framework=self.framework,
+                    proc=handle.name,
+                    line=line[:400],
+                    **fields,
+                )
+
+
+class Framework(ABC):
+    """One fault-tolerance system under test."""
+
+    name: ClassVar[str]
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, label: str, options: BaseModel) -> None:
+        self.label = label
+        self.options = options
+
+    @abstractmethod
+    def plan(self, job: JobContext) -> LaunchPlan:
+        """Describe the launch; no side effects."""
+
+    @abstractmethod
+    def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        """Run the plan to its end. Must return promptly once ``control.stop_reason()`` is set, leaving
+        teardown of what is still running to the caller (``runtime.cleanup``)."""
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        """Every timeout in force that shapes detection and recovery, in seconds (None: no timeout)."""
+        return {"workload_pg_timeout_s": job.workload.pg_timeout_s}
+
+    def versions(self) -> dict[str, str | None]:
+        return base_versions()

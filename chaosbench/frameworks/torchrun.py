@@ -1,0 +1,121 @@
+"""The ``torchrun`` adapter: torch's elastic agent supervises the worker group and restarts it.
+
+One agent (``python -m torch.distributed.run``) on one node with ``--nproc-per-node`` ranks and
+``--max-restarts``. Its failure lines are the detection events and its restart decision the restart event
+(see FIELD-NOTES: ``failed (exitcode: -9) local_rank: 1``, ``Worker group FAILED. 3/3 attempts left; will
+restart worker group``). LOGLEVEL=INFO makes the agent print its rendezvous lines too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaosbench.frameworks.base import (
+    Framework,
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    LogPattern,
+    LogWatcher,
+    RunControl,
+)
+from chaosbench.runtimes.base import ProcessSpec
+
+# torch.distributed.elastic's fixed grace between SIGTERM and SIGKILL when it stops a worker group
+# (LocalElasticAgent shutdown_timeout / PContext.close timeout, torch 2.x).
+TORCHRUN_SHUTDOWN_GRACE_S = 30.0
+
+TORCHRUN_PATTERNS = [
+    # The agent's first reaction to a failed worker: it stops the rest of the group (a WARNING line, printed
+    # before the 30 s grace it gives the workers; the "failed (exitcode ...)" line comes after that grace).
+    LogPattern("detect", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", "agent"),
+    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent"),
+    LogPattern(
+        "restart",
+        r"Worker group FAILED\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
+        "agent",
+    ),
+    LogPattern("give_up", r"ChildFailedError", "agent"),
+]
+
+
+class TorchrunOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_restarts: int = Field(default=3, ge=0, description="torchrun --max-restarts")
+    monitor_interval_s: float = Field(default=0.1, gt=0, description="torchrun --monitor-interval")
+    rdzv_backend: str = Field(default="c10d", description="torchrun --rdzv-backend")
+    share_rdzv_tcp_store: bool = Field(
+        default=True,
+        description="torchrun's default; false sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (pytorch#135712)",
+    )
+    log_level: str = Field(default="INFO", description="LOGLEVEL for the agent (INFO shows rendezvous lines)")
+    extra_args: list[str] = Field(default_factory=list, description="more torchrun arguments, as is")
+    teardown_grace_s: float = Field(default=5.0, ge=0, description="harness teardown grace at the run's end")
+
+
+class TorchrunFramework(Framework):
+    """torch elastic (torchrun) with ``--max-restarts``: restarts the whole local worker group."""
+
+    name: ClassVar[str] = "torchrun"
+    Options = TorchrunOptions  # type: ignore[assignment]
+
+    def plan(self, job: JobContext) -> LaunchPlan:
+        o: Any = self.options
+        port = job.runtime.free_port()
+        argv = [
+            *job.workload.argv(job)[:1],
+            "-m", "torch.distributed.run",
+            "--nnodes", "1",
+            "--nproc-per-node", str(job.ranks),
+            "--max-restarts", str(o.max_restarts),
+            "--monitor-interval", str(o.monitor_interval_s),
+            "--rdzv-backend", o.rdzv_backend,
+            "--rdzv-endpoint", f"{job.runtime.master_addr}:{port}",
+            "--rdzv-id", job.run_id,
+            *o.extra_args,
+            "--no-python",
+            *job.workload.argv(job),
+        ]  # fmt: skip
+        env = job.rank_env(0)
+        env["LOGLEVEL"] = o.log_level
+        if not o.share_rdzv_tcp_store:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        return LaunchPlan(
+            framework=self.label,
+            adapter=self.name,
+            processes=[ProcessSpec(name="torchrun", argv=argv, env=env, role="agent")],
+            patterns=list(TORCHRUN_PATTERNS),
+            timeouts=self.timeouts(job),
+            versions=self.versions(),
+            options=o.model_dump(),
+            notes=["worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT"],
+        )
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        o: Any = self.options
+        t = super().timeouts(job)
+        t.update(
+            {
+                "monitor_interval_s": o.monitor_interval_s,
+                "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
+                "teardown_grace_s": o.teardown_grace_s,
+            }
+        )
+        return t
+
+    def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        o: Any = self.options
+        watcher = LogWatcher(self.label, plan.patterns, control.timeline)
+        (agent,) = [control.runtime.start(p, on_line=watcher) for p in plan.processes]
+        while True:
+            rc = agent.poll()
+            if rc is not None:
+                if rc == 0:
+                    return JobResult("completed")
+                return JobResult("failed", f"torchrun exited with code {rc}")
+            stop = control.stop_reason()
+            if stop:
+                return JobResult(stop, f"harness stopped the run ({stop})")
+            control.sleep(min(0.05, o.monitor_interval_s))

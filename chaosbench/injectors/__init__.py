@@ -1,0 +1,1 @@
+"""Injectors: one module per kind of fault."""

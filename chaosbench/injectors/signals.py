@@ -1,0 +1,85 @@
+"""Signal injectors: ``kill`` (a signal to a rank's process) and ``hang`` (SIGSTOP, reverted by SIGCONT)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from chaosbench import procutil
+from chaosbench.errors import ChaosbenchError
+from chaosbench.injectors.base import FaultContext, Injector
+
+
+def _signal_number(name: str | int) -> int:
+    if isinstance(name, int):
+        return int(signal.Signals(name))
+    n = name.upper()
+    if not n.startswith("SIG"):
+        n = "SIG" + n
+    return int(signal.Signals[n])
+
+
+class KillParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    signal: str = Field(default="SIGKILL", description="signal name sent to the target rank's process")
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _known(cls, v: Any) -> str:
+        try:
+            return signal.Signals(_signal_number(v)).name
+        except (KeyError, ValueError):
+            raise ValueError(f"unknown signal {v!r}") from None
+
+
+class KillInjector(Injector):
+    """Sends a signal (SIGKILL by default) to the target rank's process: a crashed rank."""
+
+    name: ClassVar[str] = "kill"
+    summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank's process"
+    Params = KillParams  # type: ignore[assignment]
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        sig = _signal_number(self.params.signal)  # type: ignore[attr-defined]
+        ctx.runtime.signal_pid(ctx.target.pid, sig, ctx.target.pid_ticks)
+        return {"signal": signal.Signals(sig).name}
+
+
+class HangParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="seconds until SIGCONT; null: stopped until the run ends"
+    )
+
+
+class HangInjector(Injector):
+    """Freezes the target rank's process with SIGSTOP (a hung rank); revert sends SIGCONT."""
+
+    name: ClassVar[str] = "hang"
+    summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
+    Params = HangParams  # type: ignore[assignment]
+
+    @property
+    def duration_s(self) -> float | None:
+        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        ctx.runtime.signal_pid(ctx.target.pid, signal.SIGSTOP, ctx.target.pid_ticks)
+        self._stopped: tuple[int, int | None] | None = (ctx.target.pid, ctx.target.pid_ticks)
+        return {"duration_s": self.duration_s}
+
+    def revert(self, ctx: FaultContext) -> bool:
+        stopped = getattr(self, "_stopped", None)
+        if stopped is None:
+            return False
+        self._stopped = None
+        pid, ticks = stopped
+        if not procutil.alive(pid, ticks):
+            return False
+        try:
+            ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks)
+        except (ProcessLookupError, ChaosbenchError):  # gone, or no longer ours: nothing to undo
+            return False
+        return True

@@ -1,0 +1,353 @@
+"""Recovery metrics of one run, computed only from its timeline (and its control run's timeline).
+
+Definitions (normative; all times in seconds on the timeline's one clock, ``fault`` = the first
+``fault_inject`` event's stamp, taken just before the injector acted):
+
+- ``time_to_detect_s``: first framework reaction (a ``detect`` event) at or after the fault, minus the
+  fault time. No ``detect`` event before the run ended: missing, and ``detected`` is False.
+- ``time_to_resume_s``: first completed training step after recovery, minus the fault time. A step
+  counts as "after recovery" when it belongs to a newer incarnation than the one running at the fault,
+  or (recovery in place, e.g. a hang that ended) when its index is beyond every step completed before the
+  fault.
+- ``time_to_catch_up_s``: first completion, after the fault, of a step index beyond every step completed
+  before the fault (new progress), minus the fault time.
+- ``lost_steps``: steps completed before the fault that had to be recomputed: (highest step completed
+  before the fault) - (step the recovered job restarted from; the first step after recovery minus one).
+- ``lost_work_s``: the seconds those lost steps had taken the first time: stamp of the highest step
+  completed before the fault minus the stamp of the step recovery restarted from (in the faulted
+  incarnation; its first event when it restarted from scratch).
+- ``restart_count``: highest incarnation seen in ``rank_start`` events (0: never restarted).
+- ``checkpoint_age_s``: fault time minus the newest complete checkpoint save (``ckpt_save_end`` with
+  ``complete``) before it. Missing when no checkpoint had completed.
+- ``checkpoint_save_s``: median duration of complete checkpoint saves (begin to end, per rank).
+- ``wall_s``: ``run_end`` minus ``run_start``.
+- ``productive_s``: for every step index, the compute time of its last execution (the one that survived
+  into the final state): the step's own ``duration_s`` when the workload reports it, else the interval
+  since the rank's previous event of that incarnation. ``goodput`` = productive_s / wall_s.
+- ``extra_wall_s``: wall_s minus the control run's wall_s (same framework, no fault).
+- badput by stage (after the fault): ``badput_detect_s`` = time to detect; ``badput_restart_init_s`` =
+  detection (the fault, if undetected) to the start of the restore in the new incarnation (its first
+  ``ckpt_load_begin``, else its first step's start); ``badput_restore_s`` = checkpoint load in the new
+  incarnation (earliest begin to latest end); ``badput_recompute_s`` = end of the restore to the
+  completion, again, of the highest step completed before the fault. Recovery in place has no restart,
+  restore or recompute (0).
+- ``fidelity``: ``exact`` when the final parameter digest (``train_end`` of rank 0 in the last
+  incarnation) equals the control's, ``diverged`` otherwise (``loss_diff`` = final loss - control's);
+  missing when either run did not finish training.
+- ``outcome``: ``completed`` (control finished), ``recovered`` (the fault fired and training finished),
+  ``not_recovered`` (the fault fired and training did not finish before the run ended), ``fault_not_fired``,
+  ``failed`` (a control that did not finish).
+
+A metric that cannot be measured is None, with the reason in ``missing``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from chaosbench.timeline import Event
+
+
+@dataclass
+class RunMetrics:
+    suite: str | None = None
+    scenario: str | None = None
+    framework: str | None = None
+    fault: str | None = None
+    repeat: int | None = None
+    control: bool = False
+    run_dir: str | None = None
+    outcome: str | None = None
+    run_end_outcome: str | None = None
+    detected: bool | None = None
+    recovered: bool | None = None
+    time_to_detect_s: float | None = None
+    time_to_resume_s: float | None = None
+    time_to_catch_up_s: float | None = None
+    lost_steps: int | None = None
+    lost_work_s: float | None = None
+    restart_count: int | None = None
+    checkpoint_age_s: float | None = None
+    checkpoint_save_s: float | None = None
+    wall_s: float | None = None
+    productive_s: float | None = None
+    goodput: float | None = None
+    extra_wall_s: float | None = None
+    badput_detect_s: float | None = None
+    badput_restart_init_s: float | None = None
+    badput_restore_s: float | None = None
+    badput_recompute_s: float | None = None
+    fidelity: str | None = None
+    loss_diff: float | None = None
+    final_step: int | None = None
+    final_loss: float | None = None
+    digest: str | None = None
+    fault_t_s: float | None = None
+    detect_t_s: float | None = None
+    resume_t_s: float | None = None
+    missing: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    timeouts: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _s(ns: int) -> float:
+    return ns / 1e9
+
+
+@dataclass
+class _Steps:
+    """Step completions per (incarnation, step index): earliest stamp over ranks, and durations."""
+
+    t: dict[tuple[int, int], int] = field(default_factory=dict)
+    duration: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    @classmethod
+    def from_events(cls, events: list[Event]) -> _Steps:
+        out = cls()
+        prev: dict[tuple[int, int], int] = {}  # (incarnation, rank) -> last event stamp
+        for ev in events:
+            if ev.src != "rank":
+                continue
+            key_r = (int(ev.get("incarnation", 0)), int(ev.get("rank", 0)))
+            if ev.kind == "step":
+                k = (key_r[0], int(ev["step"]))
+                if k not in out.t or ev.t_ns < out.t[k]:
+                    out.t[k] = ev.t_ns
+                d = ev.get("duration_s")
+                if d is None and key_r in prev:
+                    d = _s(ev.t_ns - prev[key_r])
+                if d is not None:
+                    out.duration[k] = max(out.duration.get(k, 0.0), float(d))
+            if ev.kind in ("rank_start", "step", "ckpt_save_end", "ckpt_load_end"):
+                prev[key_r] = ev.t_ns
+        return out
+
+    def before(self, t_ns: int) -> list[tuple[int, int]]:
+        return [k for k, t in self.t.items() if t <= t_ns]
+
+    def after(self, t_ns: int) -> list[tuple[int, tuple[int, int]]]:
+        return sorted((t, k) for k, t in self.t.items() if t > t_ns)
+
+
+def _first(events: list[Event], kind: str, after_ns: int | None = None, **match: Any) -> Event | None:
+    for ev in events:
+        if ev.kind != kind or (after_ns is not None and ev.t_ns < after_ns):
+            continue
+        if all(ev.get(k) == v for k, v in match.items()):
+            return ev
+    return None
+
+
+def _final(events: list[Event]) -> Event | None:
+    """train_end of rank 0 in the highest incarnation that reached it."""
+    ends = [e for e in events if e.kind == "train_end" and int(e.get("rank", 0)) == 0]
+    if not ends:
+        return None
+    return max(ends, key=lambda e: (int(e.get("incarnation", 0)), e.t_ns))
+
+
+def compute_metrics(
+    events: list[Event],
+    control: list[Event] | None = None,
+    total_steps: int | None = None,
+) -> RunMetrics:
+    """Metrics of one run from its sorted events; ``control`` is the control run's events (optional)."""
+    m = RunMetrics()
+    miss = m.missing
+    start = _first(events, "run_start")
+    if start is None:
+        miss["wall_s"] = "no run_start event"
+        m.outcome = "error"
+        return m
+    m.suite = start.get("suite")
+    m.scenario = start.get("scenario")
+    m.framework = start.get("framework")
+    m.fault = start.get("fault")
+    m.repeat = start.get("repeat")
+    m.control = bool(start.get("control"))
+    info = _first(events, "framework_info")
+    if info is not None:
+        m.versions = dict(info.get("versions") or {})
+        m.timeouts = dict(info.get("timeouts") or {})
+    end = next((e for e in reversed(events) if e.kind == "run_end"), None)
+    t0 = start.t_ns
+    if end is not None:
+        m.run_end_outcome = end.get("outcome")
+        m.wall_s = _s(end.t_ns - t0)
+    else:
+        miss["wall_s"] = "no run_end event (harness killed?)"
+
+    steps = _Steps.from_events(events)
+    final = _final(events)
+    finished = final is not None and (total_steps is None or int(final.get("step", 0)) >= total_steps)
+    if final is not None:
+        m.final_step = int(final.get("step", 0))
+        m.final_loss = final.get("loss")
+        m.digest = final.get("digest")
+    m.restart_count = max((int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"), default=0)
+
+    saves = _save_durations(events)
+    if saves:
+        m.checkpoint_save_s = statistics.median(saves)
+
+    # productive time: last execution of each step index
+    last_exec: dict[int, tuple[int, int]] = {}
+    for (inc, idx), t in steps.t.items():
+        if idx not in last_exec or t > steps.t[last_exec[idx]]:
+            last_exec[idx] = (inc, idx)
+    durations = [steps.duration[k] for k in last_exec.values() if k in steps.duration]
+    if durations:
+        m.productive_s = sum(durations)
+        if m.wall_s:
+            m.goodput = m.productive_s / m.wall_s
+    else:
+        miss["productive_s"] = miss["goodput"] = "no step durations on the timeline"
+
+    _fidelity(m, final, control)
+    if control is not None:
+        c_start, c_end = _first(control, "run_start"), next(
+            (e for e in reversed(control) if e.kind == "run_end"), None
+        )
+        if m.wall_s is not None and c_start and c_end:
+            m.extra_wall_s = m.wall_s - _s(c_end.t_ns - c_start.t_ns)
+        else:
+            miss["extra_wall_s"] = "control run has no wall time"
+    elif not m.control:
+        miss["extra_wall_s"] = "no control run"
+
+    fault = _first(events, "fault_inject")
+    if m.control:
+        m.outcome = "completed" if finished else "failed"
+        return m
+    if fault is None:
+        m.outcome = "fault_not_fired"
+        skipped = _first(events, "fault_skipped")
+        why = f"fault skipped: {skipped.get('reason')}" if skipped else "the trigger never fired"
+        for k in ("time_to_detect_s", "time_to_resume_s", "lost_steps"):
+            miss[k] = why
+        return m
+
+    tf = fault.t_ns
+    m.fault_t_s = _s(tf - t0)
+    fault_inc = max(
+        (int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start" and e.t_ns <= tf), default=0
+    )
+    m.checkpoint_age_s = checkpoint_age(events, tf)
+    if m.checkpoint_age_s is None:
+        miss["checkpoint_age_s"] = "no checkpoint had completed before the fault"
+    before = steps.before(tf)
+    max_before = max((idx for _, idx in before), default=0)
+
+    detect = _first(events, "detect", after_ns=tf)
+    m.detected = detect is not None
+    if detect is not None:
+        m.time_to_detect_s = _s(detect.t_ns - tf)
+        m.detect_t_s = _s(detect.t_ns - t0)
+        m.badput_detect_s = m.time_to_detect_s
+    else:
+        miss["time_to_detect_s"] = f"no detection by framework '{m.framework}' before the run ended"
+
+    resume_key = None
+    for t, (inc, idx) in steps.after(tf):
+        if inc > fault_inc or idx > max_before:
+            resume_key, resume_t = (inc, idx), t
+            break
+    m.recovered = bool(finished and resume_key is not None)
+    m.outcome = "recovered" if m.recovered else "not_recovered"
+    if resume_key is None:
+        reason = f"no training step completed after the fault (run ended: {m.run_end_outcome})"
+        for k in ("time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s"):
+            miss[k] = reason
+        for k in ("badput_restart_init_s", "badput_restore_s", "badput_recompute_s"):
+            miss[k] = reason
+        return m
+    m.time_to_resume_s = _s(resume_t - tf)
+    m.resume_t_s = _s(resume_t - t0)
+    catch = next(((t, k) for t, k in steps.after(tf) if k[1] > max_before), None)
+    if catch is not None:
+        m.time_to_catch_up_s = _s(catch[0] - tf)
+    else:
+        miss["time_to_catch_up_s"] = "the job never got beyond the step reached at the fault"
+
+    restored = resume_key[1] - 1
+    m.lost_steps = max(0, max_before - restored)
+    if m.lost_steps == 0:
+        m.lost_work_s = 0.0
+    else:
+        t_hi = steps.t.get((fault_inc, max_before))
+        t_lo = steps.t.get((fault_inc, restored))
+        if t_lo is None:  # restarted from scratch: from the faulted incarnation's first rank event
+            first = _first(events, "rank_start", incarnation=fault_inc)
+            t_lo = first.t_ns if first else None
+        if t_hi is not None and t_lo is not None:
+            m.lost_work_s = _s(t_hi - t_lo)
+        else:
+            miss["lost_work_s"] = "the lost steps are not on the timeline"
+
+    new_inc = resume_key[0]
+    if new_inc == fault_inc:  # recovered in place: nothing restarted, restored or recomputed
+        m.badput_restart_init_s = m.badput_restore_s = m.badput_recompute_s = 0.0
+        return m
+    react = detect.t_ns if detect is not None else tf
+    loads_b = [e.t_ns for e in events if e.kind == "ckpt_load_begin" and e.get("incarnation") == new_inc]
+    loads_e = [e.t_ns for e in events if e.kind == "ckpt_load_end" and e.get("incarnation") == new_inc]
+    if loads_b and loads_e:
+        restore_b, restore_e = min(loads_b), max(loads_e)
+        m.badput_restore_s = _s(restore_e - restore_b)
+    else:
+        first_dur = steps.duration.get(resume_key, 0.0)
+        restore_b = restore_e = resume_t - int(first_dur * 1e9)
+        m.badput_restore_s = 0.0
+    m.badput_restart_init_s = _s(restore_b - react)
+    redo = steps.t.get((new_inc, max_before))
+    if m.lost_steps == 0:
+        m.badput_recompute_s = 0.0
+    elif redo is not None:
+        m.badput_recompute_s = _s(redo - restore_e)
+    else:
+        miss["badput_recompute_s"] = "the recovered job did not redo the lost steps"
+    return m
+
+
+def _save_durations(events: list[Event]) -> list[float]:
+    begins: dict[tuple[int, int, int], int] = {}
+    out = []
+    for ev in events:
+        key = (int(ev.get("incarnation", 0)), int(ev.get("rank", 0)), int(ev.get("step") or 0))
+        if ev.kind == "ckpt_save_begin":
+            begins[key] = ev.t_ns
+        elif ev.kind == "ckpt_save_end" and ev.get("complete") and key in begins:
+            out.append(_s(ev.t_ns - begins[key]))
+    return out
+
+
+def _fidelity(m: RunMetrics, final: Event | None, control: list[Event] | None) -> None:
+    if m.control:
+        return
+    if control is None:
+        m.missing["fidelity"] = "no control run"
+        return
+    c_final = _final(control)
+    if c_final is None:
+        m.missing["fidelity"] = "the control run did not finish training"
+        return
+    if final is None:
+        m.missing["fidelity"] = "this run did not finish training"
+        return
+    if final.get("step") != c_final.get("step"):
+        m.fidelity = "diverged"
+    else:
+        m.fidelity = "exact" if final.get("digest") == c_final.get("digest") else "diverged"
+    if final.get("loss") is not None and c_final.get("loss") is not None:
+        m.loss_diff = float(final["loss"]) - float(c_final["loss"])
+
+
+def checkpoint_age(events: list[Event], t_ns: int) -> float | None:
+    """Seconds since the newest complete checkpoint save before ``t_ns`` (None: none completed)."""
+    done = [e.t_ns for e in events if e.kind == "ckpt_save_end" and e.get("complete") and e.t_ns <= t_ns]
+    return _s(t_ns - max(done)) if done else None

@@ -1,0 +1,128 @@
+"""The probe: the tiny API a training program calls to put its own events on the run's timeline.
+
+Standard-library only, so any training script can import it cheaply. Outside a chaosbench run (no
+``CHAOSBENCH_EVENTS`` in the environment) every call is a no-op, so a script keeps working unchanged.
+
+Environment read (set by the harness or the framework adapter):
+
+- ``CHAOSBENCH_EVENTS``: path of the run's ``events.jsonl``.
+- ``CHAOSBENCH_NODE``: the node this process runs on (default ``node0``).
+- ``CHAOSBENCH_INCARNATION``: job-level incarnation set by the harness (default 0); torchrun's
+  ``TORCHELASTIC_RESTART_COUNT`` is added, so a worker group restart is a new incarnation too.
+- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: the usual torch.distributed variables.
+
+Usage in a training loop::
+
+    probe = Probe.from_env()
+    probe.rank_start()
+    ...
+    probe.step(step, loss)
+    with probe.ckpt_save(step, path): save(...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from chaosbench.procutil import start_ticks
+from chaosbench.timeline import TimelineWriter
+
+ENV_EVENTS = "CHAOSBENCH_EVENTS"
+ENV_NODE = "CHAOSBENCH_NODE"
+ENV_INCARNATION = "CHAOSBENCH_INCARNATION"
+
+
+def incarnation_from_env(env: dict[str, str] | None = None) -> int:
+    """Job incarnation (harness restarts) plus torchrun's worker-group restart count."""
+    env = dict(os.environ) if env is None else env
+    return int(env.get(ENV_INCARNATION, "0") or 0) + int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+class Probe:
+    """Writes rank events; every method is a no-op when the probe is disabled."""
+
+    def __init__(
+        self,
+        path: str | None,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int = 0,
+        node: str = "node0",
+        incarnation: int = 0,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.node = node
+        self.incarnation = incarnation
+        self._writer = TimelineWriter(path, src="rank") if path else None
+
+    @classmethod
+    def from_env(cls) -> Probe:
+        env = os.environ
+        return cls(
+            env.get(ENV_EVENTS),
+            rank=int(env.get("RANK", "0")),
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            node=env.get(ENV_NODE, "node0"),
+            incarnation=incarnation_from_env(),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self._writer is not None
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if self._writer is None:
+            return
+        data.setdefault("rank", self.rank)
+        data.setdefault("incarnation", self.incarnation)
+        self._writer.emit(kind, **data)
+
+    def rank_start(self, pid: int | None = None) -> None:
+        """Call first thing: gives the harness this rank's pid so injectors can target it."""
+        pid = os.getpid() if pid is None else pid
+        self.emit(
+            "rank_start",
+            pid=pid,
+            pid_ticks=start_ticks(pid),
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            node=self.node,
+        )
+
+    def step(self, step: int, loss: float | None = None, duration_s: float | None = None) -> None:
+        """Step ``step`` (1-based count of completed optimizer steps) has completed.
+
+        ``duration_s``: the seconds this step's own compute took (forward, backward, optimizer), measured
+        by the caller; metrics fall back to the interval between events when it is not given."""
+        data: dict[str, Any] = {"step": int(step), "loss": None if loss is None else float(loss)}
+        if duration_s is not None:
+            data["duration_s"] = float(duration_s)
+        self.emit("step", **data)
+
+    @contextlib.contextmanager
+    def ckpt_save(self, step: int, path: str) -> Iterator[dict[str, Any]]:
+        """Brackets a checkpoint save. Set ``info["complete"] = True`` once the checkpoint is marked complete."""
+        info: dict[str, Any] = {"complete": False}
+        self.emit("ckpt_save_begin", step=int(step), path=str(path))
+        yield info
+        self.emit("ckpt_save_end", step=int(step), path=str(path), complete=bool(info["complete"]))
+
+    @contextlib.contextmanager
+    def ckpt_load(self, step: int, path: str) -> Iterator[None]:
+        self.emit("ckpt_load_begin", step=int(step), path=str(path))
+        yield
+        self.emit("ckpt_load_end", step=int(step), path=str(path))
+
+    def train_end(self, step: int, loss: float | None, digest: str) -> None:
+        """Training finished: the final step, loss and a digest of the final parameters."""
+        self.emit("train_end", step=int(step), loss=None if loss is None else float(loss), digest=digest)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

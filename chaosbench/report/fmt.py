@@ -1,0 +1,142 @@
+"""Reading loosely typed result cells and formatting them for people.
+
+Result tables come from pandas, parquet and csv, so a cell that means "no value" may be ``None``, ``NaN``,
+``pd.NA``, an empty string or the text ``"nan"``. Everything here treats those alike and never raises: a value
+that cannot be read is missing and is shown as :data:`MISSING`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+#: What a table shows for a value that could not be measured.
+MISSING = "—"
+
+_MISSING_TEXT = {"", "nan", "none", "null", "nat", "<na>"}
+
+
+def is_missing(value: Any) -> bool:
+    """True for ``None``, NaN, ``pd.NA``/``NaT`` and empty or null-like strings."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() in _MISSING_TEXT
+    if isinstance(value, (list, tuple, dict, set)):
+        return False
+    try:
+        import pandas as pd
+
+        return bool(pd.isna(value))
+    except (TypeError, ValueError, ImportError):
+        return False
+
+
+def as_float(value: Any) -> float | None:
+    """The value as a float, or ``None`` when it is missing or not a number (NaN counts as missing)."""
+    if is_missing(value) or isinstance(value, (list, tuple, dict, set)):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) else out
+
+
+def as_int(value: Any) -> int | None:
+    """The value as an int when it is a whole number, else ``None``."""
+    f = as_float(value)
+    if f is None or math.isinf(f) or f != int(f):
+        return None
+    return int(f)
+
+
+def as_bool(value: Any) -> bool | None:
+    """``True``/``False`` from bools, 0/1 and the usual strings; ``None`` when missing or unreadable."""
+    if is_missing(value):
+        return None
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in {"true", "yes", "1"}:
+            return True
+        if low in {"false", "no", "0"}:
+            return False
+        return None
+    try:
+        return bool(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def as_text(value: Any) -> str | None:
+    """The value as text, or ``None`` when missing."""
+    if is_missing(value):
+        return None
+    return str(value)
+
+
+def parse_json_object(value: Any) -> dict[str, Any]:
+    """A JSON object cell (or an already parsed dict) as a dict; anything else gives ``{}``."""
+    if isinstance(value, dict):
+        return dict(value)
+    if is_missing(value) or not isinstance(value, (str, bytes)):
+        return {}
+    try:
+        obj = json.loads(value)
+    except (TypeError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def fmt_seconds(value: float | None) -> str:
+    """Seconds with 3 decimals below 100 s and 2 above."""
+    if value is None:
+        return MISSING
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return f"{value:.3f}" if abs(value) < 100 else f"{value:.2f}"
+
+
+def fmt_count(value: float | None) -> str:
+    """Whole numbers without decimals (a median of counts may be x.5: one decimal then)."""
+    if value is None:
+        return MISSING
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return str(int(value)) if value == int(value) else f"{value:.1f}"
+
+
+def fmt_percent(value: float | None) -> str:
+    """A fraction 0..1 as a percentage with one decimal."""
+    if value is None:
+        return MISSING
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return f"{value * 100:.1f}%"
+
+
+def fmt_number(value: float | None) -> str:
+    """Any other quantity: 4 significant digits."""
+    if value is None:
+        return MISSING
+    return f"{value:.4g}"
+
+
+def fmt_bool(value: Any) -> str:
+    b = as_bool(value)
+    return MISSING if b is None else ("yes" if b else "no")
+
+
+def fmt_text(value: Any) -> str:
+    t = as_text(value)
+    return MISSING if t is None else t
+
+
+#: How each kind of quantity is formatted.
+FORMATTERS = {"s": fmt_seconds, "count": fmt_count, "fraction": fmt_percent, "number": fmt_number}
+
+
+def fmt_value(kind: str, value: Any) -> str:
+    """Format a raw cell as the given kind (``s``, ``count``, ``fraction``, ``number``)."""
+    return FORMATTERS.get(kind, fmt_number)(as_float(value))

@@ -1,0 +1,380 @@
+"""The report's content: summary, comparison and per-scenario tables, built as document blocks.
+
+Input is the results table (one row per run). Every column may be absent or hold missing values; a metric that
+was not measured is shown as ``—`` and, where the run's ``missing`` column gives one, with the reason.
+Runs are grouped by (scenario, control), so fault-free controls always get their own table even when they share
+the scenario name with the faulted runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaosbench.report.document import Block, Cell, Heading, Image, KeyValues, Link, Paragraph, Table
+from chaosbench.report.fmt import (
+    MISSING,
+    as_bool,
+    as_float,
+    as_int,
+    as_text,
+    fmt_bool,
+    fmt_count,
+    fmt_number,
+    fmt_percent,
+    fmt_seconds,
+    fmt_text,
+    fmt_value,
+    parse_json_object,
+)
+
+#: Every column the report reads; absent ones are treated as all-missing.
+COLUMNS = [
+    "suite",
+    "scenario",
+    "framework",
+    "fault",
+    "repeat",
+    "control",
+    "run_dir",
+    "outcome",
+    "detected",
+    "recovered",
+    "run_end_outcome",
+    "time_to_detect_s",
+    "time_to_resume_s",
+    "time_to_catch_up_s",
+    "lost_steps",
+    "lost_work_s",
+    "restart_count",
+    "checkpoint_age_s",
+    "wall_s",
+    "productive_s",
+    "goodput",
+    "extra_wall_s",
+    "badput_detect_s",
+    "badput_restart_init_s",
+    "badput_restore_s",
+    "badput_recompute_s",
+    "fidelity",
+    "loss_diff",
+    "final_step",
+    "fault_t_s",
+    "detect_t_s",
+    "resume_t_s",
+    "missing",
+    "versions",
+    "timeouts",
+]
+
+#: Metrics of the per-scenario table and how each is formatted (``s``: seconds, ``count``, ``fraction``: %).
+METRICS: list[tuple[str, str]] = [
+    ("time_to_detect_s", "s"),
+    ("time_to_resume_s", "s"),
+    ("time_to_catch_up_s", "s"),
+    ("lost_steps", "count"),
+    ("lost_work_s", "s"),
+    ("restart_count", "count"),
+    ("checkpoint_age_s", "s"),
+    ("wall_s", "s"),
+    ("productive_s", "s"),
+    ("goodput", "fraction"),
+    ("extra_wall_s", "s"),
+    ("badput_detect_s", "s"),
+    ("badput_restart_init_s", "s"),
+    ("badput_restore_s", "s"),
+    ("badput_recompute_s", "s"),
+]
+
+#: Outcomes in the order the summary lists them; unknown ones follow, then runs with no outcome.
+OUTCOMES = ["completed", "recovered", "not_recovered", "fault_not_fired", "error"]
+#: How outcome counts name runs whose outcome is missing.
+NO_OUTCOME = "no outcome"
+
+
+@dataclass
+class RunView:
+    """One results row plus what the report made of it (its plot, or why there is none)."""
+
+    row: dict[str, Any]
+    plot_rel: str | None = None
+    plot_note: str | None = None
+
+    @property
+    def scenario(self) -> str:
+        return as_text(self.row.get("scenario")) or "(no scenario)"
+
+    @property
+    def control(self) -> bool:
+        return bool(as_bool(self.row.get("control")))
+
+    @property
+    def repeat(self) -> int | None:
+        return as_int(self.row.get("repeat"))
+
+    @property
+    def repeat_label(self) -> str:
+        rep = self.repeat
+        return str(rep) if rep is not None else (as_text(self.row.get("repeat")) or "?")
+
+    @property
+    def outcome(self) -> str | None:
+        return as_text(self.row.get("outcome"))
+
+    @property
+    def missing_reasons(self) -> dict[str, Any]:
+        return parse_json_object(self.row.get("missing"))
+
+    def value(self, metric: str) -> float | None:
+        return as_float(self.row.get(metric))
+
+
+@dataclass
+class Group:
+    """The runs of one scenario (controls are a group of their own)."""
+
+    scenario: str
+    control: bool
+    runs: list[RunView] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario} (control)" if self.control else self.scenario
+
+    @property
+    def anchor(self) -> str:
+        return "scenario-" + "".join(c if c.isalnum() else "-" for c in self.label).strip("-").lower()
+
+
+def group_runs(runs: Sequence[RunView]) -> list[Group]:
+    """Group by (scenario, control) in order of first appearance; repeats sorted, unnumbered ones last."""
+    groups: dict[tuple[str, bool], Group] = {}
+    for run in runs:
+        key = (run.scenario, run.control)
+        groups.setdefault(key, Group(run.scenario, run.control)).runs.append(run)
+    for g in groups.values():
+        g.runs.sort(key=lambda r: (r.repeat is None, r.repeat if r.repeat is not None else 0))
+    return list(groups.values())
+
+
+def _values(runs: Sequence[RunView], metric: str) -> list[float]:
+    return [v for r in runs if (v := r.value(metric)) is not None]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def count_text(counter: Counter[str], order: Sequence[str] = ()) -> str:
+    """``"3 recovered, 1 error"`` in ``order`` first, then others, then :data:`NO_OUTCOME`; ``—`` when empty."""
+    if not counter:
+        return MISSING
+    keys = [k for k in order if k in counter] + sorted(
+        k for k in counter if k not in order and k != NO_OUTCOME
+    )
+    if NO_OUTCOME in counter:
+        keys.append(NO_OUTCOME)
+    return ", ".join(f"{counter[k]} {k}" for k in keys)
+
+
+def outcome_counter(runs: Sequence[RunView]) -> Counter[str]:
+    return Counter(run.outcome or NO_OUTCOME for run in runs)
+
+
+def _missing_note(runs: Sequence[RunView], metric: str) -> str:
+    """Why the runs without a value for ``metric`` have none, grouped by reason."""
+    by_reason: dict[str, list[str]] = {}
+    for run in runs:
+        if run.value(metric) is not None:
+            continue
+        reason = as_text(run.missing_reasons.get(metric)) or "no reason recorded"
+        by_reason.setdefault(reason, []).append(run.repeat_label)
+    if not by_reason:
+        return ""
+    if len(by_reason) == 1 and sum(len(v) for v in by_reason.values()) == len(runs) and len(runs) > 1:
+        return f"{next(iter(by_reason))} (all repeats)"
+    parts = []
+    for reason, repeats in by_reason.items():
+        word = "repeat" if len(repeats) == 1 else "repeats"
+        parts.append(f"{reason} ({word} {', '.join(repeats)})")
+    return "; ".join(parts)
+
+
+def metrics_table(group: Group) -> Table:
+    """Rows: metrics; columns: median, min, max, n (repeats with a value) and why values are missing."""
+    rows: list[list[Cell]] = []
+    for metric, kind in METRICS:
+        values = _values(group.runs, metric)
+        cells = [
+            fmt_value(kind, _median(values)),
+            fmt_value(kind, min(values, default=None)),
+            fmt_value(kind, max(values, default=None)),
+        ]
+        rows.append([metric, *cells, str(len(values)), _missing_note(group.runs, metric)])
+    return Table(["metric", "median", "min", "max", "n", "missing: why"], rows, numeric={1, 2, 3, 4})
+
+
+def repeats_table(group: Group) -> Table:
+    """One row per repeat: outcome, detection, recovery, fidelity and a link to its timeline plot."""
+    rows: list[list[Cell]] = []
+    for run in group.runs:
+        r = run.row
+        plot: Cell
+        if run.plot_rel:
+            plot = Link("plot", run.plot_rel, "#" + plot_anchor(run.plot_rel))
+        else:
+            plot = f"{MISSING} ({run.plot_note})" if run.plot_note else MISSING
+        rows.append(
+            [
+                run.repeat_label,
+                fmt_text(r.get("outcome")),
+                fmt_bool(r.get("detected")),
+                fmt_bool(r.get("recovered")),
+                fmt_text(r.get("run_end_outcome")),
+                fmt_text(r.get("fidelity")),
+                fmt_number(as_float(r.get("loss_diff"))),
+                fmt_count(as_float(r.get("final_step"))),
+                plot,
+            ]
+        )
+    headers = [
+        "repeat",
+        "outcome",
+        "detected",
+        "recovered",
+        "run end",
+        "fidelity",
+        "loss diff",
+        "final step",
+        "timeline",
+    ]
+    return Table(headers, rows, numeric={0, 6, 7})
+
+
+def plot_anchor(rel_path: str) -> str:
+    return "plot-" + "".join(c if c.isalnum() else "-" for c in rel_path.removeprefix("plots/")).lower()
+
+
+def _fmt_timeout(value: Any) -> str:
+    f = as_float(value)
+    if f is not None and not isinstance(value, bool):
+        return fmt_seconds(f)
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)
+    return fmt_text(value)
+
+
+def timeouts_blocks(group: Group) -> list[Block]:
+    """The timeouts in force (from the group's first run) and the versions recorded with them."""
+    first = group.runs[0].row if group.runs else {}
+    timeouts = parse_json_object(first.get("timeouts"))
+    blocks: list[Block] = [Heading(3, "Timeouts in force")]
+    if timeouts:
+        rows: list[list[Cell]] = [[str(k), _fmt_timeout(v)] for k, v in timeouts.items()]
+        blocks.append(Table(["timeout", "seconds"], rows, numeric={1}))
+    else:
+        blocks.append(Paragraph(f"{MISSING} (no timeouts recorded)"))
+    versions = parse_json_object(first.get("versions"))
+    if versions:
+        blocks.append(Paragraph("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())))
+    return blocks
+
+
+def _fidelity_text(runs: Sequence[RunView]) -> str:
+    counter = Counter(f for run in runs if (f := as_text(run.row.get("fidelity"))) is not None)
+    return count_text(counter, ["exact", "diverged"])
+
+
+def comparison_table(groups: Sequence[Group]) -> Table:
+    """One row per scenario: outcome counts and the medians that matter most."""
+    rows: list[list[Cell]] = []
+    for g in groups:
+        rows.append(
+            [
+                g.label,
+                str(len(g.runs)),
+                count_text(outcome_counter(g.runs), OUTCOMES),
+                fmt_seconds(_median(_values(g.runs, "time_to_detect_s"))),
+                fmt_seconds(_median(_values(g.runs, "time_to_resume_s"))),
+                fmt_count(_median(_values(g.runs, "lost_steps"))),
+                fmt_percent(_median(_values(g.runs, "goodput"))),
+                _fidelity_text(g.runs),
+            ]
+        )
+    headers = [
+        "scenario",
+        "runs",
+        "outcomes",
+        "median time_to_detect_s",
+        "median time_to_resume_s",
+        "median lost_steps",
+        "median goodput",
+        "fidelity",
+    ]
+    return Table(headers, rows, numeric={1, 3, 4, 5, 6})
+
+
+def outcomes_table(runs: Sequence[RunView]) -> Table:
+    counter = outcome_counter(runs)
+    keys = [k for k in OUTCOMES if k in counter] + sorted(
+        k for k in counter if k not in OUTCOMES and k != NO_OUTCOME
+    )
+    if NO_OUTCOME in counter:
+        keys.append(NO_OUTCOME)
+    return Table(["outcome", "runs"], [[k, str(counter[k])] for k in keys], numeric={1})
+
+
+def scenario_blocks(group: Group) -> list[Block]:
+    first = group.runs[0].row if group.runs else {}
+    blocks: list[Block] = [
+        Heading(2, f"Scenario: {group.label}", anchor=group.anchor),
+        KeyValues(
+            [
+                ("Framework", fmt_text(first.get("framework"))),
+                ("Fault", fmt_text(first.get("fault")) if not group.control else f"{MISSING} (control)"),
+                ("Repeats", str(len(group.runs))),
+                ("Outcomes", count_text(outcome_counter(group.runs), OUTCOMES)),
+            ]
+        ),
+        Heading(3, "Metrics"),
+        metrics_table(group),
+        Heading(3, "Repeats"),
+        repeats_table(group),
+        *timeouts_blocks(group),
+    ]
+    plots = [run for run in group.runs if run.plot_rel]
+    if plots:
+        blocks.append(Heading(3, "Timelines"))
+        for run in plots:
+            assert run.plot_rel is not None
+            alt = f"{group.label} repeat {run.repeat_label}: {run.outcome or MISSING}"
+            blocks.append(Image(run.plot_rel, alt, anchor=plot_anchor(run.plot_rel)))
+    return blocks
+
+
+def build_document(runs: Sequence[RunView], title: str, suite: str, generated: str) -> list[Block]:
+    """All blocks of the report, in reading order."""
+    groups = group_runs(runs)
+    blocks: list[Block] = [
+        Heading(1, title),
+        KeyValues(
+            [
+                ("Suite", suite),
+                ("Generated", generated),
+                ("Runs", str(len(runs))),
+                ("Outcomes", count_text(outcome_counter(runs), OUTCOMES)),
+            ]
+        ),
+    ]
+    if not runs:
+        blocks.append(Paragraph("No runs in the results table."))
+        return blocks
+    blocks += [Heading(2, "Outcomes"), outcomes_table(runs)]
+    blocks += [Heading(2, "Comparison across scenarios"), comparison_table(groups)]
+    for g in groups:
+        blocks += scenario_blocks(g)
+    return blocks

@@ -1,0 +1,218 @@
+"""Runs a suite: every scenario in its own run directory, one timeline each, guaranteed teardown.
+
+Layout: ``<out>/<suite>/<framework>__<fault|control>/<repeat>/`` holds ``config.json`` (the resolved
+scenario and launch plan), ``events.jsonl``, ``logs/`` (stdout/stderr of every process), ``checkpoints/``
+and ``metrics.json``. The suite directory holds ``suite.json``, ``results.csv``/``.parquet`` and the
+reports. Results are rewritten after every run, so a harness that dies keeps every finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaosbench.chaos import FaultController
+from chaosbench.errors import ChaosbenchError
+from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
+from chaosbench.metrics import RunMetrics
+from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
+from chaosbench.runtimes.base import RunInfo, Runtime
+from chaosbench.specs import Scenario, Suite
+from chaosbench.timeline import TimelineFollower, TimelineWriter
+from chaosbench.workloads.base import Workload
+
+SUITE_MARKER = "suite.json"
+
+
+def _workload(scenario: Scenario) -> Workload:
+    cls = WORKLOADS.get(scenario.workload.name)
+    return cls(scenario.workload, cls.Options.model_validate(scenario.workload.options))  # type: ignore[no-any-return]
+
+
+def _framework(scenario: Scenario) -> Framework:
+    cls = FRAMEWORKS.get(scenario.adapter)
+    return cls(scenario.framework_label, cls.Options.model_validate(scenario.framework_options))  # type: ignore[no-any-return]
+
+
+@dataclass
+class RunRecord:
+    scenario: Scenario
+    run_dir: Path
+    result: JobResult
+    metrics: RunMetrics | None = None
+    leftovers: list[int] = field(default_factory=list)
+
+
+class Runner:
+    """Runs the scenarios of a suite in order (controls first, per framework).
+
+    ``request_stop`` (from a signal handler) ends the current run promptly, with teardown and reverts,
+    and skips the rest; finished runs and their results are kept.
+    """
+
+    def __init__(
+        self,
+        suite: Suite,
+        out_dir: str | Path,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.suite = suite
+        self.out_dir = Path(out_dir).resolve()
+        self.suite_dir = self.out_dir / suite.name
+        self.progress = progress or (lambda s: None)
+        self.stop_requested = threading.Event()
+        self._control: RunControl | None = None
+        self.records: list[RunRecord] = []
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+        if self._control is not None:
+            self._control.interrupted.set()
+
+    # ------------------------------------------------------------------ planning
+    def plans(self) -> list[tuple[Scenario, LaunchPlan]]:
+        """The launch plan of every scenario, without starting anything (``--dry-run``)."""
+        import tempfile
+
+        out = []
+        with tempfile.TemporaryDirectory(prefix="chaosbench-dry-") as tmp:
+            writer = TimelineWriter(Path(tmp) / "events.jsonl")
+            for sc in self.suite.scenarios():
+                run_dir = self._run_dir(sc)
+                runtime = RUNTIMES.get(sc.runtime)(RunInfo(f"dry-{sc.dirname}-{sc.repeat}", Path(tmp), writer))
+                job = self._job(sc, run_dir, runtime, "dry-run")
+                out.append((sc, _framework(sc).plan(job)))
+            writer.close()
+        return out
+
+    def _run_dir(self, sc: Scenario) -> Path:
+        return self.suite_dir / sc.dirname / str(sc.repeat)
+
+    def _job(self, sc: Scenario, run_dir: Path, runtime: Runtime, run_id: str) -> JobContext:
+        return JobContext(
+            scenario=sc,
+            run_id=run_id,
+            run_dir=run_dir,
+            ckpt_dir=run_dir / "checkpoints",
+            events_path=run_dir / "events.jsonl",
+            workload=_workload(sc),
+            runtime=runtime,
+        )
+
+    # ------------------------------------------------------------------ running
+    def prepare(self) -> None:
+        """Fresh suite directory: earlier results of this suite (and only of a chaosbench suite) go."""
+        if self.suite_dir.exists():
+            if not (self.suite_dir / SUITE_MARKER).exists():
+                raise ChaosbenchError(
+                    f"{self.suite_dir} exists and is not a chaosbench results directory; choose another --out"
+                )
+            shutil.rmtree(self.suite_dir)
+        self.suite_dir.mkdir(parents=True)
+        (self.suite_dir / SUITE_MARKER).write_text(
+            json.dumps({"suite": self.suite.name, "source": self.suite.source,
+                        "definition": self.suite.model_dump(mode="json")}, indent=2)
+        )  # fmt: skip
+
+    def run(self) -> list[RunRecord]:
+        from chaosbench.results import collect
+
+        self.prepare()
+        scenarios = self.suite.scenarios()
+        for i, sc in enumerate(scenarios, 1):
+            if self.stop_requested.is_set():
+                self.progress(f"stopped: {len(scenarios) - i + 1} runs not started")
+                break
+            label = f"[{i:>{len(str(len(scenarios)))}}/{len(scenarios)}] {sc.id} #{sc.repeat}"
+            self.progress(f"{label} ...")
+            t = time.monotonic()
+            rec = self.run_one(sc)
+            self.records.append(rec)
+            metrics = collect(self.suite_dir, write=True)
+            rec.metrics = next((m for m in metrics if m.run_dir == str(rec.run_dir)), None)
+            self.progress(f"{label} {summarize(rec)} ({time.monotonic() - t:.1f} s)")
+        return self.records
+
+    def run_one(self, sc: Scenario) -> RunRecord:
+        run_dir = self._run_dir(sc)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        run_id = f"{self.suite.name}-{sc.dirname}-{sc.repeat}-{uuid.uuid4().hex[:8]}"
+        timeline = TimelineWriter(run_dir / "events.jsonl")
+        follower = TimelineFollower(run_dir / "events.jsonl").start()
+        runtime = RUNTIMES.get(sc.runtime)(RunInfo(run_id, run_dir, timeline))
+        controller: FaultController | None = None
+        result = JobResult("error", "not started")
+        leftovers: list[int] = []
+        try:
+            job = self._job(sc, run_dir, runtime, run_id)
+            framework = _framework(sc)
+            plan = framework.plan(job)
+            (run_dir / "config.json").write_text(
+                json.dumps({"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
+                            "total_steps": job.workload.total_steps}, indent=2, default=str)
+            )  # fmt: skip
+            timeline.emit(
+                "run_start", suite=sc.suite, scenario=sc.id, framework=sc.framework_label, adapter=sc.adapter,
+                fault=sc.fault_name, repeat=sc.repeat, control=sc.control, seed=sc.seed, run_id=run_id,
+                runtime=sc.runtime, ranks=sc.workload.ranks,
+            )  # fmt: skip
+            timeline.emit(
+                "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
+                options=plan.options,
+            )  # fmt: skip
+            if sc.fault is not None and sc.fault_name is not None:
+                inj_cls = INJECTORS.get(sc.fault.injector)
+                injector = inj_cls(sc.fault_name, inj_cls.Params.model_validate(sc.fault.params))
+                controller = FaultController(sc.fault_name, sc.fault, injector, runtime, timeline, sc.rng_seed)
+                follower.subscribe(controller)
+            control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
+            self._control = control
+            if self.stop_requested.is_set():
+                control.interrupted.set()
+            result = framework.supervise(job, plan, control)
+        except ChaosbenchError as exc:
+            result = JobResult("error", str(exc))
+        except Exception as exc:  # noqa: BLE001 - a harness bug must still tear the run down
+            result = JobResult("error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self._control = None
+            if controller is not None:
+                controller.close()
+            runtime.cleanup()
+            if hasattr(runtime, "leftovers"):
+                leftovers = runtime.leftovers()
+            timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers)
+            follower.stop()
+            timeline.close()
+        return RunRecord(sc, run_dir, result, leftovers=leftovers)
+
+
+def _fmt(v: Any, unit: str = "s") -> str:
+    return "—" if v is None else (f"{v:.2f} {unit}" if isinstance(v, float) else f"{v}")
+
+
+def summarize(rec: RunRecord) -> str:
+    m = rec.metrics
+    if m is None:
+        return f"{rec.result.status}: {rec.result.reason}"
+    parts = [m.outcome or rec.result.status]
+    if not m.control:
+        parts += [
+            f"detect {_fmt(m.time_to_detect_s)}",
+            f"resume {_fmt(m.time_to_resume_s)}",
+            f"lost {_fmt(m.lost_steps)} steps",
+        ]
+        if m.fidelity:
+            parts.append(f"fidelity {m.fidelity}")
+    if rec.result.status == "error":
+        parts.append(f"error: {rec.result.reason}")
+    return "  ".join(parts)

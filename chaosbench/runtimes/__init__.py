@@ -1,0 +1,1 @@
+"""Runtimes: where the processes of a job run (local processes, containers, a cluster)."""

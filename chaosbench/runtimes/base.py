@@ -1,0 +1,122 @@
+"""The runtime interface: start, signal and tear down the processes of a run.
+
+A runtime owns every process it starts for one run, captures each one's stdout and stderr into
+``<run_dir>/logs/<name>.out|.err``, writes ``proc_start`` and ``proc_exit`` events, and only ever signals
+processes it started (or their descendants). ``cleanup`` is idempotent and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from chaosbench.timeline import TimelineWriter
+
+
+@dataclass
+class ProcessSpec:
+    """One process to start: plain data, printable in a dry run."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    role: str = "rank"  # rank | agent | job | watchdog
+    node: str = "node0"
+    incarnation: int = 0
+    cwd: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "argv": self.argv,
+            "env": self.env,
+            "role": self.role,
+            "node": self.node,
+            "incarnation": self.incarnation,
+        }
+
+
+class ProcHandle:
+    """A started process. ``exited`` is set (and ``returncode`` known) once it has been reaped."""
+
+    def __init__(self, spec: ProcessSpec, pid: int, ticks: int | None) -> None:
+        self.spec = spec
+        self.pid = pid
+        self.ticks = ticks
+        self.returncode: int | None = None
+        self.t_exit_ns: int | None = None
+        self.exited = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def poll(self) -> int | None:
+        return self.returncode if self.exited.is_set() else None
+
+    def __repr__(self) -> str:
+        return f"<ProcHandle {self.name} pid={self.pid} rc={self.returncode}>"
+
+
+#: Called from a reader thread for each line a process prints: (handle, stream, line, t_ns when read).
+LineCallback = Callable[[ProcHandle, str, str, int], None]
+
+
+@dataclass
+class RunInfo:
+    """What a runtime needs to know about the run it serves."""
+
+    run_id: str
+    run_dir: Path
+    timeline: TimelineWriter
+
+
+class Runtime(ABC):
+    """One kind of place to run processes. Implementations: ``local`` (subprocesses)."""
+
+    name: ClassVar[str]
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, run: RunInfo, options: BaseModel | None = None) -> None:
+        self.run = run
+        self.options = options
+
+    @property
+    def master_addr(self) -> str:
+        """Address ranks use to reach rank 0 / the rendezvous."""
+        return "127.0.0.1"
+
+    @abstractmethod
+    def free_port(self) -> int:
+        """A TCP port free at the time of the call on the master address."""
+
+    @abstractmethod
+    def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
+        """Start a process; returns once it exists. Writes a ``proc_start`` event."""
+
+    @abstractmethod
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None) -> None:
+        """Send ``sig`` to a process this runtime started (or a descendant of one).
+
+        ``ticks``: the start time the caller knows the process by; a pid that was reused raises
+        :class:`~chaosbench.errors.ChaosbenchError`, as does a pid that is not ours."""
+
+    @abstractmethod
+    def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
+        """Stop these processes and all their descendants: SIGTERM (and SIGCONT, so a stopped process
+        can act on it), wait up to ``grace_s``, then SIGKILL. Safe to call twice."""
+
+    @abstractmethod
+    def cleanup(self, grace_s: float = 5.0) -> None:
+        """Terminate everything this runtime started for the run. Idempotent."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"runtime": self.name}

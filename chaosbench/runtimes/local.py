@@ -1,0 +1,190 @@
+"""The ``local`` runtime: every process a subprocess of the harness, in its own session/process group."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import IO, ClassVar
+
+from chaosbench import procutil
+from chaosbench.errors import ChaosbenchError
+from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
+from chaosbench.timeline import now_ns
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class LocalRuntime(Runtime):
+    """Processes on this machine. Output is captured per process; teardown escalates SIGTERM -> SIGKILL.
+
+    Processes started from the main thread get PR_SET_PDEATHSIG=SIGKILL, so a harness that is killed
+    outright takes its direct children with it; their own children are found through /proc at teardown.
+    """
+
+    name: ClassVar[str] = "local"
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._handles: list[ProcHandle] = []
+        self._threads: list[threading.Thread] = []
+        self._known: dict[int, int | None] = {}  # every pid we saw in our trees -> its start ticks
+        self._lock = threading.Lock()
+        self.logs_dir = Path(self.run.run_dir) / "logs"
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def free_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        in_main = threading.current_thread() is threading.main_thread()
+        try:
+            popen = subprocess.Popen(
+                spec.argv,
+                env=env,
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if in_main else None,
+            )
+        except OSError as exc:
+            raise ChaosbenchError(f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}") from None
+        handle = ProcHandle(spec, popen.pid, procutil.start_ticks(popen.pid))
+        with self._lock:
+            self._handles.append(handle)
+            self._known[handle.pid] = handle.ticks
+        self.run.timeline.emit(
+            "proc_start",
+            proc=spec.name,
+            pid=handle.pid,
+            pid_ticks=handle.ticks,
+            role=spec.role,
+            node=spec.node,
+            incarnation=spec.incarnation,
+        )
+        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            assert pipe is not None
+            path = self.logs_dir / f"{spec.name}.{'out' if stream == 'stdout' else 'err'}"
+            t = threading.Thread(
+                target=self._pump, args=(handle, stream, pipe, path, on_line), daemon=True, name=f"pump-{spec.name}"
+            )
+            t.start()
+            self._threads.append(t)
+        w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
+        w.start()
+        self._threads.append(w)
+        return handle
+
+    def _pump(
+        self, handle: ProcHandle, stream: str, pipe: IO[bytes], path: Path, on_line: LineCallback | None
+    ) -> None:
+        with path.open("ab") as out:
+            for raw in iter(pipe.readline, b""):
+                t = now_ns()
+                out.write(raw)
+                out.flush()
+                if on_line is not None:
+                    with contextlib.suppress(Exception):
+                        on_line(handle, stream, raw.decode(errors="replace").rstrip("\n"), t)
+        pipe.close()
+
+    def _wait(self, handle: ProcHandle, popen: subprocess.Popen[bytes]) -> None:
+        rc = popen.wait()
+        handle.t_exit_ns = now_ns()
+        handle.returncode = rc
+        self.run.timeline.emit(
+            "proc_exit",
+            t_ns=handle.t_exit_ns,
+            proc=handle.name,
+            pid=handle.pid,
+            returncode=rc,
+            role=handle.spec.role,
+            node=handle.spec.node,
+            incarnation=handle.spec.incarnation,
+        )
+        handle.exited.set()
+
+    def _ours(self, pid: int) -> bool:
+        with self._lock:
+            roots = {h.pid for h in self._handles if not h.exited.is_set()}
+        return pid in roots or procutil.is_descendant_of(pid, roots)
+
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None) -> None:
+        if not procutil.alive(pid):
+            raise ProcessLookupError(pid)
+        if ticks is not None and procutil.start_ticks(pid) != ticks:
+            raise ChaosbenchError(f"pid {pid} now belongs to another process; not signalling it")
+        if not self._ours(pid):
+            raise ChaosbenchError(f"pid {pid} was not started by this run; not signalling it")
+        os.kill(pid, sig)
+
+    def _tree(self, handles: list[ProcHandle]) -> dict[int, int | None]:
+        cmap = procutil.children_map()
+        tree: dict[int, int | None] = {}
+        for h in handles:
+            if not h.exited.is_set():
+                tree[h.pid] = h.ticks
+            for d in procutil.descendants(h.pid, cmap):
+                tree[d] = procutil.start_ticks(d)
+        with self._lock:
+            self._known.update(tree)
+        return tree
+
+    @staticmethod
+    def _send(tree: dict[int, int | None], sig: int) -> None:
+        for pid, ticks in tree.items():
+            if procutil.alive(pid, ticks):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+
+    def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
+        tree = self._tree(handles)
+        if tree:
+            self._send(tree, signal.SIGTERM)
+            self._send(tree, signal.SIGCONT)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                tree.update(self._tree(handles))  # children forked during shutdown
+                if not any(procutil.alive(p, t) for p, t in tree.items()):
+                    break
+                time.sleep(0.02)
+            tree.update(self._tree(handles))
+            self._send(tree, signal.SIGKILL)
+        for h in handles:
+            h.exited.wait(timeout=10)
+
+    def cleanup(self, grace_s: float = 5.0) -> None:
+        with self._lock:
+            handles = list(self._handles)
+        self.terminate(handles, grace_s)
+        with self._lock:
+            known = dict(self._known)
+        self._send(known, signal.SIGKILL)  # orphans that outlived their parents
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def leftovers(self) -> list[int]:
+        """Pids of processes of this run that are still alive (for tests and the cleanup check)."""
+        with self._lock:
+            handles = list(self._handles)
+            known = dict(self._known)
+        known.update(self._tree(handles))
+        return [p for p, t in known.items() if procutil.alive(p, t)]

@@ -1,0 +1,460 @@
+"""Suite and fault specs: typed models loaded from YAML and validated before anything runs.
+
+A suite file looks like::
+
+    name: smoke
+    seed: 7
+    defaults:
+      runtime: local
+      deadline_s: 120
+      workload: {name: ddp-mlp, ranks: 2, steps: 60, checkpoint_every: 10}
+    frameworks:
+      restart: {max_restarts: 3, heartbeat_timeout_s: 5}
+      torchrun-default: {adapter: torchrun, max_restarts: 3}
+    faults:
+      kill-rank1: {injector: kill, target: {rank: 1}, trigger: {at_step: 25}}
+    matrix:
+      frameworks: [restart, torchrun-default]
+      faults: [kill-rank1]
+      repeats: 2
+
+Every problem is reported as one line naming the file, the line and the object:
+``suites/x.yaml:12: fault 'kill-rank1': unknown injector 'kil' (known: hang, kill)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from chaosbench.errors import SpecError, UnknownPlugin
+
+Path_ = tuple[Any, ...]
+
+
+# --------------------------------------------------------------------------- YAML with line numbers
+
+
+def _index_lines(node: yaml.Node, path: Path_, out: dict[Path_, int]) -> None:
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            # A key's own line is where a user looks for a problem with its value.
+            out[path + (key,)] = key_node.start_mark.line + 1
+            _index_lines(value_node, path + (key,), out)
+            out[path + (key,)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, path + (i,), out)
+
+
+@dataclass
+class SourceMap:
+    """Where each YAML path of a loaded document lies: ``line(("faults", "kill", "trigger"))``."""
+
+    file: str
+    lines: dict[Path_, int] = field(default_factory=dict)
+
+    def line(self, path: Path_) -> int:
+        path = tuple(path)
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return self.lines.get((), 1)
+
+    def where(self, path: Path_) -> str:
+        return f"{self.file}:{self.line(path)}"
+
+
+def load_yaml(path: str | Path) -> tuple[Any, SourceMap]:
+    """Load a YAML file and map every path in it to its line. Syntax errors raise :class:`SpecError`."""
+    p = Path(path)
+    shown = str(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(f"{shown}: cannot read suite: {exc.strerror or exc}") from None
+    return load_yaml_text(text, shown)
+
+
+def load_yaml_text(text: str, shown: str) -> tuple[Any, SourceMap]:
+    smap = SourceMap(shown)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise SpecError(f"{shown}:{line}: invalid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{shown}: invalid YAML: {exc}") from None
+    if node is not None:
+        _index_lines(node, (), smap.lines)
+    return data, smap
+
+
+# --------------------------------------------------------------------------- models
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Target(_Strict):
+    """Which rank a fault hits: a rank number, or ``random`` (drawn from the suite's seed)."""
+
+    rank: int | Literal["random"] = "random"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, int | str) and not isinstance(v, bool):
+            return {"rank": v}
+        return v
+
+    @field_validator("rank")
+    @classmethod
+    def _non_negative(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("rank must be >= 0")
+        return v
+
+    def describe(self) -> str:
+        return f"rank {self.rank}"
+
+
+class Trigger(_Strict):
+    """When a fault fires: ``at_step`` (once step N has completed) or ``after_s`` (seconds after the
+    first completed step). Exactly one must be given."""
+
+    at_step: int | None = Field(default=None, ge=1)
+    after_s: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Trigger:
+        given = [k for k in ("at_step", "after_s") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of at_step, after_s")
+        return self
+
+    def describe(self) -> str:
+        return f"at step {self.at_step}" if self.at_step is not None else f"{self.after_s} s after first step"
+
+
+class FaultSpec(_Strict):
+    """One fault: which injector, where, when, with which injector parameters."""
+
+    injector: str
+    target: Target = Field(default_factory=Target)
+    trigger: Trigger
+    params: dict[str, Any] = Field(default_factory=dict)
+    description: str | None = None
+    use: str | None = Field(default=None, exclude=True)  # resolved by load_suite (faults/NAME.yaml)
+
+
+class FrameworkSpec(BaseModel):
+    """A framework configuration; ``adapter`` defaults to its key in the suite, other keys are options."""
+
+    model_config = ConfigDict(extra="allow")
+    adapter: str | None = None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class WorkloadSpec(BaseModel):
+    """The training program: a registered workload name, the number of ranks, and its options."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "ddp-mlp"
+    ranks: int = Field(default=2, ge=1)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Defaults(_Strict):
+    runtime: str = "local"
+    deadline_s: float = Field(default=300.0, gt=0)
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+
+
+class Matrix(_Strict):
+    frameworks: list[str] = Field(min_length=1)
+    faults: list[str] = Field(default_factory=list)
+    repeats: int = Field(default=1, ge=1)
+
+
+class Suite(_Strict):
+    """A whole suite file. ``control``: run one fault-free control per framework (needed for fidelity and
+    extra wall time)."""
+
+    name: str
+    description: str | None = None
+    seed: int = 0
+    control: bool = True
+    defaults: Defaults = Field(default_factory=Defaults)
+    frameworks: dict[str, FrameworkSpec] = Field(default_factory=dict)
+    faults: dict[str, FaultSpec] = Field(default_factory=dict)
+    matrix: Matrix
+
+    # Filled by load_suite; not part of the YAML.
+    source: str = Field(default="<suite>", exclude=True)
+
+    def scenarios(self) -> list[Scenario]:
+        """Controls first (one per framework), then every framework x fault x repeat."""
+        out: list[Scenario] = []
+        for fw in self.matrix.frameworks:
+            if self.control:
+                out.append(self._scenario(fw, None, 0))
+            for fault in self.matrix.faults:
+                for rep in range(self.matrix.repeats):
+                    out.append(self._scenario(fw, fault, rep))
+        return out
+
+    def framework_spec(self, label: str) -> FrameworkSpec:
+        return self.frameworks.get(label) or FrameworkSpec()
+
+    def _scenario(self, fw: str, fault: str | None, repeat: int) -> Scenario:
+        digest = hashlib.sha256(f"{self.seed}:{fw}:{fault}:{repeat}".encode()).hexdigest()
+        fspec = self.framework_spec(fw)
+        return Scenario(
+            suite=self.name,
+            framework_label=fw,
+            adapter=fspec.adapter or fw,
+            framework_options=fspec.options,
+            fault_name=fault,
+            fault=self.faults[fault] if fault else None,
+            repeat=repeat,
+            seed=self.seed,
+            rng_seed=int(digest[:12], 16),
+            workload=self.defaults.workload,
+            runtime=self.defaults.runtime,
+            deadline_s=self.defaults.deadline_s,
+        )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run to make: a framework configuration, a fault (None for the control) and a repeat index."""
+
+    suite: str
+    framework_label: str
+    adapter: str
+    framework_options: dict[str, Any]
+    fault_name: str | None
+    fault: FaultSpec | None
+    repeat: int
+    seed: int
+    rng_seed: int
+    workload: WorkloadSpec
+    runtime: str
+    deadline_s: float
+
+    @property
+    def control(self) -> bool:
+        return self.fault is None
+
+    @property
+    def id(self) -> str:
+        return f"{self.framework_label}/{self.fault_name or 'control'}"
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.framework_label}__{self.fault_name or 'control'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "suite": self.suite,
+            "scenario": self.id,
+            "framework": self.framework_label,
+            "adapter": self.adapter,
+            "framework_options": self.framework_options,
+            "fault": self.fault_name,
+            "fault_spec": self.fault.model_dump() if self.fault else None,
+            "repeat": self.repeat,
+            "control": self.control,
+            "seed": self.seed,
+            "rng_seed": self.rng_seed,
+            "workload": self.workload.model_dump(),
+            "runtime": self.runtime,
+            "deadline_s": self.deadline_s,
+        }
+
+
+# --------------------------------------------------------------------------- loading and validation
+
+
+def _what(loc: Path_) -> str:
+    """Name the user's object a pydantic location points into."""
+    if len(loc) >= 2 and loc[0] == "faults":
+        return f"fault '{loc[1]}': "
+    if len(loc) >= 2 and loc[0] == "frameworks":
+        return f"framework '{loc[1]}': "
+    if loc and loc[0] in ("defaults", "matrix"):
+        return f"{loc[0]}: "
+    return ""
+
+
+def _field_path(loc: Path_, skip: int) -> str:
+    rest = [str(p) for p in loc[skip:] if not (isinstance(p, str) and p in ("function-after", "function-before"))]
+    return ".".join(rest)
+
+
+def format_validation_error(exc: ValidationError, smap: SourceMap, base: Path_ = ()) -> str:
+    """First error of a pydantic ValidationError as ``file:line: object: field: message``."""
+    err = exc.errors()[0]
+    loc = base + tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+    what = _what(loc)
+    skip = 2 if what.startswith(("fault ", "framework ")) else (1 if what else 0)
+    fld = _field_path(loc, skip)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    msg = msg.removeprefix("Value error, ")
+    more = f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else ""
+    return f"{smap.where(loc)}: {what}{fld + ': ' if fld else ''}{msg}{more}"
+
+
+def validate_plugin_options(
+    options_model: type[BaseModel], options: dict[str, Any], smap: SourceMap, base: Path_, what: str
+) -> BaseModel:
+    """Validate a plugin's own options; errors name the plugin object and the YAML line."""
+    try:
+        return options_model.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = base + tuple(err["loc"])
+        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required option is missing"
+        fld = ".".join(str(p) for p in err["loc"])
+        raise SpecError(f"{smap.where(loc)}: {what}: {fld + ': ' if fld else ''}{msg}") from None
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Load and fully validate a suite file, including every plugin's own options."""
+    data, smap = load_yaml(path)
+    return suite_from_data(data, smap)
+
+
+def fault_search_path(suite_file: str) -> list[Path]:
+    """Where ``use: NAME`` looks for ``NAME.yaml``: ``faults/`` beside the suite's folder (the repository
+    layout ``suites/x.yaml`` + ``faults/``), ``faults/`` inside it, then ``./faults``."""
+    here = Path(suite_file).resolve().parent
+    out = []
+    for d in (here.parent / "faults", here / "faults", Path.cwd() / "faults"):
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
+    """Replace each fault's ``use: NAME`` by the definition in ``faults/NAME.yaml``, overridden by the keys
+    given beside ``use``."""
+    faults = data.get("faults")
+    if not isinstance(faults, dict):
+        return
+    for name, entry in faults.items():
+        if not isinstance(entry, dict) or "use" not in entry:
+            continue
+        use = entry["use"]
+        where = smap.where(("faults", name, "use"))
+        if not isinstance(use, str) or not use or "/" in use:
+            raise SpecError(f"{where}: fault '{name}': use: give the name of a fault definition in faults/")
+        dirs = fault_search_path(smap.file)
+        found = next((d / f"{use}.yaml" for d in dirs if (d / f"{use}.yaml").is_file()), None)
+        if found is None:
+            known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
+            raise SpecError(
+                f"{where}: fault '{name}': no fault definition '{use}' (known: {', '.join(known) or 'none'})"
+            )
+        base, bmap = load_yaml(found)
+        if not isinstance(base, dict):
+            raise SpecError(f"{bmap.where(())}: a fault definition must be a YAML mapping")
+        try:
+            FaultSpec.model_validate(base)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise SpecError(
+                f"{bmap.where(tuple(err['loc']))}: fault definition '{use}': "
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            ) from None
+        faults[name] = _merge(base, {k: v for k, v in entry.items() if k != "use"})
+
+
+def suite_from_data(data: Any, smap: SourceMap) -> Suite:
+    if not isinstance(data, dict):
+        raise SpecError(f"{smap.where(())}: a suite must be a YAML mapping with at least 'name' and 'matrix'")
+    _resolve_fault_uses(data, smap)
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, smap)) from None
+    suite.source = smap.file
+    _check_references(suite, smap)
+    return suite
+
+
+def _check_references(suite: Suite, smap: SourceMap) -> None:
+    from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
+
+    labels = list(suite.matrix.frameworks) + [f for f in suite.frameworks if f not in suite.matrix.frameworks]
+    for fw in labels:
+        adapter = suite.framework_spec(fw).adapter or fw
+        try:
+            cls = FRAMEWORKS.get(adapter)
+        except UnknownPlugin as exc:
+            where: Path_ = (
+                ("frameworks", fw, "adapter")
+                if fw in suite.frameworks
+                else ("matrix", "frameworks", suite.matrix.frameworks.index(fw))
+            )
+            raise SpecError(f"{smap.where(where)}: framework '{fw}': {exc}") from None
+        validate_plugin_options(
+            cls.Options, suite.framework_spec(fw).options, smap, ("frameworks", fw), f"framework '{fw}'"
+        )
+    for i, name in enumerate(suite.matrix.faults):
+        if name not in suite.faults:
+            known = ", ".join(sorted(suite.faults)) or "none defined"
+            raise SpecError(f"{smap.where(('matrix', 'faults', i))}: matrix: unknown fault '{name}' (known: {known})")
+    for name, fault in suite.faults.items():
+        try:
+            inj = INJECTORS.get(fault.injector)
+        except UnknownPlugin as exc:
+            raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {exc}") from None
+        validate_plugin_options(inj.Params, fault.params, smap, ("faults", name, "params"), f"fault '{name}'")
+        ranks = suite.defaults.workload.ranks
+        if isinstance(fault.target.rank, int) and fault.target.rank >= ranks:
+            raise SpecError(
+                f"{smap.where(('faults', name, 'target'))}: fault '{name}': target rank {fault.target.rank} "
+                f"does not exist (the workload has {ranks} ranks)"
+            )
+    try:
+        RUNTIMES.get(suite.defaults.runtime)
+    except UnknownPlugin as exc:
+        raise SpecError(f"{smap.where(('defaults', 'runtime'))}: defaults: {exc}") from None
+    wl = suite.defaults.workload
+    try:
+        wcls = WORKLOADS.get(wl.name)
+    except UnknownPlugin as exc:
+        raise SpecError(f"{smap.where(('defaults', 'workload', 'name'))}: workload: {exc}") from None
+    validate_plugin_options(wcls.Options, wl.options, smap, ("defaults", "workload"), f"workload '{wl.name}'")

@@ -1,0 +1,1 @@
+"""Test doubles for the harness's own logic (never used by real suites)."""

@@ -1,0 +1,74 @@
+"""A test-only framework whose detection delay is known, to calibrate time-to-detect.
+
+``delayed-detect`` launches the ranks like ``none`` plus a watchdog process. The watchdog polls the
+ranks' /proc entries every millisecond; once one has died it sleeps exactly ``delay_s`` and prints
+``CALIBRATION DETECT``, which becomes a ``detect`` event through the same log-pattern path real adapters use.
+The measured time-to-detect should therefore be ``delay_s`` plus the harness's own measurement error
+(death noticed + pipe + stamp), which the calibration test bounds.
+
+Register it with ``FRAMEWORKS.register("delayed-detect", DelayedDetectFramework)``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from chaosbench.frameworks.base import JobContext, JobResult, LaunchPlan, LogPattern, LogWatcher, RunControl
+from chaosbench.frameworks.direct import NoneFramework, NoneOptions
+from chaosbench.runtimes.base import ProcessSpec
+
+WATCHDOG = r"""
+import os, sys, time
+delay = float(sys.argv[1]); pids = [int(p) for p in sys.argv[2:]]
+def dead(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+while True:
+    gone = [p for p in pids if dead(p)]
+    if gone:
+        break
+    time.sleep(0.001)
+time.sleep(delay)
+print(f"CALIBRATION DETECT pid={gone[0]}", flush=True)
+"""
+
+
+class DelayedDetectOptions(NoneOptions):
+    delay_s: float = Field(default=0.5, ge=0, description="known delay between a rank's death and detection")
+
+
+class DelayedDetectFramework(NoneFramework):
+    name: ClassVar[str] = "delayed-detect"
+    Options = DelayedDetectOptions  # type: ignore[assignment]
+
+    def plan(self, job: JobContext) -> LaunchPlan:
+        plan = super().plan(job)
+        plan.patterns = [LogPattern("detect", r"CALIBRATION DETECT pid=(?P<pid>\d+)", "watchdog")]
+        return plan
+
+    def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        o: Any = self.options
+        ranks = [control.runtime.start(s) for s in plan.processes]
+        watcher = LogWatcher(self.label, plan.patterns, control.timeline)
+        dog = control.runtime.start(
+            ProcessSpec("watchdog", [sys.executable, "-c", WATCHDOG, str(o.delay_s), *(str(h.pid) for h in ranks)],
+                        role="watchdog"),
+            on_line=watcher,
+        )  # fmt: skip
+        while True:
+            if control.stop_reason():
+                return JobResult(control.stop_reason() or "deadline")
+            if all(h.poll() == 0 for h in ranks):
+                return JobResult("completed")
+            if dog.poll() is not None:
+                time.sleep(0.1)  # let the pipe reader stamp the line before teardown
+                control.runtime.terminate(ranks, o.teardown_grace_s)
+                return JobResult("failed", "a rank died")
+            control.sleep(0.01)

@@ -1,0 +1,232 @@
+"""The timeline: one append-only ``events.jsonl`` per run, on one clock.
+
+Every actor (the harness, the framework adapters, the injectors and the ranks themselves through
+:mod:`chaosbench.probe`) appends events to the same file. Each event is one JSON object on one line::
+
+    {"t_ns": 1764467481123456789, "kind": "step", "src": "rank", "host": "h", "rank": 1, "step": 7, ...}
+
+``t_ns`` is wall-clock time in nanoseconds (``time.time_ns()``) taken by the writer when the event happened
+(log-line events: when the line was read). All processes of a local run share one host and so one clock.
+
+Writers open the file with ``O_APPEND`` and write each event with a single ``write()`` of one line, which the
+kernel does not interleave with other appends on a local filesystem. Readers must therefore sort by ``t_ns``:
+the file order is the order of the writes, not of the stamps.
+
+This module is standard-library only: the probe imports it inside training processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Event kinds and the fields each carries besides ``t_ns``, ``kind``, ``src`` and ``host``.
+EVENT_KINDS: dict[str, str] = {
+    "run_start": "suite, scenario, repeat, framework, fault, control, seed",
+    "run_end": "outcome (completed|failed|deadline|interrupted|error), reason",
+    "framework_info": "framework, versions{}, timeouts{} (seconds), options{}",
+    "proc_start": "proc, pid, role (rank|agent|job|watchdog), node, incarnation",
+    "proc_exit": "proc, pid, returncode (negative: killed by that signal), incarnation",
+    "rank_start": "rank, world_size, pid, node, incarnation, local_rank",
+    "rank_exit": "rank, pid, returncode, incarnation (written by the command shim)",
+    "step": "rank, step (1-based count of completed optimizer steps), loss, incarnation",
+    "ckpt_save_begin": "rank, step, path, incarnation",
+    "ckpt_save_end": "rank, step, path, incarnation, complete (bool: every rank finished and it was marked)",
+    "ckpt_load_begin": "rank, step, path, incarnation",
+    "ckpt_load_end": "rank, step, path, incarnation",
+    "train_end": "rank, step, loss, digest (sha256 of the final parameters), incarnation",
+    "fault_inject": "fault, injector, target{}, params{}",
+    "fault_revert": "fault, injector, reason",
+    "fault_skipped": "fault, injector, reason (the trigger fired but the fault could not be applied)",
+    "detect": "framework, reason, line (the framework noticed a failure)",
+    "restart": "framework, attempt, reason (the framework relaunches the job or worker group)",
+    "give_up": "framework, reason (the framework stopped trying)",
+    "log": "proc, line, pattern (a user-defined pattern matched a log line)",
+}
+
+
+def now_ns() -> int:
+    """Current wall-clock time in nanoseconds: the one clock of a timeline."""
+    return time.time_ns()
+
+
+_HOST = socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Event:
+    """One timeline event. ``data`` holds the kind-specific fields (see :data:`EVENT_KINDS`)."""
+
+    t_ns: int
+    kind: str
+    src: str = "harness"
+    host: str = _HOST
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    @property
+    def t_s(self) -> float:
+        return self.t_ns / 1e9
+
+    def to_json(self) -> str:
+        obj = {"t_ns": self.t_ns, "kind": self.kind, "src": self.src, "host": self.host}
+        obj.update(self.data)
+        return json.dumps(obj, separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_obj(cls, obj: dict[str, Any]) -> Event:
+        obj = dict(obj)
+        t_ns = int(obj.pop("t_ns"))
+        kind = str(obj.pop("kind"))
+        src = str(obj.pop("src", "harness"))
+        host = str(obj.pop("host", ""))
+        return cls(t_ns=t_ns, kind=kind, src=src, host=host, data=obj)
+
+
+class TimelineWriter:
+    """Appends events to an ``events.jsonl`` file; safe to share between threads and processes."""
+
+    def __init__(self, path: str | os.PathLike[str], src: str = "harness") -> None:
+        self.path = Path(path)
+        self.src = src
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+
+    def emit(self, kind: str, t_ns: int | None = None, src: str | None = None, **data: Any) -> Event:
+        """Write one event and return it. ``t_ns`` defaults to now."""
+        ev = Event(t_ns=now_ns() if t_ns is None else t_ns, kind=kind, src=src or self.src, data=data)
+        line = (ev.to_json() + "\n").encode()
+        with self._lock:
+            if self._fd < 0:
+                raise ValueError(f"timeline {self.path} is closed")
+            os.write(self._fd, line)
+        return ev
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> TimelineWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_lines(lines: Iterator[str] | list[str]) -> list[Event]:
+    """Parse JSONL lines; a torn last line (a writer killed mid-write) is skipped."""
+    out = []
+    for raw in lines:
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            out.append(Event.from_obj(json.loads(raw)))
+        except (ValueError, KeyError):
+            continue
+    return out
+
+
+def read_events(path: str | os.PathLike[str]) -> list[Event]:
+    """All events of a timeline file, sorted by time (stable for equal stamps)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    with p.open() as f:
+        events = parse_lines(f.readlines())
+    events.sort(key=lambda e: e.t_ns)
+    return events
+
+
+class TimelineFollower:
+    """Tails a timeline file in a background thread and hands each new event to the subscribers.
+
+    Subscribers are called from the follower thread, in file order, with every complete line written
+    after the follower started reading (it reads the file from the beginning). ``poll_s`` bounds how late
+    a subscriber sees an event; triggers and heartbeat monitors rely on it being small.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], poll_s: float = 0.005) -> None:
+        self.path = Path(path)
+        self.poll_s = poll_s
+        self._subs: list[Callable[[Event], None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._errors: list[BaseException] = []
+        self.events: list[Event] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, fn: Callable[[Event], None]) -> None:
+        with self._lock:
+            self._subs.append(fn)
+
+    def start(self) -> TimelineFollower:
+        self._thread = threading.Thread(target=self._run, name="timeline-follower", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._drain_once_more()
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return list(self._errors)
+
+    def snapshot(self) -> list[Event]:
+        with self._lock:
+            return list(self.events)
+
+    def _dispatch(self, ev: Event) -> None:
+        with self._lock:
+            self.events.append(ev)
+            subs = list(self._subs)
+        for fn in subs:
+            try:
+                fn(ev)
+            except BaseException as exc:  # noqa: BLE001 - a broken subscriber must not stop the tail
+                self._errors.append(exc)
+
+    _pos = 0
+    _buf = b""
+
+    def _read_new(self) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._pos)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        if not chunk:
+            return
+        self._pos += len(chunk)
+        data = self._buf + chunk
+        *complete, self._buf = data.split(b"\n")
+        for raw in complete:
+            for ev in parse_lines([raw.decode(errors="replace")]):
+                self._dispatch(ev)
+
+    def _drain_once_more(self) -> None:
+        self._read_new()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._read_new()
+            self._stop.wait(self.poll_s)

@@ -1,0 +1,99 @@
+"""End-to-end recovery with real torch.distributed ranks (gloo on CPU), measured from the timeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaosbench.registry import FRAMEWORKS
+from chaosbench.testing.calibration import DelayedDetectFramework
+
+pytestmark = pytest.mark.integration
+
+WORKLOAD = "{name: ddp-mlp, ranks: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.02, pg_timeout_s: 5}"
+
+
+def suite(frameworks: str, faults: str, matrix_fw: str, matrix_faults: str, control: bool = True,
+          deadline: int = 90) -> str:  # fmt: skip
+    return f"""
+    name: it
+    seed: 11
+    control: {str(control).lower()}
+    defaults:
+      deadline_s: {deadline}
+      workload: {WORKLOAD}
+    frameworks: {frameworks}
+    faults: {faults}
+    matrix: {{frameworks: [{matrix_fw}], faults: [{matrix_faults}], repeats: 1}}
+    """
+
+
+KILL = "{injector: kill, target: {rank: 1}, trigger: {at_step: 15}}"
+HANG = "{injector: hang, target: {rank: 1}, trigger: {at_step: 15}}"
+
+
+def test_kill_under_restart_resumes_exactly(run_suite) -> None:
+    res = run_suite(suite("{restart: {heartbeat_timeout_s: 5}}", f"{{kill: {KILL}}}", "restart", "kill"))
+    ctl, m = res["restart/control#0"], res["restart/kill#0"]
+    assert ctl.outcome == "completed" and ctl.final_step == 30
+    assert m.outcome == "recovered", m.missing
+    assert m.detected and 0 <= m.time_to_detect_s < 0.5  # exit noticed within a few monitor intervals
+    assert m.restart_count == 1
+    assert 0 <= m.lost_steps <= 10  # at most one checkpoint interval
+    assert m.lost_steps == 5  # checkpoint at 10, fault right after step 15
+    assert m.time_to_resume_s > m.time_to_detect_s
+    assert m.fidelity == "exact" and m.digest == ctl.digest
+    assert 0 < m.goodput < ctl.goodput <= 1
+    assert m.extra_wall_s > 0
+    stages = [m.badput_detect_s, m.badput_restart_init_s, m.badput_restore_s, m.badput_recompute_s]
+    assert all(s is not None and s >= 0 for s in stages)
+    # the stages of a restart add up to the time to catch up (up to the step granularity)
+    assert sum(stages) == pytest.approx(m.time_to_catch_up_s, abs=0.5)
+    assert m.timeouts["heartbeat_timeout_s"] == 5 and m.versions["torch"].startswith("2.13.0")
+
+
+def test_hang_under_restart_detected_by_heartbeat(run_suite) -> None:
+    res = run_suite(suite("{restart: {heartbeat_timeout_s: 3}}", f"{{hang: {HANG}}}", "restart", "hang",
+                          control=False))  # fmt: skip
+    m = res["restart/hang#0"]
+    assert m.detected, m.missing
+    # the last heartbeat came at most one step before the fault: detection within timeout + 1 s
+    assert 0 < m.time_to_detect_s <= 3 + 1.0
+    assert m.outcome == "recovered" and m.restart_count == 1 and m.lost_steps <= 10
+
+
+def test_hang_under_torchrun_detected_via_process_group_timeout(run_suite) -> None:
+    res = run_suite(suite("{torchrun: {share_rdzv_tcp_store: false}}", f"{{hang: {HANG}}}", "torchrun", "hang",
+                          control=False, deadline=120))  # fmt: skip
+    m = res["torchrun/hang#0"]
+    assert m.detected, m.missing
+    # the survivor's collective times out after pg_timeout_s (5 s); the agent reacts right after
+    assert 4.5 < m.time_to_detect_s < 5 + 3
+    assert m.timeouts["worker_shutdown_grace_s"] == 30
+    assert m.outcome == "recovered"
+    # the stopped rank ignores SIGTERM: the agent's fixed 30 s grace is in the time to resume
+    assert m.time_to_resume_s > m.time_to_detect_s + 25
+
+
+def test_none_reports_not_recovered(run_suite) -> None:
+    res = run_suite(suite("{none: {}}", f"{{kill: {KILL}}}", "none", "kill", control=False))
+    m = res["none/kill#0"]
+    assert m.outcome == "not_recovered" and m.recovered is False
+    assert m.detected is False and m.run_end_outcome == "failed"
+    assert m.time_to_resume_s is None and "no training step" in m.missing["time_to_resume_s"]
+    assert m.restart_count == 0
+
+
+@pytest.fixture
+def delayed_detect():
+    if "delayed-detect" not in FRAMEWORKS.names():
+        FRAMEWORKS.register("delayed-detect", DelayedDetectFramework)
+    yield
+
+
+def test_calibration_time_to_detect_within_20ms(run_suite, delayed_detect) -> None:
+    delay = 0.4
+    res = run_suite(suite(f"{{cal: {{adapter: delayed-detect, delay_s: {delay}}}}}", f"{{kill: {KILL}}}", "cal",
+                          "kill", control=False))  # fmt: skip
+    m = res["cal/kill#0"]
+    assert m.detected, m.missing
+    assert abs(m.time_to_detect_s - delay) <= 0.020, m.time_to_detect_s

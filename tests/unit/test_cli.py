@@ -1,0 +1,55 @@
+"""The command line: one-line errors, exit codes, dry runs, the injector list."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from chaosbench.cli import main
+from tests.conftest import ROOT
+
+
+def test_bad_suite_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: b\nfaults:\n  k: {injector: kil, trigger: {at_step: 2}}\nmatrix: {frameworks: [none]}\n")
+    assert main(["run", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"chaosbench: error: {bad}:3: fault 'k': unknown injector 'kil' (known: hang, kill)"
+    assert not (tmp_path / "o").exists()  # nothing ran
+
+
+def test_missing_suite_file(tmp_path: Path, capsys) -> None:
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read suite" in capsys.readouterr().err
+
+
+def test_dry_run_prints_every_plan(tmp_path: Path, capsys) -> None:
+    assert main(["run", str(ROOT / "suites" / "smoke.yaml"), "--dry-run", "--out", str(tmp_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["runs"]) == 15
+    tr = next(r for r in doc["runs"] if r["scenario"] == "torchrun/kill-rank1")
+    argv = tr["plan"]["processes"][0]["argv"]
+    assert argv[1:3] == ["-m", "torch.distributed.run"] and "--max-restarts" in argv
+    assert tr["plan"]["processes"][0]["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert tr["plan"]["timeouts"]["workload_pg_timeout_s"] == 10
+    assert tr["fault"]["trigger"]["at_step"] == 25
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_faults_lists_injectors_with_params(capsys) -> None:
+    assert main(["faults"]) == 0
+    out = capsys.readouterr().out
+    assert "kill:" in out and "signal (default 'SIGKILL')" in out
+    assert "hang:" in out and "duration_s" in out
+
+
+def test_report_of_nothing_is_an_error(tmp_path: Path, capsys) -> None:
+    assert main(["report", str(tmp_path)]) == 1
+    assert "no chaosbench results found" in capsys.readouterr().err
+
+
+def test_console_help_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--dry-run" in out.stdout

@@ -1,0 +1,192 @@
+"""Metric extraction on hand-written timelines with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaosbench.metrics import compute_metrics
+from chaosbench.timeline import Event
+
+S = 1_000_000_000
+T0 = 1_700_000_000 * S
+
+
+class TL:
+    """Builds a timeline with times given in seconds since run start."""
+
+    def __init__(self, control: bool = False, fault: str | None = "kill") -> None:
+        self.events: list[Event] = []
+        self.add(0.0, "run_start", scenario="fw/x", framework="fw", fault=None if control else fault,
+                 repeat=0, control=control)  # fmt: skip
+
+    def add(self, t: float, kind: str, src: str = "harness", **data: object) -> TL:
+        self.events.append(Event(t_ns=T0 + int(round(t * S)), kind=kind, src=src, data=dict(data)))
+        return self
+
+    def rank(self, t: float, kind: str, rank: int, inc: int, **data: object) -> TL:
+        return self.add(t, kind, src="rank", rank=rank, incarnation=inc, **data)
+
+    def incarnation(self, inc: int, t_start: float, first: int, last: int, dt: float = 0.1,
+                    load_from: int | None = None, ckpt_every: int = 10, ranks: int = 2,
+                    end: bool = False, digest: str = "d") -> TL:  # fmt: skip
+        """Ranks start at t_start, (optionally) load a checkpoint for 0.2 s, then one step every dt."""
+        for r in range(ranks):
+            self.rank(t_start, "rank_start", r, inc, pid=100 + 10 * inc + r, world_size=ranks)
+        t = t_start + 1.0  # 1 s of init
+        if load_from is not None:
+            for r in range(ranks):
+                self.rank(t, "ckpt_load_begin", r, inc, step=load_from)
+            t += 0.2
+            for r in range(ranks):
+                self.rank(t, "ckpt_load_end", r, inc, step=load_from)
+        for step in range(first, last + 1):
+            t += dt
+            for r in range(ranks):
+                self.rank(t + 0.001 * r, "step", r, inc, step=step, loss=1.0 / step, duration_s=dt)
+            if ckpt_every and step % ckpt_every == 0:
+                for r in range(ranks):
+                    self.rank(t + 0.002, "ckpt_save_begin", r, inc, step=step)
+                    self.rank(t + 0.05, "ckpt_save_end", r, inc, step=step, complete=True)
+                t += 0.05
+        if end:
+            for r in range(ranks):
+                self.rank(t + 0.01, "train_end", r, inc, step=last, loss=1.0 / last, digest=digest)
+        self.t_last = t
+        return self
+
+    def sorted(self) -> list[Event]:
+        return sorted(self.events, key=lambda e: e.t_ns)
+
+
+def control_run(total: int = 30) -> list[Event]:
+    tl = TL(control=True).incarnation(0, 0.1, 1, total, end=True)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    return tl.sorted()
+
+
+def restart_run(digest: str = "d") -> TL:
+    """Steps 1..25 (checkpoint at 10, 20), kill at 25+0.05 s, detect +0.08, restart from 20, finish 30."""
+    tl = TL().incarnation(0, 0.1, 1, 25)
+    t_fault = tl.t_last + 0.05
+    tl.add(t_fault, "fault_inject", src="injector", fault="kill", injector="kill", target={"rank": 1})
+    tl.add(t_fault + 0.08, "detect", src="framework", framework="fw", reason="rank1 exited")
+    tl.add(t_fault + 0.3, "restart", src="framework", framework="fw", attempt=1)
+    tl.incarnation(1, t_fault + 0.5, 21, 30, load_from=20, end=True, digest=digest)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    tl.t_fault = t_fault  # type: ignore[attr-defined]
+    return tl
+
+
+def test_kill_and_restart_known_answers() -> None:
+    tl = restart_run()
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    tf = tl.t_fault  # type: ignore[attr-defined]
+    assert m.outcome == "recovered" and m.detected and m.recovered
+    assert m.fault_t_s == pytest.approx(tf, abs=1e-6)
+    assert m.time_to_detect_s == pytest.approx(0.08, abs=1e-6)
+    # new incarnation: starts at tf+0.5, init 1 s, load 0.2 s, first step +0.1
+    assert m.time_to_resume_s == pytest.approx(0.5 + 1.0 + 0.2 + 0.1, abs=1e-6)
+    assert m.lost_steps == 5
+    # steps 21..25 took 5 x 0.1 s (no checkpoint between 20 and 25 except the one right after 20)
+    assert m.lost_work_s == pytest.approx(0.5 + 0.05, abs=1e-6)
+    assert m.restart_count == 1
+    # catch-up: first completion of step 26 after the fault = resume + 5 more steps (ckpt at 20 not redone)
+    assert m.time_to_catch_up_s == pytest.approx(m.time_to_resume_s + 0.5, abs=1e-6)
+    # newest complete save: ends 0.05 s after step 20; the fault is 5 steps + that save + 0.05 s after step 20
+    assert m.checkpoint_age_s == pytest.approx((0.05 + 5 * 0.1 + 0.05) - 0.05, abs=1e-6)
+    assert m.checkpoint_save_s == pytest.approx(0.048, abs=1e-6)
+    assert m.badput_detect_s == pytest.approx(0.08, abs=1e-6)
+    assert m.badput_restart_init_s == pytest.approx(0.5 + 1.0 - 0.08, abs=1e-6)
+    assert m.badput_restore_s == pytest.approx(0.2, abs=1e-6)
+    assert m.badput_recompute_s == pytest.approx(0.5, abs=1e-6)
+    # productive: 30 distinct steps x 0.1 s
+    assert m.productive_s == pytest.approx(3.0, abs=1e-6)
+    assert m.goodput == pytest.approx(3.0 / m.wall_s)
+    assert m.fidelity == "exact" and m.loss_diff == 0.0
+    ctl = compute_metrics(control_run(), total_steps=30)
+    assert m.extra_wall_s == pytest.approx(m.wall_s - ctl.wall_s)
+    assert ctl.outcome == "completed" and ctl.fidelity is None
+
+
+def test_diverged_final_state() -> None:
+    m = compute_metrics(restart_run(digest="other").sorted(), control=control_run(), total_steps=30)
+    assert m.fidelity == "diverged"
+
+
+def test_hang_recovered_in_place_without_detection() -> None:
+    tl = TL(fault="hang").incarnation(0, 0.1, 1, 12, ckpt_every=0)
+    tf = tl.t_last + 0.02
+    tl.add(tf, "fault_inject", src="injector", fault="hang", injector="hang")
+    tl.add(tf + 3.0, "fault_revert", src="injector", fault="hang")
+    # the same incarnation continues: steps 13..20 after the revert
+    t = tf + 3.0
+    for step in range(13, 21):
+        t += 0.1
+        for r in range(2):
+            tl.rank(t, "step", r, 0, step=step, loss=0.1, duration_s=0.1)
+    for r in range(2):
+        tl.rank(t + 0.01, "train_end", r, 0, step=20, loss=0.1, digest="d")
+    tl.add(t + 0.1, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=20)
+    assert m.outcome == "recovered" and m.detected is False
+    assert m.time_to_detect_s is None and "no detection" in m.missing["time_to_detect_s"]
+    assert m.time_to_resume_s == pytest.approx(3.1, abs=1e-6)
+    assert m.time_to_catch_up_s == pytest.approx(3.1, abs=1e-6)
+    assert m.lost_steps == 0 and m.lost_work_s == 0.0 and m.restart_count == 0
+    assert m.badput_restore_s == 0.0 and m.badput_recompute_s == 0.0
+    assert m.checkpoint_age_s is None and "no checkpoint" in m.missing["checkpoint_age_s"]
+    assert m.missing["fidelity"] == "no control run"
+
+
+def test_not_recovered_is_an_outcome_with_reasons() -> None:
+    tl = TL().incarnation(0, 0.1, 1, 8)
+    tf = tl.t_last + 0.01
+    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill")
+    tl.add(tf + 0.5, "proc_exit", proc="rank1.i0", returncode=-9)
+    tl.add(tf + 1.0, "run_end", outcome="failed", reason="rank1.i0 exited with signal SIGKILL (-9)")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.outcome == "not_recovered" and m.recovered is False and m.detected is False
+    assert m.time_to_resume_s is None
+    assert m.missing["time_to_resume_s"].startswith("no training step completed after the fault")
+    assert m.missing["fidelity"] == "this run did not finish training"
+    assert m.run_end_outcome == "failed"
+    assert m.wall_s == pytest.approx(tf + 1.0, abs=1e-6)
+
+
+def test_fault_not_fired_and_missing_run_end() -> None:
+    tl = TL().incarnation(0, 0.1, 1, 30, end=True)
+    tl.add(tl.t_last + 0.1, "fault_skipped", src="injector", fault="kill", reason="rank 3 has not started")
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    assert m.outcome == "fault_not_fired"
+    assert "rank 3 has not started" in m.missing["time_to_resume_s"]
+    assert m.wall_s is None and "no run_end" in m.missing["wall_s"]
+
+
+def test_restart_from_scratch_counts_all_steps_lost() -> None:
+    tl = TL().incarnation(0, 0.1, 1, 7, ckpt_every=0)
+    tf = tl.t_last + 0.05
+    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill")
+    tl.add(tf + 0.1, "detect", src="framework", framework="fw")
+    tl.incarnation(1, tf + 0.2, 1, 10, ckpt_every=0, end=True)
+    tl.add(tl.t_last + 0.1, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=10)
+    assert m.lost_steps == 7
+    # from the faulted incarnation's first event (rank_start at 0.1) to step 7
+    assert m.lost_work_s == pytest.approx(1.0 + 0.7, abs=1e-6)
+    # no checkpoint load: restore is zero, restart/init runs from detection to the first step's start
+    assert m.badput_restore_s == 0.0
+    assert m.badput_restart_init_s == pytest.approx(0.1 + 1.0, abs=1e-6)
+    assert m.badput_recompute_s == pytest.approx(0.7, abs=1e-6)
+
+
+def test_torn_last_line_is_ignored(tmp_path) -> None:
+    from chaosbench.timeline import TimelineWriter, read_events
+
+    p = tmp_path / "events.jsonl"
+    with TimelineWriter(p) as w:
+        w.emit("run_start", t_ns=5)
+        w.emit("step", t_ns=3, src="rank", rank=0, step=1)
+    with p.open("a") as f:
+        f.write('{"t_ns": 9, "kind": "st')
+    ev = read_events(p)
+    assert [e.kind for e in ev] == ["step", "run_start"]  # sorted by stamp, torn line dropped

@@ -1,0 +1,140 @@
+"""Suite parsing and its one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaosbench.errors import SpecError
+from chaosbench.specs import load_suite
+from tests.conftest import ROOT, make_suite
+
+GOOD = """\
+name: t
+seed: 3
+defaults:
+  workload: {name: ddp-mlp, ranks: 2, steps: 30}
+frameworks:
+  restart: {max_restarts: 2}
+  tr-default: {adapter: torchrun}
+faults:
+  kill-rank1: {injector: kill, target: {rank: 1}, trigger: {at_step: 5}}
+  hang-any: {injector: hang, target: random, trigger: {after_s: 1.5}, params: {duration_s: 2}}
+matrix:
+  frameworks: [restart, tr-default, none]
+  faults: [kill-rank1, hang-any]
+  repeats: 2
+"""
+
+
+def test_good_suite_expands_to_controls_and_matrix() -> None:
+    suite = make_suite(GOOD)
+    scenarios = suite.scenarios()
+    assert len(scenarios) == 3 * (1 + 2 * 2)
+    assert scenarios[0].id == "restart/control" and scenarios[0].control
+    tr = [s for s in scenarios if s.framework_label == "tr-default"]
+    assert {s.adapter for s in tr} == {"torchrun"}
+    hang = [s for s in scenarios if s.fault_name == "hang-any"]
+    assert hang[0].fault is not None and hang[0].fault.target.rank == "random"
+    assert hang[0].fault.trigger.after_s == 1.5
+    # per-run seeds are stable and distinct
+    assert len({s.rng_seed for s in scenarios}) == len(scenarios)
+    assert make_suite(GOOD).scenarios()[3].rng_seed == scenarios[3].rng_seed
+
+
+def test_shipped_smoke_suite_is_valid() -> None:
+    suite = load_suite(ROOT / "suites" / "smoke.yaml")
+    assert set(suite.matrix.frameworks) == {"none", "restart", "torchrun"}
+    assert len(suite.scenarios()) == 3 + 3 * 2 * 2
+
+
+def _error(text: str) -> str:
+    with pytest.raises(SpecError) as ei:
+        make_suite(text, "suites/x.yaml")
+    msg = str(ei.value)
+    assert "\n" not in msg and "Traceback" not in msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("injector: kill,", "injector: kil,", "suites/x.yaml:9: fault 'kill-rank1': unknown injector 'kil' (known: "),
+        ("at_step: 5}", "at_step: 5, after_s: 2}", "suites/x.yaml:9: fault 'kill-rank1': trigger: give exactly one"),
+        ("at_step: 5}", "at_step: -1}", "suites/x.yaml:9: fault 'kill-rank1': trigger.at_step: Input should be"),
+        ("duration_s: 2}", "duration_s: soon}", "suites/x.yaml:10: fault 'hang-any': duration_s: Input should be"),
+        ("duration_s: 2}", "duration: 2}", "suites/x.yaml:10: fault 'hang-any': duration: unknown option"),
+        ("faults: [kill-rank1, hang-any]", "faults: [kill-rank1, hang-all]",
+         "suites/x.yaml:13: matrix: unknown fault 'hang-all' (known: hang-any, kill-rank1)"),
+        ("restart: {max_restarts: 2}", "restart: {max_restart: 2}",
+         "suites/x.yaml:6: framework 'restart': max_restart: unknown option"),
+        ("tr-default: {adapter: torchrun}", "tr-default: {adapter: torchrn}",
+         "suites/x.yaml:7: framework 'tr-default': unknown framework 'torchrn' (known: "),
+        ("target: {rank: 1}", "target: {rank: 5}",
+         "suites/x.yaml:9: fault 'kill-rank1': target rank 5 does not exist (the workload has 2 ranks)"),
+        ("steps: 30}", "steps: 30, stepz: 3}", "suites/x.yaml:4: workload 'ddp-mlp': stepz: unknown option"),
+        ("seed: 3", "sed: 3", "suites/x.yaml:2: sed: unknown key"),
+        ("repeats: 2", "repeats: 0", "suites/x.yaml:14: matrix: repeats: Input should be greater than or equal"),
+        ("name: ddp-mlp", "name: ddp-mpl", "suites/x.yaml:4: workload: unknown workload 'ddp-mpl'"),
+        ("signal: x", "", ""),
+    ],
+)
+def test_errors_name_file_line_and_object(old: str, new: str, expected: str) -> None:
+    if not expected:
+        text = GOOD.replace("injector: kill,", "injector: kill, params: {signal: SIGBOGUS},")
+        assert "unknown signal 'SIGBOGUS'" in _error(text)
+        assert _error(text).startswith("suites/x.yaml:9: fault 'kill-rank1': signal:")
+        return
+    assert old in GOOD
+    assert _error(GOOD.replace(old, new)).startswith(expected)
+
+
+def test_yaml_syntax_error_has_line() -> None:
+    msg = _error("name: t\nmatrix: {frameworks: [none]\n")
+    assert msg.startswith("suites/x.yaml:3: invalid YAML")
+
+
+def test_missing_required_and_not_a_mapping() -> None:
+    assert _error("name: t\n").startswith("suites/x.yaml:1: matrix: required key is missing")
+    assert _error("- a\n- b\n").startswith("suites/x.yaml:1: a suite must be a YAML mapping")
+
+
+def test_missing_file() -> None:
+    with pytest.raises(SpecError, match=r"^nope\.yaml: cannot read suite"):
+        load_suite("nope.yaml")
+
+
+def test_fault_definitions_from_faults_folder(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # ./faults is searched too: keep the repository's own out of this test
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "faults").mkdir()
+    (tmp_path / "faults" / "stop.yaml").write_text(
+        "injector: hang\ntarget: {rank: 0}\ntrigger: {at_step: 3}\nparams: {duration_s: 4}\n"
+    )
+    suite_file = tmp_path / "suites" / "s.yaml"
+    suite_file.write_text(
+        "name: s\nfaults:\n  h: {use: stop, params: {duration_s: 9}}\n  k: {use: kill-rank}\n"
+        "matrix: {frameworks: [none], faults: [h]}\n"
+    )
+    msg = ""
+    try:
+        load_suite(suite_file)
+    except SpecError as exc:
+        msg = str(exc)
+    assert msg.startswith(f"{suite_file}:4: fault 'k': no fault definition 'kill-rank' (known: stop)")
+    suite_file.write_text(suite_file.read_text().replace("  k: {use: kill-rank}\n", ""))
+    fault = load_suite(suite_file).faults["h"]
+    assert fault.injector == "hang" and fault.target.rank == 0 and fault.trigger.at_step == 3
+    assert fault.params == {"duration_s": 9}  # overridden beside `use`
+    (tmp_path / "faults" / "stop.yaml").write_text("injector: hang\ntrigger: {at_stp: 3}\n")
+    with pytest.raises(SpecError, match=r"stop\.yaml:2: fault definition 'stop': trigger\.at_stp"):
+        load_suite(suite_file)
+
+
+def test_shipped_fault_definitions_are_valid() -> None:
+    for path in sorted((ROOT / "faults").glob("*.yaml")):
+        suite = make_suite(
+            f"name: f\nfaults: {{x: {{use: {path.stem}, target: {{rank: 1}}}}}}\n"
+            "matrix: {frameworks: [none], faults: [x]}\n",
+            str(ROOT / "suites" / "probe.yaml"),
+        )
+        assert suite.faults["x"].injector
