@@ -1,5 +1,5 @@
 """Fault control for one run: watches the timeline, fires the fault when its trigger says so, resolves the
-target from the ranks' own ``rank_start`` events, and guarantees the revert."""
+targets from the ranks' own ``rank_start`` events, and guarantees the reverts."""
 
 from __future__ import annotations
 
@@ -8,132 +8,205 @@ import threading
 from typing import Any
 
 from chaosbench.errors import ChaosbenchError
-from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget
-from chaosbench.runtimes.base import Runtime
+from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup
 from chaosbench.specs import FaultSpec
-from chaosbench.timeline import Event, TimelineWriter, now_ns
+from chaosbench.timeline import Event, now_ns
 
 
 class FaultController:
-    """Fires one fault once. Subscribe it to the run's :class:`~chaosbench.timeline.TimelineFollower`;
-    call :meth:`close` at the end of the run (also on interruption) to cancel timers and revert."""
+    """Fires one fault (once, or repeatedly for ``every_steps``/``poisson``/``max_fires``). Subscribe it to the
+    run's :class:`~chaosbench.timeline.TimelineFollower`; call :meth:`close` at the end of the run (also on
+    interruption) to cancel pending firings and revert every firing still in force."""
 
-    def __init__(
-        self,
-        fault_name: str,
-        spec: FaultSpec,
-        injector: Injector,
-        runtime: Runtime,
-        timeline: TimelineWriter,
-        rng_seed: int,
-    ) -> None:
+    def __init__(self, fault_name: str, spec: FaultSpec, injector: Injector, setup: RunSetup, rng_seed: int) -> None:
+        if spec.trigger is None:
+            raise ChaosbenchError(f"fault '{fault_name}' has no trigger")
         self.fault_name = fault_name
         self.spec = spec
+        self.trigger = spec.trigger
         self.injector = injector
-        self.runtime = runtime
-        self.timeline = timeline
+        self.setup = setup
+        self.runtime = setup.runtime
+        self.timeline = setup.timeline
         self.rng = random.Random(rng_seed)
-        self.fired = threading.Event()
+        self.fires = 0  # firings scheduled or done
         self._ranks: dict[int, Event] = {}  # rank -> its newest rank_start
+        self._events: list[Event] = []
         self._world_size: int | None = None
-        self._ctx: FaultContext | None = None
+        self._active: list[FaultContext] = []
         self._timers: list[threading.Timer] = []
+        self._fired_keys: set[Any] = set()
+        self._started = False
+        self._stop = threading.Event()
         self._lock = threading.RLock()
         self._closed = False
 
+    @property
+    def fired(self) -> bool:
+        return self.fires > 0
+
+    def _exhausted(self) -> bool:
+        limit = self.trigger.fire_limit
+        return limit is not None and self.fires >= limit
+
     # -- timeline subscriber
     def __call__(self, ev: Event) -> None:
-        if ev.kind == "rank_start":
-            with self._lock:
+        with self._lock:
+            self._events.append(ev)
+            if ev.kind == "rank_start":
                 rank = int(ev.get("rank", 0))
                 old = self._ranks.get(rank)
                 if old is None or int(ev.get("incarnation", 0)) >= int(old.get("incarnation", 0)):
                     self._ranks[rank] = ev
                 self._world_size = int(ev.get("world_size") or 0) or self._world_size
-            return
-        if ev.kind != "step" or self.fired.is_set():
-            return
-        trig = self.spec.trigger
-        if trig.at_step is not None and int(ev.get("step", 0)) >= trig.at_step:
-            self.fire(f"step {ev.get('step')} completed")
-        elif trig.after_s is not None and not self._timers:
-            self._start_timer(trig.after_s, self.fire, f"{trig.after_s} s after the first step")
+            if self._closed or self._exhausted():
+                return
+            trig = self.trigger
+            first_step = ev.kind == "step" and not self._started
+            if ev.kind == "step":
+                self._started = True
+            if trig.at_step is not None and ev.kind == "step" and int(ev.get("step", 0)) >= trig.at_step:
+                key = ("inc", int(ev.get("incarnation", 0)))  # at most once per incarnation
+                if key not in self._fired_keys:
+                    self._fired_keys.add(key)
+                    self._schedule(f"step {ev.get('step')} completed")
+            elif trig.every_steps is not None and ev.kind == "step":
+                step = int(ev.get("step", 0))
+                if step % trig.every_steps == 0 and ("step", step) not in self._fired_keys:
+                    self._fired_keys.add(("step", step))
+                    self._schedule(f"step {step} completed (every {trig.every_steps})")
+            elif trig.on_event is not None and self._matches(ev):
+                self._schedule(f"event {ev.kind}")
+            elif trig.after_s is not None and first_step:
+                self._timer(trig.after_s + trig.delay_s, self.fire, f"{trig.after_s} s after the first step")
+                self.fires += 1
+            elif trig.poisson is not None and first_step:
+                threading.Thread(target=self._poisson, args=(trig.poisson.mtbf_s,), daemon=True).start()
 
-    def _start_timer(self, delay_s: float, fn: Any, *args: Any) -> None:
+    def _matches(self, ev: Event) -> bool:
+        m = self.trigger.on_event
+        assert m is not None
+        if ev.kind != m.kind:
+            return False
+        return all(v is None or ev.get(k) == v for k, v in (("step", m.step), ("rank", m.rank),
+                                                           ("incarnation", m.incarnation)))  # fmt: skip
+
+    def _schedule(self, why: str) -> None:
+        self.fires += 1
+        delay = self.trigger.delay_s
+        if delay > 0:
+            self._timer(delay, self.fire, why + f" + {delay} s")
+        else:
+            self.fire(why, counted=True)
+
+    def _timer(self, delay_s: float, fn: Any, *args: Any) -> None:
+        t = threading.Timer(delay_s, fn, args=args, kwargs={"counted": True} if fn == self.fire else None)
+        t.daemon = True
+        self._timers.append(t)
+        t.start()
+
+    def _poisson(self, mtbf_s: float) -> None:
+        """Poisson arrivals: exponential gaps with mean ``mtbf_s`` from the seeded generator."""
+        while True:
+            with self._lock:
+                if self._closed or self._exhausted():
+                    return
+                gap = self.rng.expovariate(1.0 / mtbf_s)
+            if self._stop.wait(gap):
+                return
+            with self._lock:
+                if self._closed or self._exhausted():
+                    return
+                self.fires += 1
+            self.fire(f"poisson arrival (mtbf {mtbf_s} s)", counted=True)
+
+    # -- targets
+    def _resolve(self) -> list[ResolvedTarget]:
+        tgt = self.spec.target
+        with self._lock:
+            known = sorted(self._ranks)
+            n = self._world_size or (max(known) + 1 if known else self.setup.ranks)
+            if tgt.all:
+                ranks = list(range(n))
+            elif tgt.ranks is not None:
+                ranks = list(tgt.ranks)
+            elif tgt.node is not None:
+                nodes = sorted({str(e.get("node")) for e in self._ranks.values()})
+                node = self.rng.choice(nodes) if tgt.node == "random" and nodes else tgt.node
+                ranks = [r for r, e in sorted(self._ranks.items()) if e.get("node") == node]
+                if not ranks:
+                    raise ChaosbenchError(f"no rank has started on node {node}")
+            elif tgt.rank == "random":
+                ranks = [self.rng.randrange(n)]
+            else:
+                ranks = [int(tgt.rank)]  # type: ignore[arg-type]
+            out = []
+            for r in ranks:
+                ev = self._ranks.get(r)
+                if ev is None:
+                    if self.injector.needs_process:
+                        raise ChaosbenchError(f"rank {r} has not reported a rank_start event")
+                    out.append(ResolvedTarget(r, None, None, f"node{r // max(1, n // self.setup.nodes)}", 0))
+                    continue
+                out.append(ResolvedTarget(
+                    rank=r, pid=int(ev["pid"]), pid_ticks=ev.get("pid_ticks"), node=str(ev.get("node", "node0")),
+                    incarnation=int(ev.get("incarnation", 0)),
+                ))  # fmt: skip
+            return out
+
+    def fire(self, why: str, counted: bool = False) -> None:
         with self._lock:
             if self._closed:
                 return
-            t = threading.Timer(delay_s, fn, args=args)
-            t.daemon = True
-            self._timers.append(t)
-            t.start()
-
-    def _resolve(self) -> ResolvedTarget:
-        want = self.spec.target.rank
-        with self._lock:
-            if want == "random":
-                n = self._world_size or (max(self._ranks) + 1 if self._ranks else 0)
-                if n <= 0:
-                    raise ChaosbenchError("no rank has started yet")
-                want = self.rng.randrange(n)
-            ev = self._ranks.get(int(want))
-        if ev is None:
-            raise ChaosbenchError(f"rank {want} has not reported a rank_start event")
-        return ResolvedTarget(
-            rank=int(want),
-            pid=int(ev["pid"]),
-            pid_ticks=ev.get("pid_ticks"),
-            node=str(ev.get("node", "node0")),
-            incarnation=int(ev.get("incarnation", 0)),
-        )
-
-    def fire(self, why: str) -> None:
-        with self._lock:
-            if self.fired.is_set() or self._closed:
-                return
-            self.fired.set()
-            base: dict[str, Any] = {"fault": self.fault_name, "injector": self.injector.name, "trigger": why}
+            if not counted:
+                if self._exhausted():
+                    return
+                self.fires += 1
+            index = len(self._active) + sum(1 for e in self._events if e.kind == "fault_skipped")
+            base: dict[str, Any] = {"fault": self.fault_name, "injector": self.injector.name, "trigger": why,
+                                    "index": index}  # fmt: skip
             try:
-                target = self._resolve()
-                ctx = FaultContext(self.runtime, self.timeline, target, self.rng)
+                targets = self._resolve()
+                ctx = FaultContext(self.runtime, self.timeline, targets, self.rng, self.setup,
+                                   events=list(self._events), index=index)  # fmt: skip
                 t_ns = now_ns()
                 details = self.injector.inject(ctx)
             except (ChaosbenchError, ProcessLookupError, OSError) as exc:
                 self.timeline.emit("fault_skipped", src="injector", reason=str(exc) or type(exc).__name__, **base)
                 return
-            self._ctx = ctx
+            self._active.append(ctx)
             self.timeline.emit(
-                "fault_inject",
-                t_ns=t_ns,
-                src="injector",
-                target=target.to_dict(),
-                params=self.injector.params.model_dump(),
-                details=details,
-                **base,
-            )
+                "fault_inject", t_ns=t_ns, src="injector", target=[t.to_dict() for t in targets],
+                params=self.injector.params.model_dump(), details=details, **base,
+            )  # fmt: skip
             if self.injector.duration_s is not None:
-                self._start_timer(self.injector.duration_s, self.revert, "duration elapsed")
+                t = threading.Timer(self.injector.duration_s, self._revert, args=(ctx, "duration elapsed"))
+                t.daemon = True
+                self._timers.append(t)
+                t.start()
 
-    def revert(self, reason: str) -> None:
+    def _revert(self, ctx: FaultContext, reason: str) -> None:
         with self._lock:
-            ctx = self._ctx
-            if ctx is None:
+            if ctx not in self._active:
                 return
-            self._ctx = None
+            self._active.remove(ctx)
+            base: dict[str, Any] = {"fault": self.fault_name, "injector": self.injector.name, "index": ctx.index,
+                                    "reason": reason}  # fmt: skip
             try:
                 undone = self.injector.revert(ctx)
             except Exception as exc:  # noqa: BLE001 - report and keep the harness alive
-                self.timeline.emit("fault_revert", src="injector", fault=self.fault_name,
-                                   injector=self.injector.name, reason=reason, error=str(exc))
+                self.timeline.emit("fault_revert", src="injector", error=str(exc), **base)
                 return
-            self.timeline.emit("fault_revert", src="injector", fault=self.fault_name, injector=self.injector.name,
-                               reason=reason, undone=undone)
+            self.timeline.emit("fault_revert", src="injector", undone=undone, **base)
 
     def close(self) -> None:
-        """Cancel pending triggers and revert the fault if it is still in force. Idempotent."""
+        """Cancel pending firings and revert every firing still in force. Idempotent."""
         with self._lock:
             self._closed = True
+            self._stop.set()
             timers, self._timers = self._timers, []
+            active = list(self._active)
         for t in timers:
             t.cancel()
-        self.revert("run ended")
+        for ctx in active:
+            self._revert(ctx, "run ended")

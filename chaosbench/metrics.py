@@ -5,14 +5,16 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
 
 - ``time_to_detect_s``: first framework reaction (a ``detect`` event) at or after the fault, minus the
   fault time. No ``detect`` event before the run ended: missing, and ``detected`` is False.
-- ``time_to_resume_s``: first completed training step after recovery, minus the fault time. A step
-  counts as "after recovery" when it belongs to a newer incarnation than the one running at the fault,
-  or (recovery in place, e.g. a hang that ended) when its index is beyond every step completed before the
-  fault.
+- ``time_to_resume_s``: first completed training step after recovery, minus the fault time. When a newer
+  incarnation than the one running at the fault started after it, that is the newer incarnation's first
+  step (steps the faulted incarnation still completed after the fault were in flight and count as completed
+  before it); otherwise (recovery in place, e.g. a hang that ended) the first step beyond every step
+  completed before the fault.
 - ``time_to_catch_up_s``: first completion, after the fault, of a step index beyond every step completed
   before the fault (new progress), minus the fault time.
 - ``lost_steps``: steps completed before the fault that had to be recomputed: (highest step completed
-  before the fault) - (step the recovered job restarted from; the first step after recovery minus one).
+  before the fault, in-flight ones included) - (step the recovered job restarted from; the first step after
+  recovery minus one).
 - ``lost_work_s``: the seconds those lost steps had taken the first time: stamp of the highest step
   completed before the fault minus the stamp of the step recovery restarted from (in the faulted
   incarnation; its first event when it restarted from scratch).
@@ -34,6 +36,19 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
 - ``fidelity``: ``exact`` when the final parameter digest (``train_end`` of rank 0 in the last
   incarnation) equals the control's, ``diverged`` otherwise (``loss_diff`` = final loss - control's);
   missing when either run did not finish training.
+- ``fault_count``: ``fault_inject`` events (a repeating trigger or a planted bug fires more than once).
+- ``detected_by``: who wrote the first detection (a framework name, or ``loss-check`` for the workload's guard).
+- ``gave_up``: the framework said it stopped trying (``give_up``), as opposed to looping until the deadline.
+- ``crash_loop``: two or more incarnations each failed after reaching the same last step (a deterministic
+  failure: restarting cannot help); ``failure_class`` is ``deterministic`` then, ``transient`` when a
+  restart recovered, else None. ``time_burned_s``: run end minus the fault time when not recovered.
+- ``ranks_agree``: every rank's final digest in the last incarnation is the same (False exposes silent
+  corruption that made replicas diverge).
+- ``step_time_s``: median interval between consecutive step completions over the whole run (same
+  incarnation); ``fault_step_time_s``: the same over the intervals overlapping the fault window (fault_inject
+  to fault_revert or run end); ``slowdown``: fault_step_time_s / the control's step_time_s.
+- ``verdict``: one line saying what the framework did (recovered after N restarts / in place, not detected,
+  gave up, crash loop, diverged silently, ...), derived from the fields above.
 - ``outcome``: ``completed`` (control finished), ``recovered`` (the fault fired and training finished),
   ``not_recovered`` (the fault fired and training did not finish before the run ended), ``fault_not_fired``,
   ``failed`` (a control that did not finish).
@@ -79,6 +94,18 @@ class RunMetrics:
     badput_restart_init_s: float | None = None
     badput_restore_s: float | None = None
     badput_recompute_s: float | None = None
+    fault_count: int | None = None
+    detected_by: str | None = None
+    gave_up: bool | None = None
+    crash_loop: bool | None = None
+    failure_class: str | None = None
+    time_burned_s: float | None = None
+    ranks_agree: bool | None = None
+    step_time_s: float | None = None
+    fault_step_time_s: float | None = None
+    slowdown: float | None = None
+    checkpoint_outcome: str | None = None
+    verdict: str | None = None
     fidelity: str | None = None
     loss_diff: float | None = None
     final_step: int | None = None
@@ -93,6 +120,14 @@ class RunMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Metrics that only exist for a run with a fault.
+FAULT_METRICS = (
+    "time_to_detect_s", "time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",
+    "checkpoint_age_s", "extra_wall_s", "badput_detect_s", "badput_restart_init_s", "badput_restore_s",
+    "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s",
+)  # fmt: skip
 
 
 def _s(ns: int) -> float:
@@ -157,6 +192,44 @@ def compute_metrics(
     total_steps: int | None = None,
 ) -> RunMetrics:
     """Metrics of one run from its sorted events; ``control`` is the control run's events (optional)."""
+    m = _compute(events, control, total_steps)
+    m.verdict = verdict(m)
+    return m
+
+
+def verdict(m: RunMetrics) -> str:
+    """One line on what happened, from the metrics alone."""
+    if m.control:
+        return "completed" if m.outcome == "completed" else f"control failed ({m.run_end_outcome})"
+    if m.outcome == "fault_not_fired":
+        return "fault did not fire"
+    restarts = m.restart_count or 0
+    plural = "restart" if restarts == 1 else "restarts"
+    if m.crash_loop:
+        if m.gave_up:
+            text = f"crash loop: gave up after {restarts} {plural}"
+        else:
+            text = f"crash loop until the run ended ({restarts} {plural})"
+    elif m.recovered:
+        text = f"recovered after {restarts} {plural}" if restarts else "recovered in place"
+        if not m.detected:
+            text += ", not detected"
+    elif m.gave_up:
+        text = f"gave up after {restarts} {plural}"
+    elif m.detected:
+        text = f"detected, not recovered ({m.run_end_outcome})"
+    else:
+        text = f"not detected, not recovered ({m.run_end_outcome})"
+    if m.fidelity == "diverged":
+        text += "; final state diverged"
+    if m.ranks_agree is False:
+        text += "; replicas disagree"
+    if m.checkpoint_outcome:
+        text += f"; checkpoint: {m.checkpoint_outcome.replace('_', ' ')}"
+    return text
+
+
+def _compute(events: list[Event], control: list[Event] | None, total_steps: int | None) -> RunMetrics:
     m = RunMetrics()
     miss = m.missing
     start = _first(events, "run_start")
@@ -209,6 +282,13 @@ def compute_metrics(
         miss["productive_s"] = miss["goodput"] = "no step durations on the timeline"
 
     _fidelity(m, final, control)
+    last_inc = max((int(e.get("incarnation", 0)) for e in events if e.kind == "train_end"), default=None)
+    if last_inc is not None:
+        digests = {e.get("digest") for e in events if e.kind == "train_end" and e.get("incarnation") == last_inc}
+        m.ranks_agree = len(digests) == 1
+    m.step_time_s = _median_interval(steps, None, None)
+    m.gave_up = any(e.kind == "give_up" for e in events)
+    m.crash_loop = _crash_loop(events, steps)
     if control is not None:
         c_start, c_end = _first(control, "run_start"), next(
             (e for e in reversed(control) if e.kind == "run_end"), None
@@ -223,6 +303,8 @@ def compute_metrics(
     fault = _first(events, "fault_inject")
     if m.control:
         m.outcome = "completed" if finished else "failed"
+        for k in FAULT_METRICS:
+            miss[k] = "control run (no fault)"
         return m
     if fault is None:
         m.outcome = "fault_not_fired"
@@ -234,6 +316,17 @@ def compute_metrics(
 
     tf = fault.t_ns
     m.fault_t_s = _s(tf - t0)
+    m.fault_count = sum(1 for e in events if e.kind == "fault_inject")
+    revert = _first(events, "fault_revert", after_ns=tf)
+    t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else events[-1].t_ns)
+    m.fault_step_time_s = _median_interval(steps, tf, t_win_end)
+    c_step = _median_interval(_Steps.from_events(control), None, None) if control is not None else None
+    if m.fault_step_time_s is not None and c_step:
+        m.slowdown = m.fault_step_time_s / c_step
+    else:
+        miss["slowdown"] = "no steps in the fault window" if m.fault_step_time_s is None else "no control run"
+    if end is not None and not finished:
+        m.time_burned_s = _s(end.t_ns - tf)
     fault_inc = max(
         (int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start" and e.t_ns <= tf), default=0
     )
@@ -242,10 +335,16 @@ def compute_metrics(
         miss["checkpoint_age_s"] = "no checkpoint had completed before the fault"
     before = steps.before(tf)
     max_before = max((idx for _, idx in before), default=0)
+    restarted = [e.t_ns for e in events if e.kind == "rank_start" and e.t_ns > tf
+                 and int(e.get("incarnation", 0)) > fault_inc]  # fmt: skip
+    if restarted:
+        # Steps the faulted incarnation still completed after the fault (in flight when it hit) were lost too.
+        max_before = max([max_before] + [i for (n, i), t in steps.t.items() if n == fault_inc and t < min(restarted)])
 
     detect = _first(events, "detect", after_ns=tf)
     m.detected = detect is not None
     if detect is not None:
+        m.detected_by = str(detect.get("framework") or detect.src)
         m.time_to_detect_s = _s(detect.t_ns - tf)
         m.detect_t_s = _s(detect.t_ns - t0)
         m.badput_detect_s = m.time_to_detect_s
@@ -254,11 +353,12 @@ def compute_metrics(
 
     resume_key = None
     for t, (inc, idx) in steps.after(tf):
-        if inc > fault_inc or idx > max_before:
+        if inc > fault_inc or (not restarted and idx > max_before):
             resume_key, resume_t = (inc, idx), t
             break
     m.recovered = bool(finished and resume_key is not None)
     m.outcome = "recovered" if m.recovered else "not_recovered"
+    m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
     if resume_key is None:
         reason = f"no training step completed after the fault (run ended: {m.run_end_outcome})"
         for k in ("time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s"):
@@ -312,6 +412,39 @@ def compute_metrics(
     else:
         miss["badput_recompute_s"] = "the recovered job did not redo the lost steps"
     return m
+
+
+def _median_interval(steps: _Steps, t_from: int | None, t_to: int | None) -> float | None:
+    """Median seconds between consecutive step completions of one incarnation, over the intervals that overlap
+    the window (so a stall spanning the whole window still counts)."""
+    by_inc: dict[int, list[tuple[int, int]]] = {}
+    for (inc, idx), t in steps.t.items():
+        by_inc.setdefault(inc, []).append((idx, t))
+    gaps = []
+    for items in by_inc.values():
+        items.sort()
+        for (i0, t_a), (i1, t_b) in zip(items, items[1:], strict=False):
+            if i1 != i0 + 1:
+                continue
+            if (t_from is None or t_b > t_from) and (t_to is None or t_a < t_to):
+                gaps.append(_s(t_b - t_a))
+    return statistics.median(gaps) if gaps else None
+
+
+def _crash_loop(events: list[Event], steps: _Steps) -> bool:
+    """Two or more incarnations that failed after reaching the same last step."""
+    finals = {int(e.get("incarnation", 0)) for e in events if e.kind == "train_end"}
+    incs = sorted({int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"})
+    last_steps = []
+    for inc in incs:
+        if inc in finals:
+            continue
+        idx = [i for (n, i) in steps.t if n == inc]
+        last_steps.append(max(idx) if idx else 0)
+    counts: dict[int, int] = {}
+    for ls in last_steps:
+        counts[ls] = counts.get(ls, 0) + 1
+    return any(c >= 2 for c in counts.values())
 
 
 def _save_durations(events: list[Event]) -> list[float]:

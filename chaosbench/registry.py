@@ -72,6 +72,9 @@ INJECTORS: Registry[Any] = Registry(
     {
         "kill": "chaosbench.injectors.signals:KillInjector",
         "hang": "chaosbench.injectors.signals:HangInjector",
+        "straggler": "chaosbench.injectors.straggler:StragglerInjector",
+        "crash-loop": "chaosbench.injectors.planted:CrashLoopInjector",
+        "sdc": "chaosbench.injectors.planted:SdcInjector",
     },
 )
 

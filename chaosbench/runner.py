@@ -9,6 +9,7 @@ reports. Results are rewritten after every run, so a harness that dies keeps eve
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 from chaosbench.chaos import FaultController
 from chaosbench.errors import ChaosbenchError
 from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
+from chaosbench.injectors.base import Injector, RunSetup
 from chaosbench.metrics import RunMetrics
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 from chaosbench.runtimes.base import RunInfo, Runtime
@@ -150,11 +152,24 @@ class Runner:
         follower = TimelineFollower(run_dir / "events.jsonl").start()
         runtime = RUNTIMES.get(sc.runtime)(RunInfo(run_id, run_dir, timeline))
         controller: FaultController | None = None
+        injector: Injector | None = None
         result = JobResult("error", "not started")
         leftovers: list[int] = []
         try:
             job = self._job(sc, run_dir, runtime, run_id)
             framework = _framework(sc)
+            if sc.fault is not None and sc.fault_name is not None:
+                inj_cls = INJECTORS.get(sc.fault.injector)
+                injector = inj_cls(sc.fault_name, inj_cls.Params.model_validate(sc.fault.params))
+                setup = RunSetup(
+                    run_id=run_id, run_dir=run_dir, ckpt_dir=job.ckpt_dir, runtime=runtime, timeline=timeline,
+                    rng=random.Random(sc.rng_seed), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
+                    target=sc.fault.target,
+                )  # fmt: skip
+                injector.prepare(setup)
+                job.extra_env.update(setup.env)
+                if sc.fault.trigger is not None:
+                    controller = FaultController(sc.fault_name, sc.fault, injector, setup, sc.rng_seed)
             plan = framework.plan(job)
             (run_dir / "config.json").write_text(
                 json.dumps({"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
@@ -163,16 +178,13 @@ class Runner:
             timeline.emit(
                 "run_start", suite=sc.suite, scenario=sc.id, framework=sc.framework_label, adapter=sc.adapter,
                 fault=sc.fault_name, repeat=sc.repeat, control=sc.control, seed=sc.seed, run_id=run_id,
-                runtime=sc.runtime, ranks=sc.workload.ranks,
+                runtime=sc.runtime, ranks=sc.workload.ranks, nodes=sc.workload.nodes,
             )  # fmt: skip
             timeline.emit(
                 "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
                 options=plan.options,
             )  # fmt: skip
-            if sc.fault is not None and sc.fault_name is not None:
-                inj_cls = INJECTORS.get(sc.fault.injector)
-                injector = inj_cls(sc.fault_name, inj_cls.Params.model_validate(sc.fault.params))
-                controller = FaultController(sc.fault_name, sc.fault, injector, runtime, timeline, sc.rng_seed)
+            if controller is not None:
                 follower.subscribe(controller)
             control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
             self._control = control
@@ -188,6 +200,12 @@ class Runner:
             if controller is not None:
                 controller.close()
             runtime.cleanup()
+            if injector is not None:
+                try:
+                    injector.cleanup()
+                except Exception as exc:  # noqa: BLE001 - recorded; the harness goes on
+                    timeline.emit("fault_revert", src="injector", fault=sc.fault_name, reason="cleanup",
+                                  error=f"{type(exc).__name__}: {exc}")  # fmt: skip
             if hasattr(runtime, "leftovers"):
                 leftovers = runtime.leftovers()
             timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers)

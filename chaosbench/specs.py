@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -108,44 +108,128 @@ class _Strict(BaseModel):
 
 
 class Target(_Strict):
-    """Which rank a fault hits: a rank number, or ``random`` (drawn from the suite's seed)."""
+    """Which ranks a fault hits: ``rank`` (a number or ``random``, drawn from the suite's seed), ``ranks``
+    (a list), ``node`` (every rank on that node, e.g. ``node1``, or ``random``) or ``all``. Shorthands:
+    ``target: 1``, ``target: random``, ``target: [0, 1]``, ``target: all``."""
 
-    rank: int | Literal["random"] = "random"
+    rank: int | Literal["random"] | None = None
+    ranks: list[int] | None = None
+    node: str | None = None
+    all: bool = False
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
+        if v == "all":
+            return {"all": True}
         if isinstance(v, int | str) and not isinstance(v, bool):
             return {"rank": v}
+        if isinstance(v, list):
+            return {"ranks": v}
         return v
 
-    @field_validator("rank")
-    @classmethod
-    def _non_negative(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 0:
-            raise ValueError("rank must be >= 0")
-        return v
+    @model_validator(mode="after")
+    def _one_kind(self) -> Target:
+        given = [k for k in ("rank", "ranks", "node") if getattr(self, k) is not None] + (["all"] if self.all else [])
+        if len(given) > 1:
+            raise ValueError(f"give one of rank, ranks, node, all (got {', '.join(given)})")
+        if not given:
+            self.rank = "random"
+        for r in ([self.rank] if isinstance(self.rank, int) else []) + (self.ranks or []):
+            if r < 0:
+                raise ValueError("rank must be >= 0")
+        if self.ranks is not None and not self.ranks:
+            raise ValueError("ranks is empty")
+        return self
+
+    def rank_numbers(self) -> list[int]:
+        """The rank numbers named explicitly (for validation against the job's size)."""
+        return ([self.rank] if isinstance(self.rank, int) else []) + list(self.ranks or [])
 
     def describe(self) -> str:
+        if self.all:
+            return "all ranks"
+        if self.node is not None:
+            return f"node {self.node}"
+        if self.ranks is not None:
+            return f"ranks {self.ranks}"
         return f"rank {self.rank}"
 
 
+class EventMatch(_Strict):
+    """A timeline event that fires a trigger: its ``kind`` and optional field values it must have."""
+
+    kind: str
+    step: int | None = None
+    rank: int | None = None
+    incarnation: int | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        from chaosbench.timeline import EVENT_KINDS
+
+        if v not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind '{v}' (known: {', '.join(sorted(EVENT_KINDS))})")
+        return v
+
+
+class Poisson(_Strict):
+    """Fault arrivals as a Poisson process with mean time between faults ``mtbf_s``, from the first step,
+    drawn from the run's seed (the same seed replays the same schedule)."""
+
+    mtbf_s: float = Field(gt=0)
+
+
 class Trigger(_Strict):
-    """When a fault fires: ``at_step`` (once step N has completed) or ``after_s`` (seconds after the
-    first completed step). Exactly one must be given."""
+    """When a fault fires. Exactly one condition:
+
+    - ``at_step: N``: once step N has completed;
+    - ``after_s: T``: T seconds after the first completed step;
+    - ``on_event: {kind, step?, rank?, incarnation?}``: when such an event appears (e.g. ``ckpt_save_begin``
+      for a fault during a checkpoint; ``rank_start`` with ``incarnation: 1`` for the start of incarnation 1);
+    - ``every_steps: N``: after step N, 2N, 3N, ... (of any incarnation, each index once);
+    - ``poisson: {mtbf_s: M}``: random arrivals with mean spacing M seconds.
+
+    ``delay_s`` waits that long after the condition; ``max_fires`` caps the number of firings (default 1
+    for the one-shot conditions, unlimited for ``every_steps`` and ``poisson``)."""
 
     at_step: int | None = Field(default=None, ge=1)
     after_s: float | None = Field(default=None, ge=0)
+    on_event: EventMatch | None = None
+    every_steps: int | None = Field(default=None, ge=1)
+    poisson: Poisson | None = None
+    delay_s: float = Field(default=0.0, ge=0)
+    max_fires: int | None = Field(default=None, ge=1)
+
+    CONDITIONS: ClassVar[tuple[str, ...]] = ("at_step", "after_s", "on_event", "every_steps", "poisson")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Trigger:
-        given = [k for k in ("at_step", "after_s") if getattr(self, k) is not None]
+        given = [k for k in self.CONDITIONS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of at_step, after_s")
+            raise ValueError(f"give exactly one of {', '.join(self.CONDITIONS)}")
         return self
 
+    @property
+    def repeating(self) -> bool:
+        return self.every_steps is not None or self.poisson is not None
+
+    @property
+    def fire_limit(self) -> int | None:
+        return self.max_fires if self.max_fires is not None else (None if self.repeating else 1)
+
     def describe(self) -> str:
-        return f"at step {self.at_step}" if self.at_step is not None else f"{self.after_s} s after first step"
+        if self.at_step is not None:
+            return f"at step {self.at_step}"
+        if self.after_s is not None:
+            return f"{self.after_s} s after first step"
+        if self.on_event is not None:
+            return f"on {self.on_event.kind}"
+        if self.every_steps is not None:
+            return f"every {self.every_steps} steps"
+        assert self.poisson is not None
+        return f"poisson mtbf {self.poisson.mtbf_s} s"
 
 
 class FaultSpec(_Strict):
@@ -153,7 +237,7 @@ class FaultSpec(_Strict):
 
     injector: str
     target: Target = Field(default_factory=Target)
-    trigger: Trigger
+    trigger: Trigger | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     description: str | None = None
     use: str | None = Field(default=None, exclude=True)  # resolved by load_suite (faults/NAME.yaml)
@@ -175,7 +259,18 @@ class WorkloadSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str = "ddp-mlp"
-    ranks: int = Field(default=2, ge=1)
+    ranks: int = Field(default=2, ge=1, description="world size")
+    nodes: int = Field(default=1, ge=1, description="nodes the ranks are spread over (ranks / nodes each)")
+
+    @model_validator(mode="after")
+    def _divisible(self) -> WorkloadSpec:
+        if self.ranks % self.nodes:
+            raise ValueError(f"ranks ({self.ranks}) must be a multiple of nodes ({self.nodes})")
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks // self.nodes
 
     @property
     def options(self) -> dict[str, Any]:
@@ -443,11 +538,30 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
             raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {exc}") from None
         validate_plugin_options(inj.Params, fault.params, smap, ("faults", name, "params"), f"fault '{name}'")
         ranks = suite.defaults.workload.ranks
-        if isinstance(fault.target.rank, int) and fault.target.rank >= ranks:
+        for r in fault.target.rank_numbers():
+            if r >= ranks:
+                raise SpecError(
+                    f"{smap.where(('faults', name, 'target'))}: fault '{name}': target rank {r} "
+                    f"does not exist (the workload has {ranks} ranks)"
+                )
+        node = fault.target.node
+        if node is not None and node != "random":
+            nodes = [f"node{i}" for i in range(suite.defaults.workload.nodes)]
+            if node not in nodes:
+                raise SpecError(
+                    f"{smap.where(('faults', name, 'target'))}: fault '{name}': target node '{node}' "
+                    f"does not exist (nodes: {', '.join(nodes)})"
+                )
+        if fault.trigger is None and inj.requires_trigger:
+            raise SpecError(f"{smap.where(('faults', name))}: fault '{name}': trigger: required key is missing")
+        if fault.trigger is not None and not inj.requires_trigger:
             raise SpecError(
-                f"{smap.where(('faults', name, 'target'))}: fault '{name}': target rank {fault.target.rank} "
-                f"does not exist (the workload has {ranks} ranks)"
+                f"{smap.where(('faults', name, 'trigger'))}: fault '{name}': injector '{fault.injector}' fires "
+                f"from inside the workload (see its params); remove the trigger"
             )
+        problem = inj.check_target(fault.target, fault.trigger)
+        if problem:
+            raise SpecError(f"{smap.where(('faults', name))}: fault '{name}': {problem}")
     try:
         RUNTIMES.get(suite.defaults.runtime)
     except UnknownPlugin as exc:

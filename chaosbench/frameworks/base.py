@@ -68,22 +68,36 @@ class JobContext:
     events_path: Path
     workload: Workload
     runtime: Runtime
+    extra_env: dict[str, str] = field(default_factory=dict)  # from injectors' prepare()
 
     @property
     def ranks(self) -> int:
         return self.scenario.workload.ranks
 
-    def rank_env(self, incarnation: int) -> dict[str, str]:
+    @property
+    def nodes(self) -> int:
+        return self.scenario.workload.nodes
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.scenario.workload.ranks_per_node
+
+    def node_name(self, index: int) -> str:
+        return f"node{index}"
+
+    def rank_env(self, incarnation: int, node: str = "node0") -> dict[str, str]:
         """Environment every training process gets, whoever launches it."""
         env = {
             "CHAOSBENCH_EVENTS": str(self.events_path),
             "CHAOSBENCH_RUN_ID": self.run_id,
-            "CHAOSBENCH_NODE": "node0",
+            "CHAOSBENCH_RUN_DIR": str(self.run_dir),
+            "CHAOSBENCH_NODE": node,
             "CHAOSBENCH_INCARNATION": str(incarnation),
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
         }
         env.update(self.workload.env(self))
+        env.update(self.extra_env)
         return env
 
 

@@ -24,23 +24,28 @@ def describe_exit(rc: int) -> str:
 
 
 def rank_processes(job: JobContext, incarnation: int, master_port: int) -> list[ProcessSpec]:
-    """One process per rank, with the torch.distributed env:// variables."""
+    """One process per rank, with the torch.distributed env:// variables; ranks fill node0 first."""
     argv = job.workload.argv(job)
     procs = []
+    per_node = job.ranks_per_node
     for rank in range(job.ranks):
-        env = job.rank_env(incarnation)
+        node = job.node_name(rank // per_node)
+        env = job.rank_env(incarnation, node)
         env.update(
             {
                 "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
+                "LOCAL_RANK": str(rank % per_node),
                 "WORLD_SIZE": str(job.ranks),
-                "LOCAL_WORLD_SIZE": str(job.ranks),
+                "LOCAL_WORLD_SIZE": str(per_node),
+                "GROUP_RANK": str(rank // per_node),
                 "MASTER_ADDR": job.runtime.master_addr,
                 "MASTER_PORT": str(master_port),
             }
         )
-        procs.append(ProcessSpec(name=f"rank{rank}.i{incarnation}", argv=argv, env=env, role="rank",
-                                 incarnation=incarnation))
+        procs.append(
+            ProcessSpec(name=f"rank{rank}.i{incarnation}", argv=argv, env=env, role="rank", node=node,
+                        incarnation=incarnation)
+        )  # fmt: skip
     return procs
 
 

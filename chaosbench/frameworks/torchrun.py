@@ -64,28 +64,33 @@ class TorchrunFramework(Framework):
     def plan(self, job: JobContext) -> LaunchPlan:
         o: Any = self.options
         port = job.runtime.free_port()
-        argv = [
-            *job.workload.argv(job)[:1],
-            "-m", "torch.distributed.run",
-            "--nnodes", "1",
-            "--nproc-per-node", str(job.ranks),
-            "--max-restarts", str(o.max_restarts),
-            "--monitor-interval", str(o.monitor_interval_s),
-            "--rdzv-backend", o.rdzv_backend,
-            "--rdzv-endpoint", f"{job.runtime.master_addr}:{port}",
-            "--rdzv-id", job.run_id,
-            *o.extra_args,
-            "--no-python",
-            *job.workload.argv(job),
-        ]  # fmt: skip
-        env = job.rank_env(0)
-        env["LOGLEVEL"] = o.log_level
-        if not o.share_rdzv_tcp_store:
-            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        procs = []
+        for n in range(job.nodes):
+            node = job.node_name(n)
+            argv = [
+                *job.workload.argv(job)[:1],
+                "-m", "torch.distributed.run",
+                "--nnodes", str(job.nodes),
+                "--nproc-per-node", str(job.ranks_per_node),
+                "--max-restarts", str(o.max_restarts),
+                "--monitor-interval", str(o.monitor_interval_s),
+                "--rdzv-backend", o.rdzv_backend,
+                "--rdzv-endpoint", f"{job.runtime.master_addr}:{port}",
+                "--rdzv-id", job.run_id,
+                *o.extra_args,
+                "--no-python",
+                *job.workload.argv(job),
+            ]  # fmt: skip
+            env = job.rank_env(0, node)
+            env["LOGLEVEL"] = o.log_level
+            if not o.share_rdzv_tcp_store:
+                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            name = "torchrun" if job.nodes == 1 else f"torchrun.{node}"
+            procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
         return LaunchPlan(
             framework=self.label,
             adapter=self.name,
-            processes=[ProcessSpec(name="torchrun", argv=argv, env=env, role="agent")],
+            processes=procs,
             patterns=list(TORCHRUN_PATTERNS),
             timeouts=self.timeouts(job),
             versions=self.versions(),
@@ -108,13 +113,14 @@ class TorchrunFramework(Framework):
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o: Any = self.options
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
-        (agent,) = [control.runtime.start(p, on_line=watcher) for p in plan.processes]
+        agents = [control.runtime.start(p, on_line=watcher) for p in plan.processes]
         while True:
-            rc = agent.poll()
-            if rc is not None:
-                if rc == 0:
-                    return JobResult("completed")
-                return JobResult("failed", f"torchrun exited with code {rc}")
+            codes = [a.poll() for a in agents]
+            if all(c == 0 for c in codes):
+                return JobResult("completed")
+            if all(c is not None for c in codes):
+                bad = [f"{a.name} exited with code {c}" for a, c in zip(agents, codes, strict=True) if c]
+                return JobResult("failed", "; ".join(bad))
             stop = control.stop_reason()
             if stop:
                 return JobResult(stop, f"harness stopped the run ({stop})")

@@ -1,54 +1,107 @@
-"""The injector interface: one kind of fault with ``inject`` and a guaranteed, idempotent ``revert``."""
+"""The injector interface: one kind of fault with ``inject`` and a guaranteed, idempotent ``revert``.
+
+Life cycle within one run (the harness guarantees the order and the calls in ``finally`` blocks):
+
+1. ``prepare(setup)`` before the job is launched: set up what the fault needs (a FUSE mount over the
+   checkpoint directory, environment for a planted bug in ``setup.env``, ...).
+2. ``inject(ctx)`` each time the trigger fires; ``revert(ctx)`` after ``duration_s`` (if any), at the end of
+   the run and when the harness is interrupted, at most once per firing that is still in force.
+3. ``cleanup()`` after every process of the run is gone: undo what ``prepare`` did. Idempotent.
+"""
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.runtimes.base import Runtime
-from chaosbench.timeline import TimelineWriter
+from chaosbench.timeline import Event, TimelineWriter
+
+if TYPE_CHECKING:
+    from chaosbench.specs import Target, Trigger
 
 
 @dataclass
 class ResolvedTarget:
-    """A target resolved from the timeline at injection time: the rank's current process."""
+    """A target rank resolved from the timeline at injection time: the rank's current process."""
 
     rank: int
-    pid: int
+    pid: int | None
     pid_ticks: int | None
     node: str
     incarnation: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "pid": self.pid,
-            "node": self.node,
-            "incarnation": self.incarnation,
-        }
+        return {"rank": self.rank, "pid": self.pid, "node": self.node, "incarnation": self.incarnation}
+
+
+@dataclass
+class RunSetup:
+    """What ``prepare`` may use and change before launch. ``env`` is added to every rank's environment."""
+
+    run_id: str
+    run_dir: Path
+    ckpt_dir: Path
+    runtime: Runtime
+    timeline: TimelineWriter
+    rng: random.Random
+    ranks: int
+    nodes: int
+    target: Target | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def target_ranks(self) -> list[int] | None:
+        """Ranks named by the fault's target, resolved before launch (None: all ranks)."""
+        t = self.target
+        if t is None or t.all:
+            return None
+        if t.ranks is not None:
+            return list(t.ranks)
+        per_node = max(1, self.ranks // self.nodes)
+        if t.node is not None:
+            node = self.rng.randrange(self.nodes) if t.node == "random" else int(t.node.removeprefix("node"))
+            return list(range(node * per_node, (node + 1) * per_node))
+        if t.rank == "random" or t.rank is None:
+            return [self.rng.randrange(self.ranks)]
+        return [int(t.rank)]
 
 
 @dataclass
 class FaultContext:
+    """One firing of a fault. ``state`` is the injector's own memory of this firing (what to revert)."""
+
     runtime: Runtime
     timeline: TimelineWriter
-    target: ResolvedTarget
+    targets: list[ResolvedTarget]
     rng: random.Random
+    setup: RunSetup
+    events: list[Event] = field(default_factory=list)
+    index: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target(self) -> ResolvedTarget:
+        return self.targets[0]
 
 
 class Injector(ABC):
     """One kind of fault. ``Params`` is the injector's own schema, validated before the run starts.
 
-    ``inject`` returns details for the ``fault_inject`` event. ``revert`` undoes the fault; the harness
-    calls it after ``duration_s`` (when the injector has one), at the end of the run, and when it is
-    interrupted, so it must be safe to call at any time and more than once."""
+    ``inject`` returns details for the ``fault_inject`` event and raises ProcessLookupError (or a
+    ChaosbenchError) when it could not act, which is recorded as ``fault_skipped``."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    #: False for faults that do not act on a process (checkpoint corruption, planted bugs): the harness then
+    #: does not wait for the target rank's process before firing.
+    needs_process: ClassVar[bool] = True
+    #: False for planted faults that fire from inside the workload (their params say when).
+    requires_trigger: ClassVar[bool] = True
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -57,15 +110,26 @@ class Injector(ABC):
         self.fault_name = fault_name
         self.params = params
 
+    @classmethod
+    def check_target(cls, target: Target, trigger: Trigger) -> str | None:
+        """A problem with this target/trigger combination for this injector, or None."""
+        return None
+
     @property
     def duration_s(self) -> float | None:
         """Seconds after injection at which the harness reverts; None: only at the end of the run."""
         return None
 
+    def prepare(self, setup: RunSetup) -> None:  # noqa: B027 - optional hook
+        """Before launch. Default: nothing."""
+
     @abstractmethod
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        """Apply the fault. Raise ProcessLookupError if the target is already gone."""
+        """Apply the fault to ``ctx.targets``."""
 
     def revert(self, ctx: FaultContext) -> bool:
-        """Undo the fault; returns whether there was anything to undo. Idempotent."""
+        """Undo this firing; returns whether there was anything to undo. Idempotent."""
         return False
+
+    def cleanup(self) -> None:  # noqa: B027 - optional hook
+        """After all processes of the run are gone: undo ``prepare``. Idempotent."""

@@ -1,4 +1,4 @@
-"""Signal injectors: ``kill`` (a signal to a rank's process) and ``hang`` (SIGSTOP, reverted by SIGCONT)."""
+"""Signal injectors: ``kill`` (a signal to ranks' processes) and ``hang`` (SIGSTOP, reverted by SIGCONT)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector
 
 
-def _signal_number(name: str | int) -> int:
+def signal_number(name: str | int) -> int:
     if isinstance(name, int):
         return int(signal.Signals(name))
     n = name.upper()
@@ -29,21 +29,24 @@ class KillParams(BaseModel):
     @classmethod
     def _known(cls, v: Any) -> str:
         try:
-            return signal.Signals(_signal_number(v)).name
+            return signal.Signals(signal_number(v)).name
         except (KeyError, ValueError):
             raise ValueError(f"unknown signal {v!r}") from None
 
 
 class KillInjector(Injector):
-    """Sends a signal (SIGKILL by default) to the target rank's process: a crashed rank."""
+    """Sends a signal (SIGKILL by default) to each target rank's process: a crashed rank."""
 
     name: ClassVar[str] = "kill"
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank's process"
     Params = KillParams  # type: ignore[assignment]
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        sig = _signal_number(self.params.signal)  # type: ignore[attr-defined]
-        ctx.runtime.signal_pid(ctx.target.pid, sig, ctx.target.pid_ticks)
+        sig = signal_number(self.params.signal)  # type: ignore[attr-defined]
+        for t in ctx.targets:
+            if t.pid is None:
+                raise ProcessLookupError(f"rank {t.rank} has no process")
+            ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks)
         return {"signal": signal.Signals(sig).name}
 
 
@@ -55,7 +58,7 @@ class HangParams(BaseModel):
 
 
 class HangInjector(Injector):
-    """Freezes the target rank's process with SIGSTOP (a hung rank); revert sends SIGCONT."""
+    """Freezes each target rank's process with SIGSTOP (a hung rank); revert sends SIGCONT."""
 
     name: ClassVar[str] = "hang"
     summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
@@ -66,20 +69,22 @@ class HangInjector(Injector):
         return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        ctx.runtime.signal_pid(ctx.target.pid, signal.SIGSTOP, ctx.target.pid_ticks)
-        self._stopped: tuple[int, int | None] | None = (ctx.target.pid, ctx.target.pid_ticks)
+        stopped = ctx.state.setdefault("stopped", [])
+        for t in ctx.targets:
+            if t.pid is None:
+                raise ProcessLookupError(f"rank {t.rank} has no process")
+            ctx.runtime.signal_pid(t.pid, signal.SIGSTOP, t.pid_ticks)
+            stopped.append((t.pid, t.pid_ticks))
         return {"duration_s": self.duration_s}
 
     def revert(self, ctx: FaultContext) -> bool:
-        stopped = getattr(self, "_stopped", None)
-        if stopped is None:
-            return False
-        self._stopped = None
-        pid, ticks = stopped
-        if not procutil.alive(pid, ticks):
-            return False
-        try:
-            ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks)
-        except (ProcessLookupError, ChaosbenchError):  # gone, or no longer ours: nothing to undo
-            return False
-        return True
+        undone = False
+        for pid, ticks in ctx.state.pop("stopped", []):
+            if not procutil.alive(pid, ticks):
+                continue
+            try:
+                ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks)
+                undone = True
+            except (ProcessLookupError, ChaosbenchError):  # gone, or no longer ours: nothing to undo
+                pass
+        return undone

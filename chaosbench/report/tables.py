@@ -63,6 +63,19 @@ COLUMNS = [
     "fidelity",
     "loss_diff",
     "final_step",
+    "verdict",
+    "checkpoint_save_s",
+    "fault_count",
+    "detected_by",
+    "gave_up",
+    "crash_loop",
+    "failure_class",
+    "time_burned_s",
+    "ranks_agree",
+    "step_time_s",
+    "fault_step_time_s",
+    "slowdown",
+    "checkpoint_outcome",
     "fault_t_s",
     "detect_t_s",
     "resume_t_s",
@@ -80,6 +93,7 @@ METRICS: list[tuple[str, str]] = [
     ("lost_work_s", "s"),
     ("restart_count", "count"),
     ("checkpoint_age_s", "s"),
+    ("checkpoint_save_s", "s"),
     ("wall_s", "s"),
     ("productive_s", "s"),
     ("goodput", "fraction"),
@@ -88,6 +102,11 @@ METRICS: list[tuple[str, str]] = [
     ("badput_restart_init_s", "s"),
     ("badput_restore_s", "s"),
     ("badput_recompute_s", "s"),
+    ("fault_count", "count"),
+    ("time_burned_s", "s"),
+    ("step_time_s", "s"),
+    ("fault_step_time_s", "s"),
+    ("slowdown", "number"),
 ]
 
 #: Outcomes in the order the summary lists them; unknown ones follow, then runs with no outcome.
@@ -232,6 +251,7 @@ def repeats_table(group: Group) -> Table:
             [
                 run.repeat_label,
                 fmt_text(r.get("outcome")),
+                fmt_text(r.get("verdict")),
                 fmt_bool(r.get("detected")),
                 fmt_bool(r.get("recovered")),
                 fmt_text(r.get("run_end_outcome")),
@@ -244,6 +264,7 @@ def repeats_table(group: Group) -> Table:
     headers = [
         "repeat",
         "outcome",
+        "what happened",
         "detected",
         "recovered",
         "run end",
@@ -252,7 +273,7 @@ def repeats_table(group: Group) -> Table:
         "final step",
         "timeline",
     ]
-    return Table(headers, rows, numeric={0, 6, 7})
+    return Table(headers, rows, numeric={0, 7, 8})
 
 
 def plot_anchor(rel_path: str) -> str:
@@ -303,6 +324,7 @@ def comparison_table(groups: Sequence[Group]) -> Table:
                 fmt_count(_median(_values(g.runs, "lost_steps"))),
                 fmt_percent(_median(_values(g.runs, "goodput"))),
                 _fidelity_text(g.runs),
+                count_text(Counter(v for run in g.runs if (v := as_text(run.row.get("verdict"))) is not None), []),
             ]
         )
     headers = [
@@ -314,6 +336,7 @@ def comparison_table(groups: Sequence[Group]) -> Table:
         "median lost_steps",
         "median goodput",
         "fidelity",
+        "what happened",
     ]
     return Table(headers, rows, numeric={1, 3, 4, 5, 6})
 

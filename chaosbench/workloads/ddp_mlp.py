@@ -39,6 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from chaosbench.planted import Planted
 from chaosbench.probe import Probe
 
 #: Width of the synthetic input and of the regression target.
@@ -278,17 +279,22 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     loss_fn = nn.MSELoss()
     model.train()
     loss_value: float | None = None
+    planted = Planted(probe)
     for step in range(start_step + 1, args.steps + 1):
+        planted.before_step(step)
         t_step = time.perf_counter()
         x, y = batch(step)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
+        planted.after_backward(step, net.parameters())
         if args.step_sleep_s > 0:  # emulated extra compute: part of the step, before the optimizer update
             time.sleep(args.step_sleep_s)
         optimizer.step()
         scheduler.step()
+        planted.after_update(step, net.parameters())
         loss_value = float(loss.item())
+        planted.check_loss(step, loss_value)
         probe.step(step, loss_value, duration_s=time.perf_counter() - t_step)
         print(f"step {step} loss {loss_value:.6f}", flush=True)
         if args.checkpoint_every and step % args.checkpoint_every == 0:

@@ -39,7 +39,8 @@ def test_kill_under_restart_resumes_exactly(run_suite) -> None:
     assert m.detected and 0 <= m.time_to_detect_s < 0.5  # exit noticed within a few monitor intervals
     assert m.restart_count == 1
     assert 0 <= m.lost_steps <= 10  # at most one checkpoint interval
-    assert m.lost_steps == 5  # checkpoint at 10, fault right after step 15
+    # checkpoint at 10, fault right after step 15 (16 when the survivor finished its in-flight step)
+    assert m.lost_steps in (5, 6)
     assert m.time_to_resume_s > m.time_to_detect_s
     assert m.fidelity == "exact" and m.digest == ctl.digest
     assert 0 < m.goodput < ctl.goodput <= 1

@@ -103,6 +103,7 @@ def test_kill_and_restart_known_answers() -> None:
     assert m.productive_s == pytest.approx(3.0, abs=1e-6)
     assert m.goodput == pytest.approx(3.0 / m.wall_s)
     assert m.fidelity == "exact" and m.loss_diff == 0.0
+    assert m.verdict == "recovered after 1 restart" and m.ranks_agree is True
     ctl = compute_metrics(control_run(), total_steps=30)
     assert m.extra_wall_s == pytest.approx(m.wall_s - ctl.wall_s)
     assert ctl.outcome == "completed" and ctl.fidelity is None
@@ -111,6 +112,7 @@ def test_kill_and_restart_known_answers() -> None:
 def test_diverged_final_state() -> None:
     m = compute_metrics(restart_run(digest="other").sorted(), control=control_run(), total_steps=30)
     assert m.fidelity == "diverged"
+    assert m.verdict == "recovered after 1 restart; final state diverged"
 
 
 def test_hang_recovered_in_place_without_detection() -> None:
@@ -129,6 +131,9 @@ def test_hang_recovered_in_place_without_detection() -> None:
     tl.add(t + 0.1, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), total_steps=20)
     assert m.outcome == "recovered" and m.detected is False
+    assert m.verdict == "recovered in place, not detected"
+    # the window of the fault (inject to revert) holds the one 3.1 s gap: the job stood still
+    assert m.fault_step_time_s == pytest.approx(3.12, abs=1e-6)
     assert m.time_to_detect_s is None and "no detection" in m.missing["time_to_detect_s"]
     assert m.time_to_resume_s == pytest.approx(3.1, abs=1e-6)
     assert m.time_to_catch_up_s == pytest.approx(3.1, abs=1e-6)
@@ -150,6 +155,8 @@ def test_not_recovered_is_an_outcome_with_reasons() -> None:
     assert m.missing["time_to_resume_s"].startswith("no training step completed after the fault")
     assert m.missing["fidelity"] == "this run did not finish training"
     assert m.run_end_outcome == "failed"
+    assert m.verdict == "not detected, not recovered (failed)"
+    assert m.time_burned_s == pytest.approx(1.0, abs=1e-6)
     assert m.wall_s == pytest.approx(tf + 1.0, abs=1e-6)
 
 
@@ -190,3 +197,19 @@ def test_torn_last_line_is_ignored(tmp_path) -> None:
         f.write('{"t_ns": 9, "kind": "st')
     ev = read_events(p)
     assert [e.kind for e in ev] == ["step", "run_start"]  # sorted by stamp, torn line dropped
+
+
+def test_step_in_flight_at_the_fault_counts_as_lost_not_as_resume() -> None:
+    """Rank 0 logs step 26 just after rank 1 was killed (their all-reduce had finished): the job did not
+    resume in place; it restarted, and step 26 was lost with the others."""
+    tl = TL().incarnation(0, 0.1, 1, 25)
+    tf = tl.t_last + 0.01
+    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill")
+    tl.rank(tf + 0.02, "step", 0, 0, step=26, loss=0.1, duration_s=0.1)
+    tl.add(tf + 0.05, "detect", src="framework", framework="fw")
+    tl.incarnation(1, tf + 0.2, 21, 30, load_from=20, end=True)
+    tl.add(tl.t_last + 0.1, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    assert m.lost_steps == 6
+    assert m.time_to_resume_s == pytest.approx(0.2 + 1.0 + 0.2 + 0.1, abs=1e-6)
+    assert m.verdict == "recovered after 1 restart"

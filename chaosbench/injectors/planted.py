@@ -1,0 +1,77 @@
+"""Planted faults that fire from inside the workload: ``crash-loop`` (a deterministic bug) and ``sdc``
+(silent data corruption). See :mod:`chaosbench.planted` for the workload side."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaosbench.injectors.base import FaultContext, Injector, RunSetup
+
+
+def _ranks_env(setup: RunSetup) -> str:
+    ranks = setup.target_ranks()
+    return "all" if ranks is None else ",".join(str(r) for r in ranks)
+
+
+class CrashLoopParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    at_step: int = Field(ge=1, description="the workload raises when it reaches this step, in every incarnation")
+
+
+class CrashLoopInjector(Injector):
+    """A deterministic bug: the target ranks raise at ``at_step`` in every incarnation, so restarting cannot
+    help. Measured: restarts made, seconds burned, whether the framework stopped at its retry limit."""
+
+    name: ClassVar[str] = "crash-loop"
+    summary: ClassVar[str] = "the workload raises at step N in every incarnation (a deterministic bug)"
+    Params = CrashLoopParams  # type: ignore[assignment]
+    needs_process: ClassVar[bool] = False
+    requires_trigger: ClassVar[bool] = False
+
+    def prepare(self, setup: RunSetup) -> None:
+        setup.env.update({
+            "CHAOSBENCH_FAULT": self.fault_name,
+            "CHAOSBENCH_CRASH_AT_STEP": str(self.params.at_step),  # type: ignore[attr-defined]
+            "CHAOSBENCH_CRASH_RANKS": _ranks_env(setup),
+        })  # fmt: skip
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:  # pragma: no cover - fires inside the workload
+        return {}
+
+
+class SdcParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    at_step: int = Field(ge=1, description="step whose update is corrupted (once per run)")
+    kind: Literal["nan", "scale", "bitflip"] = Field(default="nan", description="NaN, x scale, or an exponent flip")
+    where: Literal["grad", "param"] = Field(default="grad", description="gradients before the update, or parameters")
+    scale: float = Field(default=1000.0, description="factor for kind=scale")
+    loss_check: bool = Field(default=False, description="turn on the workload's non-finite loss guard")
+
+
+class SdcInjector(Injector):
+    """Silent data corruption on the target ranks at one step: NaN, scaled values or a flipped exponent bit in
+    their gradients or parameters. Measured: detected (by the framework or a loss check) or propagated into the
+    final state (fidelity, ranks' digests disagreeing)."""
+
+    name: ClassVar[str] = "sdc"
+    summary: ClassVar[str] = "silent data corruption in one rank's gradients or parameters at step N"
+    Params = SdcParams  # type: ignore[assignment]
+    needs_process: ClassVar[bool] = False
+    requires_trigger: ClassVar[bool] = False
+
+    def prepare(self, setup: RunSetup) -> None:
+        p: Any = self.params
+        setup.env.update({
+            "CHAOSBENCH_FAULT": self.fault_name,
+            "CHAOSBENCH_SDC_STEP": str(p.at_step),
+            "CHAOSBENCH_SDC_RANKS": _ranks_env(setup),
+            "CHAOSBENCH_SDC_KIND": p.kind,
+            "CHAOSBENCH_SDC_WHERE": p.where,
+            "CHAOSBENCH_SDC_SCALE": str(p.scale),
+            "CHAOSBENCH_LOSS_CHECK": "1" if p.loss_check else "0",
+        })  # fmt: skip
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:  # pragma: no cover - fires inside the workload
+        return {}

@@ -1,0 +1,143 @@
+"""Triggers and targets of the fault controller, on synthetic event streams (no processes)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from chaosbench.chaos import FaultController
+from chaosbench.injectors.base import RunSetup
+from chaosbench.injectors.signals import KillInjector, KillParams
+from chaosbench.runtimes.base import RunInfo
+from chaosbench.specs import FaultSpec
+from chaosbench.testing.fakes import RecordingRuntime
+from chaosbench.timeline import Event, TimelineWriter, read_events
+
+
+def controller(tmp_path: Path, fault: dict, ranks: int = 4, nodes: int = 2, seed: int = 5):
+    writer = TimelineWriter(tmp_path / "events.jsonl")
+    rt = RecordingRuntime(RunInfo("r", tmp_path, writer))
+    spec = FaultSpec.model_validate({"injector": "kill", **fault})
+    setup = RunSetup("r", tmp_path, tmp_path / "ck", rt, writer, random.Random(seed), ranks, nodes, spec.target)
+    c = FaultController("f", spec, KillInjector("f", KillParams()), setup, seed)
+    return c, rt, writer
+
+
+def ev(kind: str, t: int = 0, **data) -> Event:
+    return Event(t_ns=t, kind=kind, src="rank", data=data)
+
+
+def start(c: FaultController, inc: int = 0, ranks: int = 4, per_node: int = 2) -> None:
+    for r in range(ranks):
+        c(ev("rank_start", rank=r, pid=1000 + 10 * inc + r, world_size=ranks, node=f"node{r // per_node}",
+             incarnation=inc))  # fmt: skip
+
+
+def steps(c: FaultController, lo: int, hi: int, inc: int = 0) -> None:
+    for s in range(lo, hi + 1):
+        c(ev("step", step=s, rank=0, incarnation=inc))
+
+
+def fired_pids(rt: RecordingRuntime) -> list[int]:
+    return [pid for pid, sig in rt.signals if sig == signal.SIGKILL]
+
+
+def test_at_step_fires_once_at_the_current_incarnation(tmp_path: Path) -> None:
+    c, rt, _ = controller(tmp_path, {"target": 1, "trigger": {"at_step": 5}})
+    start(c)
+    steps(c, 1, 4)
+    assert rt.signals == []
+    steps(c, 5, 9)
+    start(c, inc=1)
+    steps(c, 1, 9, inc=1)
+    assert fired_pids(rt) == [1001]
+
+
+def test_at_step_with_max_fires_hits_each_incarnation(tmp_path: Path) -> None:
+    c, rt, _ = controller(tmp_path, {"target": 1, "trigger": {"at_step": 5, "max_fires": 2}})
+    for inc in range(3):
+        start(c, inc=inc)
+        steps(c, 1, 6, inc=inc)
+    assert fired_pids(rt) == [1001, 1011]
+
+
+def test_every_steps_and_targets(tmp_path: Path) -> None:
+    c, rt, _ = controller(tmp_path, {"target": {"node": "node1"}, "trigger": {"every_steps": 3}})
+    start(c)
+    steps(c, 1, 9)
+    assert fired_pids(rt) == [1002, 1003] * 3  # steps 3, 6, 9; both ranks of node1
+    c2, rt2, _ = controller(tmp_path / "b", {"target": [0, 3], "trigger": {"every_steps": 4, "max_fires": 1}})
+    start(c2)
+    steps(c2, 1, 12)
+    assert fired_pids(rt2) == [1000, 1003]
+    c3, rt3, _ = controller(tmp_path / "c", {"target": "all", "trigger": {"at_step": 1}})
+    start(c3)
+    steps(c3, 1, 1)
+    assert sorted(fired_pids(rt3)) == [1000, 1001, 1002, 1003]
+
+
+def test_on_event_with_filters(tmp_path: Path) -> None:
+    c, rt, _ = controller(tmp_path, {"target": 2, "trigger": {"on_event": {"kind": "ckpt_save_begin", "step": 20}}})
+    start(c)
+    c(ev("ckpt_save_begin", step=10, rank=0, incarnation=0))
+    assert rt.signals == []
+    c(ev("ckpt_save_begin", step=20, rank=0, incarnation=0))
+    c(ev("ckpt_save_begin", step=20, rank=1, incarnation=0))
+    assert fired_pids(rt) == [1002]
+
+
+def test_start_of_incarnation_and_delay(tmp_path: Path) -> None:
+    c, rt, w = controller(tmp_path, {"target": 0, "trigger": {
+        "on_event": {"kind": "rank_start", "incarnation": 1, "rank": 0}, "delay_s": 0.2}})  # fmt: skip
+    start(c)
+    assert rt.signals == []
+    start(c, inc=1)
+    assert rt.signals == []  # delayed
+    time.sleep(0.4)
+    assert fired_pids(rt) == [1010]
+    w.close()
+    inject = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "fault_inject"]
+    assert len(inject) == 1 and "+ 0.2 s" in inject[0]["trigger"]
+
+
+def test_random_target_is_seeded(tmp_path: Path) -> None:
+    picks = []
+    for i in range(2):
+        c, rt, _ = controller(tmp_path / str(i), {"target": "random", "trigger": {"every_steps": 1}}, seed=42)
+        start(c)
+        steps(c, 1, 8)
+        picks.append(fired_pids(rt))
+    assert picks[0] == picks[1] and len(set(picks[0])) > 1
+
+
+def test_poisson_schedule_replays_for_the_same_seed(tmp_path: Path) -> None:
+    def schedule(sub: str, seed: int) -> list[float]:
+        c, rt, w = controller(tmp_path / sub, {"target": 0, "trigger": {"poisson": {"mtbf_s": 0.05}, "max_fires": 5}},
+                              seed=seed)  # fmt: skip
+        start(c)
+        steps(c, 1, 1)
+        time.sleep(1.0)
+        c.close()
+        w.close()
+        t = [e.t_ns for e in read_events(tmp_path / sub / "events.jsonl") if e.kind == "fault_inject"]
+        assert len(t) == 5
+        return [(b - a) / 1e9 for a, b in zip(t, t[1:], strict=False)]
+
+    a, b = schedule("a", 9), schedule("b", 9)
+    assert a == pytest.approx(b, abs=0.03)  # same gaps, up to timer jitter
+    gaps = random.Random(9)
+    expected = [gaps.expovariate(1 / 0.05) for _ in range(5)][1:]
+    assert a == pytest.approx(expected, abs=0.03)
+
+
+def test_missing_rank_is_skipped_not_crashed(tmp_path: Path) -> None:
+    c, rt, w = controller(tmp_path, {"target": 3, "trigger": {"at_step": 1}})
+    c(ev("rank_start", rank=0, pid=1, world_size=4, node="node0", incarnation=0))
+    steps(c, 1, 1)
+    w.close()
+    skipped = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "fault_skipped"]
+    assert rt.signals == [] and "rank 3 has not reported" in skipped[0]["reason"]
