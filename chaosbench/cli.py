@@ -106,6 +106,20 @@ def cmd_faults(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from chaosbench.cleanup import cleanup
+
+    d = Path(args.dir)
+    if not d.is_dir():
+        raise ChaosbenchError(f"{d}: no such results directory")
+    actions = cleanup(d, dry_run=args.dry_run)
+    for a in actions:
+        print(("would " if args.dry_run else "") + a)
+    if not actions:
+        print("nothing to clean up")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="chaosbench",
@@ -127,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(fn=cmd_report)
     f = sub.add_parser("faults", help="list the injectors and their parameters")
     f.set_defaults(fn=cmd_faults)
+    c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts)",
+                       description="End the recorded processes of runs that never ended (pid and start time "
+                                   "must both match) and remove their cgroups and mounts; nothing else.")  # fmt: skip
+    c.add_argument("dir", nargs="?", default="reports", help="results directory (default: reports)")
+    c.add_argument("--dry-run", action="store_true", help="only print what would be done")
+    c.set_defaults(fn=cmd_cleanup)
     return p
 
 
