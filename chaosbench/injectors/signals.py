@@ -7,7 +7,6 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector
 
@@ -46,7 +45,7 @@ class KillInjector(Injector):
         for t in ctx.targets:
             if t.pid is None:
                 raise ProcessLookupError(f"rank {t.rank} has no process")
-            ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks)
+            ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks, t.node)
         return {"signal": signal.Signals(sig).name}
 
 
@@ -73,17 +72,17 @@ class HangInjector(Injector):
         for t in ctx.targets:
             if t.pid is None:
                 raise ProcessLookupError(f"rank {t.rank} has no process")
-            ctx.runtime.signal_pid(t.pid, signal.SIGSTOP, t.pid_ticks)
-            stopped.append((t.pid, t.pid_ticks))
+            ctx.runtime.signal_pid(t.pid, signal.SIGSTOP, t.pid_ticks, t.node)
+            stopped.append((t.pid, t.pid_ticks, t.node))
         return {"duration_s": self.duration_s}
 
     def revert(self, ctx: FaultContext) -> bool:
         undone = False
-        for pid, ticks in ctx.state.pop("stopped", []):
-            if not procutil.alive(pid, ticks):
+        for pid, ticks, node in ctx.state.pop("stopped", []):
+            if not ctx.runtime.process_alive(pid, ticks, node):
                 continue
             try:
-                ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks)
+                ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks, node)
                 undone = True
             except (ProcessLookupError, ChaosbenchError):  # gone, or no longer ours: nothing to undo
                 pass

@@ -84,23 +84,25 @@ class StragglerInjector(Injector):
             ctx.state["cgroup"] = moved
         else:
             stop = threading.Event()
-            pids = [(t.pid, t.pid_ticks) for t in ctx.targets]
+            pids = [(t.pid, t.pid_ticks, t.node) for t in ctx.targets]
             thread = threading.Thread(target=self._duty_cycle, args=(ctx, pids, stop), daemon=True)
             thread.start()
             ctx.state["duty"] = (stop, thread, pids)
         return {"method": method, "cpu_fraction": p.cpu_fraction}
 
-    def _duty_cycle(self, ctx: FaultContext, pids: list[tuple[int, int | None]], stop: threading.Event) -> None:
+    def _duty_cycle(
+        self, ctx: FaultContext, pids: list[tuple[int, int | None, str]], stop: threading.Event
+    ) -> None:
         p: Any = self.params
         on, off = p.period_s * p.cpu_fraction, p.period_s * (1 - p.cpu_fraction)
         while not stop.is_set():
-            for pid, ticks in pids:
+            for pid, ticks, node in pids:
                 with contextlib.suppress(ProcessLookupError, ChaosbenchError):
-                    ctx.runtime.signal_pid(pid, signal.SIGSTOP, ticks)
+                    ctx.runtime.signal_pid(pid, signal.SIGSTOP, ticks, node)
             stopped = stop.wait(off)
-            for pid, ticks in pids:
+            for pid, ticks, node in pids:
                 with contextlib.suppress(ProcessLookupError, ChaosbenchError):
-                    ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks)
+                    ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks, node)
             if stopped:
                 return
             stop.wait(on)

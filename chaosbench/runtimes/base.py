@@ -103,11 +103,19 @@ class Runtime(ABC):
         """Start a process; returns once it exists. Writes a ``proc_start`` event."""
 
     @abstractmethod
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None) -> None:
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
         """Send ``sig`` to a process this runtime started (or a descendant of one).
 
-        ``ticks``: the start time the caller knows the process by; a pid that was reused raises
-        :class:`~chaosbench.errors.ChaosbenchError`, as does a pid that is not ours."""
+        ``pid`` and ``ticks`` are as the process reported them in its ``rank_start`` event (for a container,
+        in the container's pid namespace), ``node`` is where it runs. A pid that was reused raises
+        :class:`~chaosbench.errors.ChaosbenchError`, as does a pid that is not ours; a process that is gone
+        raises ProcessLookupError."""
+
+    def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
+        """Whether the process (as reported in ``rank_start``) still runs."""
+        from chaosbench import procutil
+
+        return procutil.alive(pid, ticks)
 
     @abstractmethod
     def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:

@@ -127,7 +127,7 @@ class LocalRuntime(Runtime):
             roots = {h.pid for h in self._handles if not h.exited.is_set()}
         return pid in roots or procutil.is_descendant_of(pid, roots)
 
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None) -> None:
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
         if not procutil.alive(pid):
             raise ProcessLookupError(pid)
         if ticks is not None and procutil.start_ticks(pid) != ticks:
