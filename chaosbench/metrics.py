@@ -62,6 +62,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chaosbench.recovery_class import classify_checkpoint_outcome
 from chaosbench.timeline import Event
 
 
@@ -301,6 +302,7 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         miss["extra_wall_s"] = "no control run"
 
     fault = _first(events, "fault_inject")
+    m.checkpoint_outcome = classify_checkpoint_outcome(events, m)
     if m.control:
         m.outcome = "completed" if finished else "failed"
         for k in FAULT_METRICS:

@@ -75,6 +75,7 @@ INJECTORS: Registry[Any] = Registry(
         "straggler": "chaosbench.injectors.straggler:StragglerInjector",
         "crash-loop": "chaosbench.injectors.planted:CrashLoopInjector",
         "sdc": "chaosbench.injectors.planted:SdcInjector",
+        "corrupt-checkpoint": "chaosbench.injectors.corrupt:CorruptCheckpointInjector",
     },
 )
 

@@ -41,6 +41,7 @@ EVENT_KINDS: dict[str, str] = {
     "ckpt_save_end": "rank, step, path, incarnation, complete (bool: every rank finished and it was marked)",
     "ckpt_load_begin": "rank, step, path, incarnation",
     "ckpt_load_end": "rank, step, path, incarnation",
+    "ckpt_load_failed": "rank, step, path, error, incarnation (the workload rejected a checkpoint, tries an older one)",
     "train_end": "rank, step, loss, digest (sha256 of the final parameters), incarnation",
     "fault_inject": "fault, injector, target{}, params{}",
     "fault_revert": "fault, injector, reason",

@@ -26,6 +26,9 @@ class DdpMlpOptions(BaseModel):
     batch_size: int = Field(default=32, ge=1, description="per rank")
     lr: float = Field(default=0.01, gt=0)
     step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
+    load_fallback: bool = Field(
+        default=False, description="a checkpoint that fails to load is skipped for the next older one"
+    )
 
 
 class DdpMlpWorkload(Workload):
@@ -50,6 +53,7 @@ class DdpMlpWorkload(Workload):
             "--batch-size", str(o.batch_size),
             "--lr", str(o.lr),
             "--step-sleep-s", str(o.step_sleep_s),
+            *(["--load-fallback"] if o.load_fallback else []),
         ]  # fmt: skip
 
     @property

@@ -18,7 +18,9 @@ Contract (what the harness relies on):
   key ``rng.rank<r>``. After a barrier rank 0 atomically creates ``COMPLETE`` in that directory; a directory
   without ``COMPLETE`` is never loaded (it is deleted and rewritten if training reaches that step again).
 - On start rank 0 picks the newest complete checkpoint and broadcasts its step; every rank loads it and training
-  continues with the next step. Without one, training starts from scratch.
+  continues with the next step. Without one, training starts from scratch. With ``--load-fallback`` a checkpoint
+  that fails to load on any rank is reported (``ckpt_load_failed`` event) and the next older complete one is
+  tried; when none loads, the process fails.
 - After each optimizer step ``probe.step(step, loss, duration_s)`` is emitted (``duration_s``: that step's
   own compute, checkpointing excluded) and ``step <n> loss <x>`` is printed. At the end
   ``probe.train_end(steps, loss, digest)`` is emitted, ``final digest <sha256 hex>`` is printed and the process
@@ -89,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of sleep inside each step (counted in its duration), to emulate a slower step (default: 0)",
     )
     p.add_argument(
+        "--load-fallback",
+        action="store_true",
+        help="when a checkpoint fails to load, try the next older complete one (default: fail)",
+    )
+    p.add_argument(
         "--backend",
         choices=["gloo", "nccl"],
         default=None,
@@ -108,12 +115,12 @@ def ckpt_path(ckpt_dir: str | os.PathLike[str], step: int) -> Path:
     return Path(ckpt_dir) / f"{CKPT_DIR_PREFIX}{step:08d}"
 
 
-def find_latest_complete(ckpt_dir: str | os.PathLike[str]) -> int | None:
-    """Step of the newest checkpoint in ``ckpt_dir`` that has a ``COMPLETE`` marker, or None."""
+def complete_steps(ckpt_dir: str | os.PathLike[str]) -> list[int]:
+    """Steps of the checkpoints in ``ckpt_dir`` that have a ``COMPLETE`` marker, newest first."""
     root = Path(ckpt_dir)
     if not root.is_dir():
-        return None
-    best: int | None = None
+        return []
+    steps = []
     for child in root.iterdir():
         name = child.name
         if not name.startswith(CKPT_DIR_PREFIX):
@@ -122,9 +129,15 @@ def find_latest_complete(ckpt_dir: str | os.PathLike[str]) -> int | None:
             step = int(name[len(CKPT_DIR_PREFIX) :])
         except ValueError:
             continue
-        if (child / COMPLETE_MARKER).is_file() and (best is None or step > best):
-            best = step
-    return best
+        if (child / COMPLETE_MARKER).is_file():
+            steps.append(step)
+    return sorted(steps, reverse=True)
+
+
+def find_latest_complete(ckpt_dir: str | os.PathLike[str]) -> int | None:
+    """Step of the newest checkpoint in ``ckpt_dir`` that has a ``COMPLETE`` marker, or None."""
+    steps = complete_steps(ckpt_dir)
+    return steps[0] if steps else None
 
 
 def mark_complete(path: Path, payload: dict[str, Any]) -> None:
@@ -158,6 +171,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch import nn
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -233,28 +247,49 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
 
     # ---- resume -------------------------------------------------------------------------------------
     start_step = 0
-    latest = torch.tensor([-1], dtype=torch.int64, device=device)
+    box: list[Any] = [None]
     if rank == 0:
-        found = find_latest_complete(args.ckpt_dir)
-        latest[0] = -1 if found is None else found
-    dist.broadcast(latest, src=0)
-    resume_step = int(latest.item())
-    if resume_step >= 0:
+        candidates = complete_steps(args.ckpt_dir)
+        box[0] = candidates if args.load_fallback else candidates[:1]
+    dist.broadcast_object_list(box, src=0)
+    tried: list[int] = box[0]
+    for resume_step in tried:
         path = ckpt_path(args.ckpt_dir, resume_step)
-        with probe.ckpt_load(resume_step, str(path)):
-            state = resumable_state(resume_step)
-            dcp.load(state, checkpoint_id=str(path))
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-            scheduler.load_state_dict(state["scheduler"])
-            torch.set_rng_state(state[rng_key]["cpu"])
-            if device.type == "cuda":
-                torch.cuda.set_rng_state(state[rng_key]["cuda"], device)
-            start_step = int(state["progress"]["data_position"])
-            if int(state["progress"]["step"]) != resume_step:
-                raise RuntimeError(
-                    f"checkpoint {path} holds step {state['progress']['step']}, not {resume_step}"
-                )
+        error: str | None = None
+        try:
+            with probe.ckpt_load(resume_step, str(path)):
+                state = resumable_state(resume_step)
+                dcp.load(state, checkpoint_id=str(path))
+                set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+                scheduler.load_state_dict(state["scheduler"])
+                torch.set_rng_state(state[rng_key]["cpu"])
+                if device.type == "cuda":
+                    torch.cuda.set_rng_state(state[rng_key]["cuda"], device)
+                start_step = int(state["progress"]["data_position"])
+                if int(state["progress"]["step"]) != resume_step:
+                    raise RuntimeError(
+                        f"checkpoint {path} holds step {state['progress']['step']}, not {resume_step}"
+                    )
+        # CheckpointException (dcp.load's wrapper of every rank's errors) is a BaseException, not an Exception.
+        except (Exception, CheckpointException) as exc:
+            if not args.load_fallback:
+                raise
+            error = f"{type(exc).__name__}: {exc}"
+        if args.load_fallback:
+            # All ranks must agree: a load can fail on one rank only. A later load overwrites every key.
+            failed = torch.tensor([0 if error is None else 1], dtype=torch.int64, device=device)
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+            if int(failed.item()):
+                why = (error or "failed on another rank")[:2000]
+                probe.emit("ckpt_load_failed", step=resume_step, path=str(path), error=why)
+                print(f"checkpoint {path} failed to load: {why}; trying an older one", flush=True)
+                start_step = 0
+                continue
         print(f"resumed from {path} at step {start_step}", flush=True)
+        break
+    else:
+        if tried:
+            raise RuntimeError(f"no checkpoint in {args.ckpt_dir} could be loaded (tried steps {tried})")
 
     # ---- checkpoint -----------------------------------------------------------------------------------
     def save(step: int) -> None:

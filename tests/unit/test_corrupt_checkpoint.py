@@ -1,0 +1,270 @@
+"""The corrupt-checkpoint injector on real checkpoint files (no ranks), and the outcome classes from timelines."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+from chaosbench import ckptformat as cf  # noqa: E402
+from chaosbench.errors import ChaosbenchError, SpecError  # noqa: E402
+from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
+from chaosbench.injectors.corrupt import CorruptCheckpointInjector  # noqa: E402
+from chaosbench.recovery_class import classify_checkpoint_outcome  # noqa: E402
+from chaosbench.registry import INJECTORS  # noqa: E402
+from chaosbench.timeline import Event  # noqa: E402
+from tests.conftest import make_suite  # noqa: E402
+
+if "corrupt-checkpoint" not in INJECTORS.names():
+    INJECTORS.register("corrupt-checkpoint", CorruptCheckpointInjector)
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.signals: list[tuple[int, int, int | None]] = []
+
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None) -> None:
+        self.signals.append((pid, sig, ticks))
+
+
+def injector(**params: Any) -> CorruptCheckpointInjector:
+    return CorruptCheckpointInjector("f", CorruptCheckpointInjector.Params.model_validate(params))
+
+
+def context(ckpt_dir: Path, ranks: list[int], events: list[Event] | None = None, pid: int | None = 4242):
+    rt = FakeRuntime()
+    setup = RunSetup(run_id="r", run_dir=ckpt_dir.parent, ckpt_dir=ckpt_dir, runtime=rt,  # type: ignore[arg-type]
+                     timeline=None, rng=random.Random(0), ranks=2, nodes=1)  # type: ignore[arg-type]  # fmt: skip
+    targets = [ResolvedTarget(r, None if pid is None else pid + r, 77, "node0", 0) for r in ranks]
+    return FaultContext(rt, None, targets, random.Random(1), setup, events=events or []), rt  # type: ignore[arg-type]
+
+
+def ev(t: int, kind: str, src: str = "rank", **data: Any) -> Event:
+    return Event(t_ns=t, kind=kind, src=src, data=data)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint directory with complete DCP checkpoints of steps 10 and 20 (one rank: shard __0_0)."""
+    root = tmp_path_factory.mktemp("tpl") / "ckpt"
+    state = {"model": {"w": torch.randn(32, 16), "b": torch.randn(16)}, "progress": {"step": 10}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(root / "step_00000010"))
+    shutil.copytree(root / "step_00000010", root / "step_00000020")
+    for step in (10, 20):
+        (root / f"step_{step:08d}" / "COMPLETE").write_text("{}")
+    return root
+
+
+@pytest.fixture
+def ckpt(template: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "ckpt"
+    shutil.copytree(template, dst)
+    return dst
+
+
+# --------------------------------------------------------------------------- params
+
+
+SUITE = """
+name: t
+defaults: {{workload: {{name: ddp-mlp, ranks: 2}}}}
+faults:
+  c: {{injector: corrupt-checkpoint, target: 1, trigger: {{at_step: 5}}, params: {params}}}
+matrix: {{frameworks: [restart], faults: [c]}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ("{mode: truncate, bits: 3}", "bits applies to mode bitflip only"),
+        ("{mode: torn-write, checkpoint: 20}", "checkpoint does not apply to mode torn-write"),
+        ("{mode: garble-metadata, file_glob: '*.pt'}", "torch.save files have no .metadata"),
+        ("{mode: bitflip, bits: 0}", "bits"),
+        ("{mode: truncate, truncate_fraction: 1.0}", "truncate_fraction"),
+        ("{mode: chew}", "mode"),
+        ("{checkpoint: -3}", "checkpoint"),
+    ],
+)
+def test_params_are_validated_with_the_yaml_line(params: str, message: str) -> None:
+    with pytest.raises(SpecError, match=r"test\.yaml:5: fault 'c': .*" + message.split()[0]) as err:
+        make_suite(SUITE.format(params=params))
+    assert message in str(err.value)
+
+
+def test_params_defaults_and_step_strings() -> None:
+    p = make_suite(SUITE.format(params="{checkpoint: '20'}")).faults["c"].params
+    parsed = CorruptCheckpointInjector.Params.model_validate(p)
+    assert parsed.checkpoint == 20 and parsed.mode == "bitflip" and parsed.bits == 8  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- damage modes
+
+
+def test_bitflip_hits_tensor_bytes_of_the_newest_complete(ckpt: Path) -> None:
+    shard = ckpt / "step_00000020" / "__0_0.distcp"
+    ranges = cf.tensor_payload_ranges(shard)
+    before = shard.read_bytes()
+    ctx, _ = context(ckpt, [0])
+    d = injector(mode="bitflip", bits=5, tensors="model.w").inject(ctx)
+    assert d["mode"] == "bitflip" and d["step"] == 20 and d["checkpoint"] == str(ckpt / "step_00000020")
+    (rec,) = d["files"]
+    assert rec["file"] == str(shard) and rec["rank"] == 0 and len(rec["offsets"]) == 5
+    w = next(r for r in ranges if r.name == "model.w")
+    assert all(w.offset <= o < w.offset + w.length for o in rec["offsets"])
+    after = shard.read_bytes()
+    assert sum(a != b for a, b in zip(before, after, strict=True)) == len(set(rec["offsets"]))
+    assert (ckpt / "step_00000010" / "__0_0.distcp").read_bytes() == before  # the older one is untouched
+
+
+@pytest.mark.parametrize("mode", ["truncate", "delete-shard", "delete-metadata", "garble-metadata"])
+def test_damage_modes(ckpt: Path, mode: str) -> None:
+    d20 = ckpt / "step_00000020"
+    size = (d20 / "__0_0.distcp").stat().st_size
+    md = (d20 / ".metadata").read_bytes()
+    ctx, rt = context(ckpt, [0])
+    d = injector(mode=mode, checkpoint=20).inject(ctx)
+    assert d["mode"] == mode and d["step"] == 20 and rt.signals == []
+    if mode == "truncate":
+        assert (d20 / "__0_0.distcp").stat().st_size == size // 2 == d["files"][0]["size_after"]
+    elif mode == "delete-shard":
+        assert not (d20 / "__0_0.distcp").exists()
+    elif mode == "delete-metadata":
+        assert not (d20 / ".metadata").exists() and (d20 / "__0_0.distcp").stat().st_size == size
+    else:
+        new = (d20 / ".metadata").read_bytes()
+        assert len(new) == len(md) and new != md
+        with pytest.raises(cf.CheckpointFormatError):
+            cf.read_dcp_metadata(d20)
+
+
+def test_kill_after_sends_sigkill_to_the_targets(ckpt: Path) -> None:
+    ctx, rt = context(ckpt, [0])
+    d = injector(mode="truncate", kill_after=True).inject(ctx)
+    assert rt.signals == [(4242, signal.SIGKILL, 77)]
+    assert d["killed"] == [{"rank": 0, "pid": 4242}]
+
+
+def test_nothing_to_corrupt_is_a_chaosbench_error(ckpt: Path, tmp_path: Path) -> None:
+    with pytest.raises(ChaosbenchError, match=r"no checkpoint matches 30 .*step_00000010, step_00000020"):
+        injector(checkpoint=30).inject(context(ckpt, [0])[0])
+    with pytest.raises(ChaosbenchError, match="no shard file of rank 1"):
+        injector().inject(context(ckpt, [1])[0])
+    with pytest.raises(ChaosbenchError, match="found: none"):
+        injector().inject(context(tmp_path / "empty", [0])[0])
+    (ckpt / "step_00000020" / "COMPLETE").unlink()
+    (ckpt / "step_00000010" / "COMPLETE").unlink()
+    (ckpt / "step_00000010" / ".metadata").unlink()
+    # markers gone everywhere: .metadata decides; step 10 has none, so step 20 is the newest complete
+    assert injector(mode="delete-shard").inject(context(ckpt, [0])[0])["step"] == 20
+
+
+def test_torch_save_files_per_rank(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    for rank in (0, 1):
+        (root / f"rank{rank}").mkdir(parents=True)
+        for step in (5, 10):
+            torch.save({"w": torch.ones(64) * step}, root / f"rank{rank}" / f"model_{step}.pt")
+    ctx, _ = context(root, [1])
+    d = injector(mode="bitflip", bits=3, file_glob="rank{rank}/*.pt").inject(ctx)
+    assert d["format"] == "torch-save" and d["step"] == 10
+    assert d["checkpoint"] == str(root / "rank1" / "model_10.pt")
+    w = torch.load(root / "rank1" / "model_10.pt", weights_only=True)["w"]
+    assert 1 <= int((w != 10).sum()) <= 3
+    assert torch.equal(
+        torch.load(root / "rank0" / "model_10.pt", weights_only=True)["w"], torch.ones(64) * 10
+    )
+
+
+# --------------------------------------------------------------------------- torn write
+
+
+def test_torn_write_kills_the_rank_that_is_saving(ckpt: Path) -> None:
+    path = str(ckpt / "step_00000020")
+    old = str(ckpt / "step_00000010")
+    # the trigger is rank 0's begin of step 20, seen before rank 1's own: rank 1's last save it saw ended
+    events = [ev(1, "ckpt_save_begin", rank=1, step=10, path=old, incarnation=0),
+              ev(2, "ckpt_save_end", rank=1, step=10, path=old, incarnation=0, complete=True),
+              ev(3, "ckpt_save_begin", rank=0, step=20, path=path, incarnation=0)]  # fmt: skip
+    ctx, rt = context(ckpt, [1], events)
+    d = injector(mode="torn-write").inject(ctx)
+    assert rt.signals == [(4243, signal.SIGKILL, 77)]
+    assert d["step"] == 20 and d["checkpoint"] == path and d["killed"] == [{"rank": 1, "pid": 4243}]
+    assert d["marker_at_kill"] is True and "__0_0.distcp" in d["files_at_kill"]
+
+
+def test_torn_write_needs_a_save_in_progress(ckpt: Path) -> None:
+    with pytest.raises(ChaosbenchError, match="no checkpoint save in progress"):
+        injector(mode="torn-write").inject(context(ckpt, [1])[0])
+    done = [ev(1, "ckpt_save_begin", rank=1, step=20, path="p", incarnation=0),
+            ev(2, "ckpt_save_end", rank=1, step=20, path="p", incarnation=0, complete=True)]  # fmt: skip
+    with pytest.raises(ChaosbenchError, match="already ended"):
+        injector(mode="torn-write").inject(context(ckpt, [1], done)[0])
+    with pytest.raises(ProcessLookupError):
+        injector(mode="torn-write").inject(context(ckpt, [1], done[:1], pid=None)[0])
+
+
+def test_revert_does_nothing(ckpt: Path) -> None:
+    inj = injector(mode="delete-shard")
+    ctx, _ = context(ckpt, [0])
+    inj.inject(ctx)
+    assert inj.revert(ctx) is False and not (ckpt / "step_00000020" / "__0_0.distcp").exists()
+
+
+# --------------------------------------------------------------------------- outcome classes
+
+
+def timeline(
+    *incarnations: list[tuple[str, int | None]], step: int = 20, injector_name: str = "corrupt-checkpoint"
+):
+    """A run: incarnation 0 trains, the fault fires, then each later incarnation does the listed
+    (kind, step) rank events on both ranks."""
+    out = [ev(0, "run_start", src="harness")]
+    for r in (0, 1):
+        out += [ev(1, "rank_start", rank=r, incarnation=0), ev(2, "step", rank=r, step=25, incarnation=0)]
+    out.append(ev(10, "fault_inject", src="injector", injector=injector_name, details={"step": step}))
+    t = 20
+    for inc, actions in enumerate(incarnations, 1):
+        for r in (0, 1):
+            out.append(ev(t, "rank_start", rank=r, incarnation=inc))
+            for kind, s in actions:
+                t += 1
+                out.append(ev(t, kind, rank=r, step=s, incarnation=inc, path=f"/c/step_{s}"))
+        t += 10
+    return out
+
+
+LOAD_OK_20 = [("ckpt_load_begin", 20), ("ckpt_load_end", 20), ("step", 21)]
+
+
+@pytest.mark.parametrize(
+    ("incarnations", "expected"),
+    [
+        ([LOAD_OK_20], "loaded_silently"),
+        ([[("ckpt_load_begin", 10), ("ckpt_load_end", 10), ("step", 11)]], "fell_back"),
+        ([[("ckpt_load_begin", 20), ("ckpt_load_begin", 10), ("ckpt_load_end", 10)]], "fell_back"),
+        ([[("ckpt_load_begin", 20)], [("step", 1)]], "fell_back"),  # a failed load, then from scratch
+        ([[("ckpt_load_begin", 20)]], "crashed"),
+        ([[("ckpt_load_begin", 20)], [("ckpt_load_begin", 20)], [("ckpt_load_begin", 20)]], "crash_looped"),
+        ([], "not_loaded"),  # nothing restarted
+        ([[("ckpt_load_begin", 30), ("ckpt_load_end", 30)]], "not_loaded"),  # a newer one superseded it
+        ([[("step", 1)]], "not_loaded"),
+    ],
+)
+def test_classify_checkpoint_outcome(incarnations: list, expected: str) -> None:
+    assert classify_checkpoint_outcome(timeline(*incarnations)) == expected
+
+
+def test_classify_needs_a_corruption() -> None:
+    assert classify_checkpoint_outcome(timeline(LOAD_OK_20, injector_name="kill")) is None
+    assert classify_checkpoint_outcome([ev(0, "run_start", src="harness")]) is None
