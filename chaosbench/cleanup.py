@@ -19,14 +19,31 @@ from pathlib import Path
 from chaosbench import procutil
 from chaosbench.timeline import read_events
 
+
+def _stale_mounts(results_dir: Path) -> list[str]:
+    from chaosbench.injectors.stallfs import cleanup_stale_mounts
+
+    return [f"unmount {a.get('mountpoint', a)}" for a in cleanup_stale_mounts(results_dir)]
+
+
 #: Extra cleaners (FUSE mounts, containers, ...): each gets the results directory and returns what it did.
-CLEANERS: list[Callable[[Path], list[str]]] = []
+CLEANERS: list[Callable[[Path], list[str]]] = [_stale_mounts]
+
+
+def _events_files(root: Path) -> list[Path]:
+    """Every events.jsonl below root, never descending into a mount point (a frozen FUSE mount would hang)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not os.path.ismount(os.path.join(dirpath, d))]
+        if "events.jsonl" in filenames:
+            out.append(Path(dirpath) / "events.jsonl")
+    return out
 
 
 def unfinished_runs(results_dir: Path) -> list[Path]:
     """Run directories below ``results_dir`` whose timeline has no ``run_end``."""
     out = []
-    for events in sorted(Path(results_dir).glob("**/events.jsonl")):
+    for events in sorted(_events_files(Path(results_dir))):
         evs = read_events(events)
         if evs and not any(e.kind == "run_end" for e in evs):
             out.append(events.parent)

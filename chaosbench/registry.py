@@ -76,6 +76,7 @@ INJECTORS: Registry[Any] = Registry(
         "crash-loop": "chaosbench.injectors.planted:CrashLoopInjector",
         "sdc": "chaosbench.injectors.planted:SdcInjector",
         "corrupt-checkpoint": "chaosbench.injectors.corrupt:CorruptCheckpointInjector",
+        "stall-fs": "chaosbench.injectors.stallfs:StallFsInjector",
     },
 )
 
@@ -100,6 +101,7 @@ WORKLOADS: Registry[Any] = Registry(
     "chaosbench.workloads",
     {
         "ddp-mlp": "chaosbench.workloads.builtin:DdpMlpWorkload",
+        "fsdp-lm": "chaosbench.workloads.builtin:FsdpLmWorkload",
         "command": "chaosbench.workloads.builtin:CommandWorkload",
     },
 )

@@ -116,6 +116,9 @@ class Runner:
                 raise ChaosbenchError(
                     f"{self.suite_dir} exists and is not a chaosbench results directory; choose another --out"
                 )
+            from chaosbench.cleanup import cleanup
+
+            cleanup(self.suite_dir)  # a crashed earlier run may have left processes or a live FUSE mount there
             shutil.rmtree(self.suite_dir)
         self.suite_dir.mkdir(parents=True)
         (self.suite_dir / SUITE_MARKER).write_text(
