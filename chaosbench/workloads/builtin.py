@@ -65,6 +65,48 @@ class DdpMlpWorkload(Workload):
         return int(self.options.steps)  # type: ignore[attr-defined]
 
 
+class FsdpLmOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(default=60, ge=1, description="total optimizer steps")
+    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
+    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
+    vocab: int = Field(default=128, ge=2)
+    seq_len: int = Field(default=32, ge=2)
+    d_model: int = Field(default=64, ge=8)
+    heads: int = Field(default=4, ge=1)
+    layers: int = Field(default=2, ge=1)
+    batch_size: int = Field(default=8, ge=1, description="sequences per rank")
+    lr: float = Field(default=3e-3, gt=0)
+    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
+
+
+class FsdpLmWorkload(Workload):
+    """A small transformer LM sharded with FSDP2 (every rank writes its own DCP shard); see
+    :mod:`chaosbench.workloads.fsdp_lm`."""
+
+    name: ClassVar[str] = "fsdp-lm"
+    Options = FsdpLmOptions  # type: ignore[assignment]
+
+    def argv(self, job: JobContext) -> list[str]:
+        o: Any = self.options
+        return [
+            sys.executable, "-m", "chaosbench.workloads.fsdp_lm",
+            "--steps", str(o.steps), "--checkpoint-every", str(o.checkpoint_every),
+            "--ckpt-dir", str(job.ckpt_dir), "--seed", str(job.scenario.seed),
+            "--pg-timeout-s", str(o.pg_timeout_s), "--vocab", str(o.vocab), "--seq-len", str(o.seq_len),
+            "--d-model", str(o.d_model), "--heads", str(o.heads), "--layers", str(o.layers),
+            "--batch-size", str(o.batch_size), "--lr", str(o.lr), "--step-sleep-s", str(o.step_sleep_s),
+        ]  # fmt: skip
+
+    @property
+    def pg_timeout_s(self) -> float | None:
+        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
+
+    @property
+    def total_steps(self) -> int | None:
+        return int(self.options.steps)  # type: ignore[attr-defined]
+
+
 class LogPatterns(BaseModel):
     """Regexes over the script's output lines. ``step`` needs a named group ``step`` (optionally ``loss``);
     checkpoint patterns may have ``step``; ``train_end`` may have ``digest``, ``loss`` and ``step``."""
