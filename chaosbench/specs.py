@@ -289,6 +289,17 @@ class Matrix(_Strict):
     repeats: int = Field(default=1, ge=1)
 
 
+class Projection(_Strict):
+    """Fleet scale for the report's goodput projection: job MTBF = node MTBF / nodes."""
+
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(default=8, ge=1)
+    node_mtbf_h: float = Field(gt=0)
+    horizon_days: float = Field(default=30.0, gt=0)
+    trials: int = Field(default=200, ge=1)
+    recovery_scale: float = Field(default=1.0, gt=0, description="multiply measured recovery (fleet restarts cost more)")
+
+
 class Suite(_Strict):
     """A whole suite file. ``control``: run one fault-free control per framework (needed for fidelity and
     extra wall time)."""
@@ -301,6 +312,7 @@ class Suite(_Strict):
     frameworks: dict[str, FrameworkSpec] = Field(default_factory=dict)
     faults: dict[str, FaultSpec] = Field(default_factory=dict)
     matrix: Matrix
+    projection: Projection | None = None
 
     # Filled by load_suite; not part of the YAML.
     source: str = Field(default="<suite>", exclude=True)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chaosbench.report.analysis import analysis_blocks
+from chaosbench.report.document import Heading
 from chaosbench.report.fmt import MISSING, as_text
 from chaosbench.report.html import render_html
 from chaosbench.report.markdown import render_markdown
@@ -97,7 +100,12 @@ def _draw(suite_dir: Path, run: RunView, used: set[str], written: dict[str, Path
     written[rel] = suite_dir / rel
 
 
-def write_report(suite_dir: str | Path, results: pd.DataFrame, title: str | None = None) -> dict[str, Path]:
+def write_report(
+    suite_dir: str | Path,
+    results: pd.DataFrame,
+    title: str | None = None,
+    definition: dict[str, Any] | None = None,
+) -> dict[str, Path]:
     """Write ``report.md``, ``report.html`` and ``plots/<scenario>__<repeat>.png`` into ``suite_dir``.
 
     ``results`` has one row per run (columns: see :data:`chaosbench.report.tables.COLUMNS`; any may be absent
@@ -106,7 +114,8 @@ def write_report(suite_dir: str | Path, results: pd.DataFrame, title: str | None
     The HTML is self-contained (plots embedded as base64 PNG); the Markdown links the PNGs by relative path.
 
     Returns what was written, keyed by path relative to ``suite_dir``: ``"report.md"``, ``"report.html"``
-    and one ``"plots/<name>.png"`` per plot.
+    and one ``"plots/<name>.png"`` per plot. ``definition``: the suite's definition (``suite.json``), used
+    by the analysis section (checkpoint interval, projection settings); read from ``suite.json`` when omitted.
     """
     suite_dir = Path(suite_dir)
     suite_dir.mkdir(parents=True, exist_ok=True)
@@ -122,6 +131,16 @@ def write_report(suite_dir: str | Path, results: pd.DataFrame, title: str | None
             _draw(suite_dir, run, used, written)
 
     blocks = build_document(runs, title, suite, generated)
+    if definition is None and (suite_dir / "suite.json").is_file():
+        try:
+            definition = json.loads((suite_dir / "suite.json").read_text()).get("definition")
+        except ValueError:
+            definition = None
+    extra, extra_written = analysis_blocks([run.row for run in runs], suite_dir, definition)
+    written.update(extra_written)
+    at = next((i for i, b in enumerate(blocks) if isinstance(b, Heading) and b.level == 2
+               and b.text.startswith("Scenario")), len(blocks))  # fmt: skip
+    blocks[at:at] = extra
     md_path = suite_dir / REPORT_MD
     md_path.write_text(render_markdown(blocks), encoding="utf-8")
     html_path = suite_dir / REPORT_HTML

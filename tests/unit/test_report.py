@@ -207,7 +207,9 @@ def test_write_report_files_tables_and_plots(suite: tuple[Path, pd.DataFrame]) -
     assert written["report.md"] == md_path and md_path.is_file()
     assert written["report.html"] == html_path and html_path.is_file()
     plots = {k: v for k, v in written.items() if k.startswith("plots/")}
-    assert set(plots) == {"plots/restart_kill-rank1__0.png", "plots/restart_control__0.png"}
+    assert set(plots) == {"plots/restart_kill-rank1__0.png", "plots/restart_control__0.png",
+                          "plots/distribution_time_to_resume.png", "plots/badput_waterfall.png"}  # fmt: skip
+    assert "## Framework comparison" in md_path.read_text()
     for path in plots.values():
         assert path.read_bytes().startswith(PNG_SIGNATURE)
         assert path.stat().st_size < 200_000  # small enough for 20 plots per report
@@ -238,7 +240,7 @@ def test_write_report_files_tables_and_plots(suite: tuple[Path, pd.DataFrame]) -
     assert "no timeline: no run_dir recorded" in md
 
     html = html_path.read_text()
-    assert html.count('src="data:image/png;base64,') == 2
+    assert html.count('src="data:image/png;base64,') == 4  # 2 timelines + 2 analysis plots
     assert not re.search(r'<img[^>]+src="(?!data:)', html)  # self-contained: no image by path
     assert "restart/kill-rank1" in html and "11.000" in html
 
