@@ -112,6 +112,8 @@ class RunMetrics:
     final_step: int | None = None
     final_loss: float | None = None
     digest: str | None = None
+    slo_ok: bool | None = None
+    slo_failures: list[str] = field(default_factory=list)
     fault_t_s: float | None = None
     detect_t_s: float | None = None
     resume_t_s: float | None = None
@@ -137,7 +139,13 @@ def _s(ns: int) -> float:
 
 @dataclass
 class _Steps:
-    """Step completions per (incarnation, step index): earliest stamp over ranks, and durations."""
+    """Job step completions per (incarnation, step index).
+
+    A step of the job is complete when every rank that reports steps in that incarnation has reported it;
+    its stamp is the last of those reports (a step one rank finished while another was killed or stopped is
+    not a completed job step). Its duration is the shortest of the ranks' own ``duration_s`` (a rank that
+    waited in a collective for a stopped peer reports the wait; the fastest rank's time is the compute),
+    else the interval since that rank's previous event of the incarnation."""
 
     t: dict[tuple[int, int], int] = field(default_factory=dict)
     duration: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -146,21 +154,27 @@ class _Steps:
     def from_events(cls, events: list[Event]) -> _Steps:
         out = cls()
         prev: dict[tuple[int, int], int] = {}  # (incarnation, rank) -> last event stamp
+        reports: dict[tuple[int, int], dict[int, tuple[int, float | None]]] = {}
+        stepping: dict[int, set[int]] = {}
         for ev in events:
             if ev.src != "rank":
                 continue
-            key_r = (int(ev.get("incarnation", 0)), int(ev.get("rank", 0)))
+            inc, rank = int(ev.get("incarnation", 0)), int(ev.get("rank", 0))
             if ev.kind == "step":
-                k = (key_r[0], int(ev["step"]))
-                if k not in out.t or ev.t_ns < out.t[k]:
-                    out.t[k] = ev.t_ns
                 d = ev.get("duration_s")
-                if d is None and key_r in prev:
-                    d = _s(ev.t_ns - prev[key_r])
-                if d is not None:
-                    out.duration[k] = max(out.duration.get(k, 0.0), float(d))
+                if d is None and (inc, rank) in prev:
+                    d = _s(ev.t_ns - prev[(inc, rank)])
+                reports.setdefault((inc, int(ev["step"])), {})[rank] = (ev.t_ns, None if d is None else float(d))
+                stepping.setdefault(inc, set()).add(rank)
             if ev.kind in ("rank_start", "step", "ckpt_save_end", "ckpt_load_end"):
-                prev[key_r] = ev.t_ns
+                prev[(inc, rank)] = ev.t_ns
+        for key, by_rank in reports.items():
+            if not stepping[key[0]] <= set(by_rank):
+                continue
+            out.t[key] = max(t for t, _ in by_rank.values())
+            ds = [d for _, d in by_rank.values() if d is not None]
+            if ds:
+                out.duration[key] = min(ds)
         return out
 
     def before(self, t_ns: int) -> list[tuple[int, int]]:

@@ -42,7 +42,7 @@ class TL:
         for step in range(first, last + 1):
             t += dt
             for r in range(ranks):
-                self.rank(t + 0.001 * r, "step", r, inc, step=step, loss=1.0 / step, duration_s=dt)
+                self.rank(t, "step", r, inc, step=step, loss=1.0 / step, duration_s=dt)
             if ckpt_every and step % ckpt_every == 0:
                 for r in range(ranks):
                     self.rank(t + 0.002, "ckpt_save_begin", r, inc, step=step)
@@ -200,8 +200,8 @@ def test_torn_last_line_is_ignored(tmp_path) -> None:
 
 
 def test_step_in_flight_at_the_fault_counts_as_lost_not_as_resume() -> None:
-    """Rank 0 logs step 26 just after rank 1 was killed (their all-reduce had finished): the job did not
-    resume in place; it restarted, and step 26 was lost with the others."""
+    """Rank 0 logs step 26 just after rank 1 was killed (their all-reduce had finished): one rank's report is
+    not a completed job step, so neither a resume in place nor progress; the job restarted from step 20."""
     tl = TL().incarnation(0, 0.1, 1, 25)
     tf = tl.t_last + 0.01
     tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill")
@@ -210,6 +210,26 @@ def test_step_in_flight_at_the_fault_counts_as_lost_not_as_resume() -> None:
     tl.incarnation(1, tf + 0.2, 21, 30, load_from=20, end=True)
     tl.add(tl.t_last + 0.1, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), total_steps=30)
-    assert m.lost_steps == 6
+    assert m.lost_steps == 5
     assert m.time_to_resume_s == pytest.approx(0.2 + 1.0 + 0.2 + 0.1, abs=1e-6)
     assert m.verdict == "recovered after 1 restart"
+
+
+def test_stopped_rank_stall_is_not_productive_time() -> None:
+    """A rank stopped for 10 s: its step and its peer's next step both report ~10 s; the job's step takes the
+    fastest rank's compute, so goodput stays below 1 and the stall shows in the step time of the window."""
+    tl = TL(fault="hang").incarnation(0, 0.1, 1, 5, ckpt_every=0)
+    tf = tl.t_last + 0.01
+    tl.add(tf, "fault_inject", src="injector", fault="hang", injector="hang")
+    tl.rank(tf + 0.02, "step", 0, 0, step=6, loss=0.1, duration_s=0.1)  # rank 0 finished step 6
+    tl.rank(tf + 10.0, "step", 1, 0, step=6, loss=0.1, duration_s=10.0)  # rank 1 was stopped inside it
+    tl.add(tf + 10.0, "fault_revert", src="injector", fault="hang")
+    tl.rank(tf + 10.1, "step", 0, 0, step=7, loss=0.1, duration_s=10.08)  # rank 0 waited in the all-reduce
+    tl.rank(tf + 10.1, "step", 1, 0, step=7, loss=0.1, duration_s=0.1)
+    for r in range(2):
+        tl.rank(tf + 10.2, "train_end", r, 0, step=7, loss=0.1, digest="d")
+    tl.add(tf + 10.3, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=7)
+    assert m.productive_s == pytest.approx(0.7, abs=1e-6)
+    assert m.goodput is not None and m.goodput < 0.1
+    assert m.time_to_resume_s == pytest.approx(10.0, abs=1e-6)  # step 6 completed for the job at +10 s
