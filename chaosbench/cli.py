@@ -1,7 +1,8 @@
 """The ``chaosbench`` command line. Thin: parsing, progress output and error reporting only.
 
-Exit codes: 0 the suite ran (whatever the recovery outcomes were), 1 a harness error or an interrupted
-run, 2 bad input (a malformed suite, an unknown fault, a missing file).
+Exit codes: 0 the suite ran and met its SLOs (a suite without SLOs: whatever the recovery outcomes were),
+1 a harness error or an interrupted run, 2 bad input (a malformed suite, an unknown fault, a missing file),
+3 an SLO was missed, 4 a regression against the baseline (``--baseline``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from chaosbench import __version__
 from chaosbench.errors import ChaosbenchError, SpecError, UnknownPlugin
 
-EXIT_OK, EXIT_HARNESS, EXIT_INPUT = 0, 1, 2
+EXIT_OK, EXIT_HARNESS, EXIT_INPUT, EXIT_SLO, EXIT_REGRESSION = 0, 1, 2, 3, 4
 
 
 def _err(msg: str) -> None:
@@ -35,7 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = Runner(suite, args.out, progress=_progress)
     if args.dry_run:
         plans = [{"scenario": sc.id, "repeat": sc.repeat, "deadline_s": sc.deadline_s,
-                  "fault": sc.fault.model_dump() if sc.fault else None, "plan": plan.to_dict()}
+                  "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
+                  "slos": sc.to_dict()["slos"], "plan": plan.to_dict()}
                  for sc, plan in runner.plans()]  # fmt: skip
         print(json.dumps({"suite": suite.name, "runs": plans}, indent=2, default=str))
         return EXIT_OK
@@ -60,13 +62,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     paths = _write_report(runner.suite_dir, suite.name)
     if paths:
         _progress(f"report: {paths.get('report.html')}  (also {paths.get('report.md')})")
-    errors = [r for r in records if r.result.status == "error"]
-    for r in errors:
-        _err(f"{r.scenario.id} #{r.scenario.repeat}: {r.result.reason}")
-    if runner.stop_requested.is_set():
+    return _gate(args, runner.suite_dir, suite.name, records, interrupted=runner.stop_requested.is_set())
+
+
+def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], interrupted: bool) -> int:
+    """CI outputs and the exit code: harness errors, then regressions, then SLO misses."""
+    from chaosbench.baseline import compare, load_rows, markdown
+    from chaosbench.results import collect
+    from chaosbench.slo import summary_markdown, write_junit
+
+    metrics = collect(suite_dir, write=False)
+    errors = {str(r.run_dir): r.result.reason for r in records if r.result.status == "error"}
+    regressions: list[str] = []
+    if args.baseline:
+        diffs = compare(load_rows(args.baseline), load_rows(suite_dir), threshold=args.threshold, alpha=args.alpha)
+        (suite_dir / "baseline-comparison.md").write_text(markdown(diffs, f"{suite} against {args.baseline}"))
+        regressions = [d.describe() for d in diffs if d.regression]
+        for d in diffs:
+            if d.note and not d.regression and d.change is not None and abs(d.change) > args.threshold:
+                _progress(f"note: {d.describe()}")
+    if args.junit:
+        write_junit(Path(args.junit), suite, metrics, errors)
+    summary = summary_markdown(suite, metrics, regressions)
+    (suite_dir / "summary.md").write_text(summary)
+    if args.summary:
+        Path(args.summary).write_text(summary)
+    for run_dir, reason in errors.items():
+        _err(f"{run_dir}: {reason}")
+    missed = [m for m in metrics if m.slo_ok is False]
+    for m in missed:
+        _progress(f"SLO missed: {m.scenario} #{m.repeat}: {'; '.join(m.slo_failures)} ({m.run_dir})")
+    for r in regressions:
+        _progress(f"regression: {r}")
+    if interrupted:
         _err("interrupted; finished runs are kept and reported")
         return EXIT_HARNESS
-    return EXIT_HARNESS if errors else EXIT_OK
+    if errors:
+        return EXIT_HARNESS
+    if regressions:
+        return EXIT_REGRESSION
+    return EXIT_SLO if missed else EXIT_OK
 
 
 def _write_report(suite_dir: Path, title: str | None) -> dict[str, Path]:
@@ -120,6 +155,50 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from chaosbench.baseline import compare, load_rows, markdown
+
+    diffs = compare(load_rows(args.a), load_rows(args.b), by=args.by, threshold=args.threshold, alpha=args.alpha)
+    if not diffs:
+        raise ChaosbenchError(f"{args.a} and {args.b} have no {args.by} in common")
+    text = markdown(diffs, f"{args.b} against {args.a}")
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return EXIT_OK
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from chaosbench.baseline import save_baseline
+
+    print(f"baseline saved: {save_baseline(args.dir, args.to)}")
+    return EXIT_OK
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from chaosbench.fuzz import Fuzzer
+    from chaosbench.specs import load_suite
+
+    suite = load_suite(args.suite)
+    framework = args.framework or suite.matrix.frameworks[0]
+    try:
+        fuzzer = Fuzzer(suite, framework, args.out, max_examples=args.examples, max_runs=args.max_runs,
+                        max_faults=args.max_faults, seed=args.seed, progress=_progress)  # fmt: skip
+    except ValueError as exc:
+        raise SpecError(f"{args.suite}: {exc}") from None
+    res = fuzzer.fuzz()
+    _progress(f"fuzz: {res.examples} examples, {res.runs} runs, {res.elapsed_s:.0f} s")
+    if res.schedule is None:
+        print("no schedule violated the recovery invariants")
+        return EXIT_OK
+    path = fuzzer.reproducer(res.schedule, args.write or Path(args.out) / f"{suite.name}-repro.yaml")
+    print(f"minimal failing schedule: {Fuzzer._describe(res.schedule)}")
+    print(f"violations: {'; '.join(res.violations)}")
+    print(f"run directory: {res.run_dir}")
+    print(f"reproducer: {path}  (chaosbench run {path})")
+    return EXIT_SLO
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="chaosbench",
@@ -133,12 +212,47 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("suite", help="suite YAML file, e.g. suites/smoke.yaml")
     r.add_argument("--out", default="reports", help="results directory (default: reports)")
     r.add_argument("--dry-run", action="store_true", help="validate the suite and print every launch plan")
+    r.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per run; SLO misses fail)")
+    r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
+    r.add_argument("--baseline", metavar="CSV|DIR", help="fail (exit 4) on regressions against this result set")
+    r.add_argument("--threshold", type=float, default=0.2, help="relative change that counts (default 0.2)")
+    r.add_argument("--alpha", type=float, default=0.05, help="rank-test significance level (default 0.05)")
     r.set_defaults(fn=cmd_run)
     rep = sub.add_parser("report", help="recompute metrics and reports from run directories",
                          description="Recompute every metric from the runs' timelines and rewrite the "
                                      "reports of a suite directory (or of every suite below DIR).")  # fmt: skip
     rep.add_argument("dir", help="a suite results directory (e.g. reports/smoke) or a directory of them")
     rep.set_defaults(fn=cmd_report)
+    cmp = sub.add_parser("compare", help="two result sets side by side, with the significance of each difference",
+                         description="Compare result set B against A (suite directories or results CSVs): "
+                                     "medians, relative change, Mann-Whitney p, regressions.")  # fmt: skip
+    cmp.add_argument("a", help="result set A (e.g. reports/compare or a baseline CSV)")
+    cmp.add_argument("b", help="result set B")
+    cmp.add_argument("--by", choices=["scenario", "fault"], default="scenario",
+                     help="match runs by scenario (framework/fault) or by fault only (two frameworks)")  # fmt: skip
+    cmp.add_argument("--threshold", type=float, default=0.2, help="relative change that counts (default 0.2)")
+    cmp.add_argument("--alpha", type=float, default=0.05, help="rank-test significance level (default 0.05)")
+    cmp.add_argument("--out", metavar="FILE", help="also write the Markdown table to FILE")
+    cmp.set_defaults(fn=cmd_compare)
+    fz = sub.add_parser("fuzz", help="search fault schedules for a recovery bug and shrink it to a reproducer",
+                        description="Draw fault schedules (kills, hangs, kills during a checkpoint save, "
+                                    "stragglers; several per run) with Hypothesis, run each for real, check the "
+                                    "recovery invariants (finishes, fidelity exact, no crash loop, the suite's "
+                                    "SLOs), shrink a failing schedule and write it as a suite YAML. Exit 3 when "
+                                    "one is found.")  # fmt: skip
+    fz.add_argument("suite", help="suite whose workload, framework and SLOs to use")
+    fz.add_argument("--framework", help="framework label of the suite (default: the first in its matrix)")
+    fz.add_argument("--examples", type=int, default=10, help="generated examples (default 10)")
+    fz.add_argument("--max-runs", type=int, default=30, help="real runs at most, shrinking included (default 30)")
+    fz.add_argument("--max-faults", type=int, default=2, help="faults per schedule at most (default 2)")
+    fz.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
+    fz.add_argument("--out", default="reports", help="results directory (default: reports)")
+    fz.add_argument("--write", metavar="YAML", help="reproducer path (default: OUT/<suite>-repro.yaml)")
+    fz.set_defaults(fn=cmd_fuzz)
+    bl = sub.add_parser("baseline", help="save a suite's results as a baseline for later --baseline runs")
+    bl.add_argument("dir", help="a suite results directory, e.g. reports/ci")
+    bl.add_argument("--to", required=True, metavar="CSV", help="where to store it, e.g. baselines/ci.csv")
+    bl.set_defaults(fn=cmd_baseline)
     f = sub.add_parser("faults", help="list the injectors and their parameters")
     f.set_defaults(fn=cmd_faults)
     c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts)",

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosbench.metrics import RunMetrics, compute_metrics
+from chaosbench.slo import evaluate
 from chaosbench.timeline import read_events
 
 
@@ -48,6 +49,9 @@ def collect(suite_dir: Path, write: bool = True) -> list[RunMetrics]:
         m.run_dir = str(r)
         m.suite, m.scenario, m.framework = sc["suite"], sc["scenario"], sc["framework"]
         m.fault, m.repeat, m.control = sc["fault"], sc["repeat"], sc["control"]
+        checks = evaluate(m, sc.get("slos") or {})
+        m.slo_ok = all(c.ok for c in checks) if checks else None
+        m.slo_failures = [c.describe() for c in checks if not c.ok]
         if write:
             (r / "metrics.json").write_text(json.dumps(m.to_dict(), indent=2, default=str))
         out.append(m)
@@ -62,7 +66,7 @@ def to_frame(metrics: list[RunMetrics]) -> Any:
     rows = []
     for m in metrics:
         d = m.to_dict()
-        for k in ("missing", "versions", "timeouts"):
+        for k in ("missing", "versions", "timeouts", "slo_failures"):
             d[k] = json.dumps(d[k], sort_keys=True, default=str)
         rows.append(d)
     return pd.DataFrame(rows)

@@ -154,25 +154,26 @@ class Runner:
         timeline = TimelineWriter(run_dir / "events.jsonl")
         follower = TimelineFollower(run_dir / "events.jsonl").start()
         runtime = RUNTIMES.get(sc.runtime)(RunInfo(run_id, run_dir, timeline))
-        controller: FaultController | None = None
-        injector: Injector | None = None
+        controllers: list[FaultController] = []
+        injectors: list[Injector] = []
         result = JobResult("error", "not started")
         leftovers: list[int] = []
         try:
             job = self._job(sc, run_dir, runtime, run_id)
             framework = _framework(sc)
-            if sc.fault is not None and sc.fault_name is not None:
-                inj_cls = INJECTORS.get(sc.fault.injector)
-                injector = inj_cls(sc.fault_name, inj_cls.Params.model_validate(sc.fault.params))
+            for i, (fault_name, fault) in enumerate(sc.faults):
+                inj_cls = INJECTORS.get(fault.injector)
+                injector = inj_cls(fault_name, inj_cls.Params.model_validate(fault.params))
                 setup = RunSetup(
                     run_id=run_id, run_dir=run_dir, ckpt_dir=job.ckpt_dir, runtime=runtime, timeline=timeline,
-                    rng=random.Random(sc.rng_seed), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
-                    target=sc.fault.target,
+                    rng=random.Random(sc.rng_seed + i), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
+                    target=fault.target,
                 )  # fmt: skip
+                injectors.append(injector)
                 injector.prepare(setup)
                 job.extra_env.update(setup.env)
-                if sc.fault.trigger is not None:
-                    controller = FaultController(sc.fault_name, sc.fault, injector, setup, sc.rng_seed)
+                if fault.trigger is not None:
+                    controllers.append(FaultController(fault_name, fault, injector, setup, sc.rng_seed + i))
             plan = framework.plan(job)
             (run_dir / "config.json").write_text(
                 json.dumps({"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
@@ -187,7 +188,7 @@ class Runner:
                 "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
                 options=plan.options,
             )  # fmt: skip
-            if controller is not None:
+            for controller in controllers:
                 follower.subscribe(controller)
             control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
             self._control = control
@@ -200,14 +201,14 @@ class Runner:
             result = JobResult("error", f"{type(exc).__name__}: {exc}")
         finally:
             self._control = None
-            if controller is not None:
+            for controller in controllers:
                 controller.close()
             runtime.cleanup()
-            if injector is not None:
+            for injector in injectors:
                 try:
                     injector.cleanup()
                 except Exception as exc:  # noqa: BLE001 - recorded; the harness goes on
-                    timeline.emit("fault_revert", src="injector", fault=sc.fault_name, reason="cleanup",
+                    timeline.emit("fault_revert", src="injector", fault=injector.fault_name, reason="cleanup",
                                   error=f"{type(exc).__name__}: {exc}")  # fmt: skip
             if hasattr(runtime, "leftovers"):
                 leftovers = runtime.leftovers()

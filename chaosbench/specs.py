@@ -232,6 +232,34 @@ class Trigger(_Strict):
         return f"poisson mtbf {self.poisson.mtbf_s} s"
 
 
+class Bound(_Strict):
+    """A numeric service-level objective: ``max`` and/or ``min`` (inclusive)."""
+
+    max: float | None = None
+    min: float | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> Bound:
+        if self.max is None and self.min is None:
+            raise ValueError("give max and/or min")
+        return self
+
+
+#: metric name -> a bound, or a value the metric must equal (``fidelity: exact``, ``detected: true``).
+Slos = dict[str, Bound | bool | float | str]
+
+
+def _check_slo_names(v: dict[str, Any]) -> dict[str, Any]:
+    from chaosbench.metrics import RunMetrics
+
+    known = set(RunMetrics.__dataclass_fields__) - {"missing", "versions", "timeouts", "run_dir", "suite",
+                                                    "scenario", "framework", "fault", "repeat", "control"}  # fmt: skip
+    for name in v:
+        if name not in known:
+            raise ValueError(f"unknown metric '{name}' (known: {', '.join(sorted(known))})")
+    return v
+
+
 class FaultSpec(_Strict):
     """One fault: which injector, where, when, with which injector parameters."""
 
@@ -241,6 +269,12 @@ class FaultSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     description: str | None = None
     use: str | None = Field(default=None, exclude=True)  # resolved by load_suite (faults/NAME.yaml)
+    slos: Slos = Field(default_factory=dict, description="SLOs for runs of this fault (override the suite's)")
+
+    @field_validator("slos")
+    @classmethod
+    def _slo_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_slo_names(v)
 
 
 class FrameworkSpec(BaseModel):
@@ -284,9 +318,14 @@ class Defaults(_Strict):
 
 
 class Matrix(_Strict):
+    """``faults`` entries are fault names, or lists of names: a schedule of several faults in one run."""
+
     frameworks: list[str] = Field(min_length=1)
-    faults: list[str] = Field(default_factory=list)
+    faults: list[str | list[str]] = Field(default_factory=list)
     repeats: int = Field(default=1, ge=1)
+
+    def fault_names(self) -> list[list[str]]:
+        return [[f] if isinstance(f, str) else list(f) for f in self.faults]
 
 
 class Projection(_Strict):
@@ -313,40 +352,52 @@ class Suite(_Strict):
     faults: dict[str, FaultSpec] = Field(default_factory=dict)
     matrix: Matrix
     projection: Projection | None = None
+    slos: Slos = Field(default_factory=dict, description="SLOs every fault run must meet")
+
+    @field_validator("slos")
+    @classmethod
+    def _slo_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_slo_names(v)
 
     # Filled by load_suite; not part of the YAML.
     source: str = Field(default="<suite>", exclude=True)
 
     def scenarios(self) -> list[Scenario]:
-        """Controls first (one per framework), then every framework x fault x repeat."""
+        """Controls first (one per framework), then every framework x fault schedule x repeat."""
         out: list[Scenario] = []
         for fw in self.matrix.frameworks:
             if self.control:
-                out.append(self._scenario(fw, None, 0))
-            for fault in self.matrix.faults:
+                out.append(self._scenario(fw, [], 0))
+            for names in self.matrix.fault_names():
                 for rep in range(self.matrix.repeats):
-                    out.append(self._scenario(fw, fault, rep))
+                    out.append(self._scenario(fw, names, rep))
         return out
 
     def framework_spec(self, label: str) -> FrameworkSpec:
         return self.frameworks.get(label) or FrameworkSpec()
 
-    def _scenario(self, fw: str, fault: str | None, repeat: int) -> Scenario:
+    def _scenario(self, fw: str, names: list[str], repeat: int) -> Scenario:
+        fault = "+".join(names) or None
         digest = hashlib.sha256(f"{self.seed}:{fw}:{fault}:{repeat}".encode()).hexdigest()
         fspec = self.framework_spec(fw)
+        slos: dict[str, Any] = dict(self.slos)
+        for n in names:
+            slos.update(self.faults[n].slos)
         return Scenario(
             suite=self.name,
             framework_label=fw,
             adapter=fspec.adapter or fw,
             framework_options=fspec.options,
             fault_name=fault,
-            fault=self.faults[fault] if fault else None,
+            fault=self.faults[names[0]] if names else None,
             repeat=repeat,
             seed=self.seed,
             rng_seed=int(digest[:12], 16),
             workload=self.defaults.workload,
             runtime=self.defaults.runtime,
             deadline_s=self.defaults.deadline_s,
+            faults=tuple((n, self.faults[n]) for n in names),
+            slos=slos,
         )
 
 
@@ -366,6 +417,8 @@ class Scenario:
     workload: WorkloadSpec
     runtime: str
     deadline_s: float
+    faults: tuple[tuple[str, FaultSpec], ...] = ()
+    slos: dict[str, Any] = field(default_factory=dict)
 
     @property
     def control(self) -> bool:
@@ -388,6 +441,9 @@ class Scenario:
             "framework_options": self.framework_options,
             "fault": self.fault_name,
             "fault_spec": self.fault.model_dump() if self.fault else None,
+            "faults": [{"name": n, **f.model_dump()} for n, f in self.faults],
+            "slos": {k: (v.model_dump(exclude_none=True) if isinstance(v, BaseModel) else v)
+                     for k, v in self.slos.items()},
             "repeat": self.repeat,
             "control": self.control,
             "seed": self.seed,
@@ -539,10 +595,13 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         validate_plugin_options(
             cls.Options, suite.framework_spec(fw).options, smap, ("frameworks", fw), f"framework '{fw}'"
         )
-    for i, name in enumerate(suite.matrix.faults):
-        if name not in suite.faults:
-            known = ", ".join(sorted(suite.faults)) or "none defined"
-            raise SpecError(f"{smap.where(('matrix', 'faults', i))}: matrix: unknown fault '{name}' (known: {known})")
+    for i, names in enumerate(suite.matrix.fault_names()):
+        for name in names:
+            if name not in suite.faults:
+                known = ", ".join(sorted(suite.faults)) or "none defined"
+                raise SpecError(
+                    f"{smap.where(('matrix', 'faults', i))}: matrix: unknown fault '{name}' (known: {known})"
+                )
     for name, fault in suite.faults.items():
         try:
             inj = INJECTORS.get(fault.injector)

@@ -76,6 +76,8 @@ COLUMNS = [
     "fault_step_time_s",
     "slowdown",
     "checkpoint_outcome",
+    "slo_ok",
+    "slo_failures",
     "fault_t_s",
     "detect_t_s",
     "resume_t_s",
@@ -252,6 +254,7 @@ def repeats_table(group: Group) -> Table:
                 run.repeat_label,
                 fmt_text(r.get("outcome")),
                 fmt_text(r.get("verdict")),
+                _slo_text(r),
                 fmt_bool(r.get("detected")),
                 fmt_bool(r.get("recovered")),
                 fmt_text(r.get("run_end_outcome")),
@@ -265,6 +268,7 @@ def repeats_table(group: Group) -> Table:
         "repeat",
         "outcome",
         "what happened",
+        "SLOs",
         "detected",
         "recovered",
         "run end",
@@ -273,7 +277,20 @@ def repeats_table(group: Group) -> Table:
         "final step",
         "timeline",
     ]
-    return Table(headers, rows, numeric={0, 7, 8})
+    return Table(headers, rows, numeric={0, 8, 9})
+
+
+def _slo_text(row: dict[str, Any]) -> str:
+    ok = row.get("slo_ok")
+    if ok is None or (isinstance(ok, float) and ok != ok):
+        return MISSING
+    if ok is True or str(ok).lower() == "true":
+        return "met"
+    try:
+        failures = json.loads(str(row.get("slo_failures") or "[]"))
+    except ValueError:
+        failures = [str(row.get("slo_failures"))]
+    return "MISSED: " + "; ".join(str(f) for f in failures)
 
 
 def plot_anchor(rel_path: str) -> str:

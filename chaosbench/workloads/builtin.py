@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,6 +28,9 @@ class DdpMlpOptions(BaseModel):
     step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
     load_fallback: bool = Field(
         default=False, description="a checkpoint that fails to load is skipped for the next older one"
+    )
+    bug: Literal["forget-rng", "forget-data-position", "non-atomic-ckpt"] | None = Field(
+        default=None, description="plant a recovery bug (to prove that a gate catches it)"
     )
 
 
@@ -54,6 +57,7 @@ class DdpMlpWorkload(Workload):
             "--lr", str(o.lr),
             "--step-sleep-s", str(o.step_sleep_s),
             *(["--load-fallback"] if o.load_fallback else []),
+            *(["--bug", o.bug] if o.bug else []),
         ]  # fmt: skip
 
     @property

@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of sleep inside each step (counted in its duration), to emulate a slower step (default: 0)",
     )
     p.add_argument(
+        "--bug",
+        choices=list(BUGS),
+        default=None,
+        help="plant a recovery bug, to prove a gate catches it: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items()),
+    )
+    p.add_argument(
         "--load-fallback",
         action="store_true",
         help="when a checkpoint fails to load, try the next older complete one (default: fail)",
@@ -138,6 +144,14 @@ def find_latest_complete(ckpt_dir: str | os.PathLike[str]) -> int | None:
     """Step of the newest checkpoint in ``ckpt_dir`` that has a ``COMPLETE`` marker, or None."""
     steps = complete_steps(ckpt_dir)
     return steps[0] if steps else None
+
+
+#: Planted recovery bugs (``--bug``): each breaks resumption in a way a recovery regression gate must catch.
+BUGS = {
+    "forget-rng": "the RNG state is not restored on resume (dropout masks differ afterwards)",
+    "forget-data-position": "the data position restarts at the first batch on resume",
+    "non-atomic-ckpt": "COMPLETE is written before the shards, so a torn save looks complete",
+}
 
 
 def mark_complete(path: Path, payload: dict[str, Any]) -> None:
@@ -247,6 +261,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
 
     # ---- resume -------------------------------------------------------------------------------------
     start_step = 0
+    data_base = 0  # batch index = step - data_base (0 unless the forget-data-position bug is planted)
     box: list[Any] = [None]
     if rank == 0:
         candidates = complete_steps(args.ckpt_dir)
@@ -262,10 +277,13 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
                 dcp.load(state, checkpoint_id=str(path))
                 set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
                 scheduler.load_state_dict(state["scheduler"])
-                torch.set_rng_state(state[rng_key]["cpu"])
-                if device.type == "cuda":
-                    torch.cuda.set_rng_state(state[rng_key]["cuda"], device)
+                if args.bug != "forget-rng":
+                    torch.set_rng_state(state[rng_key]["cpu"])
+                    if device.type == "cuda":
+                        torch.cuda.set_rng_state(state[rng_key]["cuda"], device)
                 start_step = int(state["progress"]["data_position"])
+                if args.bug == "forget-data-position":
+                    data_base = start_step
                 if int(state["progress"]["step"]) != resume_step:
                     raise RuntimeError(
                         f"checkpoint {path} holds step {state['progress']['step']}, not {resume_step}"
@@ -303,9 +321,11 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
                     shutil.rmtree(path)
                 path.mkdir(parents=True)
             barrier()
+            if args.bug == "non-atomic-ckpt" and rank == 0:
+                mark_complete(path, {"step": step, "world_size": world_size, "t_ns": time.time_ns()})
             dcp.save(resumable_state(step), checkpoint_id=str(path))
             barrier()
-            if rank == 0:
+            if rank == 0 and args.bug != "non-atomic-ckpt":
                 mark_complete(path, {"step": step, "world_size": world_size, "t_ns": time.time_ns()})
             barrier()
             info["complete"] = True
@@ -318,7 +338,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     for step in range(start_step + 1, args.steps + 1):
         planted.before_step(step)
         t_step = time.perf_counter()
-        x, y = batch(step)
+        x, y = batch(step - data_base)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()

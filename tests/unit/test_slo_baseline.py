@@ -1,0 +1,78 @@
+"""SLO evaluation, CI outputs and the baseline comparison on hand-made results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from chaosbench.baseline import compare, markdown
+from chaosbench.metrics import RunMetrics
+from chaosbench.slo import evaluate, summary_markdown, write_junit
+
+
+def run(**kw) -> RunMetrics:
+    m = RunMetrics(scenario="restart/kill", framework="restart", fault="kill", repeat=0, outcome="recovered")
+    for k, v in kw.items():
+        setattr(m, k, v)
+    return m
+
+
+def test_slo_bounds_equalities_and_missing_values() -> None:
+    slos = {"time_to_resume_s": {"max": 30.0}, "lost_steps": {"min": 1.0, "max": 10.0}, "fidelity": "exact",
+            "detected": True}  # fmt: skip
+    ok = evaluate(run(time_to_resume_s=5.0, lost_steps=5, fidelity="exact", detected=True), slos)
+    assert all(r.ok for r in ok) and len(ok) == 4
+    bad = evaluate(run(time_to_resume_s=31.0, lost_steps=0, fidelity="diverged", detected=None,
+                       missing={"detected": "no detection"}), slos)  # fmt: skip
+    texts = [r.describe() for r in bad if not r.ok]
+    assert texts == [
+        "time_to_resume_s = 31.0 (want <= 30.0)",
+        "lost_steps = 0 (want >= 1.0 and <= 10.0)",
+        'fidelity = diverged (want == "exact")',
+        "detected = not measured (want == true): no detection",
+    ]
+    ctl = evaluate(RunMetrics(control=True, outcome="failed"), slos)
+    assert [r.ok for r in ctl] == [False]
+
+
+def test_junit_and_summary(tmp_path: Path) -> None:
+    a = run(repeat=0, slo_ok=True, run_dir="/r/0", verdict="recovered after 1 restart")
+    b = run(repeat=1, slo_ok=False, slo_failures=["lost_steps = 12 (want <= 10.0)"], run_dir="/r/1")
+    c = run(repeat=2, run_dir="/r/2")
+    write_junit(tmp_path / "j.xml", "ci", [a, b, c], errors={"/r/2": "harness exploded"})
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "1", "1")
+    fail = root.findall("testcase")[1].find("failure")
+    assert fail is not None and "lost_steps = 12" in (fail.text or "") and "/r/1" in (fail.text or "")
+    md = summary_markdown("ci", [a, b], regressions=["restart/kill: time_to_resume_s 3 -> 6"])
+    assert "2 runs, 1 missed an SLO, 1 regressions." in md and "MISSED: lost_steps = 12" in md
+
+
+def rows(scenario: str, values: list[float], **extra) -> list[dict]:
+    return [{"scenario": scenario, "fault": "kill", "control": False, "outcome": "recovered", "fidelity": "exact",
+             "time_to_resume_s": v, **extra} for v in values]  # fmt: skip
+
+
+def test_regression_needs_threshold_and_confidence() -> None:
+    base = rows("restart/kill", [3.0, 3.1, 3.2])
+    slower = rows("restart/kill", [5.0, 5.1, 5.2])
+    d = {x.metric: x for x in compare(base, slower)}["time_to_resume_s"]
+    assert d.regression and d.change > 0.5 and d.p_worse <= 0.05
+    # within the threshold: not a regression even if consistent
+    d2 = {x.metric: x for x in compare(base, rows("restart/kill", [3.3, 3.4, 3.5]))}["time_to_resume_s"]
+    assert not d2.regression
+    # 2 repeats each cannot reach p <= 0.05: reported, with a note, not failed
+    d3 = {x.metric: x for x in compare(base[:2], slower[:2])}["time_to_resume_s"]
+    assert not d3.regression and "too few repeats" in d3.note
+    # faster is never a regression
+    d4 = {x.metric: x for x in compare(slower, base)}["time_to_resume_s"]
+    assert not d4.regression and d4.change < 0
+
+
+def test_broken_recovery_is_always_a_regression() -> None:
+    base = rows("restart/kill", [3.0, 3.1])
+    now = rows("restart/kill", [3.0]) + [{"scenario": "restart/kill", "control": False, "outcome": "not_recovered",
+                                          "fidelity": "diverged"}]  # fmt: skip
+    regs = [d for d in compare(base, now) if d.regression]
+    assert {d.metric for d in regs} == {"recovered", "fidelity"}
+    assert "| restart/kill | recovered |" in markdown(regs, "t")
