@@ -16,6 +16,7 @@ which a user can model by passing ``recovery_scale``.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -89,26 +90,24 @@ def simulate(
     rng: random.Random,
     recovery_scale: float = 1.0,
 ) -> float:
-    """One Monte Carlo trajectory: the share of ``horizon_s`` spent on progress that survived."""
+    """One Monte Carlo trajectory: the share of ``horizon_s`` spent on progress that survived.
+
+    Between two failures the job completes whole checkpoint cycles (tau of progress + C of saving); the
+    progress since the last completed checkpoint is lost at the failure, then a measured recovery time
+    (resampled) passes. Failures are memoryless, so the next one is drawn after each recovery. Runs in
+    O(failures), not O(checkpoints)."""
     tau, c = costs.checkpoint_interval_s, costs.checkpoint_cost_s
-    t = 0.0
-    saved = 0.0  # progress safely in a checkpoint
-    progress = 0.0  # progress since the last checkpoint
-    next_fail = rng.expovariate(1.0 / mtbf_s)
+    cycle = tau + c
+    t = saved = 0.0
     while t < horizon_s:
-        # time until the current interval's checkpoint completes
-        seg = (tau - progress) + c
-        if t + seg <= next_fail:
-            t += seg
-            saved += tau
-            progress = 0.0
-            continue
-        # a failure: the partial progress is lost, then recovery
-        progress = min(tau, progress + max(0.0, next_fail - t))
-        t = next_fail
-        progress = 0.0
-        t += rng.choice(costs.recovery_s) * recovery_scale
-        next_fail = t + rng.expovariate(1.0 / mtbf_s)
+        end = min(t + rng.expovariate(1.0 / mtbf_s), horizon_s)
+        span = end - t
+        cycles = math.floor(span / cycle)
+        saved += cycles * tau
+        if end >= horizon_s:  # the run ends: the progress under way is not lost to a failure
+            saved += min(span - cycles * cycle, tau)
+            break
+        t = end + rng.choice(costs.recovery_s) * recovery_scale
     return min(1.0, saved / horizon_s)
 
 
