@@ -26,8 +26,14 @@ def _stale_mounts(results_dir: Path) -> list[str]:
     return [f"unmount {a.get('mountpoint', a)}" for a in cleanup_stale_mounts(results_dir)]
 
 
+def _stale_slurm_jobs(results_dir: Path) -> list[str]:
+    from chaosbench.runtimes.slurm import cleanup_stale_jobs
+
+    return cleanup_stale_jobs(results_dir)
+
+
 #: Extra cleaners (FUSE mounts, containers, ...): each gets the results directory and returns what it did.
-CLEANERS: list[Callable[[Path], list[str]]] = [_stale_mounts]
+CLEANERS: list[Callable[[Path], list[str]]] = [_stale_mounts, _stale_slurm_jobs]
 
 
 def _events_files(root: Path) -> list[Path]:

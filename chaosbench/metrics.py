@@ -53,6 +53,14 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   ``not_recovered`` (the fault fired and training did not finish before the run ended), ``fault_not_fired``,
   ``failed`` (a control that did not finish).
 
+- ``scheduler_delay_s``: for the first ``restart`` at or after the fault, seconds until the scheduler ran the
+  job again (the next ``sched_state`` event with state ``running``): the scheduler's share of
+  ``badput_restart_init_s`` (requeue hold, scheduling pass, node allocation). Missing when no scheduler
+  state was recorded (the framework restarts processes itself).
+- ``clock_offset_bound_s``: the largest uncertainty of the node clock offsets the runtime measured
+  (``clock_offset`` events); every stamp written on another host was moved onto the harness's clock within
+  this bound when the timeline was read. Missing on a timeline without clock measurements (one clock).
+
 A metric that cannot be measured is None, with the reason in ``missing``.
 """
 
@@ -62,6 +70,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chaosbench.clocks import offset_bound_s
 from chaosbench.recovery_class import classify_checkpoint_outcome
 from chaosbench.timeline import Event
 
@@ -114,6 +123,8 @@ class RunMetrics:
     digest: str | None = None
     slo_ok: bool | None = None
     slo_failures: list[str] = field(default_factory=list)
+    scheduler_delay_s: float | None = None
+    clock_offset_bound_s: float | None = None
     fault_t_s: float | None = None
     detect_t_s: float | None = None
     resume_t_s: float | None = None
@@ -129,7 +140,7 @@ class RunMetrics:
 FAULT_METRICS = (
     "time_to_detect_s", "time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",
     "checkpoint_age_s", "extra_wall_s", "badput_detect_s", "badput_restart_init_s", "badput_restore_s",
-    "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s",
+    "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s", "scheduler_delay_s",
 )  # fmt: skip
 
 
@@ -303,6 +314,9 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         m.ranks_agree = len(digests) == 1
     m.step_time_s = _median_interval(steps, None, None)
     m.gave_up = any(e.kind == "give_up" for e in events)
+    m.clock_offset_bound_s = offset_bound_s(events)
+    if m.clock_offset_bound_s is None:
+        miss["clock_offset_bound_s"] = "no clock_offset events (one host, one clock)"
     m.crash_loop = _crash_loop(events, steps)
     if control is not None:
         c_start, c_end = _first(control, "run_start"), next(
@@ -366,6 +380,13 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         m.badput_detect_s = m.time_to_detect_s
     else:
         miss["time_to_detect_s"] = f"no detection by framework '{m.framework}' before the run ended"
+
+    requeue = _first(events, "restart", after_ns=tf)
+    back = _first(events, "sched_state", after_ns=requeue.t_ns, state="running") if requeue is not None else None
+    if requeue is not None and back is not None:
+        m.scheduler_delay_s = _s(back.t_ns - requeue.t_ns)
+    else:
+        miss["scheduler_delay_s"] = "no scheduler state after a restart (not a scheduler-driven framework)"
 
     resume_key = None
     for t, (inc, idx) in steps.after(tf):

@@ -77,6 +77,7 @@ INJECTORS: Registry[Any] = Registry(
         "sdc": "chaosbench.injectors.planted:SdcInjector",
         "corrupt-checkpoint": "chaosbench.injectors.corrupt:CorruptCheckpointInjector",
         "stall-fs": "chaosbench.injectors.stallfs:StallFsInjector",
+        "slurm-node-down": "chaosbench.injectors.slurm_node:SlurmNodeDownInjector",
     },
 )
 
@@ -87,13 +88,17 @@ FRAMEWORKS: Registry[Any] = Registry(
         "none": "chaosbench.frameworks.direct:NoneFramework",
         "restart": "chaosbench.frameworks.direct:RestartFramework",
         "torchrun": "chaosbench.frameworks.torchrun:TorchrunFramework",
+        "slurm-requeue": "chaosbench.frameworks.slurm_requeue:SlurmRequeueFramework",
     },
 )
 
 RUNTIMES: Registry[Any] = Registry(
     "runtime",
     "chaosbench.runtimes",
-    {"local": "chaosbench.runtimes.local:LocalRuntime"},
+    {
+        "local": "chaosbench.runtimes.local:LocalRuntime",
+        "slurm": "chaosbench.runtimes.slurm:SlurmRuntime",
+    },
 )
 
 WORKLOADS: Registry[Any] = Registry(

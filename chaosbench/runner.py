@@ -38,6 +38,12 @@ def _workload(scenario: Scenario) -> Workload:
     return cls(scenario.workload, cls.Options.model_validate(scenario.workload.options))  # type: ignore[no-any-return]
 
 
+def _runtime(scenario: Scenario, info: RunInfo) -> Runtime:
+    cls = RUNTIMES.get(scenario.runtime)
+    options = cls.Options.model_validate(scenario.runtime_options) if scenario.runtime_options else None
+    return cls(info, options)  # type: ignore[no-any-return]
+
+
 def _framework(scenario: Scenario) -> Framework:
     cls = FRAMEWORKS.get(scenario.adapter)
     return cls(scenario.framework_label, cls.Options.model_validate(scenario.framework_options))  # type: ignore[no-any-return]
@@ -88,7 +94,7 @@ class Runner:
             writer = TimelineWriter(Path(tmp) / "events.jsonl")
             for sc in self.suite.scenarios():
                 run_dir = self._run_dir(sc)
-                runtime = RUNTIMES.get(sc.runtime)(RunInfo(f"dry-{sc.dirname}-{sc.repeat}", Path(tmp), writer))
+                runtime = _runtime(sc, RunInfo(f"dry-{sc.dirname}-{sc.repeat}", Path(tmp), writer))
                 job = self._job(sc, run_dir, runtime, "dry-run")
                 out.append((sc, _framework(sc).plan(job)))
             writer.close()
@@ -153,7 +159,7 @@ class Runner:
         run_id = f"{self.suite.name}-{sc.dirname}-{sc.repeat}-{uuid.uuid4().hex[:8]}"
         timeline = TimelineWriter(run_dir / "events.jsonl")
         follower = TimelineFollower(run_dir / "events.jsonl").start()
-        runtime = RUNTIMES.get(sc.runtime)(RunInfo(run_id, run_dir, timeline))
+        runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
         controllers: list[FaultController] = []
         injectors: list[Injector] = []
         result = JobResult("error", "not started")

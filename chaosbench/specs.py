@@ -313,6 +313,7 @@ class WorkloadSpec(BaseModel):
 
 class Defaults(_Strict):
     runtime: str = "local"
+    runtime_options: dict[str, Any] = Field(default_factory=dict, description="options of the runtime")
     deadline_s: float = Field(default=300.0, gt=0)
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
 
@@ -395,6 +396,7 @@ class Suite(_Strict):
             rng_seed=int(digest[:12], 16),
             workload=self.defaults.workload,
             runtime=self.defaults.runtime,
+            runtime_options=dict(self.defaults.runtime_options),
             deadline_s=self.defaults.deadline_s,
             faults=tuple((n, self.faults[n]) for n in names),
             slos=slos,
@@ -418,6 +420,7 @@ class Scenario:
     runtime: str
     deadline_s: float
     faults: tuple[tuple[str, FaultSpec], ...] = ()
+    runtime_options: dict[str, Any] = field(default_factory=dict)
     slos: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -450,6 +453,7 @@ class Scenario:
             "rng_seed": self.rng_seed,
             "workload": self.workload.model_dump(),
             "runtime": self.runtime,
+            "runtime_options": self.runtime_options,
             "deadline_s": self.deadline_s,
         }
 
@@ -634,9 +638,13 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         if problem:
             raise SpecError(f"{smap.where(('faults', name))}: fault '{name}': {problem}")
     try:
-        RUNTIMES.get(suite.defaults.runtime)
+        rt_cls = RUNTIMES.get(suite.defaults.runtime)
     except UnknownPlugin as exc:
         raise SpecError(f"{smap.where(('defaults', 'runtime'))}: defaults: {exc}") from None
+    try:
+        rt_cls.Options.model_validate(suite.defaults.runtime_options)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, smap, ("defaults", "runtime_options"))) from None
     wl = suite.defaults.workload
     try:
         wcls = WORKLOADS.get(wl.name)

@@ -7,6 +7,9 @@ Every actor (the harness, the framework adapters, the injectors and the ranks th
 
 ``t_ns`` is wall-clock time in nanoseconds (``time.time_ns()``) taken by the writer when the event happened
 (log-line events: when the line was read). All processes of a local run share one host and so one clock.
+Across hosts (the slurm runtime), each event's ``host`` names the clock that stamped it; the runtime measures
+every node's offset (``clock_offset`` events) and :func:`read_events` moves other hosts' stamps onto the
+harness's clock (:mod:`chaosbench.clocks`).
 
 Writers open the file with ``O_APPEND`` and write each event with a single ``write()`` of one line, which the
 kernel does not interleave with other appends on a local filesystem. Readers must therefore sort by ``t_ns``:
@@ -50,6 +53,13 @@ EVENT_KINDS: dict[str, str] = {
     "restart": "framework, attempt, reason (the framework relaunches the job or worker group)",
     "give_up": "framework, reason (the framework stopped trying)",
     "log": "proc, line, pattern (a user-defined pattern matched a log line)",
+    "clock_offset": "node, slurm_node, node_host, offset_ns (node clock - harness clock), bound_ns, rtt_ns, samples"
+    " (or error)",
+    "node_map": "node, slurm_node, previous, reason (a workload node placed on, or moved to, a Slurm node)",
+    "signal_sent": "pid, signal, node, slurm_node, node_t_ns, stamp (node|harness): a signal delivered on the node",
+    "sched_submit": "framework, job_id, script, slurm_version (a batch job handed to the scheduler)",
+    "sched_state": "framework, job_id, slurm_state, state, reason, restarts, slurm_nodes, exit_code (a scheduler"
+    " state transition, stamped when polled)",
 }
 
 
@@ -143,14 +153,20 @@ def parse_lines(lines: Iterator[str] | list[str]) -> list[Event]:
     return out
 
 
-def read_events(path: str | os.PathLike[str]) -> list[Event]:
-    """All events of a timeline file, sorted by time (stable for equal stamps)."""
+def read_events(path: str | os.PathLike[str], correct_clocks: bool = True) -> list[Event]:
+    """All events of a timeline file, sorted by time (stable for equal stamps). With ``correct_clocks``,
+    stamps written on other hosts are first moved onto the harness's clock by the measured offsets
+    (``clock_offset`` events; :func:`chaosbench.clocks.correct`); a single-host timeline is unchanged."""
     p = Path(path)
     if not p.exists():
         return []
     with p.open() as f:
         events = parse_lines(f.readlines())
     events.sort(key=lambda e: e.t_ns)
+    if correct_clocks:
+        from chaosbench.clocks import correct
+
+        events = correct(events)
     return events
 
 

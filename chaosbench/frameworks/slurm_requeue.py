@@ -1,0 +1,341 @@
+"""The ``slurm-requeue`` adapter: recovery by the scheduler itself.
+
+The whole job is one batch job, submitted with ``sbatch --requeue``: a batch script that ``srun``'s one task
+per rank (``--kill-on-bad-exit=1``, so one dead rank ends the step and the job). The adapter never talks to
+the ranks: it polls the job's state (``scontrol show job``, ``sacct`` once the scheduler has forgotten it),
+translates it through :data:`~chaosbench.runtimes.slurm.SLURM_STATES` and writes every transition as a
+``sched_state`` event (``job_id, slurm_state, state, reason, restarts, slurm_nodes, exit_code``).
+
+- The job ended badly (chaosbench state ``failed``: non-zero exit, out of memory, time limit): ``detect``
+  (``by: harness``, the first poll that saw it), then ``scontrol requeue`` and ``restart`` (``by: harness``),
+  up to ``max_restarts``; then ``give_up``. This is what a requeue-on-failure policy (a site's
+  ``RequeueExit``, a watcher script, a workflow manager) does.
+- The scheduler requeued the job on its own (a node failed under it: ``NODE_FAIL`` with ``--requeue`` and
+  ``JobRequeue=1``): its restart count goes up without us; ``detect`` and ``restart`` (``by: scheduler``)
+  are written at the first poll that saw it.
+- A requeued job starts again from the top of its script with ``SLURM_RESTART_COUNT`` = the new incarnation;
+  the workload resumes from its newest complete checkpoint on the shared run directory.
+
+The scheduler's share of the delay is on the timeline: from ``restart`` to the ``sched_state`` event with
+state ``running`` (the requeue hold, ``cred_expire``, 120 s by default, plus waiting for the next scheduling
+pass and for free nodes); what follows up to the first step is the workload's own restart (batch script,
+``srun``, Python and torch start-up, rendezvous, restore). :func:`scheduler_delays` computes the split.
+The scheduler settings that shape it are recorded with the timeouts.
+
+Hangs are not detected: a stopped rank keeps its job RUNNING until its time limit; that is a result.
+Requires the ``slurm`` runtime.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
+from chaosbench.runtimes.base import ProcessSpec
+from chaosbench.timeline import Event
+
+#: Rank environment computed inside the job rather than fixed at submission.
+_PER_TASK = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "CHAOSBENCH_NODE",
+    "CHAOSBENCH_INCARNATION",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+class SlurmRequeueOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_restarts: int = Field(
+        default=3, ge=0, description="requeues (by us or by the scheduler) before giving up"
+    )
+    poll_interval_s: float = Field(default=0.2, gt=0, description="how often the job's state is polled")
+    requeue_on: list[str] = Field(
+        default_factory=lambda: ["failed", "lost"],
+        description="chaosbench job states (failed, lost) after which the adapter requeues the job",
+    )
+    sbatch_args: list[str] = Field(default_factory=list, description="more sbatch arguments, as is")
+    srun_args: list[str] = Field(default_factory=list, description="more arguments of the ranks' srun")
+
+
+class SlurmRequeueFramework(Framework):
+    """The scheduler supervises the job: requeue on failure, restart from the newest checkpoint."""
+
+    name: ClassVar[str] = "slurm-requeue"
+    Options = SlurmRequeueOptions  # type: ignore[assignment]
+
+    @staticmethod
+    def _runtime(job: JobContext) -> Any:
+        from chaosbench.runtimes.slurm import SlurmRuntime
+
+        if not isinstance(job.runtime, SlurmRuntime):
+            raise Unsupported(f"framework slurm-requeue needs the slurm runtime, not '{job.runtime.name}'")
+        return job.runtime
+
+    def script(self, job: JobContext) -> str:
+        """The batch script (plain text; the same script runs again after every requeue)."""
+        o: Any = self.options
+        rt = self._runtime(job)
+        env = {k: v for k, v in job.rank_env(0).items() if k not in _PER_TASK}
+        argv = rt._argv(job.workload.argv(job))
+        logs = job.run_dir / "logs"
+        rpn = job.ranks_per_node
+        task = (
+            "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS "
+            f'LOCAL_WORLD_SIZE={rpn} GROUP_RANK=$SLURM_NODEID CHAOSBENCH_NODE=node$SLURM_NODEID; exec "$@"'
+        )
+        port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+        lines = [
+            "#!/bin/bash",
+            f"# chaosbench slurm-requeue job of run {job.run_id}; a requeued job runs it again from the top.",
+            *[f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())],
+            'export CHAOSBENCH_INCARNATION="${SLURM_RESTART_COUNT:-0}"',
+            'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "addr=$(scontrol show node -o \"$first\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')",
+            'export MASTER_ADDR="${addr:-$first}"',
+            f"export MASTER_PORT=$({shlex.quote(rt._python())} -c {shlex.quote(port)})",
+            'inc="$CHAOSBENCH_INCARNATION"',
+            'echo "chaosbench: incarnation $inc on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
+            " ".join(
+                [
+                    "srun",
+                    "--kill-on-bad-exit=1",
+                    "--unbuffered",
+                    f"-N {job.nodes}",
+                    f"--ntasks-per-node={rpn}",
+                    f"--output={shlex.quote(str(logs))}/rank%t.i$inc.out",
+                    f"--error={shlex.quote(str(logs))}/rank%t.i$inc.err",
+                    *[shlex.quote(a) for a in o.srun_args],
+                    "bash",
+                    "-c",
+                    shlex.quote(task),
+                    "rank",
+                    *[shlex.quote(a) for a in argv],
+                ]
+            ),
+            "rc=$?",
+            'echo "chaosbench: ranks ended with $rc"',
+            "exit $rc",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def plan(self, job: JobContext) -> LaunchPlan:
+        o: Any = self.options
+        self._runtime(job)
+        spec = ProcessSpec(
+            name="job",
+            argv=[
+                "sbatch",
+                "--requeue",
+                "-N",
+                str(job.nodes),
+                f"--ntasks-per-node={job.ranks_per_node}",
+                *o.sbatch_args,
+                "slurm/job.sh",
+            ],
+            role="job",
+        )
+        return LaunchPlan(
+            framework=self.label,
+            adapter=self.name,
+            processes=[spec],
+            timeouts=self.timeouts(job),
+            versions={**self.versions(), "slurm": self._slurm_version(job)},
+            options=o.model_dump(),
+            notes=["detection from the scheduler's job state; incarnation = SLURM_RESTART_COUNT"],
+        )
+
+    def _slurm_version(self, job: JobContext) -> str | None:
+        try:
+            return self._runtime(job).scheduler_config().get("slurm_version")  # type: ignore[no-any-return]
+        except ChaosbenchError:
+            return None
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        o: Any = self.options
+        t = super().timeouts(job)
+        t["poll_interval_s"] = o.poll_interval_s
+        try:
+            cfg = self._runtime(job).scheduler_config()
+        except ChaosbenchError:
+            cfg = {}
+        for k in (
+            "requeue_hold_s",
+            "backfill_interval_s",
+            "sched_interval_s",
+            "slurmd_timeout_s",
+            "kill_wait_s",
+        ):
+            t[f"scheduler_{k}"] = cfg.get(k)
+        return t
+
+    def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        from chaosbench.runtimes.slurm import JobState
+
+        o: Any = self.options
+        rt = self._runtime(job)
+        script = job.run_dir / "slurm" / "job.sh"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(self.script(job))
+        script.chmod(0o755)
+        version = self._slurm_version(job)
+        job_id = rt.submit_batch(
+            script, "job", job.nodes, job.ranks_per_node, extra=["--requeue", *o.sbatch_args]
+        )
+        control.timeline.emit(
+            "sched_submit",
+            src="framework",
+            framework=self.label,
+            job_id=job_id,
+            script=str(script),
+            slurm_version=version,
+        )
+        requested = 0  # requeues so far (ours, and the scheduler's once seen)
+        handled_restarts = 0  # the job's restart count accounted for
+        handled_failure = False  # the current incarnation's failure was detected (and requeued)
+        last: tuple[str, str, int] | None = None
+        requeue_error = ""
+        clock_threads: list[threading.Thread] = []
+        while True:
+            stop = control.stop_reason()
+            if stop:
+                return JobResult(stop, f"harness stopped the run ({stop})")
+            info = rt.job_info(job_id)
+            if info is None:
+                return JobResult("failed", f"job {job_id} is unknown to the scheduler")
+            key = (info.slurm_state, info.reason, info.restarts)
+            if key != last:
+                last = key
+                control.timeline.emit("sched_state", src="framework", framework=self.label, **info.to_event())
+                if info.state is JobState.RUNNING:
+                    for i, snode in enumerate(info.nodes):
+                        th = threading.Thread(
+                            target=rt.measure_clock, args=(snode, f"node{i}", job_id), daemon=True
+                        )
+                        th.start()
+                        clock_threads.append(th)
+            if info.restarts > handled_restarts:
+                if info.restarts > requested and not handled_failure:
+                    cause = info.reason or "no reason"
+                    why = f"the scheduler requeued job {job_id} ({info.slurm_state}, {cause})"
+                    control.timeline.emit(
+                        "detect",
+                        src="framework",
+                        framework=self.label,
+                        by="scheduler",
+                        reason=why,
+                        job_id=job_id,
+                        slurm_state=info.slurm_state,
+                    )
+                    control.timeline.emit(
+                        "restart",
+                        src="framework",
+                        framework=self.label,
+                        by="scheduler",
+                        attempt=info.restarts,
+                        reason=why,
+                        job_id=job_id,
+                    )
+                handled_restarts = requested = max(requested, info.restarts)
+                handled_failure = False
+                if info.restarts > o.max_restarts:
+                    reason = f"retry limit reached ({o.max_restarts} requeues)"
+                    control.timeline.emit("give_up", src="framework", framework=self.label, reason=reason)
+                    rt.cancel_batch(job_id)
+                    return JobResult("gave_up", reason)
+            if info.state is JobState.COMPLETED:
+                return JobResult("completed")
+            if info.state is JobState.CANCELLED:
+                return JobResult("failed", f"job {job_id} was cancelled ({info.reason or info.slurm_state})")
+            # A job that ended badly is "completing" for a while (its processes end, the epilog runs) with its
+            # exit code already known: that is when the scheduler knows, so detection does not wait for it.
+            ending_badly = (
+                info.state is JobState.STOPPING
+                and info.exit_code not in ("", "0:0")
+                and (info.restarts == handled_restarts)
+            )
+            if info.state in (JobState.FAILED, JobState.LOST) or ending_badly:
+                state = JobState.FAILED if ending_badly else info.state
+                why = f"job {job_id} {info.slurm_state} (exit {info.exit_code}, {info.reason or 'no reason'})"
+                if state.value not in o.requeue_on:
+                    return JobResult("failed", why)
+                if not handled_failure:
+                    handled_failure = True
+                    control.timeline.emit(
+                        "detect",
+                        src="framework",
+                        framework=self.label,
+                        by="harness",
+                        reason=f"scheduler state: {why}",
+                        job_id=job_id,
+                        slurm_state=info.slurm_state,
+                    )
+                    if requested >= o.max_restarts:
+                        reason = f"retry limit reached ({o.max_restarts} requeues): {why}"
+                        control.timeline.emit("give_up", src="framework", framework=self.label, reason=reason)
+                        return JobResult("gave_up", why)
+                try:
+                    rt.requeue(job_id)
+                except ChaosbenchError as exc:  # e.g. still completing: try again at the next poll
+                    if str(exc) != requeue_error:
+                        requeue_error = str(exc)
+                        control.timeline.emit(
+                            "log", src="framework", framework=self.label, line=requeue_error[:400]
+                        )
+                else:
+                    requested += 1
+                    control.timeline.emit(
+                        "restart",
+                        src="framework",
+                        framework=self.label,
+                        by="harness",
+                        attempt=requested,
+                        reason=why,
+                        job_id=job_id,
+                        action="scontrol requeue",
+                    )
+            control.sleep(o.poll_interval_s)
+
+
+def scheduler_delays(events: Sequence[Event]) -> list[dict[str, float | None]]:
+    """For each ``restart``: seconds until the scheduler ran the job again (``sched_state`` running:
+    ``scheduler_s``), and from then until the new incarnation's first step (``workload_s``: batch script,
+    srun, start-up, rendezvous, restore). None where the job never ran or stepped again."""
+    out = []
+    ordered = sorted(events, key=lambda e: e.t_ns)
+    for r in (e for e in ordered if e.kind == "restart"):
+        run = next(
+            (
+                e
+                for e in ordered
+                if e.kind == "sched_state" and e.t_ns >= r.t_ns and e.get("state") == "running"
+            ),
+            None,
+        )
+        inc = run.get("restarts") if run is not None else None
+        step = next(
+            (
+                e
+                for e in ordered
+                if e.kind == "step" and run is not None and e.t_ns >= run.t_ns and e.get("incarnation") == inc
+            ),
+            None,
+        )
+        out.append(
+            {
+                "restart_t_ns": float(r.t_ns),
+                "scheduler_s": (run.t_ns - r.t_ns) / 1e9 if run is not None else None,
+                "workload_s": (step.t_ns - run.t_ns) / 1e9 if run is not None and step is not None else None,
+            }
+        )
+    return out
