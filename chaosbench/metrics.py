@@ -10,14 +10,28 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   step (steps the faulted incarnation still completed after the fault were in flight and count as completed
   before it); otherwise (recovery in place, e.g. a hang that ended) the first step beyond every step
   completed before the fault.
+  Per-step commit (the timeline has ``step_skipped`` events or steps marked ``committed``: TorchFT): nothing
+  is rolled back and survivors that keep committing are the job, so it is the first committed step, by any
+  incarnation, with an index beyond every step completed before the fault.
+- ``time_to_rejoin_s``: first completed step of an incarnation newer than the faulted one (the restarted rank,
+  replica group or node is training again), minus the fault time; missing when nothing restarted.
 - ``time_to_catch_up_s``: first completion, after the fault, of a step index beyond every step completed
   before the fault (new progress), minus the fault time.
 - ``lost_steps``: steps completed before the fault that had to be recomputed: (highest step completed
   before the fault, in-flight ones included) - (step the recovered job restarted from; the first step after
-  recovery minus one).
+  recovery minus one). Per-step commit: plus ``skipped_steps``, the distinct step indices computed but not
+  committed after the fault (``step_skipped``): their work was discarded although nothing rolled back.
 - ``lost_work_s``: the seconds those lost steps had taken the first time: stamp of the highest step
   completed before the fault minus the stamp of the step recovery restarted from (in the faulted
-  incarnation; its first event when it restarted from scratch).
+  incarnation; its first event when it restarted from scratch). Per-step commit: plus, for each skipped step
+  index, the shortest ``duration_s`` (compute thrown away, without the wait in the failed collective) reported
+  for it.
+- ``world_size_before`` / ``_after`` / ``_final`` and ``global_batch_before`` / ``_after`` / ``_final``: the
+  world size (``rank_start``) of the incarnation running at the fault, of the one that resumed training and of
+  the one that finished it; the global batch (samples per optimizer step) from the resuming step's
+  ``global_batch`` or else that incarnation's ``rank_start``, when the workload reports it. An elastic job that
+  shrank trains on a different batch, data split and schedule afterwards; fidelity compares against a control
+  that never did.
 - ``restart_count``: highest incarnation seen in ``rank_start`` events (0: never restarted).
 - ``checkpoint_age_s``: fault time minus the newest complete checkpoint save (``ckpt_save_end`` with
   ``complete``) before it. Missing when no checkpoint had completed.
@@ -32,7 +46,9 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   ``ckpt_load_begin``, else its first step's start); ``badput_restore_s`` = checkpoint load in the new
   incarnation (earliest begin to latest end); ``badput_recompute_s`` = end of the restore to the
   completion, again, of the highest step completed before the fault. Recovery in place has no restart,
-  restore or recompute (0).
+  restore or recompute (0). Per-step commit: restart+init is detection to the start of the resumed step (the
+  wait for a new quorum); restore and recompute are 0 (a restarted group heals from a peer while the others
+  train).
 - ``fidelity``: ``exact`` when the final parameter digest (``train_end`` of rank 0 in the last
   incarnation) equals the control's, ``diverged`` otherwise (``loss_diff`` = final loss - control's);
   missing when either run did not finish training.
@@ -91,8 +107,10 @@ class RunMetrics:
     time_to_detect_s: float | None = None
     time_to_resume_s: float | None = None
     time_to_catch_up_s: float | None = None
+    time_to_rejoin_s: float | None = None
     lost_steps: int | None = None
     lost_work_s: float | None = None
+    skipped_steps: int | None = None
     restart_count: int | None = None
     checkpoint_age_s: float | None = None
     checkpoint_save_s: float | None = None
@@ -118,6 +136,12 @@ class RunMetrics:
     verdict: str | None = None
     fidelity: str | None = None
     loss_diff: float | None = None
+    world_size_before: int | None = None
+    world_size_after: int | None = None
+    world_size_final: int | None = None
+    global_batch_before: int | None = None
+    global_batch_after: int | None = None
+    global_batch_final: int | None = None
     final_step: int | None = None
     final_loss: float | None = None
     digest: str | None = None
@@ -138,7 +162,7 @@ class RunMetrics:
 
 #: Metrics that only exist for a run with a fault.
 FAULT_METRICS = (
-    "time_to_detect_s", "time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",
+    "time_to_detect_s", "time_to_resume_s", "time_to_rejoin_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",
     "checkpoint_age_s", "extra_wall_s", "badput_detect_s", "badput_restart_init_s", "badput_restore_s",
     "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s", "scheduler_delay_s",
 )  # fmt: skip
@@ -156,7 +180,9 @@ class _Steps:
     its stamp is the last of those reports (a step one rank finished while another was killed or stopped is
     not a completed job step). Its duration is the shortest of the ranks' own ``duration_s`` (a rank that
     waited in a collective for a stopped peer reports the wait; the fastest rank's time is the compute),
-    else the interval since that rank's previous event of the incarnation."""
+    else the interval since that rank's previous event of the incarnation. A step reported ``committed``
+    (per-step commit: TorchFT, where each replica group is its own incarnation) is complete once any group
+    committed it: the groups still in the quorum are the job."""
 
     t: dict[tuple[int, int], int] = field(default_factory=dict)
     duration: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -167,6 +193,7 @@ class _Steps:
         prev: dict[tuple[int, int], int] = {}  # (incarnation, rank) -> last event stamp
         reports: dict[tuple[int, int], dict[int, tuple[int, float | None]]] = {}
         stepping: dict[int, set[int]] = {}
+        committed: set[tuple[int, int]] = set()  # per-step commit: a group's commit completes the job step
         for ev in events:
             if ev.src != "rank":
                 continue
@@ -177,10 +204,12 @@ class _Steps:
                     d = _s(ev.t_ns - prev[(inc, rank)])
                 reports.setdefault((inc, int(ev["step"])), {})[rank] = (ev.t_ns, None if d is None else float(d))
                 stepping.setdefault(inc, set()).add(rank)
+                if ev.get("committed"):
+                    committed.add((inc, int(ev["step"])))
             if ev.kind in ("rank_start", "step", "ckpt_save_end", "ckpt_load_end"):
                 prev[(inc, rank)] = ev.t_ns
         for key, by_rank in reports.items():
-            if not stepping[key[0]] <= set(by_rank):
+            if key not in committed and not stepping[key[0]] <= set(by_rank):
                 continue
             out.t[key] = max(t for t, _ in by_rank.values())
             ds = [d for _, d in by_rank.values() if d is not None]
@@ -202,6 +231,18 @@ def _first(events: list[Event], kind: str, after_ns: int | None = None, **match:
         if all(ev.get(k) == v for k, v in match.items()):
             return ev
     return None
+
+
+def _world(events: list[Event], incarnation: int | None, step: Event | None = None) -> tuple[int | None, int | None]:
+    """(world size, global batch) of an incarnation, from its rank_start events (and ``step``'s global_batch)."""
+    if incarnation is None:
+        return None, None
+    starts = [e for e in events if e.kind == "rank_start" and int(e.get("incarnation", 0)) == incarnation]
+    ws = max((int(e["world_size"]) for e in starts if e.get("world_size") is not None), default=None)
+    gb = step.get("global_batch") if step is not None else None
+    if gb is None:
+        gb = next((e.get("global_batch") for e in starts if e.get("global_batch") is not None), None)
+    return ws, None if gb is None else int(gb)
 
 
 def _final(events: list[Event]) -> Event | None:
@@ -289,6 +330,8 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         m.final_loss = final.get("loss")
         m.digest = final.get("digest")
     m.restart_count = max((int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"), default=0)
+    if final is not None:
+        m.world_size_final, m.global_batch_final = _world(events, int(final.get("incarnation", 0)))
 
     saves = _save_durations(events)
     if saves:
@@ -388,9 +431,18 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     else:
         miss["scheduler_delay_s"] = "no scheduler state after a restart (not a scheduler-driven framework)"
 
+    per_step_commit = any(e.kind == "step_skipped" or (e.kind == "step" and e.get("committed")) for e in events)
+    if per_step_commit:  # nothing rolls back: a survivor's step after the fault is progress, not in-flight work
+        max_before = max((idx for _, idx in before), default=0)
+    m.world_size_before, m.global_batch_before = _world(events, fault_inc)
+    rejoin = next((t for t, (inc, _) in steps.after(tf) if inc > fault_inc), None)
+    if rejoin is not None:
+        m.time_to_rejoin_s = _s(rejoin - tf)
+    else:
+        miss["time_to_rejoin_s"] = "nothing restarted after the fault"
     resume_key = None
     for t, (inc, idx) in steps.after(tf):
-        if inc > fault_inc or (not restarted and idx > max_before):
+        if (idx > max_before) if per_step_commit else (inc > fault_inc or (not restarted and idx > max_before)):
             resume_key, resume_t = (inc, idx), t
             break
     m.recovered = bool(finished and resume_key is not None)
@@ -404,6 +456,9 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
             miss[k] = reason
         return m
     m.time_to_resume_s = _s(resume_t - tf)
+    resume_step = next((e for e in events if e.kind == "step" and e.t_ns == resume_t
+                        and int(e.get("incarnation", 0)) == resume_key[0]), None)  # fmt: skip
+    m.world_size_after, m.global_batch_after = _world(events, resume_key[0], resume_step)
     m.resume_t_s = _s(resume_t - t0)
     catch = next(((t, k) for t, k in steps.after(tf) if k[1] > max_before), None)
     if catch is not None:
@@ -413,8 +468,18 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
 
     restored = resume_key[1] - 1
     m.lost_steps = max(0, max_before - restored)
+    skipped_s = 0.0
+    if per_step_commit:
+        skipped_by_index: dict[int, float] = {}
+        for e in events:
+            if e.kind == "step_skipped" and e.t_ns >= tf:
+                i = int(e["step"])
+                d = float(e.get("duration_s") or 0.0)
+                skipped_by_index[i] = min(skipped_by_index[i], d) if i in skipped_by_index else d
+        m.skipped_steps = len(skipped_by_index)
+        skipped_s = sum(skipped_by_index.values())
     if m.lost_steps == 0:
-        m.lost_work_s = 0.0
+        m.lost_work_s = skipped_s
     else:
         t_hi = steps.t.get((fault_inc, max_before))
         t_lo = steps.t.get((fault_inc, restored))
@@ -422,11 +487,18 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
             first = _first(events, "rank_start", incarnation=fault_inc)
             t_lo = first.t_ns if first else None
         if t_hi is not None and t_lo is not None:
-            m.lost_work_s = _s(t_hi - t_lo)
+            m.lost_work_s = _s(t_hi - t_lo) + skipped_s
         else:
             miss["lost_work_s"] = "the lost steps are not on the timeline"
 
+    m.lost_steps += m.skipped_steps or 0
     new_inc = resume_key[0]
+    if per_step_commit:  # survivors never stopped: the stall is waiting for a new quorum; healing is elsewhere
+        react = detect.t_ns if detect is not None else tf
+        started = resume_t - int(steps.duration.get(resume_key, 0.0) * 1e9)
+        m.badput_restart_init_s = max(0.0, _s(started - react))
+        m.badput_restore_s = m.badput_recompute_s = 0.0
+        return m
     if new_inc == fault_inc:  # recovered in place: nothing restarted, restored or recomputed
         m.badput_restart_init_s = m.badput_restore_s = m.badput_recompute_s = 0.0
         return m

@@ -83,8 +83,9 @@ class Probe:
         data.setdefault("incarnation", self.incarnation)
         self._writer.emit(kind, **data)
 
-    def rank_start(self, pid: int | None = None) -> None:
-        """Call first thing: gives the harness this rank's pid so injectors can target it."""
+    def rank_start(self, pid: int | None = None, **extra: Any) -> None:
+        """Call first thing: gives the harness this rank's pid so injectors can target it. ``extra`` fields
+        (e.g. ``global_batch``: samples per optimizer step over all ranks) go into the event as they are."""
         pid = os.getpid() if pid is None else pid
         self.emit(
             "rank_start",
@@ -93,6 +94,7 @@ class Probe:
             world_size=self.world_size,
             local_rank=self.local_rank,
             node=self.node,
+            **extra,
         )
 
     def step(self, step: int, loss: float | None = None, duration_s: float | None = None) -> None:

@@ -76,6 +76,7 @@ INJECTORS: Registry[Any] = Registry(
         "crash-loop": "chaosbench.injectors.planted:CrashLoopInjector",
         "sdc": "chaosbench.injectors.planted:SdcInjector",
         "corrupt-checkpoint": "chaosbench.injectors.corrupt:CorruptCheckpointInjector",
+        "local-node-kill": "chaosbench.injectors.localnode:LocalNodeKillInjector",
         "stall-fs": "chaosbench.injectors.stallfs:StallFsInjector",
         "slurm-node-down": "chaosbench.injectors.slurm_node:SlurmNodeDownInjector",
     },
@@ -88,6 +89,9 @@ FRAMEWORKS: Registry[Any] = Registry(
         "none": "chaosbench.frameworks.direct:NoneFramework",
         "restart": "chaosbench.frameworks.direct:RestartFramework",
         "torchrun": "chaosbench.frameworks.torchrun:TorchrunFramework",
+        "torchrun-elastic": "chaosbench.frameworks.elastic:ElasticFramework",
+        "torchft": "chaosbench.frameworks.torchft:TorchftFramework",
+        "nvrx": "chaosbench.frameworks.nvrx:NvrxFramework",
         "slurm-requeue": "chaosbench.frameworks.slurm_requeue:SlurmRequeueFramework",
     },
 )
@@ -106,6 +110,7 @@ WORKLOADS: Registry[Any] = Registry(
     "chaosbench.workloads",
     {
         "ddp-mlp": "chaosbench.workloads.builtin:DdpMlpWorkload",
+        "ft-mlp": "chaosbench.workloads.ft_mlp:FtMlpWorkload",
         "fsdp-lm": "chaosbench.workloads.builtin:FsdpLmWorkload",
         "command": "chaosbench.workloads.builtin:CommandWorkload",
     },

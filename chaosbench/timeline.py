@@ -37,7 +37,8 @@ EVENT_KINDS: dict[str, str] = {
     "framework_info": "framework, versions{}, timeouts{} (seconds), options{}",
     "proc_start": "proc, pid, role (rank|agent|job|watchdog), node, incarnation",
     "proc_exit": "proc, pid, returncode (negative: killed by that signal), incarnation",
-    "rank_start": "rank, world_size, pid, node, incarnation, local_rank",
+    "rank_start": "rank, world_size, pid, node, incarnation, local_rank, global_batch (samples per optimizer step "
+    "over all ranks, when the workload reports it)",
     "rank_exit": "rank, pid, returncode, incarnation (written by the command shim)",
     "step": "rank, step (1-based count of completed optimizer steps), loss, incarnation",
     "ckpt_save_begin": "rank, step, path, incarnation",
@@ -53,6 +54,14 @@ EVENT_KINDS: dict[str, str] = {
     "restart": "framework, attempt, reason (the framework relaunches the job or worker group)",
     "give_up": "framework, reason (the framework stopped trying)",
     "log": "proc, line, pattern (a user-defined pattern matched a log line)",
+    "step_skipped": "rank, step (the index attempted), reason, duration_s (compute thrown away), collective_s, "
+    "participants, quorum_id, incarnation (per-step commit: a step computed but not committed; no rollback)",
+    "quorum": "quorum_id, participants, previous_participants, then replica_rank, step, rank, incarnation (a "
+    "rank's Manager joined a new quorum) or framework, via=lighthouse, replica_groups (the Lighthouse issued it)",
+    "heal_begin": "rank, step, src_replica_rank, incarnation (a replica group fetches the live state from a peer)",
+    "heal_end": "rank, step, duration_s, incarnation (the fetched state is applied)",
+    "heal_send": "rank, step, dst_replica_ranks, incarnation (this rank serves its live state to healing peers)",
+    "rendezvous": "framework, proc, world_size (an elastic agent completed a rendezvous round)",
     "clock_offset": "node, slurm_node, node_host, offset_ns (node clock - harness clock), bound_ns, rtt_ns, samples"
     " (or error)",
     "node_map": "node, slurm_node, previous, reason (a workload node placed on, or moved to, a Slurm node)",

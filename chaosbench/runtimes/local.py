@@ -181,6 +181,11 @@ class LocalRuntime(Runtime):
         for t in self._threads:
             t.join(timeout=5)
 
+    def node_handles(self, node: str) -> list[ProcHandle]:
+        """Live processes this runtime started on ``node`` (for node-level faults)."""
+        with self._lock:
+            return [h for h in self._handles if h.spec.node == node and not h.exited.is_set()]
+
     def leftovers(self) -> list[int]:
         """Pids of processes of this run that are still alive (for tests and the cleanup check)."""
         with self._lock:

@@ -18,7 +18,12 @@ Contract (what the harness relies on):
   key ``rng.rank<r>``. After a barrier rank 0 atomically creates ``COMPLETE`` in that directory; a directory
   without ``COMPLETE`` is never loaded (it is deleted and rewritten if training reaches that step again).
 - On start rank 0 picks the newest complete checkpoint and broadcasts its step; every rank loads it and training
-  continues with the next step. Without one, training starts from scratch. With ``--load-fallback`` a checkpoint
+  continues with the next step. Without one, training starts from scratch. A checkpoint written at another world
+  size (an elastic job that shrank or grew) loads too: the replicated model, optimizer and scheduler state
+  reshard, and a rank that had no RNG key in it (it did not exist then) reseeds from ``(seed, step, rank)``;
+  training then goes on with another global batch (``world_size * batch_size``, ``global_batch`` in
+  ``rank_start``) and other data per rank, so it no longer matches an uninterrupted run.
+  With ``--load-fallback`` a checkpoint
   that fails to load on any rank is reported (``ckpt_load_failed`` event) and the next older complete one is
   tried; when none loads, the process fails.
 - After each optimizer step ``probe.step(step, loss, duration_s)`` is emitted (``duration_s``: that step's
@@ -54,6 +59,8 @@ LR_STEP_SIZE = 20
 LR_GAMMA = 0.5
 CKPT_DIR_PREFIX = "step_"
 COMPLETE_MARKER = "COMPLETE"
+#: Checkpoints load at another world size than the one that wrote them (see the module docstring).
+RESUMES_ACROSS_WORLD_SIZES = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +161,14 @@ BUGS = {
 }
 
 
+def saved_world_size(path: Path) -> int | None:
+    """World size recorded in a checkpoint's ``COMPLETE`` marker (None: not recorded or unreadable)."""
+    try:
+        return int(json.loads((path / COMPLETE_MARKER).read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def mark_complete(path: Path, payload: dict[str, Any]) -> None:
     """Atomically create ``path/COMPLETE`` (temp file, fsync, rename, fsync of the directory)."""
     tmp = path / f".{COMPLETE_MARKER}.tmp"
@@ -172,7 +187,7 @@ def mark_complete(path: Path, payload: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     probe = Probe.from_env()
-    probe.rank_start()
+    probe.rank_start(global_batch=probe.world_size * args.batch_size)
     try:
         return _train(args, probe)
     finally:
@@ -274,10 +289,16 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
         try:
             with probe.ckpt_load(resume_step, str(path)):
                 state = resumable_state(resume_step)
+                written_by = saved_world_size(path)
+                has_rng = written_by is None or rank < written_by
+                if not has_rng:  # this rank did not exist when it was written: no RNG key of its own
+                    del state[rng_key]
                 dcp.load(state, checkpoint_id=str(path))
                 set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
                 scheduler.load_state_dict(state["scheduler"])
-                if args.bug != "forget-rng":
+                if not has_rng:
+                    torch.manual_seed(mix_seed(args.seed, 0x64726F70, rank, resume_step))
+                elif args.bug != "forget-rng":
                     torch.set_rng_state(state[rng_key]["cpu"])
                     if device.type == "cuda":
                         torch.cuda.set_rng_state(state[rng_key]["cuda"], device)
@@ -303,7 +324,9 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
                 print(f"checkpoint {path} failed to load: {why}; trying an older one", flush=True)
                 start_step = 0
                 continue
-        print(f"resumed from {path} at step {start_step}", flush=True)
+        written_by = saved_world_size(path)
+        resized = f" (written at world size {written_by})" if written_by not in (None, world_size) else ""
+        print(f"resumed from {path} at step {start_step}{resized}", flush=True)
         break
     else:
         if tried:

@@ -1,0 +1,361 @@
+"""The ``torchft`` adapter: per-step fault tolerance with a Lighthouse and replica groups (TorchFT 0.2.0).
+
+What it starts (all through the runtime, so every process is captured, labelled and torn down):
+
+- one Lighthouse (``torchft_lighthouse``, the console script of the installed torchft) bound to the runtime's
+  master address on a free port, with its options from this adapter (``min_replicas``, ``quorum_tick_ms``,
+  ``join_timeout_ms``, ``heartbeat_timeout_ms``) and ``RUST_LOG=info`` so it prints its quorum decisions;
+- G replica groups, each one ``torchrun --nproc-per-node K --max-restarts R`` on its own master port (group
+  ``g`` on node ``g`` when the workload has G nodes), with ``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS``,
+  ``TORCHFT_LIGHTHOUSE`` and torchft's timeouts (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
+  ``TORCHFT_CONNECT_TIMEOUT_SEC``) in the environment. A group's torchrun restarts its own workers; the
+  restarted group heals from a live peer (HTTP transfer of the live state), the others never stop.
+
+Ranks: the workload (``ft-mlp``) reports ``rank = group * K + group-local rank``, so ``target: {rank: 1}`` with
+K = 1 is replica group 1's worker and a ``node`` target is a whole group. G is ``workload.groups`` (default
+``workload.nodes``); K = ranks / G.
+
+What counts as a reaction (``detect`` events, the first after the fault is the time to detect):
+
+- from the group's torchrun agent: its worker died (``failed (exitcode: -9) local_rank: 0``); its restart
+  decision (``Worker group FAILED ... will restart``) is the ``restart`` event;
+- from the Lighthouse's own lines: a new quorum with fewer replica groups than the previous one, or fewer
+  replica groups heartbeating than before (a heartbeat timed out: the only signal for a hung group besides the
+  process-group timeout); each new quorum is also written as a ``quorum`` event (``via: lighthouse``);
+- from the workload's Manager (written by the ranks): a step that was not committed, a quorum that shrank.
+
+The job is complete when every group's torchrun has exited 0. A group whose torchrun gave up does not stop
+the others (that is TorchFT's point); the run then ends ``gave_up`` once the rest have finished.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.frameworks.base import (
+    Framework,
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    LogWatcher,
+    RunControl,
+    base_versions,
+    package_version,
+)
+from chaosbench.frameworks.torchrun import TORCHRUN_PATTERNS, TORCHRUN_SHUTDOWN_GRACE_S
+from chaosbench.runtimes.base import ProcessSpec, ProcHandle
+from chaosbench.timeline import Event, TimelineWriter
+
+LIGHTHOUSE_SCRIPT = "torchft_lighthouse"
+
+#: Lines of the Lighthouse (torchft 0.2.0, ``RUST_LOG=info``):
+#: ``Quorum! Quorum { quorum_id: 3, participants: [QuorumMember { replica_id: "chaosbench_0:<uuid>", ...``
+#: ``Quorum status: Valid quorum found [1/1 participants healthy][1 heartbeating][shrink_only=false]``
+LIGHTHOUSE_QUORUM_RE = re.compile(r"Quorum! Quorum \{ quorum_id: (?P<quorum_id>\d+), participants: \[")
+LIGHTHOUSE_MEMBER_RE = re.compile(r'replica_id: "(?P<replica_id>[^":]+)')
+LIGHTHOUSE_STATUS_RE = re.compile(r"\[(?P<healthy>\d+)/(?P<total>\d+) participants healthy\]\[(?P<beating>\d+) heartbeating\]")
+
+#: The workload's replica ids are ``chaosbench_<group>``; the Manager appends ``:<uuid>`` per incarnation.
+REPLICA_ID_PREFIX = "chaosbench_"
+
+
+class TorchftOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Lighthouse
+    min_replicas: int = Field(default=1, ge=1, description="Lighthouse --min_replicas (groups needed for a quorum)")
+    quorum_tick_ms: int = Field(default=100, ge=1, description="Lighthouse --quorum_tick_ms")
+    join_timeout_ms: int = Field(
+        default=10000, ge=0, description="Lighthouse --join_timeout_ms: wait for heartbeating stragglers"
+    )
+    heartbeat_timeout_ms: int = Field(
+        default=5000, ge=1, description="Lighthouse --heartbeat_timeout_ms: a group silent this long is dead"
+    )
+    # Manager (workers)
+    min_replica_size: int | None = Field(
+        default=None, ge=1, description="Manager min_replica_size: groups needed to commit (default: min_replicas)"
+    )
+    manager_timeout_s: int = Field(
+        default=60, ge=1, description="TORCHFT_TIMEOUT_SEC: collectives, should_commit, checkpoint transfer"
+    )
+    quorum_timeout_s: int = Field(default=60, ge=1, description="TORCHFT_QUORUM_TIMEOUT_SEC")
+    connect_timeout_s: int = Field(default=60, ge=1, description="TORCHFT_CONNECT_TIMEOUT_SEC")
+    manager_heartbeat_interval_s: float = Field(default=0.1, gt=0, description="Manager -> Lighthouse heartbeats")
+    start_together: bool = Field(
+        default=True,
+        description="the first quorum waits for every group (else the first group up trains alone, then heals "
+        "the others)",
+    )
+    start_timeout_s: float = Field(default=120.0, gt=0, description="how long start_together waits")
+    # per-group torchrun
+    max_restarts: int = Field(default=3, ge=0, description="torchrun --max-restarts of each replica group")
+    monitor_interval_s: float = Field(default=0.1, gt=0, description="torchrun --monitor-interval")
+    log_level: str = Field(default="INFO", description="LOGLEVEL of the torchrun agents")
+    lighthouse_log: str = Field(default="info", description="RUST_LOG of the Lighthouse (info: quorum lines)")
+    worker_log: str = Field(default="warn", description="RUST_LOG of the workers' Manager servers")
+    advertise_host: str | None = Field(
+        default=None,
+        description="hostname the Managers advertise to the Lighthouse and peers (default: the runtime's "
+        "master address on the local runtime, else the node's hostname)",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="more torchrun arguments, as is")
+    teardown_grace_s: float = Field(default=5.0, ge=0)
+    lighthouse_ready_timeout_s: float = Field(default=20.0, gt=0, description="wait for the Lighthouse's port")
+
+
+def lighthouse_command(python: str) -> list[str]:
+    """How to run the Lighthouse with ``python``: its console script must be argv[1] (the Rust entry point
+    parses the process's own argv, with argv[1] as its program name)."""
+    script = Path(python).parent / LIGHTHOUSE_SCRIPT
+    if not script.is_file():
+        found = shutil.which(LIGHTHOUSE_SCRIPT)
+        if found is None:
+            raise Unsupported(
+                f"torchft adapter: '{LIGHTHOUSE_SCRIPT}' not found next to {python} or on PATH; "
+                "pip install --no-deps torchft==0.2.0 (see the README)"
+            )
+        script = Path(found)
+    return [python, str(script)]
+
+
+def group_node(job: JobContext, group: int, groups: int) -> str:
+    return job.node_name(group * job.nodes // groups)
+
+
+class _LighthouseWatch:
+    """Turns the Lighthouse's quorum lines into ``quorum`` events, and a quorum or a heartbeating set that
+    shrank into ``detect`` events (while no group has finished: groups leaving at the end are not faults)."""
+
+    def __init__(self, framework: str, timeline: TimelineWriter) -> None:
+        self.framework = framework
+        self.timeline = timeline
+        self.finishing = threading.Event()
+        self._quorum_id: int | None = None
+        self._members = 0
+        self._beating = 0
+        self._lock = threading.Lock()
+
+    def on_event(self, ev: Event) -> None:
+        if ev.kind == "train_end":
+            self.finishing.set()
+
+    def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+        if handle.spec.role != "lighthouse":
+            return
+        m = LIGHTHOUSE_QUORUM_RE.search(line)
+        if m:
+            self._quorum(int(m["quorum_id"]), line, t_ns)
+            return
+        s = LIGHTHOUSE_STATUS_RE.search(line)
+        if s:
+            self._status(int(s["beating"]), line, t_ns)
+
+    def _quorum(self, quorum_id: int, line: str, t_ns: int) -> None:
+        groups = sorted(
+            int(g[len(REPLICA_ID_PREFIX):]) if g.startswith(REPLICA_ID_PREFIX) and g[len(REPLICA_ID_PREFIX):].isdigit()
+            else g
+            for g in (mm["replica_id"] for mm in LIGHTHOUSE_MEMBER_RE.finditer(line))
+        )  # fmt: skip
+        with self._lock:
+            if quorum_id == self._quorum_id:
+                return
+            previous = self._members if self._quorum_id is not None else None
+            self._quorum_id, self._members = quorum_id, len(groups)
+        self.timeline.emit(
+            "quorum", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse", quorum_id=quorum_id,
+            participants=len(groups), previous_participants=previous, replica_groups=groups,
+        )  # fmt: skip
+        if previous is not None and len(groups) < previous and not self.finishing.is_set():
+            self.timeline.emit(
+                "detect", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse",
+                reason=f"lighthouse quorum {quorum_id}: {len(groups)} of {previous} replica groups",
+            )  # fmt: skip
+
+    def _status(self, beating: int, line: str, t_ns: int) -> None:
+        with self._lock:
+            before, self._beating = self._beating, beating
+        if beating < before and not self.finishing.is_set():
+            self.timeline.emit(
+                "detect", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse",
+                reason=f"lighthouse: {before} -> {beating} replica groups heartbeating", line=line[:300],
+            )  # fmt: skip
+
+
+class TorchftFramework(Framework):
+    """TorchFT: a Lighthouse plus one torchrun per replica group; see the module docstring."""
+
+    name: ClassVar[str] = "torchft"
+    Options = TorchftOptions  # type: ignore[assignment]
+
+    def groups(self, job: JobContext) -> int:
+        if not hasattr(job.workload, "replica_groups") and job.workload.name != "command":
+            raise Unsupported(
+                f"torchft adapter: workload '{job.workload.name}' does not train through torchft's Manager "
+                "(use ft-mlp, or a command workload whose script does)"
+            )
+        fn = getattr(job.workload, "replica_groups", None)
+        groups = int(fn()) if callable(fn) else job.nodes
+        if job.ranks % groups:
+            raise ChaosbenchError(f"torchft: ranks ({job.ranks}) must be a multiple of replica groups ({groups})")
+        return groups
+
+    def plan(self, job: JobContext) -> LaunchPlan:
+        o: Any = self.options
+        groups = self.groups(job)
+        per_group = job.ranks // groups
+        python = job.workload.argv(job)[0]
+        addr = job.runtime.master_addr
+        lh_port = job.runtime.free_port()
+        lighthouse_url = f"http://{addr}:{lh_port}"
+        lh_env = {"RUST_LOG": o.lighthouse_log, "PYTHONUNBUFFERED": "1"}
+        procs = [
+            ProcessSpec(
+                name="lighthouse",
+                argv=[
+                    *lighthouse_command(python),
+                    "--min_replicas", str(o.min_replicas),
+                    "--quorum_tick_ms", str(o.quorum_tick_ms),
+                    "--join_timeout_ms", str(o.join_timeout_ms),
+                    "--heartbeat_timeout_ms", str(o.heartbeat_timeout_ms),
+                    "--bind", f"{addr}:{lh_port}",
+                ],
+                env=lh_env, role="lighthouse", node=job.node_name(0),
+            )
+        ]  # fmt: skip
+        advertise = o.advertise_host or (addr if job.runtime.name == "local" else "")
+        for g in range(groups):
+            node = group_node(job, g, groups)
+            env = job.rank_env(0, node)
+            env.update(
+                {
+                    "REPLICA_GROUP_ID": str(g),
+                    "NUM_REPLICA_GROUPS": str(groups),
+                    "TORCHFT_LIGHTHOUSE": lighthouse_url,
+                    "TORCHFT_TIMEOUT_SEC": str(o.manager_timeout_s),
+                    "TORCHFT_QUORUM_TIMEOUT_SEC": str(o.quorum_timeout_s),
+                    "TORCHFT_CONNECT_TIMEOUT_SEC": str(o.connect_timeout_s),
+                    "CHAOSBENCH_FT_MIN_REPLICAS": str(o.min_replica_size or o.min_replicas),
+                    "CHAOSBENCH_FT_HEARTBEAT_INTERVAL_S": str(o.manager_heartbeat_interval_s),
+                    "CHAOSBENCH_FT_START_GROUPS": str(groups if o.start_together else 1),
+                    "CHAOSBENCH_FT_START_TIMEOUT_S": str(o.start_timeout_s),
+                    "CHAOSBENCH_FRAMEWORK": self.label,
+                    "LOGLEVEL": o.log_level,
+                    "RUST_LOG": o.worker_log,
+                }
+            )
+            if advertise:
+                env["CHAOSBENCH_FT_HOSTNAME"] = advertise
+            argv = [
+                python, "-m", "torch.distributed.run",
+                "--nnodes", "1",
+                "--nproc-per-node", str(per_group),
+                "--max-restarts", str(o.max_restarts),
+                "--monitor-interval", str(o.monitor_interval_s),
+                "--master-addr", addr,
+                "--master-port", str(job.runtime.free_port()),
+                *o.extra_args,
+                "--no-python",
+                *job.workload.argv(job),
+            ]  # fmt: skip
+            procs.append(ProcessSpec(name=f"torchrun.g{g}", argv=argv, env=env, role="agent", node=node))
+        return LaunchPlan(
+            framework=self.label,
+            adapter=self.name,
+            processes=procs,
+            patterns=list(TORCHRUN_PATTERNS),
+            timeouts=self.timeouts(job),
+            versions=self.versions(),
+            options={**o.model_dump(), "replica_groups": groups, "ranks_per_group": per_group},
+            notes=[
+                f"{groups} replica groups x {per_group} ranks; rank = group * {per_group} + group-local rank",
+                f"lighthouse at {lighthouse_url}",
+                "no rollback: lost work is the steps computed but not committed (step_skipped events)",
+            ],
+        )
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        o: Any = self.options
+        t = super().timeouts(job)
+        t.update(
+            {
+                "lighthouse_heartbeat_timeout_s": o.heartbeat_timeout_ms / 1000,
+                "lighthouse_join_timeout_s": o.join_timeout_ms / 1000,
+                "lighthouse_quorum_tick_s": o.quorum_tick_ms / 1000,
+                "manager_timeout_s": float(o.manager_timeout_s),
+                "quorum_timeout_s": float(o.quorum_timeout_s),
+                "connect_timeout_s": float(o.connect_timeout_s),
+                "manager_heartbeat_interval_s": o.manager_heartbeat_interval_s,
+                "monitor_interval_s": o.monitor_interval_s,
+                "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
+                "teardown_grace_s": o.teardown_grace_s,
+            }
+        )
+        return t
+
+    def versions(self) -> dict[str, str | None]:
+        v = base_versions()
+        v["torchft"] = package_version("torchft")
+        return v
+
+    def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        o: Any = self.options
+        watcher = LogWatcher(self.label, plan.patterns, control.timeline)
+        lighthouse = _LighthouseWatch(self.label, control.timeline)
+        control.follower.subscribe(lighthouse.on_event)
+
+        def on_line(handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+            watcher(handle, stream, line, t_ns)
+            lighthouse(handle, stream, line, t_ns)
+
+        lh_spec, group_specs = plan.processes[0], plan.processes[1:]
+        lh = control.runtime.start(lh_spec, on_line=on_line)
+        port = int(lh_spec.argv[lh_spec.argv.index("--bind") + 1].rsplit(":", 1)[1])
+        ready = self._wait_port(job.runtime.master_addr, port, lh, control, o.lighthouse_ready_timeout_s)
+        if ready is not None:
+            return ready
+        agents = [control.runtime.start(p, on_line=on_line) for p in group_specs]
+        while True:
+            codes = [a.poll() for a in agents]
+            if all(c is not None for c in codes):
+                bad = [f"{a.name} exited with code {c}" for a, c in zip(agents, codes, strict=True) if c]
+                control.runtime.terminate([lh], o.teardown_grace_s)
+                if not bad:
+                    return JobResult("completed")
+                # A group's torchrun exits non-zero only once its restarts are used up; the others went on.
+                return JobResult("gave_up" if len(bad) < len(agents) else "failed", "; ".join(bad))
+            if lh.poll() is not None:
+                control.timeline.emit("detect", src="framework", framework=self.label, via="harness",
+                                      reason=f"lighthouse exited with code {lh.poll()}")  # fmt: skip
+                control.runtime.terminate(agents, o.teardown_grace_s)
+                return JobResult("failed", f"lighthouse exited with code {lh.poll()}")
+            stop = control.stop_reason()
+            if stop:
+                return JobResult(stop, f"harness stopped the run ({stop})")
+            control.sleep(min(0.05, o.monitor_interval_s))
+
+    @staticmethod
+    def _wait_port(
+        addr: str, port: int, lh: ProcHandle, control: RunControl, timeout_s: float
+    ) -> JobResult | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if lh.poll() is not None:
+                return JobResult("failed", f"lighthouse exited with code {lh.poll()} before listening")
+            stop = control.stop_reason()
+            if stop:
+                return JobResult(stop, f"harness stopped the run ({stop})")
+            try:
+                with socket.create_connection((addr, port), timeout=0.5):
+                    return None
+            except OSError:
+                control.sleep(0.05)
+        return JobResult("failed", f"lighthouse did not listen on {addr}:{port} within {timeout_s} s")
+

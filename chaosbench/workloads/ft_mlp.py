@@ -1,0 +1,421 @@
+"""A TorchFT workload: the ddp-mlp model trained through a ``torchft.Manager`` on gloo, over synthetic data.
+
+One replica group is one ``torchrun --nproc-per-node K`` (the ``torchft`` adapter starts G of them and a
+Lighthouse); every process runs::
+
+    python -m chaosbench.workloads.ft_mlp --steps 60 --batch-size 32
+
+with torchrun's ``env://`` variables (``RANK``/``WORLD_SIZE`` are *group-local*) plus ``REPLICA_GROUP_ID``,
+``NUM_REPLICA_GROUPS`` and ``TORCHFT_LIGHTHOUSE``. TorchFT's own timeouts come from its environment variables
+(``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC``), the Manager's
+heartbeat interval and ``min_replica_size`` from ``CHAOSBENCH_FT_HEARTBEAT_INTERVAL_S`` and
+``CHAOSBENCH_FT_MIN_REPLICAS`` (the adapter sets all of them).
+
+Contract (what the harness relies on):
+
+- Ranks: the probe reports ``rank = REPLICA_GROUP_ID * K + group-local rank`` and ``world_size = G * K``, so
+  ``target: {rank: 1}`` with K = 1 is the process of replica group 1. ``rank_start`` also carries
+  ``replica_group``, ``group_rank``, ``group_world_size`` and ``global_batch`` and is emitted before torch is
+  imported.
+- Each step: ``Manager.start_quorum()`` (synchronous quorum: a replica group that is behind heals from a peer
+  before it computes), forward/backward of this rank's share of the step's data, one fault-tolerant allreduce
+  of the gradients (float64) through the Manager, then ``Manager.should_commit()``. A committed step steps the
+  optimizer and the LR schedule and emits ``step`` (with ``participants``, ``quorum_id``, ``global_batch``,
+  ``committed: true``); an uncommitted one is discarded and emits ``step_skipped`` (its index, the reason,
+  ``duration_s``: its compute up to the gradient reduction, ``collective_s``: the time the failed reduction and
+  commit vote took) and the same step index is tried again. Nothing is ever rolled back: the step index is
+  the Manager's committed step count.
+- Quorum changes emit ``quorum`` (``quorum_id``, ``participants``, ``previous_participants``,
+  ``replica_rank``, ``step``); a quorum with fewer replica groups than before, and the first error the Manager
+  reports in a streak of uncommitted steps, also emit ``detect`` (``framework`` from ``CHAOSBENCH_FRAMEWORK``,
+  ``via: manager``). Healing emits ``heal_begin`` (fetch from a peer over HTTP starts; ``step``,
+  ``src_replica_rank``) and ``heal_end`` (the fetched state is applied; ``step``, ``duration_s``); a replica
+  serving its state emits ``heal_send``.
+- Data (``--batch-mode global``, the default): step ``s`` has one global batch of ``--batch-size`` samples in
+  ``G * K`` micro-batches, micro-batch ``m`` drawn from a generator seeded with ``(seed, s, m)``. The replica
+  groups in the quorum split the micro-batches among themselves (participant ``p`` of ``n`` computes replica
+  slots ``p, p + n, ...``; local rank ``r`` micro-batch ``slot * K + r``), so the update of step ``s`` is the
+  gradient of the mean loss over the same global batch whichever groups take part. Gradients are summed in
+  float64 (exact for these magnitudes, so the sum does not depend on who computed what) and rounded to float32
+  once: a run that lost and healed a replica group ends with the same final digest as a fault-free run. The
+  model has no dropout, so no RNG state is part of the training state.
+  ``--batch-mode replica`` is upstream's data parallelism instead: each replica group trains its own stream of
+  ``--batch-size`` samples per rank and gradients are averaged over the groups taking part, so a step without
+  some group trains on fewer samples (``global_batch`` in ``step`` says how many) and the final state
+  differs from the control's.
+- Start: with ``CHAOSBENCH_FT_START_GROUPS=G`` (the adapter's ``start_together``) the first incarnation does not
+  compute until a quorum holds G groups (or ``CHAOSBENCH_FT_START_TIMEOUT_S`` passed): with ``min_replica_size``
+  below G the first group up would otherwise train alone and heal the others when they arrive.
+- At the end ``train_end(step, loss, digest)`` is emitted and ``final digest <sha256 hex>`` printed; the
+  process exits 0. A failure torchft does not absorb (an error in the group-local process group when K > 1, a
+  quorum timeout) raises and exits non-zero, and the group's torchrun restarts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from chaosbench.planted import Planted
+from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
+from chaosbench.procutil import start_ticks
+from chaosbench.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from chaosbench.frameworks.base import JobContext
+
+ENV_GROUP = "REPLICA_GROUP_ID"
+ENV_GROUPS = "NUM_REPLICA_GROUPS"
+ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+ENV_MIN_REPLICAS = "CHAOSBENCH_FT_MIN_REPLICAS"
+ENV_HEARTBEAT_S = "CHAOSBENCH_FT_HEARTBEAT_INTERVAL_S"
+ENV_HOSTNAME = "CHAOSBENCH_FT_HOSTNAME"
+ENV_FRAMEWORK = "CHAOSBENCH_FRAMEWORK"
+ENV_LOGLEVEL = "CHAOSBENCH_FT_LOGLEVEL"
+ENV_START_GROUPS = "CHAOSBENCH_FT_START_GROUPS"
+ENV_START_TIMEOUT_S = "CHAOSBENCH_FT_START_TIMEOUT_S"
+
+IN_FEATURES = 64
+OUT_FEATURES = 16
+MOMENTUM = 0.9
+LR_STEP_SIZE = 20
+LR_GAMMA = 0.5
+BATCH_MODES = ("global", "replica")
+
+
+def replica_rank(group: int, group_rank: int, group_world_size: int) -> int:
+    """The rank chaosbench reports for a process: replica groups laid out one after another."""
+    return group * group_world_size + group_rank
+
+
+def replica_slots(participant: int, participants: int, groups: int) -> list[int]:
+    """Replica slots (of ``groups``) whose micro-batches participant ``participant`` of ``participants``
+    computes in ``global`` mode: every slot exactly once over all participants."""
+    if participants <= 0:
+        return []
+    return list(range(participant, groups, participants))
+
+
+def global_batch(mode: str, batch_size: int, groups: int, group_world_size: int, participants: int) -> int:
+    """Samples in one committed update: constant in ``global`` mode, ``participants * K * batch`` otherwise."""
+    return batch_size if mode == "global" else participants * group_world_size * batch_size
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m chaosbench.workloads.ft_mlp",
+        description="An MLP trained through a torchft Manager (per-step fault tolerance) on synthetic data.",
+    )
+    p.add_argument("--steps", type=int, default=60, help="committed steps to train (default: 60)")
+    p.add_argument("--seed", type=int, default=0, help="seed of model init and data (default: 0)")
+    p.add_argument(
+        "--batch-mode", choices=BATCH_MODES, default="global",
+        help="global: a fixed global batch split among the replica groups in the quorum; replica: a batch "
+        "per rank, averaged over the groups taking part (upstream torchft) (default: global)",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-size", type=int, default=32,
+        help="global mode: samples per step over all groups (a multiple of G*K); replica mode: per rank",
+    )  # fmt: skip
+    p.add_argument("--hidden", type=int, default=128, help="hidden width (default: 128)")
+    p.add_argument("--layers", type=int, default=2, help="hidden layers (default: 2)")
+    p.add_argument("--lr", type=float, default=0.01, help="initial SGD learning rate (default: 0.01)")
+    p.add_argument("--pg-timeout-s", type=float, default=60.0, help="gloo timeout of torchft's process group")
+    p.add_argument("--step-sleep-s", type=float, default=0.0, help="sleep inside each step (emulated compute)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    env = os.environ
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", ENV_LIGHTHOUSE):
+        if var not in env:
+            raise SystemExit(f"ft_mlp: {var} is not set; run under the torchft adapter (torchrun per replica group)")
+    group = int(env.get(ENV_GROUP, "0"))
+    groups = int(env.get(ENV_GROUPS, "1"))
+    group_rank = int(env["RANK"])
+    group_world_size = int(env["WORLD_SIZE"])
+    if not 0 <= group < groups:
+        raise SystemExit(f"ft_mlp: {ENV_GROUP}={group} is outside 0..{groups - 1}")
+    if args.batch_mode == "global" and args.batch_size % (groups * group_world_size):
+        raise SystemExit(
+            f"ft_mlp: --batch-size {args.batch_size} is not a multiple of groups x ranks ({groups * group_world_size})"
+        )
+    probe = Probe(
+        env.get(ENV_EVENTS),
+        rank=replica_rank(group, group_rank, group_world_size),
+        world_size=groups * group_world_size,
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        node=env.get(ENV_NODE, "node0"),
+        incarnation=incarnation_from_env(),
+    )
+    pid = os.getpid()
+    probe.emit(
+        "rank_start", pid=pid, pid_ticks=start_ticks(pid), world_size=probe.world_size, local_rank=probe.local_rank,
+        node=probe.node, replica_group=group, group_rank=group_rank, group_world_size=group_world_size,
+        global_batch=global_batch(args.batch_mode, args.batch_size, groups, group_world_size, groups),
+        batch_mode=args.batch_mode,
+    )  # fmt: skip
+    try:
+        return _train(args, probe, group, groups, group_rank, group_world_size)
+    finally:
+        probe.close()
+
+
+def _train(
+    args: argparse.Namespace, probe: Probe, group: int, groups: int, group_rank: int, group_world_size: int
+) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed import ReduceOp
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing import HTTPTransport
+
+    from chaosbench.workloads.ddp_mlp import mix_seed, params_digest
+
+    level = os.environ.get(ENV_LOGLEVEL, "WARNING").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    torch.set_num_threads(1)
+    framework = os.environ.get(ENV_FRAMEWORK, "torchft")
+    K = group_world_size
+
+    # Model init is identical in every process (no init sync needed); no dropout: no RNG state to carry.
+    torch.manual_seed(mix_seed(args.seed, 0x6D6F64656C))
+    layers: list[nn.Module] = []
+    width = IN_FEATURES
+    for _ in range(args.layers):
+        layers += [nn.Linear(width, args.hidden), nn.ReLU()]
+        width = args.hidden
+    layers.append(nn.Linear(width, OUT_FEATURES))
+    net = nn.Sequential(*layers)
+    params = list(net.parameters())
+    optimizer = torch.optim.SGD(params, lr=args.lr, momentum=MOMENTUM)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP_SIZE, gamma=LR_GAMMA)
+    teacher_gen = torch.Generator().manual_seed(mix_seed(args.seed, 0x7465616368))
+    teacher = torch.randn(IN_FEATURES, OUT_FEATURES, generator=teacher_gen) / IN_FEATURES**0.5
+
+    heal: dict[str, Any] = {}
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": net.state_dict(), "optim": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        net.load_state_dict(sd["model"])
+        optimizer.load_state_dict(sd["optim"])
+        scheduler.load_state_dict(sd["scheduler"])
+        t0 = heal.pop("t0", None)
+        probe.emit("heal_end", step=heal.pop("step", None),
+                   duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
+        print(f"healed to step {heal.get('last_step')}", flush=True)
+
+    class ProbedTransport(HTTPTransport):  # type: ignore[misc,type-arg]
+        """torchft's HTTP checkpoint transport, with heal events on the timeline."""
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+            heal.update(t0=time.perf_counter(), step=step, last_step=step)
+            probe.emit("heal_begin", step=step, src_replica_rank=src_rank)
+            return super().recv_checkpoint(src_rank, metadata, step, timeout)
+
+        def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+            probe.emit("heal_send", step=step, dst_replica_ranks=list(dst_ranks))
+            super().send_checkpoint(dst_ranks, step, state_dict, timeout)
+
+    if K > 1:  # the ranks of one group reduce among themselves first (torchft's pg spans the groups)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
+    manager_timeout = timedelta(seconds=float(os.environ.get("TORCHFT_TIMEOUT_SEC", "60")))
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=args.pg_timeout_s)),
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=int(os.environ.get(ENV_MIN_REPLICAS, "1")),
+        use_async_quorum=False,
+        replica_id=f"chaosbench_{group}",
+        hostname=os.environ.get(ENV_HOSTNAME) or __import__("socket").gethostname(),
+        heartbeat_interval=timedelta(seconds=float(os.environ.get(ENV_HEARTBEAT_S, "0.1"))),
+        checkpoint_transport=ProbedTransport(timeout=manager_timeout, num_chunks=0),
+        init_sync=False,
+    )
+
+    def batch(step: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(mix_seed(args.seed, step, index))
+        x = torch.randn(size, IN_FEATURES, generator=gen)
+        return x, torch.tanh(x @ teacher)
+
+    numel = sum(p.numel() for p in params)
+    loss_fn = nn.MSELoss()
+    planted = Planted(probe)
+    quorum_id: int | None = None
+    participants_prev: int | None = None
+    errored_streak = False
+    loss_value: float | None = None
+    # With min_replica_size below G the first group up would train alone until the others join (and then
+    # heal them): at the job's start (not in a restarted group) wait for a quorum that holds every group.
+    start_groups = int(os.environ.get(ENV_START_GROUPS, "1")) if probe.incarnation == 0 else 1
+    start_deadline = time.monotonic() + float(os.environ.get(ENV_START_TIMEOUT_S, "60"))
+    while manager.current_step() < args.steps:
+        manager.start_quorum()  # synchronous: a lagging group heals here, before computing
+        n = manager.num_participants()
+        if manager.current_step() == 0 and n < start_groups and time.monotonic() < start_deadline:
+            time.sleep(0.05)
+            continue
+        p = manager.participating_rank()
+        qid = getattr(manager, "_quorum_id", None)  # torchft 0.2.0 keeps it private
+        if qid != quorum_id:
+            probe.emit("quorum", quorum_id=qid, participants=n, previous_participants=participants_prev,
+                       replica_rank=p, step=manager.current_step())  # fmt: skip
+            if participants_prev is not None and n < participants_prev:
+                probe.emit("detect", framework=framework, via="manager",
+                           reason=f"quorum {qid}: {n} of {participants_prev} replica groups")  # fmt: skip
+            quorum_id, participants_prev = qid, n
+        step = manager.current_step() + 1
+        planted.before_step(step)
+        t_step = time.perf_counter()
+        buf = torch.zeros(numel + 1, dtype=torch.float64)
+        if args.batch_mode == "global":
+            mb = args.batch_size // (groups * K)
+            mine = [slot * K + group_rank for slot in replica_slots(p, n, groups)] if p is not None else []
+            scale = groups * K
+        else:
+            mb = args.batch_size
+            mine = [group * K + group_rank] if p is not None else []
+            scale = max(1, n) * K
+        for index in mine:
+            x, y = batch(step, index, mb)
+            for q in params:
+                q.grad = None
+            loss = loss_fn(net(x), y) / scale
+            loss.backward()
+            off = 0
+            for q in params:
+                g = q.grad
+                assert g is not None
+                buf[off : off + q.numel()] += g.reshape(-1).double()
+                off += q.numel()
+            buf[numel] += float(loss.detach())
+        if args.step_sleep_s > 0:
+            time.sleep(args.step_sleep_s)
+        t_comm = time.perf_counter()
+        if K > 1:
+            dist.all_reduce(buf)
+        manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        off = 0
+        for q in params:
+            q.grad = buf[off : off + q.numel()].to(torch.float32).view_as(q).clone()
+            off += q.numel()
+        planted.after_backward(step, params)
+        if manager.should_commit():
+            optimizer.step()
+            scheduler.step()
+            planted.after_update(step, params)
+            errored_streak = False
+            loss_value = float(buf[numel])
+            planted.check_loss(step, loss_value)
+            probe.emit(
+                "step", step=manager.current_step(), loss=loss_value, duration_s=time.perf_counter() - t_step,
+                participants=n, quorum_id=qid, committed=True,
+                global_batch=global_batch(args.batch_mode, args.batch_size, groups, K, n),
+            )  # fmt: skip
+            print(f"step {manager.current_step()} loss {loss_value:.6f} participants {n}", flush=True)
+        else:
+            err = manager.errored()
+            reason = (
+                f"{type(err.original_exception).__name__}: {str(err.original_exception).splitlines()[0][:300]}"
+                if err is not None
+                else f"not enough replica groups ({n} < min_replica_size)"
+            )
+            # duration_s: the compute thrown away; collective_s: the time spent in the failed reduction and vote
+            probe.emit("step_skipped", step=step, reason=reason, duration_s=t_comm - t_step,
+                       collective_s=time.perf_counter() - t_comm, participants=n, quorum_id=qid)  # fmt: skip
+            if not errored_streak:
+                probe.emit("detect", framework=framework, via="manager", reason=f"step {step} not committed: {reason}")
+                errored_streak = True
+            print(f"step {step} skipped: {reason}", flush=True)
+
+    digest = params_digest(net)
+    probe.train_end(manager.current_step(), loss_value, digest)
+    print(f"final digest {digest}", flush=True)
+    manager.shutdown(wait=True)
+    if K > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+class FtMlpOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(default=60, ge=1, description="committed steps to train")
+    batch_mode: str = Field(default="global", description="global (fixed global batch) | replica (upstream DDP)")
+    batch_size: int = Field(default=32, ge=1, description="global: per step over all groups; replica: per rank")
+    hidden: int = Field(default=128, ge=1)
+    layers: int = Field(default=2, ge=1)
+    lr: float = Field(default=0.01, gt=0)
+    pg_timeout_s: float = Field(default=60.0, gt=0, description="gloo timeout of torchft's process group")
+    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates compute)")
+    groups: int | None = Field(
+        default=None, ge=1, description="replica groups (default: workload.nodes; ranks / groups per group)"
+    )
+
+    @model_validator(mode="after")
+    def _mode(self) -> FtMlpOptions:
+        if self.batch_mode not in BATCH_MODES:
+            raise ValueError(f"batch_mode must be one of {', '.join(BATCH_MODES)}")
+        return self
+
+
+class FtMlpWorkload(Workload):
+    """The ft-mlp workload (see :mod:`chaosbench.workloads.ft_mlp`); needs the ``torchft`` adapter.
+
+    ``workload.ranks`` is the total over all replica groups; the groups are ``groups`` (default: ``nodes``),
+    so ``{name: ft-mlp, ranks: 2, nodes: 2}`` or ``{ranks: 2, groups: 2}`` is 2 groups of 1 rank."""
+
+    name: ClassVar[str] = "ft-mlp"
+    Options = FtMlpOptions  # type: ignore[assignment]
+
+    def replica_groups(self) -> int:
+        o: Any = self.options
+        groups = int(o.groups or self.spec.nodes)
+        if self.spec.ranks % groups:
+            raise ValueError(f"ft-mlp: ranks ({self.spec.ranks}) must be a multiple of groups ({groups})")
+        return groups
+
+    def argv(self, job: JobContext) -> list[str]:
+        o: Any = self.options
+        if o.batch_mode == "global" and o.batch_size % self.spec.ranks:
+            from chaosbench.errors import ChaosbenchError
+
+            raise ChaosbenchError(
+                f"ft-mlp: batch_size {o.batch_size} must be a multiple of ranks ({self.spec.ranks}) in global mode"
+            )
+        return [
+            sys.executable, "-m", "chaosbench.workloads.ft_mlp",
+            "--steps", str(o.steps),
+            "--seed", str(job.scenario.seed),
+            "--batch-mode", o.batch_mode,
+            "--batch-size", str(o.batch_size),
+            "--hidden", str(o.hidden),
+            "--layers", str(o.layers),
+            "--lr", str(o.lr),
+            "--pg-timeout-s", str(o.pg_timeout_s),
+            "--step-sleep-s", str(o.step_sleep_s),
+        ]  # fmt: skip
+
+    @property
+    def pg_timeout_s(self) -> float | None:
+        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
+
+    @property
+    def total_steps(self) -> int | None:
+        return int(self.options.steps)  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
