@@ -32,8 +32,17 @@ def _stale_slurm_jobs(results_dir: Path) -> list[str]:
     return cleanup_stale_jobs(results_dir)
 
 
+def _docker_objects(results_dir: Path) -> list[str]:
+    """Containers and networks labelled with a crashed run's id (qdiscs and rules go with the containers)."""
+    try:
+        from chaosbench.runtimes.docker import remove_run_objects
+    except ImportError:
+        return []
+    return remove_run_objects(results_dir)
+
+
 #: Extra cleaners (FUSE mounts, containers, ...): each gets the results directory and returns what it did.
-CLEANERS: list[Callable[[Path], list[str]]] = [_stale_mounts, _stale_slurm_jobs]
+CLEANERS: list[Callable[[Path], list[str]]] = [_stale_mounts, _stale_slurm_jobs, _docker_objects]
 
 
 def _events_files(root: Path) -> list[Path]:
@@ -58,8 +67,14 @@ def unfinished_runs(results_dir: Path) -> list[Path]:
 
 def _recorded_processes(run_dir: Path) -> list[tuple[int, int | None, str]]:
     procs = []
-    for e in read_events(run_dir / "events.jsonl"):
-        if e.kind in ("proc_start", "rank_start") and e.get("pid") is not None:
+    events = read_events(run_dir / "events.jsonl")
+    start = next((e for e in events if e.kind == "run_start"), None)
+    # On docker a rank reports its pid in the container's pid namespace, not a host pid; the runtime records
+    # the host pid of each exec'd process in proc_start.
+    in_containers = start is not None and str(start.get("runtime", "")).startswith("docker")
+    kinds = ("proc_start",) if in_containers else ("proc_start", "rank_start")
+    for e in events:
+        if e.kind in kinds and e.get("pid") is not None:
             procs.append((int(e["pid"]), e.get("pid_ticks"), str(e.get("proc") or f"rank{e.get('rank')}")))
     return procs
 

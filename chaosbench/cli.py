@@ -175,6 +175,13 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def schedule_strategy_check(fuzzer: Any) -> None:
+    """Reject unknown fault kinds before any run starts."""
+    from chaosbench.fuzz import schedule_strategy
+
+    schedule_strategy(30, 10, 2, fuzzer.max_faults, fuzzer.kinds)
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from chaosbench.fuzz import Fuzzer
     from chaosbench.specs import load_suite
@@ -183,7 +190,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     framework = args.framework or suite.matrix.frameworks[0]
     try:
         fuzzer = Fuzzer(suite, framework, args.out, max_examples=args.examples, max_runs=args.max_runs,
-                        max_faults=args.max_faults, seed=args.seed, progress=_progress)  # fmt: skip
+                        max_faults=args.max_faults, seed=args.seed, progress=_progress,
+                        kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))  # fmt: skip
+        schedule_strategy_check(fuzzer)
     except ValueError as exc:
         raise SpecError(f"{args.suite}: {exc}") from None
     res = fuzzer.fuzz()
@@ -197,6 +206,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     print(f"run directory: {res.run_dir}")
     print(f"reproducer: {path}  (chaosbench run {path})")
     return EXIT_SLO
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from chaosbench.images import main_build
+
+    return main_build(force=args.force)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--max-runs", type=int, default=30, help="real runs at most, shrinking included (default 30)")
     fz.add_argument("--max-faults", type=int, default=2, help="faults per schedule at most (default 2)")
     fz.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
+    fz.add_argument("--kinds", default="kill,hang,torn-write,straggler",
+                    help="fault kinds to draw from, comma-separated (default: kill,hang,torn-write,straggler)")  # fmt: skip
     fz.add_argument("--out", default="reports", help="results directory (default: reports)")
     fz.add_argument("--write", metavar="YAML", help="reproducer path (default: OUT/<suite>-repro.yaml)")
     fz.set_defaults(fn=cmd_fuzz)
@@ -255,12 +272,21 @@ def build_parser() -> argparse.ArgumentParser:
     bl.set_defaults(fn=cmd_baseline)
     f = sub.add_parser("faults", help="list the injectors and their parameters")
     f.set_defaults(fn=cmd_faults)
-    c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts)",
+    c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts, "
+                                                 "containers, networks)",
                        description="End the recorded processes of runs that never ended (pid and start time "
                                    "must both match) and remove their cgroups and mounts; nothing else.")  # fmt: skip
     c.add_argument("dir", nargs="?", default="reports", help="results directory (default: reports)")
     c.add_argument("--dry-run", action="store_true", help="only print what would be done")
     c.set_defaults(fn=cmd_cleanup)
+    img = sub.add_parser("image", help="the docker runtime's default node image")
+    isub = img.add_subparsers(dest="image_cmd", required=True)
+    b = isub.add_parser("build", help="build the default node image from local files (no registry needed)",
+                        description="Import the docker runtime's default node image (an empty layer; the host's "
+                                    "Python, torch and chaosbench are mounted read-only at run time) unless it "
+                                    "exists, and print its tag.")  # fmt: skip
+    b.add_argument("--force", action="store_true", help="import it again even if it exists")
+    b.set_defaults(fn=cmd_image)
     return p
 
 

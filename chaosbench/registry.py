@@ -79,6 +79,13 @@ INJECTORS: Registry[Any] = Registry(
         "local-node-kill": "chaosbench.injectors.localnode:LocalNodeKillInjector",
         "stall-fs": "chaosbench.injectors.stallfs:StallFsInjector",
         "slurm-node-down": "chaosbench.injectors.slurm_node:SlurmNodeDownInjector",
+        "node-kill": "chaosbench.injectors.node:NodeKillInjector",
+        "node-pause": "chaosbench.injectors.node:NodePauseInjector",
+        "node-cpu": "chaosbench.injectors.node:NodeCpuInjector",
+        "net-delay": "chaosbench.injectors.network:NetDelayInjector",
+        "net-loss": "chaosbench.injectors.network:NetLossInjector",
+        "net-bandwidth": "chaosbench.injectors.network:NetBandwidthInjector",
+        "partition": "chaosbench.injectors.network:PartitionInjector",
     },
 )
 
@@ -101,6 +108,7 @@ RUNTIMES: Registry[Any] = Registry(
     "chaosbench.runtimes",
     {
         "local": "chaosbench.runtimes.local:LocalRuntime",
+        "docker": "chaosbench.runtimes.docker:DockerRuntime",
         "slurm": "chaosbench.runtimes.slurm:SlurmRuntime",
     },
 )

@@ -194,6 +194,9 @@ class Runner:
                 "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
                 options=plan.options,
             )  # fmt: skip
+            provision = getattr(runtime, "provision", None)
+            if provision is not None:  # container nodes: started now (after the faults' prepare), all at once
+                provision(sc.workload.nodes)
             for controller in controllers:
                 follower.subscribe(controller)
             control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
@@ -218,7 +221,9 @@ class Runner:
                                   error=f"{type(exc).__name__}: {exc}")  # fmt: skip
             if hasattr(runtime, "leftovers"):
                 leftovers = runtime.leftovers()
-            timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers)
+            objects: list[str] = runtime.leftover_objects() if hasattr(runtime, "leftover_objects") else []
+            timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers,
+                          leftover_objects=objects)  # fmt: skip
             follower.stop()
             timeline.close()
         return RunRecord(sc, run_dir, result, leftovers=leftovers)

@@ -54,6 +54,10 @@ EVENT_KINDS: dict[str, str] = {
     "restart": "framework, attempt, reason (the framework relaunches the job or worker group)",
     "give_up": "framework, reason (the framework stopped trying)",
     "log": "proc, line, pattern (a user-defined pattern matched a log line)",
+    "node_start": "node, container, spare (bool), reason (provision|reboot|takeover|spare), replaces (takeover)",
+    "node_exit": "node, container, exit_code, reason (node-kill|cleanup|died): a node's container stopped",
+    "node_pause": "node, container (docker pause: every process of the node frozen)",
+    "node_unpause": "node, container",
     "step_skipped": "rank, step (the index attempted), reason, duration_s (compute thrown away), collective_s, "
     "participants, quorum_id, incarnation (per-step commit: a step computed but not committed; no rollback)",
     "quorum": "quorum_id, participants, previous_participants, then replica_rank, step, rank, incarnation (a "

@@ -58,6 +58,7 @@ class _Heartbeats:
         self.incarnation = 0
         self.last_ns: dict[int, int] = {}
         self.stepped: set[int] = set()
+        self.finished: set[int] = set()  # ranks past train_end: a slow exit is not a hang
         self._lock = threading.Lock()
 
     def reset(self, incarnation: int) -> None:
@@ -65,14 +66,18 @@ class _Heartbeats:
             self.incarnation = incarnation
             self.last_ns.clear()
             self.stepped.clear()
+            self.finished.clear()
 
     def __call__(self, ev: Event) -> None:
-        if ev.src != "rank" or ev.kind not in self.BEATS:
+        if ev.src != "rank" or ev.kind not in (*self.BEATS, "train_end"):
             return
         with self._lock:
             if ev.get("incarnation") != self.incarnation:
                 return
             rank = int(ev.get("rank", -1))
+            if ev.kind == "train_end":
+                self.finished.add(rank)
+                return
             self.last_ns[rank] = max(self.last_ns.get(rank, 0), ev.t_ns)
             if ev.kind == "step":
                 self.stepped.add(rank)
@@ -82,7 +87,7 @@ class _Heartbeats:
         with self._lock:
             worst: tuple[int, float] | None = None
             for r in range(ranks):
-                if r not in self.stepped:
+                if r not in self.stepped or r in self.finished:
                     continue
                 age = (now - self.last_ns.get(r, now)) / 1e9
                 if age > timeout_s and (worst is None or age > worst[1]):

@@ -35,6 +35,13 @@ _LINE_STYLES: dict[str, dict[str, Any]] = {
     "give up": {"color": "#000000", "lw": 1.0, "ls": "--"},
     "run end": {"color": "#999999", "lw": 0.8, "ls": "--"},
 }
+_NODE_KINDS = {"node_start", "node_exit", "node_pause", "node_unpause"}
+_NODE_STYLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "node_start": ("node start", {"marker": "^", "color": "#2ca02c"}),
+    "node_exit": ("node exit", {"marker": "v", "color": "#d62728"}),
+    "node_pause": ("node pause", {"marker": "s", "color": "#1f77b4", "fillstyle": "none"}),
+    "node_unpause": ("node unpause", {"marker": "s", "color": "#1f77b4"}),
+}
 _RANK_KINDS = {"rank_start", "rank_exit", "step", "ckpt_save_begin", "ckpt_save_end", "train_end"}
 
 
@@ -116,6 +123,11 @@ def plot_timeline(
     proc_lane = len(rank_order) if proc_events else None
     if proc_lane is not None:
         labels.append("processes")
+    # One lane per node whose container start/exit/pause is on the timeline (docker runtime).
+    node_events = [ev for ev in events if ev.kind in _NODE_KINDS and ev.get("node")]
+    node_names = sorted({str(ev.get("node")) for ev in node_events})
+    node_lane = {n: len(labels) + i for i, n in enumerate(node_names)}
+    labels += [f"node {n}" for n in node_names]
 
     fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
     FigureCanvasAgg(fig)
@@ -153,6 +165,14 @@ def plot_timeline(
                 name, style = "process exit (failed)", {"marker": "X", "color": "#d62728"}
             (h,) = ax.plot([x], [proc_lane], ls="none", ms=5, **style)
             handles.setdefault(name, h)
+
+    # Nodes lanes: container start (reboot, spare takeover), exit (lost, cleanup), pause and unpause.
+    for ev in node_events:
+        x = rel(ev)
+        xs_all.append(x)
+        name, style = _NODE_STYLES[ev.kind]
+        (h,) = ax.plot([x], [node_lane[str(ev.get("node"))]], ls="none", ms=5, **style)
+        handles.setdefault(name, h)
 
     # Vertical markers.
     def vline(x: float | None, name: str) -> None:

@@ -1,0 +1,354 @@
+"""Network faults on container nodes, applied inside each node's network namespace from the host
+(``nsenter -t <node init pid> -n tc|iptables ...``): ``net-delay``, ``net-loss``, ``net-bandwidth``, ``partition``.
+
+Each acts on the node's ``eth0`` (the run's internal network; traffic between ranks of one node over ``lo`` is
+not touched) and, like ``tc netem`` on an interface, on what the node sends (``direction: egress``) unless
+asked otherwise. How (``method``):
+
+- ``net-delay`` (``delay_ms``, ``jitter_ms``): ``tc qdisc add dev eth0 root netem delay D J`` where the kernel
+  has sch_netem; else (``nfqueue``) an iptables ``NFQUEUE --queue-bypass`` rule hands the packets to
+  :mod:`chaosbench.netdelay`, a userspace delayer started in the node's namespace, which accepts each packet
+  after ``D`` +- uniform ``J`` ms. An in-container TCP proxy would not do: gloo connects directly between ranks.
+- ``net-loss`` (``percent``): netem ``loss P%``; else (``iptables``) ``-m statistic --mode random --probability
+  p -j DROP``.
+- ``net-bandwidth`` (``rate``): ``tbf`` as the root qdisc (works without netem).
+- ``partition`` (``groups`` of nodes): iptables DROP (or REJECT) of every packet between nodes of different
+  groups, in both directions, in each node's namespace; nodes in no group keep talking to everyone.
+
+Reverts delete exactly the rules and qdiscs the firing added (rules carry the comment
+``chaosbench:<run id>:<fault>:<index>``) and stop the delayer (which first accepts every packet it still
+holds). All of it lives in the node's network namespace, so it also ends with the container (a crashed
+harness: ``chaosbench cleanup`` removes the containers; the delayer exits when the harness is gone). A node
+rebooted since the fault has a fresh namespace: nothing is left to revert there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from chaosbench import procutil
+from chaosbench.errors import ChaosbenchError, MissingEngine
+from chaosbench.injectors.base import FaultContext, Injector, RunSetup
+from chaosbench.injectors.node import NodeControl, node_control, target_nodes
+
+if TYPE_CHECKING:
+    from chaosbench.specs import Target, Trigger
+
+IFACE = "eth0"
+TOOLS = ("nsenter", "tc", "iptables")
+READY_TIMEOUT_S = 10.0
+#: What ``tc`` says when the kernel lacks a qdisc (netem is a module many kernels do not ship).
+NO_QDISC = re.compile(r"Specified qdisc kind is unknown|Unknown qdisc|No such file or directory")
+Direction = Literal["egress", "ingress", "both"]
+
+
+def check_tools() -> None:
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        raise MissingEngine(f"network faults need {', '.join(missing)} on the host (apt-get install iproute2 "
+                            "iptables util-linux)")  # fmt: skip
+
+
+def nsexec(rt: NodeControl, node: str, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a host tool inside the node's network namespace."""
+    cmd = ["nsenter", "-t", str(rt.node_pid(node)), "-n", *argv]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if check and res.returncode != 0:
+        raise ChaosbenchError(f"{node}: {' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}")
+    return res
+
+
+def iface(rt: NodeControl, node: str) -> str:
+    """The node's interface on the run network (``eth0`` unless the runtime knows better)."""
+    fn = getattr(rt, "node_iface", None)
+    return str(fn(node)) if fn is not None else IFACE
+
+
+def rule_tag(ctx: FaultContext, fault: str) -> list[str]:
+    return ["-m", "comment", "--comment", f"chaosbench:{ctx.setup.run_id}:{fault}:{ctx.index}"]
+
+
+def chains(direction: Direction) -> list[tuple[str, str]]:
+    """(chain, interface option) pairs for a direction."""
+    out = []
+    if direction in ("egress", "both"):
+        out.append(("OUTPUT", "-o"))
+    if direction in ("ingress", "both"):
+        out.append(("INPUT", "-i"))
+    return out
+
+
+class _NetInjector(Injector):
+    """Shared life cycle: checks, per-node rules and qdiscs remembered in ``ctx.state``, guaranteed revert."""
+
+    needs_process: ClassVar[bool] = True
+
+    def prepare(self, setup: RunSetup) -> None:
+        node_control(setup.runtime, self.name)
+        check_tools()
+
+    @property
+    def duration_s(self) -> float | None:
+        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
+
+    def _add_rule(self, ctx: FaultContext, rt: NodeControl, node: str, chain: str, spec: list[str]) -> None:
+        nsexec(rt, node, ["iptables", "-w", "5", "-A", chain, *spec])
+        ctx.state.setdefault("rules", []).append((node, chain, spec))
+
+    def _add_qdisc(self, ctx: FaultContext, rt: NodeControl, node: str, kind: str, args: list[str]) -> bool:
+        """``tc qdisc add dev eth0 root KIND ARGS``; False when the kernel lacks the qdisc."""
+        res = nsexec(rt, node, ["tc", "qdisc", "add", "dev", iface(rt, node), "root", kind, *args], check=False)
+        if res.returncode != 0:
+            if NO_QDISC.search(res.stderr):
+                return False
+            raise ChaosbenchError(f"{node}: tc qdisc add {kind}: {res.stderr.strip()}")
+        ctx.state.setdefault("qdiscs", []).append((node, kind, iface(rt, node)))
+        return True
+
+    def revert(self, ctx: FaultContext) -> bool:
+        rt = node_control(ctx.runtime, self.name)
+        undone = False
+        for node, chain, spec in reversed(ctx.state.pop("rules", [])):
+            with contextlib.suppress(ChaosbenchError, ProcessLookupError, OSError, subprocess.SubprocessError):
+                if nsexec(rt, node, ["iptables", "-w", "5", "-D", chain, *spec], check=False).returncode == 0:
+                    undone = True
+        for node, kind, dev in ctx.state.pop("qdiscs", []):
+            with contextlib.suppress(ChaosbenchError, ProcessLookupError, OSError, subprocess.SubprocessError):
+                shown = nsexec(rt, node, ["tc", "qdisc", "show", "dev", dev, "root"], check=False).stdout
+                if shown.startswith(f"qdisc {kind} "):  # a rebooted node has its default qdisc again
+                    nsexec(rt, node, ["tc", "qdisc", "del", "dev", dev, "root"])
+                    undone = True
+        for delayer in ctx.state.pop("delayers", []):
+            undone = _stop_delayer(ctx, self.fault_name, delayer) or undone
+        return undone
+
+
+# ------------------------------------------------------------------------------------------------ delay
+class NetDelayParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    delay_ms: float = Field(gt=0, description="added latency per packet (ms)")
+    jitter_ms: float = Field(default=0.0, ge=0, description="uniform +- jitter (ms); packets may reorder")
+    duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
+    direction: Direction = Field(default="egress", description="packets the node sends, receives, or both")
+    method: Literal["auto", "netem", "nfqueue"] = Field(default="auto", description="netem if the kernel has "
+                                                        "it, else an NFQUEUE userspace delayer")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _jitter(self) -> NetDelayParams:
+        if self.jitter_ms > self.delay_ms:
+            raise ValueError("jitter_ms must not exceed delay_ms")
+        return self
+
+
+def _start_delayer(ctx: FaultContext, rt: NodeControl, node: str, queue: int, p: Any) -> dict[str, Any]:
+    cmd = ["nsenter", "-t", str(rt.node_pid(node)), "-n", sys.executable, "-m", "chaosbench.netdelay",
+           "--queue", str(queue), "--delay-ms", str(p.delay_ms), "--jitter-ms", str(p.jitter_ms),
+           "--seed", str(ctx.rng.randrange(2**31)), "--parent-pid", str(os.getpid())]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, start_new_session=True)  # fmt: skip
+    ready = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.strip() == "ready":
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True, name=f"netdelay-{node}")
+    reader.start()
+    if not ready.wait(READY_TIMEOUT_S):
+        proc.kill()
+        err = proc.stderr.read() if proc.stderr else ""
+        raise ChaosbenchError(f"{node}: the NFQUEUE delayer did not start: {err.strip()[-300:]}")
+    ctx.timeline.emit("proc_start", src="injector", proc=f"netdelay.{node}.{ctx.index}", pid=proc.pid,
+                      pid_ticks=procutil.start_ticks(proc.pid), role="injector", node=node)  # fmt: skip
+    return {"node": node, "proc": proc, "reader": reader, "lines": lines}
+
+
+def _stop_delayer(ctx: FaultContext, fault: str, d: dict[str, Any]) -> bool:
+    proc: subprocess.Popen[str] = d["proc"]
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    d["reader"].join(timeout=2)
+    counters = next((ln for ln in reversed(d["lines"]) if ln.startswith("{")), None)
+    ctx.timeline.emit("proc_exit", src="injector", proc=f"netdelay.{d['node']}.{ctx.index}", pid=proc.pid,
+                      returncode=proc.returncode, role="injector", node=d["node"])  # fmt: skip
+    ctx.timeline.emit("log", src="injector", proc=f"netdelay.{d['node']}.{ctx.index}", fault=fault,
+                      line=f"netdelay counters {counters}")  # fmt: skip
+    return True
+
+
+class NetDelayInjector(_NetInjector):
+    """Adds latency (and jitter) to a node's packets: netem, else an NFQUEUE userspace delayer."""
+
+    name: ClassVar[str] = "net-delay"
+    summary: ClassVar[str] = "add latency/jitter to a node's packets (netem, else an NFQUEUE userspace delayer)"
+    Params = NetDelayParams  # type: ignore[assignment]
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        p: Any = self.params
+        rt = node_control(ctx.runtime, self.name)
+        used: dict[str, str] = {}
+        for node in target_nodes(ctx):
+            if p.method in ("auto", "netem") and p.direction == "egress":
+                args = ["delay", f"{p.delay_ms}ms"] + ([f"{p.jitter_ms}ms"] if p.jitter_ms else [])
+                if self._add_qdisc(ctx, rt, node, "netem", args):
+                    used[node] = "netem"
+                    continue
+                if p.method == "netem":
+                    raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: nfqueue)")
+            elif p.method == "netem":
+                raise ChaosbenchError("netem delays only egress; use method: nfqueue for ingress/both")
+            queue = 4200 + ctx.index % 1000
+            delayer = _start_delayer(ctx, rt, node, queue, p)
+            ctx.state.setdefault("delayers", []).append(delayer)
+            for chain, opt in chains(p.direction):
+                spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-j", "NFQUEUE", "--queue-num", str(queue),
+                        "--queue-bypass"]  # fmt: skip
+                self._add_rule(ctx, rt, node, chain, spec)
+            used[node] = "nfqueue"
+        return {"method": used, "delay_ms": p.delay_ms, "jitter_ms": p.jitter_ms, "direction": p.direction}
+
+
+# ------------------------------------------------------------------------------------------------ loss
+class NetLossParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    percent: float = Field(gt=0, le=100, description="share of packets dropped (%)")
+    duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
+    direction: Direction = Field(default="egress", description="packets the node sends, receives, or both")
+    method: Literal["auto", "netem", "iptables"] = Field(default="auto", description="netem if the kernel "
+                                                         "has it, else iptables statistic DROP")  # fmt: skip
+
+
+class NetLossInjector(_NetInjector):
+    """Drops a random share of a node's packets: netem loss, else iptables ``statistic`` DROP."""
+
+    name: ClassVar[str] = "net-loss"
+    summary: ClassVar[str] = "drop a random share of a node's packets (netem, else iptables statistic)"
+    Params = NetLossParams  # type: ignore[assignment]
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        p: Any = self.params
+        rt = node_control(ctx.runtime, self.name)
+        used: dict[str, str] = {}
+        for node in target_nodes(ctx):
+            if p.method in ("auto", "netem") and p.direction == "egress":
+                if self._add_qdisc(ctx, rt, node, "netem", ["loss", f"{p.percent}%"]):
+                    used[node] = "netem"
+                    continue
+                if p.method == "netem":
+                    raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: iptables)")
+            for chain, opt in chains(p.direction):
+                spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-m", "statistic", "--mode", "random",
+                        "--probability", f"{p.percent / 100:.6f}", "-j", "DROP"]  # fmt: skip
+                self._add_rule(ctx, rt, node, chain, spec)
+            used[node] = "iptables"
+        return {"method": used, "percent": p.percent, "direction": p.direction}
+
+
+# ------------------------------------------------------------------------------------------------ bandwidth
+class NetBandwidthParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rate: str = Field(description="egress rate limit in tc units, e.g. 1mbit, 500kbit")
+    burst: str = Field(default="32kbit", description="tbf bucket size")
+    latency_ms: float = Field(default=50.0, gt=0, description="tbf: longest a packet may wait in the bucket")
+    duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
+
+    @field_validator("rate", "burst")
+    @classmethod
+    def _units(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+(\.\d+)?([kmg]?(bit|bps)|[kmg]?b?)", v.strip().lower()):
+            raise ValueError(f"{v!r}: give a tc rate/size like 1mbit, 500kbit or 32kb")
+        return v.strip().lower()
+
+
+class NetBandwidthInjector(_NetInjector):
+    """Limits a node's egress bandwidth with a token bucket (tbf root qdisc on eth0)."""
+
+    name: ClassVar[str] = "net-bandwidth"
+    summary: ClassVar[str] = "limit a node's egress bandwidth (tbf)"
+    Params = NetBandwidthParams  # type: ignore[assignment]
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        p: Any = self.params
+        rt = node_control(ctx.runtime, self.name)
+        for node in target_nodes(ctx):
+            args = ["rate", p.rate, "burst", p.burst, "latency", f"{p.latency_ms}ms"]
+            if not self._add_qdisc(ctx, rt, node, "tbf", args):
+                raise ChaosbenchError(f"{node}: the kernel has no tbf qdisc")
+        return {"method": "tbf", "rate": p.rate, "burst": p.burst}
+
+
+# ------------------------------------------------------------------------------------------------ partition
+class PartitionParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    groups: list[list[str]] = Field(description="groups of nodes that can no longer reach each other")
+    action: Literal["drop", "reject"] = Field(default="drop", description="drop silently, or reject (RST/ICMP)")
+    duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: list[list[str]]) -> list[list[str]]:
+        if len(v) < 2 or any(not g for g in v):
+            raise ValueError("give at least two non-empty groups, e.g. [[node0], [node1]]")
+        flat = [n for g in v for n in g]
+        if len(flat) != len(set(flat)):
+            raise ValueError("a node may be in one group only")
+        for n in flat:
+            if not re.fullmatch(r"node\d+", n):
+                raise ValueError(f"{n!r} is not a node name (node0, node1, ...)")
+        return v
+
+
+class PartitionInjector(_NetInjector):
+    """Cuts the network between groups of nodes (iptables in each node's namespace, both directions)."""
+
+    name: ClassVar[str] = "partition"
+    summary: ClassVar[str] = "cut the network between groups of nodes (iptables DROP/REJECT)"
+    Params = PartitionParams  # type: ignore[assignment]
+    needs_process: ClassVar[bool] = False
+
+    @classmethod
+    def check_target(cls, target: Target, trigger: Trigger) -> str | None:
+        if target.node is not None or target.ranks is not None or isinstance(target.rank, int) or target.all:
+            return "partition takes its nodes from params.groups; leave target out"
+        return None
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        p: Any = self.params
+        rt = node_control(ctx.runtime, self.name)
+        known = set(rt.node_names())
+        unknown = [n for g in p.groups for n in g if n not in known]
+        if unknown:
+            raise ChaosbenchError(f"partition: no such nodes {unknown} (nodes: {sorted(known)})")
+        ips = {n: rt.node_ip(n) for g in p.groups for n in g}
+        group_of = {n: i for i, g in enumerate(p.groups) for n in g}
+        verdict = ["-j", "DROP"] if p.action == "drop" else ["-j", "REJECT"]
+        tag = rule_tag(ctx, self.fault_name)
+        for node, gi in group_of.items():
+            for peer, gj in group_of.items():
+                if gi == gj:
+                    continue
+                if p.action == "reject":  # a reset for TCP, so a peer's connect/recv fails at once
+                    for chain, addr in (("OUTPUT", "-d"), ("INPUT", "-s")):
+                        self._add_rule(ctx, rt, node, chain, [addr, ips[peer], "-p", "tcp", *tag, "-j", "REJECT",
+                                                              "--reject-with", "tcp-reset"])  # fmt: skip
+                self._add_rule(ctx, rt, node, "OUTPUT", ["-d", ips[peer], *tag, *verdict])
+                self._add_rule(ctx, rt, node, "INPUT", ["-s", ips[peer], *tag, *verdict])
+        return {"groups": p.groups, "action": p.action, "addresses": ips}

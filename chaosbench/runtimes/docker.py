@@ -1,0 +1,926 @@
+"""The ``docker`` runtime: one container per node on a per-run ``--internal`` bridge network.
+
+What it creates, all labelled ``chaosbench.run=<run id>`` (and removed by :meth:`DockerRuntime.cleanup`, or by
+``chaosbench cleanup`` after a crashed harness): one network ``<prefix>-<run hash>`` created ``--internal``
+(no route off the host), one container per node (``node0`` ... ``nodeN-1``, also their hostnames and network
+aliases, so ``MASTER_ADDR=node0`` works) and ``spare_nodes`` hot spares (``spare0`` ...), each with the CPU
+and memory limits of the options. The run directory is bind-mounted read-write at the same path into every
+node: it is the shared checkpoint storage, and every process appends to the same ``events.jsonl``.
+
+Processes are started with ``docker exec`` (the Engine API through the Docker SDK); stdout and stderr are
+read frame by frame, split into lines, stamped when read and written to ``logs/<name>.out|.err`` as the
+``local`` runtime does. A process is identified by its host pid (from the exec's inspect data): the harness
+runs on the engine's host, so teardown signals the exec'd process and its descendants directly (SIGTERM,
+SIGCONT, grace, SIGKILL), which really ends them; killing a ``docker exec`` client would not.
+``signal_pid`` takes the pid a rank reported in its ``rank_start`` (in the container's pid namespace) and
+maps it to the host pid through the container's pid namespace (``/proc/<pid>/status`` ``NSpid``), checks
+its start time, and signals it: no ``kill`` binary is needed in the image, a paused node can be signalled,
+and no ``docker exec`` round trip (~0.1 s) is added to a measured fault time.
+
+Nodes on the timeline: ``node_start`` (node, container, spare, reason), ``node_exit`` (node, container,
+exit_code, reason), ``node_pause``/``node_unpause``, from the engine's event stream stamped with the engine's
+time (one host, one clock).
+
+A lost node (its container died: ``node-kill``) comes back according to ``lost_node``: ``reboot`` starts the
+same container again (after ``reboot_delay_s``), ``spare`` hands the node's name and network alias to a hot
+spare, ``none`` leaves it down (starting a process there then fails). This happens when something needs the
+node: a framework relaunching ranks there, or a process of a role in ``rerun_roles`` (default: ``agent``,
+i.e. torchrun's per-node agent) that died with the node. Such a process is the node's entrypoint, as in a
+Kubernetes pod: it is run again when its node is back, under the same handle (``proc_exit`` then
+``proc_start`` with ``rerun: true``), so a framework sees one agent per node for the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import select
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from chaosbench import procutil
+from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
+from chaosbench.timeline import now_ns
+
+RUN_LABEL = "chaosbench.run"
+NODE_LABEL = "chaosbench.node"
+RUN_DIR_LABEL = "chaosbench.run_dir"
+#: Environment of the harness passed on to processes in the nodes (the rest of it stays on the host).
+PASS_ENV_PREFIXES = ("TORCH_", "TORCHELASTIC_", "NCCL_", "GLOO_", "OMP_", "MKL_", "PYTHON", "LC_", "LANG", "TZ")
+FIRST_PORT = 29500
+PF_EXITING = 0x4  # task flag in /proc/<pid>/stat field 9
+#: Exit codes of ``docker exec`` above 128 mean "killed by signal (code - 128)"; reported like Popen does.
+SIGNAL_EXIT_BASE = 128
+#: Docker container states -> what the runtime makes of them.
+CONTAINER_STATES = {"running": "up", "paused": "paused", "restarting": "transient", "removing": "transient",
+                    "created": "down", "exited": "down", "dead": "down"}  # fmt: skip
+
+
+def _memory(v: Any) -> Any:
+    if v is None or isinstance(v, int):
+        return v
+    s = str(v).strip().lower()
+    if not s or not (s[:-1] if s[-1] in "bkmg" else s).replace(".", "", 1).isdigit():
+        raise ValueError(f"memory {v!r}: give bytes or a number with b, k, m or g (e.g. 2g)")
+    return s
+
+
+class DockerOptions(BaseModel):
+    """Options of the ``docker`` runtime (``defaults.runtime_options`` in a suite)."""
+
+    model_config = ConfigDict(extra="forbid")
+    image: str | None = Field(
+        default=None, description="node image; null: the built-in local image (built automatically if missing)"
+    )
+    python: str | None = Field(
+        default=None,
+        description="interpreter inside a user's image: replaces the harness's own sys.executable in argv",
+    )
+    cpus_per_node: float | None = Field(default=None, gt=0, description="CPU limit of each node container")
+    memory_per_node: str | int | None = Field(default=None, description="memory limit of each node (e.g. 4g)")
+    spare_nodes: int = Field(default=0, ge=0, description="hot spare containers started with the nodes")
+    lost_node: Literal["reboot", "spare", "none"] = Field(
+        default="reboot", description="what brings a lost node back when it is needed: reboot, spare or none"
+    )
+    reboot_delay_s: float = Field(default=0.0, ge=0, description="delay before a lost node is started again")
+    rerun_roles: list[str] = Field(
+        default_factory=lambda: ["agent"], description="roles run again when their node comes back"
+    )
+    network_prefix: str = Field(default="chaosbench", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+    mounts: list[str] = Field(default_factory=list, description="extra bind mounts, 'SRC:DST[:ro|rw]'")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of every process")
+    node_wait_s: float = Field(default=120.0, gt=0, description="longest wait for a paused or booting node")
+
+    @field_validator("memory_per_node", mode="before")
+    @classmethod
+    def _mem(cls, v: Any) -> Any:
+        return _memory(v)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            parts = m.split(":")
+            if len(parts) not in (2, 3) or not parts[0].startswith("/") or not parts[1].startswith("/") or (
+                len(parts) == 3 and parts[2] not in ("ro", "rw")
+            ):
+                raise ValueError(f"mount {m!r}: give SRC:DST or SRC:DST:ro|rw with absolute paths")
+        return v
+
+
+@dataclass
+class _Node:
+    """A logical node (``node1``) and the container now backing it."""
+
+    name: str
+    container: Any
+    spare: bool = False
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    former: list[Any] = field(default_factory=list)  # containers that backed it before a spare took over
+
+    @property
+    def cid(self) -> str:
+        return str(self.container.id)
+
+
+class ExecHandle(ProcHandle):
+    """A process started with ``docker exec``: ``pid`` is its host pid, ``container_pid`` the pid inside."""
+
+    def __init__(self, spec: ProcessSpec, pid: int, ticks: int | None) -> None:
+        super().__init__(spec, pid, ticks)
+        self.exec_id = ""
+        self.container_id = ""
+        self.container_pid: int | None = None
+        self.runs = 0
+
+
+def _decode_exit(code: int | None) -> int:
+    if code is None:
+        return -signal.SIGKILL
+    if SIGNAL_EXIT_BASE < code <= SIGNAL_EXIT_BASE + 64:
+        return -(code - SIGNAL_EXIT_BASE)
+    return int(code)
+
+
+def _ns_inode(pid: int, ns: str = "pid") -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{ns}")
+    except OSError:
+        return None
+
+
+def _nspid(pid: int) -> list[int]:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def wait_pid_exit(pid: int, ticks: int | None, stop: threading.Event | None = None) -> None:
+    """Block until the host process ``pid`` (with start time ``ticks``) is gone (pidfd where possible)."""
+    fd = -1
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.pidfd_open(pid)
+    try:
+        if fd >= 0 and procutil.alive(pid, ticks):
+            while not (stop is not None and stop.is_set()):
+                r, _, _ = select.select([fd], [], [], 0.5)
+                if r or not procutil.alive(pid, ticks):
+                    return
+        else:
+            while procutil.alive(pid, ticks) and not (stop is not None and stop.is_set()):
+                time.sleep(0.02)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+class DockerRuntime(Runtime):
+    """Nodes are containers of the local Docker engine (see the module docstring)."""
+
+    name: ClassVar[str] = "docker"
+    Options = DockerOptions  # type: ignore[assignment]
+    #: Option values used when the runner passes no options (variants registered under other names).
+    default_options: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.opts: DockerOptions = (
+            self.options if isinstance(self.options, DockerOptions) else DockerOptions(**self.default_options)
+        )
+        self.logs_dir = Path(self.run.run_dir) / "logs"
+        self.run_hash = hashlib.sha256(self.run.run_id.encode()).hexdigest()[:10]
+        self.network_name = f"{self.opts.network_prefix}-{self.run_hash}"
+        self._client: Any = None
+        self._stream_client: Any = None
+        self._network: Any = None
+        self._nodes: dict[str, _Node] = {}
+        self._spares: list[_Node] = []
+        self._all_containers: dict[str, Any] = {}  # id -> container, everything this run created
+        self._handles: list[ExecHandle] = []
+        self._threads: list[threading.Thread] = []
+        self._known: dict[int, int | None] = {}
+        self._lock = threading.RLock()  # short critical sections only: never held across engine calls
+        self._provision_lock = threading.Lock()
+        self._port = FIRST_PORT
+        self._closing = threading.Event()
+        self._events_stream: Any = None
+        self._events_thread: threading.Thread | None = None
+        self._exit_reasons: dict[str, str] = {}
+        self._inits: dict[str, tuple[int, int | None]] = {}
+        self._started: set[str] = set()  # containers seen starting  # container id -> its init's host pid, ticks
+        self._provisioned = False
+        self._closed = False
+        self.image: str | None = None
+
+    # ------------------------------------------------------------------ plain data
+    @property
+    def master_addr(self) -> str:
+        return "node0"
+
+    def free_port(self) -> int:
+        """A new port per call: each node has its own network namespace, so any port is free there."""
+        with self._lock:
+            self._port += 1
+            return self._port
+
+    def describe(self) -> dict[str, Any]:
+        return {"runtime": self.name, "image": self.image or self.opts.image or "default (local)",
+                "network": self.network_name, "options": self.opts.model_dump()}  # fmt: skip
+
+    # ------------------------------------------------------------------ engine
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from chaosbench.images import connect
+
+            self._client = connect()
+        return self._client
+
+    @property
+    def stream_client(self) -> Any:
+        """A second client without a read timeout, for long-lived streams (exec output, engine events)."""
+        if self._stream_client is None:
+            import docker
+
+            self._stream_client = docker.from_env(timeout=None, max_pool_size=256).api
+        return self._stream_client
+
+    def _labels(self, node: str | None = None) -> dict[str, str]:
+        labels = {RUN_LABEL: self.run.run_id, RUN_DIR_LABEL: str(Path(self.run.run_dir).resolve())}
+        if node is not None:
+            labels[NODE_LABEL] = node
+        return labels
+
+    def _expected_nodes(self) -> int:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            cfg = json.loads((Path(self.run.run_dir) / "config.json").read_text())
+            return int(cfg["scenario"]["workload"]["nodes"])
+        return 1
+
+    def provision(self, nodes: int | None = None) -> None:
+        """Create the network, ``nodes`` node containers and the spares, and start them (in parallel).
+        Called on the first :meth:`start` when nobody called it before. Idempotent."""
+        with self._provision_lock:
+            if self._provisioned:
+                return
+            if self._closed:
+                raise ChaosbenchError("the docker runtime of this run has been cleaned up")
+            nodes = self._expected_nodes() if nodes is None else nodes
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            self._start_events()
+            self._network = self.client.networks.create(
+                self.network_name, driver="bridge", internal=True, labels=self._labels(), check_duplicate=True
+            )
+            self._create_spec = self._container_spec()
+            names = [f"node{i}" for i in range(nodes)] + [f"spare{i}" for i in range(self.opts.spare_nodes)]
+            errors: list[str] = []
+            created: dict[str, Any] = {}
+
+            def make(name: str) -> None:
+                try:
+                    created[name] = self._create_container(name)
+                except Exception as exc:  # noqa: BLE001 - collected and raised below as one error
+                    errors.append(f"{name}: {exc}")
+
+            threads = [threading.Thread(target=make, args=(n,), daemon=True) for n in names]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            with self._lock:
+                for name in names:
+                    if name in created:
+                        node = _Node(name, created[name], spare=name.startswith("spare"))
+                        (self._spares.append(node) if node.spare else self._nodes.__setitem__(name, node))
+                self._provisioned = True
+            if errors:
+                raise ChaosbenchError(f"cannot start the nodes of run {self.run.run_id}: {'; '.join(errors)}")
+
+    def _container_spec(self) -> dict[str, Any]:
+        from docker.types import Mount
+
+        from chaosbench.images import build_default_image, default_mounts, init_command
+
+        run_dir = str(Path(self.run.run_dir).resolve())
+        mounts = []
+        if self.opts.image is None:
+            self.image = build_default_image(self.client)
+            mounts = [m.to_docker() for m in default_mounts() if not run_dir.startswith(m.source + "/")]
+            mounts += [m.to_docker() for m in default_mounts() if run_dir.startswith(m.source + "/")]
+            command, init = init_command(), False
+        else:
+            self.image = self.opts.image
+            command, init = ["sleep", "infinity"], True
+        for m in self.opts.mounts:
+            src, dst, *mode = m.split(":")
+            mounts.append(Mount(target=dst, source=src, type="bind", read_only=(mode or ["rw"])[0] == "ro"))
+        mounts.append(Mount(target=run_dir, source=run_dir, type="bind", read_only=False))
+        spec: dict[str, Any] = {
+            "image": self.image, "command": command, "init": init, "detach": True, "mounts": mounts,
+            "tmpfs": {"/tmp": "rw,nosuid,nodev,size=1g"}, "network": self.network_name,
+            "environment": {"GLOO_SOCKET_IFNAME": "eth0"}, "stop_signal": "SIGKILL",
+        }  # fmt: skip
+        if self.opts.cpus_per_node is not None:
+            spec["nano_cpus"] = int(self.opts.cpus_per_node * 1e9)
+        if self.opts.memory_per_node is not None:
+            spec["mem_limit"] = self.opts.memory_per_node
+        return spec
+
+    def _create_container(self, name: str) -> Any:
+        import docker.errors
+        from docker.types import EndpointConfig
+
+        spec = dict(self._create_spec)
+        cname = f"{self.opts.network_prefix}-{self.run_hash}-{name}"
+        # The alias is what makes `node1` resolve on the network (it moves to a spare on takeover).
+        endpoint = EndpointConfig(self.client.api.api_version, aliases=[name])
+        try:
+            c = self.client.containers.create(name=cname, hostname=name, labels=self._labels(name),
+                                              networking_config={self.network_name: endpoint}, **spec)  # fmt: skip
+        except docker.errors.ImageNotFound:
+            raise ChaosbenchError(f"image {self.image!r} is not on this engine (no registry is reachable: "
+                                  "build or load it first)") from None  # fmt: skip
+        with self._lock:
+            self._all_containers[c.id] = c
+        c.start()
+        self._note_init(c)
+        if c.status != "running":
+            raise ChaosbenchError(f"container {cname} did not start (status {c.status}); "
+                                  f"see `docker logs {cname}`")  # fmt: skip
+        return c
+
+    # ------------------------------------------------------------------ engine events -> timeline
+    def _start_events(self) -> None:
+        since = time.time() - 1
+        self._events_stream = self.stream_client.events(
+            since=since, decode=True, filters={"label": f"{RUN_LABEL}={self.run.run_id}", "type": "container"}
+        )
+        t = threading.Thread(target=self._follow_events, daemon=True, name="docker-events")
+        t.start()
+        self._events_thread = t
+
+    def _logical(self, cid: str) -> tuple[str | None, bool]:
+        with self._lock:
+            for n in list(self._nodes.values()) + self._spares:
+                if n.cid == cid:
+                    return n.name, n.spare
+            for n in self._nodes.values():
+                if any(c.id == cid for c in n.former):
+                    return n.name, False
+        return None, False
+
+    def _follow_events(self) -> None:
+        with contextlib.suppress(Exception):
+            for ev in self._events_stream:
+                action = ev.get("Action") or ev.get("status")
+                actor = ev.get("Actor") or {}
+                attrs = actor.get("Attributes") or {}
+                cid = actor.get("ID") or ev.get("id") or ""
+                t_ns = int(ev.get("timeNano") or now_ns())
+                node, spare = self._logical(cid)
+                if node is None:  # still being provisioned
+                    node = attrs.get(NODE_LABEL)
+                    spare = str(node).startswith("spare")
+                base = {"node": node, "container": attrs.get("name"), "src": "runtime"}
+                if action == "start":
+                    reason = "reboot" if cid in self._started else "provision"
+                    self._started.add(cid)
+                    self.run.timeline.emit("node_start", t_ns=t_ns, spare=spare, reason=reason, **base)
+                elif action == "die":
+                    code = int(attrs.get("exitCode", -1))
+                    reason = self._exit_reasons.pop(cid, "cleanup" if self._closing.is_set() else "died")
+                    self.run.timeline.emit("node_exit", t_ns=t_ns, exit_code=code, reason=reason, **base)
+                elif action in ("pause", "unpause"):
+                    self.run.timeline.emit(f"node_{action}", t_ns=t_ns, **base)
+
+    # ------------------------------------------------------------------ nodes
+    def _node(self, name: str) -> _Node:
+        self.provision()
+        with self._lock:
+            node = self._nodes.get(name)
+        if node is None:
+            if not re.fullmatch(r"node\d+", name):
+                known = ", ".join(sorted(self._nodes))
+                raise ChaosbenchError(f"no node '{name}' in this run (nodes: {known})")
+            node = self._add_node(name)
+        return node
+
+    def _add_node(self, name: str) -> _Node:
+        """A node beyond the provisioned ones (a framework's own spare, e.g. ``torchrun-elastic``): a hot
+        spare of the runtime takes the name when there is one, else a container is created and started."""
+        with self._provision_lock:
+            with self._lock:
+                if name in self._nodes:
+                    return self._nodes[name]
+                spare = self._spares.pop(0) if self._spares else None
+            if spare is not None:
+                self._network.disconnect(spare.container)
+                self._network.connect(spare.container, aliases=[name])
+                node = _Node(name, spare.container)
+                self.run.timeline.emit("node_start", src="runtime", node=name, container=spare.container.name,
+                                       spare=True, reason="spare")  # fmt: skip
+            else:
+                node = _Node(name, self._create_container(name))
+            with self._lock:
+                self._nodes[name] = node
+            return node
+
+    def node_names(self) -> list[str]:
+        self.provision()
+        return sorted(self._nodes)
+
+    def spares_left(self) -> int:
+        with self._lock:
+            return len(self._spares)
+
+    def node_state(self, name: str) -> str:
+        """``up``, ``paused``, ``down`` or ``transient``, from the engine."""
+        node = self._node(name)
+        with contextlib.suppress(Exception):
+            node.container.reload()
+            return CONTAINER_STATES.get(node.container.status, "transient")
+        return "down"
+
+    def node_pid(self, name: str) -> int:
+        """Host pid of the node's init: ``nsenter -t PID -n`` enters its network namespace."""
+        node = self._node(name)
+        node.container.reload()
+        pid = int(node.container.attrs["State"]["Pid"] or 0)
+        if pid <= 0:
+            raise ProcessLookupError(f"node {name} is not running")
+        return pid
+
+    def node_ip(self, name: str) -> str:
+        node = self._node(name)
+        node.container.reload()
+        nets = node.container.attrs["NetworkSettings"]["Networks"]
+        ip = (nets.get(self.network_name) or {}).get("IPAddress")
+        if not ip:
+            raise ProcessLookupError(f"node {name} has no address on {self.network_name}")
+        return str(ip)
+
+    def node_iface(self, name: str) -> str:
+        """The node's interface on the run network (``eth0``; another name after a spare took over a node,
+        since reconnecting a container to a network gives it a new interface)."""
+        pid = self.node_pid(name)
+        try:
+            lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+        except OSError as exc:
+            raise ProcessLookupError(f"node {name}: {exc}") from None
+        names = [ln.split(":", 1)[0].strip() for ln in lines]
+        names = [n for n in names if n != "lo" and not n.startswith(("tunl", "sit", "ip6tnl", "gre"))]
+        return names[0] if len(names) == 1 else "eth0"
+
+    def container_name(self, name: str) -> str:
+        return str(self._node(name).container.name)
+
+    def kill_node(self, name: str, sig: str = "SIGKILL", reason: str = "node-kill") -> str:
+        """Kill the node's container (every process in it); returns the container's name."""
+        node = self._node(name)
+        with node.lock:
+            self._exit_reasons[node.cid] = reason
+            try:
+                node.container.kill(signal=sig)
+            except Exception as exc:  # noqa: BLE001 - the engine's refusal, as a skipped fault
+                self._exit_reasons.pop(node.cid, None)
+                raise ChaosbenchError(f"cannot kill node {name}: {exc}") from None
+            return str(node.container.name)
+
+    def pause_node(self, name: str) -> None:
+        node = self._node(name)
+        with node.lock:
+            node.container.pause()
+
+    def unpause_node(self, name: str) -> bool:
+        """Unpause the node if it is paused; returns whether it was."""
+        node = self._node(name)
+        with node.lock:
+            node.container.reload()
+            if node.container.status != "paused":
+                return False
+            node.container.unpause()
+            return True
+
+    def set_node_cpus(self, name: str, cpus: float | None) -> float | None:
+        """Change the node's CPU limit live (``docker update --cpus``); returns the previous limit (None: none
+        was set). None sets the host's CPU count: the engine cannot drop a CPU limit once set."""
+        node = self._node(name)
+        node.container.reload()
+        before = int(node.container.attrs["HostConfig"].get("NanoCpus") or 0)
+        nano = int((cpus if cpus else float(os.cpu_count() or 1)) * 1e9)
+        api = self.client.api
+        # The SDK's update_container() has no nano_cpus; the Engine API's update takes NanoCpus.
+        res = api._post_json(api._url("/containers/{0}/update", node.cid), data={"NanoCpus": nano})
+        api._result(res, True)
+        return before / 1e9 if before else None
+
+    def _node_ready(self, name: str) -> _Node:
+        """The node, running: waits while it is paused or booting; brings a lost node back per ``lost_node``."""
+        node = self._node(name)
+        deadline = time.monotonic() + self.opts.node_wait_s
+        while True:
+            if self._closing.is_set():
+                raise ChaosbenchError(f"run is being torn down; not starting anything on {name}")
+            with node.lock:
+                node = self._nodes[name]
+                with contextlib.suppress(Exception):
+                    node.container.reload()
+                state = CONTAINER_STATES.get(node.container.status, "transient")
+                if state == "up":
+                    return node
+                if state == "down":
+                    self._recover(node)
+                    continue
+            if time.monotonic() > deadline:
+                raise ChaosbenchError(f"node {name} stayed {state} for {self.opts.node_wait_s} s")
+            time.sleep(0.05)
+
+    def _recover(self, node: _Node) -> None:
+        """Bring a lost node back (called with ``node.lock`` held)."""
+        policy = self.opts.lost_node
+        if policy == "spare" and self._spares:
+            with self._lock:
+                spare = self._spares.pop(0)
+            self._network.disconnect(spare.container)
+            self._network.connect(spare.container, aliases=[node.name])
+            node.former.append(node.container)
+            node.container = spare.container
+            self._note_init(node.container)
+            self.run.timeline.emit("node_start", src="runtime", node=node.name, container=node.container.name,
+                                   spare=True, reason="takeover", replaces=node.former[-1].name)  # fmt: skip
+            return
+        if policy == "none" or policy == "spare":
+            why = "no spare left" if policy == "spare" else "lost_node: none"
+            raise ChaosbenchError(f"node {node.name} is down ({why})")
+        if self.opts.reboot_delay_s:
+            time.sleep(self.opts.reboot_delay_s)
+        try:
+            node.container.start()
+            self._note_init(node.container)
+        except Exception as exc:  # noqa: BLE001
+            raise ChaosbenchError(f"cannot reboot node {node.name}: {exc}") from None
+
+    # ------------------------------------------------------------------ processes
+    def _env(self, spec: ProcessSpec, iface: str = "eth0") -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV_PREFIXES)}
+        env.pop("PYTHONHOME", None)
+        env.update({"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp",
+                    "GLOO_SOCKET_IFNAME": iface, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        env.update(self.opts.env)
+        env.update(spec.env)
+        return env
+
+    def _argv(self, argv: list[str]) -> list[str]:
+        if self.opts.python and argv and argv[0] == sys.executable:
+            return [self.opts.python, *argv[1:]]
+        return list(argv)
+
+    def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
+        handle = ExecHandle(spec, 0, None)
+        self._exec(handle, on_line, rerun=False)
+        with self._lock:
+            self._handles.append(handle)
+        w = threading.Thread(target=self._wait, args=(handle, on_line), daemon=True, name=f"wait-{spec.name}")
+        w.start()
+        self._threads.append(w)
+        return handle
+
+    def _exec(self, handle: ExecHandle, on_line: LineCallback | None, rerun: bool) -> None:
+        spec = handle.spec
+        node = self._node_ready(spec.node)
+        api = self.stream_client
+        iface = "eth0"
+        with contextlib.suppress(ProcessLookupError, OSError, ChaosbenchError):
+            iface = self.node_iface(spec.node)
+        env = self._env(spec, iface)
+        if rerun:  # the node's entrypoint again: a new incarnation of whatever it runs
+            env["CHAOSBENCH_INCARNATION"] = str(spec.incarnation + handle.runs)
+        try:
+            ex = api.exec_create(node.cid, self._argv(spec.argv), stdout=True, stderr=True, stdin=False,
+                                 environment=env, workdir=spec.cwd)  # fmt: skip
+            stream = api.exec_start(ex["Id"], stream=True, demux=True)
+        except Exception as exc:  # noqa: BLE001 - the engine's refusal, as one line
+            raise ChaosbenchError(f"cannot start '{spec.name}' on {spec.node}: {exc}") from None
+        info: dict[str, Any] = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            info = api.exec_inspect(ex["Id"])
+            if info.get("Pid") or not info.get("Running", True) and info.get("ExitCode") is not None:
+                break
+            time.sleep(0.005)
+        pid = int(info.get("Pid") or 0)
+        handle.pid = pid
+        handle.ticks = procutil.start_ticks(pid) if pid else None
+        handle.exec_id = ex["Id"]
+        handle.container_id = node.cid
+        ns = _nspid(pid) if pid else []
+        handle.container_pid = ns[-1] if ns else None
+        handle.runs += 1
+        if pid:
+            with self._lock:
+                self._known[pid] = handle.ticks
+        self.run.timeline.emit(
+            "proc_start", proc=spec.name, pid=pid, pid_ticks=handle.ticks, role=spec.role, node=spec.node,
+            incarnation=spec.incarnation, container=node.container.name, container_pid=handle.container_pid,
+            rerun=rerun,
+        )  # fmt: skip
+        t = threading.Thread(target=self._pump, args=(handle, stream, on_line), daemon=True,
+                             name=f"pump-{spec.name}")  # fmt: skip
+        t.start()
+        self._threads.append(t)
+
+    def _pump(self, handle: ExecHandle, stream: Any, on_line: LineCallback | None) -> None:
+        paths = {"stdout": self.logs_dir / f"{handle.name}.out", "stderr": self.logs_dir / f"{handle.name}.err"}
+        files = {k: p.open("ab") for k, p in paths.items()}
+        bufs = {"stdout": b"", "stderr": b""}
+        try:
+            with contextlib.suppress(Exception):
+                for out, err in stream:
+                    t = now_ns()
+                    for name, chunk in (("stdout", out), ("stderr", err)):
+                        if not chunk:
+                            continue
+                        data = bufs[name] + chunk
+                        *lines, bufs[name] = data.split(b"\n")
+                        for raw in lines:
+                            self._line(handle, name, raw + b"\n", files[name], on_line, t)
+            for name, rest in bufs.items():
+                if rest:
+                    self._line(handle, name, rest, files[name], on_line, now_ns())
+        finally:
+            for f in files.values():
+                f.close()
+
+    @staticmethod
+    def _line(handle: ProcHandle, stream: str, raw: bytes, out: Any, on_line: LineCallback | None, t: int) -> None:
+        out.write(raw)
+        out.flush()
+        if on_line is not None:
+            with contextlib.suppress(Exception):
+                on_line(handle, stream, raw.decode(errors="replace").rstrip("\n"), t)
+
+    def _exit_code(self, handle: ExecHandle) -> tuple[int, bool]:
+        """The exec's exit status and whether its node went down with it."""
+        api = self.stream_client
+        code: int | None = None
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                info = api.exec_inspect(handle.exec_id)
+                if not info.get("Running") and info.get("ExitCode") is not None:
+                    code = int(info["ExitCode"])
+                    break
+            time.sleep(0.02)
+        rc = _decode_exit(code)
+        # Killed with its node? The node's init (PID 1 of its pid namespace) dies first when a container
+        # is killed, and the kernel then kills the rest; the engine's own state lags behind.
+        node_lost = code is None or (rc == -signal.SIGKILL and not self._init_alive(handle.container_id))
+        return rc, node_lost
+
+    def _init_alive(self, cid: str) -> bool:
+        """Whether the container's init still lives and is not exiting. The kernel kills the rest of a pid
+        namespace while its init exits (PF_EXITING set, not yet a zombie), before the engine notices."""
+        with self._lock:
+            init = self._inits.get(cid)
+        if init is None:
+            return True
+        if not procutil.alive(*init):
+            return False
+        try:
+            raw = Path(f"/proc/{init[0]}/stat").read_text()
+            flags = int(raw[raw.rindex(")") + 2 :].split()[6])
+        except (OSError, ValueError, IndexError):
+            return False
+        return not flags & PF_EXITING
+
+    def _note_init(self, container: Any) -> None:
+        """Remember the host pid and start time of a (re)started container's init."""
+        container.reload()
+        pid = int(container.attrs["State"]["Pid"] or 0)
+        if pid > 0:
+            with self._lock:
+                self._inits[container.id] = (pid, procutil.start_ticks(pid))
+
+    def _wait(self, handle: ExecHandle, on_line: LineCallback | None) -> None:
+        while True:
+            if handle.pid:
+                wait_pid_exit(handle.pid, handle.ticks)
+            rc, node_lost = self._exit_code(handle)
+            t_exit = now_ns()
+            rerun = (node_lost and handle.spec.role in self.opts.rerun_roles and self.opts.lost_node != "none"
+                     and not self._closing.is_set())  # fmt: skip
+            self.run.timeline.emit(
+                "proc_exit", t_ns=t_exit, proc=handle.name, pid=handle.pid, returncode=rc, role=handle.spec.role,
+                node=handle.spec.node, incarnation=handle.spec.incarnation, node_lost=node_lost,
+            )  # fmt: skip
+            if rerun:
+                try:
+                    self._exec(handle, on_line, rerun=True)
+                    continue
+                except ChaosbenchError as exc:
+                    self.run.timeline.emit("log", src="runtime", proc=handle.name, line=f"not run again: {exc}")
+            handle.t_exit_ns = t_exit
+            handle.returncode = rc
+            handle.exited.set()
+            return
+
+    # ------------------------------------------------------------------ signals
+    def _host_pid(self, cpid: int, node_name: str | None) -> int | None:
+        """Host pid of the process ``cpid`` of a node's pid namespace (None: no such process)."""
+        with self._lock:
+            nodes = [self._nodes[node_name]] if node_name in self._nodes else list(self._nodes.values())
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                node.container.reload()
+                init = int(node.container.attrs["State"]["Pid"] or 0)
+                if init <= 0:
+                    continue
+                ns = _ns_inode(init)
+                if ns is None:
+                    raise Unsupported("the docker runtime must run on the engine's host (no /proc of the nodes)")
+                for entry in os.listdir("/proc"):
+                    if entry.isdigit() and _ns_inode(int(entry)) == ns:
+                        nsp = _nspid(int(entry))
+                        if nsp and nsp[-1] == cpid:
+                            return int(entry)
+        return None
+
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
+        host = self._host_pid(pid, node)
+        if host is None or not procutil.alive(host):
+            raise ProcessLookupError(pid)
+        if ticks is not None and procutil.start_ticks(host) != ticks:
+            raise ChaosbenchError(f"pid {pid} on {node} now belongs to another process; not signalling it")
+        os.kill(host, sig)
+
+    def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
+        host = self._host_pid(pid, node)
+        return host is not None and procutil.alive(host, ticks)
+
+    # ------------------------------------------------------------------ teardown
+    def _tree(self, handles: list[ExecHandle]) -> dict[int, int | None]:
+        cmap = procutil.children_map()
+        tree: dict[int, int | None] = {}
+        for h in handles:
+            if h.pid and not h.exited.is_set() and procutil.alive(h.pid, h.ticks):
+                tree[h.pid] = h.ticks
+                for d in procutil.descendants(h.pid, cmap):
+                    tree[d] = procutil.start_ticks(d)
+        with self._lock:
+            self._known.update(tree)
+        return tree
+
+    @staticmethod
+    def _send(tree: dict[int, int | None], sig: int) -> None:
+        for pid, ticks in tree.items():
+            if procutil.alive(pid, ticks):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+
+    def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
+        ours = [h for h in handles if isinstance(h, ExecHandle)]
+        tree = self._tree(ours)
+        if tree:
+            self._send(tree, signal.SIGTERM)
+            self._send(tree, signal.SIGCONT)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                tree.update(self._tree(ours))
+                if not any(procutil.alive(p, t) for p, t in tree.items()):
+                    break
+                time.sleep(0.02)
+            tree.update(self._tree(ours))
+            self._send(tree, signal.SIGKILL)
+        for h in ours:
+            # A process on a paused node dies only once the node is unpaused: do not wait for it here.
+            if self._provisioned and self._paused_container(h.container_id):
+                continue
+            h.exited.wait(timeout=10)
+
+    def _paused_container(self, cid: str) -> bool:
+        with contextlib.suppress(Exception):
+            return bool(self.client.containers.get(cid).status == "paused")
+        return False
+
+    def cleanup(self, grace_s: float = 5.0) -> None:
+        """Terminate every process, remove every container and the network of this run. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            handles: list[ProcHandle] = list(self._handles)
+        self._closing.set()
+        self.terminate(handles, grace_s)
+        with self._lock:
+            known = dict(self._known)
+        self._send(known, signal.SIGKILL)
+        if self._client is not None:
+            self._remove_all()
+        for h in handles:
+            h.exited.wait(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
+        if self._events_stream is not None:
+            time.sleep(0.3)  # let the engine deliver the last `die` events
+            with contextlib.suppress(Exception):
+                self._events_stream.close()
+            if self._events_thread is not None:
+                self._events_thread.join(timeout=5)
+        with self._lock:
+            self._closed = True
+        for c in (self._stream_client, self._client):
+            with contextlib.suppress(Exception):
+                if c is not None:
+                    c.close()
+
+    def _remove_all(self) -> None:
+        import docker.errors
+
+        with self._lock:
+            containers = list(self._all_containers.values())
+        for c in containers:
+            with contextlib.suppress(docker.errors.NotFound):
+                c.reload()
+                if c.status == "paused":
+                    c.unpause()
+                c.remove(force=True, v=True)
+        if self._network is not None:
+            with contextlib.suppress(docker.errors.NotFound):
+                self._network.remove()
+
+    def leftovers(self) -> list[int]:
+        """Host pids of this run's processes still alive (containers removed: none can be)."""
+        with self._lock:
+            handles = list(self._handles)
+            known = dict(self._known)
+        known.update(self._tree(handles))
+        return [p for p, t in known.items() if procutil.alive(p, t)]
+
+    def leftover_objects(self) -> list[str]:
+        """Containers and networks labelled with this run's id that still exist."""
+        if self._client is None:
+            return []
+        flt = {"label": f"{RUN_LABEL}={self.run.run_id}"}
+        out = [f"container {c.name}" for c in self.client.containers.list(all=True, filters=flt)]
+        out += [f"network {n.name}" for n in self.client.networks.list(filters=flt)]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- cleanup
+def crashed_run_ids(results_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Run ids of the unfinished runs (no ``run_end``) below ``results_dir`` -> their run directories."""
+    from chaosbench.cleanup import unfinished_runs
+
+    out: dict[str, Path] = {}
+    for run_dir in unfinished_runs(Path(results_dir)):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            out[str(json.loads((run_dir / "config.json").read_text())["run_id"])] = run_dir
+    return out
+
+
+def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = False) -> list[str]:
+    """``chaosbench cleanup`` for docker: remove the containers and networks labelled with the run id of a
+    crashed run below ``results_dir`` (and only those; qdiscs and iptables rules live in the containers'
+    network namespaces and go with them). Returns one line per action; nothing when no engine answers."""
+    runs = crashed_run_ids(results_dir)
+    if not runs:
+        return []
+    try:
+        from chaosbench.images import connect
+
+        client = connect(timeout_s=10)
+    except ChaosbenchError:
+        return []
+    import docker.errors
+
+    actions: list[str] = []
+    for run_id, run_dir in runs.items():
+        flt = {"label": f"{RUN_LABEL}={run_id}"}
+        for c in client.containers.list(all=True, filters=flt):
+            actions.append(f"remove container {c.name} of {run_dir}")
+            if not dry_run:
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    if c.status == "paused":
+                        c.unpause()
+                    c.remove(force=True, v=True)
+        for n in client.networks.list(filters=flt):
+            actions.append(f"remove network {n.name} of {run_dir}")
+            if not dry_run:
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    n.remove()
+    client.close()
+    return actions

@@ -1,0 +1,96 @@
+"""Shared by the docker tests: engine check (skip, or fail when CHAOSBENCH_REQUIRE names docker), plugin
+registration (works before and after the registry lists the docker plugins), timeline helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosbench.timeline import Event, read_events
+
+DOCKER_PLUGINS = {
+    "node-kill": "chaosbench.injectors.node:NodeKillInjector",
+    "node-pause": "chaosbench.injectors.node:NodePauseInjector",
+    "node-cpu": "chaosbench.injectors.node:NodeCpuInjector",
+    "net-delay": "chaosbench.injectors.network:NetDelayInjector",
+    "net-loss": "chaosbench.injectors.network:NetLossInjector",
+    "net-bandwidth": "chaosbench.injectors.network:NetBandwidthInjector",
+    "partition": "chaosbench.injectors.network:PartitionInjector",
+}
+
+
+def require_docker(tools: tuple[str, ...] = ()) -> None:
+    """Module-level: skip when no Docker engine answers (or a host tool is missing); fail instead when
+    ``CHAOSBENCH_REQUIRE`` contains ``docker``."""
+    reason = None
+    try:
+        from chaosbench.images import connect
+
+        connect(timeout_s=10).close()
+    except Exception as exc:  # noqa: BLE001 - any reason the engine is unusable
+        reason = str(exc).splitlines()[0]
+    missing = [t for t in tools if shutil.which(t) is None]
+    if reason is None and missing:
+        reason = f"missing host tools: {', '.join(missing)}"
+    if reason is None:
+        return
+    if "docker" in os.environ.get("CHAOSBENCH_REQUIRE", "").split(",") or "docker" in os.environ.get(
+        "CHAOSBENCH_REQUIRE", ""
+    ).split():
+        pytest.fail(f"CHAOSBENCH_REQUIRE names docker but it is unusable: {reason}", pytrace=False)
+    pytest.skip(f"docker unavailable: {reason}", allow_module_level=True)
+
+
+def register_plugins() -> None:
+    """Register the docker runtime (and test variants) and the node/network injectors if not built in."""
+    from chaosbench.registry import INJECTORS, RUNTIMES
+    from chaosbench.runtimes.docker import DockerRuntime
+
+    if "docker" not in RUNTIMES.names():
+        RUNTIMES.register("docker", "chaosbench.runtimes.docker:DockerRuntime")
+    variants: dict[str, dict[str, Any]] = {
+        "docker-spare": {"spare_nodes": 1, "lost_node": "spare"},
+    }
+    for name, opts in variants.items():
+        if name not in RUNTIMES.names():
+            RUNTIMES.register(name, type(name.replace("-", "_"), (DockerRuntime,), {"default_options": opts}))
+    for name, ref in DOCKER_PLUGINS.items():
+        if name not in INJECTORS.names():
+            INJECTORS.register(name, ref)
+
+
+def run_objects(run_dir: str | Path) -> list[str]:
+    """Containers and networks labelled with the run id of ``run_dir`` that still exist."""
+    import json
+
+    from chaosbench.images import connect
+
+    run_id = json.loads((Path(run_dir) / "config.json").read_text())["run_id"]
+    client = connect()
+    try:
+        flt = {"label": f"chaosbench.run={run_id}"}
+        out = [f"container {c.name}" for c in client.containers.list(all=True, filters=flt)]
+        return out + [f"network {n.name}" for n in client.networks.list(filters=flt)]
+    finally:
+        client.close()
+
+
+def events_of(m: Any) -> list[Event]:
+    return read_events(Path(m.run_dir) / "events.jsonl")
+
+
+def kinds(events: list[Event], kind: str, **match: Any) -> list[Event]:
+    return [e for e in events if e.kind == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+def step_interval_ms(events: list[Event], lo_ns: int, hi_ns: int, rank: int = 0) -> float | None:
+    """Median interval between consecutive steps of ``rank`` completed in [lo, hi], in ms."""
+    steps = [e for e in events if e.kind == "step" and e.get("rank") == rank and lo_ns <= e.t_ns <= hi_ns]
+    gaps = [(b.t_ns - a.t_ns) / 1e6 for a, b in zip(steps, steps[1:], strict=False)
+            if b.get("step") == a.get("step") + 1]  # fmt: skip
+    return statistics.median(gaps) if gaps else None

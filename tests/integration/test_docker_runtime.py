@@ -1,0 +1,206 @@
+"""The docker runtime with real containers: exec, output capture, signals through the container's pid
+namespace, teardown, node faults, spares and cleanup. Skipped without a Docker engine, unless
+CHAOSBENCH_REQUIRE names docker (then it fails)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from docker_support import events_of, kinds, register_plugins, require_docker, run_objects
+
+require_docker()
+
+from chaosbench import procutil  # noqa: E402
+from chaosbench.errors import ChaosbenchError  # noqa: E402
+from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
+from chaosbench.injectors.node import NodeCpuInjector  # noqa: E402
+from chaosbench.runtimes.base import ProcessSpec, RunInfo  # noqa: E402
+from chaosbench.runtimes.docker import DockerRuntime, remove_run_objects  # noqa: E402
+from chaosbench.timeline import TimelineWriter, read_events  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+WORKLOAD = ("{name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.02, "
+            "pg_timeout_s: 5}")  # fmt: skip
+
+CHILD = r"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(f"pid {os.getpid()} child {child.pid}", flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _plugins() -> None:
+    register_plugins()
+
+
+def _suite(runtime: str, frameworks: str, faults: str, matrix_fw: str, matrix_faults: str) -> str:
+    return f"""
+    name: dk
+    seed: 5
+    control: false
+    defaults:
+      runtime: {runtime}
+      deadline_s: 150
+      workload: {WORKLOAD}
+    frameworks: {frameworks}
+    faults: {faults}
+    matrix: {{frameworks: [{matrix_fw}], faults: [{matrix_faults}], repeats: 1}}
+    """
+
+
+def _wait_line(path: Path, needle: str, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if needle in line:
+                    return line
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} not in {path}")
+
+
+def test_exec_capture_signal_and_teardown(tmp_path: Path) -> None:
+    timeline = TimelineWriter(tmp_path / "events.jsonl")
+    rt = DockerRuntime(RunInfo("dk-direct-" + os.urandom(4).hex(), tmp_path, timeline))
+    try:
+        t = time.monotonic()
+        rt.provision(2)
+        provision_s = time.monotonic() - t
+        h = rt.start(ProcessSpec("p1", [sys.executable, "-c", CHILD], node="node1"))
+        line = _wait_line(tmp_path / "logs" / "p1.out", "child")
+        _wait_line(tmp_path / "logs" / "p1.err", "to stderr")
+        cpid, cchild = int(line.split()[1]), int(line.split()[3])
+        assert h.pid > 0 and h.container_pid == cpid and cpid != h.pid  # pids of two namespaces
+        ticks = procutil.start_ticks(h.pid)
+        # rank_start-style targeting: container pid + node; wrong ticks are refused
+        assert rt.process_alive(cpid, ticks, "node1")
+        assert not rt.process_alive(cpid, ticks, "node0")
+        with pytest.raises(ChaosbenchError):
+            rt.signal_pid(cpid, signal.SIGSTOP, (ticks or 0) + 1, "node1")
+        rt.signal_pid(cpid, signal.SIGSTOP, ticks, "node1")
+        deadline = time.monotonic() + 2
+        while procutil.state(h.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert procutil.state(h.pid) == "T"
+        rt.signal_pid(cpid, signal.SIGCONT, ticks, "node1")
+        host_child = [p for p in procutil.descendants(h.pid)]
+        assert host_child, "the child runs inside the container, under the exec'd process"
+        rt.terminate([h], grace_s=2)
+        assert h.exited.is_set() and h.returncode == -signal.SIGTERM
+        assert not any(procutil.alive(p) for p in host_child)  # teardown really ended the process tree
+        assert not rt.process_alive(cchild, None, "node1")
+        # node-cpu: docker update --cpus, live, and back
+        inj = NodeCpuInjector("cpu", NodeCpuInjector.Params(cpus=0.25))
+        setup = RunSetup(run_id=rt.run.run_id, run_dir=tmp_path, ckpt_dir=tmp_path, runtime=rt, timeline=timeline,
+                         rng=random.Random(0), ranks=2, nodes=2)  # fmt: skip
+        inj.prepare(setup)
+        ctx = FaultContext(rt, timeline, [ResolvedTarget(1, None, None, "node1", 0)], random.Random(0), setup)
+        t = time.monotonic()
+        assert inj.inject(ctx)["previous"] == {"node1": None}
+        update_s = time.monotonic() - t
+        assert rt.set_node_cpus("node1", 0.25) == 0.25
+        assert inj.revert(ctx) and rt.set_node_cpus("node1", None) == os.cpu_count()
+        print(f"\nprovision 2 nodes: {provision_s:.2f} s; docker update --cpus: {update_s:.3f} s")
+    finally:
+        rt.cleanup()
+        timeline.close()
+    assert rt.leftovers() == [] and rt.leftover_objects() == []
+    events = read_events(tmp_path / "events.jsonl")
+    assert {e.get("node") for e in kinds(events, "node_start")} == {"node0", "node1"}
+    assert {e.get("reason") for e in kinds(events, "node_exit")} == {"cleanup"}
+    start = kinds(events, "proc_start", proc="p1")[0]
+    assert start.get("container_pid") == cpid and start.get("node") == "node1"
+    assert kinds(events, "proc_exit", proc="p1")[0].get("returncode") == -signal.SIGTERM
+
+
+def test_rank_and_node_kill_under_restart_and_torchrun(run_suite) -> None:
+    faults = ("{kill-rank1: {injector: kill, target: {rank: 1}, trigger: {at_step: 15}}, "
+              "node-kill: {injector: node-kill, target: {node: node1}, trigger: {at_step: 15}}}")  # fmt: skip
+    res = run_suite(_suite("docker", "{restart: {heartbeat_timeout_s: 15}, torchrun: {share_rdzv_tcp_store: false}}",
+                           faults, "restart, torchrun", "kill-rank1, node-kill"))  # fmt: skip
+    print()
+    for key, m in sorted(res.items()):
+        print(f"{key}: detect {m.time_to_detect_s} s, resume {m.time_to_resume_s} s, lost {m.lost_steps}")
+        assert m.outcome == "recovered", (key, m.missing)
+        assert m.final_step == 30 and 0 <= m.lost_steps <= 10
+        assert m.detected and m.time_to_detect_s < 5
+        assert run_objects(m.run_dir) == []
+        events = events_of(m)
+        assert {e.get("node") for e in kinds(events, "rank_start")} == {"node0", "node1"}
+        assert all(e.get("container") for e in kinds(events, "proc_start"))
+    for fw in ("restart", "torchrun"):
+        events = events_of(res[f"{fw}/node-kill#0"])
+        lost = kinds(events, "node_exit", node="node1", reason="node-kill")
+        assert len(lost) == 1 and lost[0].get("exit_code") == 137
+        assert kinds(events, "node_start", node="node1", reason="reboot")
+    # the killed exec surfaces as a SIGKILLed process, noticed within a fraction of a second
+    assert res["restart/kill-rank1#0"].time_to_detect_s < 1.0
+    # torchrun's agent on node1 died with its node and was run again there (the node's entrypoint)
+    tr = events_of(res["torchrun/node-kill#0"])
+    assert kinds(tr, "proc_exit", proc="torchrun.node1", node_lost=True)
+    assert kinds(tr, "proc_start", proc="torchrun.node1", rerun=True)
+
+
+def test_node_pause_and_spare_takeover(run_suite) -> None:
+    faults = ("{node-kill: {injector: node-kill, target: {node: node1}, trigger: {at_step: 15}}, "
+              "node-pause: {injector: node-pause, target: {node: node1}, trigger: {at_step: 15}, "
+              "params: {duration_s: 12}}}")  # fmt: skip
+    res = run_suite(_suite("docker-spare", "{restart: {heartbeat_timeout_s: 15}}", faults, "restart",
+                           "node-kill, node-pause"))  # fmt: skip
+    kill, pause = res["restart/node-kill#0"], res["restart/node-pause#0"]
+    print(f"\nspare takeover: detect {kill.time_to_detect_s} s, resume {kill.time_to_resume_s} s; "
+          f"pause: detect {pause.time_to_detect_s} s, resume {pause.time_to_resume_s} s")
+    assert kill.outcome == "recovered", kill.missing
+    ev = events_of(kill)
+    takeover = kinds(ev, "node_start", node="node1", reason="takeover")
+    assert len(takeover) == 1 and takeover[0].get("container").endswith("-spare0")
+    assert not kinds(ev, "node_start", reason="reboot")  # a hot spare, not a reboot
+    second = [e for e in kinds(ev, "rank_start", rank=1) if e.get("incarnation") == 1]
+    assert second and second[0].get("node") == "node1"
+    assert pause.outcome == "recovered", pause.missing
+    # frozen node: the survivor's collective times out (pg_timeout_s 5; measured 4-9.5 s on a loaded 2-core
+    # machine) while the node is still frozen, well before rank 1's heartbeat (15 s) would
+    assert 3 < pause.time_to_detect_s < 12
+    pev = events_of(pause)
+    assert kinds(pev, "node_pause", node="node1") and kinds(pev, "node_unpause", node="node1")
+    for m in (kill, pause):
+        assert run_objects(m.run_dir) == []
+
+
+def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
+    runs = {}
+    for name in ("crashed", "finished"):
+        run_dir = tmp_path / "res" / "s" / name / "0"
+        run_dir.mkdir(parents=True)
+        run_id = f"dk-{name}-" + os.urandom(4).hex()
+        (run_dir / "config.json").write_text(json.dumps({"run_id": run_id}))
+        timeline = TimelineWriter(run_dir / "events.jsonl")
+        timeline.emit("run_start", run_id=run_id)
+        if name == "finished":
+            timeline.emit("run_end", outcome="completed")
+        rt = DockerRuntime(RunInfo(run_id, run_dir, timeline))
+        rt.provision(1)
+        runs[name] = (rt, run_dir, timeline)
+    try:
+        assert remove_run_objects(tmp_path / "res", dry_run=True)
+        assert run_objects(runs["crashed"][1]), "dry run removed something"
+        actions = remove_run_objects(tmp_path / "res")
+        assert any("container" in a for a in actions) and any("network" in a for a in actions)
+        assert run_objects(runs["crashed"][1]) == []
+        assert len(run_objects(runs["finished"][1])) == 2  # its container and network are untouched
+    finally:
+        for rt, _, timeline in runs.values():
+            rt.cleanup()
+            timeline.close()
+    assert run_objects(runs["finished"][1]) == []
