@@ -41,8 +41,16 @@ class FuzzResult:
     elapsed_s: float = 0.0
 
 
-def schedule_strategy(steps: int, ckpt_every: int, ranks: int, max_faults: int) -> Any:
-    """Hypothesis strategy over fault schedules (lists of fault specs as plain dicts)."""
+KINDS = ("kill", "hang", "torn-write", "straggler")
+
+
+def schedule_strategy(
+    steps: int, ckpt_every: int, ranks: int, max_faults: int, kinds: tuple[str, ...] = KINDS
+) -> Any:
+    """Hypothesis strategy over fault schedules (lists of fault specs as plain dicts) of the given kinds.
+
+    A torn write kills a rank 0, 20 or 50 ms after a checkpoint save began, so that it lands before, inside
+    or after the shards are written."""
     from hypothesis import strategies as st
 
     rank = st.integers(0, ranks - 1)
@@ -52,22 +60,25 @@ def schedule_strategy(steps: int, ckpt_every: int, ranks: int, max_faults: int) 
         lambda r, s, d: {"injector": "hang", "target": r, "trigger": {"at_step": s}, "params": {"duration_s": d}},
         rank, step, st.sampled_from([0.5, 1.0, 2.0]),
     )  # fmt: skip
-    kinds = [kill, hang]
+    options = {"kill": kill, "hang": hang}
     if ckpt_every and steps > ckpt_every:
         save_steps = list(range(ckpt_every, steps, ckpt_every))
         torn = st.builds(
-            lambda r, s: {"injector": "corrupt-checkpoint", "target": r, "params": {"mode": "torn-write"},
-                          "trigger": {"on_event": {"kind": "ckpt_save_begin", "step": s}}},
-            rank, st.sampled_from(save_steps),
+            lambda r, s, d: {"injector": "corrupt-checkpoint", "target": r, "params": {"mode": "torn-write"},
+                             "trigger": {"on_event": {"kind": "ckpt_save_begin", "step": s}, "delay_s": d}},
+            rank, st.sampled_from(save_steps), st.sampled_from([0.0, 0.02, 0.05]),
         )  # fmt: skip
-        kinds.append(torn)
+        options["torn-write"] = torn
     slow = st.builds(
         lambda r, s: {"injector": "straggler", "target": r, "trigger": {"at_step": s},
                       "params": {"cpu_fraction": 0.2, "duration_s": 1.0}},
         rank, step,
     )  # fmt: skip
-    kinds.append(slow)
-    return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults)
+    options["straggler"] = slow
+    unknown = [k for k in kinds if k not in options]
+    if unknown:
+        raise ValueError(f"unknown fault kinds {unknown} (known: {', '.join(options)})")
+    return st.lists(st.one_of(*(options[k] for k in kinds)), min_size=1, max_size=max_faults)
 
 
 class Fuzzer:
@@ -81,6 +92,7 @@ class Fuzzer:
         max_faults: int = 2,
         seed: int = 0,
         progress: Any = None,
+        kinds: tuple[str, ...] = KINDS,
     ) -> None:
         from chaosbench.runner import Runner
 
@@ -90,6 +102,7 @@ class Fuzzer:
         self.framework = framework
         self.runner = Runner(suite.model_copy(update={"name": f"{suite.name}-fuzz"}), out_dir)
         self.max_examples, self.max_runs, self.max_faults, self.seed = max_examples, max_runs, max_faults, seed
+        self.kinds = tuple(kinds)
         self.progress = progress or (lambda s: None)
         self._memo: dict[str, tuple[list[str], str]] = {}
         self._control: list[Any] | None = None
@@ -146,7 +159,10 @@ class Fuzzer:
         parts = []
         for f in schedule:
             trig = f["trigger"]
-            when = f"step {trig['at_step']}" if "at_step" in trig else f"save of step {trig['on_event']['step']}"
+            if "at_step" in trig:
+                when = f"step {trig['at_step']}"
+            else:
+                when = f"save of step {trig['on_event']['step']} + {trig.get('delay_s', 0)} s"
             kind = f.get("params", {}).get("mode", f["injector"])
             parts.append(f"{kind} rank {f['target']} at {when}")
         return ", ".join(parts)
@@ -165,7 +181,7 @@ class Fuzzer:
         wl = self.suite.defaults.workload
         opts = wl.options
         strategy = schedule_strategy(int(opts.get("steps", 60)), int(opts.get("checkpoint_every", 10)), wl.ranks,
-                                     self.max_faults)  # fmt: skip
+                                     self.max_faults, self.kinds)  # fmt: skip
         failures: list[tuple[list[dict[str, Any]], list[str]]] = []
         examples = {"n": 0}
 
