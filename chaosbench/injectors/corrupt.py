@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -67,6 +68,11 @@ class CorruptParams(BaseModel):
     kill_after: bool = Field(
         default=False, description="SIGKILL the target ranks right after the damage, forcing a restore"
     )
+    torn_at: Literal["begin", "shard-write"] = Field(
+        default="begin",
+        description="torn-write only: kill as soon as the trigger fires (begin), or once the target rank's "
+        "shard file has appeared in the checkpoint being written (shard-write: the shards are surely torn)",
+    )
 
     @field_validator("checkpoint", mode="before")
     @classmethod
@@ -82,7 +88,8 @@ class CorruptParams(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> CorruptParams:
         given = self.model_fields_set
-        only = {"bits": ("bitflip",), "tensors": ("bitflip",), "truncate_fraction": ("truncate",)}
+        only = {"bits": ("bitflip",), "tensors": ("bitflip",), "truncate_fraction": ("truncate",),
+                "torn_at": ("torn-write",)}  # fmt: skip
         for key, modes in only.items():
             if key in given and self.mode not in modes:
                 raise ValueError(f"{key} applies to mode {modes[0]} only (mode is {self.mode})")
@@ -273,6 +280,9 @@ class CorruptCheckpointInjector(Injector):
             if t.pid is None:
                 raise ProcessLookupError(f"rank {t.rank} has no process")
             saves.append(self._save_in_progress(ctx, t))
+        if self.params.torn_at == "shard-write":  # type: ignore[attr-defined]
+            for t, (_, path) in zip(ctx.targets, saves, strict=True):
+                self._wait_for_shard(Path(path) if path else None, t.rank)
         for t in ctx.targets:
             ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks)  # type: ignore[arg-type]
         step, path = saves[0]
@@ -283,6 +293,18 @@ class CorruptCheckpointInjector(Injector):
             out["files_at_kill"] = {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
             out["marker_at_kill"] = (d / cf.COMPLETE_MARKER).is_file()
         return out
+
+    @staticmethod
+    def _wait_for_shard(path: Path | None, rank: int, timeout_s: float = 10.0) -> None:
+        """Block until the rank's shard file exists in the checkpoint being written (polled every ms)."""
+        if path is None:
+            raise ChaosbenchError("the checkpoint save in progress has no path")
+        shard = path / f"__{rank}_0.distcp"
+        deadline = time.monotonic() + timeout_s
+        while not shard.exists():
+            if time.monotonic() > deadline:
+                raise ChaosbenchError(f"rank {rank} wrote no shard into {path} within {timeout_s} s")
+            time.sleep(0.001)
 
     @staticmethod
     def _save_in_progress(ctx: FaultContext, t: ResolvedTarget) -> tuple[int | None, str | None]:
