@@ -268,7 +268,7 @@ class CorruptCheckpointInjector(Injector):
                 rec["error"] = "no process"
             else:
                 try:
-                    ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks)
+                    ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)
                 except (ProcessLookupError, ChaosbenchError) as exc:
                     rec["error"] = str(exc) or type(exc).__name__
             out.append(rec)
@@ -284,7 +284,7 @@ class CorruptCheckpointInjector(Injector):
             for t, (_, path) in zip(ctx.targets, saves, strict=True):
                 self._wait_for_shard(Path(path) if path else None, t.rank)
         for t in ctx.targets:
-            ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks)  # type: ignore[arg-type]
+            ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)  # type: ignore[arg-type]
         step, path = saves[0]
         out: dict[str, Any] = {"mode": "torn-write", "checkpoint": path, "step": step,
                                "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets]}  # fmt: skip

@@ -204,3 +204,30 @@ def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
             rt.cleanup()
             timeline.close()
     assert run_objects(runs["finished"][1]) == []
+
+
+def test_storage_faults_on_the_shared_volume(run_suite) -> None:
+    """The earlier faults act on the run directory that every container mounts: a checkpoint torn while rank 1
+    (in node1's container) writes it, a bit-flipped shard restored after a kill, and a slow FUSE-served
+    checkpoint directory (mounted on the host before the containers start)."""
+    from chaosbench.injectors.stallfs import fuse_available
+
+    faults = ("{torn: {injector: corrupt-checkpoint, target: 1, params: {mode: torn-write, torn_at: shard-write}, "
+              "trigger: {on_event: {kind: ckpt_save_begin, step: 20}}}, "
+              "flip: {injector: corrupt-checkpoint, target: 1, trigger: {at_step: 25}, "
+              "params: {mode: bitflip, bits: 8, tensors: 'model.*', kill_after: true}}, "
+              "slow: {injector: stall-fs, target: all, trigger: {at_step: 5}, "
+              "params: {write_delay_s: 0.05, fsync_delay_s: 0.05, duration_s: 20}}}")  # fmt: skip
+    names = "torn, flip" + (", slow" if fuse_available() is None else "")
+    res = run_suite(_suite("docker", "{restart: {heartbeat_timeout_s: 15}}", faults, "restart", names)
+                    .replace("control: false", "control: true"))  # fmt: skip
+    ctl = res["restart/control#0"]
+    torn, flip = res["restart/torn#0"], res["restart/flip#0"]
+    assert torn.outcome == "recovered" and torn.checkpoint_outcome == "fell_back" and torn.fidelity == "exact"
+    assert flip.outcome == "recovered" and flip.checkpoint_outcome == "loaded_silently"
+    assert flip.fidelity == "diverged"
+    if "slow" in names:
+        slow = res["restart/slow#0"]
+        assert slow.outcome == "recovered" and slow.fidelity == "exact"
+        assert slow.checkpoint_save_s is not None and ctl.checkpoint_save_s is not None
+        assert slow.checkpoint_save_s > 3 * ctl.checkpoint_save_s
