@@ -278,10 +278,13 @@ class FaultSpec(_Strict):
 
 
 class FrameworkSpec(BaseModel):
-    """A framework configuration; ``adapter`` defaults to its key in the suite, other keys are options."""
+    """A framework configuration; ``adapter`` defaults to its key in the suite, other keys are options.
+    ``workload`` overrides the suite's workload for this framework (e.g. ``{name: ft-mlp}`` for torchft): a
+    different ``name`` keeps only ``ranks`` and ``nodes`` of the default, the same name merges the options."""
 
     model_config = ConfigDict(extra="allow")
     adapter: str | None = None
+    workload: dict[str, Any] | None = None
 
     @property
     def options(self) -> dict[str, Any]:
@@ -377,6 +380,18 @@ class Suite(_Strict):
     def framework_spec(self, label: str) -> FrameworkSpec:
         return self.frameworks.get(label) or FrameworkSpec()
 
+    def workload_for(self, label: str) -> WorkloadSpec:
+        """The workload a framework runs: the suite's, or its own override (see :class:`FrameworkSpec`)."""
+        over = self.framework_spec(label).workload
+        base = self.defaults.workload
+        if not over:
+            return base
+        if over.get("name", base.name) == base.name:
+            merged = {**base.model_dump(), **over}
+        else:
+            merged = {"ranks": base.ranks, "nodes": base.nodes, **over}
+        return WorkloadSpec.model_validate(merged)
+
     def _scenario(self, fw: str, names: list[str], repeat: int) -> Scenario:
         fault = "+".join(names) or None
         digest = hashlib.sha256(f"{self.seed}:{fw}:{fault}:{repeat}".encode()).hexdigest()
@@ -394,7 +409,7 @@ class Suite(_Strict):
             repeat=repeat,
             seed=self.seed,
             rng_seed=int(digest[:12], 16),
-            workload=self.defaults.workload,
+            workload=self.workload_for(fw),
             runtime=self.defaults.runtime,
             runtime_options=dict(self.defaults.runtime_options),
             deadline_s=self.defaults.deadline_s,
@@ -651,3 +666,15 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
     except UnknownPlugin as exc:
         raise SpecError(f"{smap.where(('defaults', 'workload', 'name'))}: workload: {exc}") from None
     validate_plugin_options(wcls.Options, wl.options, smap, ("defaults", "workload"), f"workload '{wl.name}'")
+    for fw, spec in suite.frameworks.items():
+        if not spec.workload:
+            continue
+        wl_at: Path_ = ("frameworks", fw, "workload")
+        try:
+            own = suite.workload_for(fw)
+            ocls = WORKLOADS.get(own.name)
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc, smap, wl_at)) from None
+        except UnknownPlugin as exc:
+            raise SpecError(f"{smap.where(wl_at + ('name',))}: framework '{fw}': workload: {exc}") from None
+        validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")

@@ -138,3 +138,24 @@ def test_shipped_fault_definitions_are_valid() -> None:
             str(ROOT / "suites" / "probe.yaml"),
         )
         assert suite.faults["x"].injector
+
+
+def test_framework_workload_override() -> None:
+    suite = make_suite(
+        "name: t\n"
+        "defaults: {workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, load_fallback: true}}\n"
+        "frameworks:\n  restart: {workload: {steps: 40}}\n  torchft: {workload: {name: ft-mlp, steps: 20}}\n"
+        "matrix: {frameworks: [restart, torchft, none]}\n"
+    )
+    by_fw = {sc.framework_label: sc.workload for sc in suite.scenarios()}
+    assert by_fw["restart"].options == {"steps": 40, "load_fallback": True}  # same name: merged
+    assert by_fw["torchft"].name == "ft-mlp" and by_fw["torchft"].options == {"steps": 20}  # other name: own options
+    assert (by_fw["torchft"].ranks, by_fw["torchft"].nodes) == (2, 2)
+    assert by_fw["none"].options == {"steps": 30, "load_fallback": True}
+    msg = _error("name: t\nframeworks: {torchft: {workload: {name: ft-mlp, stepz: 3}}}\nmatrix: {frameworks: [torchft]}\n")
+    assert msg == "suites/x.yaml:2: framework 'torchft' workload 'ft-mlp': stepz: unknown option"
+
+
+def test_shipped_suites_are_valid() -> None:
+    for path in sorted((ROOT / "suites").glob("*.yaml")):
+        assert load_suite(path).scenarios(), path
