@@ -49,7 +49,7 @@ def test_sigint_mid_fault_tears_down_and_keeps_results(tmp_path: Path) -> None:
         else:
             pytest.fail("the fault never fired")
         ev = read_events(events_path)
-        stopped_pid = next(e for e in ev if e.kind == "fault_inject")["target"]["pid"]
+        stopped_pid = next(e for e in ev if e.kind == "fault_inject")["target"][0]["pid"]
         assert procutil.state(stopped_pid) == "T"
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)

@@ -31,7 +31,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.signals: list[tuple[int, int, int | None]] = []
 
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None) -> None:
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
         self.signals.append((pid, sig, ticks))
 
 
