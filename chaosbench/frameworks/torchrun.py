@@ -69,7 +69,9 @@ class TorchrunFramework(Framework):
             node = job.node_name(n)
             argv = [
                 *job.workload.argv(job)[:1],
-                "-m", "torch.distributed.run",
+                # Several agents: through the elastic adapter's launcher (torchrun unchanged; it only numbers
+                # incarnations by rendezvous round, the same on every node; see frameworks/elastic.py).
+                "-m", "chaosbench.frameworks.elastic" if job.nodes > 1 else "torch.distributed.run",
                 "--nnodes", str(job.nodes),
                 "--nproc-per-node", str(job.ranks_per_node),
                 "--max-restarts", str(o.max_restarts),

@@ -98,3 +98,13 @@ def test_calibration_time_to_detect_within_20ms(run_suite, delayed_detect) -> No
     m = res["cal/kill#0"]
     assert m.detected, m.missing
     assert abs(m.time_to_detect_s - delay) <= 0.020, m.time_to_detect_s
+
+
+def test_torchrun_with_one_agent_per_node_numbers_incarnations_consistently(run_suite) -> None:
+    """Two agents (nodes: 2): both nodes' new workers belong to the same incarnation, so the restart from the
+    step-20 checkpoint shows as 5 lost steps, not as an in-place resume."""
+    res = run_suite(suite("{torchrun: {share_rdzv_tcp_store: false}}", f"{{kill: {KILL}}}", "torchrun", "kill",
+                          control=False).replace("ranks: 2,", "ranks: 2, nodes: 2,"))  # fmt: skip
+    m = res["torchrun/kill#0"]
+    assert m.outcome == "recovered", m.verdict
+    assert m.restart_count >= 1 and m.lost_steps == 5, (m.restart_count, m.lost_steps, m.verdict)
