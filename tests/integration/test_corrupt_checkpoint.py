@@ -84,7 +84,9 @@ def test_torn_write_falls_back_to_the_previous_checkpoint(results) -> None:
     loads = sorted({e["step"] for e in events if e.kind == "ckpt_load_end"})
     assert loads == [10]
     assert classify_checkpoint_outcome(events, m) == "fell_back"
-    assert m.lost_steps == 10 and m.fidelity == "exact" and m.digest == ctl.digest
+    # back to step 10 from step 20; 9 when the trigger was rank 0's save and rank 1 died before it reported
+    # step 20 (then step 20 is not a completed job step)
+    assert m.lost_steps in (9, 10) and m.fidelity == "exact" and m.digest == ctl.digest
 
 
 def test_bitflip_in_weights_loads_silently_and_fidelity_exposes_it(results) -> None:
