@@ -36,6 +36,9 @@ class FaultController:
         self._active: list[FaultContext] = []
         self._timers: list[threading.Timer] = []
         self._fired_keys: set[Any] = set()
+        self._stepping: dict[int, set[int]] = {}
+        self._step_reports: dict[tuple[int, int], set[int]] = {}
+        self._completed: set[tuple[int, int]] = set()
         self._started = False
         self._stop = threading.Event()
         self._lock = threading.RLock()
@@ -65,23 +68,39 @@ class FaultController:
             first_step = ev.kind == "step" and not self._started
             if ev.kind == "step":
                 self._started = True
-            if trig.at_step is not None and ev.kind == "step" and int(ev.get("step", 0)) >= trig.at_step:
-                key = ("inc", int(ev.get("incarnation", 0)))  # at most once per incarnation
-                if key not in self._fired_keys:
-                    self._fired_keys.add(key)
-                    self._schedule(f"step {ev.get('step')} completed")
-            elif trig.every_steps is not None and ev.kind == "step":
-                step = int(ev.get("step", 0))
-                if step % trig.every_steps == 0 and ("step", step) not in self._fired_keys:
-                    self._fired_keys.add(("step", step))
-                    self._schedule(f"step {step} completed (every {trig.every_steps})")
-            elif trig.on_event is not None and self._matches(ev):
-                self._schedule(f"event {ev.kind}")
-            elif trig.after_s is not None and first_step:
+            if trig.after_s is not None and first_step:
                 self._timer(trig.after_s + trig.delay_s, self.fire, f"{trig.after_s} s after the first step")
                 self.fires += 1
             elif trig.poisson is not None and first_step:
                 threading.Thread(target=self._poisson, args=(trig.poisson.mtbf_s,), daemon=True).start()
+            elif trig.on_event is not None and self._matches(ev):
+                self._schedule(f"event {ev.kind}")
+            elif ev.kind == "step" and (trig.at_step is not None or trig.every_steps is not None):
+                if not self._job_step_complete(ev):
+                    return
+                step = int(ev.get("step", 0))
+                if trig.at_step is not None and step >= trig.at_step:
+                    key = ("inc", int(ev.get("incarnation", 0)))  # at most once per incarnation
+                    if key not in self._fired_keys:
+                        self._fired_keys.add(key)
+                        self._schedule(f"step {step} completed")
+                elif trig.every_steps is not None and step % trig.every_steps == 0:
+                    if ("step", step) not in self._fired_keys:
+                        self._fired_keys.add(("step", step))
+                        self._schedule(f"step {step} completed (every {trig.every_steps})")
+
+    def _job_step_complete(self, ev: Event) -> bool:
+        """Step triggers act on job steps, as the metrics count them: a step is complete once every rank
+        that reports steps in this incarnation has reported it (so a kill "at step N" never lands between
+        two ranks' reports of step N)."""
+        inc, rank, step = int(ev.get("incarnation", 0)), int(ev.get("rank", 0)), int(ev.get("step", 0))
+        self._stepping.setdefault(inc, set()).add(rank)
+        done = self._step_reports.setdefault((inc, step), set())
+        done.add(rank)
+        if self._stepping[inc] <= done and (inc, step) not in self._completed:
+            self._completed.add((inc, step))
+            return True
+        return False
 
     def _matches(self, ev: Event) -> bool:
         m = self.trigger.on_event

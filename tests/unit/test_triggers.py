@@ -141,3 +141,15 @@ def test_missing_rank_is_skipped_not_crashed(tmp_path: Path) -> None:
     w.close()
     skipped = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "fault_skipped"]
     assert rt.signals == [] and "rank 3 has not reported" in skipped[0]["reason"]
+
+
+def test_step_trigger_waits_until_every_stepping_rank_reported(tmp_path: Path) -> None:
+    c, rt, _ = controller(tmp_path, {"target": 1, "trigger": {"at_step": 3}}, ranks=2, nodes=1)
+    start(c, ranks=2)
+    for s in (1, 2):
+        for r in (0, 1):
+            c(ev("step", step=s, rank=r, incarnation=0))
+    c(ev("step", step=3, rank=0, incarnation=0))
+    assert rt.signals == []  # rank 1 has not finished step 3: not a job step yet
+    c(ev("step", step=3, rank=1, incarnation=0))
+    assert fired_pids(rt) == [1001]
