@@ -57,6 +57,9 @@ def test_sigint_mid_fault_tears_down_and_keeps_results(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            from chaosbench.cleanup import cleanup
+
+            cleanup(out)  # the harness was killed outright: end what it left, as a user would
     assert proc.returncode == 1, output
     assert "interrupted" in output
     ev = read_events(events_path)
