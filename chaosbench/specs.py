@@ -365,6 +365,13 @@ class Suite(_Strict):
 
     # Filled by load_suite; not part of the YAML.
     source: str = Field(default="<suite>", exclude=True)
+    #: The directory chaosbench was started in when the suite was loaded ({project_dir} of a command workload).
+    project_dir: str = Field(default_factory=lambda: str(Path.cwd()), exclude=True)
+
+    @property
+    def suite_dir(self) -> str:
+        """The directory of the suite file ({suite_dir} of a command workload)."""
+        return str(Path(self.source).resolve().parent) if self.source != "<suite>" else self.project_dir
 
     def scenarios(self) -> list[Scenario]:
         """Controls first (one per framework), then every framework x fault schedule x repeat."""
@@ -415,6 +422,8 @@ class Suite(_Strict):
             deadline_s=self.defaults.deadline_s,
             faults=tuple((n, self.faults[n]) for n in names),
             slos=slos,
+            project_dir=self.project_dir,
+            suite_dir=self.suite_dir,
         )
 
 
@@ -437,6 +446,8 @@ class Scenario:
     faults: tuple[tuple[str, FaultSpec], ...] = ()
     runtime_options: dict[str, Any] = field(default_factory=dict)
     slos: dict[str, Any] = field(default_factory=dict)
+    project_dir: str = "."
+    suite_dir: str = "."
 
     @property
     def control(self) -> bool:
@@ -470,6 +481,8 @@ class Scenario:
             "runtime": self.runtime,
             "runtime_options": self.runtime_options,
             "deadline_s": self.deadline_s,
+            "project_dir": self.project_dir,
+            "suite_dir": self.suite_dir,
         }
 
 

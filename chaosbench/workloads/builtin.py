@@ -3,6 +3,8 @@ training script, launched as is, its log lines turned into events by regexes).""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import sys
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaosbench.workloads.base import Workload
+from chaosbench.workloads.command_shim import PLACEHOLDERS, placeholders
 
 if TYPE_CHECKING:
     from chaosbench.frameworks.base import JobContext
@@ -140,13 +143,21 @@ class LogPatterns(BaseModel):
 class CommandOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     command: list[str] = Field(
-        description="the training command of one rank; {ckpt_dir}, {run_dir} and {seed} are substituted"
+        description="the training command of one rank; placeholders such as {ckpt_dir}, {project_dir} and {rank} "
+        "are substituted (see PLACEHOLDERS)"
     )
     patterns: LogPatterns = Field(default_factory=LogPatterns)
-    cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = Field(
+        default=None,
+        description="working directory of the script (placeholders allowed); default: a fresh directory of the "
+        "run ({work_dir}), shared by its ranks and incarnations, so nothing the script writes there reaches "
+        "another run",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the script (placeholders allowed)")
     steps: int | None = Field(default=None, ge=1, description="total steps, when known")
-    pg_timeout_s: float | None = Field(default=None, gt=0, description="the script's process-group timeout")
+    pg_timeout_s: float | None = Field(
+        default=None, gt=0, description="the script's process-group timeout, when it sets one (else torch's default)"
+    )
 
     @field_validator("command", mode="before")
     @classmethod
@@ -157,32 +168,75 @@ class CommandOptions(BaseModel):
             raise ValueError("command is empty")
         return v
 
+    @model_validator(mode="after")
+    def _placeholders(self) -> CommandOptions:
+        strings = [("command", s) for s in self.command] + [(f"env.{k}", v) for k, v in self.env.items()]
+        strings += [("cwd", self.cwd)] if self.cwd is not None else []
+        for where, text in strings:
+            try:
+                names = placeholders(text)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            unknown = [n for n in names if n not in PLACEHOLDERS]
+            if unknown:
+                raise ValueError(
+                    f"{where}: unknown placeholder {{{unknown[0]}}} (known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"
+                )
+        if self.cwd is None:
+            for arg in self.command:
+                if "{" in arg or os.path.isabs(arg) or arg.startswith("-") or not os.path.isfile(arg):
+                    continue
+                raise ValueError(
+                    f"command: '{arg}' is a path relative to this directory, but the script starts in a fresh working "
+                    f"directory of its run; write {{project_dir}}/{arg} (or an absolute path), or set cwd"
+                )
+        return self
+
 
 class CommandWorkload(Workload):
-    """The user's own script, run unchanged under :mod:`chaosbench.workloads.command_shim`, which reports
-    the script's pid and turns its log lines into step / checkpoint events."""
+    """The user's own script, run unchanged under :mod:`chaosbench.workloads.command_shim`, which substitutes the
+    placeholders, starts the script in its working directory, reports its pid and turns its log lines into step /
+    checkpoint events.
+
+    Isolation: every run has its own empty checkpoint directory (``{ckpt_dir}``) and, unless ``cwd`` is given, its
+    own working directory (``{work_dir}`` = ``<run_dir>/work``), so a checkpoint one run leaves behind can never be
+    picked up by another. The user's files are reachable by absolute path or through ``{project_dir}`` (the
+    directory chaosbench was started in) and ``{suite_dir}`` (the suite file's directory)."""
 
     name: ClassVar[str] = "command"
     Options = CommandOptions  # type: ignore[assignment]
 
+    def substitutions(self, job: JobContext) -> dict[str, str]:
+        """The run's placeholder values (the per-rank ones are filled in by the shim)."""
+        sc = job.scenario
+        return {
+            "ckpt_dir": str(job.ckpt_dir),
+            "run_dir": str(job.run_dir),
+            "work_dir": str(job.run_dir / "work"),
+            "seed": str(sc.seed),
+            "project_dir": sc.project_dir,
+            "suite_dir": sc.suite_dir,
+        }
+
     def argv(self, job: JobContext) -> list[str]:
         o: Any = self.options
-        subst = {"ckpt_dir": str(job.ckpt_dir), "run_dir": str(job.run_dir), "seed": str(job.scenario.seed)}
-        cmd = [part.format(**subst) for part in o.command]
         return [
             sys.executable,
             "-m",
             "chaosbench.workloads.command_shim",
             "--patterns",
             o.patterns.model_dump_json(exclude_none=True),
+            "--subst",
+            json.dumps(self.substitutions(job), sort_keys=True),
+            *(["--env", json.dumps(o.env, sort_keys=True)] if o.env else []),
+            "--cwd",
+            o.cwd if o.cwd is not None else "{work_dir}",
             "--",
-            *cmd,
+            *o.command,
         ]
 
     def env(self, job: JobContext) -> dict[str, str]:
-        env = {"CHAOSBENCH_CKPT_DIR": str(job.ckpt_dir)}
-        env.update(self.options.env)  # type: ignore[attr-defined]
-        return env
+        return {"CHAOSBENCH_CKPT_DIR": str(job.ckpt_dir)}
 
     @property
     def pg_timeout_s(self) -> float | None:

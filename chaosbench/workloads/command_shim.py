@@ -1,6 +1,13 @@
 """Runs a user's training command as a child, reports its pid and turns its log lines into events.
 
-    python -m chaosbench.workloads.command_shim --patterns JSON -- CMD [ARGS...]
+    python -m chaosbench.workloads.command_shim --patterns JSON [--subst JSON] [--env JSON] [--cwd DIR] \
+        -- CMD [ARGS...]
+
+Placeholders such as ``{ckpt_dir}`` or ``{rank}`` in the command, in every ``--env`` value and in ``--cwd`` are
+substituted here, in the rank's own process, so that per-rank values (``{rank}``, ``{local_rank}``,
+``{world_size}``, ``{node}``, ``{incarnation}``) are right under any launcher; ``--subst`` gives the run's values
+(``{ckpt_dir}``, ``{run_dir}``, ``{work_dir}``, ``{seed}``, ``{project_dir}``, ``{suite_dir}``). ``{{`` and ``}}``
+are literal braces. The child starts in ``--cwd`` (created if missing).
 
 The child's stdout and stderr are merged and forwarded line by line to this process's stdout. Matching
 lines become timeline events stamped when read. SIGTERM, SIGINT and SIGHUP are forwarded to the child. When
@@ -15,10 +22,46 @@ import json
 import os
 import re
 import signal
+import string
 import subprocess
 import sys
+from collections.abc import Mapping
 
-from chaosbench.probe import Probe
+from chaosbench.probe import Probe, incarnation_from_env
+
+#: Placeholders whose values differ per rank: resolved from the rank's environment.
+RANK_PLACEHOLDERS = ("rank", "local_rank", "world_size", "node", "incarnation")
+#: Placeholders whose values are the run's (given by the harness with ``--subst``).
+RUN_PLACEHOLDERS = ("ckpt_dir", "run_dir", "work_dir", "seed", "project_dir", "suite_dir")
+PLACEHOLDERS = RUN_PLACEHOLDERS + RANK_PLACEHOLDERS
+
+
+def placeholders(template: str) -> list[str]:
+    """The placeholder names used in ``template`` (``{{``/``}}`` are literal braces). Raises ValueError for a
+    malformed template, a positional ``{}`` or an attribute/index (``{a.b}``, ``{a[0]}``)."""
+    names = []
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if not name or not name.isidentifier():
+            raise ValueError(f"'{{{name}}}' is not a placeholder (write {{{{ and }}}} for literal braces)")
+        names.append(name)
+    return names
+
+
+def substitute(template: str, values: Mapping[str, str]) -> str:
+    """``template`` with every placeholder replaced (KeyError for an unknown one)."""
+    return template.format_map(dict(values))
+
+
+def rank_values(env: Mapping[str, str]) -> dict[str, str]:
+    return {
+        "rank": env.get("RANK", "0"),
+        "local_rank": env.get("LOCAL_RANK", "0"),
+        "world_size": env.get("WORLD_SIZE", "1"),
+        "node": env.get("CHAOSBENCH_NODE", "node0"),
+        "incarnation": str(incarnation_from_env(dict(env))),
+    }
 
 
 def _num(v: str | None) -> float | None:
@@ -31,15 +74,31 @@ def _num(v: str | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="chaosbench.workloads.command_shim")
     ap.add_argument("--patterns", default="{}", help="JSON object: event kind -> regex")
+    ap.add_argument("--subst", default="{}", help="JSON object: the run's placeholder values")
+    ap.add_argument("--env", default="{}", help="JSON object: environment of the command (values are templates)")
+    ap.add_argument("--cwd", default=None, help="working directory of the command (a template; created if missing)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         ap.error("no command given")
     patterns = {k: re.compile(v) for k, v in json.loads(args.patterns).items()}
+    values = {**json.loads(args.subst), **rank_values(os.environ)}
+    try:
+        cmd = [substitute(part, values) for part in cmd]
+        env = dict(os.environ)
+        env.update({k: substitute(v, values) for k, v in json.loads(args.env).items()})
+        cwd = substitute(args.cwd, values) if args.cwd else None
+    except (KeyError, ValueError, IndexError) as exc:
+        print(f"chaosbench: bad placeholder in the command: {exc}", file=sys.stderr, flush=True)
+        return 2
     probe = Probe.from_env()
     try:
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if cwd:
+            os.makedirs(cwd, exist_ok=True)
+        child = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd
+        )
     except OSError as exc:
         print(f"chaosbench: cannot start {cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
         return 127
@@ -65,20 +124,23 @@ def main(argv: list[str] | None = None) -> int:
             if not m:
                 continue
             g = m.groupdict()
-            if kind == "step":
-                probe.step(int(g["step"]), _num(g.get("loss")))
+            step = int(g["step"]) if g.get("step") else None
+            if kind == "step" and step is not None:
+                probe.step(step, _num(g.get("loss")))
             elif kind == "train_end":
-                probe.train_end(int(g.get("step") or 0), _num(g.get("loss")), g.get("digest") or "")
-            else:
-                data: dict[str, object] = {"step": int(g["step"]) if g.get("step") else None, "path": None}
+                # No step in the line: the metrics take the last step this incarnation completed.
+                probe.emit("train_end", step=step, loss=_num(g.get("loss")), digest=g.get("digest") or "")
+            elif kind != "step":
+                data: dict[str, object] = {"step": step, "path": None}
                 if kind == "ckpt_save_end":
                     data["complete"] = True  # the script said it saved
                 probe.emit(kind, **data)
     rc = child.wait()
     probe.emit("rank_exit", pid=child.pid, returncode=rc)
     probe.close()
-    if rc < 0:
-        signal.signal(-rc, signal.SIG_DFL)
+    if rc < 0:  # die of the same signal (SIGKILL and SIGSTOP cannot be caught: no handler to reset)
+        if -rc not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
     return rc
 
