@@ -83,11 +83,11 @@ class FaultController:
                     key = ("inc", int(ev.get("incarnation", 0)))  # at most once per incarnation
                     if key not in self._fired_keys:
                         self._fired_keys.add(key)
-                        self._schedule(f"step {step} completed")
+                        self._schedule(f"step {step} completed", step)
                 elif trig.every_steps is not None and step % trig.every_steps == 0:
                     if ("step", step) not in self._fired_keys:
                         self._fired_keys.add(("step", step))
-                        self._schedule(f"step {step} completed (every {trig.every_steps})")
+                        self._schedule(f"step {step} completed (every {trig.every_steps})", step)
 
     def _job_step_complete(self, ev: Event) -> bool:
         """Step triggers act on job steps, as the metrics count them: a step is complete once every rank
@@ -110,13 +110,13 @@ class FaultController:
         return all(v is None or ev.get(k) == v for k, v in (("step", m.step), ("rank", m.rank),
                                                            ("incarnation", m.incarnation)))  # fmt: skip
 
-    def _schedule(self, why: str) -> None:
+    def _schedule(self, why: str, step: int | None = None) -> None:
         self.fires += 1
         delay = self.trigger.delay_s
         if delay > 0:
             self._timer(delay, self.fire, why + f" + {delay} s")
         else:
-            self.fire(why, counted=True)
+            self.fire(why, counted=True, trigger_step=step)
 
     def _timer(self, delay_s: float, fn: Any, *args: Any) -> None:
         t = threading.Timer(delay_s, fn, args=args, kwargs={"counted": True} if fn == self.fire else None)
@@ -173,7 +173,9 @@ class FaultController:
                 ))  # fmt: skip
             return out
 
-    def fire(self, why: str, counted: bool = False) -> None:
+    def fire(self, why: str, counted: bool = False, trigger_step: int | None = None) -> None:
+        """Apply the fault now. ``trigger_step``: the job step a step trigger fired at (the fault should land
+        right after it; the metrics report how far past it the fault actually landed)."""
         with self._lock:
             if self._closed:
                 return
@@ -189,14 +191,22 @@ class FaultController:
                 ctx = FaultContext(self.runtime, self.timeline, targets, self.rng, self.setup,
                                    events=list(self._events), index=index)  # fmt: skip
                 t_ns = now_ns()
-                details = self.injector.inject(ctx)
+                details = dict(self.injector.inject(ctx))
+                returned_ns = now_ns()
             except (ChaosbenchError, ProcessLookupError, OSError) as exc:
                 self.timeline.emit("fault_skipped", src="injector", reason=str(exc) or type(exc).__name__, **base)
                 return
             self._active.append(ctx)
+            # When the fault took effect: the injector's own stamp where it has one (a signal delivered on a
+            # remote node), else the moment its action returned (the action was synchronous: done by then).
+            effect_ns = details.pop("effect_t_ns", None)
+            effect = details.pop("effect", None) if effect_ns is not None else "the injector's action returned"
             self.timeline.emit(
                 "fault_inject", t_ns=t_ns, src="injector", target=[t.to_dict() for t in targets],
-                params=self.injector.params.model_dump(), details=details, **base,
+                params=self.injector.params.model_dump(), details=details,
+                effect_t_ns=int(effect_ns) if effect_ns is not None else returned_ns, effect=effect,
+                injection_latency_s=((int(effect_ns) if effect_ns is not None else returned_ns) - t_ns) / 1e9,
+                trigger_step=trigger_step, **base,
             )  # fmt: skip
             if self.injector.duration_s is not None:
                 t = threading.Timer(self.injector.duration_s, self._revert, args=(ctx, "duration elapsed"))

@@ -34,12 +34,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     suite = load_suite(args.suite)
     runner = Runner(suite, args.out, progress=_progress)
+    outlook, problems = runner.outlook()
+    _print_outlook(outlook, problems)
     if args.dry_run:
         plans = [{"scenario": sc.id, "repeat": sc.repeat, "deadline_s": sc.deadline_s,
                   "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
                   "slos": sc.to_dict()["slos"], "plan": plan.to_dict()}
                  for sc, plan in runner.plans()]  # fmt: skip
-        print(json.dumps({"suite": suite.name, "runs": plans}, indent=2, default=str))
+        print(json.dumps({"suite": suite.name, "detection_outlook": outlook, "timeout_problems": problems,
+                          "runs": plans}, indent=2, default=str))  # fmt: skip
         return EXIT_OK
 
     interrupts = {"n": 0}
@@ -63,6 +66,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if paths:
         _progress(f"report: {paths.get('report.html')}  (also {paths.get('report.md')})")
     return _gate(args, runner.suite_dir, suite.name, records, interrupted=runner.stop_requested.is_set())
+
+
+def _print_outlook(outlook: list[dict[str, Any]], problems: dict[str, list[str]]) -> None:
+    """Timeout sanity before a suite runs: when each fault can be detected, and what cannot work."""
+    from chaosbench.runner import describe_outlook
+
+    if not outlook and not any(problems.values()):
+        return
+    _progress("timeout sanity (when the timeouts in force let each framework detect each fault):")
+    for rec in outlook:
+        _progress(f"  {describe_outlook(rec)}")
+        for p in rec.get("problems") or []:
+            _progress(f"    warning: {p}")
+    for fw, lines in problems.items():
+        for p in lines:
+            _progress(f"  warning: {fw}: {p}")
 
 
 def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], interrupted: bool) -> int:

@@ -1,17 +1,30 @@
 """Fleet-scale projection of goodput from the recovery costs measured on the test scale.
 
-Model (all times in seconds). A job on ``nodes`` nodes fails as a Poisson process with rate 1 / M, where the
-job MTBF is M = node MTBF / nodes. Each failure costs a fixed recovery R = detect + restart/init + restore
-(measured medians of one framework), plus the recomputation of the work done since the last checkpoint.
-Checkpoints cost C each (measured ``checkpoint_save_s``) every tau seconds of progress (the configured
-interval: ``checkpoint_every`` x measured step time), or the Young/Daly optimum.
+What is measured and what is assumed (the report says the same in every column):
 
-- Analytic, first order: goodput ~ 1 - C / (tau + C) - (R + tau / 2) / M (floored at 0).
-- Monte Carlo: simulate ``horizon_s`` of wall time, failures drawn from the exponential distribution,
-  R resampled from the measured repeats; goodput = useful progress / wall time; mean and 5-95 % range.
+- Measured, per framework and per fault class (:data:`FAULT_CLASSES`: a crashed rank, a lost node, a hang,
+  silent corruption): the recovery cost of each fault run, its ``time_to_resume_s`` (the fault to the first step
+  after recovery: detection, teardown, restart, rendezvous, restore; or the stall of a recovery in place), times
+  ``recovery_scale`` (fleet restarts usually cost more than test restarts); for a
+  framework that does not roll back (per-step commit, recovery in place) also the work it threw away
+  (``lost_work_s``). A fault run that did not recover is a sample too: it costs ``manual_recovery_s`` (assumed:
+  an operator restarts the job).
+- Assumed, with defaults that say where they come from: the fleet's scale and node MTBF (Llama 3's), its fault mix
+  (:data:`LLAMA3_MIX`), its checkpoint cost (:data:`DEFAULT_CHECKPOINT_COST_S`), the checkpoint interval (the
+  Young/Daly optimum for that cost at the job's MTBF, unless given) and the manual recovery time
+  (:data:`DEFAULT_MANUAL_RECOVERY_S`). The test suite's own checkpoint interval and cost play no part: a test
+  checkpoints every quarter second, a fleet every hour, and the overhead of the first would swamp every recovery
+  difference.
 
-The recovery costs are those measured at test scale: at fleet scale restart and rendezvous usually cost more,
-which a user can model by passing ``recovery_scale``.
+Model (seconds). A job on ``nodes`` nodes fails as a Poisson process with rate 1 / M, M = node MTBF / nodes. Each
+failure has a class drawn from the mix (restricted to the classes measured for the framework: the coverage is
+reported), costs a recovery R drawn from that class's samples and loses work L: the progress since the last
+checkpoint (tau / 2 on average) for a framework that rolls back, its measured thrown-away work otherwise.
+Checkpoints cost C every tau seconds of progress.
+
+- Analytic, first order: goodput ~ 1 - C / (tau + C) - E[R + L] / M (floored at 0).
+- Monte Carlo: ``horizon_days`` of wall time, failures from the exponential distribution, classes and samples
+  drawn as above; goodput = progress that survived / wall time; mean and 5-95 % range over ``trials``.
 """
 
 from __future__ import annotations
@@ -19,13 +32,65 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaosbench.stats import young_daly_interval_s
 
 DAY_S = 86_400.0
+
+#: The fault class of each injector, as the fleet's fault mix names them (None: not in a fleet's mix).
+FAULT_CLASSES: dict[str, str] = {
+    "kill": "crash",
+    "crash-loop": "crash",
+    "local-node-kill": "node",
+    "node-kill": "node",
+    "slurm-node-down": "node",
+    "partition": "node",
+    "hang": "hang",
+    "node-pause": "hang",
+    "sdc": "sdc",
+}
+
+
+def fault_class(injector: str | None, params: Mapping[str, Any] | None = None) -> str | None:
+    """The fleet fault class of a fault (``kill`` with SIGSTOP is a hang)."""
+    if injector == "kill" and str((params or {}).get("signal", "")).upper() in ("SIGSTOP", "STOP", "SIGTSTP"):
+        return "hang"
+    return FAULT_CLASSES.get(injector or "")
+
+
+@dataclass(frozen=True)
+class FaultMix:
+    """Relative frequencies of the fault classes in a fleet, and where they come from."""
+
+    weights: dict[str, float]
+    source: str
+
+    def share(self, cls: str) -> float:
+        total = sum(self.weights.values())
+        return self.weights.get(cls, 0.0) / total if total else 0.0
+
+
+#: Llama 3 405B's 419 unexpected interruptions in 54 days on 16,384 GPUs (Meta, "The Llama 3 Herd of Models",
+#: 2024, table 5), grouped into the classes chaosbench injects: a crashed rank = faulty GPU 148, HBM3 72, SRAM 19,
+#: GPU system processor 17, thermal interface 6, software bug 54, dependency 2; a lost node = host maintenance 32,
+#: network switch/cable 35, NIC 7, SSD 3, power supply 3, chassis 2, IO expansion board 2, CPU 2, system memory 2;
+#: a hang = NCCL watchdog timeouts 7; silent data corruption 6.
+LLAMA3_MIX = FaultMix(
+    {"crash": 318.0, "node": 88.0, "hang": 7.0, "sdc": 6.0},
+    "Llama 3 405B's 419 unexpected interruptions (Meta 2024): 318 crashed ranks (GPU, memory, software), 88 lost "
+    "nodes (host, network, storage, power), 7 hangs (NCCL watchdog timeouts), 6 silent data corruptions",
+)
+
+#: Assumed fleet checkpoint cost: a blocking sharded save of a ~1 TB training state (a 70B-class model with Adam
+#: moments) to a parallel file system. An assumption for orientation, not a measurement: set
+#: ``projection.checkpoint_cost_s`` to your own.
+DEFAULT_CHECKPOINT_COST_S = 60.0
+#: Assumed cost of a failure the framework did not recover from: an operator notices and restarts the job
+#: ("a dead node at 4 a.m. costs twenty minutes if a human restarts it"). ``projection.manual_recovery_s``.
+DEFAULT_MANUAL_RECOVERY_S = 1200.0
 
 
 @dataclass
@@ -43,15 +108,43 @@ class FleetScale:
         return DAY_S / self.job_mtbf_s
 
 
+#: Llama 3 405B's reported scale and failure rate, for orientation: 16,384 GPUs, 466 interruptions in 54 days.
+LLAMA3 = FleetScale(nodes=2048, gpus_per_node=8, node_mtbf_h=2048 * 54 * 24 / 466)
+
+
+@dataclass
+class Assumptions:
+    """What the projection assumes rather than measures (see the module docstring)."""
+
+    checkpoint_cost_s: float = DEFAULT_CHECKPOINT_COST_S
+    checkpoint_interval_s: float | None = None  # None: the Young/Daly optimum
+    manual_recovery_s: float = DEFAULT_MANUAL_RECOVERY_S
+    recovery_scale: float = 1.0
+    mix: FaultMix = LLAMA3_MIX
+
+    def interval_s(self, mtbf_s: float) -> float:
+        return self.checkpoint_interval_s or young_daly_interval_s(self.checkpoint_cost_s, mtbf_s)
+
+
+@dataclass
+class Sample:
+    """One measured fault run: its recovery cost (None: it did not recover) and, for a framework that did not
+    roll back, the work it threw away (None: it rolled back to its last checkpoint)."""
+
+    recovery_s: float | None
+    lost_s: float | None = None
+
+
 @dataclass
 class RecoveryCosts:
-    """One framework's measured costs: recovery samples (detect + restart/init + restore, per repeat), the
-    checkpoint cost and the configured checkpoint interval in seconds of progress."""
+    """One framework's measured fault runs, by fault class."""
 
     framework: str
-    recovery_s: list[float]
-    checkpoint_cost_s: float
-    checkpoint_interval_s: float
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def classes(self, mix: FaultMix) -> list[str]:
+        """Classes of the mix with at least one sample."""
+        return [c for c in mix.weights if self.samples.get(c) and mix.weights[c] > 0]
 
 
 @dataclass
@@ -61,12 +154,15 @@ class Projection:
     gpus: int
     job_mtbf_s: float
     interruptions_per_day: float
-    recovery_s_median: float
+    recovery_s: float  # mix-weighted mean recovery per failure (measured; unrecovered runs at manual_recovery_s)
+    lost_s: float  # mix-weighted mean lost work per failure (modelled for rollback, measured otherwise)
+    coverage: float  # share of the mix's weight whose classes were measured
+    classes: list[str]
+    missing_classes: list[str]
+    unrecovered: float  # mix-weighted share of failures the framework did not recover from (measured)
     checkpoint_cost_s: float
     checkpoint_interval_s: float
-    optimal_interval_s: float
     goodput_analytic: float
-    goodput_analytic_at_optimum: float
     goodput_mc_mean: float
     goodput_mc_p5: float
     goodput_mc_p95: float
@@ -77,26 +173,49 @@ class Projection:
         return asdict(self)
 
 
-def analytic_goodput(recovery_s: float, ckpt_cost_s: float, interval_s: float, mtbf_s: float) -> float:
-    """First-order goodput: checkpoint overhead plus, per failure, recovery and half an interval recomputed."""
-    g = 1.0 - ckpt_cost_s / (interval_s + ckpt_cost_s) - (recovery_s + interval_s / 2) / mtbf_s
-    return max(0.0, g)
-
-
-def simulate(
-    costs: RecoveryCosts,
-    mtbf_s: float,
-    horizon_s: float,
-    rng: random.Random,
-    recovery_scale: float = 1.0,
+def analytic_goodput(
+    recovery_s: float, ckpt_cost_s: float, interval_s: float, mtbf_s: float, lost_s: float | None = None
 ) -> float:
+    """First-order goodput: checkpoint overhead plus, per failure, recovery and lost work (half an interval
+    recomputed when ``lost_s`` is None: a rollback to the last checkpoint)."""
+    lost = interval_s / 2 if lost_s is None else lost_s
+    return max(0.0, 1.0 - ckpt_cost_s / (interval_s + ckpt_cost_s) - (recovery_s + lost) / mtbf_s)
+
+
+def _weights(costs: RecoveryCosts, mix: FaultMix) -> dict[str, float]:
+    classes = costs.classes(mix)
+    total = sum(mix.weights[c] for c in classes)
+    return {c: mix.weights[c] / total for c in classes} if total else {}
+
+
+def _expected(costs: RecoveryCosts, a: Assumptions, interval_s: float) -> tuple[float, float, float]:
+    """(mean recovery, mean lost work, share unrecovered) per failure, over the mix's measured classes."""
+    rec = lost = unrec = 0.0
+    for cls, w in _weights(costs, a.mix).items():
+        ss = costs.samples[cls]
+        rec += w * statistics.fmean(_recovery(s, a) for s in ss)
+        lost += w * statistics.fmean(interval_s / 2 if s.lost_s is None else s.lost_s for s in ss)
+        unrec += w * sum(1 for s in ss if s.recovery_s is None) / len(ss)
+    return rec, lost, unrec
+
+
+def _recovery(s: Sample, a: Assumptions) -> float:
+    return a.manual_recovery_s if s.recovery_s is None else s.recovery_s * a.recovery_scale
+
+
+def simulate(costs: RecoveryCosts, a: Assumptions, interval_s: float, mtbf_s: float, horizon_s: float,
+             rng: random.Random) -> float:  # fmt: skip
     """One Monte Carlo trajectory: the share of ``horizon_s`` spent on progress that survived.
 
-    Between two failures the job completes whole checkpoint cycles (tau of progress + C of saving); the
-    progress since the last completed checkpoint is lost at the failure, then a measured recovery time
-    (resampled) passes. Failures are memoryless, so the next one is drawn after each recovery. Runs in
-    O(failures), not O(checkpoints)."""
-    tau, c = costs.checkpoint_interval_s, costs.checkpoint_cost_s
+    Between two failures the job completes whole checkpoint cycles (tau of progress + C of saving). At a failure,
+    a framework that rolls back loses the progress since its last completed checkpoint; one that does not keeps
+    it and throws away its sample's lost work instead. Then the sample's recovery passes. Failures are
+    memoryless, so the next one is drawn after each recovery. O(failures)."""
+    weights = _weights(costs, a.mix)
+    if not weights:
+        raise ValueError(f"framework {costs.framework}: no measured fault class of the mix")
+    classes, probs = list(weights), list(weights.values())
+    tau, c = interval_s, a.checkpoint_cost_s
     cycle = tau + c
     t = saved = 0.0
     while t < horizon_s:
@@ -104,40 +223,42 @@ def simulate(
         span = end - t
         cycles = math.floor(span / cycle)
         saved += cycles * tau
+        partial = min(span - cycles * cycle, tau)
         if end >= horizon_s:  # the run ends: the progress under way is not lost to a failure
-            saved += min(span - cycles * cycle, tau)
+            saved += partial
             break
-        t = end + rng.choice(costs.recovery_s) * recovery_scale
+        sample = rng.choice(costs.samples[rng.choices(classes, probs)[0]])
+        t = end + _recovery(sample, a)
+        if sample.lost_s is not None:  # no rollback: the progress is kept, the sample's thrown-away work is not
+            saved += partial
+            t += sample.lost_s
     return min(1.0, saved / horizon_s)
 
 
-def project(
-    costs: RecoveryCosts,
-    scale: FleetScale,
-    horizon_days: float = 30.0,
-    trials: int = 200,
-    seed: int = 0,
-    recovery_scale: float = 1.0,
-) -> Projection:
-    if not costs.recovery_s:
-        raise ValueError(f"framework {costs.framework}: no measured recovery")
+def project(costs: RecoveryCosts, scale: FleetScale, a: Assumptions | None = None, horizon_days: float = 30.0,
+            trials: int = 200, seed: int = 0) -> Projection:  # fmt: skip
+    a = a or Assumptions()
     m = scale.job_mtbf_s
-    r_med = statistics.median(costs.recovery_s) * recovery_scale
-    opt = young_daly_interval_s(costs.checkpoint_cost_s, m)
+    tau = a.interval_s(m)
+    rec, lost, unrec = _expected(costs, a, tau)
+    classes = costs.classes(a.mix)
     rng = random.Random(seed)
-    runs = sorted(simulate(costs, m, horizon_days * DAY_S, rng, recovery_scale) for _ in range(trials))
+    runs = sorted(simulate(costs, a, tau, m, horizon_days * DAY_S, rng) for _ in range(trials))
     return Projection(
         framework=costs.framework,
         nodes=scale.nodes,
         gpus=scale.nodes * scale.gpus_per_node,
         job_mtbf_s=m,
         interruptions_per_day=scale.interruptions_per_day,
-        recovery_s_median=r_med,
-        checkpoint_cost_s=costs.checkpoint_cost_s,
-        checkpoint_interval_s=costs.checkpoint_interval_s,
-        optimal_interval_s=opt,
-        goodput_analytic=analytic_goodput(r_med, costs.checkpoint_cost_s, costs.checkpoint_interval_s, m),
-        goodput_analytic_at_optimum=analytic_goodput(r_med, costs.checkpoint_cost_s, opt, m),
+        recovery_s=rec,
+        lost_s=lost,
+        coverage=sum(a.mix.share(c) for c in classes),
+        classes=classes,
+        missing_classes=[c for c in a.mix.weights if c not in classes and a.mix.weights[c] > 0],
+        unrecovered=unrec,
+        checkpoint_cost_s=a.checkpoint_cost_s,
+        checkpoint_interval_s=tau,
+        goodput_analytic=analytic_goodput(rec, a.checkpoint_cost_s, tau, m, lost_s=lost),
         goodput_mc_mean=statistics.fmean(runs),
         goodput_mc_p5=runs[int(0.05 * (trials - 1))],
         goodput_mc_p95=runs[int(0.95 * (trials - 1))],
@@ -146,36 +267,34 @@ def project(
     )
 
 
-def costs_from_rows(rows: Sequence[dict[str, Any]], checkpoint_every: int | None) -> list[RecoveryCosts]:
-    """Per framework, from result rows of recovered fault runs (restart-type recoveries) and controls."""
-    by_fw: dict[str, list[dict[str, Any]]] = {}
+def costs_from_rows(rows: Sequence[dict[str, Any]]) -> list[RecoveryCosts]:
+    """Per framework, the samples of its fault runs that fired (recovered or not), by ``fault_class``."""
+    out: dict[str, RecoveryCosts] = {}
     for r in rows:
-        by_fw.setdefault(str(r.get("framework")), []).append(r)
-    out = []
-    for fw, rs in sorted(by_fw.items()):
-        rec = []
-        for r in rs:
-            if r.get("control") or r.get("outcome") != "recovered":
+        cls = r.get("fault_class")
+        if _truthy(r.get("control")) or not isinstance(cls, str) or r.get("outcome") not in ("recovered",
+                                                                                           "not_recovered"):
+            continue  # fmt: skip
+        costs = out.setdefault(str(r.get("framework")), RecoveryCosts(str(r.get("framework"))))
+        if r.get("outcome") != "recovered":
+            sample = Sample(None)
+        else:
+            resume = _num(r.get("time_to_resume_s"))
+            if resume is None:
                 continue
-            parts = [r.get("badput_detect_s"), r.get("badput_restart_init_s"), r.get("badput_restore_s")]
-            vals = [float(p) for p in parts if p is not None and _num(p)]
-            if vals:
-                rec.append(sum(vals))
-        saves = [float(r["checkpoint_save_s"]) for r in rs if _num(r.get("checkpoint_save_s"))]
-        steps = [float(r["step_time_s"]) for r in rs if r.get("control") and _num(r.get("step_time_s"))]
-        if not rec or not saves or not steps or not checkpoint_every:
-            continue
-        out.append(RecoveryCosts(fw, rec, statistics.median(saves), checkpoint_every * statistics.median(steps)))
-    return out
+            lost = None if _truthy(r.get("rollback")) else (_num(r.get("lost_work_s")) or 0.0)
+            sample = Sample(resume, lost)
+        costs.samples.setdefault(cls, []).append(sample)
+    return [out[k] for k in sorted(out)]
 
 
-def _num(v: Any) -> bool:
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).lower() == "true"
+
+
+def _num(v: Any) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        return False
-    return f == f  # not NaN
-
-
-#: Llama 3 405B's reported scale and failure rate, for orientation: 16,384 GPUs, 466 interruptions in 54 days.
-LLAMA3 = FleetScale(nodes=2048, gpus_per_node=8, node_mtbf_h=2048 * 54 * 24 / 466)
+        return None
+    return None if f != f else f  # NaN: missing

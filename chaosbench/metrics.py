@@ -77,6 +77,37 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   (``clock_offset`` events); every stamp written on another host was moved onto the harness's clock within
   this bound when the timeline was read. Missing on a timeline without clock measurements (one clock).
 
+Attribution, truth and detection quality:
+
+- The harness's own actions are events: ``teardown_begin`` marks the moment the harness starts tearing the run
+  down (the job ended, the deadline passed, an interrupt, an error). Nothing a rank or a framework wrote at or
+  after it counts: a framework reacting to the harness's SIGTERM has not detected the fault.
+- Fault time: when the fault took effect (``effect_t_ns`` of ``fault_inject``: the signal delivered on the node,
+  the container killed, ...), else when the injector began to act. ``injection_latency_s`` = effect - start of the
+  injection; ``fault_step`` = the highest job step completed when it took effect; ``trigger_step`` = the step a
+  step trigger fired at (a fault that landed later says so in the verdict).
+- ``final_step``: the step of the final ``train_end``; when the line has none, the last step its incarnation
+  completed.
+- ``contaminated``: the run started from state it did not write: a rank loaded a checkpoint before this run had
+  saved any, or the first incarnation's first step is beyond the start of training. Such a run is not measured
+  (outcome ``contaminated``, the reason in ``verdict``).
+- ``blamed`` / ``blame``: the ranks the framework named as failed in its first reaction to the fault (the
+  ``detect`` events from the fault to its first ``restart``: a ``blame_rank``, a torchrun ``local_rank`` on a
+  node, a ``blame_node`` or TorchFT ``blame_groups``, resolved to ranks through the ``rank_start`` events);
+  ``correct`` when they include a target of the fault, ``wrong`` when they do not, ``none`` when the framework
+  detected the fault without naming anyone. Missing when nothing was detected.
+- ``false_detections``: detection episodes (``detect`` events not separated by a ``restart``) in a control run,
+  or before the fault in a fault run. ``clean`` (controls): completed with no restart and no detection.
+- ``restarts_claimed``: restarts the framework itself reported (``restart`` events, most by any one process: an
+  agent, a replica group's launcher, the scheduler); ``restart_count`` is what the ranks' incarnations show. A
+  difference is named in the verdict.
+- ``fault_class``: the fleet fault class of the first fault (``crash``, ``node``, ``hang``, ``sdc``; see
+  :data:`chaosbench.fleet.FAULT_CLASSES`), for the fleet projection. ``rollback``: the recovery restarted from
+  a checkpoint (False: per-step commit, or recovered in place).
+- ``predicted_detect_s`` / ``predicted_by``: when the timeouts in force let the framework detect this fault
+  (``detection_prediction`` event written before the run by the framework adapter: the deciding timeout plus the
+  interval that polls it), and those timeouts; missing when the adapter has no model for the fault.
+
 A metric that cannot be measured is None, with the reason in ``missing``.
 """
 
@@ -87,6 +118,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaosbench.clocks import offset_bound_s
+from chaosbench.fleet import fault_class
 from chaosbench.recovery_class import classify_checkpoint_outcome
 from chaosbench.timeline import Event
 
@@ -152,6 +184,20 @@ class RunMetrics:
     fault_t_s: float | None = None
     detect_t_s: float | None = None
     resume_t_s: float | None = None
+    injection_latency_s: float | None = None
+    fault_step: int | None = None
+    trigger_step: int | None = None
+    fault_class: str | None = None
+    rollback: bool | None = None
+    contaminated: bool | None = None
+    blame: str | None = None
+    blamed: str | None = None
+    false_detections: int | None = None
+    clean: bool | None = None
+    restarts_claimed: int | None = None
+    predicted_detect_s: float | None = None
+    predicted_by: str | None = None
+    timeout_problems: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     timeouts: dict[str, Any] = field(default_factory=dict)
@@ -180,9 +226,15 @@ class _Steps:
     its stamp is the last of those reports (a step one rank finished while another was killed or stopped is
     not a completed job step). Its duration is the shortest of the ranks' own ``duration_s`` (a rank that
     waited in a collective for a stopped peer reports the wait; the fastest rank's time is the compute),
-    else the interval since that rank's previous event of the incarnation. A step reported ``committed``
-    (per-step commit: TorchFT, where each replica group is its own incarnation) is complete once any group
-    committed it: the groups still in the quorum are the job."""
+    else the interval since that rank's previous event of the incarnation.
+
+    Per-step commit (TorchFT: steps reported ``committed``, each replica group its own incarnation): the job is
+    whoever took part in the step's commit, not every rank ever seen. A committed step that names its quorum
+    (``quorum_id``, ``participants`` = replica groups in it) is complete once every rank of that quorum reported
+    it (``participants`` x the group's ranks, ``group_world_size`` of the ranks' ``rank_start``), stamped at the
+    last of those reports and keyed by the newest incarnation among them; when the same index is committed again
+    by another quorum (a group that came back with stale state and trained alone), the first completion is the
+    job's. A committed step without quorum information is complete at the first group's commit."""
 
     t: dict[tuple[int, int], int] = field(default_factory=dict)
     duration: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -193,25 +245,45 @@ class _Steps:
         prev: dict[tuple[int, int], int] = {}  # (incarnation, rank) -> last event stamp
         reports: dict[tuple[int, int], dict[int, tuple[int, float | None]]] = {}
         stepping: dict[int, set[int]] = {}
-        committed: set[tuple[int, int]] = set()  # per-step commit: a group's commit completes the job step
+        committed: set[tuple[int, int]] = set()  # per-step commit without quorum information
+        group_size: dict[int, int] = {}  # rank -> ranks in its replica group
+        quorum: dict[tuple[Any, int], list[tuple[int, int, int, float | None]]] = {}  # (quorum, step) -> reports
         for ev in events:
             if ev.src != "rank":
                 continue
             inc, rank = int(ev.get("incarnation", 0)), int(ev.get("rank", 0))
+            if ev.kind == "rank_start" and ev.get("group_world_size"):
+                group_size[rank] = int(ev["group_world_size"])
             if ev.kind == "step":
                 d = ev.get("duration_s")
                 if d is None and (inc, rank) in prev:
                     d = _s(ev.t_ns - prev[(inc, rank)])
-                reports.setdefault((inc, int(ev["step"])), {})[rank] = (ev.t_ns, None if d is None else float(d))
-                stepping.setdefault(inc, set()).add(rank)
-                if ev.get("committed"):
-                    committed.add((inc, int(ev["step"])))
+                dur = None if d is None else float(d)
+                step = int(ev["step"])
+                if ev.get("committed") and ev.get("participants") is not None:
+                    expected = int(ev["participants"]) * group_size.get(rank, 1)
+                    got = quorum.setdefault((ev.get("quorum_id"), step), [])
+                    got.append((ev.t_ns, inc, rank, dur))
+                    key = (max(i for _, i, _, _ in got), step)
+                    if len({r for _, _, r, _ in got}) == expected and key not in out.t:
+                        out.t[key] = ev.t_ns
+                        ds = [x for *_, x in got if x is not None]
+                        if ds:
+                            out.duration[key] = min(ds)
+                else:
+                    reports.setdefault((inc, step), {})[rank] = (ev.t_ns, dur)
+                    stepping.setdefault(inc, set()).add(rank)
+                    if ev.get("committed"):
+                        committed.add((inc, step))
             if ev.kind in ("rank_start", "step", "ckpt_save_end", "ckpt_load_end"):
                 prev[(inc, rank)] = ev.t_ns
         for key, by_rank in reports.items():
-            if key not in committed and not stepping[key[0]] <= set(by_rank):
+            if key in committed:
+                out.t[key] = min(t for t, _ in by_rank.values())
+            elif stepping[key[0]] <= set(by_rank):
+                out.t[key] = max(t for t, _ in by_rank.values())
+            else:
                 continue
-            out.t[key] = max(t for t, _ in by_rank.values())
             ds = [d for _, d in by_rank.values() if d is not None]
             if ds:
                 out.duration[key] = min(ds)
@@ -246,11 +318,141 @@ def _world(events: list[Event], incarnation: int | None, step: Event | None = No
 
 
 def _final(events: list[Event]) -> Event | None:
-    """train_end of rank 0 in the highest incarnation that reached it."""
-    ends = [e for e in events if e.kind == "train_end" and int(e.get("rank", 0)) == 0]
+    """train_end of the highest incarnation that reached it: rank 0's, else the first rank's that wrote one."""
+    ends = [e for e in events if e.kind == "train_end"]
     if not ends:
         return None
-    return max(ends, key=lambda e: (int(e.get("incarnation", 0)), e.t_ns))
+    last = max(int(e.get("incarnation", 0)) for e in ends)
+    ends = [e for e in ends if int(e.get("incarnation", 0)) == last]
+    return min(ends, key=lambda e: (int(e.get("rank", 0)) != 0, e.t_ns))
+
+
+def _final_step(final: Event, steps: _Steps) -> int | None:
+    """The step training ended at: the train_end's own, else the last step its incarnation completed."""
+    if final.get("step") is not None:
+        return int(final["step"])
+    inc = int(final.get("incarnation", 0))
+    done = [idx for (n, idx) in steps.t if n == inc]
+    return max(done) if done else None
+
+
+def _harness_cut(events: list[Event]) -> tuple[list[Event], list[Event]]:
+    """(events before the harness began tearing the run down, rank/framework events it caused afterwards).
+
+    Everything the harness does itself (process exits it caused, reverts, ``run_end``) is kept; what ranks and
+    frameworks wrote once the teardown began is a reaction to the harness, not to the fault."""
+    td = _first(events, "teardown_begin")
+    if td is None:
+        return events, []
+    keep: list[Event] = []
+    caused: list[Event] = []
+    for e in events:
+        (caused if e.t_ns >= td.t_ns and e.src in ("rank", "framework") else keep).append(e)
+    return keep, caused
+
+
+def contamination(events: list[Event], steps: _Steps) -> str | None:
+    """Why this run started from state it did not write (a checkpoint of another run), or None."""
+    saves = [e.t_ns for e in events if e.kind == "ckpt_save_end" and e.src == "rank"]
+    first_save = min(saves, default=None)
+    for e in events:
+        if e.kind in ("ckpt_load_begin", "ckpt_load_end") and e.src == "rank":
+            if first_save is None or e.t_ns < first_save:
+                at = f" (step {e.get('step')})" if e.get("step") is not None else ""
+                return (f"rank {e.get('rank', 0)} loaded a checkpoint{at} before this run had saved one: "
+                        "state from outside the run")  # fmt: skip
+            break
+    starts = [int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"]
+    if not starts:
+        return None
+    first_inc = min(starts)
+    idx = sorted(i for (n, i) in steps.t if n == first_inc)
+    if len(idx) >= 2:
+        spacing = min(b - a for a, b in zip(idx, idx[1:], strict=False) if b > a) if idx[-1] > idx[0] else 1
+        if idx[0] > max(1, spacing):
+            return (f"its first incarnation's first step was {idx[0]} (steps every {spacing}): it resumed from "
+                    "state this run did not write")  # fmt: skip
+    elif not idx:
+        end = next((e for e in events if e.kind == "train_end" and int(e.get("incarnation", 0)) == first_inc), None)
+        if end is not None and (end.get("step") or 0) > 0:
+            return f"it finished at step {end.get('step')} without completing a single step: it resumed from elsewhere"
+    return None
+
+
+def _episodes(events: list[Event]) -> list[list[Event]]:
+    """``detect`` events grouped into episodes: a new one starts after each ``restart`` or ``give_up``."""
+    out: list[list[Event]] = []
+    current: list[Event] = []
+    for e in events:
+        if e.kind == "detect":
+            current.append(e)
+        elif e.kind in ("restart", "give_up") and current:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
+def blamed_ranks(ev: Event, events: list[Event]) -> set[int] | None:
+    """The ranks a detection names as failed, resolved through the ``rank_start`` events written before it;
+    None when it names nobody."""
+    starts = [e for e in events if e.kind == "rank_start" and e.t_ns <= ev.t_ns]
+    latest: dict[int, Event] = {}
+    for e in starts:
+        latest[int(e.get("rank", 0))] = e
+    if ev.get("blame_rank") is not None:
+        return {int(ev["blame_rank"])}
+    if ev.get("blame_groups"):
+        groups = {str(g) for g in ev["blame_groups"]}
+        return {r for r, e in latest.items() if str(e.get("replica_group")) in groups}
+    if ev.get("blame_node") is not None:
+        return {r for r, e in latest.items() if e.get("node") == ev["blame_node"]}
+    if ev.get("local_rank") is not None and ev.get("node") is not None:
+        # A launcher's local_rank on its node (and, for a TorchFT group's launcher, in its replica group).
+        keys = ("node", "replica_group") if ev.get("replica_group") is not None else ("node",)
+        same = [e for e in starts if int(e.get("local_rank", -1)) == int(ev["local_rank"])
+                and all(str(e.get(k)) == str(ev[k]) for k in keys)]  # fmt: skip
+        if same:
+            return {int(same[-1].get("rank", 0))}
+    return None
+
+
+def restarts_claimed(events: list[Event]) -> int:
+    """Restarts the framework reported itself: ``restart`` events, the most written by any one process (each
+    agent of a multi-node job reports the same restart; a replica group's launcher reports its own)."""
+    by_proc: dict[str, int] = {}
+    for e in events:
+        if e.kind == "restart":
+            key = str(e.get("proc") or e.get("framework") or e.src)
+            by_proc[key] = by_proc.get(key, 0) + 1
+    return max(by_proc.values(), default=0)
+
+
+def fault_targets(fault: Event) -> set[int]:
+    """The ranks a ``fault_inject`` event says it hit (its ground truth)."""
+    targets = fault.get("target") or []
+    if isinstance(targets, dict):
+        targets = [targets]
+    return {int(t["rank"]) for t in targets if isinstance(t, dict) and t.get("rank") is not None}
+
+
+def _blame(m: RunMetrics, events: list[Event], fault: Event, tf: int) -> None:
+    """Whom the framework blamed in its first reaction (detections from the fault to its first restart)."""
+    restart = _first(events, "restart", after_ns=tf)
+    first = [e for e in events if e.kind == "detect" and e.t_ns >= tf and (restart is None or e.t_ns <= restart.t_ns)]
+    for ev in first:
+        blamed = blamed_ranks(ev, events)
+        if blamed is None:
+            continue
+        m.blamed = ", ".join(f"rank {r}" for r in sorted(blamed)) or "no known rank"
+        targets = fault_targets(fault)
+        if not targets:
+            m.missing["blame"] = "the fault names no target rank"
+            return
+        m.blame = "correct" if blamed & targets else "wrong"
+        return
+    m.blame = "none"
 
 
 def compute_metrics(
@@ -266,8 +468,15 @@ def compute_metrics(
 
 def verdict(m: RunMetrics) -> str:
     """One line on what happened, from the metrics alone."""
+    if m.outcome == "contaminated":
+        return f"contaminated: {m.missing.get('contaminated', 'started from state it did not write')}"
     if m.control:
-        return "completed" if m.outcome == "completed" else f"control failed ({m.run_end_outcome})"
+        if m.outcome != "completed":
+            return f"control failed ({m.run_end_outcome})"
+        text = "completed"
+        if m.clean is False:
+            text += f", but not clean: {m.restart_count or 0} restarts and {m.false_detections or 0} detections without a fault"
+        return text + _restart_claim_note(m)
     if m.outcome == "fault_not_fired":
         return "fault did not fire"
     restarts = m.restart_count or 0
@@ -287,13 +496,30 @@ def verdict(m: RunMetrics) -> str:
         text = f"detected, not recovered ({m.run_end_outcome})"
     else:
         text = f"not detected, not recovered ({m.run_end_outcome})"
+    if m.blame == "wrong":
+        text += f"; blamed {m.blamed}, not the faulted rank"
+    if m.false_detections:
+        text += f"; {m.false_detections} detection(s) before the fault"
     if m.fidelity == "diverged":
         text += "; final state diverged"
     if m.ranks_agree is False:
         text += "; replicas disagree"
     if m.checkpoint_outcome:
         text += f"; checkpoint: {m.checkpoint_outcome.replace('_', ' ')}"
-    return text
+    if m.trigger_step is not None and m.fault_step is not None and m.fault_step > m.trigger_step:
+        late = m.fault_step - m.trigger_step
+        text += (f"; fault landed at step {m.fault_step}, {late} step{'s' if late > 1 else ''} after its trigger "
+                 f"(step {m.trigger_step})")  # fmt: skip
+        if m.injection_latency_s is not None:
+            text += f", injection latency {m.injection_latency_s * 1e3:.0f} ms"
+    return text + _restart_claim_note(m)
+
+
+def _restart_claim_note(m: RunMetrics) -> str:
+    if m.restarts_claimed is None or m.restart_count is None or m.restarts_claimed == m.restart_count:
+        return ""
+    return (f"; restart count mismatch: the ranks show {m.restart_count}, the framework reported "
+            f"{m.restarts_claimed}")  # fmt: skip
 
 
 def _compute(events: list[Event], control: list[Event] | None, total_steps: int | None) -> RunMetrics:
@@ -314,6 +540,9 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     if info is not None:
         m.versions = dict(info.get("versions") or {})
         m.timeouts = dict(info.get("timeouts") or {})
+        m.timeout_problems = list(info.get("timeout_problems") or [])
+    for pred in (e for e in events if e.kind == "detection_prediction"):
+        m.timeout_problems += [p for p in pred.get("problems") or [] if p not in m.timeout_problems]
     end = next((e for e in reversed(events) if e.kind == "run_end"), None)
     t0 = start.t_ns
     if end is not None:
@@ -321,15 +550,25 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         m.wall_s = _s(end.t_ns - t0)
     else:
         miss["wall_s"] = "no run_end event (harness killed?)"
+    events, caused = _harness_cut(events)
+    harness_reactions = sum(1 for e in caused if e.kind in ("detect", "restart", "give_up"))
+    if control is not None:
+        control, _ = _harness_cut(control)
 
     steps = _Steps.from_events(events)
     final = _final(events)
-    finished = final is not None and (total_steps is None or int(final.get("step", 0)) >= total_steps)
     if final is not None:
-        m.final_step = int(final.get("step", 0))
+        m.final_step = _final_step(final, steps)
         m.final_loss = final.get("loss")
-        m.digest = final.get("digest")
+        m.digest = final.get("digest") or None
+    finished = final is not None and m.final_step is not None and (total_steps is None or m.final_step >= total_steps)
+    if final is not None and m.final_step is None:
+        miss["final_step"] = "train_end names no step and no step was reported"
     m.restart_count = max((int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"), default=0)
+    if any(e.kind == "restart" for e in events):
+        m.restarts_claimed = restarts_claimed(events)
+    else:
+        miss["restarts_claimed"] = "the framework reported no restart (no restart line of it was recognised)"
     if final is not None:
         m.world_size_final, m.global_batch_final = _world(events, int(final.get("incarnation", 0)))
 
@@ -350,11 +589,23 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     else:
         miss["productive_s"] = miss["goodput"] = "no step durations on the timeline"
 
+    dirty = contamination(events, steps)
+    m.contaminated = dirty is not None
+    if dirty is not None:
+        m.outcome = "contaminated"
+        miss["contaminated"] = dirty
+        for k in (*FAULT_METRICS, "fidelity", "blame", "false_detections"):
+            miss[k] = f"contaminated: {dirty}"
+        return m
+
     _fidelity(m, final, control)
     last_inc = max((int(e.get("incarnation", 0)) for e in events if e.kind == "train_end"), default=None)
     if last_inc is not None:
-        digests = {e.get("digest") for e in events if e.kind == "train_end" and e.get("incarnation") == last_inc}
-        m.ranks_agree = len(digests) == 1
+        digests = [e.get("digest") for e in events if e.kind == "train_end" and e.get("incarnation") == last_inc]
+        if len(digests) >= 2:
+            m.ranks_agree = len(set(digests)) == 1
+        else:
+            miss["ranks_agree"] = "only one rank reported a final digest"
     m.step_time_s = _median_interval(steps, None, None)
     m.gave_up = any(e.kind == "give_up" for e in events)
     m.clock_offset_bound_s = offset_bound_s(events)
@@ -376,6 +627,8 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     m.checkpoint_outcome = classify_checkpoint_outcome(events, m)
     if m.control:
         m.outcome = "completed" if finished else "failed"
+        m.false_detections = len(_episodes(events))
+        m.clean = m.outcome == "completed" and m.false_detections == 0 and m.restart_count == 0
         for k in FAULT_METRICS:
             miss[k] = "control run (no fault)"
         return m
@@ -387,9 +640,18 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
             miss[k] = why
         return m
 
-    tf = fault.t_ns
+    effect = fault.get("effect_t_ns")
+    tf = int(effect) if effect is not None else fault.t_ns
+    if effect is not None:
+        m.injection_latency_s = _s(tf - fault.t_ns)
+    else:
+        miss["injection_latency_s"] = "the injector recorded no moment of effect"
+    if fault.get("trigger_step") is not None:
+        m.trigger_step = int(fault["trigger_step"])
+    m.fault_class = fault_class(fault.get("injector"), fault.get("params"))
     m.fault_t_s = _s(tf - t0)
     m.fault_count = sum(1 for e in events if e.kind == "fault_inject")
+    m.false_detections = len(_episodes([e for e in events if e.t_ns < fault.t_ns]))
     revert = _first(events, "fault_revert", after_ns=tf)
     t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else events[-1].t_ns)
     m.fault_step_time_s = _median_interval(steps, tf, t_win_end)
@@ -408,11 +670,21 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         miss["checkpoint_age_s"] = "no checkpoint had completed before the fault"
     before = steps.before(tf)
     max_before = max((idx for _, idx in before), default=0)
+    m.fault_step = max((idx for inc, idx in before if inc == fault_inc), default=max_before)
     restarted = [e.t_ns for e in events if e.kind == "rank_start" and e.t_ns > tf
                  and int(e.get("incarnation", 0)) > fault_inc]  # fmt: skip
     if restarted:
         # Steps the faulted incarnation still completed after the fault (in flight when it hit) were lost too.
         max_before = max([max_before] + [i for (n, i), t in steps.t.items() if n == fault_inc and t < min(restarted)])
+
+    prediction = next((e for e in events if e.kind == "detection_prediction" and e.get("fault") == fault.get("fault")),
+                      None)  # fmt: skip
+    if prediction is not None and prediction.get("expected_s") is not None:
+        m.predicted_detect_s = float(prediction["expected_s"])
+        m.predicted_by = str(prediction.get("decided_by") or "")
+    else:
+        miss["predicted_detect_s"] = (str(prediction.get("note")) if prediction is not None and prediction.get("note")
+                                      else "no detection model for this framework and fault")  # fmt: skip
 
     detect = _first(events, "detect", after_ns=tf)
     m.detected = detect is not None
@@ -421,8 +693,12 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         m.time_to_detect_s = _s(detect.t_ns - tf)
         m.detect_t_s = _s(detect.t_ns - t0)
         m.badput_detect_s = m.time_to_detect_s
+        _blame(m, events, fault, tf)
     else:
-        miss["time_to_detect_s"] = f"no detection by framework '{m.framework}' before the run ended"
+        why = f"no detection by framework '{m.framework}' before the run ended"
+        if harness_reactions:
+            why += f" (it reacted {harness_reactions} time(s) only after the harness began tearing the run down)"
+        miss["time_to_detect_s"] = miss["blame"] = why
 
     requeue = _first(events, "restart", after_ns=tf)
     back = _first(events, "sched_state", after_ns=requeue.t_ns, state="running") if requeue is not None else None
@@ -493,6 +769,7 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
 
     m.lost_steps += m.skipped_steps or 0
     new_inc = resume_key[0]
+    m.rollback = not per_step_commit and new_inc != fault_inc
     if per_step_commit:  # survivors never stopped: the stall is waiting for a new quorum; healing is elsewhere
         react = detect.t_ns if detect is not None else tf
         started = resume_t - int(steps.duration.get(resume_key, 0.0) * 1e9)

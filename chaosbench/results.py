@@ -66,7 +66,7 @@ def to_frame(metrics: list[RunMetrics]) -> Any:
     rows = []
     for m in metrics:
         d = m.to_dict()
-        for k in ("missing", "versions", "timeouts", "slo_failures"):
+        for k in ("missing", "versions", "timeouts", "slo_failures", "timeout_problems"):
             d[k] = json.dumps(d[k], sort_keys=True, default=str)
         rows.append(d)
     return pd.DataFrame(rows)

@@ -26,7 +26,7 @@ from chaosbench.injectors.base import Injector, RunSetup
 from chaosbench.metrics import RunMetrics
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 from chaosbench.runtimes.base import RunInfo, Runtime
-from chaosbench.specs import Scenario, Suite
+from chaosbench.specs import FaultSpec, Scenario, Suite
 from chaosbench.timeline import TimelineFollower, TimelineWriter
 from chaosbench.workloads.base import Workload
 
@@ -47,6 +47,58 @@ def _runtime(scenario: Scenario, info: RunInfo) -> Runtime:
 def _framework(scenario: Scenario) -> Framework:
     cls = FRAMEWORKS.get(scenario.adapter)
     return cls(scenario.framework_label, cls.Options.model_validate(scenario.framework_options))  # type: ignore[no-any-return]
+
+
+def _injector(name: str, fault: FaultSpec) -> Injector:
+    cls = INJECTORS.get(fault.injector)
+    return cls(name, cls.Params.model_validate(fault.params))  # type: ignore[no-any-return]
+
+
+def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, Any]) -> list[dict[str, Any]]:
+    """For each fault of the scenario: when its framework's timeouts in force let it detect the fault (see
+    :meth:`Framework.predict_detection`), and the problems that follow from it (the fault cannot be detected, or
+    not before the run's deadline, or it ends before it can be detected). Plain data: printed before a suite runs
+    and written as ``detection_prediction`` events."""
+    out = []
+    for name, fault in sc.faults:
+        injector = _injector(name, fault)
+        mode = injector.failure_mode
+        pred = framework.predict_detection(mode, timeouts) if mode else None
+        rec: dict[str, Any] = {"fault": name, "injector": fault.injector, "mode": mode, "framework": sc.framework_label}
+        if pred is None:
+            rec.update(expected_s=None, decided_by="", resume_floor_s=None,
+                       note=f"no detection model for a {mode or fault.injector} fault under {sc.adapter}")  # fmt: skip
+            rec["problems"] = []
+            out.append(rec)
+            continue
+        rec.update(pred.to_dict())
+        problems = []
+        if pred.expected_s is None:
+            problems.append(f"{sc.framework_label} cannot detect {name} ({pred.note})")
+        elif pred.expected_s >= sc.deadline_s:
+            problems.append(f"{sc.framework_label} cannot detect {name} before the run's deadline ({sc.deadline_s:g} s): "
+                            f"expected {pred.expected_s:g} s after the fault ({pred.decided_by})")  # fmt: skip
+        elif pred.resume_floor_s is not None and pred.resume_floor_s >= sc.deadline_s:
+            problems.append(f"{sc.framework_label} cannot resume from {name} before the run's deadline "
+                            f"({sc.deadline_s:g} s): not before {pred.resume_floor_s:g} s after the fault")  # fmt: skip
+        duration = injector.duration_s
+        if duration is not None and pred.expected_s is not None and duration < pred.expected_s:
+            problems.append(f"{name} ends after {duration:g} s, before {sc.framework_label} can detect it "
+                            f"({pred.expected_s:g} s): expect an undetected recovery in place")  # fmt: skip
+        rec["problems"] = problems
+        out.append(rec)
+    return out
+
+
+def describe_outlook(rec: dict[str, Any]) -> str:
+    """One line: ``torchrun x hang-rank1: detect ~ 10.1 s (workload_pg_timeout_s=10 + monitor_interval_s=0.1)``."""
+    head = f"{rec['framework']} x {rec['fault']}: "
+    if rec.get("expected_s") is None:
+        return head + (rec.get("note") or "no prediction")
+    text = head + f"detect ~ {rec['expected_s']:g} s ({rec['decided_by']})"
+    if rec.get("resume_floor_s") is not None:
+        text += f", resume >= {rec['resume_floor_s']:g} s"
+    return text
 
 
 @dataclass
@@ -99,6 +151,26 @@ class Runner:
                 out.append((sc, _framework(sc).plan(job)))
             writer.close()
         return out
+
+    def outlook(self) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+        """Detection outlook of every distinct framework x fault schedule (first repeat), and each framework's
+        timeout problems, from the timeouts its adapter would put in force; starts nothing."""
+        import tempfile
+
+        recs: list[dict[str, Any]] = []
+        problems: dict[str, list[str]] = {}
+        with tempfile.TemporaryDirectory(prefix="chaosbench-outlook-") as tmp:
+            writer = TimelineWriter(Path(tmp) / "events.jsonl")
+            for sc in self.suite.scenarios():
+                if sc.repeat or (sc.control and sc.framework_label in problems):
+                    continue
+                runtime = _runtime(sc, RunInfo(f"outlook-{sc.dirname}", Path(tmp), writer))
+                framework = _framework(sc)
+                timeouts = framework.timeouts(self._job(sc, self._run_dir(sc), runtime, "outlook"))
+                problems.setdefault(sc.framework_label, framework.timeout_problems(timeouts))
+                recs += detection_outlook(sc, framework, timeouts)
+            writer.close()
+        return recs, problems
 
     def _run_dir(self, sc: Scenario) -> Path:
         return self.suite_dir / sc.dirname / str(sc.repeat)
@@ -168,8 +240,7 @@ class Runner:
             job = self._job(sc, run_dir, runtime, run_id)
             framework = _framework(sc)
             for i, (fault_name, fault) in enumerate(sc.faults):
-                inj_cls = INJECTORS.get(fault.injector)
-                injector = inj_cls(fault_name, inj_cls.Params.model_validate(fault.params))
+                injector = _injector(fault_name, fault)
                 setup = RunSetup(
                     run_id=run_id, run_dir=run_dir, ckpt_dir=job.ckpt_dir, runtime=runtime, timeline=timeline,
                     rng=random.Random(sc.rng_seed + i), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
@@ -192,8 +263,10 @@ class Runner:
             )  # fmt: skip
             timeline.emit(
                 "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
-                options=plan.options,
+                options=plan.options, timeout_problems=framework.timeout_problems(plan.timeouts),
             )  # fmt: skip
+            for rec in detection_outlook(sc, framework, plan.timeouts):
+                timeline.emit("detection_prediction", **rec)
             provision = getattr(runtime, "provision", None)
             if provision is not None:  # container nodes: started now (after the faults' prepare), all at once
                 provision(sc.workload.nodes)
@@ -210,6 +283,9 @@ class Runner:
             result = JobResult("error", f"{type(exc).__name__}: {exc}")
         finally:
             self._control = None
+            # From here on every process exit, log line and reaction is caused by the harness, not by the fault:
+            # the metrics credit nothing after this event to the framework (see chaosbench.metrics).
+            timeline.emit("teardown_begin", reason=_teardown_reason(result))
             for controller in controllers:
                 controller.close()
             runtime.cleanup()
@@ -227,6 +303,11 @@ class Runner:
             follower.stop()
             timeline.close()
         return RunRecord(sc, run_dir, result, leftovers=leftovers)
+
+
+def _teardown_reason(result: JobResult) -> str:
+    """Why the harness tears the run down: the job ended by itself (``end``), or the harness stopped it."""
+    return result.status if result.status in ("deadline", "interrupted", "error") else "end"
 
 
 def _fmt(v: Any, unit: str = "s") -> str:

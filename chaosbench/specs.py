@@ -252,8 +252,10 @@ Slos = dict[str, Bound | bool | float | str]
 def _check_slo_names(v: dict[str, Any]) -> dict[str, Any]:
     from chaosbench.metrics import RunMetrics
 
-    known = set(RunMetrics.__dataclass_fields__) - {"missing", "versions", "timeouts", "run_dir", "suite",
-                                                    "scenario", "framework", "fault", "repeat", "control"}  # fmt: skip
+    known = set(RunMetrics.__dataclass_fields__) - {
+        "missing", "versions", "timeouts", "timeout_problems", "run_dir", "suite", "scenario", "framework", "fault",
+        "repeat", "control",
+    }  # fmt: skip
     for name in v:
         if name not in known:
             raise ValueError(f"unknown metric '{name}' (known: {', '.join(sorted(known))})")
@@ -333,7 +335,8 @@ class Matrix(_Strict):
 
 
 class Projection(_Strict):
-    """Fleet scale for the report's goodput projection: job MTBF = node MTBF / nodes."""
+    """Fleet scale and assumptions of the report's goodput projection (job MTBF = node MTBF / nodes); see
+    :mod:`chaosbench.fleet` for what is measured and what is assumed."""
 
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(default=8, ge=1)
@@ -341,6 +344,18 @@ class Projection(_Strict):
     horizon_days: float = Field(default=30.0, gt=0)
     trials: int = Field(default=200, ge=1)
     recovery_scale: float = Field(default=1.0, gt=0, description="multiply measured recovery (fleet restarts cost more)")
+    checkpoint_cost_s: float | None = Field(
+        default=None, gt=0, description="the fleet's checkpoint cost (default: chaosbench.fleet.DEFAULT_CHECKPOINT_COST_S)"
+    )
+    checkpoint_interval_s: float | None = Field(
+        default=None, gt=0, description="the fleet's checkpoint interval (default: the Young/Daly optimum)"
+    )
+    manual_recovery_s: float | None = Field(
+        default=None, gt=0, description="cost of a failure the framework did not recover from (default: 20 min)"
+    )
+    fault_mix: dict[Literal["crash", "node", "hang", "sdc"], float] | None = Field(
+        default=None, description="relative frequency of each fault class (default: Llama 3's interruption causes)"
+    )
 
 
 class Suite(_Strict):

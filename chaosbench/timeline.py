@@ -34,7 +34,11 @@ from typing import Any
 EVENT_KINDS: dict[str, str] = {
     "run_start": "suite, scenario, repeat, framework, fault, control, seed",
     "run_end": "outcome (completed|failed|deadline|interrupted|error), reason",
-    "framework_info": "framework, versions{}, timeouts{} (seconds), options{}",
+    "teardown_begin": "reason (end|deadline|interrupted|error): the harness starts tearing the run down; nothing a "
+    "framework does after it counts as its own reaction",
+    "framework_info": "framework, versions{}, timeouts{} (seconds), options{}, timeout_problems[] (one line each)",
+    "detection_prediction": "fault, injector, mode (crash|hang), framework, expected_s (when the timeouts in force let "
+    "the framework detect it, seconds after the fault; null: never), decided_by, resume_floor_s, note, problems[]",
     "proc_start": "proc, pid, role (rank|agent|job|watchdog), node, incarnation",
     "proc_exit": "proc, pid, returncode (negative: killed by that signal), incarnation",
     "rank_start": "rank, world_size, pid, node, incarnation, local_rank, global_batch (samples per optimizer step "
@@ -47,7 +51,9 @@ EVENT_KINDS: dict[str, str] = {
     "ckpt_load_end": "rank, step, path, incarnation",
     "ckpt_load_failed": "rank, step, path, error, incarnation (the workload rejected a checkpoint, tries an older one)",
     "train_end": "rank, step, loss, digest (sha256 of the final parameters), incarnation",
-    "fault_inject": "fault, injector, target{}, params{}",
+    "fault_inject": "fault, injector, target{}, params{}, details{}, trigger, trigger_step (a step trigger's step), "
+    "effect_t_ns (when it took effect, harness clock), effect (what that moment is), injection_latency_s; t_ns is "
+    "when the injector began to act",
     "fault_revert": "fault, injector, reason",
     "fault_skipped": "fault, injector, reason (the trigger fired but the fault could not be applied)",
     "detect": "framework, reason, line (the framework noticed a failure)",

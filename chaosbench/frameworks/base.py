@@ -44,6 +44,46 @@ def base_versions() -> dict[str, str | None]:
     }
 
 
+#: torch.distributed's default process-group timeout for gloo (NCCL's is 10 minutes), in force when a script
+#: passes no ``timeout`` to ``init_process_group``.
+TORCH_DEFAULT_PG_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class Prediction:
+    """When a framework can detect a fault, from the timeouts in force.
+
+    ``expected_s``: seconds after the fault (None: the framework cannot detect it at all): the deciding timeout
+    plus the polling interval that notices it; a real detection also pays what the model leaves out (the step in
+    flight before a collective starts waiting, the harness reading the log line), so measured values scatter
+    around it; ``decided_by``: the terms of the sum (``"workload_pg_timeout_s=10 + monitor_interval_s=0.1"``);
+    ``resume_floor_s``: the earliest the job can train again (detection plus fixed waits such as torchrun's 30 s
+    SIGTERM grace), when the adapter knows it; ``note``: why, in words."""
+
+    expected_s: float | None
+    decided_by: str
+    resume_floor_s: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"expected_s": self.expected_s, "decided_by": self.decided_by, "resume_floor_s": self.resume_floor_s,
+                "note": self.note}  # fmt: skip
+
+
+def chain(*terms: tuple[str, float | None]) -> tuple[float, str]:
+    """Sum of named timeouts and the text naming them: ``chain(("a", 10), ("b", 0.1))`` -> (10.1, "a=10 + b=0.1")."""
+    total = sum(float(v) for _, v in terms if v is not None)
+    return total, " + ".join(f"{k}={v:g}" for k, v in terms if v is not None)
+
+
+def pg_timeout(timeouts: dict[str, Any]) -> tuple[str, float]:
+    """The workload's process-group timeout as a named term; torch's default when the script sets none."""
+    v = timeouts.get("workload_pg_timeout_s")
+    if v is None:  # the script sets none: torch's default is in force
+        return "torch_default_pg_timeout_s", TORCH_DEFAULT_PG_TIMEOUT_S
+    return "workload_pg_timeout_s", float(v)
+
+
 @dataclass
 class LogPattern:
     """A log line of the framework that means something: ``kind`` is the event written when ``regex``
@@ -163,8 +203,20 @@ class RunControl:
         self.interrupted.wait(max(0.0, min(seconds, self.deadline_monotonic - time.monotonic())))
 
 
+def process_context(handle: ProcHandle) -> dict[str, Any]:
+    """Where a log line came from, for resolving whom it names: the process's node (a torchrun agent's
+    ``local_rank`` is a rank on its own node) and, for a TorchFT replica group's launcher, its group."""
+    ctx: dict[str, Any] = {"node": handle.spec.node}
+    group = handle.spec.env.get("REPLICA_GROUP_ID")
+    if group is not None:
+        ctx["replica_group"] = int(group)
+    return ctx
+
+
 class LogWatcher:
-    """Turns matching log lines into timeline events, stamped when the line was read."""
+    """Turns matching log lines into timeline events, stamped when the line was read. Each event also carries
+    the emitting process's context (:func:`process_context`), so a ``local_rank`` it names can be resolved to the
+    global rank the framework blamed."""
 
     def __init__(self, framework: str, patterns: list[LogPattern], timeline: TimelineWriter) -> None:
         self.framework = framework
@@ -177,7 +229,7 @@ class LogWatcher:
                 continue
             m = rx.search(line)
             if m:
-                fields = {k: v for k, v in m.groupdict().items() if v is not None}
+                fields = {**process_context(handle), **{k: v for k, v in m.groupdict().items() if v is not None}}
                 self.timeline.emit(
                     pat.kind,
                     t_ns=t_ns,
@@ -213,6 +265,17 @@ class Framework(ABC):
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         """Every timeout in force that shapes detection and recovery, in seconds (None: no timeout)."""
         return {"workload_pg_timeout_s": job.workload.pg_timeout_s}
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        """When the adapter can detect a fault of this ``mode`` (``crash`` or ``hang``, see
+        :attr:`chaosbench.injectors.base.Injector.failure_mode`) under ``timeouts`` (its own, as in the plan);
+        None when the adapter has no model for it."""
+        return None
+
+    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
+        """Timeouts ordered so that one can never decide (a heartbeat longer than the process-group timeout),
+        or settings that make a fault undetectable in practice: one line each."""
+        return []
 
     def versions(self) -> dict[str, str | None]:
         return base_versions()

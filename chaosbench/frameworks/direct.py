@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import signal
 import threading
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
+from chaosbench.frameworks.base import (
+    Framework,
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    Prediction,
+    RunControl,
+    chain,
+    pg_timeout,
+)
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 from chaosbench.timeline import Event, now_ns
 
@@ -47,6 +57,14 @@ def rank_processes(job: JobContext, incarnation: int, master_port: int) -> list[
                         incarnation=incarnation)
         )  # fmt: skip
     return procs
+
+
+@dataclass
+class Failure:
+    """Why the watchdog considers the incarnation failed, and the rank it blames (None: no one in particular)."""
+
+    reason: str
+    rank: int | None
 
 
 class _Heartbeats:
@@ -131,12 +149,15 @@ class NoneFramework(Framework):
         t.update({"monitor_interval_s": o.monitor_interval_s, "teardown_grace_s": o.teardown_grace_s})
         return t
 
-    def _failure(self, handles: list[ProcHandle], beats: _Heartbeats | None) -> str | None:
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        return Prediction(None, "", note="no detector: a failed rank ends the job, a hung one stalls it")
+
+    def _failure(self, handles: list[ProcHandle], beats: _Heartbeats | None) -> Failure | None:
         """Why the current incarnation has failed, or None while it looks healthy."""
         for h in handles:
             rc = h.poll()
             if rc is not None and rc != 0:
-                return f"{h.name} exited with {describe_exit(rc)}"
+                return Failure(f"{h.name} exited with {describe_exit(rc)}", int(h.spec.env["RANK"]))
         return None
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
@@ -151,7 +172,7 @@ class NoneFramework(Framework):
                 beats.reset(incarnation)
             launched_ns = now_ns()
             handles = [control.runtime.start(s) for s in specs]
-            failure = None
+            failure: Failure | None = None
             while failure is None:
                 stop = control.stop_reason()
                 if stop:
@@ -169,27 +190,28 @@ class NoneFramework(Framework):
                 else:
                     while not all(h.exited.is_set() for h in handles):
                         if control.stop_reason():
-                            return JobResult(control.stop_reason() or "deadline", failure)
+                            return JobResult(control.stop_reason() or "deadline", failure.reason)
                         control.sleep(o.monitor_interval_s)
-                return JobResult("failed", failure)
-            control.timeline.emit("detect", src="framework", framework=self.label, reason=failure)
+                return JobResult("failed", failure.reason)
+            blame = {} if failure.rank is None else {"blame_rank": failure.rank}
+            control.timeline.emit("detect", src="framework", framework=self.label, reason=failure.reason, **blame)
             control.runtime.terminate(handles, o.teardown_grace_s)
             if attempts >= o.max_restarts:
                 control.timeline.emit(
                     "give_up", src="framework", framework=self.label,
-                    reason=f"retry limit reached ({o.max_restarts} restarts): {failure}",
+                    reason=f"retry limit reached ({o.max_restarts} restarts): {failure.reason}",
                 )  # fmt: skip
-                return JobResult("gave_up", failure)
+                return JobResult("gave_up", failure.reason)
             attempts += 1
             incarnation += 1
             control.timeline.emit(
-                "restart", src="framework", framework=self.label, attempt=attempts, reason=failure
+                "restart", src="framework", framework=self.label, attempt=attempts, reason=failure.reason
             )
             if o.restart_delay_s:
                 control.sleep(o.restart_delay_s)
             specs = rank_processes(job, incarnation, job.runtime.free_port())
 
-    def _hang(self, job: JobContext, beats: _Heartbeats, launched_ns: int) -> str | None:
+    def _hang(self, job: JobContext, beats: _Heartbeats, launched_ns: int) -> Failure | None:
         return None
 
 
@@ -216,13 +238,36 @@ class RestartFramework(NoneFramework):
                   "restart_delay_s": o.restart_delay_s})
         return t
 
-    def _hang(self, job: JobContext, beats: _Heartbeats, launched_ns: int) -> str | None:
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        monitor = ("monitor_interval_s", timeouts.get("monitor_interval_s"))
+        if mode == "crash":
+            return Prediction(*chain(monitor), note="the watchdog polls every rank's exit")
+        if mode != "hang":
+            return None
+        pg_name, pg = pg_timeout(timeouts)
+        hb = float(timeouts.get("heartbeat_timeout_s") or 0)
+        if hb <= pg:
+            return Prediction(*chain(("heartbeat_timeout_s", hb), monitor),
+                              note="the watchdog sees no step for heartbeat_timeout_s")  # fmt: skip
+        return Prediction(*chain((pg_name, pg), monitor),
+                          note="the peers' process-group timeout fires first: their exit is detected, and blamed")  # fmt: skip
+
+    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
+        pg_name, pg = pg_timeout(timeouts)
+        hb = float(timeouts.get("heartbeat_timeout_s") or 0)
+        if hb >= pg:
+            return [f"heartbeat_timeout_s ({hb:g} s) >= {pg_name} ({pg:g} s): a hung rank's peers always time out "
+                    "first, so the heartbeat never decides and a survivor is blamed"]  # fmt: skip
+        return []
+
+    def _hang(self, job: JobContext, beats: _Heartbeats, launched_ns: int) -> Failure | None:
         o: Any = self.options
         now = now_ns()
         stale = beats.stale(job.ranks, o.heartbeat_timeout_s, now)
         if stale is not None:
-            return f"rank {stale[0]}: no heartbeat for {stale[1]:.2f} s (timeout {o.heartbeat_timeout_s} s)"
+            return Failure(f"rank {stale[0]}: no heartbeat for {stale[1]:.2f} s (timeout {o.heartbeat_timeout_s} s)",
+                           stale[0])  # fmt: skip
         if not beats.any_step() and (now - launched_ns) / 1e9 > o.startup_timeout_s:
-            return f"no step within startup timeout {o.startup_timeout_s} s"
+            return Failure(f"no step within startup timeout {o.startup_timeout_s} s", None)
         return None
 

@@ -41,9 +41,15 @@ from chaosbench.frameworks.base import (
     LaunchPlan,
     LogPattern,
     LogWatcher,
+    Prediction,
     RunControl,
 )
-from chaosbench.frameworks.torchrun import TORCHRUN_PATTERNS, TORCHRUN_SHUTDOWN_GRACE_S
+from chaosbench.frameworks.torchrun import (
+    TORCHRUN_PATTERNS,
+    TORCHRUN_SHUTDOWN_GRACE_S,
+    pg_timeout_problems,
+    predict_agent_detection,
+)
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 
 ELASTIC_PATTERNS = [
@@ -175,6 +181,12 @@ class ElasticFramework(Framework):
             }
         )
         return t
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        return predict_agent_detection(mode, timeouts)
+
+    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
+        return pg_timeout_problems(timeouts)
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o: Any = self.options

@@ -36,7 +36,15 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.errors import ChaosbenchError, Unsupported
-from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
+from chaosbench.frameworks.base import (
+    Framework,
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    Prediction,
+    RunControl,
+    chain,
+)
 from chaosbench.runtimes.base import ProcessSpec
 from chaosbench.timeline import Event
 
@@ -178,6 +186,14 @@ class SlurmRequeueFramework(Framework):
         ):
             t[f"scheduler_{k}"] = cfg.get(k)
         return t
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        if mode == "crash":
+            return Prediction(*chain(("poll_interval_s", timeouts.get("poll_interval_s"))),
+                              note="srun --kill-on-bad-exit ends the job; the adapter polls its state")  # fmt: skip
+        if mode == "hang":
+            return Prediction(None, "", note="a stopped rank keeps its job RUNNING until its time limit")
+        return None
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         from chaosbench.runtimes.slurm import JobState

@@ -47,9 +47,12 @@ from chaosbench.frameworks.base import (
     JobResult,
     LaunchPlan,
     LogWatcher,
+    Prediction,
     RunControl,
     base_versions,
+    chain,
     package_version,
+    pg_timeout,
 )
 from chaosbench.frameworks.torchrun import TORCHRUN_PATTERNS, TORCHRUN_SHUTDOWN_GRACE_S
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
@@ -140,6 +143,7 @@ class _LighthouseWatch:
         self.finishing = threading.Event()
         self._quorum_id: int | None = None
         self._members = 0
+        self._groups: list[Any] = []
         self._beating = 0
         self._lock = threading.Lock()
 
@@ -168,7 +172,8 @@ class _LighthouseWatch:
             if quorum_id == self._quorum_id:
                 return
             previous = self._members if self._quorum_id is not None else None
-            self._quorum_id, self._members = quorum_id, len(groups)
+            left = [g for g in self._groups if g not in groups]
+            self._quorum_id, self._members, self._groups = quorum_id, len(groups), list(groups)
         self.timeline.emit(
             "quorum", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse", quorum_id=quorum_id,
             participants=len(groups), previous_participants=previous, replica_groups=groups,
@@ -177,6 +182,7 @@ class _LighthouseWatch:
             self.timeline.emit(
                 "detect", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse",
                 reason=f"lighthouse quorum {quorum_id}: {len(groups)} of {previous} replica groups",
+                blame_groups=left,  # the groups the new quorum left out: whom the Lighthouse gave up on
             )  # fmt: skip
 
     def _status(self, beating: int, line: str, t_ns: int) -> None:
@@ -304,6 +310,31 @@ class TorchftFramework(Framework):
         v = base_versions()
         v["torchft"] = package_version("torchft")
         return v
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        if mode == "crash":
+            return Prediction(*chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
+                              note="the group's torchrun polls its workers' exits")  # fmt: skip
+        if mode != "hang":
+            return None
+        hb = float(timeouts.get("lighthouse_heartbeat_timeout_s") or 0)
+        pg_name, pg = pg_timeout(timeouts)
+        tick = ("lighthouse_quorum_tick_s", timeouts.get("lighthouse_quorum_tick_s"))
+        if hb <= pg:
+            return Prediction(*chain(("lighthouse_heartbeat_timeout_s", hb), tick),
+                              note="a frozen group stops heartbeating; the Lighthouse drops it")  # fmt: skip
+        return Prediction(*chain((pg_name, pg), tick),
+                          note="the survivors' allreduce times out before the Lighthouse drops the group")  # fmt: skip
+
+    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
+        out = []
+        hb = timeouts.get("lighthouse_heartbeat_timeout_s")
+        for name in ("quorum_timeout_s", "manager_timeout_s"):
+            v = timeouts.get(name)
+            if v is not None and hb is not None and float(v) < float(hb):
+                out.append(f"{name} ({v:g} s) < lighthouse_heartbeat_timeout_s ({hb:g} s): the survivors give up on "
+                           "the quorum before the Lighthouse drops a silent group")  # fmt: skip
+        return out
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o: Any = self.options

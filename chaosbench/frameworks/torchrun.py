@@ -19,7 +19,10 @@ from chaosbench.frameworks.base import (
     LaunchPlan,
     LogPattern,
     LogWatcher,
+    Prediction,
     RunControl,
+    chain,
+    pg_timeout,
 )
 from chaosbench.runtimes.base import ProcessSpec
 
@@ -39,6 +42,33 @@ TORCHRUN_PATTERNS = [
     ),
     LogPattern("give_up", r"ChildFailedError", "agent"),
 ]
+
+
+def predict_agent_detection(mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+    """A torch elastic agent (torchrun, its elastic form, ft_launcher's base): it notices a worker's exit within
+    its monitor interval; a hung worker only once its peers' collective times out (the process-group timeout),
+    and then it SIGTERMs the stopped worker, which cannot act on it, and waits its fixed grace before SIGKILL."""
+    monitor = ("monitor_interval_s", timeouts.get("monitor_interval_s"))
+    if mode == "crash":
+        return Prediction(*chain(monitor), note="the agent polls its workers' exits")
+    if mode != "hang":
+        return None
+    pg_name, pg = pg_timeout(timeouts)
+    bound, by = chain((pg_name, pg), monitor)
+    grace = timeouts.get("worker_shutdown_grace_s")
+    return Prediction(
+        bound, by, resume_floor_s=bound + float(grace or 0),
+        note="the peers' collective times out; the stopped worker ignores SIGTERM, so the agent waits "
+        f"worker_shutdown_grace_s={grace or 0:g} before SIGKILL",
+    )  # fmt: skip
+
+
+def pg_timeout_problems(timeouts: dict[str, Any]) -> list[str]:
+    """A hang detected only through the process-group timeout: say so when the script sets none."""
+    if timeouts.get("workload_pg_timeout_s") is None:
+        return ["the workload sets no process-group timeout: torch's default (1800 s for gloo, 600 s for NCCL) is "
+                "how long a hung rank goes unnoticed"]  # fmt: skip
+    return []
 
 
 class TorchrunOptions(BaseModel):
@@ -111,6 +141,12 @@ class TorchrunFramework(Framework):
             }
         )
         return t
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        return predict_agent_detection(mode, timeouts)
+
+    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
+        return pg_timeout_problems(timeouts)
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o: Any = self.options

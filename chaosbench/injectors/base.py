@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
 
 
+def effect_of(delivered: list[int | None], what: str) -> dict[str, Any]:
+    """The ``effect_t_ns``/``effect`` details of a signal sent to every target: in effect once the last one was
+    delivered (as the runtime reports it; nothing when it cannot tell, and the controller then takes the moment
+    the injection returned)."""
+    if not delivered or any(t is None for t in delivered):
+        return {}
+    return {"effect_t_ns": max(t for t in delivered if t is not None), "effect": f"{what} (runtime's stamp)"}
+
+
 @dataclass
 class ResolvedTarget:
     """A target rank resolved from the timeline at injection time: the rank's current process."""
@@ -93,7 +102,10 @@ class Injector(ABC):
     """One kind of fault. ``Params`` is the injector's own schema, validated before the run starts.
 
     ``inject`` returns details for the ``fault_inject`` event and raises ProcessLookupError (or a
-    ChaosbenchError) when it could not act, which is recorded as ``fault_skipped``."""
+    ChaosbenchError) when it could not act, which is recorded as ``fault_skipped``. Two details have a meaning of
+    their own: ``effect_t_ns`` (ns on the harness's clock) is when the fault took effect, where the injector knows
+    it better than "when ``inject`` returned" (a signal delivered on a remote node), and ``effect`` says what that
+    moment is; the metrics measure recovery from it."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
@@ -118,6 +130,13 @@ class Injector(ABC):
     @property
     def duration_s(self) -> float | None:
         """Seconds after injection at which the harness reverts; None: only at the end of the run."""
+        return None
+
+    @property
+    def failure_mode(self) -> str | None:
+        """What the fault looks like to a detector: ``crash`` (the target's processes die), ``hang`` (they stay
+        alive but stop making progress: no step, collectives never complete), or None (neither: slowdowns,
+        damaged files, silent corruption). Framework adapters predict their detection time from it."""
         return None
 
     def prepare(self, setup: RunSetup) -> None:  # noqa: B027 - optional hook

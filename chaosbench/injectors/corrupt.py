@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from chaosbench import ckptformat as cf
 from chaosbench.errors import ChaosbenchError
-from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup
+from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup, effect_of
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
@@ -107,6 +107,10 @@ class CorruptCheckpointInjector(Injector):
     metadata) or kills a rank in the middle of a checkpoint save. Not reverted: permanent damage."""
 
     name: ClassVar[str] = "corrupt-checkpoint"
+
+    @property
+    def failure_mode(self) -> str | None:
+        return "crash" if self.params.mode == "torn-write" else None  # type: ignore[attr-defined]
     summary: ClassVar[str] = (
         "corrupt a checkpoint on disk (bitflip in tensor data, truncate, delete shard/metadata, garble "
         "metadata) or kill a rank mid-save (torn-write)"
@@ -283,11 +287,12 @@ class CorruptCheckpointInjector(Injector):
         if self.params.torn_at == "shard-write":  # type: ignore[attr-defined]
             for t, (_, path) in zip(ctx.targets, saves, strict=True):
                 self._wait_for_shard(Path(path) if path else None, t.rank)
-        for t in ctx.targets:
-            ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)  # type: ignore[arg-type]
+        delivered = [ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)  # type: ignore[arg-type]
+                     for t in ctx.targets]  # fmt: skip
         step, path = saves[0]
         out: dict[str, Any] = {"mode": "torn-write", "checkpoint": path, "step": step,
-                               "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets]}  # fmt: skip
+                               "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets],
+                               **effect_of(delivered, "SIGKILL delivered during the save")}  # fmt: skip
         d = Path(path) if path else None
         if d is not None and d.is_dir():  # what the dead rank left (the others may still be writing)
             out["files_at_kill"] = {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}

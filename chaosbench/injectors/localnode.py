@@ -79,6 +79,7 @@ class LocalNodeKillInjector(Injector):
     """Kills every process of the target node on the local runtime (a lost node)."""
 
     name: ClassVar[str] = "local-node-kill"
+    failure_mode = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "kill every process of a node on the local runtime (a lost host); nothing to revert"
     Params = LocalNodeKillParams  # type: ignore[assignment]
 

@@ -320,6 +320,7 @@ class PartitionInjector(_NetInjector):
     """Cuts the network between groups of nodes (iptables in each node's namespace, both directions)."""
 
     name: ClassVar[str] = "partition"
+    failure_mode = "hang"  # type: ignore[assignment]
     summary: ClassVar[str] = "cut the network between groups of nodes (iptables DROP/REJECT)"
     Params = PartitionParams  # type: ignore[assignment]
     needs_process: ClassVar[bool] = False

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from chaosbench.errors import Unsupported
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
 from chaosbench.runtimes.base import Runtime
+from chaosbench.timeline import now_ns
 
 
 @runtime_checkable
@@ -73,6 +74,7 @@ class NodeKillInjector(Injector):
     """Kills the target node's container: a lost node (see the module docstring for what happens next)."""
 
     name: ClassVar[str] = "node-kill"
+    failure_mode = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "kill a node's container (a lost node); the runtime's lost_node policy replaces it"
     Params = NodeKillParams  # type: ignore[assignment]
 
@@ -82,7 +84,8 @@ class NodeKillInjector(Injector):
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)
         killed = {n: rt.kill_node(n, self.params.signal) for n in target_nodes(ctx)}  # type: ignore[attr-defined]
-        return {"containers": killed, "signal": self.params.signal}  # type: ignore[attr-defined]
+        return {"containers": killed, "signal": self.params.signal,  # type: ignore[attr-defined]
+                "effect_t_ns": now_ns(), "effect": "the engine killed the container (its kill call returned)"}
 
 
 class NodePauseParams(BaseModel):
@@ -94,6 +97,7 @@ class NodePauseInjector(Injector):
     """Freezes every process of the target node (``docker pause``); revert unpauses it."""
 
     name: ClassVar[str] = "node-pause"
+    failure_mode = "hang"  # type: ignore[assignment]
     summary: ClassVar[str] = "freeze a node (docker pause) for a duration or for good; revert unpauses"
     Params = NodePauseParams  # type: ignore[assignment]
 
@@ -110,7 +114,8 @@ class NodePauseInjector(Injector):
         for n in target_nodes(ctx):
             rt.pause_node(n)
             paused.append(n)
-        return {"nodes": list(paused), "duration_s": self.duration_s}
+        return {"nodes": list(paused), "duration_s": self.duration_s, "effect_t_ns": now_ns(),
+                "effect": "the engine froze the container (its pause call returned)"}
 
     def revert(self, ctx: FaultContext) -> bool:
         rt = node_control(ctx.runtime, self.name)

@@ -25,6 +25,7 @@ class CrashLoopInjector(Injector):
     help. Measured: restarts made, seconds burned, whether the framework stopped at its retry limit."""
 
     name: ClassVar[str] = "crash-loop"
+    failure_mode = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "the workload raises at step N in every incarnation (a deterministic bug)"
     Params = CrashLoopParams  # type: ignore[assignment]
     needs_process: ClassVar[bool] = False

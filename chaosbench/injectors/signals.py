@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.errors import ChaosbenchError
-from chaosbench.injectors.base import FaultContext, Injector
+from chaosbench.injectors.base import FaultContext, Injector, effect_of
 
 
 def signal_number(name: str | int) -> int:
@@ -40,13 +40,25 @@ class KillInjector(Injector):
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank's process"
     Params = KillParams  # type: ignore[assignment]
 
+    #: Signals whose default action neither ends nor stops a process.
+    HARMLESS: ClassVar[frozenset[str]] = frozenset({"SIGCONT", "SIGCHLD", "SIGURG", "SIGWINCH"})
+
+    @property
+    def failure_mode(self) -> str | None:
+        sig = self.params.signal  # type: ignore[attr-defined]
+        if sig in ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"):
+            return "hang"
+        return None if sig in self.HARMLESS else "crash"
+
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         sig = signal_number(self.params.signal)  # type: ignore[attr-defined]
+        delivered: list[int | None] = []
         for t in ctx.targets:
             if t.pid is None:
                 raise ProcessLookupError(f"rank {t.rank} has no process")
-            ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks, t.node)
-        return {"signal": signal.Signals(sig).name}
+            delivered.append(ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks, t.node))
+        name = signal.Signals(sig).name
+        return {"signal": name, **effect_of(delivered, f"{name} delivered")}
 
 
 class HangParams(BaseModel):
@@ -62,6 +74,7 @@ class HangInjector(Injector):
     name: ClassVar[str] = "hang"
     summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
     Params = HangParams  # type: ignore[assignment]
+    failure_mode = "hang"  # type: ignore[assignment]
 
     @property
     def duration_s(self) -> float | None:
@@ -69,12 +82,13 @@ class HangInjector(Injector):
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         stopped = ctx.state.setdefault("stopped", [])
+        delivered: list[int | None] = []
         for t in ctx.targets:
             if t.pid is None:
                 raise ProcessLookupError(f"rank {t.rank} has no process")
-            ctx.runtime.signal_pid(t.pid, signal.SIGSTOP, t.pid_ticks, t.node)
+            delivered.append(ctx.runtime.signal_pid(t.pid, signal.SIGSTOP, t.pid_ticks, t.node))
             stopped.append((t.pid, t.pid_ticks, t.node))
-        return {"duration_s": self.duration_s}
+        return {"duration_s": self.duration_s, **effect_of(delivered, "SIGSTOP delivered")}
 
     def revert(self, ctx: FaultContext) -> bool:
         undone = False

@@ -74,6 +74,7 @@ class SlurmNodeDownInjector(Injector):
     """Downs (or drains) the Slurm node a target rank runs on; revert resumes it."""
 
     name: ClassVar[str] = "slurm-node-down"
+    failure_mode = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "scontrol update state=DOWN|DRAIN of a rank's Slurm node (and kill its tasks)"
     Params = SlurmNodeDownParams  # type: ignore[assignment]
 

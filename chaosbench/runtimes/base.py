@@ -103,8 +103,10 @@ class Runtime(ABC):
         """Start a process; returns once it exists. Writes a ``proc_start`` event."""
 
     @abstractmethod
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
-        """Send ``sig`` to a process this runtime started (or a descendant of one).
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
+        """Send ``sig`` to a process this runtime started (or a descendant of one); returns when it was delivered,
+        in ns on the harness's clock (a remote node's own reading, corrected by its measured offset, where the
+        runtime has one), or None when the runtime cannot tell.
 
         ``pid`` and ``ticks`` are as the process reported them in its ``rank_start`` event (for a container,
         in the container's pid namespace), ``node`` is where it runs. A pid that was reused raises

@@ -760,13 +760,14 @@ class DockerRuntime(Runtime):
                             return int(entry)
         return None
 
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         host = self._host_pid(pid, node)
         if host is None or not procutil.alive(host):
             raise ProcessLookupError(pid)
         if ticks is not None and procutil.start_ticks(host) != ticks:
             raise ChaosbenchError(f"pid {pid} on {node} now belongs to another process; not signalling it")
         os.kill(host, sig)
+        return now_ns()  # the engine's host: the same kernel and clock as the harness
 
     def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
         host = self._host_pid(pid, node)

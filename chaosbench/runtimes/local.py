@@ -127,7 +127,7 @@ class LocalRuntime(Runtime):
             roots = {h.pid for h in self._handles if not h.exited.is_set()}
         return pid in roots or procutil.is_descendant_of(pid, roots)
 
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         if not procutil.alive(pid):
             raise ProcessLookupError(pid)
         if ticks is not None and procutil.start_ticks(pid) != ticks:
@@ -135,6 +135,7 @@ class LocalRuntime(Runtime):
         if not self._ours(pid):
             raise ChaosbenchError(f"pid {pid} was not started by this run; not signalling it")
         os.kill(pid, sig)
+        return now_ns()  # kill(2) has queued the signal; SIGKILL/SIGSTOP act before the target runs again
 
     def _tree(self, handles: list[ProcHandle]) -> dict[int, int | None]:
         cmap = procutil.children_map()

@@ -921,7 +921,7 @@ class SlurmRuntime(Runtime):
             raise ChaosbenchError(f"signalling pid {pid} on {snode} failed: {err}")
         return res.returncode, t_node, snode
 
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         name = signal.Signals(sig).name if sig else "0"
         rc, t_node, snode = self._node_helper(name.removeprefix("SIG") if sig else "0", pid, ticks, node)
         if rc == 3:
@@ -946,6 +946,8 @@ class SlurmRuntime(Runtime):
                 node_t_ns=t_node,
                 stamp="node" if exact else "harness",
             )
+            return t
+        return None
 
     def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
         try:

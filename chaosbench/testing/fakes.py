@@ -22,8 +22,9 @@ class RecordingRuntime(Runtime):
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
         raise NotImplementedError("RecordingRuntime starts nothing")
 
-    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> None:
+    def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         self.signals.append((pid, sig))
+        return None  # nothing was delivered anywhere: no moment of effect to report
 
     def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
         pass

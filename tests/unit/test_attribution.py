@@ -1,0 +1,173 @@
+"""Truth on a user's job, on hand-written timelines: who detected what and whom, what the harness caused, runs
+that started from someone else's state, when a fault took effect, and a final line without a step."""
+
+from __future__ import annotations
+
+from chaosbench.metrics import compute_metrics
+from tests.unit.test_metrics import TL, control_run, restart_run
+
+
+def _kill_tl() -> TL:
+    return restart_run()
+
+
+def test_train_end_without_step_takes_the_last_step() -> None:
+    """A script whose final line has a digest but no step (``final checksum HEX``): the control finished."""
+    tl = TL(control=True).incarnation(0, 0.1, 1, 30)
+    tl.rank(tl.t_last + 0.01, "train_end", 0, 0, step=None, loss=None, digest="abc")
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    assert m.final_step == 30 and m.outcome == "completed" and m.digest == "abc"
+    assert m.ranks_agree is None and "only one rank" in m.missing["ranks_agree"]
+
+
+def test_reactions_after_the_harness_teardown_are_not_detections() -> None:
+    """A hang torchrun cannot see: at the deadline the harness tears down, torchrun logs "Sending process ...
+    closing signal SIGTERM". That is no detection."""
+    tl = TL().incarnation(0, 0.1, 1, 15)
+    t_fault = tl.t_last + 0.01
+    tl.add(t_fault, "fault_inject", src="injector", fault="hang", injector="hang", target=[{"rank": 1}])
+    tl.add(t_fault + 100, "teardown_begin", reason="deadline")
+    tl.add(t_fault + 100.02, "detect", src="framework", framework="torchrun", line="Sending process 1 closing signal",
+           node="node0")  # fmt: skip
+    tl.add(t_fault + 100.5, "restart", src="framework", framework="torchrun")
+    tl.rank(t_fault + 100.6, "step", 0, 0, step=16)  # a rank that got SIGCONT during the teardown
+    tl.add(t_fault + 101, "run_end", outcome="deadline")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.detected is False and m.time_to_detect_s is None
+    assert "only after the harness began tearing the run down" in m.missing["time_to_detect_s"]
+    assert m.verdict == "not detected, not recovered (deadline)"
+    assert m.time_to_resume_s is None and m.restarts_claimed is None
+
+
+def test_blame_from_the_restart_watchdog_and_from_torchrun_lines() -> None:
+    tl = _kill_tl()
+    ev = next(e for e in tl.events if e.kind == "detect")
+    ev.data["blame_rank"] = 1
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert (m.blame, m.blamed) == ("correct", "rank 1")
+    ev.data["blame_rank"] = 0
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert (m.blame, m.blamed) == ("wrong", "rank 0") and "blamed rank 0, not the faulted rank" in (m.verdict or "")
+    # torchrun: "failed (exitcode: -9) local_rank: 1" from the agent on node0 names the rank on that node
+    del ev.data["blame_rank"]
+    ev.data.update(local_rank="1", node="node0")
+    for e in tl.events:
+        if e.kind == "rank_start":
+            e.data.update(node="node0", local_rank=e.get("rank"))
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert (m.blame, m.blamed) == ("correct", "rank 1")
+    # a detection that names no one
+    ev.data.pop("local_rank")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.blame == "none" and m.blamed is None
+
+
+def test_torchft_blame_by_replica_group() -> None:
+    tl = _kill_tl()
+    for e in tl.events:
+        if e.kind == "rank_start":
+            e.data["replica_group"] = e.get("rank")
+    ev = next(e for e in tl.events if e.kind == "detect")
+    ev.data["blame_groups"] = [1]
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert (m.blame, m.blamed) == ("correct", "rank 1")
+
+
+def test_false_detections_in_a_control_and_before_the_fault() -> None:
+    tl = TL(control=True).incarnation(0, 0.1, 1, 12)
+    tl.add(tl.t_last + 0.01, "detect", src="framework", framework="nvrx", reason="section 'step' unknown")
+    tl.add(tl.t_last + 0.02, "detect", src="framework", framework="nvrx", reason="failed (exitcode: 1)")
+    tl.add(tl.t_last + 0.05, "restart", src="framework", framework="nvrx", proc="ft_launcher")
+    tl.incarnation(1, tl.t_last + 0.5, 11, 30, load_from=10, end=True)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    assert m.outcome == "completed" and m.clean is False and m.false_detections == 1 and m.restart_count == 1
+    assert m.verdict.startswith("completed, but not clean: 1 restarts and 1 detections without a fault")
+
+    tl = _kill_tl()
+    tl.add(1.0, "detect", src="framework", framework="fw", reason="spurious")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.false_detections == 1 and "1 detection(s) before the fault" in (m.verdict or "")
+
+
+def test_restart_count_cross_checked_against_the_framework() -> None:
+    tl = _kill_tl()
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.restarts_claimed == m.restart_count == 1 and "mismatch" not in (m.verdict or "")
+    tl.add(tl.t_fault + 0.31, "restart", src="framework", framework="fw", attempt=2)  # type: ignore[attr-defined]
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.restarts_claimed == 2 and "restart count mismatch: the ranks show 1, the framework reported 2" in (
+        m.verdict or ""
+    )
+
+
+def test_contamination_by_a_foreign_checkpoint() -> None:
+    """The first incarnation loads a checkpoint before this run saved any: another run's state."""
+    tl = TL(control=True).incarnation(0, 0.1, 31, 30, load_from=30)
+    tl.rank(tl.t_last + 0.01, "train_end", 0, 0, step=30, digest="x")
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    assert m.outcome == "contaminated" and m.contaminated
+    assert m.verdict == ("contaminated: rank 0 loaded a checkpoint (step 30) before this run had saved one: state "
+                         "from outside the run")  # fmt: skip
+
+    # no load line, but the first incarnation's steps begin far beyond 1
+    tl = TL().incarnation(0, 0.1, 21, 30, end=True)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.outcome == "contaminated" and "first step was 21" in (m.verdict or "")
+
+    # a clean restart run is not contaminated (it loads its own checkpoint after saving it)
+    assert compute_metrics(_kill_tl().sorted(), control=control_run(), total_steps=30).contaminated is False
+
+
+def test_fault_measured_from_when_it_took_effect() -> None:
+    """A kill triggered at step 25 that reached the rank 61 ms later (after step 26 completed) is measured from
+    its effect; the verdict says it landed late."""
+    tl = TL().incarnation(0, 0.1, 1, 30, dt=0.01)
+    step25 = next(e for e in tl.events if e.kind == "step" and e.get("step") == 25 and e.get("rank") == 1)
+    t25 = (step25.t_ns - tl.events[0].t_ns) / 1e9
+    tl.add(t25 + 0.001, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}],
+           trigger_step=25, effect_t_ns=tl.events[0].t_ns + int((t25 + 0.062) * 1e9))  # fmt: skip
+    tl.add(t25 + 0.08, "detect", src="framework", framework="fw", blame_rank=1)
+    tl.add(t25 + 0.1, "run_end", outcome="failed")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert abs(m.injection_latency_s - 0.061) < 1e-6  # type: ignore[operator]
+    assert m.trigger_step == 25 and m.fault_step == 30
+    assert abs(m.time_to_detect_s - 0.018) < 1e-6  # type: ignore[operator]
+    assert "fault landed at step 30, 5 steps after its trigger (step 25), injection latency 61 ms" in (m.verdict or "")
+
+
+def test_per_step_commit_follows_the_quorum() -> None:
+    """TorchFT, group 1 hung for 20 s after step 25: the survivor's one-group quorum commits step 26 at +10.06 s
+    (after the process-group timeout), so the job resumed then; at +20 s the hung group comes back, forms its own
+    quorum and commits 26.. again. The job step is complete when the quorum that committed it has, not when every
+    rank ever seen has reported it."""
+    tl = TL()
+    for r in (0, 1):
+        tl.rank(0.1, "rank_start", r, 0, pid=100 + r, world_size=2, replica_group=r, group_world_size=1)
+    t = 1.0
+    for step in range(1, 26):
+        t += 0.03
+        for r in (0, 1):
+            tl.rank(t, "step", r, 0, step=step, duration_s=0.02, committed=True, participants=2, quorum_id=2)
+    t_fault = t + 0.004
+    tl.add(t_fault, "fault_inject", src="injector", fault="hang", injector="hang", target=[{"rank": 1}])
+    tl.rank(t_fault + 10.039, "step_skipped", 0, 0, step=26, duration_s=0.02)
+    for i, step in enumerate(range(26, 61)):
+        tl.rank(t_fault + 10.068 + 0.024 * i, "step", 0, 0, step=step, duration_s=0.02, committed=True,
+                participants=1, quorum_id=3)  # fmt: skip
+    tl.rank(t_fault + 10.9, "train_end", 0, 0, step=60, digest="d")
+    tl.add(t_fault + 20.0, "fault_revert", src="injector", fault="hang")
+    tl.rank(t_fault + 20.005, "step_skipped", 1, 0, step=26, duration_s=0.02)
+    for i, step in enumerate(range(26, 61)):
+        tl.rank(t_fault + 20.033 + 0.025 * i, "step", 1, 0, step=step, duration_s=0.02, committed=True,
+                participants=1, quorum_id=4)  # fmt: skip
+    tl.rank(t_fault + 20.9, "train_end", 1, 0, step=60, digest="d")
+    tl.add(t_fault + 21.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=60)
+    assert m.outcome == "recovered"
+    assert abs(m.time_to_resume_s - 10.068) < 1e-6, m.time_to_resume_s  # type: ignore[operator]
+    assert m.lost_steps == 1 and m.time_to_rejoin_s is None  # step 26's compute was thrown away; nothing restarted
+    assert m.verdict == "recovered in place, not detected"  # no framework event in this hand-built timeline
