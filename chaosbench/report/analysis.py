@@ -11,9 +11,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chaosbench.fleet import LLAMA3, FleetScale, costs_from_rows, project
+from chaosbench.fleet import (
+    DEFAULT_CHECKPOINT_COST_S,
+    DEFAULT_MANUAL_RECOVERY_S,
+    LLAMA3,
+    LLAMA3_MIX,
+    Assumptions,
+    FaultMix,
+    FleetScale,
+    costs_from_rows,
+    project,
+)
 from chaosbench.report.document import Block, Cell, Heading, Image, Paragraph, Table
-from chaosbench.report.fmt import MISSING
+from chaosbench.report.fmt import MISSING, parse_json_object
 from chaosbench.stats import median_ci, wilson, young_daly_interval_s
 
 STAGES = ("badput_detect_s", "badput_restart_init_s", "badput_restore_s", "badput_recompute_s")
@@ -54,10 +64,38 @@ def _values(rs: Sequence[dict[str, Any]], key: str) -> list[float]:
     return [v for r in rs if (v := _num(r.get(key))) is not None]
 
 
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).lower() == "true"
+
+
+def unusable_frameworks(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Frameworks whose fault-free control did not run clean, and why: their fault runs are not comparable (a
+    framework that restarts or detects without a fault, or fails without one, is broken in this configuration)."""
+    out: dict[str, str] = {}
+    for r in rows:
+        if not _truthy(r.get("control")):
+            continue
+        fw = str(r.get("framework"))
+        if r.get("outcome") != "completed":
+            out[fw] = f"its control run did not complete ({r.get('verdict') or r.get('outcome')})"
+        elif r.get("clean") is not None and not _truthy(r.get("clean")):
+            out[fw] = f"its control run was not clean ({r.get('verdict')})"
+    return out
+
+
+def _unusable_row(fault: str, fw: str, why: str, width: int) -> list[Cell]:
+    row: list[Cell] = [fault, fw, f"unusable: {why}"]
+    return row + [MISSING] * (width - 3)
+
+
 def stats_table(rows: Sequence[dict[str, Any]]) -> Table:
     """Per fault x framework: success rate (Wilson 95 %) and medians with bootstrap 95 % intervals."""
     out: list[list[Cell]] = []
+    unusable = unusable_frameworks(rows)
     for (fault, fw), rs in _cells(rows).items():
+        if fw in unusable:
+            out.append(_unusable_row(fault, fw, unusable[fw], 7))
+            continue
         ok = sum(1 for r in rs if r.get("outcome") == "recovered")
         p, lo, hi = wilson(ok, len(rs))
         rate = MISSING if p is None else f"{ok}/{len(rs)} ({p:.0%}; {lo:.0%}-{hi:.0%})"
@@ -68,14 +106,57 @@ def stats_table(rows: Sequence[dict[str, Any]]) -> Table:
         ["fault", "framework", "recovered (95 % CI)", "time_to_detect_s median [95 % CI]",
          "time_to_resume_s median [95 % CI]", "lost_steps median [95 % CI]", "extra_wall_s median [95 % CI]"],
         out,
-        caption="Medians with percentile-bootstrap 95 % intervals over repeats; success rates with Wilson intervals.",
+        caption="Medians with percentile-bootstrap 95 % intervals over repeats; success rates with Wilson intervals. "
+                "A framework whose fault-free control did not run clean is unusable, not ranked.",
+    )  # fmt: skip
+
+
+def _rate(k: int, n: int) -> str:
+    p, lo, hi = wilson(k, n)
+    return MISSING if p is None else f"{k}/{n} ({p:.0%}; {lo:.0%}-{hi:.0%})"
+
+
+def scorecard_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """Per framework, over its runs: detected rate (fault runs whose fault fired), culprit accuracy (detections
+    that named the faulted rank, among those that named anyone) and false-positive rate (runs, controls included,
+    with a detection without a fault or before it), each with a Wilson 95 % interval."""
+    unusable = unusable_frameworks(rows)
+    by_fw: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_fw.setdefault(str(r.get("framework")), []).append(r)
+    out: list[list[Cell]] = []
+    for fw, rs in sorted(by_fw.items()):
+        fired = [r for r in rs if not _truthy(r.get("control")) and r.get("outcome") in ("recovered", "not_recovered")]
+        detected = [r for r in fired if _truthy(r.get("detected"))]
+        named = [r for r in detected if r.get("blame") in ("correct", "wrong")]
+        correct = sum(1 for r in named if r.get("blame") == "correct")
+        judged = [r for r in rs if _num(r.get("false_detections")) is not None]
+        false = sum(1 for r in judged if (_num(r.get("false_detections")) or 0) > 0)
+        silent = sum(1 for r in detected if r.get("blame") == "none")
+        row: list[Cell] = [fw, _rate(len(detected), len(fired)), _rate(correct, len(named)),
+                           f"{silent}/{len(detected)}" if detected else MISSING, _rate(false, len(judged))]  # fmt: skip
+        if fw in unusable:
+            row.append(f"unusable: {unusable[fw]}")
+        else:
+            row.append("")
+        out.append(row)
+    return Table(
+        ["framework", "detected (95 % CI)", "culprit named correctly (95 % CI)", "detected without naming anyone",
+         "runs with false detections (95 % CI)", "note"], out,
+        caption="Detected: fault runs whose fault fired and that the framework detected (before the harness began "
+                "its teardown). Culprit: among detections that named a rank, node or replica group, those that "
+                "named the faulted one. False detections: detections in fault-free controls or before the fault.",
     )  # fmt: skip
 
 
 def detection_table(rows: Sequence[dict[str, Any]]) -> Table:
-    """Time to detect next to the detection knobs in force (each adapter's timeouts)."""
+    """Time to detect next to what the timeouts in force predict, and the timeouts themselves."""
     out: list[list[Cell]] = []
+    unusable = unusable_frameworks(rows)
     for (fault, fw), rs in _cells(rows).items():
+        if fw in unusable:
+            out.append(_unusable_row(fault, fw, unusable[fw], 6))
+            continue
         knobs: dict[str, Any] = {}
         for r in rs:
             try:
@@ -87,8 +168,37 @@ def detection_table(rows: Sequence[dict[str, Any]]) -> Table:
         knob_text = ", ".join(f"{k}={v}" for k, v in knobs.items() if v is not None) or MISSING
         ttd = _values(rs, "time_to_detect_s")
         med = statistics.median(ttd) if ttd else None
-        out.append([fault, fw, _s(med), f"{len(ttd)}/{len(rs)}", knob_text])
-    return Table(["fault", "framework", "median time_to_detect_s", "detected", "timeouts in force (s)"], out)
+        out.append([fault, fw, _predicted_text(rs), _s(med), f"{len(ttd)}/{len(rs)}", knob_text])
+    return Table(["fault", "framework", "predicted from the timeouts", "median time_to_detect_s (measured)",
+                  "detected", "timeouts in force (s)"], out)  # fmt: skip
+
+
+def _predicted_text(rs: Sequence[dict[str, Any]]) -> str:
+    pred = next((r for r in rs if _num(r.get("predicted_detect_s")) is not None), None)
+    if pred is None:
+        why = next((parse_json_object(r.get("missing")).get("predicted_detect_s") for r in rs), None)
+        return f"{MISSING} ({why})" if why else MISSING
+    return f"~{float(pred['predicted_detect_s']):.3g} s by {pred.get('predicted_by')}"
+
+
+def timeout_sanity_blocks(rows: Sequence[dict[str, Any]]) -> list[Block]:
+    """Every distinct timeout problem the runs recorded (before they ran), per framework."""
+    seen: dict[str, list[str]] = {}
+    for r in rows:
+        problems = r.get("timeout_problems")
+        try:
+            items = json.loads(problems) if isinstance(problems, str) else list(problems or [])
+        except (TypeError, ValueError):
+            items = []
+        for p in items:
+            lst = seen.setdefault(str(r.get("framework")), [])
+            if p not in lst:
+                lst.append(p)
+    if not seen:
+        return []
+    return [Heading(3, "Timeout sanity"),
+            Table(["framework", "problem (found from the timeouts before the runs)"],
+                  [[fw, p] for fw, ps in sorted(seen.items()) for p in ps])]  # fmt: skip
 
 
 def _plot_distribution(rows: Sequence[dict[str, Any]], path: Path) -> bool:
@@ -156,31 +266,95 @@ def _scale(projection: dict[str, Any] | None) -> tuple[FleetScale, str]:
 
 
 def young_daly_table(rows: Sequence[dict[str, Any]], checkpoint_every: int | None, scale: FleetScale) -> Table:
+    """This workload's measured checkpoint cost, its configured interval, and the Young/Daly optimum for that
+    cost at the fleet's job MTBF (what this checkpoint would need at that scale)."""
     out: list[list[Cell]] = []
-    for c in costs_from_rows(rows, checkpoint_every):
-        opt = young_daly_interval_s(c.checkpoint_cost_s, scale.job_mtbf_s)
-        out.append([c.framework, _s(c.checkpoint_cost_s), _s(c.checkpoint_interval_s), _s(opt, 1),
-                    f"{c.checkpoint_interval_s / opt:.3g}x"])  # fmt: skip
-    return Table(["framework", "checkpoint cost C (s)", "configured interval (s)", "Young/Daly optimum (s)",
-                  "configured / optimum"], out,
+    unusable = unusable_frameworks(rows)
+    by_fw: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_fw.setdefault(str(r.get("framework")), []).append(r)
+    for fw, rs in sorted(by_fw.items()):
+        saves = _values(rs, "checkpoint_save_s")
+        if not saves:
+            continue
+        if fw in unusable:
+            out.append([fw, f"unusable: {unusable[fw]}", MISSING, MISSING, MISSING])
+            continue
+        cost = statistics.median(saves)
+        steps = _values([r for r in rs if _truthy(r.get("control"))], "step_time_s")
+        interval = checkpoint_every * statistics.median(steps) if checkpoint_every and steps else None
+        opt = young_daly_interval_s(cost, scale.job_mtbf_s)
+        out.append([fw, _s(cost), _s(interval), _s(opt, 1),
+                    f"{interval / opt:.3g}x" if interval is not None else MISSING])  # fmt: skip
+    return Table(["framework", "checkpoint cost C (s, measured)", "configured interval (s, this suite)",
+                  "Young/Daly optimum at the fleet's MTBF (s)", "configured / optimum"], out,
                  caption=f"Job MTBF M = {scale.job_mtbf_s:.0f} s; optimum = sqrt(2CM) with Daly's correction.")  # fmt: skip
 
 
-def projection_table(rows: Sequence[dict[str, Any]], checkpoint_every: int | None, scale: FleetScale,
-                     projection: dict[str, Any] | None) -> Table:  # fmt: skip
-    out: list[list[Cell]] = []
+def assumptions_from(projection: dict[str, Any] | None) -> tuple[Assumptions, list[str]]:
+    """The projection's assumptions (the suite's ``projection`` settings over the defaults), and one line on each
+    saying where it comes from."""
+    o = projection or {}
+    a = Assumptions(
+        checkpoint_cost_s=float(o.get("checkpoint_cost_s") or DEFAULT_CHECKPOINT_COST_S),
+        checkpoint_interval_s=float(o["checkpoint_interval_s"]) if o.get("checkpoint_interval_s") else None,
+        manual_recovery_s=float(o.get("manual_recovery_s") or DEFAULT_MANUAL_RECOVERY_S),
+        recovery_scale=float(o.get("recovery_scale") or 1.0),
+        mix=FaultMix(dict(o["fault_mix"]), "the suite's projection.fault_mix") if o.get("fault_mix") else LLAMA3_MIX,
+    )
+    said = "the suite's projection settings"
+    notes = [
+        f"checkpoint cost C = {a.checkpoint_cost_s:g} s (assumed: "
+        + (said if o.get("checkpoint_cost_s") else "a blocking sharded save of a ~1 TB state; set "
+           "projection.checkpoint_cost_s") + ")",
+        "checkpoint interval = " + (f"{a.checkpoint_interval_s:g} s ({said})" if a.checkpoint_interval_s
+                                    else "the Young/Daly optimum for C at the job MTBF"),
+        f"a failure the framework did not recover from costs {a.manual_recovery_s:g} s (assumed: "
+        + (said if o.get("manual_recovery_s") else "an operator restarts the job") + ")",
+        f"measured recovery x {a.recovery_scale:g} (projection.recovery_scale)",
+        "fault mix: " + a.mix.source + " = " + ", ".join(f"{k} {a.mix.share(k):.1%}" for k in a.mix.weights),
+    ]  # fmt: skip
+    return a, notes
+
+
+def projection_table(rows: Sequence[dict[str, Any]], scale: FleetScale, projection: dict[str, Any] | None) -> Table:
+    """Frameworks ranked by their projected goodput at fleet scale, from their measured recoveries."""
+    a, _ = assumptions_from(projection)
     opts = projection or {}
-    for c in costs_from_rows(rows, checkpoint_every):
-        p = project(c, scale, horizon_days=float(opts.get("horizon_days", 30)), trials=int(opts.get("trials", 200)),
-                    recovery_scale=float(opts.get("recovery_scale", 1.0)))  # fmt: skip
-        out.append([p.framework, f"{p.gpus}", f"{p.interruptions_per_day:.2f}", _s(p.recovery_s_median),
-                    f"{p.goodput_analytic:.2%}", f"{p.goodput_analytic_at_optimum:.2%}",
-                    f"{p.goodput_mc_mean:.2%} ({p.goodput_mc_p5:.2%}-{p.goodput_mc_p95:.2%})"])  # fmt: skip
-    return Table(["framework", "GPUs", "interruptions/day", "recovery (s, measured median)",
-                  "goodput (analytic)", "goodput at Young/Daly interval", "goodput (Monte Carlo, 5-95 %)"], out,
-                 caption="Recovery = detect + restart/init + restore measured here; recompute modelled as half "
-                         "an interval per failure. Costs at test scale: restart at fleet scale usually costs more "
-                         "(projection.recovery_scale).")  # fmt: skip
+    unusable = unusable_frameworks(rows)
+    projected = []
+    out: list[list[Cell]] = []
+    for c in costs_from_rows(rows):
+        if c.framework in unusable:
+            out.append(_unusable_row(MISSING, c.framework, unusable[c.framework], 9))
+            continue
+        if not c.classes(a.mix):
+            out.append([MISSING, c.framework, "no measured fault of the mix's classes", *[MISSING] * 6])
+            continue
+        projected.append(project(c, scale, a, horizon_days=float(opts.get("horizon_days", 30)),
+                                 trials=int(opts.get("trials", 200))))  # fmt: skip
+    projected.sort(key=lambda p: -p.goodput_mc_mean)
+    ranked: list[list[Cell]] = []
+    for i, p in enumerate(projected, 1):
+        cover = f"{p.coverage:.0%} ({', '.join(p.classes)}"
+        cover += f"; not measured: {', '.join(p.missing_classes)})" if p.missing_classes else ")"
+        ranked.append([str(i), p.framework, _s(p.recovery_s, 2), f"{p.unrecovered:.0%}", _s(p.lost_s, 1), cover,
+                       f"{p.checkpoint_interval_s:.0f}", f"{p.goodput_analytic:.2%}",
+                       f"{p.goodput_mc_mean:.2%} ({p.goodput_mc_p5:.2%}-{p.goodput_mc_p95:.2%})"])  # fmt: skip
+    return Table(
+        ["rank", "framework", "recovery per failure (s; measured time to resume, mix-weighted)",
+         "failures not recovered (measured)", "lost work per failure (s; modelled: tau/2 on rollback, else measured)",
+         "mix covered by measurements", "checkpoint interval tau (s; assumed)", "goodput (analytic)",
+         "goodput (Monte Carlo, 5-95 %)"],
+        ranked + out,
+        caption="Ranked by the Monte Carlo mean. Only the recovery columns are measured; scale, fault mix, checkpoint "
+                "cost and interval and the cost of an unrecovered failure are assumed (listed above). Classes of "
+                "the mix a framework was not measured on are left out and the rest reweighted (coverage).",
+    )  # fmt: skip
+
+
+def _scorecard_blocks(rows: Sequence[dict[str, Any]]) -> list[Block]:
+    return [Heading(3, "Detection scorecard"), scorecard_table(rows)]
 
 
 def analysis_blocks(
@@ -190,6 +364,10 @@ def analysis_blocks(
     if not _cells(rows):
         return [], {}
     blocks: list[Block] = [Heading(2, "Framework comparison"), stats_table(rows)]
+    unusable = unusable_frameworks(rows)
+    if unusable:
+        blocks.append(Paragraph("Unusable in this configuration (not ranked anywhere): " + "; ".join(
+            f"{fw}: {why}" for fw, why in sorted(unusable.items())) + "."))  # fmt: skip
     written: dict[str, Path] = {}
     plots = suite_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -201,12 +379,20 @@ def analysis_blocks(
                 written[f"plots/{name}"] = plots / name
         except Exception as exc:  # noqa: BLE001 - a plot never costs the report
             blocks.append(Paragraph(f"{alt} plot failed: {type(exc).__name__}: {exc}"))
-    blocks += [Heading(3, "Detection against the timeouts in force"), detection_table(rows)]
+    blocks += _scorecard_blocks(rows)
+    blocks += [Heading(3, "Detection: predicted from the timeouts, and measured"), detection_table(rows)]
+    blocks += timeout_sanity_blocks(rows)
     bounds = _values(rows, "clock_offset_bound_s")
     if bounds:
         blocks.append(Paragraph(
             f"Clocks: each node's clock offset was measured at the start of its run and stamps written on other "
             f"hosts were corrected; every corrected stamp is within {max(bounds) * 1e3:.3f} ms (largest bound)."
+        ))  # fmt: skip
+    late = [r for r in rows if (_num(r.get("fault_step")) or 0) > (_num(r.get("trigger_step")) or float("inf"))]
+    if late:
+        blocks.append(Paragraph(
+            f"{len(late)} fault(s) landed later than their trigger asked (see each run's verdict and "
+            "injection_latency_s): their recovery is measured from when the fault took effect."
         ))  # fmt: skip
     definition = definition or {}
     wl = (definition.get("defaults") or {}).get("workload") or {}
@@ -215,11 +401,13 @@ def analysis_blocks(
     scale, source = _scale(projection)
     blocks.append(Heading(3, "Checkpoint interval (Young/Daly)"))
     yd = young_daly_table(rows, checkpoint_every, scale)
-    blocks.append(yd if yd.rows else Paragraph(f"{MISSING} (needs recovered runs, checkpoint costs and step times)"))
+    blocks.append(yd if yd.rows else Paragraph(f"{MISSING} (no checkpoint saves measured)"))
     blocks.append(Heading(3, f"Fleet projection: {scale.nodes} nodes x {scale.gpus_per_node} GPUs, "
                              f"node MTBF {scale.node_mtbf_h:.0f} h"))  # fmt: skip
     blocks.append(Paragraph(f"Scale from {source}: job MTBF = node MTBF / nodes = {scale.job_mtbf_s / 3600:.2f} h, "
                             f"{scale.interruptions_per_day:.1f} interruptions per day."))  # fmt: skip
-    pt = projection_table(rows, checkpoint_every, scale, projection)
-    blocks.append(pt if pt.rows else Paragraph(f"{MISSING} (needs recovered runs with measured recovery stages)"))
+    _, notes = assumptions_from(projection)
+    blocks.append(Paragraph("Assumed: " + "; ".join(notes) + "."))
+    pt = projection_table(rows, scale, projection)
+    blocks.append(pt if pt.rows else Paragraph(f"{MISSING} (no fault run of a class in the fault mix fired)"))
     return blocks, written

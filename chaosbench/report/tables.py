@@ -81,6 +81,20 @@ COLUMNS = [
     "fault_t_s",
     "detect_t_s",
     "resume_t_s",
+    "injection_latency_s",
+    "fault_step",
+    "trigger_step",
+    "fault_class",
+    "rollback",
+    "contaminated",
+    "blame",
+    "blamed",
+    "false_detections",
+    "clean",
+    "restarts_claimed",
+    "predicted_detect_s",
+    "predicted_by",
+    "timeout_problems",
     "missing",
     "versions",
     "timeouts",
@@ -94,6 +108,11 @@ METRICS: list[tuple[str, str]] = [
     ("lost_steps", "count"),
     ("lost_work_s", "s"),
     ("restart_count", "count"),
+    ("restarts_claimed", "count"),
+    ("false_detections", "count"),
+    ("predicted_detect_s", "s"),
+    ("injection_latency_s", "s"),
+    ("fault_step", "count"),
     ("checkpoint_age_s", "s"),
     ("checkpoint_save_s", "s"),
     ("wall_s", "s"),
@@ -112,7 +131,7 @@ METRICS: list[tuple[str, str]] = [
 ]
 
 #: Outcomes in the order the summary lists them; unknown ones follow, then runs with no outcome.
-OUTCOMES = ["completed", "recovered", "not_recovered", "fault_not_fired", "error"]
+OUTCOMES = ["completed", "recovered", "not_recovered", "fault_not_fired", "contaminated", "failed", "error"]
 #: How outcome counts name runs whose outcome is missing.
 NO_OUTCOME = "no outcome"
 
@@ -256,6 +275,7 @@ def repeats_table(group: Group) -> Table:
                 fmt_text(r.get("verdict")),
                 _slo_text(r),
                 fmt_bool(r.get("detected")),
+                _blame_text(r),
                 fmt_bool(r.get("recovered")),
                 fmt_text(r.get("run_end_outcome")),
                 fmt_text(r.get("fidelity")),
@@ -270,6 +290,7 @@ def repeats_table(group: Group) -> Table:
         "what happened",
         "SLOs",
         "detected",
+        "blamed",
         "recovered",
         "run end",
         "fidelity",
@@ -277,7 +298,17 @@ def repeats_table(group: Group) -> Table:
         "final step",
         "timeline",
     ]
-    return Table(headers, rows, numeric={0, 8, 9})
+    return Table(headers, rows, numeric={0, 9, 10})
+
+
+def _blame_text(row: dict[str, Any]) -> str:
+    """Whom the framework blamed, and whether that was the faulted rank: ``rank 1 (correct)``."""
+    blame = as_text(row.get("blame"))
+    if blame is None:
+        return MISSING
+    if blame == "none":
+        return "no one named"
+    return f"{as_text(row.get('blamed')) or '?'} ({blame})"
 
 
 def _slo_text(row: dict[str, Any]) -> str:
