@@ -232,13 +232,17 @@ class ElasticFramework(Framework):
 # Agent launcher: ``python -m chaosbench.frameworks.elastic <torchrun arguments>``
 
 
-def _install_round_incarnation() -> None:
-    """Make every worker group an agent starts carry ``CHAOSBENCH_INCARNATION`` such that the probe's
-    incarnation (CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT) is the rendezvous round. Uses the
-    dynamic rendezvous handler's state (torch 2.x); when that is not there, nothing changes."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    original = LocalElasticAgent._start_workers
+def install_round_incarnation(agent_cls: Any = None) -> None:
+    """Make every worker group an agent (``agent_cls``: torch's LocalElasticAgent, or a launcher's subclass of it)
+    starts carry ``CHAOSBENCH_INCARNATION`` such that the probe's incarnation (CHAOSBENCH_INCARNATION +
+    TORCHELASTIC_RESTART_COUNT) is the rendezvous round, the same on every node. The worker's environment is the
+    agent's plus its own variables, so setting the variable in this process before each start is enough. Uses
+    the dynamic rendezvous handler's state (torch 2.x); when that is not there, nothing changes."""
+    if agent_cls is None:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent as agent_cls
+    original = getattr(agent_cls, "_start_workers", None)
+    if original is None:
+        return
     base = int(os.environ.get("CHAOSBENCH_INCARNATION", "0") or 0)
 
     def _start_workers(self: Any, worker_group: Any) -> Any:
@@ -250,13 +254,13 @@ def _install_round_incarnation() -> None:
             os.environ["CHAOSBENCH_INCARNATION"] = str(base + rnd - restart_count)
         return original(self, worker_group)
 
-    LocalElasticAgent._start_workers = _start_workers  # type: ignore[method-assign]
+    agent_cls._start_workers = _start_workers
 
 
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun_main
 
-    _install_round_incarnation()
+    install_round_incarnation()
     torchrun_main(argv if argv is not None else sys.argv[1:])
 
 

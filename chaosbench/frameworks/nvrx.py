@@ -11,13 +11,30 @@ The built-in workloads do not call ``RankMonitorClient``. Each rank is therefore
 the rank monitor, starts the real rank as its child (which dies with it) and turns the rank's own probe events
 into the monitor's calls: ``rank_start`` opens nothing (the initial heartbeat timeout covers start-up and
 checkpoint load), every ``step`` is a heartbeat and closes/reopens the ``step`` section, ``ckpt_save_begin`` /
-``ckpt_save_end`` bracket a ``checkpoint`` section. A hung rank stops writing events, the bridge stops talking,
+``ckpt_save_end`` bracket a ``checkpoint`` section, ``train_end`` ends the monitoring (as nvrx's own Lightning
+callbacks do at the end of fit, so the rank's exit is not watched). A hung rank stops writing events, the bridge stops talking,
 the monitor times out and kills the bridge (and with it the rank). The bridge exits as its child did. What this
 adds is the bridge's event polling (``bridge_poll_s``) to every heartbeat: negligible against timeouts of seconds.
 
-Detection events: the rank monitors' timeout lines (``Section 'step' has been open for ...``, ``Did not get
-subsequent heartbeat``, ``FT timeout elapsed``), and as for torchrun the launcher's ``failed (exitcode ...)``;
-its restart decision is ``Worker group FAILED|UNHEALTHY. N/M attempts left; will restart``.
+Sections: nvrx 0.4.1 only accepts sections named in its config (``--ft-rank-section-timeouts``). An unknown one
+makes ``RankMonitorClient`` raise ``TimeoutsCalcError: Unknown section: step`` (the bridge, and with it the rank,
+died at its first step and ft_launcher restarted the group until its attempts ran out, in a fault-free control
+too), after the monitor had already recorded it open, which kills the monitor's periodic check (``KeyError``).
+The adapter therefore always declares ``step`` and ``checkpoint``, with ``null`` (no timeout) unless
+``section_timeouts`` sets one, and the bridge only opens sections the monitor's config names.
+
+Incarnations: ft_launcher (``--ft-restart-policy any-failed``) counts restarts per agent, and an agent that
+restarts its group because a peer node re-joined the rendezvous (``Detected N new nodes``) does not count it, so
+``TORCHELASTIC_RESTART_COUNT`` differs between nodes after one kill. As for torchrun-elastic, each agent runs
+through this module (``python -m chaosbench.frameworks.nvrx launcher <ft_launcher args>``), which only sets
+``CHAOSBENCH_INCARNATION`` before each worker start so that the probe's incarnation is the rendezvous round.
+
+Detection events: the rank monitors' timeout lines (``Section 'step' has been open for ...``, ``Was out of
+section``, ``Did not get subsequent heartbeat``; the monitor's logger prefix ``[RankMonServer<pid>@<host>:<rank>]``
+names the global rank, taken as ``blame_rank``), and as for torchrun the launcher's ``failed (exitcode ...)
+local_rank: N (pid: P)``. Its restart decision is ``Worker group FAILED|UNHEALTHY. N/M attempts left; will
+restart`` (N: left before this restart); when none are left it logs ``Some rank(s) exited with non-zero exit
+code: ... Agent's exit code = 1`` (give_up: it catches torch's ChildFailedError itself).
 """
 
 from __future__ import annotations
@@ -33,7 +50,7 @@ import sys
 import time
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.frameworks.base import (
     Framework,
@@ -42,24 +59,59 @@ from chaosbench.frameworks.base import (
     LaunchPlan,
     LogPattern,
     LogWatcher,
+    Prediction,
     RunControl,
     base_versions,
+    chain,
     package_version,
+    pg_timeout,
 )
+from chaosbench.frameworks.elastic import install_round_incarnation
 from chaosbench.runtimes.base import ProcessSpec
 
+# A rank monitor logs under ``[RankMonServer<monitor pid>@<host>:<global rank of the connected rank>]``: the only
+# place a monitor's timeout line names the rank it is about to kill (the message itself names none, and its
+# "sent SIGCONT then SIGKILL to the rank (PID=...)" is DEBUG only).
+_RMON = r"(?:\[RankMonServer\d+@[^\]\s]*:(?P<blame_rank>\d+)\] )?"
+
 NVRX_PATTERNS = [
-    LogPattern("detect", r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent"),
-    LogPattern("detect", r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent"),
-    LogPattern("detect", r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)", "agent"),
+    LogPattern(
+        "detect", _RMON + r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent"
+    ),
+    LogPattern("detect", _RMON + r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent"),
+    LogPattern(
+        "detect",
+        _RMON + r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)",
+        "agent",
+    ),
+    # The launcher names the worker's local rank on its node and the pid of the worker it started (the bridge).
     LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent"),
+    # --ft-restart-policy any-failed (each agent counts its own restarts; N is what was left before this one):
     LogPattern(
         "restart",
         r"Worker group (?:FAILED|UNHEALTHY)\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
         "agent",
     ),
-    LogPattern("give_up", r"ChildFailedError", "agent"),
+    # min-healthy (counted by rendezvous round, from the source; not measured here):
+    LogPattern(
+        "restart",
+        r"(?P<attempts_left>\d+)/(?P<max_restarts>\d+) restart attempts left; restarting worker group",
+        "agent",
+    ),
+    # ft_launcher catches torch's ChildFailedError itself and logs this instead (and exits 1):
+    LogPattern(
+        "give_up",
+        r"Some rank\(s\) exited with non-zero exit code|Agent run ended with exception|\b0/\d+ restart attempts left"
+        r"|ChildFailedError",
+        "agent",
+    ),
 ]
+
+
+# The sections the bridge opens. ft_launcher only accepts sections that its config names (the client raises
+# ``TimeoutsCalcError: Unknown section``, and the rank monitor's periodic check dies on a KeyError), so the adapter
+# always declares these, with no timeout ("null" on the CLI, None in the config) unless the user set one.
+BRIDGE_SECTIONS = ("step", "checkpoint")
 
 
 def _opt(v: float | None) -> str:
@@ -81,7 +133,9 @@ class NvrxOptions(BaseModel):
         default=30.0, gt=0, description="--ft-rank-heartbeat-timeout (between steps)"
     )
     section_timeouts: dict[str, float | None] = Field(
-        default_factory=dict, description="--ft-rank-section-timeouts, e.g. {step: 5, checkpoint: 60}"
+        default_factory=dict,
+        description="--ft-rank-section-timeouts, e.g. {step: 5, checkpoint: 60}; the bridge's sections (step, "
+        "checkpoint) are always declared, with no timeout (null) unless set here",
     )
     out_of_section_timeout_s: float | None = Field(
         default=None, gt=0, description="--ft-rank-out-of-section-timeout (null: none; the CLI cannot say null)"
@@ -94,6 +148,20 @@ class NvrxOptions(BaseModel):
     extra_args: list[str] = Field(default_factory=list, description="more ft_launcher arguments, as is")
     teardown_grace_s: float = Field(default=5.0, ge=0)
 
+    @field_validator("section_timeouts")
+    @classmethod
+    def _check_sections(cls, v: dict[str, float | None]) -> dict[str, float | None]:
+        for name, timeout in v.items():
+            if not name or any(c in name for c in ",: "):
+                raise ValueError(f"section name {name!r}: must be non-empty, without ',', ':' or spaces")
+            if timeout is not None and not timeout > 0:
+                raise ValueError(f"section {name!r}: timeout must be > 0 or null (no timeout), not {timeout}")
+        return v
+
+    def all_section_timeouts(self) -> dict[str, float | None]:
+        """What ``--ft-rank-section-timeouts`` declares: the bridge's sections (None: no timeout), then the user's."""
+        return {**dict.fromkeys(BRIDGE_SECTIONS), **self.section_timeouts}
+
 
 class NvrxFramework(Framework):
     """nvidia-resiliency-ext ft_launcher with rank monitors; see the module docstring."""
@@ -105,12 +173,14 @@ class NvrxFramework(Framework):
         o: Any = self.options
         python = job.workload.argv(job)[0]
         endpoint = f"{job.runtime.master_addr}:{job.runtime.free_port()}"
-        sections = ",".join(f"{k}:{_opt(v)}" for k, v in o.section_timeouts.items())
+        sections = ",".join(f"{k}:{_opt(v)}" for k, v in o.all_section_timeouts().items())
         procs = []
         for n in range(job.nodes):
             node = job.node_name(n)
             argv = [
-                python, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
+                # ft_launcher through this module: unchanged, but incarnations numbered by rendezvous round
+                # (see chaosbench.frameworks.elastic.install_round_incarnation)
+                python, "-m", "chaosbench.frameworks.nvrx", "launcher",
                 "--nnodes", str(job.nodes),
                 "--nproc-per-node", str(job.ranks_per_node),
                 "--max-restarts", str(o.max_restarts),
@@ -122,7 +192,7 @@ class NvrxFramework(Framework):
                 "--ft-workload-check-interval", str(o.workload_check_interval_s),
                 "--ft-initial-rank-heartbeat-timeout", str(o.initial_rank_heartbeat_timeout_s),
                 "--ft-rank-heartbeat-timeout", str(o.rank_heartbeat_timeout_s),
-                *(["--ft-rank-section-timeouts", sections] if sections else []),
+                "--ft-rank-section-timeouts", sections,
                 *(["--ft-rank-out-of-section-timeout", str(o.out_of_section_timeout_s)]
                   if o.out_of_section_timeout_s is not None else []),
                 "--ft-rank-termination-signal", o.rank_termination_signal,
@@ -150,7 +220,10 @@ class NvrxFramework(Framework):
             notes=[
                 "each rank runs under a bridge that turns its step/checkpoint events into rank-monitor heartbeats "
                 "and sections",
-                "worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT",
+                "worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT, with "
+                "CHAOSBENCH_INCARNATION set per start so that it is the rendezvous round (the same on every node)",
+                f"--ft-rank-section-timeouts {sections}: the bridge's sections are always declared (null: no "
+                "timeout)",
             ],
         )
 
@@ -164,13 +237,44 @@ class NvrxFramework(Framework):
                 "initial_rank_heartbeat_timeout_s": o.initial_rank_heartbeat_timeout_s,
                 "rank_heartbeat_timeout_s": o.rank_heartbeat_timeout_s,
                 "out_of_section_timeout_s": o.out_of_section_timeout_s,
-                **{f"section_timeout_{k}_s": v for k, v in o.section_timeouts.items()},
+                **{f"section_timeout_{k}_s": v for k, v in o.all_section_timeouts().items()},
                 "workers_stop_timeout_s": o.workers_stop_timeout_s,
                 "bridge_poll_s": o.bridge_poll_s,
                 "teardown_grace_s": o.teardown_grace_s,
             }
         )
         return t
+
+    def _hang_detectors(self, timeouts: dict[str, Any]) -> list[tuple[str, float]]:
+        """What can notice a hung rank, earliest first: the monitor's step section and heartbeat timeouts, and
+        the peers' process-group timeout (their exit is then what ft_launcher sees, and blames)."""
+        out = [(k, float(timeouts[k])) for k in ("section_timeout_step_s", "rank_heartbeat_timeout_s")
+               if timeouts.get(k) is not None]  # fmt: skip
+        out.append(pg_timeout(timeouts))
+        return sorted(out, key=lambda kv: kv[1])
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        if mode == "crash":
+            return Prediction(*chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
+                              note="ft_launcher polls its workers' exits")  # fmt: skip
+        if mode != "hang":
+            return None
+        name, value = self._hang_detectors(timeouts)[0]
+        if name.startswith(("workload_pg", "torch_default_pg")):
+            poll = ("monitor_interval_s", timeouts.get("monitor_interval_s"))
+            note = "the peers' process-group timeout fires before the rank monitor's: their exit is detected, and blamed"
+        else:
+            poll = ("workload_check_interval_s", timeouts.get("workload_check_interval_s"))
+            note = "the rank monitor sees no heartbeat / an open section past its timeout and kills the rank"
+        return Prediction(*chain((name, value), poll), note=note)
+
+    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
+        first, value = self._hang_detectors(timeouts)[0]
+        if first.startswith(("workload_pg", "torch_default_pg")):
+            hb = timeouts.get("rank_heartbeat_timeout_s")
+            return [f"rank_heartbeat_timeout_s ({hb:g} s) and every section timeout >= {first} ({value:g} s): a hung "
+                    "rank's peers always time out first, so the rank monitor never decides and a survivor is blamed"]  # fmt: skip
+        return []
 
     def versions(self) -> dict[str, str | None]:
         v = base_versions()
@@ -195,9 +299,26 @@ class NvrxFramework(Framework):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The launcher: python -m chaosbench.frameworks.nvrx launcher <ft_launcher arguments>
+
+
+def launcher_main(args: list[str]) -> int:
+    """ft_launcher with incarnations numbered by rendezvous round; ft_launcher itself runs unchanged."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    # ft_launcher (any-failed policy) counts restarts per agent and does not count a restart for a membership
+    # change (a peer node restarted its group): without this, after one rank was killed on node1 the new group ran
+    # as incarnation 1 on node1 and as incarnation 0 again on node0.
+    install_round_incarnation(getattr(launcher, "LocalElasticAgent", None))
+    launcher.main(args)  # exits (sys.exit) with ft_launcher's own code
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The bridge: python -m chaosbench.frameworks.nvrx bridge [--poll-s S] -- <rank argv>
 
 _PR_SET_PDEATHSIG = 1
+_SLOW_EXIT_S = 10.0  # the bridge says so on stderr when its rank has not exited this long after train_end
 
 
 def _die_with_parent() -> None:
@@ -261,18 +382,43 @@ def bridge(argv: list[str], poll_s: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     open_section: str | None = None
+    # Only sections the monitor's config names: any other one makes the client raise (TimeoutsCalcError: Unknown
+    # section) after the monitor has already recorded it open, and kills the monitor's periodic check (KeyError).
+    known = set(getattr(client.cfg, "rank_section_timeouts", None) or {})
+    skipped = [s for s in BRIDGE_SECTIONS if s not in known]
+    if skipped:
+        print(f"chaosbench nvrx bridge: the rank monitor's config names no section(s) {skipped}: not opening "
+              "them (heartbeats are still sent)", file=sys.stderr, flush=True)  # fmt: skip
 
     def switch(section: str | None) -> None:
         nonlocal open_section
+        if section is not None and section not in known:
+            section = None
+        if section == open_section:
+            return
         if open_section is not None:
             client.end_section(open_section)
         if section is not None:
             client.start_section(section)
         open_section = section
 
+    # Monitoring ends with training, as in nvrx's own Lightning callbacks (shutdown_workload_monitoring at the end
+    # of fit): the process-group teardown and interpreter exit after train_end are not watched, so a slow exit
+    # (once measured: one rank 30 s after its train_end) is no heartbeat timeout in a fault-free run.
+    monitoring = True
+    ended_at: float | None = None
+    reported_slow_exit = False
+
+    def stop_monitoring() -> None:
+        nonlocal monitoring
+        if monitoring:
+            switch(None)
+            client.shutdown_workload_monitoring()
+            monitoring = False
+
     while child.poll() is None:
         time.sleep(poll_s)
-        for ev in tail.read() if tail is not None else []:
+        for ev in tail.read() if tail is not None and monitoring else []:
             kind = ev.get("kind")
             if kind == "step":
                 switch(None)
@@ -283,11 +429,16 @@ def bridge(argv: list[str], poll_s: float) -> int:
             elif kind == "ckpt_save_end":
                 switch("step")
             elif kind == "train_end":
-                switch(None)
+                stop_monitoring()
+                ended_at = time.monotonic()
+                break
+        if ended_at is not None and not reported_slow_exit and time.monotonic() - ended_at > _SLOW_EXIT_S:
+            reported_slow_exit = True
+            print(f"chaosbench nvrx bridge: rank {rank} (pid {child.pid}) still running {_SLOW_EXIT_S:.0f} s after "
+                  "its train_end (no longer monitored)", file=sys.stderr, flush=True)  # fmt: skip
     rc = child.returncode
     if rc == 0:
-        switch(None)
-        client.shutdown_workload_monitoring()
+        stop_monitoring()
         return 0
     if rc < 0:  # die the way the child died, so the launcher reports the same exit
         died_by = -rc
@@ -299,8 +450,12 @@ def bridge(argv: list[str], poll_s: float) -> int:
 
 
 def main(args: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if args is None else args)
+    if args[:1] == ["launcher"]:  # before argparse: ft_launcher's own options follow, as is
+        return launcher_main(args[1:])
     p = argparse.ArgumentParser(prog="python -m chaosbench.frameworks.nvrx")
     sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("launcher", help="ft_launcher, worker incarnations numbered by rendezvous round")
     b = sub.add_parser("bridge", help="run a rank under ft_launcher, heartbeats from its probe events")
     b.add_argument("--poll-s", type=float, default=0.02)
     b.add_argument("argv", nargs=argparse.REMAINDER)
