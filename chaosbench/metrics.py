@@ -83,7 +83,8 @@ Attribution, truth and detection quality:
   down (the job ended, the deadline passed, an interrupt, an error). Nothing a rank or a framework wrote at or
   after it counts: a framework reacting to the harness's SIGTERM has not detected the fault.
 - Fault time: when the fault took effect (``effect_t_ns`` of ``fault_inject``: the signal delivered on the node,
-  the container killed, ...), else when the injector began to act. ``injection_latency_s`` = effect - start of the
+  the engine's event for the container, ...; but no later than its first consequence, a process exit or a
+  detection after the injector began), else when the injector began to act. ``injection_latency_s`` = effect - start of the
   injection; ``fault_step`` = the highest job step completed when it took effect; ``trigger_step`` = the step a
   step trigger fired at (a fault that landed later says so in the verdict).
 - ``final_step``: the step of the final ``train_end``; when the line has none, the last step its incarnation
@@ -642,6 +643,12 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
 
     effect = fault.get("effect_t_ns")
     tf = int(effect) if effect is not None else fault.t_ns
+    # A stamp taken when an engine call returned, or when the engine reported it, may come after the fault's
+    # first consequence (a docker kill: the rank's exec exits 35 ms in, the engine's die event at 72 ms): the
+    # fault took effect no later than the first process exit or framework detection after the injector began.
+    seen = [e.t_ns for e in events if e.kind in ("proc_exit", "detect") and fault.t_ns <= e.t_ns < tf]
+    if seen:
+        tf = min(seen)
     if effect is not None:
         m.injection_latency_s = _s(tf - fault.t_ns)
     else:

@@ -56,11 +56,6 @@ ELASTIC_PATTERNS = [
     # Not torchrun's "Sending process ... closing signal" detection: an elastic agent also stops its workers for a
     # membership change (a node joined), which is no failure.
     *(p for p in TORCHRUN_PATTERNS if "closing signal" not in p.regex),
-    LogPattern(
-        "restart",
-        r"Detected (?P<waiting_nodes>\d+) new nodes from group_rank=(?P<group_rank>\d+); will restart worker group",
-        "agent",
-    ),
     # The last line of the agent's "Rendezvous complete for workers. Result:" block (one per agent and round).
     LogPattern("rendezvous", r"\]\s+global_world_sizes=\[(?P<world_size>\d+)", "agent"),
 ]
@@ -243,7 +238,9 @@ def install_round_incarnation(agent_cls: Any = None) -> None:
     original = getattr(agent_cls, "_start_workers", None)
     if original is None:
         return
-    base = int(os.environ.get("CHAOSBENCH_INCARNATION", "0") or 0)
+    # The round is the job's incarnation on every node, whatever the harness set: an agent the runtime reran on
+    # a node that came back (docker's lost-node reboot bumps CHAOSBENCH_INCARNATION for agents that cannot
+    # number rounds) joins the same round as the agents that never died.
 
     def _start_workers(self: Any, worker_group: Any) -> Any:
         spec = worker_group.spec
@@ -251,7 +248,7 @@ def install_round_incarnation(agent_cls: Any = None) -> None:
         rnd = getattr(getattr(holder, "state", None), "round", None)
         if isinstance(rnd, int):
             restart_count = spec.max_restarts - self._remaining_restarts
-            os.environ["CHAOSBENCH_INCARNATION"] = str(base + rnd - restart_count)
+            os.environ["CHAOSBENCH_INCARNATION"] = str(rnd - restart_count)
         return original(self, worker_group)
 
     agent_cls._start_workers = _start_workers

@@ -40,6 +40,13 @@ TORCHRUN_PATTERNS = [
         r"Worker group FAILED\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
         "agent",
     ),
+    # Several agents: a node that (re)joins the rendezvous makes the running agents restart their workers too
+    # (not counted against --max-restarts, but a restart of the job all the same).
+    LogPattern(
+        "restart",
+        r"Detected (?P<waiting_nodes>\d+) new nodes from group_rank=(?P<group_rank>\d+); will restart worker group",
+        "agent",
+    ),
     LogPattern("give_up", r"ChildFailedError", "agent"),
 ]
 

@@ -34,7 +34,8 @@ class NodeControl(Protocol):
 
     def node_names(self) -> list[str]: ...
     def kill_node(self, name: str, sig: str = "SIGKILL", reason: str = "node-kill") -> str: ...
-    def pause_node(self, name: str) -> None: ...
+    def pause_node(self, name: str) -> str: ...
+    def engine_event_ns(self, container: str, action: str, since_ns: int, timeout_s: float = 5.0) -> int | None: ...
     def unpause_node(self, name: str) -> bool: ...
     def set_node_cpus(self, name: str, cpus: float | None) -> float | None: ...
     def node_state(self, name: str) -> str: ...
@@ -46,6 +47,15 @@ def node_control(runtime: Runtime, fault: str) -> NodeControl:
     if not isinstance(runtime, NodeControl):
         raise Unsupported(f"{fault} needs a runtime whose nodes are containers (docker), not '{runtime.name}'")
     return runtime
+
+
+def engine_effect(rt: NodeControl, containers: list[str], action: str, since_ns: int, what: str) -> dict[str, Any]:
+    """``effect_t_ns``/``effect`` of a node fault: the engine's own stamp of the last container's ``action`` (it
+    arrives on the runtime's event stream shortly after the call), else the moment the calls returned."""
+    stamps = [rt.engine_event_ns(c, action, since_ns) for c in containers]
+    if stamps and all(t is not None for t in stamps):
+        return {"effect_t_ns": max(t for t in stamps if t is not None), "effect": f"the engine's '{action}' event: {what}"}
+    return {"effect_t_ns": now_ns(), "effect": f"the engine call returned ({what}; no '{action}' event seen)"}
 
 
 def target_nodes(ctx: FaultContext) -> list[str]:
@@ -83,9 +93,10 @@ class NodeKillInjector(Injector):
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)
+        since = now_ns()
         killed = {n: rt.kill_node(n, self.params.signal) for n in target_nodes(ctx)}  # type: ignore[attr-defined]
         return {"containers": killed, "signal": self.params.signal,  # type: ignore[attr-defined]
-                "effect_t_ns": now_ns(), "effect": "the engine killed the container (its kill call returned)"}
+                **engine_effect(rt, list(killed.values()), "die", since, "the container died")}
 
 
 class NodePauseParams(BaseModel):
@@ -111,11 +122,13 @@ class NodePauseInjector(Injector):
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)
         paused = ctx.state.setdefault("paused", [])
+        since = now_ns()
+        containers = []
         for n in target_nodes(ctx):
-            rt.pause_node(n)
+            containers.append(rt.pause_node(n))
             paused.append(n)
-        return {"nodes": list(paused), "duration_s": self.duration_s, "effect_t_ns": now_ns(),
-                "effect": "the engine froze the container (its pause call returned)"}
+        return {"nodes": list(paused), "duration_s": self.duration_s,
+                **engine_effect(rt, containers, "pause", since, "the engine froze the container")}
 
     def revert(self, ctx: FaultContext) -> bool:
         rt = node_control(ctx.runtime, self.name)

@@ -221,6 +221,10 @@ class DockerRuntime(Runtime):
         self._events_stream: Any = None
         self._events_thread: threading.Thread | None = None
         self._exit_reasons: dict[str, str] = {}
+        # (container name, action) -> the engine's stamps of that event (die, pause, ...), for the moment a node
+        # fault took effect; the engine runs on this host, so its clock is the harness's.
+        self._engine_times: dict[tuple[str, str], list[int]] = {}
+        self._engine_cv = threading.Condition()
         self._inits: dict[str, tuple[int, int | None]] = {}
         self._started: set[str] = set()  # containers seen starting  # container id -> its init's host pid, ticks
         self._provisioned = False
@@ -397,6 +401,9 @@ class DockerRuntime(Runtime):
                     node = attrs.get(NODE_LABEL)
                     spare = str(node).startswith("spare")
                 base = {"node": node, "container": attrs.get("name"), "src": "runtime"}
+                with self._engine_cv:
+                    self._engine_times.setdefault((str(attrs.get("name")), str(action)), []).append(t_ns)
+                    self._engine_cv.notify_all()
                 if action == "start":
                     reason = "reboot" if cid in self._started else "provision"
                     self._started.add(cid)
@@ -501,10 +508,27 @@ class DockerRuntime(Runtime):
                 raise ChaosbenchError(f"cannot kill node {name}: {exc}") from None
             return str(node.container.name)
 
-    def pause_node(self, name: str) -> None:
+    def pause_node(self, name: str) -> str:
+        """Freeze the node's container (docker pause); returns the container's name."""
         node = self._node(name)
         with node.lock:
             node.container.pause()
+            return str(node.container.name)
+
+    def engine_event_ns(self, container: str, action: str, since_ns: int, timeout_s: float = 5.0) -> int | None:
+        """When the engine reported ``action`` (``die``, ``pause``, ...) for a container of this run at or after
+        ``since_ns`` (its own stamp: the moment a node fault took effect), waiting up to ``timeout_s`` for the
+        event to arrive; None when it did not."""
+        deadline = time.monotonic() + timeout_s
+        with self._engine_cv:
+            while True:
+                seen = [t for t in self._engine_times.get((container, action), []) if t >= since_ns]
+                if seen:
+                    return min(seen)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._engine_cv.wait(left)
 
     def unpause_node(self, name: str) -> bool:
         """Unpause the node if it is paused; returns whether it was."""

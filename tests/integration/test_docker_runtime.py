@@ -143,6 +143,10 @@ def test_rank_and_node_kill_under_restart_and_torchrun(run_suite) -> None:
         events = events_of(res[f"{fw}/node-kill#0"])
         lost = kinds(events, "node_exit", node="node1", reason="node-kill")
         assert len(lost) == 1 and lost[0].get("exit_code") == 137
+        # the moment the container was killed is recorded, and recovery is measured from it
+        fault = kinds(events, "fault_inject")[0]
+        assert "container" in str(fault.get("effect")) and fault.get("effect_t_ns") >= fault.t_ns
+        assert 0 <= res[f"{fw}/node-kill#0"].injection_latency_s < 2.0
         assert kinds(events, "node_start", node="node1", reason="reboot")
     # the killed exec surfaces as a SIGKILLed process, noticed within a fraction of a second
     assert res["restart/kill-rank1#0"].time_to_detect_s < 1.0
@@ -174,6 +178,8 @@ def test_node_pause_and_spare_takeover(run_suite) -> None:
     assert 3 < pause.time_to_detect_s < 12
     pev = events_of(pause)
     assert kinds(pev, "node_pause", node="node1") and kinds(pev, "node_unpause", node="node1")
+    assert "froze the container" in str(kinds(pev, "fault_inject")[0].get("effect"))
+    assert pause.injection_latency_s is not None and 0 <= pause.injection_latency_s < 2.0
     for m in (kill, pause):
         assert run_objects(m.run_dir) == []
 

@@ -131,6 +131,11 @@ def test_kill_under_restart_on_two_slurm_nodes(restart_runs: dict[str, RunMetric
     fault, sent = _kinds(ev, "fault_inject")[0], _kinds(ev, "signal_sent")[0]
     assert sent.get("stamp") == "node" and sent.get("slurm_node") == killed.get("slurm_node")
     assert 0 < (sent.t_ns - fault.t_ns) / 1e9 < 2.0
+    # the fault took effect when the node delivered the signal (its own clock, corrected): metrics start there
+    assert fault.get("effect_t_ns") == sent.t_ns and "delivered" in str(fault.get("effect"))
+    assert m.injection_latency_s == pytest.approx((sent.t_ns - fault.t_ns) / 1e9)
+    assert m.trigger_step == 15 and m.fault_step is not None and m.fault_step >= m.trigger_step
+    assert m.blame == "correct" and m.restarts_claimed == 1
 
 
 def test_clock_offsets_recorded_with_bound(restart_runs: dict[str, RunMetrics]) -> None:
