@@ -354,19 +354,22 @@ def _harness_cut(events: list[Event]) -> tuple[list[Event], list[Event]]:
 
 def contamination(events: list[Event], steps: _Steps) -> str | None:
     """Why this run started from state it did not write (a checkpoint of another run), or None."""
+    starts = [int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"]
+    first_inc = min(starts, default=0)
     saves = [e.t_ns for e in events if e.kind == "ckpt_save_end" and e.src == "rank"]
     first_save = min(saves, default=None)
     for e in events:
-        if e.kind in ("ckpt_load_begin", "ckpt_load_end") and e.src == "rank":
-            if first_save is None or e.t_ns < first_save:
-                at = f" (step {e.get('step')})" if e.get("step") is not None else ""
-                return (f"rank {e.get('rank', 0)} loaded a checkpoint{at} before this run had saved one: "
-                        "state from outside the run")  # fmt: skip
-            break
-    starts = [int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"]
+        if e.kind not in ("ckpt_load_begin", "ckpt_load_end") or e.src != "rank":
+            continue
+        # A load by the first incarnation cannot be of this run's own checkpoint; a later one can, unless the run
+        # reported saves and none came before it (a script whose saves no pattern reports: not judged).
+        if int(e.get("incarnation", 0)) == first_inc or (first_save is not None and e.t_ns < first_save):
+            at = f" (step {e.get('step')})" if e.get("step") is not None else ""
+            return (f"rank {e.get('rank', 0)} loaded a checkpoint{at} before this run had saved one: "
+                    "state from outside the run")  # fmt: skip
+        break
     if not starts:
         return None
-    first_inc = min(starts)
     idx = sorted(i for (n, i) in steps.t if n == first_inc)
     if len(idx) >= 2:
         spacing = min(b - a for a, b in zip(idx, idx[1:], strict=False) if b > a) if idx[-1] > idx[0] else 1

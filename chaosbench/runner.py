@@ -56,9 +56,9 @@ def _injector(name: str, fault: FaultSpec) -> Injector:
 
 def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, Any]) -> list[dict[str, Any]]:
     """For each fault of the scenario: when its framework's timeouts in force let it detect the fault (see
-    :meth:`Framework.predict_detection`), and the problems that follow from it (the fault cannot be detected, or
-    not before the run's deadline, or it ends before it can be detected). Plain data: printed before a suite runs
-    and written as ``detection_prediction`` events."""
+    :meth:`Framework.predict_detection`; ``expected_s`` None: never), and the problems that follow from it (it
+    cannot be detected, or the job cannot resume, before the run's deadline; it ends before it can be detected).
+    Plain data: printed before a suite runs and written as ``detection_prediction`` events."""
     out = []
     for name, fault in sc.faults:
         injector = _injector(name, fault)
@@ -66,16 +66,14 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
         pred = framework.predict_detection(mode, timeouts) if mode else None
         rec: dict[str, Any] = {"fault": name, "injector": fault.injector, "mode": mode, "framework": sc.framework_label}
         if pred is None:
-            rec.update(expected_s=None, decided_by="", resume_floor_s=None,
+            rec.update(expected_s=None, decided_by="", resume_floor_s=None, modelled=False,
                        note=f"no detection model for a {mode or fault.injector} fault under {sc.adapter}")  # fmt: skip
             rec["problems"] = []
             out.append(rec)
             continue
         rec.update(pred.to_dict())
         problems = []
-        if pred.expected_s is None:
-            problems.append(f"{sc.framework_label} cannot detect {name} ({pred.note})")
-        elif pred.expected_s >= sc.deadline_s:
+        if pred.expected_s is not None and pred.expected_s >= sc.deadline_s:
             problems.append(f"{sc.framework_label} cannot detect {name} before the run's deadline ({sc.deadline_s:g} s): "
                             f"expected {pred.expected_s:g} s after the fault ({pred.decided_by})")  # fmt: skip
         elif pred.resume_floor_s is not None and pred.resume_floor_s >= sc.deadline_s:
@@ -94,7 +92,8 @@ def describe_outlook(rec: dict[str, Any]) -> str:
     """One line: ``torchrun x hang-rank1: detect ~ 10.1 s (workload_pg_timeout_s=10 + monitor_interval_s=0.1)``."""
     head = f"{rec['framework']} x {rec['fault']}: "
     if rec.get("expected_s") is None:
-        return head + (rec.get("note") or "no prediction")
+        modelled = rec.get("modelled", True)
+        return head + (f"cannot detect it ({rec.get('note')})" if modelled else str(rec.get("note")))
     text = head + f"detect ~ {rec['expected_s']:g} s ({rec['decided_by']})"
     if rec.get("resume_floor_s") is not None:
         text += f", resume >= {rec['resume_floor_s']:g} s"

@@ -171,3 +171,12 @@ def test_per_step_commit_follows_the_quorum() -> None:
     assert abs(m.time_to_resume_s - 10.068) < 1e-6, m.time_to_resume_s  # type: ignore[operator]
     assert m.lost_steps == 1 and m.time_to_rejoin_s is None  # step 26's compute was thrown away; nothing restarted
     assert m.verdict == "recovered in place, not detected"  # no framework event in this hand-built timeline
+
+
+def test_restart_that_loads_a_checkpoint_is_clean_even_without_save_lines() -> None:
+    """A script whose saves no pattern reports (only its 'resumed from' line): a restarted incarnation's load is
+    its own checkpoint, not contamination; the same load in the first incarnation would be."""
+    tl = restart_run()
+    tl.events = [e for e in tl.events if e.kind not in ("ckpt_save_begin", "ckpt_save_end")]
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.contaminated is False and m.outcome == "recovered"
