@@ -212,6 +212,7 @@ FAULT_METRICS = (
     "time_to_detect_s", "time_to_resume_s", "time_to_rejoin_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",
     "checkpoint_age_s", "extra_wall_s", "badput_detect_s", "badput_restart_init_s", "badput_restore_s",
     "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s", "scheduler_delay_s",
+    "injection_latency_s", "fault_step", "predicted_detect_s", "blame",
 )  # fmt: skip
 
 
@@ -579,6 +580,8 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     saves = _save_durations(events)
     if saves:
         m.checkpoint_save_s = statistics.median(saves)
+    else:
+        miss["checkpoint_save_s"] = "no complete checkpoint save with its begin and end on the timeline"
 
     # productive time: last execution of each step index
     last_exec: dict[int, tuple[int, int]] = {}
