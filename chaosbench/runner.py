@@ -71,6 +71,10 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
             rec["problems"] = []
             out.append(rec)
             continue
+        duration = injector.duration_s
+        if duration is not None and pred.expected_s is not None and pred.resume_floor_s is not None:
+            # A fixed wait on a stopped process (torchrun's SIGTERM grace) ends once the fault ends and it can act.
+            pred.resume_floor_s = max(pred.expected_s, min(pred.resume_floor_s, duration))
         rec.update(pred.to_dict())
         problems = []
         if pred.expected_s is not None and pred.expected_s >= sc.deadline_s:
@@ -79,7 +83,6 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
         elif pred.resume_floor_s is not None and pred.resume_floor_s >= sc.deadline_s:
             problems.append(f"{sc.framework_label} cannot resume from {name} before the run's deadline "
                             f"({sc.deadline_s:g} s): not before {pred.resume_floor_s:g} s after the fault")  # fmt: skip
-        duration = injector.duration_s
         if duration is not None and pred.expected_s is not None and duration < pred.expected_s:
             problems.append(f"{name} ends after {duration:g} s, before {sc.framework_label} can detect it "
                             f"({pred.expected_s:g} s): expect an undetected recovery in place")  # fmt: skip
