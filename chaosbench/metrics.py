@@ -495,6 +495,8 @@ def verdict(m: RunMetrics) -> str:
         text = f"recovered after {restarts} {plural}" if restarts else "recovered in place"
         if not m.detected:
             text += ", not detected"
+        if m.run_end_outcome == "deadline":  # wall_s and extra_wall_s then include the wait for the deadline
+            text += "; training finished but the job did not exit before the deadline"
     elif m.gave_up:
         text = f"gave up after {restarts} {plural}"
     elif m.detected:

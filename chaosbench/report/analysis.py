@@ -349,7 +349,8 @@ def projection_table(rows: Sequence[dict[str, Any]], scale: FleetScale, projecti
         ranked + out,
         caption="Ranked by the Monte Carlo mean. Only the recovery columns are measured; scale, fault mix, checkpoint "
                 "cost and interval and the cost of an unrecovered failure are assumed (listed above). Classes of "
-                "the mix a framework was not measured on are left out and the rest reweighted (coverage).",
+                "the mix a framework was not measured on are left out and the rest reweighted (coverage). A framework "
+                "that trains on with fewer replicas while one recovers (TorchFT) is counted at full speed.",
     )  # fmt: skip
 
 
