@@ -234,7 +234,9 @@ def install_round_incarnation(agent_cls: Any = None) -> None:
     agent's plus its own variables, so setting the variable in this process before each start is enough. Uses
     the dynamic rendezvous handler's state (torch 2.x); when that is not there, nothing changes."""
     if agent_cls is None:
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent as agent_cls
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+        agent_cls = LocalElasticAgent
     original = getattr(agent_cls, "_start_workers", None)
     if original is None:
         return
