@@ -220,7 +220,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print("no schedule violated the recovery invariants")
         return EXIT_OK
     path = fuzzer.reproducer(res.schedule, args.write or Path(args.out) / f"{suite.name}-repro.yaml")
-    print(f"minimal failing schedule: {Fuzzer._describe(res.schedule)}")
+    print(f"minimal failing schedule: {Fuzzer.describe(res.schedule)}")
     print(f"violations: {'; '.join(res.violations)}")
     print(f"run directory: {res.run_dir}")
     print(f"reproducer: {path}  (chaosbench run {path})")

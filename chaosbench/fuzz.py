@@ -114,7 +114,7 @@ class Fuzzer:
             if self.suite.control else None  # fmt: skip
         if control is not None:
             return control
-        return self.suite._scenario(self.framework, [], 0)
+        return self.suite.scenario(self.framework, [], 0)
 
     def _run(self, faults: list[tuple[str, FaultSpec]], tag: str) -> tuple[RunMetrics, str]:
         base = self._base()
@@ -151,12 +151,12 @@ class Fuzzer:
         m, run_dir = self._run(faults, f"fuzz{self.runs}")
         v = self.violations(m)
         self._memo[key] = (v, run_dir)
-        self.progress(f"[fuzz {self.runs}/{self.max_runs}] {self._describe(schedule)}: "
+        self.progress(f"[fuzz {self.runs}/{self.max_runs}] {self.describe(schedule)}: "
                       f"{'VIOLATES ' + '; '.join(v) if v else 'ok'}")  # fmt: skip
         return v
 
     @staticmethod
-    def _describe(schedule: list[dict[str, Any]]) -> str:
+    def describe(schedule: list[dict[str, Any]]) -> str:
         parts = []
         for f in schedule:
             trig = f["trigger"]

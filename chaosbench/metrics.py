@@ -118,10 +118,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaosbench.clocks import offset_bound_s
 from chaosbench.fleet import fault_class
 from chaosbench.recovery_class import classify_checkpoint_outcome
 from chaosbench.timeline import Event
+from chaosbench.timeline.clocks import offset_bound_s
 
 
 @dataclass
@@ -633,7 +633,7 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         miss["extra_wall_s"] = "no control run"
 
     fault = _first(events, "fault_inject")
-    m.checkpoint_outcome = classify_checkpoint_outcome(events, m)
+    m.checkpoint_outcome = classify_checkpoint_outcome(events, control=m.control)
     if m.control:
         m.outcome = "completed" if finished else "failed"
         m.false_detections = len(_episodes(events))

@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chaosbench.timeline import Event
-
-if TYPE_CHECKING:
-    from chaosbench.metrics import RunMetrics
 
 INJECTOR = "corrupt-checkpoint"
 CHECKPOINT_OUTCOMES = ("fell_back", "crashed", "crash_looped", "loaded_silently", "not_loaded")
@@ -41,12 +38,11 @@ def _incarnation(ev: Event) -> int:
     return int(ev.get("incarnation", 0) or 0)
 
 
-def classify_checkpoint_outcome(events: list[Event], metrics: RunMetrics | None = None) -> str | None:
+def classify_checkpoint_outcome(events: list[Event], control: bool = False) -> str | None:
     """One of :data:`CHECKPOINT_OUTCOMES` for a run with a ``corrupt-checkpoint`` firing; None for runs
     without one (controls, other faults, a skipped corruption). ``events`` sorted by time, as
-    :func:`chaosbench.timeline.read_events` returns them. ``metrics`` is accepted for the caller's
-    convenience; the class is a function of the timeline only (a control run gives None)."""
-    if metrics is not None and metrics.control:
+    :func:`chaosbench.timeline.read_events` returns them."""
+    if control:
         return None
     fault = corruption_fault(events)
     if fault is None:

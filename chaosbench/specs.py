@@ -393,10 +393,10 @@ class Suite(_Strict):
         out: list[Scenario] = []
         for fw in self.matrix.frameworks:
             if self.control:
-                out.append(self._scenario(fw, [], 0))
+                out.append(self.scenario(fw, [], 0))
             for names in self.matrix.fault_names():
                 for rep in range(self.matrix.repeats):
-                    out.append(self._scenario(fw, names, rep))
+                    out.append(self.scenario(fw, names, rep))
         return out
 
     def framework_spec(self, label: str) -> FrameworkSpec:
@@ -414,7 +414,8 @@ class Suite(_Strict):
             merged = {"ranks": base.ranks, "nodes": base.nodes, **over}
         return WorkloadSpec.model_validate(merged)
 
-    def _scenario(self, fw: str, names: list[str], repeat: int) -> Scenario:
+    def scenario(self, fw: str, names: list[str], repeat: int) -> Scenario:
+        """The run of framework ``fw`` with the faults ``names`` (none: the control), repeat ``repeat``."""
         fault = "+".join(names) or None
         digest = hashlib.sha256(f"{self.seed}:{fw}:{fault}:{repeat}".encode()).hexdigest()
         fspec = self.framework_spec(fw)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
 from chaosbench.timeline import TimelineFollower, TimelineWriter
+from chaosbench.workloads.base import RunPaths
 
 if TYPE_CHECKING:
     from chaosbench.specs import Scenario
@@ -111,6 +112,16 @@ class JobContext:
     extra_env: dict[str, str] = field(default_factory=dict)  # from injectors' prepare()
 
     @property
+    def paths(self) -> RunPaths:
+        """What the workload is told about the run."""
+        sc = self.scenario
+        return RunPaths(self.run_dir, self.ckpt_dir, sc.seed, sc.project_dir, sc.suite_dir)
+
+    def workload_argv(self) -> list[str]:
+        """The command line of one rank of the workload."""
+        return self.workload.argv(self.paths)
+
+    @property
     def ranks(self) -> int:
         return self.scenario.workload.ranks
 
@@ -136,7 +147,7 @@ class JobContext:
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
         }
-        env.update(self.workload.env(self))
+        env.update(self.workload.env(self.paths))
         env.update(self.extra_env)
         return env
 

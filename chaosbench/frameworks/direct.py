@@ -35,7 +35,7 @@ def describe_exit(rc: int) -> str:
 
 def rank_processes(job: JobContext, incarnation: int, master_port: int) -> list[ProcessSpec]:
     """One process per rank, with the torch.distributed env:// variables; ranks fill node0 first."""
-    argv = job.workload.argv(job)
+    argv = job.workload_argv()
     procs = []
     per_node = job.ranks_per_node
     for rank in range(job.ranks):

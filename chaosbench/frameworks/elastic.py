@@ -104,7 +104,7 @@ class ElasticFramework(Framework):
     def agent_spec(self, job: JobContext, node_index: int, endpoint: str, spare: bool = False) -> ProcessSpec:
         o: Any = self.options
         node = job.node_name(node_index)
-        python = job.workload.argv(job)[0]
+        python = job.workload_argv()[0]
         conf = (
             f"is_host={'true' if node_index == 0 else 'false'},last_call_timeout={o.last_call_timeout_s},"
             f"join_timeout={o.join_timeout_s},close_timeout={o.close_timeout_s},"
@@ -123,7 +123,7 @@ class ElasticFramework(Framework):
             "--rdzv-conf", conf,
             *o.extra_args,
             "--no-python",
-            *job.workload.argv(job),
+            *job.workload_argv(),
         ]  # fmt: skip
         env = job.rank_env(0, node)
         env["LOGLEVEL"] = o.log_level

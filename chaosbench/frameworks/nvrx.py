@@ -171,7 +171,7 @@ class NvrxFramework(Framework):
 
     def plan(self, job: JobContext) -> LaunchPlan:
         o: Any = self.options
-        python = job.workload.argv(job)[0]
+        python = job.workload_argv()[0]
         endpoint = f"{job.runtime.master_addr}:{job.runtime.free_port()}"
         sections = ",".join(f"{k}:{_opt(v)}" for k, v in o.all_section_timeouts().items())
         procs = []
@@ -201,7 +201,7 @@ class NvrxFramework(Framework):
                 *o.extra_args,
                 "--no-python",
                 python, "-m", "chaosbench.frameworks.nvrx", "bridge", "--poll-s", str(o.bridge_poll_s), "--",
-                *job.workload.argv(job),
+                *job.workload_argv(),
             ]  # fmt: skip
             env = job.rank_env(0, node)
             env["LOGLEVEL"] = o.log_level
@@ -329,11 +329,11 @@ def _die_with_parent() -> None:
 class _EventTail:
     """New lines of the run's events.jsonl that belong to one rank and incarnation."""
 
-    def __init__(self, path: str, rank: int, incarnation: int) -> None:
+    def __init__(self, path: str, rank: int, incarnation: int, start: int = 0) -> None:
         self.path = path
         self.rank = rank
         self.incarnation = incarnation
-        self._pos = 0
+        self._pos = start  # byte offset: only what is written from there on
         self._buf = b""
 
     def read(self) -> list[dict[str, Any]]:
@@ -364,10 +364,9 @@ def bridge(argv: list[str], poll_s: float) -> int:
 
     events_path = os.environ.get("CHAOSBENCH_EVENTS")
     rank = int(os.environ.get("RANK", "0"))
-    tail = _EventTail(events_path, rank, incarnation_from_env()) if events_path else None
+    # only what this incarnation writes from now on
     tail_start = os.path.getsize(events_path) if events_path and os.path.exists(events_path) else 0
-    if tail is not None:
-        tail._pos = tail_start  # only what this incarnation writes from now on
+    tail = _EventTail(events_path, rank, incarnation_from_env(), tail_start) if events_path else None
     child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
     # Imported after the child started: the import (torch included) overlaps the rank's own start-up.
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient

@@ -95,7 +95,7 @@ class SlurmRequeueFramework(Framework):
         o: Any = self.options
         rt = self._runtime(job)
         env = {k: v for k, v in job.rank_env(0).items() if k not in _PER_TASK}
-        argv = rt._argv(job.workload.argv(job))
+        argv = rt.node_argv(job.workload_argv())
         logs = job.run_dir / "logs"
         rpn = job.ranks_per_node
         task = (
@@ -111,7 +111,7 @@ class SlurmRequeueFramework(Framework):
             'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "addr=$(scontrol show node -o \"$first\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')",
             'export MASTER_ADDR="${addr:-$first}"',
-            f"export MASTER_PORT=$({shlex.quote(rt._python())} -c {shlex.quote(port)})",
+            f"export MASTER_PORT=$({shlex.quote(rt.python())} -c {shlex.quote(port)})",
             'inc="$CHAOSBENCH_INCARNATION"',
             'echo "chaosbench: incarnation $inc on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
             " ".join(

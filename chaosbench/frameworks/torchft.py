@@ -217,7 +217,7 @@ class TorchftFramework(Framework):
         o: Any = self.options
         groups = self.groups(job)
         per_group = job.ranks // groups
-        python = job.workload.argv(job)[0]
+        python = job.workload_argv()[0]
         addr = job.runtime.master_addr
         lh_port = job.runtime.free_port()
         lighthouse_url = f"http://{addr}:{lh_port}"
@@ -269,7 +269,7 @@ class TorchftFramework(Framework):
                 "--master-port", str(job.runtime.free_port()),
                 *o.extra_args,
                 "--no-python",
-                *job.workload.argv(job),
+                *job.workload_argv(),
             ]  # fmt: skip
             procs.append(ProcessSpec(name=f"torchrun.g{g}", argv=argv, env=env, role="agent", node=node))
         return LaunchPlan(

@@ -105,7 +105,7 @@ class TorchrunFramework(Framework):
         for n in range(job.nodes):
             node = job.node_name(n)
             argv = [
-                *job.workload.argv(job)[:1],
+                *job.workload_argv()[:1],
                 # Several agents: through the elastic adapter's launcher (torchrun unchanged; it only numbers
                 # incarnations by rendezvous round, the same on every node; see frameworks/elastic.py).
                 "-m", "chaosbench.frameworks.elastic" if job.nodes > 1 else "torch.distributed.run",
@@ -118,7 +118,7 @@ class TorchrunFramework(Framework):
                 "--rdzv-id", job.run_id,
                 *o.extra_args,
                 "--no-python",
-                *job.workload.argv(job),
+                *job.workload_argv(),
             ]  # fmt: skip
             env = job.rank_env(0, node)
             env["LOGLEVEL"] = o.log_level

@@ -152,3 +152,10 @@ class Injector(ABC):
 
     def cleanup(self) -> None:  # noqa: B027 - optional hook
         """After all processes of the run are gone: undo ``prepare``. Idempotent."""
+
+    @classmethod
+    def cleanup_crashed(cls, results_dir: Path, run_ids: dict[str, Path]) -> list[str]:
+        """``chaosbench cleanup``: undo what this injector left behind below ``results_dir`` when the harness died
+        (a FUSE mount, a cgroup named after a run id in ``run_ids``: the unfinished runs' ids -> their
+        directories), and only that; one line per action. Default: nothing."""
+        return []

@@ -447,6 +447,10 @@ class StallFsInjector(Injector):
     latency to write/fsync/read, freezes every operation, or fails operations with EIO/ENOSPC."""
 
     name: ClassVar[str] = "stall-fs"
+
+    @classmethod
+    def cleanup_crashed(cls, results_dir: Path, run_ids: dict[str, Path]) -> list[str]:
+        return [f"unmount {a.get('mountpoint', a)}" for a in cleanup_stale_mounts(results_dir)]
     summary: ClassVar[str] = (
         "checkpoint directory behind a FUSE passthrough: added I/O latency, a freeze, or EIO/ENOSPC errors"
     )

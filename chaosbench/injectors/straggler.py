@@ -45,6 +45,17 @@ class StragglerInjector(Injector):
 
     name: ClassVar[str] = "straggler"
     summary: ClassVar[str] = "slow a rank down (cgroup CPU quota, else SIGSTOP/SIGCONT duty cycle) for a window"
+
+    @classmethod
+    def cleanup_crashed(cls, results_dir: Path, run_ids: dict[str, Path]) -> list[str]:
+        """Remove the cgroups named after a crashed run (``chaosbench/<run id>.<firing>.r<rank>``)."""
+        actions = []
+        for run_id, run_dir in run_ids.items():
+            for group in (CPU_ROOT / "chaosbench").glob(f"{run_id}.*"):
+                actions.append(f"remove cgroup {group} of {run_dir}")
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+        return actions
     Params = StragglerParams  # type: ignore[assignment]
 
     def prepare(self, setup: RunSetup) -> None:

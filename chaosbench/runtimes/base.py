@@ -130,3 +130,11 @@ class Runtime(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"runtime": self.name}
+
+    @classmethod
+    def cleanup_crashed(cls, results_dir: Path) -> list[str]:
+        """``chaosbench cleanup``: remove what this runtime created outside the harness's own process tree for
+        runs below ``results_dir`` whose harness died (containers, networks, scheduler jobs: found by the runs'
+        labels or names, never anything else); one line per action. The recorded processes themselves are ended
+        by ``chaosbench cleanup`` from the timelines. Default: nothing."""
+        return []

@@ -52,6 +52,7 @@ from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
 from chaosbench.timeline import now_ns
+from chaosbench.timeline.reader import crashed_run_ids
 
 RUN_LABEL = "chaosbench.run"
 NODE_LABEL = "chaosbench.node"
@@ -193,6 +194,10 @@ class DockerRuntime(Runtime):
     """Nodes are containers of the local Docker engine (see the module docstring)."""
 
     name: ClassVar[str] = "docker"
+
+    @classmethod
+    def cleanup_crashed(cls, results_dir: Path) -> list[str]:
+        return remove_run_objects(results_dir)
     Options = DockerOptions  # type: ignore[assignment]
     #: Option values used when the runner passes no options (variants registered under other names).
     default_options: ClassVar[dict[str, Any]] = {}
@@ -906,17 +911,6 @@ class DockerRuntime(Runtime):
 
 
 # ---------------------------------------------------------------------------------------------- cleanup
-def crashed_run_ids(results_dir: str | os.PathLike[str]) -> dict[str, Path]:
-    """Run ids of the unfinished runs (no ``run_end``) below ``results_dir`` -> their run directories."""
-    from chaosbench.cleanup import unfinished_runs
-
-    out: dict[str, Path] = {}
-    for run_dir in unfinished_runs(Path(results_dir)):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            out[str(json.loads((run_dir / "config.json").read_text())["run_id"])] = run_dir
-    return out
-
-
 def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = False) -> list[str]:
     """``chaosbench cleanup`` for docker: remove the containers and networks labelled with the run id of a
     crashed run below ``results_dir`` (and only those; qdiscs and iptables rules live in the containers'

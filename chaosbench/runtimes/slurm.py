@@ -36,7 +36,7 @@ reading at the moment of the kill is written as a ``signal_sent`` event; its del
 (one step launch, ~0.1 s) is the delivery cost of a fault through Slurm.
 
 Clocks. Before the first process on a Slurm node starts, the runtime measures that node's clock against the
-harness's (:mod:`chaosbench.clocks`, through ``srun`` stdin/stdout) and writes a ``clock_offset`` event.
+harness's (:mod:`chaosbench.timeline.clocks`, through ``srun`` stdin/stdout) and writes a ``clock_offset`` event.
 
 Teardown escalates through the scheduler: ``scancel --signal=CONT`` and ``--signal=TERM`` to the job's
 steps, ``grace_s``, then ``scancel --signal=KILL`` and a full ``scancel``; the local ``srun`` is killed last.
@@ -68,10 +68,10 @@ from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench import clocks
 from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.timeline import now_ns
+from chaosbench.timeline import clocks, now_ns
+from chaosbench.timeline.reader import crashed_run_ids
 
 #: ``srun`` exits 128+N when its task was killed by signal N.
 SIGNAL_EXIT_BASE = 128
@@ -307,6 +307,10 @@ class SlurmRuntime(Runtime):
     """Processes are jobs of an existing Slurm cluster (see the module docstring)."""
 
     name: ClassVar[str] = "slurm"
+
+    @classmethod
+    def cleanup_crashed(cls, results_dir: Path) -> list[str]:
+        return cleanup_stale_jobs(results_dir)
     Options = SlurmOptions  # type: ignore[assignment]
     #: Option values used when the runner passes no options (variants registered under other names).
     default_options: ClassVar[dict[str, Any]] = {}
@@ -525,7 +529,7 @@ class SlurmRuntime(Runtime):
             slurm_node,
             "--unbuffered",
             *where,
-            self._python(),
+            self.python(),
             "-u",
             "-c",
             clocks.ECHO_PROGRAM,
@@ -573,17 +577,19 @@ class SlurmRuntime(Runtime):
                 self.slurm_node("node0"),
                 *self._common(),
                 f"--job-name={self.job_prefix}.port",
-                self._python(),
+                self.python(),
                 "-c",
                 prog,
             ]
         )
         return int(out.split()[-1])
 
-    def _python(self) -> str:
+    def python(self) -> str:
+        """The Python the nodes run (the ``python`` option, else the harness's own)."""
         return self.opts.python or sys.executable
 
-    def _argv(self, argv: list[str]) -> list[str]:
+    def node_argv(self, argv: list[str]) -> list[str]:
+        """``argv`` as the nodes run it: the harness's Python replaced by the nodes' (the ``python`` option)."""
         if self.opts.python:
             return [self.opts.python if a == sys.executable else a for a in argv]
         return list(argv)
@@ -612,7 +618,7 @@ class SlurmRuntime(Runtime):
             *([f"--chdir={spec.cwd}"] if spec.cwd else []),
             *self.opts.srun_args,
             "--",
-            *self._argv(spec.argv),
+            *self.node_argv(spec.argv),
         ]
         env = dict(self._env)
         env.update(spec.env)
@@ -1034,18 +1040,12 @@ def cleanup_stale_jobs(results_dir: Path) -> list[str]:
     """For ``chaosbench cleanup``: cancel the Slurm jobs of runs below ``results_dir`` whose harness died
     (a timeline without ``run_end``). Jobs are matched by the run's job-name prefix, so only jobs this
     harness submitted are touched. No Slurm client or no cluster: nothing to do."""
-    import json
     import shutil
-
-    from chaosbench.cleanup import unfinished_runs
 
     if shutil.which("squeue") is None:
         return []
-    prefixes: dict[str, Path] = {}
-    for run_dir in unfinished_runs(Path(results_dir)):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            run_id = json.loads((run_dir / "config.json").read_text())["run_id"]
-            prefixes["cb-" + hashlib.sha256(run_id.encode()).hexdigest()[:10] + "."] = run_dir
+    prefixes = {"cb-" + hashlib.sha256(run_id.encode()).hexdigest()[:10] + ".": run_dir
+                for run_id, run_dir in crashed_run_ids(results_dir).items()}  # fmt: skip
     if not prefixes:
         return []
     try:

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from chaosbench.frameworks.base import JobContext
     from chaosbench.specs import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """What a workload needs to know about the run it trains in: where it is, where its checkpoints go, its
+    seed, and the user's directories (for a command workload's placeholders)."""
+
+    run_dir: Path
+    ckpt_dir: Path
+    seed: int
+    project_dir: str = "."
+    suite_dir: str = "."
 
 
 class Workload(ABC):
@@ -26,10 +39,10 @@ class Workload(ABC):
         self.options = options
 
     @abstractmethod
-    def argv(self, job: JobContext) -> list[str]:
+    def argv(self, run: RunPaths) -> list[str]:
         """The full command line of one rank (first element: the executable)."""
 
-    def env(self, job: JobContext) -> dict[str, str]:
+    def env(self, run: RunPaths) -> dict[str, str]:
         """Extra environment for every rank."""
         return {}
 

@@ -8,15 +8,12 @@ import os
 import re
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaosbench.workloads.base import Workload
+from chaosbench.workloads.base import RunPaths, Workload
 from chaosbench.workloads.command_shim import PLACEHOLDERS, placeholders
-
-if TYPE_CHECKING:
-    from chaosbench.frameworks.base import JobContext
 
 
 class DdpMlpOptions(BaseModel):
@@ -43,7 +40,7 @@ class DdpMlpWorkload(Workload):
     name: ClassVar[str] = "ddp-mlp"
     Options = DdpMlpOptions  # type: ignore[assignment]
 
-    def argv(self, job: JobContext) -> list[str]:
+    def argv(self, run: RunPaths) -> list[str]:
         o: Any = self.options
         return [
             sys.executable,
@@ -51,8 +48,8 @@ class DdpMlpWorkload(Workload):
             "chaosbench.workloads.ddp_mlp",
             "--steps", str(o.steps),
             "--checkpoint-every", str(o.checkpoint_every),
-            "--ckpt-dir", str(job.ckpt_dir),
-            "--seed", str(job.scenario.seed),
+            "--ckpt-dir", str(run.ckpt_dir),
+            "--seed", str(run.seed),
             "--pg-timeout-s", str(o.pg_timeout_s),
             "--hidden", str(o.hidden),
             "--layers", str(o.layers),
@@ -94,12 +91,12 @@ class FsdpLmWorkload(Workload):
     name: ClassVar[str] = "fsdp-lm"
     Options = FsdpLmOptions  # type: ignore[assignment]
 
-    def argv(self, job: JobContext) -> list[str]:
+    def argv(self, run: RunPaths) -> list[str]:
         o: Any = self.options
         return [
             sys.executable, "-m", "chaosbench.workloads.fsdp_lm",
             "--steps", str(o.steps), "--checkpoint-every", str(o.checkpoint_every),
-            "--ckpt-dir", str(job.ckpt_dir), "--seed", str(job.scenario.seed),
+            "--ckpt-dir", str(run.ckpt_dir), "--seed", str(run.seed),
             "--pg-timeout-s", str(o.pg_timeout_s), "--vocab", str(o.vocab), "--seq-len", str(o.seq_len),
             "--d-model", str(o.d_model), "--heads", str(o.heads), "--layers", str(o.layers),
             "--batch-size", str(o.batch_size), "--lr", str(o.lr), "--step-sleep-s", str(o.step_sleep_s),
@@ -206,19 +203,18 @@ class CommandWorkload(Workload):
     name: ClassVar[str] = "command"
     Options = CommandOptions  # type: ignore[assignment]
 
-    def substitutions(self, job: JobContext) -> dict[str, str]:
+    def substitutions(self, run: RunPaths) -> dict[str, str]:
         """The run's placeholder values (the per-rank ones are filled in by the shim)."""
-        sc = job.scenario
         return {
-            "ckpt_dir": str(job.ckpt_dir),
-            "run_dir": str(job.run_dir),
-            "work_dir": str(job.run_dir / "work"),
-            "seed": str(sc.seed),
-            "project_dir": sc.project_dir,
-            "suite_dir": sc.suite_dir,
+            "ckpt_dir": str(run.ckpt_dir),
+            "run_dir": str(run.run_dir),
+            "work_dir": str(run.run_dir / "work"),
+            "seed": str(run.seed),
+            "project_dir": run.project_dir,
+            "suite_dir": run.suite_dir,
         }
 
-    def argv(self, job: JobContext) -> list[str]:
+    def argv(self, run: RunPaths) -> list[str]:
         o: Any = self.options
         return [
             sys.executable,
@@ -227,7 +223,7 @@ class CommandWorkload(Workload):
             "--patterns",
             o.patterns.model_dump_json(exclude_none=True),
             "--subst",
-            json.dumps(self.substitutions(job), sort_keys=True),
+            json.dumps(self.substitutions(run), sort_keys=True),
             *(["--env", json.dumps(o.env, sort_keys=True)] if o.env else []),
             "--cwd",
             o.cwd if o.cwd is not None else "{work_dir}",
@@ -235,8 +231,8 @@ class CommandWorkload(Workload):
             *o.command,
         ]
 
-    def env(self, job: JobContext) -> dict[str, str]:
-        return {"CHAOSBENCH_CKPT_DIR": str(job.ckpt_dir)}
+    def env(self, run: RunPaths) -> dict[str, str]:
+        return {"CHAOSBENCH_CKPT_DIR": str(run.ckpt_dir)}
 
     @property
     def pg_timeout_s(self) -> float | None:

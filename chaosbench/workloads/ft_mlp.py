@@ -60,17 +60,14 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chaosbench.planted import Planted
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
 from chaosbench.procutil import start_ticks
-from chaosbench.workloads.base import Workload
-
-if TYPE_CHECKING:
-    from chaosbench.frameworks.base import JobContext
+from chaosbench.workloads.base import RunPaths, Workload
 
 ENV_GROUP = "REPLICA_GROUP_ID"
 ENV_GROUPS = "NUM_REPLICA_GROUPS"
@@ -387,7 +384,7 @@ class FtMlpWorkload(Workload):
             raise ValueError(f"ft-mlp: ranks ({self.spec.ranks}) must be a multiple of groups ({groups})")
         return groups
 
-    def argv(self, job: JobContext) -> list[str]:
+    def argv(self, run: RunPaths) -> list[str]:
         o: Any = self.options
         if o.batch_mode == "global" and o.batch_size % self.spec.ranks:
             from chaosbench.errors import ChaosbenchError
@@ -398,7 +395,7 @@ class FtMlpWorkload(Workload):
         return [
             sys.executable, "-m", "chaosbench.workloads.ft_mlp",
             "--steps", str(o.steps),
-            "--seed", str(job.scenario.seed),
+            "--seed", str(run.seed),
             "--batch-mode", o.batch_mode,
             "--batch-size", str(o.batch_size),
             "--hidden", str(o.hidden),

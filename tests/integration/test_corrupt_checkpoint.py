@@ -83,7 +83,7 @@ def test_torn_write_falls_back_to_the_previous_checkpoint(results) -> None:
     assert m.outcome == "recovered" and m.restart_count == 1, m.missing
     loads = sorted({e["step"] for e in events if e.kind == "ckpt_load_end"})
     assert loads == [10]
-    assert classify_checkpoint_outcome(events, m) == "fell_back"
+    assert classify_checkpoint_outcome(events, control=m.control) == "fell_back"
     # back to step 10 from step 20; 9 when the trigger was rank 0's save and rank 1 died before it reported
     # step 20 (then step 20 is not a completed job step)
     assert m.lost_steps in (9, 10) and m.fidelity == "exact" and m.digest == ctl.digest
@@ -101,7 +101,7 @@ def test_bitflip_in_weights_loads_silently_and_fidelity_exposes_it(results) -> N
     assert len(flips) == 8 and all(f["tensor"].startswith("model.") for f in flips)
     assert all(rec["file"].endswith("step_00000020/__1_0.distcp") for rec in d["files"])
     assert m.outcome == "recovered" and m.restart_count == 1, m.missing
-    assert classify_checkpoint_outcome(events, m) == "loaded_silently"
+    assert classify_checkpoint_outcome(events, control=m.control) == "loaded_silently"
     assert m.fidelity == "diverged"
 
 
@@ -116,7 +116,7 @@ def test_truncated_shard_crash_loops_the_restart_framework(results) -> None:
     begins = {(e.get("incarnation"), e["step"]) for e in events if e.kind == "ckpt_load_begin"}
     assert begins == {(1, 20), (2, 20)}
     assert not any(e.kind == "ckpt_load_end" for e in events)
-    assert classify_checkpoint_outcome(events, m) == "crash_looped"
+    assert classify_checkpoint_outcome(events, control=m.control) == "crash_looped"
 
 
 # --------------------------------------------------------------------------- a relaunch on a damaged copy

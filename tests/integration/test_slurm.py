@@ -139,7 +139,7 @@ def test_kill_under_restart_on_two_slurm_nodes(restart_runs: dict[str, RunMetric
 
 
 def test_clock_offsets_recorded_with_bound(restart_runs: dict[str, RunMetrics]) -> None:
-    from chaosbench import clocks
+    from chaosbench.timeline import clocks
 
     ev = _events(restart_runs["restart/kill#0"])
     offs = [e for e in _kinds(ev, "clock_offset") if e.get("offset_ns") is not None]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from chaosbench import clocks
-from chaosbench.timeline import Event
+from chaosbench.timeline import Event, clocks
 
 
 def test_estimate_keeps_the_fastest_exchange() -> None:

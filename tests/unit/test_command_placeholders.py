@@ -81,7 +81,7 @@ def test_run_values_and_default_working_directory() -> None:
     runner = Runner(suite, "/tmp/cb-out")
     sc = suite.scenarios()[0]
     job = runner._job(sc, Path("/tmp/cb-out/x/0"), None, "id")  # type: ignore[arg-type]
-    argv = WORKLOADS.get("command")(sc.workload, job.workload.options).argv(job)
+    argv = WORKLOADS.get("command")(sc.workload, job.workload.options).argv(job.paths)
     assert argv[argv.index("--cwd") + 1] == "{work_dir}"
     subst = json.loads(argv[argv.index("--subst") + 1])
     assert subst["ckpt_dir"] == "/tmp/cb-out/x/0/checkpoints" and subst["work_dir"] == "/tmp/cb-out/x/0/work"

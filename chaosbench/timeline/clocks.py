@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from chaosbench.timeline import Event
+from chaosbench.timeline.events import Event
 
 #: The program run on a node: prints its host name, then its clock for each line it reads.
 ECHO_PROGRAM = (

@@ -1,22 +1,7 @@
-"""The timeline: one append-only ``events.jsonl`` per run, on one clock.
+"""Timeline events: the event kinds, the :class:`Event` record, appending to a run's ``events.jsonl``
+(:class:`TimelineWriter`) and parsing its lines. Standard-library only: the probe imports it inside training
+processes."""
 
-Every actor (the harness, the framework adapters, the injectors and the ranks themselves through
-:mod:`chaosbench.probe`) appends events to the same file. Each event is one JSON object on one line::
-
-    {"t_ns": 1764467481123456789, "kind": "step", "src": "rank", "host": "h", "rank": 1, "step": 7, ...}
-
-``t_ns`` is wall-clock time in nanoseconds (``time.time_ns()``) taken by the writer when the event happened
-(log-line events: when the line was read). All processes of a local run share one host and so one clock.
-Across hosts (the slurm runtime), each event's ``host`` names the clock that stamped it; the runtime measures
-every node's offset (``clock_offset`` events) and :func:`read_events` moves other hosts' stamps onto the
-harness's clock (:mod:`chaosbench.clocks`).
-
-Writers open the file with ``O_APPEND`` and write each event with a single ``write()`` of one line, which the
-kernel does not interleave with other appends on a local filesystem. Readers must therefore sort by ``t_ns``:
-the file order is the order of the writes, not of the stamps.
-
-This module is standard-library only: the probe imports it inside training processes.
-"""
 
 from __future__ import annotations
 
@@ -25,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,99 +155,3 @@ def parse_lines(lines: Iterator[str] | list[str]) -> list[Event]:
         except (ValueError, KeyError):
             continue
     return out
-
-
-def read_events(path: str | os.PathLike[str], correct_clocks: bool = True) -> list[Event]:
-    """All events of a timeline file, sorted by time (stable for equal stamps). With ``correct_clocks``,
-    stamps written on other hosts are first moved onto the harness's clock by the measured offsets
-    (``clock_offset`` events; :func:`chaosbench.clocks.correct`); a single-host timeline is unchanged."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    with p.open() as f:
-        events = parse_lines(f.readlines())
-    events.sort(key=lambda e: e.t_ns)
-    if correct_clocks:
-        from chaosbench.clocks import correct
-
-        events = correct(events)
-    return events
-
-
-class TimelineFollower:
-    """Tails a timeline file in a background thread and hands each new event to the subscribers.
-
-    Subscribers are called from the follower thread, in file order, with every complete line written
-    after the follower started reading (it reads the file from the beginning). ``poll_s`` bounds how late
-    a subscriber sees an event; triggers and heartbeat monitors rely on it being small.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], poll_s: float = 0.005) -> None:
-        self.path = Path(path)
-        self.poll_s = poll_s
-        self._subs: list[Callable[[Event], None]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._errors: list[BaseException] = []
-        self.events: list[Event] = []
-        self._lock = threading.Lock()
-
-    def subscribe(self, fn: Callable[[Event], None]) -> None:
-        with self._lock:
-            self._subs.append(fn)
-
-    def start(self) -> TimelineFollower:
-        self._thread = threading.Thread(target=self._run, name="timeline-follower", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._drain_once_more()
-
-    @property
-    def errors(self) -> list[BaseException]:
-        return list(self._errors)
-
-    def snapshot(self) -> list[Event]:
-        with self._lock:
-            return list(self.events)
-
-    def _dispatch(self, ev: Event) -> None:
-        with self._lock:
-            self.events.append(ev)
-            subs = list(self._subs)
-        for fn in subs:
-            try:
-                fn(ev)
-            except BaseException as exc:  # noqa: BLE001 - a broken subscriber must not stop the tail
-                self._errors.append(exc)
-
-    _pos = 0
-    _buf = b""
-
-    def _read_new(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._pos)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        if not chunk:
-            return
-        self._pos += len(chunk)
-        data = self._buf + chunk
-        *complete, self._buf = data.split(b"\n")
-        for raw in complete:
-            for ev in parse_lines([raw.decode(errors="replace")]):
-                self._dispatch(ev)
-
-    def _drain_once_more(self) -> None:
-        self._read_new()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._read_new()
-            self._stop.wait(self.poll_s)
