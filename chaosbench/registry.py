@@ -93,10 +93,10 @@ FRAMEWORKS: Registry[Any] = Registry(
     "framework",
     "chaosbench.frameworks",
     {
-        "none": "chaosbench.frameworks.direct:NoneFramework",
-        "restart": "chaosbench.frameworks.direct:RestartFramework",
+        "none": "chaosbench.frameworks.none:NoneFramework",
+        "restart": "chaosbench.frameworks.restart:RestartFramework",
         "torchrun": "chaosbench.frameworks.torchrun:TorchrunFramework",
-        "torchrun-elastic": "chaosbench.frameworks.elastic:ElasticFramework",
+        "torchrun-elastic": "chaosbench.frameworks.torchrun_elastic:ElasticFramework",
         "torchft": "chaosbench.frameworks.torchft:TorchftFramework",
         "nvrx": "chaosbench.frameworks.nvrx:NvrxFramework",
         "slurm-requeue": "chaosbench.frameworks.slurm_requeue:SlurmRequeueFramework",

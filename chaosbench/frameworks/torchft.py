@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.frameworks.agent import TORCHRUN_PATTERNS, TORCHRUN_SHUTDOWN_GRACE_S, agent_argv
 from chaosbench.frameworks.base import (
     Framework,
     JobContext,
@@ -54,7 +55,6 @@ from chaosbench.frameworks.base import (
     package_version,
     pg_timeout,
 )
-from chaosbench.frameworks.torchrun import TORCHRUN_PATTERNS, TORCHRUN_SHUTDOWN_GRACE_S
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 from chaosbench.timeline import Event, TimelineWriter
 
@@ -259,18 +259,9 @@ class TorchftFramework(Framework):
             )
             if advertise:
                 env["CHAOSBENCH_FT_HOSTNAME"] = advertise
-            argv = [
-                python, "-m", "torch.distributed.run",
-                "--nnodes", "1",
-                "--nproc-per-node", str(per_group),
-                "--max-restarts", str(o.max_restarts),
-                "--monitor-interval", str(o.monitor_interval_s),
-                "--master-addr", addr,
-                "--master-port", str(job.runtime.free_port()),
-                *o.extra_args,
-                "--no-python",
-                *job.workload_argv(),
-            ]  # fmt: skip
+            argv = agent_argv(job, ["-m", "torch.distributed.run"], "1", o.max_restarts, o.monitor_interval_s,
+                              ["--master-addr", addr, "--master-port", str(job.runtime.free_port())], o.extra_args,
+                              nproc_per_node=per_group)  # fmt: skip
             procs.append(ProcessSpec(name=f"torchrun.g{g}", argv=argv, env=env, role="agent", node=node))
         return LaunchPlan(
             framework=self.label,

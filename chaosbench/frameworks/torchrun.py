@@ -12,70 +12,24 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chaosbench.frameworks.agent import (
+    TORCHRUN_PATTERNS,
+    TORCHRUN_SHUTDOWN_GRACE_S,
+    agent_argv,
+    agent_env,
+    pg_timeout_problems,
+    predict_agent_detection,
+)
 from chaosbench.frameworks.base import (
     Framework,
     JobContext,
     JobResult,
     LaunchPlan,
-    LogPattern,
     LogWatcher,
     Prediction,
     RunControl,
-    chain,
-    pg_timeout,
 )
 from chaosbench.runtimes.base import ProcessSpec
-
-# torch.distributed.elastic's fixed grace between SIGTERM and SIGKILL when it stops a worker group
-# (LocalElasticAgent shutdown_timeout / PContext.close timeout, torch 2.x).
-TORCHRUN_SHUTDOWN_GRACE_S = 30.0
-
-TORCHRUN_PATTERNS = [
-    # The agent's first reaction to a failed worker: it stops the rest of the group (a WARNING line, printed
-    # before the 30 s grace it gives the workers; the "failed (exitcode ...)" line comes after that grace).
-    LogPattern("detect", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", "agent"),
-    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent"),
-    LogPattern(
-        "restart",
-        r"Worker group FAILED\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
-        "agent",
-    ),
-    # Several agents: a node that (re)joins the rendezvous makes the running agents restart their workers too
-    # (not counted against --max-restarts, but a restart of the job all the same).
-    LogPattern(
-        "restart",
-        r"Detected (?P<waiting_nodes>\d+) new nodes from group_rank=(?P<group_rank>\d+); will restart worker group",
-        "agent",
-    ),
-    LogPattern("give_up", r"ChildFailedError", "agent"),
-]
-
-
-def predict_agent_detection(mode: str, timeouts: dict[str, Any]) -> Prediction | None:
-    """A torch elastic agent (torchrun, its elastic form, ft_launcher's base): it notices a worker's exit within
-    its monitor interval; a hung worker only once its peers' collective times out (the process-group timeout),
-    and then it SIGTERMs the stopped worker, which cannot act on it, and waits its fixed grace before SIGKILL."""
-    monitor = ("monitor_interval_s", timeouts.get("monitor_interval_s"))
-    if mode == "crash":
-        return Prediction(*chain(monitor), note="the agent polls its workers' exits")
-    if mode != "hang":
-        return None
-    pg_name, pg = pg_timeout(timeouts)
-    bound, by = chain((pg_name, pg), monitor)
-    grace = timeouts.get("worker_shutdown_grace_s")
-    return Prediction(
-        bound, by, resume_floor_s=bound + float(grace or 0),
-        note="the peers' collective times out; the stopped worker ignores SIGTERM, so the agent waits "
-        f"worker_shutdown_grace_s={grace or 0:g} before SIGKILL",
-    )  # fmt: skip
-
-
-def pg_timeout_problems(timeouts: dict[str, Any]) -> list[str]:
-    """A hang detected only through the process-group timeout: say so when the script sets none."""
-    if timeouts.get("workload_pg_timeout_s") is None:
-        return ["the workload sets no process-group timeout: torch's default (1800 s for gloo, 600 s for NCCL) is "
-                "how long a hung rank goes unnoticed"]  # fmt: skip
-    return []
 
 
 class TorchrunOptions(BaseModel):
@@ -104,26 +58,14 @@ class TorchrunFramework(Framework):
         procs = []
         for n in range(job.nodes):
             node = job.node_name(n)
-            argv = [
-                *job.workload_argv()[:1],
-                # Several agents: through the elastic adapter's launcher (torchrun unchanged; it only numbers
-                # incarnations by rendezvous round, the same on every node; see frameworks/elastic.py).
-                "-m", "chaosbench.frameworks.elastic" if job.nodes > 1 else "torch.distributed.run",
-                "--nnodes", str(job.nodes),
-                "--nproc-per-node", str(job.ranks_per_node),
-                "--max-restarts", str(o.max_restarts),
-                "--monitor-interval", str(o.monitor_interval_s),
-                "--rdzv-backend", o.rdzv_backend,
-                "--rdzv-endpoint", f"{job.runtime.master_addr}:{port}",
-                "--rdzv-id", job.run_id,
-                *o.extra_args,
-                "--no-python",
-                *job.workload_argv(),
-            ]  # fmt: skip
-            env = job.rank_env(0, node)
-            env["LOGLEVEL"] = o.log_level
-            if not o.share_rdzv_tcp_store:
-                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            # Several agents: through chaosbench.launchers.elastic (torchrun unchanged; it only numbers incarnations
+            # by rendezvous round, the same on every node).
+            launcher = ["-m", "chaosbench.launchers.elastic" if job.nodes > 1 else "torch.distributed.run"]
+            rendezvous = ["--rdzv-backend", o.rdzv_backend, "--rdzv-endpoint", f"{job.runtime.master_addr}:{port}",
+                          "--rdzv-id", job.run_id]  # fmt: skip
+            argv = agent_argv(job, launcher, str(job.nodes), o.max_restarts, o.monitor_interval_s, rendezvous,
+                              o.extra_args)  # fmt: skip
+            env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
             name = "torchrun" if job.nodes == 1 else f"torchrun.{node}"
             procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
         return LaunchPlan(

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from chaosbench.frameworks.base import JobContext, JobResult, LaunchPlan, LogPattern, LogWatcher, RunControl
-from chaosbench.frameworks.direct import NoneFramework, NoneOptions
+from chaosbench.frameworks.none import NoneFramework, NoneOptions
 from chaosbench.runtimes.base import ProcessSpec
 
 WATCHDOG = r"""

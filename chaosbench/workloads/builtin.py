@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from chaosbench.launchers.command import PLACEHOLDERS, placeholders
 from chaosbench.workloads.base import RunPaths, Workload
-from chaosbench.workloads.command_shim import PLACEHOLDERS, placeholders
 
 
 class DdpMlpOptions(BaseModel):
@@ -191,7 +191,7 @@ class CommandOptions(BaseModel):
 
 
 class CommandWorkload(Workload):
-    """The user's own script, run unchanged under :mod:`chaosbench.workloads.command_shim`, which substitutes the
+    """The user's own script, run unchanged under :mod:`chaosbench.launchers.command`, which substitutes the
     placeholders, starts the script in its working directory, reports its pid and turns its log lines into step /
     checkpoint events.
 
@@ -219,7 +219,7 @@ class CommandWorkload(Workload):
         return [
             sys.executable,
             "-m",
-            "chaosbench.workloads.command_shim",
+            "chaosbench.launchers.command",
             "--patterns",
             o.patterns.model_dump_json(exclude_none=True),
             "--subst",

@@ -1,6 +1,6 @@
 """Runs a user's training command as a child, reports its pid and turns its log lines into events.
 
-    python -m chaosbench.workloads.command_shim --patterns JSON [--subst JSON] [--env JSON] [--cwd DIR] \
+    python -m chaosbench.launchers.command --patterns JSON [--subst JSON] [--env JSON] [--cwd DIR] \
         -- CMD [ARGS...]
 
 Placeholders such as ``{ckpt_dir}`` or ``{rank}`` in the command, in every ``--env`` value and in ``--cwd`` are
@@ -72,7 +72,7 @@ def _num(v: str | None) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="chaosbench.workloads.command_shim")
+    ap = argparse.ArgumentParser(prog="chaosbench.launchers.command")
     ap.add_argument("--patterns", default="{}", help="JSON object: event kind -> regex")
     ap.add_argument("--subst", default="{}", help="JSON object: the run's placeholder values")
     ap.add_argument("--env", default="{}", help="JSON object: environment of the command (values are templates)")

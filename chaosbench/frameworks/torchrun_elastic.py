@@ -16,7 +16,7 @@ completed round (``world_size``) from the agents' own lines.
 
 Incarnations: torch elastic's ``TORCHELASTIC_RESTART_COUNT`` does not count restarts caused by membership
 changes and starts at 0 on a node that joins later, so it cannot number the job's incarnations. Each agent is
-therefore started through this module (``python -m chaosbench.frameworks.elastic <torchrun args>``), which only
+therefore started through this module (``python -m chaosbench.launchers.elastic <torchrun args>``), which only
 adds ``CHAOSBENCH_INCARNATION`` to the workers' environment so that the probe's incarnation equals the
 rendezvous round (the same on every node, +1 per re-rendezvous); torchrun itself runs unchanged. Set
 ``round_incarnation: false`` to launch plain torchrun (incarnations are then the restart count).
@@ -27,13 +27,19 @@ or ``Detected N new nodes ... will restart worker group`` on growth).
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from chaosbench.frameworks.agent import (
+    TORCHRUN_PATTERNS,
+    TORCHRUN_SHUTDOWN_GRACE_S,
+    agent_argv,
+    agent_env,
+    pg_timeout_problems,
+    predict_agent_detection,
+)
 from chaosbench.frameworks.base import (
     Framework,
     JobContext,
@@ -43,12 +49,6 @@ from chaosbench.frameworks.base import (
     LogWatcher,
     Prediction,
     RunControl,
-)
-from chaosbench.frameworks.torchrun import (
-    TORCHRUN_PATTERNS,
-    TORCHRUN_SHUTDOWN_GRACE_S,
-    pg_timeout_problems,
-    predict_agent_detection,
 )
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 
@@ -104,31 +104,17 @@ class ElasticFramework(Framework):
     def agent_spec(self, job: JobContext, node_index: int, endpoint: str, spare: bool = False) -> ProcessSpec:
         o: Any = self.options
         node = job.node_name(node_index)
-        python = job.workload_argv()[0]
         conf = (
             f"is_host={'true' if node_index == 0 else 'false'},last_call_timeout={o.last_call_timeout_s},"
             f"join_timeout={o.join_timeout_s},close_timeout={o.close_timeout_s},"
             f"keep_alive_interval={o.keep_alive_interval_s},keep_alive_max_attempt={o.keep_alive_max_attempt}"
         )
-        launcher = ["-m", "chaosbench.frameworks.elastic"] if o.round_incarnation else ["-m", "torch.distributed.run"]
-        argv = [
-            python, *launcher,
-            "--nnodes", f"{o.min_nodes}:{self._max_nodes(job)}",
-            "--nproc-per-node", str(job.ranks_per_node),
-            "--max-restarts", str(o.max_restarts),
-            "--monitor-interval", str(o.monitor_interval_s),
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", endpoint,
-            "--rdzv-id", job.run_id,
-            "--rdzv-conf", conf,
-            *o.extra_args,
-            "--no-python",
-            *job.workload_argv(),
-        ]  # fmt: skip
-        env = job.rank_env(0, node)
-        env["LOGLEVEL"] = o.log_level
-        if not o.share_rdzv_tcp_store:
-            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        launcher = ["-m", "chaosbench.launchers.elastic"] if o.round_incarnation else ["-m", "torch.distributed.run"]
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", job.run_id, "--rdzv-conf",
+                      conf]  # fmt: skip
+        argv = agent_argv(job, launcher, f"{o.min_nodes}:{self._max_nodes(job)}", o.max_restarts,
+                          o.monitor_interval_s, rendezvous, o.extra_args)  # fmt: skip
+        env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
         name = f"torchrun.{node}" + (".spare" if spare else "")
         return ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node)
 
@@ -221,47 +207,3 @@ class ElasticFramework(Framework):
             if stop:
                 return JobResult(stop, f"harness stopped the run ({stop})")
             control.sleep(min(0.05, o.monitor_interval_s))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Agent launcher: ``python -m chaosbench.frameworks.elastic <torchrun arguments>``
-
-
-def install_round_incarnation(agent_cls: Any = None) -> None:
-    """Make every worker group an agent (``agent_cls``: torch's LocalElasticAgent, or a launcher's subclass of it)
-    starts carry ``CHAOSBENCH_INCARNATION`` such that the probe's incarnation (CHAOSBENCH_INCARNATION +
-    TORCHELASTIC_RESTART_COUNT) is the rendezvous round, the same on every node. The worker's environment is the
-    agent's plus its own variables, so setting the variable in this process before each start is enough. Uses
-    the dynamic rendezvous handler's state (torch 2.x); when that is not there, nothing changes."""
-    if agent_cls is None:
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-        agent_cls = LocalElasticAgent
-    original = getattr(agent_cls, "_start_workers", None)
-    if original is None:
-        return
-    # The round is the job's incarnation on every node, whatever the harness set: an agent the runtime reran on
-    # a node that came back (docker's lost-node reboot bumps CHAOSBENCH_INCARNATION for agents that cannot
-    # number rounds) joins the same round as the agents that never died.
-
-    def _start_workers(self: Any, worker_group: Any) -> Any:
-        spec = worker_group.spec
-        holder = getattr(spec.rdzv_handler, "_state_holder", None)
-        rnd = getattr(getattr(holder, "state", None), "round", None)
-        if isinstance(rnd, int):
-            restart_count = spec.max_restarts - self._remaining_restarts
-            os.environ["CHAOSBENCH_INCARNATION"] = str(rnd - restart_count)
-        return original(self, worker_group)
-
-    agent_cls._start_workers = _start_workers
-
-
-def main(argv: list[str] | None = None) -> None:
-    from torch.distributed.run import main as torchrun_main
-
-    install_round_incarnation()
-    torchrun_main(argv if argv is not None else sys.argv[1:])
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,93 @@
+"""What every launch through a torch elastic agent shares: ``torchrun`` (one agent, or several with
+``chaosbench.launchers.elastic``), ``torchrun-elastic``, ``nvrx`` (ft_launcher is torchrun's agent plus rank
+monitors) and ``torchft`` (one torchrun per replica group): the agent's command line and environment, the log
+lines that mean a detection, a restart or giving up, and when the agent can detect a fault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaosbench.frameworks.base import JobContext, LogPattern, Prediction, chain, pg_timeout
+
+# torch.distributed.elastic's fixed grace between SIGTERM and SIGKILL when it stops a worker group
+# (LocalElasticAgent shutdown_timeout / PContext.close timeout, torch 2.x).
+TORCHRUN_SHUTDOWN_GRACE_S = 30.0
+
+TORCHRUN_PATTERNS = [
+    # The agent's first reaction to a failed worker: it stops the rest of the group (a WARNING line, printed
+    # before the 30 s grace it gives the workers; the "failed (exitcode ...)" line comes after that grace).
+    LogPattern("detect", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", "agent"),
+    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent"),
+    LogPattern(
+        "restart",
+        r"Worker group FAILED\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
+        "agent",
+    ),
+    # Several agents: a node that (re)joins the rendezvous makes the running agents restart their workers too
+    # (not counted against --max-restarts, but a restart of the job all the same).
+    LogPattern(
+        "restart",
+        r"Detected (?P<waiting_nodes>\d+) new nodes from group_rank=(?P<group_rank>\d+); will restart worker group",
+        "agent",
+    ),
+    LogPattern("give_up", r"ChildFailedError", "agent"),
+]
+
+
+def predict_agent_detection(mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+    """A torch elastic agent (torchrun, its elastic form, ft_launcher's base): it notices a worker's exit within
+    its monitor interval; a hung worker only once its peers' collective times out (the process-group timeout),
+    and then it SIGTERMs the stopped worker, which cannot act on it, and waits its fixed grace before SIGKILL."""
+    monitor = ("monitor_interval_s", timeouts.get("monitor_interval_s"))
+    if mode == "crash":
+        return Prediction(*chain(monitor), note="the agent polls its workers' exits")
+    if mode != "hang":
+        return None
+    pg_name, pg = pg_timeout(timeouts)
+    bound, by = chain((pg_name, pg), monitor)
+    grace = timeouts.get("worker_shutdown_grace_s")
+    return Prediction(
+        bound, by, resume_floor_s=bound + float(grace or 0),
+        note="the peers' collective times out; the stopped worker ignores SIGTERM, so the agent waits "
+        f"worker_shutdown_grace_s={grace or 0:g} before SIGKILL",
+    )  # fmt: skip
+
+
+def pg_timeout_problems(timeouts: dict[str, Any]) -> list[str]:
+    """A hang detected only through the process-group timeout: say so when the script sets none."""
+    if timeouts.get("workload_pg_timeout_s") is None:
+        return ["the workload sets no process-group timeout: torch's default (1800 s for gloo, 600 s for NCCL) is "
+                "how long a hung rank goes unnoticed"]  # fmt: skip
+    return []
+
+
+def agent_argv(job: JobContext, launcher: list[str], nnodes: str, max_restarts: int, monitor_interval_s: float,
+               rendezvous: list[str], extra: list[str], rank_wrapper: list[str] | None = None,
+               nproc_per_node: int | None = None) -> list[str]:  # fmt: skip
+    """``python <launcher> --nnodes ... --no-python [rank_wrapper] <workload argv>``: ``launcher`` is e.g.
+    ``["-m", "torch.distributed.run"]``; ``rendezvous`` the endpoint arguments (``--rdzv-*`` or
+    ``--master-addr/--master-port``); ``extra`` the launcher's own options and the user's ``extra_args``;
+    ``nproc_per_node`` defaults to the job's ranks per node."""
+    python = job.workload_argv()[0]
+    return [
+        python, *launcher,
+        "--nnodes", nnodes,
+        "--nproc-per-node", str(nproc_per_node or job.ranks_per_node),
+        "--max-restarts", str(max_restarts),
+        "--monitor-interval", str(monitor_interval_s),
+        *rendezvous,
+        *extra,
+        "--no-python",
+        *(rank_wrapper or []),
+        *job.workload_argv(),
+    ]  # fmt: skip
+
+
+def agent_env(job: JobContext, node: str, log_level: str, share_rdzv_tcp_store: bool = True) -> dict[str, str]:
+    """The agent's environment: every rank's (the job's) plus its log level and the rendezvous store setting
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when not shared: pytorch#135712)."""
+    env = job.rank_env(0, node)
+    env["LOGLEVEL"] = log_level
+    if not share_rdzv_tcp_store:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env

@@ -1,0 +1,172 @@
+"""The ``none`` adapter: one process per rank, launched directly; a failed rank ends the job (no recovery: the
+baseline). Its supervision loop also serves ``restart`` (:mod:`chaosbench.frameworks.restart`), which adds a
+step watchdog and relaunches."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaosbench.frameworks.base import (
+    Framework,
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    Prediction,
+    RunControl,
+)
+from chaosbench.runtimes.base import ProcessSpec, ProcHandle
+from chaosbench.timeline import Event, now_ns
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name} ({rc})"
+        except ValueError:
+            return f"signal {-rc} ({rc})"
+    return f"code {rc}"
+
+
+def rank_processes(job: JobContext, incarnation: int, master_port: int) -> list[ProcessSpec]:
+    """One process per rank, with the torch.distributed env:// variables; ranks fill node0 first."""
+    argv = job.workload_argv()
+    procs = []
+    per_node = job.ranks_per_node
+    for rank in range(job.ranks):
+        node = job.node_name(rank // per_node)
+        env = job.rank_env(incarnation, node)
+        env.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank % per_node),
+                "WORLD_SIZE": str(job.ranks),
+                "LOCAL_WORLD_SIZE": str(per_node),
+                "GROUP_RANK": str(rank // per_node),
+                "MASTER_ADDR": job.runtime.master_addr,
+                "MASTER_PORT": str(master_port),
+            }
+        )
+        procs.append(
+            ProcessSpec(name=f"rank{rank}.i{incarnation}", argv=argv, env=env, role="rank", node=node,
+                        incarnation=incarnation)
+        )  # fmt: skip
+    return procs
+
+
+@dataclass
+class Failure:
+    """Why the watchdog considers the incarnation failed, and the rank it blames (None: no one in particular)."""
+
+    reason: str
+    rank: int | None
+
+
+class Watchdog(Protocol):
+    """A liveness watch fed from the timeline (subscribe it to the follower)."""
+
+    def __call__(self, ev: Event) -> None: ...
+    def reset(self, incarnation: int) -> None: ...
+    def check(self, ranks: int, launched_ns: int) -> Failure | None: ...
+
+
+class NoneOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kill_on_bad_exit: bool = Field(
+        default=True, description="when a rank fails, stop the others (as srun --kill-on-bad-exit does)"
+    )
+    monitor_interval_s: float = Field(default=0.05, gt=0)
+    teardown_grace_s: float = Field(default=5.0, ge=0)
+
+
+class NoneFramework(Framework):
+    """No recovery: the baseline. Launches the ranks and waits; a failed rank ends the job."""
+
+    name: ClassVar[str] = "none"
+    Options = NoneOptions  # type: ignore[assignment]
+    restarts_allowed: ClassVar[bool] = False
+
+    def plan(self, job: JobContext) -> LaunchPlan:
+        return LaunchPlan(
+            framework=self.label,
+            adapter=self.name,
+            processes=rank_processes(job, 0, job.runtime.free_port()),
+            timeouts=self.timeouts(job),
+            versions=self.versions(),
+            options=self.options.model_dump(),
+        )
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        o: Any = self.options
+        t = super().timeouts(job)
+        t.update({"monitor_interval_s": o.monitor_interval_s, "teardown_grace_s": o.teardown_grace_s})
+        return t
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        return Prediction(None, "", note="no detector: a failed rank ends the job, a hung one stalls it")
+
+    def _failure(self, handles: list[ProcHandle]) -> Failure | None:
+        """Why the current incarnation has failed, or None while it looks healthy."""
+        for h in handles:
+            rc = h.poll()
+            if rc is not None and rc != 0:
+                return Failure(f"{h.name} exited with {describe_exit(rc)}", int(h.spec.env["RANK"]))
+        return None
+
+    def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        o: Any = self.options
+        watchdog = self.watchdog()
+        if watchdog is not None:
+            control.follower.subscribe(watchdog)
+        incarnation, attempts = 0, 0
+        specs = plan.processes
+        while True:
+            if watchdog is not None:
+                watchdog.reset(incarnation)
+            launched_ns = now_ns()
+            handles = [control.runtime.start(s) for s in specs]
+            failure: Failure | None = None
+            while failure is None:
+                stop = control.stop_reason()
+                if stop:
+                    return JobResult(stop, f"harness stopped the run ({stop})")
+                if all(h.poll() == 0 for h in handles):
+                    return JobResult("completed")
+                failure = self._failure(handles)
+                if failure is None and watchdog is not None:
+                    failure = watchdog.check(job.ranks, launched_ns)
+                if failure is None:
+                    control.sleep(o.monitor_interval_s)
+            if not self.restarts_allowed:
+                if o.kill_on_bad_exit:
+                    control.runtime.terminate(handles, o.teardown_grace_s)
+                else:
+                    while not all(h.exited.is_set() for h in handles):
+                        if control.stop_reason():
+                            return JobResult(control.stop_reason() or "deadline", failure.reason)
+                        control.sleep(o.monitor_interval_s)
+                return JobResult("failed", failure.reason)
+            blame = {} if failure.rank is None else {"blame_rank": failure.rank}
+            control.timeline.emit("detect", src="framework", framework=self.label, reason=failure.reason, **blame)
+            control.runtime.terminate(handles, o.teardown_grace_s)
+            if attempts >= o.max_restarts:
+                control.timeline.emit(
+                    "give_up", src="framework", framework=self.label,
+                    reason=f"retry limit reached ({o.max_restarts} restarts): {failure.reason}",
+                )  # fmt: skip
+                return JobResult("gave_up", failure.reason)
+            attempts += 1
+            incarnation += 1
+            control.timeline.emit(
+                "restart", src="framework", framework=self.label, attempt=attempts, reason=failure.reason
+            )
+            if o.restart_delay_s:
+                control.sleep(o.restart_delay_s)
+            specs = rank_processes(job, incarnation, job.runtime.free_port())
+
+    def watchdog(self) -> Watchdog | None:
+        """What watches the ranks' liveness beyond their exits (``restart``: a step heartbeat); none here."""
+        return None
