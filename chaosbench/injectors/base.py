@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench.runtimes.base import Runtime
-from chaosbench.timeline import Event, TimelineWriter
+from chaosbench.runtimes.base import NodeControl, Runtime
+from chaosbench.timeline import Event, TimelineWriter, now_ns
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
@@ -33,6 +33,15 @@ def effect_of(delivered: list[int | None], what: str) -> dict[str, Any]:
     if not delivered or any(t is None for t in delivered):
         return {}
     return {"effect_t_ns": max(t for t in delivered if t is not None), "effect": f"{what} (runtime's stamp)"}
+
+
+def engine_effect(rt: NodeControl, containers: list[str], action: str, since_ns: int, what: str) -> dict[str, Any]:
+    """``effect_t_ns``/``effect`` of a node fault: the engine's own stamp of the last container's ``action`` (it
+    arrives on the runtime's event stream shortly after the call), else the moment the calls returned."""
+    stamps = [rt.engine_event_ns(c, action, since_ns) for c in containers]
+    if stamps and all(t is not None for t in stamps):
+        return {"effect_t_ns": max(t for t in stamps if t is not None), "effect": f"the engine's '{action}' event: {what}"}
+    return {"effect_t_ns": now_ns(), "effect": f"the engine call returned ({what}; no '{action}' event seen)"}
 
 
 @dataclass
@@ -63,6 +72,11 @@ class RunSetup:
     nodes: int
     target: Target | None = None
     env: dict[str, str] = field(default_factory=dict)
+
+    def planted_ranks(self) -> str:
+        """The target ranks as a workload's planted faults read them from the environment: ``all`` or ``0,2``."""
+        ranks = self.target_ranks()
+        return "all" if ranks is None else ",".join(str(r) for r in ranks)
 
     def target_ranks(self) -> list[int] | None:
         """Ranks named by the fault's target, resolved before launch (None: all ranks)."""
@@ -159,3 +173,12 @@ class Injector(ABC):
         (a FUSE mount, a cgroup named after a run id in ``run_ids``: the unfinished runs' ids -> their
         directories), and only that; one line per action. Default: nothing."""
         return []
+
+
+def target_nodes(ctx: FaultContext) -> list[str]:
+    """The distinct nodes of the fault's resolved targets, in order."""
+    out: list[str] = []
+    for t in ctx.targets:
+        if t.node not in out:
+            out.append(t.node)
+    return out

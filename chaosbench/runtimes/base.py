@@ -12,10 +12,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from chaosbench.errors import Unsupported
 from chaosbench.timeline import TimelineWriter
 
 
@@ -138,3 +139,25 @@ class Runtime(ABC):
         labels or names, never anything else); one line per action. The recorded processes themselves are ended
         by ``chaosbench cleanup`` from the timelines. Default: nothing."""
         return []
+
+
+@runtime_checkable
+class NodeControl(Protocol):
+    """A runtime whose nodes are machines of their own (containers: ``docker``): what node and network faults
+    need from it. Declared by implementing it; checked with ``isinstance`` (:func:`node_control`)."""
+
+    def node_names(self) -> list[str]: ...
+    def kill_node(self, name: str, sig: str = "SIGKILL", reason: str = "node-kill") -> str: ...
+    def pause_node(self, name: str) -> str: ...
+    def engine_event_ns(self, container: str, action: str, since_ns: int, timeout_s: float = 5.0) -> int | None: ...
+    def unpause_node(self, name: str) -> bool: ...
+    def set_node_cpus(self, name: str, cpus: float | None) -> float | None: ...
+    def node_state(self, name: str) -> str: ...
+    def node_pid(self, name: str) -> int: ...
+    def node_ip(self, name: str) -> str: ...
+
+
+def node_control(runtime: Runtime, fault: str) -> NodeControl:
+    if not isinstance(runtime, NodeControl):
+        raise Unsupported(f"{fault} needs a runtime whose nodes are containers (docker), not '{runtime.name}'")
+    return runtime

@@ -46,8 +46,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from chaosbench.planted import Planted
 from chaosbench.probe import Probe
+from chaosbench.workloads.planted import Planted
 
 #: Width of the synthetic input and of the regression target.
 IN_FEATURES = 64

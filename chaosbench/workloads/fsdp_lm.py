@@ -52,7 +52,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from chaosbench.planted import Planted
 from chaosbench.probe import Probe
 from chaosbench.workloads.ddp_mlp import (
     COMPLETE_MARKER,
@@ -61,6 +60,7 @@ from chaosbench.workloads.ddp_mlp import (
     mark_complete,
     mix_seed,
 )
+from chaosbench.workloads.planted import Planted
 
 __all__ = ["build_parser", "main", "params_digest", "ckpt_path", "find_latest_complete"]
 

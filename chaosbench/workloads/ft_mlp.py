@@ -64,10 +64,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from chaosbench.planted import Planted
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
 from chaosbench.procutil import start_ticks
 from chaosbench.workloads.base import RunPaths, Workload
+from chaosbench.workloads.planted import Planted
 
 ENV_GROUP = "REPLICA_GROUP_ID"
 ENV_GROUPS = "NUM_REPLICA_GROUPS"

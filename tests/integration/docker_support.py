@@ -13,16 +13,6 @@ import pytest
 
 from chaosbench.timeline import Event, read_events
 
-DOCKER_PLUGINS = {
-    "node-kill": "chaosbench.injectors.node:NodeKillInjector",
-    "node-pause": "chaosbench.injectors.node:NodePauseInjector",
-    "node-cpu": "chaosbench.injectors.node:NodeCpuInjector",
-    "net-delay": "chaosbench.injectors.network:NetDelayInjector",
-    "net-loss": "chaosbench.injectors.network:NetLossInjector",
-    "net-bandwidth": "chaosbench.injectors.network:NetBandwidthInjector",
-    "partition": "chaosbench.injectors.network:PartitionInjector",
-}
-
 
 def require_docker(tools: tuple[str, ...] = ()) -> None:
     """Module-level: skip when no Docker engine answers (or a host tool is missing); fail instead when
@@ -47,21 +37,16 @@ def require_docker(tools: tuple[str, ...] = ()) -> None:
 
 
 def register_plugins() -> None:
-    """Register the docker runtime (and test variants) and the node/network injectors if not built in."""
-    from chaosbench.registry import INJECTORS, RUNTIMES
+    """Register the test variants of the docker runtime (``docker-spare``: a hot spare replaces a lost node)."""
+    from chaosbench.registry import RUNTIMES
     from chaosbench.runtimes.docker import DockerRuntime
 
-    if "docker" not in RUNTIMES.names():
-        RUNTIMES.register("docker", "chaosbench.runtimes.docker:DockerRuntime")
     variants: dict[str, dict[str, Any]] = {
         "docker-spare": {"spare_nodes": 1, "lost_node": "spare"},
     }
     for name, opts in variants.items():
         if name not in RUNTIMES.names():
             RUNTIMES.register(name, type(name.replace("-", "_"), (DockerRuntime,), {"default_options": opts}))
-    for name, ref in DOCKER_PLUGINS.items():
-        if name not in INJECTORS.names():
-            INJECTORS.register(name, ref)
 
 
 def run_objects(run_dir: str | Path) -> list[str]:

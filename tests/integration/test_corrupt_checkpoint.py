@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup
-from chaosbench.injectors.corrupt import CorruptCheckpointInjector
+from chaosbench.injectors.corrupt_checkpoint import CorruptCheckpointInjector
 from chaosbench.metrics import RunMetrics
 from chaosbench.recovery_class import classify_checkpoint_outcome, corruption_fault
-from chaosbench.registry import INJECTORS
 from chaosbench.timeline import Event, read_events
 
 pytestmark = pytest.mark.integration
@@ -46,18 +45,12 @@ matrix: {{frameworks: [restart], faults: [torn, flip, cut], repeats: 1}}
 """
 
 
-def _register() -> None:
-    if "corrupt-checkpoint" not in INJECTORS.names():
-        INJECTORS.register("corrupt-checkpoint", CorruptCheckpointInjector)
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[RunMetrics, list[Event]]]:
     from chaosbench.results import collect
     from chaosbench.runner import Runner
     from tests.conftest import make_suite
 
-    _register()
     runner = Runner(make_suite(SUITE), tmp_path_factory.mktemp("corrupt"))
     for rec in runner.run():
         assert rec.leftovers == [], f"{rec.scenario.id}: processes left running: {rec.leftovers}"
@@ -196,7 +189,6 @@ def test_relaunch_on_a_missing_file_fails_naming_it(results, tmp_path: Path) -> 
 def test_workload_with_load_fallback_falls_back_past_a_truncated_shard(run_suite) -> None:
     """With ``load_fallback`` the workload rejects the damaged step-20 checkpoint, loads step 10 and ends
     exactly where the control ends."""
-    _register()
     res = run_suite(SUITE.replace("step_sleep_s: 0.05,", "step_sleep_s: 0.05, load_fallback: true,")
                     .replace("faults: [torn, flip, cut]", "faults: [cut]"))  # fmt: skip
     m = res["restart/cut#0"]

@@ -20,7 +20,7 @@ require_docker()
 from chaosbench import procutil  # noqa: E402
 from chaosbench.errors import ChaosbenchError  # noqa: E402
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
-from chaosbench.injectors.node import NodeCpuInjector  # noqa: E402
+from chaosbench.injectors.node_cpu import NodeCpuInjector  # noqa: E402
 from chaosbench.runtimes.base import ProcessSpec, RunInfo  # noqa: E402
 from chaosbench.runtimes.docker import DockerRuntime, remove_run_objects  # noqa: E402
 from chaosbench.timeline import TimelineWriter, read_events  # noqa: E402
@@ -216,7 +216,7 @@ def test_storage_faults_on_the_shared_volume(run_suite) -> None:
     """The earlier faults act on the run directory that every container mounts: a checkpoint torn while rank 1
     (in node1's container) writes it, a bit-flipped shard restored after a kill, and a slow FUSE-served
     checkpoint directory (mounted on the host before the containers start)."""
-    from chaosbench.injectors.stallfs import fuse_available
+    from chaosbench.injectors.stall_fs import fuse_available
 
     faults = ("{torn: {injector: corrupt-checkpoint, target: 1, params: {mode: torn-write, torn_at: shard-write}, "
               "trigger: {on_event: {kind: ckpt_save_begin, step: 20}}}, "

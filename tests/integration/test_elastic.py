@@ -11,21 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from chaosbench.registry import FRAMEWORKS, INJECTORS
 from chaosbench.timeline import Event, read_events
 from chaosbench.workloads import ddp_mlp
 
 pytestmark = pytest.mark.integration
 
 BATCH = 32
-
-
-@pytest.fixture(autouse=True)
-def _plugins() -> None:
-    if "torchrun-elastic" not in FRAMEWORKS.names():
-        FRAMEWORKS.register("torchrun-elastic", "chaosbench.frameworks.elastic:ElasticFramework")
-    if "local-node-kill" not in INJECTORS.names():
-        INJECTORS.register("local-node-kill", "chaosbench.injectors.localnode:LocalNodeKillInjector")
 
 
 def suite(steps: int, spares: int) -> str:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from chaosbench.registry import FRAMEWORKS
 from chaosbench.timeline import Event, read_events
 
 pytestmark = pytest.mark.integration
@@ -35,8 +34,6 @@ def _need_nvrx() -> None:
         if "nvrx" in os.environ.get("CHAOSBENCH_REQUIRE", ""):
             pytest.fail(f"nvidia-resiliency-ext required (CHAOSBENCH_REQUIRE) but not importable: {exc}")
         pytest.skip(f"nvidia-resiliency-ext not importable ({exc})")
-    if "nvrx" not in FRAMEWORKS.names():
-        FRAMEWORKS.register("nvrx", "chaosbench.frameworks.nvrx:NvrxFramework")
 
 
 def _events(m) -> list[Event]:

@@ -48,19 +48,6 @@ if _PROBLEM is not None:
     )
 
 
-def _register() -> None:
-    from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES
-
-    if "slurm" not in RUNTIMES.names():
-        RUNTIMES.register("slurm", "chaosbench.runtimes.slurm:SlurmRuntime")
-    if "slurm-requeue" not in FRAMEWORKS.names():
-        FRAMEWORKS.register("slurm-requeue", "chaosbench.frameworks.slurm_requeue:SlurmRequeueFramework")
-    if "slurm-node-down" not in INJECTORS.names():
-        INJECTORS.register("slurm-node-down", "chaosbench.injectors.slurm_node:SlurmNodeDownInjector")
-
-
-_register()
-
 WORKLOAD = (
     "{name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.02, "
     "pg_timeout_s: 5}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from chaosbench import procutil
-from chaosbench.injectors.stallfs import (
+from chaosbench.injectors.stall_fs import (
     FuseMount,
     StallFsInjector,
     StallFsParams,
@@ -188,7 +188,7 @@ def test_stop_is_idempotent_and_survives_a_dead_server(tmp_path: Path) -> None:
 HARNESS = """
 import sys, time
 from pathlib import Path
-from chaosbench.injectors.stallfs import FuseMount
+from chaosbench.injectors.stall_fs import FuseMount
 root = Path(sys.argv[1])
 m = FuseMount(root / "backing", root / "mnt", root / "state", root / "logs")
 m.start()
@@ -335,13 +335,8 @@ faults:
 matrix: {frameworks: [restart], faults: [freeze], repeats: 1}
 """
 
-# The CLI as `python -m chaosbench.cli`, with stall-fs registered in case the registry does not list it yet.
-CLI = (
-    "import sys; from chaosbench.registry import INJECTORS\n"
-    "if 'stall-fs' not in INJECTORS.names():\n"
-    "    INJECTORS.register('stall-fs', 'chaosbench.injectors.stallfs:StallFsInjector')\n"
-    "from chaosbench.cli import main; sys.exit(main(sys.argv[1:]))\n"
-)
+# The CLI as `python -m chaosbench.cli`.
+CLI = "import sys; from chaosbench.cli import main; sys.exit(main(sys.argv[1:]))\n"
 
 
 def test_sigint_while_frozen_unmounts_and_leaves_nothing(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
-from chaosbench import ckptformat as cf  # noqa: E402
+from chaosbench.injectors.corrupt_checkpoint import formats as cf  # noqa: E402
 
 
 def _state() -> dict:

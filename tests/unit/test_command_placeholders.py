@@ -18,7 +18,7 @@ from tests.conftest import ROOT, make_suite
 def _shim(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **env}
     full.pop("CHAOSBENCH_EVENTS", None)
-    return subprocess.run([sys.executable, "-m", "chaosbench.workloads.command_shim", *args], cwd=cwd, env=full,
+    return subprocess.run([sys.executable, "-m", "chaosbench.launchers.command", *args], cwd=cwd, env=full,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 

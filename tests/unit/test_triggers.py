@@ -11,7 +11,7 @@ import pytest
 
 from chaosbench.chaos import FaultController
 from chaosbench.injectors.base import RunSetup
-from chaosbench.injectors.signals import KillInjector, KillParams
+from chaosbench.injectors.kill import KillInjector, KillParams
 from chaosbench.runtimes.base import RunInfo
 from chaosbench.specs import FaultSpec
 from chaosbench.testing.fakes import RecordingRuntime

@@ -4,7 +4,7 @@ Modes (``params.mode``):
 
 - ``bitflip``: flip ``bits`` random bits inside the *tensor payload* bytes of each target rank's DCP shard
   (``__<rank>_<n>.distcp``), or of a torch.save file; never in zip headers or pickles (see
-  :mod:`chaosbench.ckptformat`). torch 2.13 checks no checksums on load, so this loads silently.
+  :mod:`chaosbench.injectors.corrupt_checkpoint.formats`). torch 2.13 checks no checksums on load, so this loads silently.
 - ``truncate``: cut each target rank's shard file to ``truncate_fraction`` of its size.
 - ``delete-shard``: remove each target rank's shard file (or the torch.save file).
 - ``delete-metadata`` / ``garble-metadata``: remove the DCP ``.metadata``, or overwrite it with random bytes of
@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaosbench import ckptformat as cf
 from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup, effect_of
+from chaosbench.injectors.corrupt_checkpoint import formats as cf
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger

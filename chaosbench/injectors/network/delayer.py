@@ -1,6 +1,6 @@
 """A userspace packet delayer on a netfilter queue (NFQUEUE): latency and jitter where the kernel has no netem.
 
-Run it inside a network namespace (``nsenter -t PID -n python -m chaosbench.netdelay --queue 7 --delay-ms
+Run it inside a network namespace (``nsenter -t PID -n python -m chaosbench.injectors.network.delayer --queue 7 --delay-ms
 50``) and send packets to it with ``iptables -A OUTPUT -o eth0 -j NFQUEUE --queue-num 7 --queue-bypass``.
 Every queued packet is accepted ``delay_ms`` (plus a uniform draw from ``[-jitter_ms, +jitter_ms]``,
 never below zero) after it arrived, like ``netem delay D J``; with jitter, packets can overtake each other,
@@ -212,7 +212,7 @@ def run(queue: int, delay_ms: float, jitter_ms: float, seed: int, parent_pid: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chaosbench.netdelay", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m chaosbench.injectors.network.delayer", description=__doc__.splitlines()[0])
     p.add_argument("--queue", type=int, required=True, help="netfilter queue number")
     p.add_argument("--delay-ms", type=float, required=True, help="added latency per packet (ms)")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="uniform +- jitter (ms)")

@@ -7,7 +7,7 @@ asked otherwise. How (``method``):
 
 - ``net-delay`` (``delay_ms``, ``jitter_ms``): ``tc qdisc add dev eth0 root netem delay D J`` where the kernel
   has sch_netem; else (``nfqueue``) an iptables ``NFQUEUE --queue-bypass`` rule hands the packets to
-  :mod:`chaosbench.netdelay`, a userspace delayer started in the node's namespace, which accepts each packet
+  :mod:`chaosbench.injectors.network.delayer`, a userspace delayer started in the node's namespace, which accepts each packet
   after ``D`` +- uniform ``J`` ms. An in-container TCP proxy would not do: gloo connects directly between ranks.
 - ``net-loss`` (``percent``): netem ``loss P%``; else (``iptables``) ``-m statistic --mode random --probability
   p -j DROP``.
@@ -37,8 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, MissingEngine
-from chaosbench.injectors.base import FaultContext, Injector, RunSetup
-from chaosbench.injectors.node import NodeControl, node_control, target_nodes
+from chaosbench.injectors.base import FaultContext, Injector, RunSetup, target_nodes
+from chaosbench.runtimes.base import NodeControl, node_control
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
@@ -150,7 +150,7 @@ class NetDelayParams(BaseModel):
 
 
 def _start_delayer(ctx: FaultContext, rt: NodeControl, node: str, queue: int, p: Any) -> dict[str, Any]:
-    cmd = ["nsenter", "-t", str(rt.node_pid(node)), "-n", sys.executable, "-m", "chaosbench.netdelay",
+    cmd = ["nsenter", "-t", str(rt.node_pid(node)), "-n", sys.executable, "-m", "chaosbench.injectors.network.delayer",
            "--queue", str(queue), "--delay-ms", str(p.delay_ms), "--jitter-ms", str(p.jitter_ms),
            "--seed", str(ctx.rng.randrange(2**31)), "--parent-pid", str(os.getpid())]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,

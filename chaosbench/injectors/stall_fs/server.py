@@ -2,7 +2,7 @@
 
 Run as its own process (one per mount)::
 
-    python -m chaosbench.fusefs --backing DIR --mountpoint DIR --control FILE [--foreground] [--owner-pid PID]
+    python -m chaosbench.injectors.stall_fs.server --backing DIR --mountpoint DIR --control FILE [--foreground] [--owner-pid PID]
 
 It serves ``--backing`` at ``--mountpoint`` and applies the faults described by the JSON control file, re-read
 whenever it is replaced or changes (polled every 50 ms)::
@@ -63,7 +63,7 @@ SUBTYPE = "chaosbench"
 _UTIME_NOW = (1 << 30) - 1
 _UTIME_OMIT = (1 << 30) - 2
 
-log = logging.getLogger("chaosbench.fusefs")
+log = logging.getLogger("chaosbench.stall_fs")
 
 
 def default_stats_path(control: str | os.PathLike[str]) -> Path:
@@ -538,7 +538,7 @@ def lazy_unmount(mountpoint: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m chaosbench.fusefs",
+        prog="python -m chaosbench.injectors.stall_fs.server",
         description="Passthrough FUSE filesystem with harness-controlled latency, freezes and errno faults.",
     )
     p.add_argument("--backing", required=True, help="directory whose contents are served")

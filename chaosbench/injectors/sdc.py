@@ -1,5 +1,5 @@
-"""Planted faults that fire from inside the workload: ``crash-loop`` (a deterministic bug) and ``sdc``
-(silent data corruption). See :mod:`chaosbench.planted` for the workload side."""
+"""``sdc``: silent data corruption planted in the workload: NaN, scaled values or a flipped exponent bit in one
+rank's gradients or parameters at step N. It fires from inside the workload (:mod:`chaosbench.workloads.planted`)."""
 
 from __future__ import annotations
 
@@ -8,38 +8,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
-
-
-def _ranks_env(setup: RunSetup) -> str:
-    ranks = setup.target_ranks()
-    return "all" if ranks is None else ",".join(str(r) for r in ranks)
-
-
-class CrashLoopParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    at_step: int = Field(ge=1, description="the workload raises when it reaches this step, in every incarnation")
-
-
-class CrashLoopInjector(Injector):
-    """A deterministic bug: the target ranks raise at ``at_step`` in every incarnation, so restarting cannot
-    help. Measured: restarts made, seconds burned, whether the framework stopped at its retry limit."""
-
-    name: ClassVar[str] = "crash-loop"
-    failure_mode = "crash"  # type: ignore[assignment]
-    summary: ClassVar[str] = "the workload raises at step N in every incarnation (a deterministic bug)"
-    Params = CrashLoopParams  # type: ignore[assignment]
-    needs_process: ClassVar[bool] = False
-    requires_trigger: ClassVar[bool] = False
-
-    def prepare(self, setup: RunSetup) -> None:
-        setup.env.update({
-            "CHAOSBENCH_FAULT": self.fault_name,
-            "CHAOSBENCH_CRASH_AT_STEP": str(self.params.at_step),  # type: ignore[attr-defined]
-            "CHAOSBENCH_CRASH_RANKS": _ranks_env(setup),
-        })  # fmt: skip
-
-    def inject(self, ctx: FaultContext) -> dict[str, Any]:  # pragma: no cover - fires inside the workload
-        return {}
 
 
 class SdcParams(BaseModel):
@@ -67,7 +35,7 @@ class SdcInjector(Injector):
         setup.env.update({
             "CHAOSBENCH_FAULT": self.fault_name,
             "CHAOSBENCH_SDC_STEP": str(p.at_step),
-            "CHAOSBENCH_SDC_RANKS": _ranks_env(setup),
+            "CHAOSBENCH_SDC_RANKS": setup.planted_ranks(),
             "CHAOSBENCH_SDC_KIND": p.kind,
             "CHAOSBENCH_SDC_WHERE": p.where,
             "CHAOSBENCH_SDC_SCALE": str(p.scale),

@@ -1,4 +1,4 @@
-"""Signal injectors: ``kill`` (a signal to ranks' processes) and ``hang`` (SIGSTOP, reverted by SIGCONT)."""
+"""``kill``: a signal (SIGKILL by default) to the target ranks' processes: a crashed rank."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector, effect_of
 
 
@@ -59,45 +58,3 @@ class KillInjector(Injector):
             delivered.append(ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks, t.node))
         name = signal.Signals(sig).name
         return {"signal": name, **effect_of(delivered, f"{name} delivered")}
-
-
-class HangParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    duration_s: float | None = Field(
-        default=None, gt=0, description="seconds until SIGCONT; null: stopped until the run ends"
-    )
-
-
-class HangInjector(Injector):
-    """Freezes each target rank's process with SIGSTOP (a hung rank); revert sends SIGCONT."""
-
-    name: ClassVar[str] = "hang"
-    summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
-    Params = HangParams  # type: ignore[assignment]
-    failure_mode = "hang"  # type: ignore[assignment]
-
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
-
-    def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        stopped = ctx.state.setdefault("stopped", [])
-        delivered: list[int | None] = []
-        for t in ctx.targets:
-            if t.pid is None:
-                raise ProcessLookupError(f"rank {t.rank} has no process")
-            delivered.append(ctx.runtime.signal_pid(t.pid, signal.SIGSTOP, t.pid_ticks, t.node))
-            stopped.append((t.pid, t.pid_ticks, t.node))
-        return {"duration_s": self.duration_s, **effect_of(delivered, "SIGSTOP delivered")}
-
-    def revert(self, ctx: FaultContext) -> bool:
-        undone = False
-        for pid, ticks, node in ctx.state.pop("stopped", []):
-            if not ctx.runtime.process_alive(pid, ticks, node):
-                continue
-            try:
-                ctx.runtime.signal_pid(pid, signal.SIGCONT, ticks, node)
-                undone = True
-            except (ProcessLookupError, ChaosbenchError):  # gone, or no longer ours: nothing to undo
-                pass
-        return undone

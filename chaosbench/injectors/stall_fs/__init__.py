@@ -1,7 +1,7 @@
 """``stall-fs``: the run's checkpoint directory served through a FUSE passthrough whose I/O the harness slows
 down, freezes or fails (EIO/ENOSPC with a probability) within a window.
 
-``prepare`` mounts :mod:`chaosbench.fusefs` over ``setup.ckpt_dir`` (files live in ``<run_dir>/ckpt-backing``)
+``prepare`` mounts :mod:`chaosbench.injectors.stall_fs.server` over ``setup.ckpt_dir`` (files live in ``<run_dir>/ckpt-backing``)
 with every fault off, so the whole run pays the same passthrough overhead and only the window differs.
 ``inject`` turns the configured faults on, ``revert`` turns them off; ``cleanup`` unmounts, stops the server
 and records its counters (calls per op, delays and errors injected, time frozen) as a ``log`` event, so a
@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, MissingEngine
-from chaosbench.fusefs import FS_OPS, default_stats_path, no_faults, write_json_atomic
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
+from chaosbench.injectors.stall_fs.server import FS_OPS, default_stats_path, no_faults, write_json_atomic
 from chaosbench.timeline import read_events
 
 MOUNTS_FILE = "mounts.json"
@@ -42,7 +42,7 @@ ACK_TIMEOUT_S = 2.0
 #: How long ``fusermount3 -u`` is retried on EBUSY before falling back to a lazy unmount.
 BUSY_RETRY_S = 2.0
 STOP_GRACE_S = 3.0
-FUSEFS_MODULE = "chaosbench.fusefs"
+FUSEFS_MODULE = "chaosbench.injectors.stall_fs.server"
 
 #: What a user's op name covers: fsync(2) on a directory reaches the filesystem as ``fsyncdir``.
 _OP_ALIASES: dict[str, tuple[str, ...]] = {"fsync": ("fsync", "fsyncdir")}
@@ -129,7 +129,7 @@ def _run_quiet(argv: list[str]) -> str:
 
 
 def is_our_fusefs(pid: int, mountpoint: str | None = None) -> bool:
-    """Whether ``pid`` runs ``python -m chaosbench.fusefs`` (serving ``mountpoint``, if given)."""
+    """Whether ``pid`` runs ``python -m chaosbench.injectors.stall_fs.server`` (serving ``mountpoint``, if given)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -252,7 +252,7 @@ def cleanup_stale_mounts(results_dir: str | os.PathLike[str]) -> list[dict[str, 
 
 # ------------------------------------------------------------------------------------------------ server
 class FuseMount:
-    """One :mod:`chaosbench.fusefs` server serving ``backing`` at ``mountpoint``, started in its own session.
+    """One :mod:`chaosbench.injectors.stall_fs.server` server serving ``backing`` at ``mountpoint``, started in its own session.
 
     :meth:`start` returns once the mount is up (or raises); :meth:`set_faults` writes the control file and
     waits for the server's acknowledgement; :meth:`stop` clears the faults, unmounts and stops the server
@@ -331,7 +331,7 @@ class FuseMount:
         return " | ".join(lines[-5:]) or "(no stderr)"
 
     def set_faults(self, faults: dict[str, Any], timeout_s: float = ACK_TIMEOUT_S) -> float | None:
-        """Write a control document (``faults`` as in :mod:`chaosbench.fusefs`, without ``generation``) and
+        """Write a control document (``faults`` as in :mod:`chaosbench.injectors.stall_fs.server`, without ``generation``) and
         wait until the server applied it. Returns the seconds that took, or None without an acknowledgement
         (a dead or stuck server)."""
         with self._lock:
