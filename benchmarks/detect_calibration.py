@@ -15,8 +15,8 @@ import statistics
 import tempfile
 import textwrap
 
+from chaosbench.analysis.results import collect
 from chaosbench.registry import FRAMEWORKS
-from chaosbench.results import collect
 from chaosbench.runner import Runner
 from chaosbench.specs import load_yaml_text, suite_from_data
 from chaosbench.testing.calibration import DelayedDetectFramework

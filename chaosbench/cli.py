@@ -86,9 +86,9 @@ def _print_outlook(outlook: list[dict[str, Any]], problems: dict[str, list[str]]
 
 def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], interrupted: bool) -> int:
     """CI outputs and the exit code: harness errors, then regressions, then SLO misses."""
-    from chaosbench.baseline import compare, load_rows, markdown
-    from chaosbench.results import collect
-    from chaosbench.slo import summary_markdown, write_junit
+    from chaosbench.analysis.baseline import compare, load_rows, markdown
+    from chaosbench.analysis.results import collect
+    from chaosbench.analysis.slo import summary_markdown, write_junit
 
     metrics = collect(suite_dir, write=False)
     errors = {str(r.run_dir): r.result.reason for r in records if r.result.status == "error"}
@@ -124,8 +124,8 @@ def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[A
 
 
 def _write_report(suite_dir: Path, title: str | None) -> dict[str, Path]:
-    from chaosbench.report import load_results, write_report
-    from chaosbench.results import collect
+    from chaosbench.analysis.results import collect, load_results
+    from chaosbench.report import write_report
 
     if not collect(suite_dir, write=True):
         return {}
@@ -175,7 +175,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from chaosbench.baseline import compare, load_rows, markdown
+    from chaosbench.analysis.baseline import compare, load_rows, markdown
 
     diffs = compare(load_rows(args.a), load_rows(args.b), by=args.by, threshold=args.threshold, alpha=args.alpha)
     if not diffs:
@@ -188,7 +188,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    from chaosbench.baseline import save_baseline
+    from chaosbench.analysis.baseline import save_baseline
 
     print(f"baseline saved: {save_baseline(args.dir, args.to)}")
     return EXIT_OK

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from chaosbench.metrics import RunMetrics, compute_metrics
-from chaosbench.slo import evaluate
+from chaosbench.analysis.metrics import RunMetrics, compute_metrics
+from chaosbench.analysis.slo import evaluate
 from chaosbench.specs import FaultSpec, Scenario, Suite
 from chaosbench.timeline import read_events
 

@@ -47,7 +47,7 @@ class _SuiteState:
         self.prepared = False
 
     def run(self, scenario: Any) -> Any:
-        from chaosbench.results import collect
+        from chaosbench.analysis.results import collect
 
         if not self.prepared:
             self.runner.prepare()
@@ -88,7 +88,7 @@ class BaselineItem(pytest.Item):
         self.state, self.baseline, self.threshold, self.alpha = state, baseline, threshold, alpha
 
     def runtest(self) -> None:
-        from chaosbench.baseline import compare, load_rows
+        from chaosbench.analysis.baseline import compare, load_rows
 
         diffs = compare(load_rows(self.baseline), load_rows(self.state.runner.suite_dir),
                         threshold=self.threshold, alpha=self.alpha)  # fmt: skip
@@ -133,7 +133,7 @@ def chaos_run(tmp_path: Path) -> Iterator[Callable[..., dict[str, Any]]]:
     def _run(suite: str | Path) -> dict[str, Any]:
         import textwrap
 
-        from chaosbench.results import collect
+        from chaosbench.analysis.results import collect
         from chaosbench.runner import Runner
         from chaosbench.specs import load_suite, load_yaml_text, suite_from_data
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.chaos import FaultController
 from chaosbench.errors import ChaosbenchError
 from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
 from chaosbench.injectors.base import Injector, RunSetup
-from chaosbench.metrics import RunMetrics
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 from chaosbench.runtimes.base import RunInfo, Runtime
 from chaosbench.specs import FaultSpec, Scenario, Suite
@@ -207,7 +207,7 @@ class Runner:
         )  # fmt: skip
 
     def run(self) -> list[RunRecord]:
-        from chaosbench.results import collect
+        from chaosbench.analysis.results import collect
 
         self.prepare()
         scenarios = self.suite.scenarios()
@@ -286,7 +286,7 @@ class Runner:
         finally:
             self._control = None
             # From here on every process exit, log line and reaction is caused by the harness, not by the fault:
-            # the metrics credit nothing after this event to the framework (see chaosbench.metrics).
+            # the metrics credit nothing after this event to the framework (see chaosbench.analysis.metrics).
             timeline.emit("teardown_begin", reason=_teardown_reason(result))
             for controller in controllers:
                 controller.close()

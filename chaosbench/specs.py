@@ -250,7 +250,7 @@ Slos = dict[str, Bound | bool | float | str]
 
 
 def _check_slo_names(v: dict[str, Any]) -> dict[str, Any]:
-    from chaosbench.metrics import RunMetrics
+    from chaosbench.analysis.metrics import RunMetrics
 
     known = set(RunMetrics.__dataclass_fields__) - {
         "missing", "versions", "timeouts", "timeout_problems", "run_dir", "suite", "scenario", "framework", "fault",
@@ -336,7 +336,7 @@ class Matrix(_Strict):
 
 class Projection(_Strict):
     """Fleet scale and assumptions of the report's goodput projection (job MTBF = node MTBF / nodes); see
-    :mod:`chaosbench.fleet` for what is measured and what is assumed."""
+    :mod:`chaosbench.analysis.fleet` for what is measured and what is assumed."""
 
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(default=8, ge=1)
@@ -345,7 +345,7 @@ class Projection(_Strict):
     trials: int = Field(default=200, ge=1)
     recovery_scale: float = Field(default=1.0, gt=0, description="multiply measured recovery (fleet restarts cost more)")
     checkpoint_cost_s: float | None = Field(
-        default=None, gt=0, description="the fleet's checkpoint cost (default: chaosbench.fleet.DEFAULT_CHECKPOINT_COST_S)"
+        default=None, gt=0, description="the fleet's checkpoint cost (default: chaosbench.analysis.fleet.DEFAULT_CHECKPOINT_COST_S)"
     )
     checkpoint_interval_s: float | None = Field(
         default=None, gt=0, description="the fleet's checkpoint interval (default: the Young/Daly optimum)"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chaosbench.fleet import (
+from chaosbench.analysis.fleet import (
     DEFAULT_CHECKPOINT_COST_S,
     DEFAULT_MANUAL_RECOVERY_S,
     LLAMA3,
@@ -22,9 +22,9 @@ from chaosbench.fleet import (
     costs_from_rows,
     project,
 )
+from chaosbench.analysis.stats import median_ci, wilson, young_daly_interval_s
 from chaosbench.report.document import Block, Cell, Heading, Image, Paragraph, Table
 from chaosbench.report.fmt import MISSING, parse_json_object
-from chaosbench.stats import median_ci, wilson, young_daly_interval_s
 
 STAGES = ("badput_detect_s", "badput_restart_init_s", "badput_restore_s", "badput_recompute_s")
 STAGE_LABELS = ("detect", "restart/init", "restore", "recompute")

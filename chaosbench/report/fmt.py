@@ -11,26 +11,11 @@ import json
 import math
 from typing import Any
 
+from chaosbench.analysis.results import is_missing
+
 #: What a table shows for a value that could not be measured.
 MISSING = "—"
 
-_MISSING_TEXT = {"", "nan", "none", "null", "nat", "<na>"}
-
-
-def is_missing(value: Any) -> bool:
-    """True for ``None``, NaN, ``pd.NA``/``NaT`` and empty or null-like strings."""
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return value.strip().lower() in _MISSING_TEXT
-    if isinstance(value, (list, tuple, dict, set)):
-        return False
-    try:
-        import pandas as pd
-
-        return bool(pd.isna(value))
-    except (TypeError, ValueError, ImportError):
-        return False
 
 
 def as_float(value: Any) -> float | None:

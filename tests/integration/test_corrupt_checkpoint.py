@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from chaosbench.analysis.checkpoint_outcome import classify_checkpoint_outcome, corruption_fault
+from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup
 from chaosbench.injectors.corrupt_checkpoint import CorruptCheckpointInjector
-from chaosbench.metrics import RunMetrics
-from chaosbench.recovery_class import classify_checkpoint_outcome, corruption_fault
 from chaosbench.timeline import Event, read_events
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ matrix: {{frameworks: [restart], faults: [torn, flip, cut], repeats: 1}}
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[RunMetrics, list[Event]]]:
-    from chaosbench.results import collect
+    from chaosbench.analysis.results import collect
     from chaosbench.runner import Runner
     from tests.conftest import make_suite
 

@@ -35,7 +35,7 @@ matrix:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from chaosbench.results import collect
+    from chaosbench.analysis.results import collect
     from chaosbench.runner import Runner
     from tests.conftest import make_suite
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from chaosbench.metrics import RunMetrics
-from chaosbench.results import collect
+from chaosbench.analysis.metrics import RunMetrics
+from chaosbench.analysis.results import collect
 from chaosbench.runner import Runner
 from chaosbench.specs import load_yaml_text, suite_from_data
 from chaosbench.timeline import Event, read_events

@@ -3,7 +3,7 @@ that started from someone else's state, when a fault took effect, and a final li
 
 from __future__ import annotations
 
-from chaosbench.metrics import compute_metrics
+from chaosbench.analysis.metrics import compute_metrics
 from tests.unit.test_metrics import TL, control_run, restart_run
 
 

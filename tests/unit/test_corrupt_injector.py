@@ -14,11 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
+from chaosbench.analysis.checkpoint_outcome import classify_checkpoint_outcome  # noqa: E402
 from chaosbench.errors import ChaosbenchError, SpecError  # noqa: E402
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
 from chaosbench.injectors.corrupt_checkpoint import CorruptCheckpointInjector  # noqa: E402
 from chaosbench.injectors.corrupt_checkpoint import formats as cf  # noqa: E402
-from chaosbench.recovery_class import classify_checkpoint_outcome  # noqa: E402
 from chaosbench.registry import INJECTORS  # noqa: E402
 from chaosbench.timeline import Event  # noqa: E402
 from tests.conftest import make_suite  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaosbench.metrics import compute_metrics
+from chaosbench.analysis.metrics import compute_metrics
 from chaosbench.timeline import Event
 
 S = 1_000_000_000

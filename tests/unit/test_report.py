@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from chaosbench.report import load_results, write_report, write_results
-from chaosbench.report.fmt import MISSING, as_bool, fmt_percent, fmt_seconds, is_missing
+from chaosbench.analysis.results import is_missing, load_results, write_results
+from chaosbench.report import write_report
+from chaosbench.report.fmt import MISSING, as_bool, fmt_percent, fmt_seconds
 from chaosbench.timeline import TimelineWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

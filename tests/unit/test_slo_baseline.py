@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from chaosbench.baseline import compare, markdown
-from chaosbench.metrics import RunMetrics
-from chaosbench.slo import evaluate, summary_markdown, write_junit
+from chaosbench.analysis.baseline import compare, markdown
+from chaosbench.analysis.metrics import RunMetrics
+from chaosbench.analysis.slo import evaluate, summary_markdown, write_junit
 
 
 def run(**kw) -> RunMetrics:

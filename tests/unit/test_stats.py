@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from chaosbench.fleet import (
+from chaosbench.analysis.fleet import (
     DEFAULT_CHECKPOINT_COST_S,
     DEFAULT_MANUAL_RECOVERY_S,
     LLAMA3,
@@ -22,7 +22,7 @@ from chaosbench.fleet import (
     project,
     simulate,
 )
-from chaosbench.stats import mann_whitney, median_ci, wilson, young_daly_interval_s
+from chaosbench.analysis.stats import mann_whitney, median_ci, wilson, young_daly_interval_s
 
 
 def test_median_ci_brackets_the_median_and_is_seeded() -> None:

@@ -19,7 +19,7 @@ that a checkpoint written after step ``K`` is complete only some time after the 
 
 Corruption on its own restarts nothing; ``kill_after: true`` SIGKILLs the target ranks right after the damage,
 so the framework must restore, and the run shows what it does with a damaged checkpoint (see
-:func:`chaosbench.recovery_class.classify_checkpoint_outcome`).
+:func:`chaosbench.analysis.checkpoint_outcome.classify_checkpoint_outcome`).
 
 Corruption is permanent damage by design: it is never reverted (``revert`` returns False), as on a real
 disk. Everything the injector changed is in the ``fault_inject`` event's details.

@@ -1,6 +1,6 @@
 """Service-level objectives on run metrics, and the CI outputs built on them (JUnit XML, Markdown summary).
 
-An SLO names a metric of :class:`~chaosbench.metrics.RunMetrics` and either a bound (``{max: 30}``,
+An SLO names a metric of :class:`~chaosbench.analysis.metrics.RunMetrics` and either a bound (``{max: 30}``,
 ``{min: 0.5}``) or a value it must equal (``fidelity: exact``, ``detected: true``). SLOs apply to fault runs;
 controls are checked only for having completed. A metric that could not be measured fails its SLO, with the
 reason it is missing.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from chaosbench.metrics import RunMetrics
+from chaosbench.analysis.metrics import RunMetrics
 
 
 @dataclass

@@ -103,7 +103,7 @@ Attribution, truth and detection quality:
   agent, a replica group's launcher, the scheduler); ``restart_count`` is what the ranks' incarnations show. A
   difference is named in the verdict.
 - ``fault_class``: the fleet fault class of the first fault (``crash``, ``node``, ``hang``, ``sdc``; see
-  :data:`chaosbench.fleet.FAULT_CLASSES`), for the fleet projection. ``rollback``: the recovery restarted from
+  :data:`chaosbench.analysis.fleet.FAULT_CLASSES`), for the fleet projection. ``rollback``: the recovery restarted from
   a checkpoint (False: per-step commit, or recovered in place).
 - ``predicted_detect_s`` / ``predicted_by``: when the timeouts in force let the framework detect this fault
   (``detection_prediction`` event written before the run by the framework adapter: the deciding timeout plus the
@@ -118,8 +118,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaosbench.fleet import fault_class
-from chaosbench.recovery_class import classify_checkpoint_outcome
+from chaosbench.analysis.checkpoint_outcome import classify_checkpoint_outcome
+from chaosbench.analysis.fleet import fault_class
 from chaosbench.timeline import Event
 from chaosbench.timeline.clocks import offset_bound_s
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaosbench.analysis.stats import mann_whitney
 from chaosbench.errors import ChaosbenchError
-from chaosbench.stats import mann_whitney
 
 LOWER_IS_BETTER = (
     "time_to_detect_s", "time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s", "extra_wall_s",
@@ -56,7 +56,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a result set: a suite directory (results.parquet/.csv) or a results CSV file (a baseline)."""
     p = Path(path)
     if p.is_dir():
-        from chaosbench.report import load_results
+        from chaosbench.analysis.results import load_results
 
         df = load_results(p)
     elif p.is_file():

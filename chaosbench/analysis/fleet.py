@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaosbench.stats import young_daly_interval_s
+from chaosbench.analysis.stats import young_daly_interval_s
 
 DAY_S = 86_400.0
 

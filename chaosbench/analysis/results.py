@@ -1,0 +1,192 @@
+"""From run directories to the results table, recomputable at any time from the timelines alone, and the table
+on disk: ``results.parquet`` (typed) and ``results.csv`` (for people and tools), one row per run, the columns the
+report reads (any may be missing). pandas and pyarrow are imported inside the functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chaosbench.analysis.metrics import RunMetrics, compute_metrics
+from chaosbench.analysis.slo import evaluate
+from chaosbench.errors import ChaosbenchError
+from chaosbench.timeline import read_events
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_MISSING_TEXT = {"", "nan", "none", "null", "nat", "<na>"}
+
+
+def is_missing(value: Any) -> bool:
+    """True for ``None``, NaN, ``pd.NA``/``NaT`` and empty or null-like strings."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() in _MISSING_TEXT
+    if isinstance(value, (list, tuple, dict, set)):
+        return False
+    try:
+        import pandas as pd
+
+        return bool(pd.isna(value))
+    except (TypeError, ValueError, ImportError):
+        return False
+
+
+def find_runs(suite_dir: Path) -> list[Path]:
+    """Run directories below a suite directory (those with a config.json), in a stable order."""
+    return sorted(p.parent for p in Path(suite_dir).glob("*/*/config.json"))
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "config.json").read_text())
+
+
+def collect(suite_dir: Path, write: bool = True) -> list[RunMetrics]:
+    """Compute metrics of every run (each fault run against its framework's control) and, with ``write``,
+    store ``metrics.json`` per run and ``results.csv``/``results.parquet`` for the suite."""
+    runs = find_runs(suite_dir)
+    configs = {r: _config(r) for r in runs}
+    controls: dict[str, Path] = {}
+    for r, cfg in configs.items():
+        sc = cfg["scenario"]
+        if sc.get("control"):
+            controls[sc["framework"]] = r
+    cache: dict[Path, list[Any]] = {}
+
+    def events(r: Path) -> list[Any]:
+        if r not in cache:
+            cache[r] = read_events(r / "events.jsonl")
+        return cache[r]
+
+    out = []
+    for r, cfg in configs.items():
+        sc = cfg["scenario"]
+        ctl = controls.get(sc["framework"])
+        m = compute_metrics(
+            events(r),
+            control=events(ctl) if ctl is not None and ctl != r else None,
+            total_steps=cfg.get("total_steps"),
+        )
+        m.run_dir = str(r)
+        m.suite, m.scenario, m.framework = sc["suite"], sc["scenario"], sc["framework"]
+        m.fault, m.repeat, m.control = sc["fault"], sc["repeat"], sc["control"]
+        checks = evaluate(m, sc.get("slos") or {})
+        m.slo_ok = all(c.ok for c in checks) if checks else None
+        m.slo_failures = [c.describe() for c in checks if not c.ok]
+        if write:
+            (r / "metrics.json").write_text(json.dumps(m.to_dict(), indent=2, default=str))
+        out.append(m)
+    if write and out:
+        write_table(Path(suite_dir), out)
+    return out
+
+
+def to_frame(metrics: list[RunMetrics]) -> Any:
+    import pandas as pd
+
+    rows = []
+    for m in metrics:
+        d = m.to_dict()
+        for k in ("missing", "versions", "timeouts", "slo_failures", "timeout_problems"):
+            d[k] = json.dumps(d[k], sort_keys=True, default=str)
+        rows.append(d)
+    return pd.DataFrame(rows)
+
+
+def write_table(suite_dir: Path, metrics: list[RunMetrics]) -> None:
+    write_results(suite_dir, to_frame(metrics))
+
+
+# ------------------------------------------------------------------------------------------- the table on disk
+RESULTS_PARQUET = "results.parquet"
+RESULTS_CSV = "results.csv"
+
+
+def load_results(suite_dir: str | Path) -> pd.DataFrame:
+    """Read ``results.parquet`` from ``suite_dir``, or ``results.csv`` when there is no parquet file.
+
+    Raises :class:`~chaosbench.errors.ChaosbenchError` when neither exists.
+    """
+    import pandas as pd
+
+    suite_dir = Path(suite_dir)
+    parquet = suite_dir / RESULTS_PARQUET
+    csv = suite_dir / RESULTS_CSV
+    if parquet.exists():
+        return pd.read_parquet(parquet)
+    if csv.exists():
+        return pd.read_csv(csv)
+    raise ChaosbenchError(f"no {RESULTS_PARQUET} or {RESULTS_CSV} in {suite_dir}")
+
+
+def _kind(value: Any) -> str:
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "int"
+    if isinstance(value, (float, np.floating)):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return type(value).__name__
+
+
+def _to_text(value: Any) -> Any:
+    if is_missing(value):
+        return None
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=str, sort_keys=True)
+    return str(value)
+
+
+def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` that pyarrow can always write.
+
+    Object columns whose values are of mixed types (``1`` and ``"x"``), or hold dicts/lists, or that pyarrow
+    rejects for any other reason, become text columns (dicts and lists as JSON); missing values stay ``None``.
+    """
+    import pyarrow as pa
+
+    out = df.reset_index(drop=True).copy()
+    out.columns = [str(c) for c in out.columns]
+    for col in out.columns:
+        series = out[col]
+        if series.dtype != object:
+            continue
+        present = [v for v in series if not is_missing(v)]
+        kinds = {_kind(v) for v in present}
+        convert = len(kinds) > 1 or bool(kinds - {"bool", "int", "float", "str"})
+        if not convert:
+            try:
+                pa.array(series, from_pandas=True)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                convert = True
+        if convert:
+            out[col] = series.map(_to_text).astype(object)
+    return out
+
+
+def write_results(suite_dir: str | Path, df: pd.DataFrame) -> dict[str, Path]:
+    """Write ``results.csv`` and ``results.parquet`` into ``suite_dir``; return ``{"csv": …, "parquet": …}``."""
+    import pyarrow as pa
+
+    suite_dir = Path(suite_dir)
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    safe = parquet_safe(df)
+    csv = suite_dir / RESULTS_CSV
+    parquet = suite_dir / RESULTS_PARQUET
+    safe.to_csv(csv, index=False)
+    try:
+        safe.to_parquet(parquet, index=False, engine="pyarrow")
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        # Last resort, so the table is never lost: every object column as text.
+        for col in safe.columns:
+            if safe[col].dtype == object:
+                safe[col] = safe[col].map(_to_text).astype(object)
+        safe.to_parquet(parquet, index=False, engine="pyarrow")
+    return {"csv": csv, "parquet": parquet}
