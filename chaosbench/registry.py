@@ -117,9 +117,9 @@ WORKLOADS: Registry[Any] = Registry(
     "workload",
     "chaosbench.workloads",
     {
-        "ddp-mlp": "chaosbench.workloads.builtin:DdpMlpWorkload",
+        "ddp-mlp": "chaosbench.workloads.ddp_mlp:DdpMlpWorkload",
         "ft-mlp": "chaosbench.workloads.ft_mlp:FtMlpWorkload",
-        "fsdp-lm": "chaosbench.workloads.builtin:FsdpLmWorkload",
-        "command": "chaosbench.workloads.builtin:CommandWorkload",
+        "fsdp-lm": "chaosbench.workloads.fsdp_lm:FsdpLmWorkload",
+        "command": "chaosbench.workloads.command:CommandWorkload",
     },
 )

@@ -269,9 +269,7 @@ class Runner:
             )  # fmt: skip
             for rec in detection_outlook(sc, framework, plan.timeouts):
                 timeline.emit("detection_prediction", **rec)
-            provision = getattr(runtime, "provision", None)
-            if provision is not None:  # container nodes: started now (after the faults' prepare), all at once
-                provision(sc.workload.nodes)
+            runtime.provision(sc.workload.nodes)  # container nodes: now, after the faults' prepare, all at once
             for controller in controllers:
                 follower.subscribe(controller)
             control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
@@ -297,9 +295,8 @@ class Runner:
                 except Exception as exc:  # noqa: BLE001 - recorded; the harness goes on
                     timeline.emit("fault_revert", src="injector", fault=injector.fault_name, reason="cleanup",
                                   error=f"{type(exc).__name__}: {exc}")  # fmt: skip
-            if hasattr(runtime, "leftovers"):
-                leftovers = runtime.leftovers()
-            objects: list[str] = runtime.leftover_objects() if hasattr(runtime, "leftover_objects") else []
+            leftovers = runtime.leftovers()
+            objects = runtime.leftover_objects()
             timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers,
                           leftover_objects=objects)  # fmt: skip
             follower.stop()

@@ -202,13 +202,13 @@ class TorchftFramework(Framework):
     Options = TorchftOptions  # type: ignore[assignment]
 
     def groups(self, job: JobContext) -> int:
-        if not hasattr(job.workload, "replica_groups") and job.workload.name != "command":
+        declared = job.workload.replica_groups()
+        if declared is None and job.workload.name != "command":
             raise Unsupported(
                 f"torchft adapter: workload '{job.workload.name}' does not train through torchft's Manager "
                 "(use ft-mlp, or a command workload whose script does)"
             )
-        fn = getattr(job.workload, "replica_groups", None)
-        groups = int(fn()) if callable(fn) else job.nodes
+        groups = declared or job.nodes
         if job.ranks % groups:
             raise ChaosbenchError(f"torchft: ranks ({job.ranks}) must be a multiple of replica groups ({groups})")
         return groups

@@ -23,20 +23,14 @@ from pydantic import BaseModel, ConfigDict
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
-from chaosbench.runtimes.base import ProcHandle, Runtime
+from chaosbench.runtimes.base import NodeProcesses, ProcHandle, Runtime
 
 
 def node_handles(runtime: Runtime, node: str) -> list[ProcHandle]:
     """Live processes the runtime started on ``node`` (the local runtime's own records)."""
-    fn = getattr(runtime, "node_handles", None)
-    if callable(fn):
-        return list(fn(node))
-    handles = getattr(runtime, "_handles", None)
-    lock = getattr(runtime, "_lock", None)
-    if handles is None or lock is None:
+    if not isinstance(runtime, NodeProcesses):
         raise Unsupported(f"local-node-kill cannot list the processes of runtime '{runtime.name}'")
-    with lock:
-        return [h for h in handles if h.spec.node == node and not h.exited.is_set()]
+    return runtime.node_handles(node)
 
 
 def kill_local_node(runtime: Runtime, node: str) -> list[int]:

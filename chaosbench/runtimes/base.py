@@ -132,6 +132,18 @@ class Runtime(ABC):
     def describe(self) -> dict[str, Any]:
         return {"runtime": self.name}
 
+    def provision(self, nodes: int | None = None) -> None:  # noqa: B027 - optional hook
+        """Bring up the run's nodes before anything is launched (containers, all at once, after the faults'
+        ``prepare``). Default: nothing (the local runtime's nodes are labels)."""
+
+    def leftovers(self) -> list[int]:
+        """Pids of this run's processes still alive (after ``cleanup``: none should be)."""
+        return []
+
+    def leftover_objects(self) -> list[str]:
+        """Other objects of this run that still exist (containers, networks, jobs)."""
+        return []
+
     @classmethod
     def cleanup_crashed(cls, results_dir: Path) -> list[str]:
         """``chaosbench cleanup``: remove what this runtime created outside the harness's own process tree for
@@ -139,6 +151,14 @@ class Runtime(ABC):
         labels or names, never anything else); one line per action. The recorded processes themselves are ended
         by ``chaosbench cleanup`` from the timelines. Default: nothing."""
         return []
+
+
+@runtime_checkable
+class NodeProcesses(Protocol):
+    """A runtime whose nodes are labels on processes of this host (``local``): it lists a node's processes, so a
+    lost node can be emulated by ending all of them (``local-node-kill``)."""
+
+    def node_handles(self, node: str) -> list[ProcHandle]: ...
 
 
 @runtime_checkable
@@ -155,6 +175,7 @@ class NodeControl(Protocol):
     def node_state(self, name: str) -> str: ...
     def node_pid(self, name: str) -> int: ...
     def node_ip(self, name: str) -> str: ...
+    def node_iface(self, name: str) -> str: ...
 
 
 def node_control(runtime: Runtime, fault: str) -> NodeControl:

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
+from chaosbench.runtimes.process import ProcessTrees
 from chaosbench.timeline import now_ns
 from chaosbench.timeline.reader import crashed_run_ids
 
@@ -218,7 +219,7 @@ class DockerRuntime(Runtime):
         self._all_containers: dict[str, Any] = {}  # id -> container, everything this run created
         self._handles: list[ExecHandle] = []
         self._threads: list[threading.Thread] = []
-        self._known: dict[int, int | None] = {}
+        self._trees = ProcessTrees()
         self._lock = threading.RLock()  # short critical sections only: never held across engine calls
         self._provision_lock = threading.Lock()
         self._port = FIRST_PORT
@@ -661,8 +662,7 @@ class DockerRuntime(Runtime):
         handle.container_pid = ns[-1] if ns else None
         handle.runs += 1
         if pid:
-            with self._lock:
-                self._known[pid] = handle.ticks
+            self._trees.add(pid, handle.ticks)
         self.run.timeline.emit(
             "proc_start", proc=spec.name, pid=pid, pid_ticks=handle.ticks, role=spec.role, node=spec.node,
             incarnation=spec.incarnation, container=node.container.name, container_pid=handle.container_pid,
@@ -803,39 +803,13 @@ class DockerRuntime(Runtime):
         return host is not None and procutil.alive(host, ticks)
 
     # ------------------------------------------------------------------ teardown
-    def _tree(self, handles: list[ExecHandle]) -> dict[int, int | None]:
-        cmap = procutil.children_map()
-        tree: dict[int, int | None] = {}
-        for h in handles:
-            if h.pid and not h.exited.is_set() and procutil.alive(h.pid, h.ticks):
-                tree[h.pid] = h.ticks
-                for d in procutil.descendants(h.pid, cmap):
-                    tree[d] = procutil.start_ticks(d)
-        with self._lock:
-            self._known.update(tree)
-        return tree
-
     @staticmethod
-    def _send(tree: dict[int, int | None], sig: int) -> None:
-        for pid, ticks in tree.items():
-            if procutil.alive(pid, ticks):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+    def _roots(handles: list[ExecHandle]) -> list[tuple[int, int | None]]:
+        return [(h.pid, h.ticks) for h in handles if h.pid and not h.exited.is_set()]
 
     def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
         ours = [h for h in handles if isinstance(h, ExecHandle)]
-        tree = self._tree(ours)
-        if tree:
-            self._send(tree, signal.SIGTERM)
-            self._send(tree, signal.SIGCONT)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                tree.update(self._tree(ours))
-                if not any(procutil.alive(p, t) for p, t in tree.items()):
-                    break
-                time.sleep(0.02)
-            tree.update(self._tree(ours))
-            self._send(tree, signal.SIGKILL)
+        self._trees.terminate(lambda: self._roots(ours), grace_s)
         for h in ours:
             # A process on a paused node dies only once the node is unpaused: do not wait for it here.
             if self._provisioned and self._paused_container(h.container_id):
@@ -855,9 +829,7 @@ class DockerRuntime(Runtime):
             handles: list[ProcHandle] = list(self._handles)
         self._closing.set()
         self.terminate(handles, grace_s)
-        with self._lock:
-            known = dict(self._known)
-        self._send(known, signal.SIGKILL)
+        self._trees.kill_known()
         if self._client is not None:
             self._remove_all()
         for h in handles:
@@ -895,10 +867,8 @@ class DockerRuntime(Runtime):
     def leftovers(self) -> list[int]:
         """Host pids of this run's processes still alive (containers removed: none can be)."""
         with self._lock:
-            handles = list(self._handles)
-            known = dict(self._known)
-        known.update(self._tree(handles))
-        return [p for p, t in known.items() if procutil.alive(p, t)]
+            handles = [h for h in self._handles if isinstance(h, ExecHandle)]
+        return self._trees.alive(self._roots(handles))
 
     def leftover_objects(self) -> list[str]:
         """Containers and networks labelled with this run's id that still exist."""

@@ -9,13 +9,13 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
-from typing import IO, ClassVar
+from typing import ClassVar
 
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
+from chaosbench.runtimes.process import ProcessTrees, start_pumps
 from chaosbench.timeline import now_ns
 
 _PR_SET_PDEATHSIG = 1
@@ -39,7 +39,7 @@ class LocalRuntime(Runtime):
         super().__init__(*args, **kwargs)
         self._handles: list[ProcHandle] = []
         self._threads: list[threading.Thread] = []
-        self._known: dict[int, int | None] = {}  # every pid we saw in our trees -> its start ticks
+        self._trees = ProcessTrees()
         self._lock = threading.Lock()
         self.logs_dir = Path(self.run.run_dir) / "logs"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ class LocalRuntime(Runtime):
         handle = ProcHandle(spec, popen.pid, procutil.start_ticks(popen.pid))
         with self._lock:
             self._handles.append(handle)
-            self._known[handle.pid] = handle.ticks
+        self._trees.add(handle.pid, handle.ticks)
         self.run.timeline.emit(
             "proc_start",
             proc=spec.name,
@@ -80,31 +80,11 @@ class LocalRuntime(Runtime):
             node=spec.node,
             incarnation=spec.incarnation,
         )
-        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
-            assert pipe is not None
-            path = self.logs_dir / f"{spec.name}.{'out' if stream == 'stdout' else 'err'}"
-            t = threading.Thread(
-                target=self._pump, args=(handle, stream, pipe, path, on_line), daemon=True, name=f"pump-{spec.name}"
-            )
-            t.start()
-            self._threads.append(t)
+        self._threads += start_pumps(handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line)
         w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
         w.start()
         self._threads.append(w)
         return handle
-
-    def _pump(
-        self, handle: ProcHandle, stream: str, pipe: IO[bytes], path: Path, on_line: LineCallback | None
-    ) -> None:
-        with path.open("ab") as out:
-            for raw in iter(pipe.readline, b""):
-                t = now_ns()
-                out.write(raw)
-                out.flush()
-                if on_line is not None:
-                    with contextlib.suppress(Exception):
-                        on_line(handle, stream, raw.decode(errors="replace").rstrip("\n"), t)
-        pipe.close()
 
     def _wait(self, handle: ProcHandle, popen: subprocess.Popen[bytes]) -> None:
         rc = popen.wait()
@@ -137,38 +117,11 @@ class LocalRuntime(Runtime):
         os.kill(pid, sig)
         return now_ns()  # kill(2) has queued the signal; SIGKILL/SIGSTOP act before the target runs again
 
-    def _tree(self, handles: list[ProcHandle]) -> dict[int, int | None]:
-        cmap = procutil.children_map()
-        tree: dict[int, int | None] = {}
-        for h in handles:
-            if not h.exited.is_set():
-                tree[h.pid] = h.ticks
-            for d in procutil.descendants(h.pid, cmap):
-                tree[d] = procutil.start_ticks(d)
-        with self._lock:
-            self._known.update(tree)
-        return tree
-
-    @staticmethod
-    def _send(tree: dict[int, int | None], sig: int) -> None:
-        for pid, ticks in tree.items():
-            if procutil.alive(pid, ticks):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+    def _roots(self, handles: list[ProcHandle]) -> list[tuple[int, int | None]]:
+        return [(h.pid, h.ticks) for h in handles if not h.exited.is_set()]
 
     def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
-        tree = self._tree(handles)
-        if tree:
-            self._send(tree, signal.SIGTERM)
-            self._send(tree, signal.SIGCONT)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                tree.update(self._tree(handles))  # children forked during shutdown
-                if not any(procutil.alive(p, t) for p, t in tree.items()):
-                    break
-                time.sleep(0.02)
-            tree.update(self._tree(handles))
-            self._send(tree, signal.SIGKILL)
+        self._trees.terminate(lambda: self._roots(handles), grace_s)
         for h in handles:
             h.exited.wait(timeout=10)
 
@@ -176,9 +129,7 @@ class LocalRuntime(Runtime):
         with self._lock:
             handles = list(self._handles)
         self.terminate(handles, grace_s)
-        with self._lock:
-            known = dict(self._known)
-        self._send(known, signal.SIGKILL)  # orphans that outlived their parents
+        self._trees.kill_known()  # orphans that outlived their parents
         for t in self._threads:
             t.join(timeout=5)
 
@@ -191,6 +142,4 @@ class LocalRuntime(Runtime):
         """Pids of processes of this run that are still alive (for tests and the cleanup check)."""
         with self._lock:
             handles = list(self._handles)
-            known = dict(self._known)
-        known.update(self._tree(handles))
-        return [p for p, t in known.items() if procutil.alive(p, t)]
+        return self._trees.alive(self._roots(handles))

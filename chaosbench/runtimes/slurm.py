@@ -64,12 +64,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
+from chaosbench.runtimes.process import start_pumps
 from chaosbench.timeline import clocks, now_ns
 from chaosbench.timeline.reader import crashed_run_ids
 
@@ -652,34 +653,11 @@ class SlurmRuntime(Runtime):
             job_name=job_name,
         )
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
-            assert pipe is not None
-            path = self.logs_dir / f"{spec.name}.{'out' if stream == 'stdout' else 'err'}"
-            t = threading.Thread(
-                target=self._pump,
-                args=(handle, stream, pipe, path, on_line),
-                daemon=True,
-                name=f"pump-{spec.name}",
-            )
-            t.start()
-            self._threads.append(t)
+        self._threads += start_pumps(handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line)
         w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
         w.start()
         self._threads.append(w)
         return handle
-
-    def _pump(
-        self, handle: ProcHandle, stream: str, pipe: IO[bytes], path: Path, on_line: LineCallback | None
-    ) -> None:
-        with path.open("ab") as out:
-            for raw in iter(pipe.readline, b""):
-                t = now_ns()
-                out.write(raw)
-                out.flush()
-                if on_line is not None:
-                    with contextlib.suppress(Exception):
-                        on_line(handle, stream, raw.decode(errors="replace").rstrip("\n"), t)
-        pipe.close()
 
     def _wait(self, handle: SlurmHandle, popen: subprocess.Popen[bytes]) -> None:
         srun_rc = rc = popen.wait()

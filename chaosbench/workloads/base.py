@@ -51,6 +51,32 @@ class Workload(ABC):
         """The process-group timeout the workload sets, when known (a detection knob)."""
         return None
 
+    def replica_groups(self) -> int | None:
+        """Replica groups of a workload that trains through TorchFT's Manager; None: it does not."""
+        return None
+
     @property
     def total_steps(self) -> int | None:
         return None
+
+
+class ProgramWorkload(Workload):
+    """A built-in training program run as ``python -m <program>``: its argv comes from its Options model (see
+    :func:`chaosbench.workloads.skeleton.options_argv`), whose ``steps`` and ``pg_timeout_s`` the harness reads
+    too. ``checkpoints``: the program checkpoints into the run's checkpoint directory (``--ckpt-dir``)."""
+
+    program: ClassVar[str]
+    checkpoints: ClassVar[bool] = True
+
+    def argv(self, run: RunPaths) -> list[str]:
+        from chaosbench.workloads.skeleton import workload_argv
+
+        return workload_argv(self.program, self.options, run.seed, run.ckpt_dir if self.checkpoints else None)
+
+    @property
+    def pg_timeout_s(self) -> float | None:
+        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
+
+    @property
+    def total_steps(self) -> int | None:
+        return int(self.options.steps)  # type: ignore[attr-defined]

@@ -35,19 +35,24 @@ Contract (what the harness relies on):
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import os
-import shutil
-import sys
 import time
 from collections.abc import Sequence
-from datetime import timedelta
-from pathlib import Path
-from typing import Any
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.probe import Probe
+from chaosbench.workloads.base import ProgramWorkload
 from chaosbench.workloads.planted import Planted
+from chaosbench.workloads.skeleton import (
+    Checkpoints,
+    build_parser,
+    exit_without_finalizing,
+    init_distributed,
+    mix_seed,
+    params_digest,
+    parse_args,
+)
 
 #: Width of the synthetic input and of the regression target.
 IN_FEATURES = 64
@@ -57,103 +62,11 @@ MOMENTUM = 0.9
 #: StepLR: the learning rate is multiplied by ``LR_GAMMA`` every ``LR_STEP_SIZE`` steps.
 LR_STEP_SIZE = 20
 LR_GAMMA = 0.5
-CKPT_DIR_PREFIX = "step_"
-COMPLETE_MARKER = "COMPLETE"
-#: Checkpoints load at another world size than the one that wrote them (see the module docstring).
-RESUMES_ACROSS_WORLD_SIZES = True
 
+#: The program, as ``python -m`` runs it.
+PROGRAM = "chaosbench.workloads.ddp_mlp"
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m chaosbench.workloads.ddp_mlp",
-        description="Deterministic DDP training of an MLP on synthetic data, with resumable DCP checkpoints.",
-    )
-    p.add_argument("--steps", type=int, default=60, help="total number of optimizer steps (default: 60)")
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=10,
-        help="save a checkpoint after every K-th step; 0 = never (default: 10)",
-    )
-    p.add_argument(
-        "--ckpt-dir",
-        required=True,
-        help="directory holding step_<NNNNNNNN>/ checkpoints; the newest complete one is resumed from",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of model init, data and dropout (default: 0)")
-    p.add_argument(
-        "--pg-timeout-s",
-        type=float,
-        default=1800.0,
-        help="process-group timeout in seconds for collectives (default: 1800)",
-    )
-    p.add_argument("--hidden", type=int, default=256, help="hidden width of the MLP (default: 256)")
-    p.add_argument("--layers", type=int, default=3, help="number of hidden layers (default: 3)")
-    p.add_argument("--batch-size", type=int, default=32, help="batch size per rank (default: 32)")
-    p.add_argument("--lr", type=float, default=0.01, help="initial learning rate of SGD (default: 0.01)")
-    p.add_argument(
-        "--step-sleep-s",
-        type=float,
-        default=0.0,
-        help="seconds of sleep inside each step (counted in its duration), to emulate a slower step (default: 0)",
-    )
-    p.add_argument(
-        "--bug",
-        choices=list(BUGS),
-        default=None,
-        help="plant a recovery bug, to prove a gate catches it: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items()),
-    )
-    p.add_argument(
-        "--load-fallback",
-        action="store_true",
-        help="when a checkpoint fails to load, try the next older complete one (default: fail)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=["gloo", "nccl"],
-        default=None,
-        help="process-group backend (default: nccl if CUDA is available, else gloo)",
-    )
-    return p
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed derived from ``parts``; distinct tuples give unrelated seeds."""
-    digest = hashlib.sha256(":".join(str(int(x)) for x in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def ckpt_path(ckpt_dir: str | os.PathLike[str], step: int) -> Path:
-    """Directory of the checkpoint taken after ``step``: ``<ckpt_dir>/step_00000020``."""
-    return Path(ckpt_dir) / f"{CKPT_DIR_PREFIX}{step:08d}"
-
-
-def complete_steps(ckpt_dir: str | os.PathLike[str]) -> list[int]:
-    """Steps of the checkpoints in ``ckpt_dir`` that have a ``COMPLETE`` marker, newest first."""
-    root = Path(ckpt_dir)
-    if not root.is_dir():
-        return []
-    steps = []
-    for child in root.iterdir():
-        name = child.name
-        if not name.startswith(CKPT_DIR_PREFIX):
-            continue
-        try:
-            step = int(name[len(CKPT_DIR_PREFIX) :])
-        except ValueError:
-            continue
-        if (child / COMPLETE_MARKER).is_file():
-            steps.append(step)
-    return sorted(steps, reverse=True)
-
-
-def find_latest_complete(ckpt_dir: str | os.PathLike[str]) -> int | None:
-    """Step of the newest checkpoint in ``ckpt_dir`` that has a ``COMPLETE`` marker, or None."""
-    steps = complete_steps(ckpt_dir)
-    return steps[0] if steps else None
-
-
-#: Planted recovery bugs (``--bug``): each breaks resumption in a way a recovery regression gate must catch.
+#: Planted recovery bugs (``bug``): each breaks resumption in a way a recovery regression gate must catch.
 BUGS = {
     "forget-rng": "the RNG state is not restored on resume (dropout masks differ afterwards)",
     "forget-data-position": "the data position restarts at the first batch on resume",
@@ -161,31 +74,41 @@ BUGS = {
 }
 
 
-def saved_world_size(path: Path) -> int | None:
-    """World size recorded in a checkpoint's ``COMPLETE`` marker (None: not recorded or unreadable)."""
-    try:
-        return int(json.loads((path / COMPLETE_MARKER).read_text())["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+class DdpMlpOptions(BaseModel):
+    """The workload's options: each is also the program's ``--option`` (one place for every option)."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(default=60, ge=1, description="total optimizer steps")
+    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
+    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
+    hidden: int = Field(default=256, ge=1, description="hidden width of the MLP")
+    layers: int = Field(default=3, ge=1, description="hidden layers")
+    batch_size: int = Field(default=32, ge=1, description="per rank")
+    lr: float = Field(default=0.01, gt=0, description="initial SGD learning rate")
+    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
+    load_fallback: bool = Field(
+        default=False, description="a checkpoint that fails to load is skipped for the next older one"
+    )
+    bug: Literal["forget-rng", "forget-data-position", "non-atomic-ckpt"] | None = Field(
+        default=None, description="plant a recovery bug (to prove that a gate catches it)"
+    )
 
 
-def mark_complete(path: Path, payload: dict[str, Any]) -> None:
-    """Atomically create ``path/COMPLETE`` (temp file, fsync, rename, fsync of the directory)."""
-    tmp = path / f".{COMPLETE_MARKER}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / COMPLETE_MARKER)
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+class DdpMlpWorkload(ProgramWorkload):
+    """A DDP MLP on gloo (NCCL when CUDA is present) over synthetic data; see the module docstring."""
+
+    name: ClassVar[str] = "ddp-mlp"
+    Options = DdpMlpOptions  # type: ignore[assignment]
+    program: ClassVar[str] = PROGRAM
+
+
+def parser() -> argparse.ArgumentParser:
+    return build_parser(PROGRAM, "Deterministic DDP training of an MLP on synthetic data, with resumable DCP "
+                        "checkpoints.", DdpMlpOptions)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(parser(), DdpMlpOptions, argv)
     probe = Probe.from_env()
     probe.rank_start(global_batch=probe.world_size * args.batch_size)
     try:
@@ -198,36 +121,11 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     # Heavy imports after rank_start so the harness sees the pid before torch's import time.
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch import nn
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if var not in os.environ:
-            raise SystemExit(f"ddp_mlp: {var} is not set; launch with torchrun or set the env:// variables")
-    if args.steps < 0 or args.checkpoint_every < 0:
-        raise SystemExit("ddp_mlp: --steps and --checkpoint-every must be >= 0")
-
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=args.pg_timeout_s))
-
-    def barrier() -> None:
-        if backend == "nccl":
-            dist.barrier(device_ids=[local_rank])
-        else:
-            dist.barrier()
+    d = init_distributed("ddp_mlp", args.pg_timeout_s, args.backend)
+    rank, device = d.rank, d.device
 
     # Model init is identical on every rank (DDP broadcasts rank 0's parameters anyway).
     torch.manual_seed(mix_seed(args.seed, 0x6D6F64656C))
@@ -241,7 +139,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     # Dropout draws from the global RNG, seeded per rank, so the RNG state is part of the resumable state.
     torch.manual_seed(mix_seed(args.seed, 0x64726F70, rank))
 
-    model = DDP(net, device_ids=[local_rank] if backend == "nccl" else None)
+    model = DDP(net, device_ids=[d.local_rank] if d.backend == "nccl" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP_SIZE, gamma=LR_GAMMA)
 
@@ -255,103 +153,13 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
         x = torch.randn(args.batch_size, IN_FEATURES, generator=gen).to(device)
         return x, torch.tanh(x @ teacher)
 
-    rng_key = f"rng.rank{rank}"
+    ckpts = Checkpoints.for_training(args.ckpt_dir, probe, d, model, optimizer, scheduler)
+    start_step, _ = ckpts.resume(args.seed, fallback=args.load_fallback, restore_rng=args.bug != "forget-rng")
+    # batch index = step - data_base (0 unless the forget-data-position bug is planted)
+    data_base = start_step if args.bug == "forget-data-position" else 0
 
-    def rng_state() -> dict[str, torch.Tensor]:
-        state = {"cpu": torch.get_rng_state()}
-        if device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(device)
-        return state
-
-    def resumable_state(step: int) -> dict[str, Any]:
-        msd, osd = get_state_dict(model, optimizer)
-        return {
-            "model": msd,
-            "optim": osd,
-            "scheduler": scheduler.state_dict(),
-            "progress": {"step": step, "data_position": step},
-            # Rank-local: a key per rank, or DCP would keep one rank's copy of a "replicated" value.
-            rng_key: rng_state(),
-        }
-
-    # ---- resume -------------------------------------------------------------------------------------
-    start_step = 0
-    data_base = 0  # batch index = step - data_base (0 unless the forget-data-position bug is planted)
-    box: list[Any] = [None]
-    if rank == 0:
-        candidates = complete_steps(args.ckpt_dir)
-        box[0] = candidates if args.load_fallback else candidates[:1]
-    dist.broadcast_object_list(box, src=0)
-    tried: list[int] = box[0]
-    for resume_step in tried:
-        path = ckpt_path(args.ckpt_dir, resume_step)
-        error: str | None = None
-        try:
-            with probe.ckpt_load(resume_step, str(path)):
-                state = resumable_state(resume_step)
-                written_by = saved_world_size(path)
-                has_rng = written_by is None or rank < written_by
-                if not has_rng:  # this rank did not exist when it was written: no RNG key of its own
-                    del state[rng_key]
-                dcp.load(state, checkpoint_id=str(path))
-                set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-                scheduler.load_state_dict(state["scheduler"])
-                if not has_rng:
-                    torch.manual_seed(mix_seed(args.seed, 0x64726F70, rank, resume_step))
-                elif args.bug != "forget-rng":
-                    torch.set_rng_state(state[rng_key]["cpu"])
-                    if device.type == "cuda":
-                        torch.cuda.set_rng_state(state[rng_key]["cuda"], device)
-                start_step = int(state["progress"]["data_position"])
-                if args.bug == "forget-data-position":
-                    data_base = start_step
-                if int(state["progress"]["step"]) != resume_step:
-                    raise RuntimeError(
-                        f"checkpoint {path} holds step {state['progress']['step']}, not {resume_step}"
-                    )
-        # CheckpointException (dcp.load's wrapper of every rank's errors) is a BaseException, not an Exception.
-        except (Exception, CheckpointException) as exc:
-            if not args.load_fallback:
-                raise
-            error = f"{type(exc).__name__}: {exc}"
-        if args.load_fallback:
-            # All ranks must agree: a load can fail on one rank only. A later load overwrites every key.
-            failed = torch.tensor([0 if error is None else 1], dtype=torch.int64, device=device)
-            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-            if int(failed.item()):
-                why = (error or "failed on another rank")[:2000]
-                probe.emit("ckpt_load_failed", step=resume_step, path=str(path), error=why)
-                print(f"checkpoint {path} failed to load: {why}; trying an older one", flush=True)
-                start_step = 0
-                continue
-        written_by = saved_world_size(path)
-        resized = f" (written at world size {written_by})" if written_by not in (None, world_size) else ""
-        print(f"resumed from {path} at step {start_step}{resized}", flush=True)
-        break
-    else:
-        if tried:
-            raise RuntimeError(f"no checkpoint in {args.ckpt_dir} could be loaded (tried steps {tried})")
-
-    # ---- checkpoint -----------------------------------------------------------------------------------
     def save(step: int) -> None:
-        path = ckpt_path(args.ckpt_dir, step)
-        with probe.ckpt_save(step, str(path)) as info:
-            if rank == 0:
-                # A directory left by an interrupted save must not be reused: dcp.save would write new shards
-                # beside stale ones. Drop the marker first so a crash mid-delete never leaves COMPLETE behind.
-                if path.exists():
-                    (path / COMPLETE_MARKER).unlink(missing_ok=True)
-                    shutil.rmtree(path)
-                path.mkdir(parents=True)
-            barrier()
-            if args.bug == "non-atomic-ckpt" and rank == 0:
-                mark_complete(path, {"step": step, "world_size": world_size, "t_ns": time.time_ns()})
-            dcp.save(resumable_state(step), checkpoint_id=str(path))
-            barrier()
-            if rank == 0 and args.bug != "non-atomic-ckpt":
-                mark_complete(path, {"step": step, "world_size": world_size, "t_ns": time.time_ns()})
-            barrier()
-            info["complete"] = True
+        ckpts.save(step, marker_first=args.bug == "non-atomic-ckpt")
 
     # ---- train ----------------------------------------------------------------------------------------
     loss_fn = nn.MSELoss()
@@ -385,16 +193,5 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     return 0
 
 
-def params_digest(module: Any) -> str:
-    """sha256 over ``name`` and the raw bytes of every parameter, in ``named_parameters`` order."""
-    import torch
-
-    h = hashlib.sha256()
-    for name, param in module.named_parameters():
-        h.update(name.encode())
-        h.update(param.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_finalizing(main())

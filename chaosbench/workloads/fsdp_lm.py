@@ -42,28 +42,28 @@ Contract (what the harness relies on; the same as :mod:`chaosbench.workloads.ddp
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
-import os
-import shutil
-import sys
 import time
 from collections.abc import Sequence
-from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.probe import Probe
-from chaosbench.workloads.ddp_mlp import (
-    COMPLETE_MARKER,
-    ckpt_path,
-    find_latest_complete,
-    mark_complete,
-    mix_seed,
-)
+from chaosbench.workloads.base import ProgramWorkload
 from chaosbench.workloads.planted import Planted
+from chaosbench.workloads.skeleton import (
+    Checkpoints,
+    build_parser,
+    exit_without_finalizing,
+    init_distributed,
+    mix_seed,
+    params_digest,
+    parse_args,
+)
 
-__all__ = ["build_parser", "main", "params_digest", "ckpt_path", "find_latest_complete"]
-
+#: The program, as ``python -m`` runs it.
+PROGRAM = "chaosbench.workloads.fsdp_lm"
 DROPOUT_P = 0.1
 #: Feed-forward width of each block, as a multiple of ``--d-model``.
 FF_MULT = 4
@@ -79,51 +79,35 @@ TOKEN_ADD = 3
 NOISE_P = 0.1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m chaosbench.workloads.fsdp_lm",
-        description="Deterministic FSDP2 training of a small transformer LM on synthetic tokens, "
-        "with resumable per-rank-sharded DCP checkpoints.",
-    )
-    p.add_argument("--steps", type=int, default=60, help="total number of optimizer steps (default: 60)")
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=10,
-        help="save a checkpoint after every K-th step; 0 = never (default: 10)",
-    )
-    p.add_argument(
-        "--ckpt-dir",
-        required=True,
-        help="directory holding step_<NNNNNNNN>/ checkpoints; the newest complete one is resumed from",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of model init, data and dropout (default: 0)")
-    p.add_argument(
-        "--pg-timeout-s",
-        type=float,
-        default=1800.0,
-        help="process-group timeout in seconds for collectives (default: 1800)",
-    )
-    p.add_argument("--vocab", type=int, default=128, help="vocabulary size (default: 128)")
-    p.add_argument("--seq-len", type=int, default=32, help="tokens per training sequence (default: 32)")
-    p.add_argument("--d-model", type=int, default=64, help="model width (default: 64)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads per block (default: 4)")
-    p.add_argument("--layers", type=int, default=2, help="number of transformer blocks (default: 2)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step (default: 8)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW (default: 3e-3)")
-    p.add_argument(
-        "--step-sleep-s",
-        type=float,
-        default=0.0,
-        help="seconds of sleep inside each step (counted in its duration), to emulate a slower step (default: 0)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=["gloo", "nccl"],
-        default=None,
-        help="process-group backend (default: nccl if CUDA is available, else gloo)",
-    )
-    return p
+class FsdpLmOptions(BaseModel):
+    """The workload's options: each is also the program's ``--option`` (one place for every option)."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(default=60, ge=1, description="total optimizer steps")
+    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
+    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
+    vocab: int = Field(default=128, ge=2, description="vocabulary size")
+    seq_len: int = Field(default=32, ge=2, description="tokens per training sequence")
+    d_model: int = Field(default=64, ge=8, description="model width")
+    heads: int = Field(default=4, ge=1, description="attention heads per block")
+    layers: int = Field(default=2, ge=1, description="transformer blocks")
+    batch_size: int = Field(default=8, ge=1, description="sequences per rank")
+    lr: float = Field(default=3e-3, gt=0, description="peak learning rate of AdamW")
+    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
+
+
+class FsdpLmWorkload(ProgramWorkload):
+    """A small transformer LM sharded with FSDP2 (every rank writes its own DCP shard); see the module
+    docstring."""
+
+    name: ClassVar[str] = "fsdp-lm"
+    Options = FsdpLmOptions  # type: ignore[assignment]
+    program: ClassVar[str] = PROGRAM
+
+
+def parser() -> argparse.ArgumentParser:
+    return build_parser(PROGRAM, "Deterministic FSDP2 training of a small transformer LM on synthetic tokens, "
+                        "with resumable per-rank-sharded DCP checkpoints.", FsdpLmOptions)  # fmt: skip
 
 
 def lr_factor(step: int, total_steps: int) -> float:
@@ -137,7 +121,7 @@ def lr_factor(step: int, total_steps: int) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(parser(), FsdpLmOptions, argv)
     probe = Probe.from_env()
     probe.rank_start()
     try:
@@ -163,47 +147,17 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     # Heavy imports after rank_start so the harness sees the pid before torch's import time.
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch import nn
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if var not in os.environ:
-            raise SystemExit(f"fsdp_lm: {var} is not set; launch with torchrun or set the env:// variables")
-    if args.steps < 0 or args.checkpoint_every < 0:
-        raise SystemExit("fsdp_lm: --steps and --checkpoint-every must be >= 0")
-    if min(args.vocab, args.seq_len, args.d_model, args.heads, args.layers, args.batch_size) < 1:
-        raise SystemExit(
-            "fsdp_lm: --vocab, --seq-len, --d-model, --heads, --layers, --batch-size must be >= 1"
-        )
     if args.d_model % args.heads:
         raise SystemExit(f"fsdp_lm: --d-model {args.d_model} is not divisible by --heads {args.heads}")
-
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        # Embedding backward and attention backward use atomics on CUDA; a bit-identical resume needs the
-        # deterministic kernels (and cuBLAS needs a fixed workspace for them, set before its first use).
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    else:
-        device = torch.device("cpu")
-
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=args.pg_timeout_s))
-    mesh = init_device_mesh(device.type, (world_size,))
-
-    def barrier() -> None:
-        if backend == "nccl":
-            dist.barrier(device_ids=[local_rank])
-        else:
-            dist.barrier()
+    # Embedding backward and attention backward use atomics on CUDA: a bit-identical resume needs the
+    # deterministic kernels.
+    d = init_distributed("fsdp_lm", args.pg_timeout_s, args.backend, deterministic=True)
+    rank, device = d.rank, d.device
+    mesh = init_device_mesh(device.type, (d.world_size,))
 
     class TinyLM(nn.Module):
         def __init__(self) -> None:
@@ -264,70 +218,9 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
         seq = seq.to(device)
         return seq[:, :-1], seq[:, 1:]
 
-    rng_key = f"rng.rank{rank}"
-
-    def rng_state() -> dict[str, torch.Tensor]:
-        state = {"cpu": torch.get_rng_state()}
-        if device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(device)
-        return state
-
-    def resumable_state(step: int) -> dict[str, Any]:
-        # FSDP2 parameters and AdamW moments are DTensors: these state dicts are sharded, and dcp.save writes
-        # each rank's slice into that rank's own file.
-        msd, osd = get_state_dict(model, optimizer)
-        return {
-            "model": msd,
-            "optim": osd,
-            "scheduler": scheduler.state_dict(),
-            "progress": {"step": step, "data_position": step},
-            # Rank-local: a key per rank, or DCP would keep one rank's copy of a "replicated" value.
-            rng_key: rng_state(),
-        }
-
-    # ---- resume -------------------------------------------------------------------------------------
-    start_step = 0
-    latest = torch.tensor([-1], dtype=torch.int64, device=device)
-    if rank == 0:
-        found = find_latest_complete(args.ckpt_dir)
-        latest[0] = -1 if found is None else found
-    dist.broadcast(latest, src=0)
-    resume_step = int(latest.item())
-    if resume_step >= 0:
-        path = ckpt_path(args.ckpt_dir, resume_step)
-        with probe.ckpt_load(resume_step, str(path)):
-            state = resumable_state(resume_step)
-            dcp.load(state, checkpoint_id=str(path))
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-            scheduler.load_state_dict(state["scheduler"])
-            torch.set_rng_state(state[rng_key]["cpu"])
-            if device.type == "cuda":
-                torch.cuda.set_rng_state(state[rng_key]["cuda"], device)
-            start_step = int(state["progress"]["data_position"])
-            if int(state["progress"]["step"]) != resume_step:
-                raise RuntimeError(
-                    f"checkpoint {path} holds step {state['progress']['step']}, not {resume_step}"
-                )
-        print(f"resumed from {path} at step {start_step}", flush=True)
-
-    # ---- checkpoint -----------------------------------------------------------------------------------
-    def save(step: int) -> None:
-        path = ckpt_path(args.ckpt_dir, step)
-        with probe.ckpt_save(step, str(path)) as info:
-            if rank == 0:
-                # A directory left by an interrupted save must not be reused: dcp.save would write new shards
-                # beside stale ones. Drop the marker first so a crash mid-delete never leaves COMPLETE behind.
-                if path.exists():
-                    (path / COMPLETE_MARKER).unlink(missing_ok=True)
-                    shutil.rmtree(path)
-                path.mkdir(parents=True)
-            barrier()
-            dcp.save(resumable_state(step), checkpoint_id=str(path))
-            barrier()
-            if rank == 0:
-                mark_complete(path, {"step": step, "world_size": world_size, "t_ns": time.time_ns()})
-            barrier()
-            info["complete"] = True
+    ckpts = Checkpoints.for_training(args.ckpt_dir, probe, d, model, optimizer, scheduler)
+    start_step, _ = ckpts.resume(args.seed)
+    save = ckpts.save
 
     # ---- train ----------------------------------------------------------------------------------------
     loss_fn = nn.CrossEntropyLoss()
@@ -361,37 +254,5 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     return 0
 
 
-def params_digest(module: Any) -> str:
-    """sha256 over ``name`` and the raw bytes of every *full* parameter, in ``named_parameters`` order.
-
-    Sharded (DTensor) parameters are all-gathered with ``full_tensor()``, a collective: every rank must call this
-    at the same point, and every rank gets the same digest whatever the sharding."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    h = hashlib.sha256()
-    for name, param in module.named_parameters():
-        full = param.detach()
-        if isinstance(full, DTensor):
-            full = full.full_tensor()
-        h.update(name.encode())
-        h.update(full.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def _exit_without_finalizing(code: int) -> None:
-    """Flush and leave with ``os._exit``, skipping interpreter finalization.
-
-    FSDP2's and DTensor's collectives on gloo are async works whose last reference a gloo worker thread may drop
-    a moment after the main thread has moved on; dropping it decrefs Python-owned tensors, which needs the GIL.
-    If that happens while the interpreter is finalizing, the worker is force-unwound inside a noexcept destructor
-    and the process dies with SIGABRT ("terminate called without an active exception") after a successful run:
-    about 1 run in 15 on a loaded 2-core machine. Everything this program writes is flushed and closed by then
-    (the probe is closed in ``main``, the process group destroyed)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit_without_finalizing(main())
+    exit_without_finalizing(main())

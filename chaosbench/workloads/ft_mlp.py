@@ -60,15 +60,18 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
 from chaosbench.procutil import start_ticks
-from chaosbench.workloads.base import RunPaths, Workload
+from chaosbench.workloads.base import ProgramWorkload, RunPaths
 from chaosbench.workloads.planted import Planted
+from chaosbench.workloads.skeleton import build_parser, mix_seed, params_digest, parse_args
 
+#: The program, as ``python -m`` runs it.
+PROGRAM = "chaosbench.workloads.ft_mlp"
 ENV_GROUP = "REPLICA_GROUP_ID"
 ENV_GROUPS = "NUM_REPLICA_GROUPS"
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
@@ -85,7 +88,6 @@ OUT_FEATURES = 16
 MOMENTUM = 0.9
 LR_STEP_SIZE = 20
 LR_GAMMA = 0.5
-BATCH_MODES = ("global", "replica")
 
 
 def replica_rank(group: int, group_rank: int, group_world_size: int) -> int:
@@ -106,32 +108,9 @@ def global_batch(mode: str, batch_size: int, groups: int, group_world_size: int,
     return batch_size if mode == "global" else participants * group_world_size * batch_size
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m chaosbench.workloads.ft_mlp",
-        description="An MLP trained through a torchft Manager (per-step fault tolerance) on synthetic data.",
-    )
-    p.add_argument("--steps", type=int, default=60, help="committed steps to train (default: 60)")
-    p.add_argument("--seed", type=int, default=0, help="seed of model init and data (default: 0)")
-    p.add_argument(
-        "--batch-mode", choices=BATCH_MODES, default="global",
-        help="global: a fixed global batch split among the replica groups in the quorum; replica: a batch "
-        "per rank, averaged over the groups taking part (upstream torchft) (default: global)",
-    )  # fmt: skip
-    p.add_argument(
-        "--batch-size", type=int, default=32,
-        help="global mode: samples per step over all groups (a multiple of G*K); replica mode: per rank",
-    )  # fmt: skip
-    p.add_argument("--hidden", type=int, default=128, help="hidden width (default: 128)")
-    p.add_argument("--layers", type=int, default=2, help="hidden layers (default: 2)")
-    p.add_argument("--lr", type=float, default=0.01, help="initial SGD learning rate (default: 0.01)")
-    p.add_argument("--pg-timeout-s", type=float, default=60.0, help="gloo timeout of torchft's process group")
-    p.add_argument("--step-sleep-s", type=float, default=0.0, help="sleep inside each step (emulated compute)")
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(PROGRAM, "An MLP trained through a torchft Manager (per-step fault tolerance) on "
+                                   "synthetic data.", FtMlpOptions, checkpoints=False), FtMlpOptions, argv)
     env = os.environ
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", ENV_LIGHTHOUSE):
         if var not in env:
@@ -176,8 +155,6 @@ def _train(
     from torch.distributed import ReduceOp
     from torchft import Manager, ProcessGroupGloo
     from torchft.checkpointing import HTTPTransport
-
-    from chaosbench.workloads.ddp_mlp import mix_seed, params_digest
 
     level = os.environ.get(ENV_LOGLEVEL, "WARNING").upper()
     logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
@@ -348,27 +325,31 @@ def _train(
 
 
 class FtMlpOptions(BaseModel):
+    """The workload's options: each (but ``groups``, the harness's) is also the program's ``--option``."""
+
     model_config = ConfigDict(extra="forbid")
     steps: int = Field(default=60, ge=1, description="committed steps to train")
-    batch_mode: str = Field(default="global", description="global (fixed global batch) | replica (upstream DDP)")
-    batch_size: int = Field(default=32, ge=1, description="global: per step over all groups; replica: per rank")
-    hidden: int = Field(default=128, ge=1)
-    layers: int = Field(default=2, ge=1)
-    lr: float = Field(default=0.01, gt=0)
-    pg_timeout_s: float = Field(default=60.0, gt=0, description="gloo timeout of torchft's process group")
-    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates compute)")
-    groups: int | None = Field(
-        default=None, ge=1, description="replica groups (default: workload.nodes; ranks / groups per group)"
+    batch_mode: Literal["global", "replica"] = Field(
+        default="global",
+        description="global: a fixed global batch split among the replica groups in the quorum; replica: a batch "
+        "per rank, averaged over the groups taking part (upstream torchft)",
     )
+    batch_size: int = Field(
+        default=32, ge=1, description="global mode: samples per step over all groups (a multiple of G*K); replica "
+        "mode: per rank",
+    )  # fmt: skip
+    hidden: int = Field(default=128, ge=1, description="hidden width")
+    layers: int = Field(default=2, ge=1, description="hidden layers")
+    lr: float = Field(default=0.01, gt=0, description="initial SGD learning rate")
+    pg_timeout_s: float = Field(default=60.0, gt=0, description="gloo timeout of torchft's process group")
+    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep inside each step (emulated compute)")
+    groups: int | None = Field(
+        default=None, ge=1, description="replica groups (default: workload.nodes; ranks / groups per group)",
+        json_schema_extra={"program": False},
+    )  # fmt: skip
 
-    @model_validator(mode="after")
-    def _mode(self) -> FtMlpOptions:
-        if self.batch_mode not in BATCH_MODES:
-            raise ValueError(f"batch_mode must be one of {', '.join(BATCH_MODES)}")
-        return self
 
-
-class FtMlpWorkload(Workload):
+class FtMlpWorkload(ProgramWorkload):
     """The ft-mlp workload (see :mod:`chaosbench.workloads.ft_mlp`); needs the ``torchft`` adapter.
 
     ``workload.ranks`` is the total over all replica groups; the groups are ``groups`` (default: ``nodes``),
@@ -376,6 +357,8 @@ class FtMlpWorkload(Workload):
 
     name: ClassVar[str] = "ft-mlp"
     Options = FtMlpOptions  # type: ignore[assignment]
+    program: ClassVar[str] = PROGRAM
+    checkpoints: ClassVar[bool] = False  # no checkpoints: a restarted group heals from a live peer
 
     def replica_groups(self) -> int:
         o: Any = self.options
@@ -392,26 +375,7 @@ class FtMlpWorkload(Workload):
             raise ChaosbenchError(
                 f"ft-mlp: batch_size {o.batch_size} must be a multiple of ranks ({self.spec.ranks}) in global mode"
             )
-        return [
-            sys.executable, "-m", "chaosbench.workloads.ft_mlp",
-            "--steps", str(o.steps),
-            "--seed", str(run.seed),
-            "--batch-mode", o.batch_mode,
-            "--batch-size", str(o.batch_size),
-            "--hidden", str(o.hidden),
-            "--layers", str(o.layers),
-            "--lr", str(o.lr),
-            "--pg-timeout-s", str(o.pg_timeout_s),
-            "--step-sleep-s", str(o.step_sleep_s),
-        ]  # fmt: skip
-
-    @property
-    def pg_timeout_s(self) -> float | None:
-        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
-
-    @property
-    def total_steps(self) -> int | None:
-        return int(self.options.steps)  # type: ignore[attr-defined]
+        return super().argv(run)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from chaosbench.timeline import Event, read_events
-from chaosbench.workloads import ddp_mlp
 
 pytestmark = pytest.mark.integration
 
@@ -79,11 +78,6 @@ def test_node_loss_shrinks_the_world_and_training_goes_on(run_suite) -> None:
     assert m.outcome == "recovered" and m.final_step == 40 and m.restart_count == 1
 
 
-@pytest.mark.skipif(
-    not getattr(ddp_mlp, "RESUMES_ACROSS_WORLD_SIZES", False),
-    reason="ddp-mlp cannot load a checkpoint written at a smaller world size (missing rng.rank1 key); needs the "
-    "proposed ddp_mlp change",
-)
 def test_spare_node_grows_the_world_back(run_suite) -> None:
     m, ev = _run(run_suite, steps=100, spares=1)
     incs = world_sizes(ev)

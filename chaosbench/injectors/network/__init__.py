@@ -43,7 +43,6 @@ from chaosbench.runtimes.base import NodeControl, node_control
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
 
-IFACE = "eth0"
 TOOLS = ("nsenter", "tc", "iptables")
 READY_TIMEOUT_S = 10.0
 #: What ``tc`` says when the kernel lacks a qdisc (netem is a module many kernels do not ship).
@@ -68,9 +67,8 @@ def nsexec(rt: NodeControl, node: str, argv: list[str], check: bool = True) -> s
 
 
 def iface(rt: NodeControl, node: str) -> str:
-    """The node's interface on the run network (``eth0`` unless the runtime knows better)."""
-    fn = getattr(rt, "node_iface", None)
-    return str(fn(node)) if fn is not None else IFACE
+    """The node's interface on the run network."""
+    return rt.node_iface(node)
 
 
 def rule_tag(ctx: FaultContext, fault: str) -> list[str]:

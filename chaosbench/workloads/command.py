@@ -1,5 +1,5 @@
-"""Built-in workloads: ``ddp-mlp`` (a real DDP job with DCP checkpoints) and ``command`` (the user's own
-training script, launched as is, its log lines turned into events by regexes)."""
+"""The ``command`` workload: the user's own training script, launched as is under the shim
+(:mod:`chaosbench.launchers.command`), its log lines turned into events by regexes."""
 
 from __future__ import annotations
 
@@ -8,107 +8,12 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaosbench.launchers.command import PLACEHOLDERS, placeholders
 from chaosbench.workloads.base import RunPaths, Workload
-
-
-class DdpMlpOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    steps: int = Field(default=60, ge=1, description="total optimizer steps")
-    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
-    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
-    hidden: int = Field(default=256, ge=1)
-    layers: int = Field(default=3, ge=1)
-    batch_size: int = Field(default=32, ge=1, description="per rank")
-    lr: float = Field(default=0.01, gt=0)
-    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
-    load_fallback: bool = Field(
-        default=False, description="a checkpoint that fails to load is skipped for the next older one"
-    )
-    bug: Literal["forget-rng", "forget-data-position", "non-atomic-ckpt"] | None = Field(
-        default=None, description="plant a recovery bug (to prove that a gate catches it)"
-    )
-
-
-class DdpMlpWorkload(Workload):
-    """A DDP MLP on gloo (NCCL when CUDA is present) over synthetic data; see :mod:`chaosbench.workloads.ddp_mlp`."""
-
-    name: ClassVar[str] = "ddp-mlp"
-    Options = DdpMlpOptions  # type: ignore[assignment]
-
-    def argv(self, run: RunPaths) -> list[str]:
-        o: Any = self.options
-        return [
-            sys.executable,
-            "-m",
-            "chaosbench.workloads.ddp_mlp",
-            "--steps", str(o.steps),
-            "--checkpoint-every", str(o.checkpoint_every),
-            "--ckpt-dir", str(run.ckpt_dir),
-            "--seed", str(run.seed),
-            "--pg-timeout-s", str(o.pg_timeout_s),
-            "--hidden", str(o.hidden),
-            "--layers", str(o.layers),
-            "--batch-size", str(o.batch_size),
-            "--lr", str(o.lr),
-            "--step-sleep-s", str(o.step_sleep_s),
-            *(["--load-fallback"] if o.load_fallback else []),
-            *(["--bug", o.bug] if o.bug else []),
-        ]  # fmt: skip
-
-    @property
-    def pg_timeout_s(self) -> float | None:
-        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
-
-    @property
-    def total_steps(self) -> int | None:
-        return int(self.options.steps)  # type: ignore[attr-defined]
-
-
-class FsdpLmOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    steps: int = Field(default=60, ge=1, description="total optimizer steps")
-    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
-    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
-    vocab: int = Field(default=128, ge=2)
-    seq_len: int = Field(default=32, ge=2)
-    d_model: int = Field(default=64, ge=8)
-    heads: int = Field(default=4, ge=1)
-    layers: int = Field(default=2, ge=1)
-    batch_size: int = Field(default=8, ge=1, description="sequences per rank")
-    lr: float = Field(default=3e-3, gt=0)
-    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
-
-
-class FsdpLmWorkload(Workload):
-    """A small transformer LM sharded with FSDP2 (every rank writes its own DCP shard); see
-    :mod:`chaosbench.workloads.fsdp_lm`."""
-
-    name: ClassVar[str] = "fsdp-lm"
-    Options = FsdpLmOptions  # type: ignore[assignment]
-
-    def argv(self, run: RunPaths) -> list[str]:
-        o: Any = self.options
-        return [
-            sys.executable, "-m", "chaosbench.workloads.fsdp_lm",
-            "--steps", str(o.steps), "--checkpoint-every", str(o.checkpoint_every),
-            "--ckpt-dir", str(run.ckpt_dir), "--seed", str(run.seed),
-            "--pg-timeout-s", str(o.pg_timeout_s), "--vocab", str(o.vocab), "--seq-len", str(o.seq_len),
-            "--d-model", str(o.d_model), "--heads", str(o.heads), "--layers", str(o.layers),
-            "--batch-size", str(o.batch_size), "--lr", str(o.lr), "--step-sleep-s", str(o.step_sleep_s),
-        ]  # fmt: skip
-
-    @property
-    def pg_timeout_s(self) -> float | None:
-        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
-
-    @property
-    def total_steps(self) -> int | None:
-        return int(self.options.steps)  # type: ignore[attr-defined]
 
 
 class LogPatterns(BaseModel):
