@@ -26,6 +26,7 @@ import yaml
 
 from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.slo import evaluate
+from chaosbench.rundir import RunDir
 from chaosbench.specs import FaultSpec, Scenario, Suite
 from chaosbench.timeline import read_events
 
@@ -123,8 +124,9 @@ class Fuzzer:
                      slos=dict(self.suite.slos))  # fmt: skip
         rec = self.runner.run_one(sc)
         self.runs += 1
-        events = read_events(rec.run_dir / "events.jsonl")
-        cfg = json.loads((rec.run_dir / "config.json").read_text())
+        run = RunDir(rec.run_dir)
+        events = read_events(run.events)
+        cfg = run.read_config()
         m = compute_metrics(events, control=self._control, total_steps=cfg.get("total_steps"))
         m.control = not faults
         return m, str(rec.run_dir)
@@ -176,7 +178,7 @@ class Fuzzer:
         t0 = time.monotonic()
         self.runner.prepare()
         m, _ = self._run([], "control")
-        self._control = read_events(Path(self.runner.suite_dir) / self._base().dirname / "0" / "events.jsonl")
+        self._control = read_events(RunDir.of(self.runner.suite_dir, self._base()).events)
         if m.outcome != "completed":
             raise RuntimeError(f"the fault-free control did not complete ({m.verdict})")
         wl = self.suite.defaults.workload

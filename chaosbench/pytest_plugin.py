@@ -47,14 +47,11 @@ class _SuiteState:
         self.prepared = False
 
     def run(self, scenario: Any) -> Any:
-        from chaosbench.analysis.results import collect
-
         if not self.prepared:
             self.runner.prepare()
             self.prepared = True
         rec = self.runner.run_one(scenario)
-        metrics = collect(self.runner.suite_dir, write=True)
-        return rec, next(m for m in metrics if m.run_dir == str(rec.run_dir))
+        return rec, self.runner.finish(rec)
 
 
 class ChaosItem(pytest.Item):

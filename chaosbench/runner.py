@@ -1,9 +1,6 @@
-"""Runs a suite: every scenario in its own run directory, one timeline each, guaranteed teardown.
-
-Layout: ``<out>/<suite>/<framework>__<fault|control>/<repeat>/`` holds ``config.json`` (the resolved
-scenario and launch plan), ``events.jsonl``, ``logs/`` (stdout/stderr of every process), ``checkpoints/``
-and ``metrics.json``. The suite directory holds ``suite.json``, ``results.csv``/``.parquet`` and the
-reports. Results are rewritten after every run, so a harness that dies keeps every finished run.
+"""Runs a suite: every scenario in its own run directory (layout: :mod:`chaosbench.rundir`), one timeline each,
+guaranteed teardown. Each run's metrics are computed when it ends and the results table is rewritten, so a
+harness that dies keeps every finished run.
 """
 
 from __future__ import annotations
@@ -25,12 +22,13 @@ from chaosbench.errors import ChaosbenchError
 from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
 from chaosbench.injectors.base import Injector, RunSetup
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
+from chaosbench.rundir import RunDir, SuiteDir
 from chaosbench.runtimes.base import RunInfo, Runtime
 from chaosbench.specs import FaultSpec, Scenario, Suite
 from chaosbench.timeline import TimelineFollower, TimelineWriter
 from chaosbench.workloads.base import Workload
 
-SUITE_MARKER = "suite.json"
+SUITE_MARKER = SuiteDir.MARKER
 
 
 def _workload(scenario: Scenario) -> Workload:
@@ -175,15 +173,16 @@ class Runner:
         return recs, problems
 
     def _run_dir(self, sc: Scenario) -> Path:
-        return self.suite_dir / sc.dirname / str(sc.repeat)
+        return RunDir.of(self.suite_dir, sc).path
 
     def _job(self, sc: Scenario, run_dir: Path, runtime: Runtime, run_id: str) -> JobContext:
+        rd = RunDir(run_dir)
         return JobContext(
             scenario=sc,
             run_id=run_id,
             run_dir=run_dir,
-            ckpt_dir=run_dir / "checkpoints",
-            events_path=run_dir / "events.jsonl",
+            ckpt_dir=rd.checkpoints,
+            events_path=rd.events,
             workload=_workload(sc),
             runtime=runtime,
         )
@@ -206,9 +205,20 @@ class Runner:
                         "definition": self.suite.model_dump(mode="json")}, indent=2)
         )  # fmt: skip
 
-    def run(self) -> list[RunRecord]:
-        from chaosbench.analysis.results import collect
+    def finish(self, rec: RunRecord) -> RunMetrics:
+        """A run has ended: its metrics, computed once (against its framework's control, which runs first), go
+        into ``metrics.json`` and the suite's table is rewritten with every finished run so far (a harness that
+        dies keeps them). ``chaosbench report`` recomputes them all from the timelines."""
+        from chaosbench.analysis.results import run_metrics, write_table
 
+        control = next((r.run_dir for r in self.records if r.scenario.control
+                        and r.scenario.framework_label == rec.scenario.framework_label), None)  # fmt: skip
+        rec.metrics = run_metrics(RunDir(rec.run_dir), RunDir(control) if control is not None else None)
+        self.records.append(rec)
+        write_table(self.suite_dir, [r.metrics for r in self.records if r.metrics is not None])
+        return rec.metrics
+
+    def run(self) -> list[RunRecord]:
         self.prepare()
         scenarios = self.suite.scenarios()
         for i, sc in enumerate(scenarios, 1):
@@ -219,9 +229,7 @@ class Runner:
             self.progress(f"{label} ...")
             t = time.monotonic()
             rec = self.run_one(sc)
-            self.records.append(rec)
-            metrics = collect(self.suite_dir, write=True)
-            rec.metrics = next((m for m in metrics if m.run_dir == str(rec.run_dir)), None)
+            self.finish(rec)
             self.progress(f"{label} {summarize(rec)} ({time.monotonic() - t:.1f} s)")
         return self.records
 
@@ -231,8 +239,8 @@ class Runner:
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         run_id = f"{self.suite.name}-{sc.dirname}-{sc.repeat}-{uuid.uuid4().hex[:8]}"
-        timeline = TimelineWriter(run_dir / "events.jsonl")
-        follower = TimelineFollower(run_dir / "events.jsonl").start()
+        timeline = TimelineWriter(RunDir(run_dir).events)
+        follower = TimelineFollower(RunDir(run_dir).events).start()
         runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
         controllers: list[FaultController] = []
         injectors: list[Injector] = []
@@ -254,7 +262,7 @@ class Runner:
                 if fault.trigger is not None:
                     controllers.append(FaultController(fault_name, fault, injector, setup, sc.rng_seed + i))
             plan = framework.plan(job)
-            (run_dir / "config.json").write_text(
+            RunDir(run_dir).config.write_text(
                 json.dumps({"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
                             "total_steps": job.workload.total_steps}, indent=2, default=str)
             )  # fmt: skip

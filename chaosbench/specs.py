@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chaosbench.errors import SpecError, UnknownPlugin
+from chaosbench.rundir import dirname
 
 Path_ = tuple[Any, ...]
 
@@ -250,12 +251,9 @@ Slos = dict[str, Bound | bool | float | str]
 
 
 def _check_slo_names(v: dict[str, Any]) -> dict[str, Any]:
-    from chaosbench.analysis.metrics import RunMetrics
+    from chaosbench.analysis.metrics import metric_names
 
-    known = set(RunMetrics.__dataclass_fields__) - {
-        "missing", "versions", "timeouts", "timeout_problems", "run_dir", "suite", "scenario", "framework", "fault",
-        "repeat", "control",
-    }  # fmt: skip
+    known = set(metric_names())
     for name in v:
         if name not in known:
             raise ValueError(f"unknown metric '{name}' (known: {', '.join(sorted(known))})")
@@ -475,7 +473,8 @@ class Scenario:
 
     @property
     def dirname(self) -> str:
-        return f"{self.framework_label}__{self.fault_name or 'control'}"
+        return dirname(self.id)
+
 
     def to_dict(self) -> dict[str, Any]:
         return {

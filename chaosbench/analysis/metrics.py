@@ -207,6 +207,16 @@ class RunMetrics:
         return asdict(self)
 
 
+#: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
+BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",
+                         "versions", "timeouts", "timeout_problems"})  # fmt: skip
+
+
+def metric_names() -> list[str]:
+    """Every measured metric (what an SLO, a baseline or a report column can name): the fields of RunMetrics."""
+    return [f for f in RunMetrics.__dataclass_fields__ if f not in BOOKKEEPING]
+
+
 #: Metrics that only exist for a run with a fault.
 FAULT_METRICS = (
     "time_to_detect_s", "time_to_resume_s", "time_to_rejoin_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",

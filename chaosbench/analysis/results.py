@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.slo import evaluate
 from chaosbench.errors import ChaosbenchError
-from chaosbench.timeline import read_events
+from chaosbench.rundir import RunDir, SuiteDir
+from chaosbench.timeline import Event, read_events
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,50 +36,50 @@ def is_missing(value: Any) -> bool:
         return False
 
 
-def find_runs(suite_dir: Path) -> list[Path]:
-    """Run directories below a suite directory (those with a config.json), in a stable order."""
-    return sorted(p.parent for p in Path(suite_dir).glob("*/*/config.json"))
+def run_metrics(run: RunDir, control: RunDir | None, write: bool = True,
+                control_events: list[Event] | None = None) -> RunMetrics:  # fmt: skip
+    """One run's metrics (a fault run against its framework's control run), its SLO verdicts, and with ``write``
+    its ``metrics.json``. ``control_events``: the control's timeline when the caller has it already."""
+    cfg = run.read_config()
+    sc = cfg["scenario"]
+    if control is None or control.path == run.path:
+        control_events = None
+    elif control_events is None:
+        control_events = read_events(control.events)
+    m = compute_metrics(read_events(run.events), control=control_events, total_steps=cfg.get("total_steps"))
+    m.run_dir = str(run.path)
+    m.suite, m.scenario, m.framework = sc["suite"], sc["scenario"], sc["framework"]
+    m.fault, m.repeat, m.control = sc["fault"], sc["repeat"], sc["control"]
+    checks = evaluate(m, sc.get("slos") or {})
+    m.slo_ok = all(c.ok for c in checks) if checks else None
+    m.slo_failures = [c.describe() for c in checks if not c.ok]
+    if write:
+        run.metrics.write_text(json.dumps(m.to_dict(), indent=2, default=str))
+    return m
 
 
-def _config(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())
+def controls_of(runs: list[RunDir]) -> dict[str, RunDir]:
+    """Each framework's control run among ``runs``."""
+    out = {}
+    for run in runs:
+        sc = run.read_config()["scenario"]
+        if sc.get("control"):
+            out[sc["framework"]] = run
+    return out
 
 
 def collect(suite_dir: Path, write: bool = True) -> list[RunMetrics]:
-    """Compute metrics of every run (each fault run against its framework's control) and, with ``write``,
-    store ``metrics.json`` per run and ``results.csv``/``results.parquet`` for the suite."""
-    runs = find_runs(suite_dir)
-    configs = {r: _config(r) for r in runs}
-    controls: dict[str, Path] = {}
-    for r, cfg in configs.items():
-        sc = cfg["scenario"]
-        if sc.get("control"):
-            controls[sc["framework"]] = r
-    cache: dict[Path, list[Any]] = {}
-
-    def events(r: Path) -> list[Any]:
-        if r not in cache:
-            cache[r] = read_events(r / "events.jsonl")
-        return cache[r]
-
+    """Recompute the metrics of every run below ``suite_dir`` from its timeline (each fault run against its
+    framework's control) and, with ``write``, store ``metrics.json`` per run and the suite's table
+    (``chaosbench report``; a suite being run computes each run's metrics once, when it ends)."""
+    runs = SuiteDir(suite_dir).runs()
+    controls = controls_of(runs)
+    control_events = {fw: read_events(r.events) for fw, r in controls.items()}
     out = []
-    for r, cfg in configs.items():
-        sc = cfg["scenario"]
-        ctl = controls.get(sc["framework"])
-        m = compute_metrics(
-            events(r),
-            control=events(ctl) if ctl is not None and ctl != r else None,
-            total_steps=cfg.get("total_steps"),
-        )
-        m.run_dir = str(r)
-        m.suite, m.scenario, m.framework = sc["suite"], sc["scenario"], sc["framework"]
-        m.fault, m.repeat, m.control = sc["fault"], sc["repeat"], sc["control"]
-        checks = evaluate(m, sc.get("slos") or {})
-        m.slo_ok = all(c.ok for c in checks) if checks else None
-        m.slo_failures = [c.describe() for c in checks if not c.ok]
-        if write:
-            (r / "metrics.json").write_text(json.dumps(m.to_dict(), indent=2, default=str))
-        out.append(m)
+    for run in runs:
+        fw = run.read_config()["scenario"]["framework"]
+        ctl = controls.get(fw)
+        out.append(run_metrics(run, ctl, write, control_events.get(fw) if ctl is not None else None))
     if write and out:
         write_table(Path(suite_dir), out)
     return out

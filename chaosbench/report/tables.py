@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.report.document import Block, Cell, Heading, Image, KeyValues, Link, Paragraph, Table
 from chaosbench.report.fmt import (
     MISSING,
@@ -32,73 +33,9 @@ from chaosbench.report.fmt import (
     parse_json_object,
 )
 
-#: Every column the report reads; absent ones are treated as all-missing.
-COLUMNS = [
-    "suite",
-    "scenario",
-    "framework",
-    "fault",
-    "repeat",
-    "control",
-    "run_dir",
-    "outcome",
-    "detected",
-    "recovered",
-    "run_end_outcome",
-    "time_to_detect_s",
-    "time_to_resume_s",
-    "time_to_catch_up_s",
-    "lost_steps",
-    "lost_work_s",
-    "restart_count",
-    "checkpoint_age_s",
-    "wall_s",
-    "productive_s",
-    "goodput",
-    "extra_wall_s",
-    "badput_detect_s",
-    "badput_restart_init_s",
-    "badput_restore_s",
-    "badput_recompute_s",
-    "fidelity",
-    "loss_diff",
-    "final_step",
-    "verdict",
-    "checkpoint_save_s",
-    "fault_count",
-    "detected_by",
-    "gave_up",
-    "crash_loop",
-    "failure_class",
-    "time_burned_s",
-    "ranks_agree",
-    "step_time_s",
-    "fault_step_time_s",
-    "slowdown",
-    "checkpoint_outcome",
-    "slo_ok",
-    "slo_failures",
-    "fault_t_s",
-    "detect_t_s",
-    "resume_t_s",
-    "injection_latency_s",
-    "fault_step",
-    "trigger_step",
-    "fault_class",
-    "rollback",
-    "contaminated",
-    "blame",
-    "blamed",
-    "false_detections",
-    "clean",
-    "restarts_claimed",
-    "predicted_detect_s",
-    "predicted_by",
-    "timeout_problems",
-    "missing",
-    "versions",
-    "timeouts",
-]
+#: Every column the report reads (the run metrics, named once: the fields of RunMetrics); absent ones are treated
+#: as all-missing.
+COLUMNS = list(RunMetrics.__dataclass_fields__)
 
 #: Metrics of the per-scenario table and how each is formatted (``s``: seconds, ``count``, ``fraction``: %).
 METRICS: list[tuple[str, str]] = [

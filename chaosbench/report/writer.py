@@ -15,6 +15,7 @@ from chaosbench.report.html import render_html
 from chaosbench.report.markdown import render_markdown
 from chaosbench.report.plots import RunMarkers, events_path, load_run_events, plot_timeline
 from chaosbench.report.tables import COLUMNS, RunView, build_document, group_runs
+from chaosbench.rundir import RunDir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,7 +52,7 @@ def _run_dir(suite_dir: Path, run: RunView) -> tuple[Path | None, str]:
     """The run directory holding ``events.jsonl``, or ``None`` and why it was not found.
 
     Tries ``run_dir`` as recorded, then relative to the suite directory, then the standard layout
-    ``<suite_dir>/<scenario>/<repeat>``.
+    (:class:`chaosbench.rundir.RunDir`).
     """
     recorded = as_text(run.row.get("run_dir"))
     candidates: list[Path] = []
@@ -60,7 +61,7 @@ def _run_dir(suite_dir: Path, run: RunView) -> tuple[Path | None, str]:
         if not Path(recorded).is_absolute():
             candidates.append(suite_dir / recorded)
     if as_text(run.row.get("scenario")) and run.repeat is not None:
-        candidates.append(suite_dir / run.scenario / str(run.repeat))
+        candidates.append(RunDir.at(suite_dir, run.scenario, run.repeat).path)
     for cand in candidates:
         if events_path(cand).is_file():
             return cand, ""

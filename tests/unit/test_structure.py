@@ -105,3 +105,16 @@ def test_no_module_touches_another_ones_private_names() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_metric_names_are_defined_once() -> None:
+    """Tables, baselines and SLO validation name metrics from RunMetrics' fields."""
+    from chaosbench.analysis.baseline import HIGHER_IS_BETTER, LOWER_IS_BETTER
+    from chaosbench.analysis.metrics import FAULT_METRICS, RunMetrics, metric_names
+    from chaosbench.report.tables import COLUMNS, METRICS
+
+    fields = set(RunMetrics.__dataclass_fields__)
+    assert set(COLUMNS) == fields
+    assert set(metric_names()) < fields
+    for names in (LOWER_IS_BETTER, HIGHER_IS_BETTER, FAULT_METRICS, [m for m, _ in METRICS]):
+        assert set(names) <= fields, set(names) - fields
