@@ -227,6 +227,26 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return EXIT_SLO
 
 
+def suite_schema() -> dict[str, Any]:
+    """The JSON schema of a suite file, from the typed models (for editors: completion and validation)."""
+    from chaosbench.specs import Suite
+
+    schema = Suite.model_json_schema()
+    schema["title"] = "chaosbench suite"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    text = json.dumps(suite_schema(), indent=2, sort_keys=True) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+        _progress(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     from chaosbench.images import main_build
 
@@ -298,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("dir", nargs="?", default="reports", help="results directory (default: reports)")
     c.add_argument("--dry-run", action="store_true", help="only print what would be done")
     c.set_defaults(fn=cmd_cleanup)
+    sch = sub.add_parser("schema", help="the JSON schema of suite files (for editors)",
+                         description="Print (or write) the JSON schema of a suite file, generated from the typed "
+                                     "models; suites/suite.schema.json is this, kept fresh by a test.")  # fmt: skip
+    sch.add_argument("--out", metavar="FILE", help="write it to FILE instead of standard output")
+    sch.set_defaults(fn=cmd_schema)
     img = sub.add_parser("image", help="the docker runtime's default node image")
     isub = img.add_subparsers(dest="image_cmd", required=True)
     b = isub.add_parser("build", help="build the default node image from local files (no registry needed)",

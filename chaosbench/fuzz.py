@@ -26,6 +26,7 @@ import yaml
 
 from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.slo import evaluate
+from chaosbench.errors import ChaosbenchError
 from chaosbench.rundir import RunDir
 from chaosbench.specs import FaultSpec, Scenario, Suite
 from chaosbench.timeline import read_events
@@ -180,7 +181,7 @@ class Fuzzer:
         m, _ = self._run([], "control")
         self._control = read_events(RunDir.of(self.runner.suite_dir, self._base()).events)
         if m.outcome != "completed":
-            raise RuntimeError(f"the fault-free control did not complete ({m.verdict})")
+            raise ChaosbenchError(f"fuzz: the fault-free control did not complete ({m.verdict})")
         wl = self.suite.defaults.workload
         opts = wl.options
         strategy = schedule_strategy(int(opts.get("steps", 60)), int(opts.get("checkpoint_every", 10)), wl.ranks,

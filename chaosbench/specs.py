@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from chaosbench.errors import SpecError, UnknownPlugin
 from chaosbench.rundir import dirname
@@ -376,10 +384,23 @@ class Suite(_Strict):
     def _slo_names(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _check_slo_names(v)
 
-    # Filled by load_suite; not part of the YAML.
-    source: str = Field(default="<suite>", exclude=True)
-    #: The directory chaosbench was started in when the suite was loaded ({project_dir} of a command workload).
-    project_dir: str = Field(default_factory=lambda: str(Path.cwd()), exclude=True)
+    # Not part of the YAML: where the suite was loaded from (set by suite_from_data), and the directory chaosbench
+    # was started in when it was loaded ({project_dir} of a command workload).
+    _source: str = PrivateAttr(default="<suite>")
+    _project_dir: str = PrivateAttr(default_factory=lambda: str(Path.cwd()))
+
+    @property
+    def source(self) -> str:
+        """The suite file (``<suite>`` for a suite given as text)."""
+        return self._source
+
+    @property
+    def project_dir(self) -> str:
+        """The directory chaosbench was started in when the suite was loaded."""
+        return self._project_dir
+
+    def set_source(self, file: str) -> None:
+        self._source = file
 
     @property
     def suite_dir(self) -> str:
@@ -619,7 +640,7 @@ def suite_from_data(data: Any, smap: SourceMap) -> Suite:
         suite = Suite.model_validate(data)
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, smap)) from None
-    suite.source = smap.file
+    suite.set_source(smap.file)
     _check_references(suite, smap)
     return suite
 

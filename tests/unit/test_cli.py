@@ -57,3 +57,17 @@ def test_report_of_nothing_is_an_error(tmp_path: Path, capsys) -> None:
 def test_console_help_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--dry-run" in out.stdout
+
+
+def test_suite_schema_file_is_fresh() -> None:
+    """suites/suite.schema.json is what `chaosbench schema` writes (regenerate it with
+    `chaosbench schema --out suites/suite.schema.json`)."""
+    import json
+
+    from chaosbench.cli import suite_schema
+    from tests.conftest import ROOT
+
+    shipped = json.loads((ROOT / "suites" / "suite.schema.json").read_text())
+    assert shipped == json.loads(json.dumps(suite_schema(), sort_keys=True))
+    assert set(shipped["properties"]) == {"name", "description", "seed", "control", "defaults", "frameworks",
+                                          "faults", "matrix", "projection", "slos"}  # fmt: skip
