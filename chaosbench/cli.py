@@ -248,7 +248,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from chaosbench.images import main_build
+    from chaosbench.runtimes.docker.image import main_build
 
     return main_build(force=args.force)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from chaosbench.analysis.metrics import RunMetrics
-from chaosbench.chaos import FaultController
 from chaosbench.errors import ChaosbenchError
+from chaosbench.fault_control import FaultController
 from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
 from chaosbench.injectors.base import Injector, RunSetup
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS

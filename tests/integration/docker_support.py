@@ -19,7 +19,7 @@ def require_docker(tools: tuple[str, ...] = ()) -> None:
     ``CHAOSBENCH_REQUIRE`` contains ``docker``."""
     reason = None
     try:
-        from chaosbench.images import connect
+        from chaosbench.runtimes.docker.image import connect
 
         connect(timeout_s=10).close()
     except Exception as exc:  # noqa: BLE001 - any reason the engine is unusable
@@ -53,7 +53,7 @@ def run_objects(run_dir: str | Path) -> list[str]:
     """Containers and networks labelled with the run id of ``run_dir`` that still exist."""
     import json
 
-    from chaosbench.images import connect
+    from chaosbench.runtimes.docker.image import connect
 
     run_id = json.loads((Path(run_dir) / "config.json").read_text())["run_id"]
     client = connect()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosbench.chaos import FaultController
+from chaosbench.fault_control import FaultController
 from chaosbench.injectors.base import RunSetup
 from chaosbench.injectors.kill import KillInjector, KillParams
 from chaosbench.runtimes.base import RunInfo

@@ -256,7 +256,7 @@ class DockerRuntime(Runtime):
     @property
     def client(self) -> Any:
         if self._client is None:
-            from chaosbench.images import connect
+            from chaosbench.runtimes.docker.image import connect
 
             self._client = connect()
         return self._client
@@ -324,7 +324,7 @@ class DockerRuntime(Runtime):
     def _container_spec(self) -> dict[str, Any]:
         from docker.types import Mount
 
-        from chaosbench.images import build_default_image, default_mounts, init_command
+        from chaosbench.runtimes.docker.image import build_default_image, default_mounts, init_command
 
         run_dir = str(Path(self.run.run_dir).resolve())
         mounts = []
@@ -889,7 +889,7 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
     if not runs:
         return []
     try:
-        from chaosbench.images import connect
+        from chaosbench.runtimes.docker.image import connect
 
         client = connect(timeout_s=10)
     except ChaosbenchError:
