@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaosbench.frameworks.base import JobContext, LogPattern, Prediction, chain, pg_timeout
+from chaosbench.frameworks.base import (
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    LogPattern,
+    LogWatcher,
+    Prediction,
+    RunControl,
+    chain,
+    pg_timeout,
+)
 
 # torch.distributed.elastic's fixed grace between SIGTERM and SIGKILL when it stops a worker group
 # (LocalElasticAgent shutdown_timeout / PContext.close timeout, torch 2.x).
@@ -91,3 +101,21 @@ def agent_env(job: JobContext, node: str, log_level: str, share_rdzv_tcp_store: 
     if not share_rdzv_tcp_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
+
+
+def supervise_agents(label: str, plan: LaunchPlan, control: RunControl, monitor_interval_s: float) -> JobResult:
+    """Start the plan's agents with their log lines watched and wait: the job completed when every agent exited
+    0, failed when all have exited and one did not; the harness's stop (deadline, interrupt) ends the wait."""
+    watcher = LogWatcher(label, plan.patterns, control.timeline)
+    agents = [control.runtime.start(p, on_line=watcher) for p in plan.processes]
+    while True:
+        codes = [a.poll() for a in agents]
+        if all(c == 0 for c in codes):
+            return JobResult("completed")
+        if all(c is not None for c in codes):
+            bad = [f"{a.name} exited with code {c}" for a, c in zip(agents, codes, strict=True) if c]
+            return JobResult("failed", "; ".join(bad))
+        stop = control.stop_reason()
+        if stop:
+            return JobResult(stop, f"harness stopped the run ({stop})")
+        control.sleep(min(0.05, monitor_interval_s))

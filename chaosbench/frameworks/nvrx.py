@@ -43,14 +43,13 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaosbench.frameworks.agent import agent_argv, agent_env
+from chaosbench.frameworks.agent import agent_argv, agent_env, supervise_agents
 from chaosbench.frameworks.base import (
     Framework,
     JobContext,
     JobResult,
     LaunchPlan,
     LogPattern,
-    LogWatcher,
     Prediction,
     RunControl,
     base_versions,
@@ -262,17 +261,4 @@ class NvrxFramework(Framework):
         return v
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
-        watcher = LogWatcher(self.label, plan.patterns, control.timeline)
-        agents = [control.runtime.start(p, on_line=watcher) for p in plan.processes]
-        while True:
-            codes = [a.poll() for a in agents]
-            if all(c == 0 for c in codes):
-                return JobResult("completed")
-            if all(c is not None for c in codes):
-                bad = [f"{a.name} exited with code {c}" for a, c in zip(agents, codes, strict=True) if c]
-                return JobResult("failed", "; ".join(bad))
-            stop = control.stop_reason()
-            if stop:
-                return JobResult(stop, f"harness stopped the run ({stop})")
-            control.sleep(min(0.05, o.monitor_interval_s))
+        return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)  # type: ignore[attr-defined]

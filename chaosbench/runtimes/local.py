@@ -15,7 +15,7 @@ from typing import ClassVar
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.process import ProcessTrees, start_pumps
+from chaosbench.runtimes.process import ProcessTrees, record_exit, start_pumps
 from chaosbench.timeline import now_ns
 
 _PR_SET_PDEATHSIG = 1
@@ -90,16 +90,7 @@ class LocalRuntime(Runtime):
         rc = popen.wait()
         handle.t_exit_ns = now_ns()
         handle.returncode = rc
-        self.run.timeline.emit(
-            "proc_exit",
-            t_ns=handle.t_exit_ns,
-            proc=handle.name,
-            pid=handle.pid,
-            returncode=rc,
-            role=handle.spec.role,
-            node=handle.spec.node,
-            incarnation=handle.spec.incarnation,
-        )
+        record_exit(self.run.timeline, handle, rc, handle.t_exit_ns)
         handle.exited.set()
 
     def _ours(self, pid: int) -> bool:

@@ -12,14 +12,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from chaosbench import procutil
 from chaosbench.runtimes.base import LineCallback, ProcHandle
-from chaosbench.timeline import now_ns
+from chaosbench.timeline import TimelineWriter, now_ns
 
 #: A process as (pid, start ticks); ticks None: identity not known.
 Pid = tuple[int, int | None]
+
+
+def record_exit(timeline: TimelineWriter, handle: ProcHandle, returncode: int, t_ns: int, **extra: Any) -> None:
+    """The ``proc_exit`` event of a started process (``returncode`` negative: killed by that signal)."""
+    timeline.emit(
+        "proc_exit", t_ns=t_ns, proc=handle.name, pid=handle.pid, returncode=returncode, role=handle.spec.role,
+        node=handle.spec.node, incarnation=handle.spec.incarnation, **extra,
+    )  # fmt: skip
 
 
 def pump(handle: ProcHandle, stream: str, lines: Iterable[bytes], path: Path, on_line: LineCallback | None) -> None:

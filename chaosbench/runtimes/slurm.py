@@ -70,7 +70,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.process import start_pumps
+from chaosbench.runtimes.process import record_exit, start_pumps
 from chaosbench.timeline import clocks, now_ns
 from chaosbench.timeline.reader import crashed_run_ids
 
@@ -675,19 +675,9 @@ class SlurmRuntime(Runtime):
                 rc = 1
                 extra = {"srun_returncode": srun_rc, "slurm_state": info.slurm_state, "reason": info.reason}
         handle.returncode = rc
-        self.run.timeline.emit(
-            "proc_exit",
-            t_ns=handle.t_exit_ns,
-            proc=handle.name,
-            pid=handle.pid,
-            returncode=rc,
-            role=handle.spec.role,
-            node=handle.spec.node,
-            incarnation=handle.spec.incarnation,
-            slurm_node=handle.slurm_node,
-            job_id=job_id,
-            **extra,
-        )
+        assert handle.t_exit_ns is not None
+        record_exit(self.run.timeline, handle, rc, handle.t_exit_ns, slurm_node=handle.slurm_node, job_id=job_id,
+                    **extra)  # fmt: skip
         handle.exited.set()
 
     def job_id(self, handle: SlurmHandle) -> int | None:

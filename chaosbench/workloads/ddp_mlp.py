@@ -47,10 +47,10 @@ from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
     build_parser,
+    end_training,
     exit_without_finalizing,
     init_distributed,
     mix_seed,
-    params_digest,
     parse_args,
 )
 
@@ -120,7 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _train(args: argparse.Namespace, probe: Probe) -> int:
     # Heavy imports after rank_start so the harness sees the pid before torch's import time.
     import torch
-    import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -186,10 +185,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             save(step)
 
-    digest = params_digest(net)
-    probe.train_end(max(args.steps, start_step), loss_value, digest)
-    print(f"final digest {digest}", flush=True)
-    dist.destroy_process_group()
+    end_training(probe, net, args.steps, start_step, loss_value)
     return 0
 
 

@@ -55,10 +55,10 @@ from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
     build_parser,
+    end_training,
     exit_without_finalizing,
     init_distributed,
     mix_seed,
-    params_digest,
     parse_args,
 )
 
@@ -146,7 +146,6 @@ def _local(p: Any) -> _LocalShard:
 def _train(args: argparse.Namespace, probe: Probe) -> int:
     # Heavy imports after rank_start so the harness sees the pid before torch's import time.
     import torch
-    import torch.distributed as dist
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -247,10 +246,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             save(step)
 
-    digest = params_digest(model)
-    probe.train_end(max(args.steps, start_step), loss_value, digest)
-    print(f"final digest {digest}", flush=True)
-    dist.destroy_process_group()
+    end_training(probe, model, args.steps, start_step, loss_value)
     return 0
 
 

@@ -197,6 +197,17 @@ def init_distributed(program: str, pg_timeout_s: float, backend: str | None, det
     return Dist(rank, world_size, local_rank, backend, device)
 
 
+def end_training(probe: Probe, model: Any, steps: int, start_step: int, loss: float | None) -> None:
+    """Training is over: the final step, loss and parameter digest as ``train_end`` (and printed), then the process
+    group goes."""
+    import torch.distributed as dist
+
+    digest = params_digest(model)
+    probe.train_end(max(steps, start_step), loss, digest)
+    print(f"final digest {digest}", flush=True)
+    dist.destroy_process_group()
+
+
 def exit_without_finalizing(code: int) -> None:
     """Flush and leave with ``os._exit``, skipping interpreter finalization.
 

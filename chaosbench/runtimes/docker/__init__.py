@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.process import ProcessTrees
+from chaosbench.runtimes.process import ProcessTrees, record_exit
 from chaosbench.timeline import now_ns
 from chaosbench.timeline.reader import crashed_run_ids
 
@@ -753,10 +753,7 @@ class DockerRuntime(Runtime):
             t_exit = now_ns()
             rerun = (node_lost and handle.spec.role in self.opts.rerun_roles and self.opts.lost_node != "none"
                      and not self._closing.is_set())  # fmt: skip
-            self.run.timeline.emit(
-                "proc_exit", t_ns=t_exit, proc=handle.name, pid=handle.pid, returncode=rc, role=handle.spec.role,
-                node=handle.spec.node, incarnation=handle.spec.incarnation, node_lost=node_lost,
-            )  # fmt: skip
+            record_exit(self.run.timeline, handle, rc, t_exit, node_lost=node_lost)
             if rerun:
                 try:
                     self._exec(handle, on_line, rerun=True)
