@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosbench.analysis.stats import mann_whitney
+from chaosbench.analysis.values import as_bool, as_float
 from chaosbench.errors import ChaosbenchError
 
 LOWER_IS_BETTER = (
@@ -78,22 +79,12 @@ def save_baseline(suite_dir: str | Path, to: str | Path) -> Path:
     return dst
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def _is_true(v: Any) -> bool:
-    return v is True or str(v).lower() == "true"
 
 
 def _groups(rows: Sequence[dict[str, Any]], by: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if _is_true(r.get("control")):
+        if (as_bool(r.get("control")) is True):
             continue
         out.setdefault(str(r.get(by)), []).append(r)
     return out
@@ -122,8 +113,8 @@ def compare(
             out.append(Difference(key, "fidelity", None, None, None, None, None, len(ra), len(rb), True,
                                   "exact before, diverged now"))  # fmt: skip
         for metric in LOWER_IS_BETTER + HIGHER_IS_BETTER:
-            va = [v for r in ra if (v := _num(r.get(metric))) is not None]
-            vb = [v for r in rb if (v := _num(r.get(metric))) is not None]
+            va = [v for r in ra if (v := as_float(r.get(metric))) is not None]
+            vb = [v for r in rb if (v := as_float(r.get(metric))) is not None]
             if not va or not vb:
                 continue
             ma, mb = statistics.median(va), statistics.median(vb)

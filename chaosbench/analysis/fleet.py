@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaosbench.analysis.stats import young_daly_interval_s
+from chaosbench.analysis.values import as_bool, as_float
 
 DAY_S = 86_400.0
 
@@ -272,29 +273,18 @@ def costs_from_rows(rows: Sequence[dict[str, Any]]) -> list[RecoveryCosts]:
     out: dict[str, RecoveryCosts] = {}
     for r in rows:
         cls = r.get("fault_class")
-        if _truthy(r.get("control")) or not isinstance(cls, str) or r.get("outcome") not in ("recovered",
+        if (as_bool(r.get("control")) is True) or not isinstance(cls, str) or r.get("outcome") not in ("recovered",
                                                                                            "not_recovered"):
             continue  # fmt: skip
         costs = out.setdefault(str(r.get("framework")), RecoveryCosts(str(r.get("framework"))))
         if r.get("outcome") != "recovered":
             sample = Sample(None)
         else:
-            resume = _num(r.get("time_to_resume_s"))
+            resume = as_float(r.get("time_to_resume_s"))
             if resume is None:
                 continue
-            lost = None if _truthy(r.get("rollback")) else (_num(r.get("lost_work_s")) or 0.0)
+            lost = None if (as_bool(r.get("rollback")) is True) else (as_float(r.get("lost_work_s")) or 0.0)
             sample = Sample(resume, lost)
         costs.samples.setdefault(cls, []).append(sample)
     return [out[k] for k in sorted(out)]
 
-
-def _truthy(v: Any) -> bool:
-    return v is True or str(v).lower() == "true"
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f  # NaN: missing

@@ -10,31 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.slo import evaluate
+from chaosbench.analysis.values import is_missing
 from chaosbench.errors import ChaosbenchError
 from chaosbench.rundir import RunDir, SuiteDir
 from chaosbench.timeline import Event, read_events
 
 if TYPE_CHECKING:
     import pandas as pd
-
-_MISSING_TEXT = {"", "nan", "none", "null", "nat", "<na>"}
-
-
-def is_missing(value: Any) -> bool:
-    """True for ``None``, NaN, ``pd.NA``/``NaT`` and empty or null-like strings."""
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return value.strip().lower() in _MISSING_TEXT
-    if isinstance(value, (list, tuple, dict, set)):
-        return False
-    try:
-        import pandas as pd
-
-        return bool(pd.isna(value))
-    except (TypeError, ValueError, ImportError):
-        return False
-
 
 def run_metrics(run: RunDir, control: RunDir | None, write: bool = True,
                 control_events: list[Event] | None = None) -> RunMetrics:  # fmt: skip

@@ -5,7 +5,6 @@ Young/Daly checkpoint intervals and the fleet-scale goodput projection."""
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,19 +22,13 @@ from chaosbench.analysis.fleet import (
     project,
 )
 from chaosbench.analysis.stats import median_ci, wilson, young_daly_interval_s
+from chaosbench.analysis.values import as_bool, as_float
 from chaosbench.report.document import Block, Cell, Heading, Image, Paragraph, Table
 from chaosbench.report.fmt import MISSING, parse_json_object
 
 STAGES = ("badput_detect_s", "badput_restart_init_s", "badput_restore_s", "badput_recompute_s")
 STAGE_LABELS = ("detect", "restart/init", "restore", "recompute")
 
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
 
 
 def _s(v: float | None, digits: int = 3) -> str:
@@ -61,11 +54,8 @@ def _cells(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[st
 
 
 def _values(rs: Sequence[dict[str, Any]], key: str) -> list[float]:
-    return [v for r in rs if (v := _num(r.get(key))) is not None]
+    return [v for r in rs if (v := as_float(r.get(key))) is not None]
 
-
-def _truthy(v: Any) -> bool:
-    return v is True or str(v).lower() == "true"
 
 
 def unusable_frameworks(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -73,12 +63,12 @@ def unusable_frameworks(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     framework that restarts or detects without a fault, or fails without one, is broken in this configuration)."""
     out: dict[str, str] = {}
     for r in rows:
-        if not _truthy(r.get("control")):
+        if as_bool(r.get("control")) is not True:
             continue
         fw = str(r.get("framework"))
         if r.get("outcome") != "completed":
             out[fw] = f"its control run did not complete ({r.get('verdict') or r.get('outcome')})"
-        elif r.get("clean") is not None and not _truthy(r.get("clean")):
+        elif r.get("clean") is not None and as_bool(r.get("clean")) is not True:
             out[fw] = f"its control run was not clean ({r.get('verdict')})"
     return out
 
@@ -126,12 +116,12 @@ def scorecard_table(rows: Sequence[dict[str, Any]]) -> Table:
         by_fw.setdefault(str(r.get("framework")), []).append(r)
     out: list[list[Cell]] = []
     for fw, rs in sorted(by_fw.items()):
-        fired = [r for r in rs if not _truthy(r.get("control")) and r.get("outcome") in ("recovered", "not_recovered")]
-        detected = [r for r in fired if _truthy(r.get("detected"))]
+        fired = [r for r in rs if as_bool(r.get("control")) is not True and r.get("outcome") in ("recovered", "not_recovered")]
+        detected = [r for r in fired if (as_bool(r.get("detected")) is True)]
         named = [r for r in detected if r.get("blame") in ("correct", "wrong")]
         correct = sum(1 for r in named if r.get("blame") == "correct")
-        judged = [r for r in rs if _num(r.get("false_detections")) is not None]
-        false = sum(1 for r in judged if (_num(r.get("false_detections")) or 0) > 0)
+        judged = [r for r in rs if as_float(r.get("false_detections")) is not None]
+        false = sum(1 for r in judged if (as_float(r.get("false_detections")) or 0) > 0)
         silent = sum(1 for r in detected if r.get("blame") == "none")
         row: list[Cell] = [fw, _rate(len(detected), len(fired)), _rate(correct, len(named)),
                            f"{silent}/{len(detected)}" if detected else MISSING, _rate(false, len(judged))]  # fmt: skip
@@ -174,7 +164,7 @@ def detection_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def _predicted_text(rs: Sequence[dict[str, Any]]) -> str:
-    pred = next((r for r in rs if _num(r.get("predicted_detect_s")) is not None), None)
+    pred = next((r for r in rs if as_float(r.get("predicted_detect_s")) is not None), None)
     if pred is None:
         why = next((parse_json_object(r.get("missing")).get("predicted_detect_s") for r in rs), None)
         return f"{MISSING} ({why})" if why else MISSING
@@ -281,7 +271,7 @@ def young_daly_table(rows: Sequence[dict[str, Any]], checkpoint_every: int | Non
             out.append([fw, f"unusable: {unusable[fw]}", MISSING, MISSING, MISSING])
             continue
         cost = statistics.median(saves)
-        steps = _values([r for r in rs if _truthy(r.get("control"))], "step_time_s")
+        steps = _values([r for r in rs if (as_bool(r.get("control")) is True)], "step_time_s")
         interval = checkpoint_every * statistics.median(steps) if checkpoint_every and steps else None
         opt = young_daly_interval_s(cost, scale.job_mtbf_s)
         out.append([fw, _s(cost), _s(interval), _s(opt, 1),
@@ -389,7 +379,7 @@ def analysis_blocks(
             f"Clocks: each node's clock offset was measured at the start of its run and stamps written on other "
             f"hosts were corrected; every corrected stamp is within {max(bounds) * 1e3:.3f} ms (largest bound)."
         ))  # fmt: skip
-    late = [r for r in rows if (_num(r.get("fault_step")) or 0) > (_num(r.get("trigger_step")) or float("inf"))]
+    late = [r for r in rows if (as_float(r.get("fault_step")) or 0) > (as_float(r.get("trigger_step")) or float("inf"))]
     if late:
         blocks.append(Paragraph(
             f"{len(late)} fault(s) landed later than their trigger asked (see each run's verdict and "

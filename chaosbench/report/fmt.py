@@ -11,22 +11,11 @@ import json
 import math
 from typing import Any
 
-from chaosbench.analysis.results import is_missing
+from chaosbench.analysis.values import as_bool, as_float, is_missing
 
 #: What a table shows for a value that could not be measured.
 MISSING = "—"
 
-
-
-def as_float(value: Any) -> float | None:
-    """The value as a float, or ``None`` when it is missing or not a number (NaN counts as missing)."""
-    if is_missing(value) or isinstance(value, (list, tuple, dict, set)):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(out) else out
 
 
 def as_int(value: Any) -> int | None:
@@ -35,23 +24,6 @@ def as_int(value: Any) -> int | None:
     if f is None or math.isinf(f) or f != int(f):
         return None
     return int(f)
-
-
-def as_bool(value: Any) -> bool | None:
-    """``True``/``False`` from bools, 0/1 and the usual strings; ``None`` when missing or unreadable."""
-    if is_missing(value):
-        return None
-    if isinstance(value, str):
-        low = value.strip().lower()
-        if low in {"true", "yes", "1"}:
-            return True
-        if low in {"false", "no", "0"}:
-            return False
-        return None
-    try:
-        return bool(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def as_text(value: Any) -> str | None:
