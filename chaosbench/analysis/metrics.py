@@ -58,8 +58,8 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
 - ``crash_loop``: two or more incarnations each failed after reaching the same last step (a deterministic
   failure: restarting cannot help); ``failure_class`` is ``deterministic`` then, ``transient`` when a
   restart recovered, else None. ``time_burned_s``: run end minus the fault time when not recovered.
-- ``ranks_agree``: every rank's final digest in the last incarnation is the same (False exposes silent
-  corruption that made replicas diverge).
+- ``ranks_agree``: every rank's final digest (its newest ``train_end``) is the same (False exposes silent
+  corruption that made replicas diverge); missing when fewer than two ranks reported one.
 - ``step_time_s``: median interval between consecutive step completions over the whole run (same
   incarnation); ``fault_step_time_s``: the same over the intervals overlapping the fault window (fault_inject
   to fault_revert or run end); ``slowdown``: fault_step_time_s / the control's step_time_s.
@@ -618,13 +618,17 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         return m
 
     _fidelity(m, final, control)
-    last_inc = max((int(e.get("incarnation", 0)) for e in events if e.kind == "train_end"), default=None)
-    if last_inc is not None:
-        digests = [e.get("digest") for e in events if e.kind == "train_end" and e.get("incarnation") == last_inc]
-        if len(digests) >= 2:
-            m.ranks_agree = len(set(digests)) == 1
-        else:
-            miss["ranks_agree"] = "only one rank reported a final digest"
+    # Each rank's final digest (its newest train_end: TorchFT's replica groups end in different incarnations).
+    latest: dict[int, Event] = {}
+    for e in events:
+        if e.kind == "train_end" and e.get("digest"):
+            r = int(e.get("rank", 0))
+            if r not in latest or int(e.get("incarnation", 0)) >= int(latest[r].get("incarnation", 0)):
+                latest[r] = e
+    if len(latest) >= 2:
+        m.ranks_agree = len({e.get("digest") for e in latest.values()}) == 1
+    elif latest:
+        miss["ranks_agree"] = "only one rank reported a final digest"
     m.step_time_s = _median_interval(steps, None, None)
     m.gave_up = any(e.kind == "give_up" for e in events)
     m.clock_offset_bound_s = offset_bound_s(events)
