@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaosbench.frameworks.base import (
+    Framework,
     JobContext,
     JobResult,
     LaunchPlan,
@@ -119,3 +120,21 @@ def supervise_agents(label: str, plan: LaunchPlan, control: RunControl, monitor_
         if stop:
             return JobResult(stop, f"harness stopped the run ({stop})")
         control.sleep(min(0.05, monitor_interval_s))
+
+
+class AgentFramework(Framework):
+    """An adapter whose ranks run under torch elastic agents: the agents' timeouts in force, and when they can
+    detect a fault (see :func:`predict_agent_detection`)."""
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        o: Any = self.options
+        t = super().timeouts(job)
+        t.update({"monitor_interval_s": o.monitor_interval_s, "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
+                  "teardown_grace_s": o.teardown_grace_s})  # fmt: skip
+        return t
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        return predict_agent_detection(mode, timeouts)
+
+    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
+        return pg_timeout_problems(timeouts)

@@ -14,19 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.frameworks.agent import (
     TORCHRUN_PATTERNS,
-    TORCHRUN_SHUTDOWN_GRACE_S,
+    AgentFramework,
     agent_argv,
     agent_env,
-    pg_timeout_problems,
-    predict_agent_detection,
     supervise_agents,
 )
 from chaosbench.frameworks.base import (
-    Framework,
     JobContext,
     JobResult,
     LaunchPlan,
-    Prediction,
     RunControl,
 )
 from chaosbench.runtimes.base import ProcessSpec
@@ -46,7 +42,7 @@ class TorchrunOptions(BaseModel):
     teardown_grace_s: float = Field(default=5.0, ge=0, description="harness teardown grace at the run's end")
 
 
-class TorchrunFramework(Framework):
+class TorchrunFramework(AgentFramework):
     """torch elastic (torchrun) with ``--max-restarts``: restarts the whole local worker group."""
 
     name: ClassVar[str] = "torchrun"
@@ -78,24 +74,6 @@ class TorchrunFramework(Framework):
             options=o.model_dump(),
             notes=["worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT"],
         )
-
-    def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
-        t = super().timeouts(job)
-        t.update(
-            {
-                "monitor_interval_s": o.monitor_interval_s,
-                "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
-                "teardown_grace_s": o.teardown_grace_s,
-            }
-        )
-        return t
-
-    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
-        return predict_agent_detection(mode, timeouts)
-
-    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
-        return pg_timeout_problems(timeouts)
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)  # type: ignore[attr-defined]

@@ -34,20 +34,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chaosbench.frameworks.agent import (
     TORCHRUN_PATTERNS,
-    TORCHRUN_SHUTDOWN_GRACE_S,
+    AgentFramework,
     agent_argv,
     agent_env,
-    pg_timeout_problems,
-    predict_agent_detection,
 )
 from chaosbench.frameworks.base import (
-    Framework,
     JobContext,
     JobResult,
     LaunchPlan,
     LogPattern,
     LogWatcher,
-    Prediction,
     RunControl,
 )
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
@@ -91,7 +87,7 @@ class ElasticOptions(BaseModel):
         return self
 
 
-class ElasticFramework(Framework):
+class ElasticFramework(AgentFramework):
     """torch elastic across nodes with a MIN:MAX node range; see the module docstring."""
 
     name: ClassVar[str] = "torchrun-elastic"
@@ -150,24 +146,15 @@ class ElasticFramework(Framework):
         t = super().timeouts(job)
         t.update(
             {
-                "monitor_interval_s": o.monitor_interval_s,
                 "rdzv_last_call_timeout_s": float(o.last_call_timeout_s),
                 "rdzv_join_timeout_s": float(o.join_timeout_s),
                 "rdzv_close_timeout_s": float(o.close_timeout_s),
                 "rdzv_keep_alive_interval_s": float(o.keep_alive_interval_s),
                 "rdzv_dead_node_timeout_s": float(o.keep_alive_interval_s * o.keep_alive_max_attempt),
                 "spare_delay_s": o.spare_delay_s,
-                "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
-                "teardown_grace_s": o.teardown_grace_s,
             }
         )
         return t
-
-    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
-        return predict_agent_detection(mode, timeouts)
-
-    def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
-        return pg_timeout_problems(timeouts)
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o: Any = self.options

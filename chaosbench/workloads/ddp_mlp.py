@@ -39,13 +39,14 @@ import time
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from chaosbench.probe import Probe
 from chaosbench.workloads.base import ProgramWorkload
 from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
+    TrainingOptions,
     build_parser,
     end_training,
     exit_without_finalizing,
@@ -74,18 +75,13 @@ BUGS = {
 }
 
 
-class DdpMlpOptions(BaseModel):
+class DdpMlpOptions(TrainingOptions):
     """The workload's options: each is also the program's ``--option`` (one place for every option)."""
 
-    model_config = ConfigDict(extra="forbid")
-    steps: int = Field(default=60, ge=1, description="total optimizer steps")
-    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
-    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
     hidden: int = Field(default=256, ge=1, description="hidden width of the MLP")
     layers: int = Field(default=3, ge=1, description="hidden layers")
     batch_size: int = Field(default=32, ge=1, description="per rank")
     lr: float = Field(default=0.01, gt=0, description="initial SGD learning rate")
-    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
     load_fallback: bool = Field(
         default=False, description="a checkpoint that fails to load is skipped for the next older one"
     )

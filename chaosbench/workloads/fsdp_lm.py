@@ -47,13 +47,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from chaosbench.probe import Probe
 from chaosbench.workloads.base import ProgramWorkload
 from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
+    TrainingOptions,
     build_parser,
     end_training,
     exit_without_finalizing,
@@ -79,13 +80,9 @@ TOKEN_ADD = 3
 NOISE_P = 0.1
 
 
-class FsdpLmOptions(BaseModel):
+class FsdpLmOptions(TrainingOptions):
     """The workload's options: each is also the program's ``--option`` (one place for every option)."""
 
-    model_config = ConfigDict(extra="forbid")
-    steps: int = Field(default=60, ge=1, description="total optimizer steps")
-    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
-    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
     vocab: int = Field(default=128, ge=2, description="vocabulary size")
     seq_len: int = Field(default=32, ge=2, description="tokens per training sequence")
     d_model: int = Field(default=64, ge=8, description="model width")
@@ -93,7 +90,6 @@ class FsdpLmOptions(BaseModel):
     layers: int = Field(default=2, ge=1, description="transformer blocks")
     batch_size: int = Field(default=8, ge=1, description="sequences per rank")
     lr: float = Field(default=3e-3, gt=0, description="peak learning rate of AdamW")
-    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
 
 
 class FsdpLmWorkload(ProgramWorkload):

@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.probe import Probe
 
@@ -34,6 +34,16 @@ CKPT_DIR_PREFIX = "step_"
 COMPLETE_MARKER = "COMPLETE"
 
 # ------------------------------------------------------------------------------------------- the command line
+
+
+class TrainingOptions(BaseModel):
+    """The options every checkpointing built-in program has (each is also its ``--option``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(default=60, ge=1, description="total optimizer steps")
+    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
+    pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
+    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
 
 
 def _flag(name: str) -> str:
