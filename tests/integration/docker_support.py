@@ -3,15 +3,15 @@ registration (works before and after the registry lists the docker plugins), tim
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-import pytest
+from chaosbench.timeline import Event
+from tests.helpers import events_of, kinds, require
 
-from chaosbench.timeline import Event, read_events
+__all__ = ["events_of", "kinds", "register_plugins", "require_docker", "run_objects", "step_interval_ms"]
 
 
 def require_docker(tools: tuple[str, ...] = ()) -> None:
@@ -27,13 +27,7 @@ def require_docker(tools: tuple[str, ...] = ()) -> None:
     missing = [t for t in tools if shutil.which(t) is None]
     if reason is None and missing:
         reason = f"missing host tools: {', '.join(missing)}"
-    if reason is None:
-        return
-    if "docker" in os.environ.get("CHAOSBENCH_REQUIRE", "").split(",") or "docker" in os.environ.get(
-        "CHAOSBENCH_REQUIRE", ""
-    ).split():
-        pytest.fail(f"CHAOSBENCH_REQUIRE names docker but it is unusable: {reason}", pytrace=False)
-    pytest.skip(f"docker unavailable: {reason}", allow_module_level=True)
+    require("docker", reason)
 
 
 def register_plugins() -> None:
@@ -63,14 +57,6 @@ def run_objects(run_dir: str | Path) -> list[str]:
         return out + [f"network {n.name}" for n in client.networks.list(filters=flt)]
     finally:
         client.close()
-
-
-def events_of(m: Any) -> list[Event]:
-    return read_events(Path(m.run_dir) / "events.jsonl")
-
-
-def kinds(events: list[Event], kind: str, **match: Any) -> list[Event]:
-    return [e for e in events if e.kind == kind and all(e.get(k) == v for k, v in match.items())]
 
 
 def step_interval_ms(events: list[Event], lo_ns: int, hi_ns: int, rank: int = 0) -> float | None:

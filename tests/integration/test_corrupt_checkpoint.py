@@ -3,14 +3,9 @@ write, a silently flipped weight and a truncated shard, and how a relaunch fails
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,10 +14,10 @@ from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup
 from chaosbench.injectors.corrupt_checkpoint import CorruptCheckpointInjector
 from chaosbench.timeline import Event, read_events
+from tests.helpers import RankJob, launch_ranks
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED = 11
 
 # step_sleep_s leaves ~0.25 s between the step-25 trigger and the step-30 checkpoint: the kill lands first.
@@ -115,46 +110,11 @@ def test_truncated_shard_crash_loops_the_restart_framework(results) -> None:
 # --------------------------------------------------------------------------- a relaunch on a damaged copy
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _launch(ckpt_dir: Path, logs: Path) -> list[tuple[subprocess.Popen[bytes], Any]]:
-    """Two ranks of ddp-mlp resuming from ``ckpt_dir`` (no harness), output to ``logs/rank<r>.log``."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAOSBENCH_", "TORCHELASTIC_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    procs = []
-    for rank in (0, 1):
-        rank_env = dict(env, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=str(port))  # fmt: skip
-        cmd = [sys.executable, "-m", "chaosbench.workloads.ddp_mlp", "--ckpt-dir", str(ckpt_dir), "--steps", "30",
-               "--checkpoint-every", "10", "--seed", str(SEED), "--pg-timeout-s", "10"]  # fmt: skip
-        out = open(logs / f"rank{rank}.log", "wb")  # closed by _wait
-        procs.append(
-            (subprocess.Popen(cmd, env=rank_env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT), out)
-        )
-    return procs
-
-
-def _wait(procs: list[tuple[subprocess.Popen[bytes], Any]], timeout_s: float = 90) -> list[int | None]:
-    """Exit codes (None: killed after ``timeout_s``); every process is reaped, every log closed."""
-    codes: list[int | None] = []
-    try:
-        for p, _ in procs:
-            try:
-                codes.append(p.wait(timeout=timeout_s))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-    finally:
-        for p, out in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-            out.close()
-    return codes
+def _launch(ckpt_dir: Path, work: Path) -> RankJob:
+    """Two ranks of ddp-mlp resuming from ``ckpt_dir`` (no harness), their output and events under ``work``."""
+    args = ["--ckpt-dir", str(ckpt_dir), "--steps", "30", "--checkpoint-every", "10", "--seed", str(SEED)]
+    return launch_ranks("chaosbench.workloads.ddp_mlp", [*args, "--pg-timeout-s", "10"], 2,
+                        work / "events.jsonl", work, "relaunch")  # fmt: skip
 
 
 def test_relaunch_on_a_missing_file_fails_naming_it(results, tmp_path: Path) -> None:
@@ -179,9 +139,9 @@ def test_relaunch_on_a_missing_file_fails_naming_it(results, tmp_path: Path) -> 
             assert inj.inject(ctx)["step"] == 20
             jobs[mode] = _launch(ckpt, work)
     finally:
-        codes = {mode: _wait(procs) for mode, procs in jobs.items()}
+        codes = {mode: job.finish(90) for mode, job in jobs.items()}
     for mode, missing in cases.items():
-        output = "\n".join((tmp_path / mode / f"rank{r}.log").read_text(errors="replace") for r in (0, 1))
+        output = jobs[mode].output()
         assert all(c is not None and c != 0 for c in codes[mode]), output
         assert f"step_00000020/{missing}" in output and "final digest" not in output
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,92 +12,30 @@ from pathlib import Path
 import pytest
 
 from chaosbench.timeline import Event, read_events
+from tests.helpers import RankJob, launch_ranks
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 STEPS = 30
 CKPT_EVERY = 10
 RUN_TIMEOUT_S = 120.0
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Job:
-    procs: list[subprocess.Popen[bytes]]
-    logs: list[Path]
-
-    def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> list[int]:
-        deadline = time.monotonic() + timeout_s
-        codes = []
-        for p in self.procs:
-            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-        return codes
-
-    def kill(self) -> None:
-        """SIGKILL every rank still alive and reap it; safe to call twice."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def output(self) -> str:
-        return "\n".join(
-            f"--- {log.name}\n{log.read_text(errors='replace')}" for log in self.logs if log.exists()
-        )
-
-
 def launch(
     tmp: Path, ckpt_dir: Path, events: Path, *extra: str, incarnation: int = 0, steps: int = STEPS
-) -> Job:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAOSBENCH_", "TORCHELASTIC_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[Path] = []
-    job = Job(procs, logs)
-    try:
-        for rank in range(WORLD_SIZE):
-            rank_env = dict(
-                env,
-                RANK=str(rank),
-                WORLD_SIZE=str(WORLD_SIZE),
-                LOCAL_RANK=str(rank),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                CHAOSBENCH_EVENTS=str(events),
-                CHAOSBENCH_INCARNATION=str(incarnation),
-            )
-            log = tmp / f"inc{incarnation}-{ckpt_dir.name}-rank{rank}.log"
-            logs.append(log)
-            with log.open("wb") as out:
-                cmd = [sys.executable, "-m", "chaosbench.workloads.ddp_mlp", "--ckpt-dir", str(ckpt_dir)]
-                cmd += ["--steps", str(steps), "--checkpoint-every", str(CKPT_EVERY), "--pg-timeout-s", "60"]
-                procs.append(
-                    subprocess.Popen(
-                        cmd + list(extra), env=rank_env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT
-                    )
-                )
-    except BaseException:
-        job.kill()
-        raise
-    return job
+) -> RankJob:
+    args = ["--ckpt-dir", str(ckpt_dir), "--steps", str(steps), "--checkpoint-every", str(CKPT_EVERY)]
+    args += ["--pg-timeout-s", "60", *extra]
+    return launch_ranks(
+        "chaosbench.workloads.ddp_mlp", args, WORLD_SIZE, events, tmp, ckpt_dir.name, incarnation
+    )
 
 
-def run_to_end(tmp: Path, ckpt_dir: Path, events: Path, *extra: str, incarnation: int = 0) -> Job:
+def run_to_end(tmp: Path, ckpt_dir: Path, events: Path, *extra: str, incarnation: int = 0) -> RankJob:
     job = launch(tmp, ckpt_dir, events, *extra, incarnation=incarnation)
     try:
-        codes = job.wait()
+        codes = job.wait(RUN_TIMEOUT_S)
     finally:
         job.kill()
     assert codes == [0] * WORLD_SIZE, job.output()
@@ -127,7 +62,7 @@ class Baseline:
     digest: str
     ckpt_dir: Path
     events: list[Event]
-    job: Job
+    job: RankJob
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,12 @@ Skipped when nvidia_resiliency_ext is not importable, unless CHAOSBENCH_REQUIRE 
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
-from chaosbench.timeline import Event, read_events
+from chaosbench.timeline import Event
+from tests.helpers import events_of, require
 
 pytestmark = pytest.mark.integration
 
@@ -31,13 +30,7 @@ def _need_nvrx() -> None:
     try:
         import nvidia_resiliency_ext.fault_tolerance  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available here"
-        if "nvrx" in os.environ.get("CHAOSBENCH_REQUIRE", ""):
-            pytest.fail(f"nvidia-resiliency-ext required (CHAOSBENCH_REQUIRE) but not importable: {exc}")
-        pytest.skip(f"nvidia-resiliency-ext not importable ({exc})")
-
-
-def _events(m) -> list[Event]:
-    return read_events(Path(m.run_dir) / "events.jsonl")
+        require("nvrx", f"nvidia-resiliency-ext not importable ({exc})")
 
 
 def _incarnations_by_rank(events: list[Event]) -> dict[int, list[int]]:
@@ -66,7 +59,7 @@ def test_control_clean_and_killed_rank_recovers(run_suite) -> None:
     """)
     c = res["nvrx/control#0"]
     assert c.timeouts["section_timeout_step_s"] is None and c.timeouts["section_timeout_checkpoint_s"] is None
-    events = _events(c)
+    events = events_of(c)
     detects = [e.get("line") for e in events if e.kind == "detect"]
     assert c.outcome == "completed" and c.final_step == 30, c.verdict
     assert c.restart_count == 0 and not c.restarts_claimed and detects == [], (c.verdict, detects)
@@ -79,7 +72,7 @@ def test_control_clean_and_killed_rank_recovers(run_suite) -> None:
     # one restart, counted by node1's agent only: node0's agent restarts for the membership change uncounted,
     # and its rank still runs the same incarnation (the rendezvous round) as rank 1
     assert m.restart_count == 1 and m.restarts_claimed == 1, m.verdict
-    assert _incarnations_by_rank(_events(m)) == {0: [0, 1], 1: [0, 1]}
+    assert _incarnations_by_rank(events_of(m)) == {0: [0, 1], 1: [0, 1]}
     assert m.lost_steps is not None and 0 < m.lost_steps <= 10
 
 
@@ -106,7 +99,7 @@ def test_hung_rank_found_by_section_timeout(run_suite) -> None:
     # the open 'step' section times out (the rank monitor checks every workload_check_interval_s = 1 s), far
     # ahead of the 60 s process-group timeout; the monitor kills the stopped rank (SIGCONT + SIGKILL)
     assert SECTION_TIMEOUT_S - 0.5 < m.time_to_detect_s < SECTION_TIMEOUT_S + 2.0, m.time_to_detect_s
-    first = next(e for e in _events(m) if e.kind == "detect")
+    first = next(e for e in events_of(m) if e.kind == "detect")
     assert "Section 'step' has been open for" in first.get("line") and first.get("blame_rank") is not None
     # rank 0 waits for rank 1 in the allreduce inside its own 'step' section: both monitors time out at the same
     # check and either line may come first, so whom nvrx blamed first is not asserted

@@ -8,7 +8,6 @@ that hold on a loaded 2-core machine.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import textwrap
 import time
@@ -20,7 +19,9 @@ from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.analysis.results import collect
 from chaosbench.runner import Runner
 from chaosbench.specs import load_yaml_text, suite_from_data
-from chaosbench.timeline import Event, read_events
+from chaosbench.timeline import Event
+from tests.helpers import events_of as _events
+from tests.helpers import require
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +41,10 @@ def _cluster_problem() -> str | None:
 
 
 _PROBLEM = _cluster_problem()
-if _PROBLEM is not None:
-    if "slurm" in os.environ.get("CHAOSBENCH_REQUIRE", ""):
-        pytest.fail(f"CHAOSBENCH_REQUIRE names slurm but no cluster answers: {_PROBLEM}", pytrace=False)
-    pytest.skip(
-        f"no Slurm cluster: {_PROBLEM} (start one with scripts/slurm-local up)", allow_module_level=True
-    )
+require(
+    "slurm",
+    None if _PROBLEM is None else f"no cluster answers: {_PROBLEM} (start one with scripts/slurm-local up)",
+)
 
 
 WORKLOAD = (
@@ -76,11 +75,6 @@ def _run(
     for rec in runner.run():
         assert rec.leftovers == [], f"{rec.scenario.id}: jobs or processes left: {rec.leftovers}"
     return {f"{m.scenario}#{m.repeat}": m for m in collect(runner.suite_dir, write=True)}
-
-
-def _events(m: RunMetrics) -> list[Event]:
-    assert m.run_dir is not None
-    return read_events(Path(m.run_dir) / "events.jsonl")
 
 
 def _kinds(events: list[Event], kind: str) -> list[Event]:

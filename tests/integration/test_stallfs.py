@@ -27,6 +27,7 @@ from chaosbench.injectors.stall_fs import (
 )
 from chaosbench.registry import INJECTORS
 from chaosbench.timeline import read_events
+from tests.helpers import require
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +37,7 @@ if "stall-fs" not in INJECTORS.names():
 
 @pytest.fixture(autouse=True)
 def _need_fuse() -> None:
-    why = fuse_available()
-    if why is None:
-        return
-    if "fuse" in os.environ.get("CHAOSBENCH_REQUIRE", ""):
-        pytest.fail(f"FUSE required (CHAOSBENCH_REQUIRE) but unavailable: {why}")
-    pytest.skip(f"no FUSE here: {why}")
+    require("fuse", fuse_available())
 
 
 def fuse_mounts_under(root: Path) -> list[str]:

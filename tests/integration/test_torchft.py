@@ -11,13 +11,13 @@ live state exactly.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from chaosbench.registry import FRAMEWORKS, WORKLOADS
 from chaosbench.timeline import Event, read_events
+from tests.helpers import require
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +30,10 @@ def _need_torchft() -> None:
     try:
         import torchft  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available here"
-        if "torchft" in os.environ.get("CHAOSBENCH_REQUIRE", ""):
-            pytest.fail(f"torchft required (CHAOSBENCH_REQUIRE) but not importable: {exc}")
-        pytest.skip(f"torchft not importable ({exc}); pip install --no-deps torchft==0.2.0 and its opentelemetry deps")
+        require(
+            "torchft",
+            f"torchft not importable ({exc}); pip install --no-deps torchft==0.2.0 and its opentelemetry deps",
+        )
     if "torchft" not in FRAMEWORKS.names():
         FRAMEWORKS.register("torchft", "chaosbench.frameworks.torchft:TorchftFramework")
     if "ft-mlp" not in WORKLOADS.names():
