@@ -159,3 +159,19 @@ def test_framework_workload_override() -> None:
 def test_shipped_suites_are_valid() -> None:
     for path in sorted((ROOT / "suites").glob("*.yaml")):
         assert load_suite(path).scenarios(), path
+
+
+@pytest.mark.parametrize("injector", ["net-delay", "net-loss"])
+def test_netem_for_ingress_is_refused_at_load(injector: str) -> None:
+    """netem shapes a node's egress only: asking for it on ingress is an error naming the fault, not a silent
+    switch to the other method at injection."""
+    amount = "delay_ms: 5" if injector == "net-delay" else "percent: 5"
+    fault = (f"  slow-net: {{injector: {injector}, target: {{node: node1}}, trigger: {{at_step: 5}}, "
+             f"params: {{{amount}, direction: ingress, method: netem}}}}\n")  # fmt: skip
+    text = GOOD.replace("\nfaults:\n", "\nfaults:\n" + fault).replace("faults: [kill-rank1, hang-any]",
+                                                                   "faults: [slow-net]")  # fmt: skip
+    text = text.replace("ranks: 2, steps: 30}", "ranks: 2, nodes: 2, steps: 30}")
+    msg = _error(text)
+    assert msg.startswith("suites/x.yaml:9: fault 'slow-net':"), msg
+    assert "netem shapes egress only" in msg
+    assert "netem shapes egress only" not in _error(text.replace("direction: ingress, ", "") + "bogus: 1\n")

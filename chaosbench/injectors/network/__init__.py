@@ -112,6 +112,19 @@ class _NetInjector(Injector):
         ctx.state.setdefault("qdiscs", []).append((node, kind, iface(rt, node)))
         return True
 
+    def _netem(self, ctx: FaultContext, rt: NodeControl, node: str, args: list[str], fallback: str) -> bool:
+        """``netem ARGS`` on the node's egress when the params allow it (``method`` auto or netem, ``direction``
+        egress): True when it took; False to use ``fallback``; an error when netem was asked for and the kernel
+        lacks it."""
+        p: Any = self.params
+        if p.method not in ("auto", "netem") or p.direction != "egress":
+            return False
+        if self._add_qdisc(ctx, rt, node, "netem", args):
+            return True
+        if p.method == "netem":
+            raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: {fallback})")
+        return False
+
     def revert(self, ctx: FaultContext) -> bool:
         rt = node_control(ctx.runtime, self.name)
         undone = False
@@ -130,13 +143,25 @@ class _NetInjector(Injector):
         return undone
 
 
-# ------------------------------------------------------------------------------------------------ delay
-class NetDelayParams(BaseModel):
+class _ShapingParams(BaseModel):
+    """What the packet-shaping faults (delay, loss) share: the window, the direction, netem on egress only."""
+
     model_config = ConfigDict(extra="forbid")
-    delay_ms: float = Field(gt=0, description="added latency per packet (ms)")
-    jitter_ms: float = Field(default=0.0, ge=0, description="uniform +- jitter (ms); packets may reorder")
     duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
     direction: Direction = Field(default="egress", description="packets the node sends, receives, or both")
+    method: str
+
+    @model_validator(mode="after")
+    def _netem_egress(self) -> _ShapingParams:
+        if self.method == "netem" and self.direction != "egress":
+            raise ValueError("netem shapes egress only; use method auto (or the other method) for ingress/both")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------ delay
+class NetDelayParams(_ShapingParams):
+    delay_ms: float = Field(gt=0, description="added latency per packet (ms)")
+    jitter_ms: float = Field(default=0.0, ge=0, description="uniform +- jitter (ms); packets may reorder")
     method: Literal["auto", "netem", "nfqueue"] = Field(default="auto", description="netem if the kernel has "
                                                         "it, else an NFQUEUE userspace delayer")  # fmt: skip
 
@@ -204,15 +229,10 @@ class NetDelayInjector(_NetInjector):
         rt = node_control(ctx.runtime, self.name)
         used: dict[str, str] = {}
         for node in target_nodes(ctx):
-            if p.method in ("auto", "netem") and p.direction == "egress":
-                args = ["delay", f"{p.delay_ms}ms"] + ([f"{p.jitter_ms}ms"] if p.jitter_ms else [])
-                if self._add_qdisc(ctx, rt, node, "netem", args):
-                    used[node] = "netem"
-                    continue
-                if p.method == "netem":
-                    raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: nfqueue)")
-            elif p.method == "netem":
-                raise ChaosbenchError("netem delays only egress; use method: nfqueue for ingress/both")
+            args = ["delay", f"{p.delay_ms}ms"] + ([f"{p.jitter_ms}ms"] if p.jitter_ms else [])
+            if self._netem(ctx, rt, node, args, "nfqueue"):
+                used[node] = "netem"
+                continue
             queue = 4200 + ctx.index % 1000
             delayer = _start_delayer(ctx, rt, node, queue, p)
             ctx.state.setdefault("delayers", []).append(delayer)
@@ -225,11 +245,8 @@ class NetDelayInjector(_NetInjector):
 
 
 # ------------------------------------------------------------------------------------------------ loss
-class NetLossParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NetLossParams(_ShapingParams):
     percent: float = Field(gt=0, le=100, description="share of packets dropped (%)")
-    duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
-    direction: Direction = Field(default="egress", description="packets the node sends, receives, or both")
     method: Literal["auto", "netem", "iptables"] = Field(default="auto", description="netem if the kernel "
                                                          "has it, else iptables statistic DROP")  # fmt: skip
 
@@ -246,12 +263,9 @@ class NetLossInjector(_NetInjector):
         rt = node_control(ctx.runtime, self.name)
         used: dict[str, str] = {}
         for node in target_nodes(ctx):
-            if p.method in ("auto", "netem") and p.direction == "egress":
-                if self._add_qdisc(ctx, rt, node, "netem", ["loss", f"{p.percent}%"]):
-                    used[node] = "netem"
-                    continue
-                if p.method == "netem":
-                    raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: iptables)")
+            if self._netem(ctx, rt, node, ["loss", f"{p.percent}%"], "iptables"):
+                used[node] = "netem"
+                continue
             for chain, opt in chains(p.direction):
                 spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-m", "statistic", "--mode", "random",
                         "--probability", f"{p.percent / 100:.6f}", "-j", "DROP"]  # fmt: skip
