@@ -165,7 +165,7 @@ class SlurmRequeueFramework(Framework):
 
     def _slurm_version(self, job: JobContext) -> str | None:
         try:
-            return self._runtime(job).scheduler_config().get("slurm_version")  # type: ignore[no-any-return]
+            return self._runtime(job).slurm.scheduler_config().get("slurm_version")  # type: ignore[no-any-return]
         except ChaosbenchError:
             return None
 
@@ -174,7 +174,7 @@ class SlurmRequeueFramework(Framework):
         t = super().timeouts(job)
         t["poll_interval_s"] = o.poll_interval_s
         try:
-            cfg = self._runtime(job).scheduler_config()
+            cfg = self._runtime(job).slurm.scheduler_config()
         except ChaosbenchError:
             cfg = {}
         for k in (
@@ -226,7 +226,7 @@ class SlurmRequeueFramework(Framework):
             stop = control.stop_reason()
             if stop:
                 return JobResult(stop, f"harness stopped the run ({stop})")
-            info = rt.job_info(job_id)
+            info = rt.slurm.job_info(job_id)
             if info is None:
                 return JobResult("failed", f"job {job_id} is unknown to the scheduler")
             key = (info.slurm_state, info.reason, info.restarts)
@@ -301,7 +301,7 @@ class SlurmRequeueFramework(Framework):
                         control.timeline.emit("give_up", src="framework", framework=self.label, reason=reason)
                         return JobResult("gave_up", why)
                 try:
-                    rt.requeue(job_id)
+                    rt.slurm.requeue(job_id)
                 except ChaosbenchError as exc:  # e.g. still completing: try again at the next poll
                     if str(exc) != requeue_error:
                         requeue_error = str(exc)

@@ -99,20 +99,20 @@ class SlurmNodeDownInjector(Injector):
                 nodes.append(snode)
         details: dict[str, Any] = {"slurm_nodes": nodes, "state": p.state, "killed": {}, "before": {}}
         for snode in nodes:
-            ours = rt.jobs_on(snode)
+            ours = rt.slurm.jobs_on(snode)
             if not ours:
                 raise ChaosbenchError(f"Slurm node {snode} runs no job of this run; not touching it")
-            foreign = rt.foreign_jobs_on(snode)
+            foreign = rt.slurm.foreign_jobs_on(snode)
             if foreign and not p.allow_foreign_jobs:
                 raise ChaosbenchError(
                     f"Slurm node {snode} also runs jobs of others ({foreign}); not touching it"
                 )
-            details["before"][snode] = rt.node_state(snode)[1]
+            details["before"][snode] = rt.slurm.node_state(snode)[1]
         kill = p.kill_tasks if p.kill_tasks is not None else p.state == "drain"
         for snode in nodes:
             if kill:
                 details["killed"][snode] = self._kill_tasks(rt, snode)
-            rt.command(
+            rt.slurm.command(
                 [
                     "scontrol",
                     "update",
@@ -122,12 +122,12 @@ class SlurmNodeDownInjector(Injector):
                 ]
             )
             ctx.state.setdefault("nodes", []).append(snode)
-        details["after"] = {n: rt.node_state(n)[1] for n in nodes}
+        details["after"] = {n: rt.slurm.node_state(n)[1] for n in nodes}
         return details
 
     @staticmethod
     def _kill_tasks(rt: Any, snode: str) -> list[int]:
-        jobs = sorted(rt.jobs_on(snode))
+        jobs = sorted(rt.slurm.jobs_on(snode))
         if not jobs:
             return []
         argv = [
@@ -147,17 +147,17 @@ class SlurmNodeDownInjector(Injector):
             snode,
             *[str(j) for j in jobs],
         ]
-        out = rt.command(argv, check=False)
+        out = rt.slurm.command(argv, check=False)
         return [int(x) for x in out.split()[:-1] if x.isdigit()]
 
     def revert(self, ctx: FaultContext) -> bool:
         rt = slurm_runtime(ctx.runtime, self.name)
         undone = False
         for snode in ctx.state.pop("nodes", []):
-            kv = rt.nodes_info([snode]).get(snode, {})
+            kv = rt.slurm.nodes_info([snode]).get(snode, {})
             if kv.get("Reason", "").split(" [")[0] != self._reason(ctx):
                 continue  # someone else changed the node since: leave it to them
             with contextlib.suppress(ChaosbenchError):
-                rt.command(["scontrol", "update", f"nodename={snode}", "state=RESUME"])
+                rt.slurm.command(["scontrol", "update", f"nodename={snode}", "state=RESUME"])
                 undone = True
         return undone

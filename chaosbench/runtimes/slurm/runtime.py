@@ -21,9 +21,9 @@ instead; the runtime tracks and cleans those up too.
 
 Nodes. The workload's nodes ``node0..nodeN-1`` map to Slurm nodes: the ``nodes`` option pins them
 (``{node0: n1, node1: n2}``), otherwise the first usable nodes of the partition are taken in order. A node
-whose Slurm state becomes unusable (down, drained, failing; see :data:`SLURM_STATES`) is replaced by a
-free one when a process is started there again (``replace_lost_nodes``; a ``node_map`` event records it),
-as a resubmitted job would land elsewhere. The rank's own events say which host it ran on.
+whose Slurm state becomes unusable (down, drained, failing; see
+:data:`~chaosbench.runtimes.slurm.states.SLURM_STATES`) is replaced by a free one when a process is started
+there again (``replace_lost_nodes``; a ``node_map`` event records it), as a resubmitted job would land elsewhere. The rank's own events say which host it ran on.
 
 Signals (``kill``, ``hang`` and the other signal injectors). The pid a rank reports lives on its node, so
 the runtime runs a tiny shell helper there as an extra step of the job that owns the rank
@@ -42,17 +42,14 @@ Teardown escalates through the scheduler: ``scancel --signal=CONT`` and ``--sign
 steps, ``grace_s``, then ``scancel --signal=KILL`` and a full ``scancel``; the local ``srun`` is killed last.
 Safe to call twice. ``cleanup`` waits until none of the run's jobs is pending, running or completing.
 
-Requires the Slurm client commands on the harness's host (``srun``, ``sbatch``, ``squeue``, ``scontrol``,
-``scancel``, ``sinfo``); ``sacct`` is optional (used only when it answers: clusters without an accounting
-database, like the local test cluster, have no ``sacct``), since ``squeue -t all`` and ``scontrol show job``
-know every job for ``MinJobAge`` seconds after it ended.
+Requires the Slurm client commands on the harness's host: every one runs through
+:class:`~chaosbench.runtimes.slurm.commands.SlurmCommands` (``self.slurm``), the one place that knows their
+arguments and output.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
-import hashlib
 import ipaddress
 import os
 import re
@@ -62,180 +59,22 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.process import record_exit, start_pumps
+from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
+from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
+from chaosbench.runtimes.slurm.states import USABLE_NODE_STATES, JobState, node_state
 from chaosbench.timeline import clocks, now_ns
-from chaosbench.timeline.reader import crashed_run_ids
 
 #: ``srun`` exits 128+N when its task was killed by signal N.
 SIGNAL_EXIT_BASE = 128
-
-
-class JobState(str, enum.Enum):
-    """What chaosbench makes of a Slurm job's state."""
-
-    QUEUED = "queued"  # waiting for resources or its begin time
-    HELD = "held"  # waiting for someone to release it
-    STARTING = "starting"  # allocated, nodes booting / prolog
-    RUNNING = "running"
-    SUSPENDED = "suspended"
-    STOPPING = "stopping"  # completing: processes being ended, epilog
-    REQUEUED = "requeued"  # going back to the queue (auto or scontrol requeue)
-    COMPLETED = "completed"  # ended with exit code 0
-    FAILED = "failed"  # ended badly through its own fault (exit code, OOM, time limit)
-    LOST = "lost"  # ended because a node failed under it
-    CANCELLED = "cancelled"  # ended by someone (scancel, preemption)
-
-
-class NodeState(str, enum.Enum):
-    """What chaosbench makes of a Slurm node's state."""
-
-    UP = "up"  # idle: can take a job
-    BUSY = "busy"  # running jobs (allocated, mixed, completing)
-    DRAINING = "draining"  # takes no new jobs, running ones go on
-    DRAINED = "drained"  # takes no jobs, none running
-    DOWN = "down"  # unusable: down, failed, not responding
-    BOOTING = "booting"  # powering up / rebooting
-    UNKNOWN = "unknown"
-
-
-#: The one translation of Slurm's job and node states (``squeue``/``sacct``/``scontrol`` spellings, base
-#: state without flags) into chaosbench's. Keyed by ("job"|"node", SLURM_STATE).
-SLURM_STATES: dict[tuple[str, str], JobState | NodeState] = {
-    ("job", "PENDING"): JobState.QUEUED,
-    ("job", "CONFIGURING"): JobState.STARTING,
-    ("job", "RUNNING"): JobState.RUNNING,
-    ("job", "RESIZING"): JobState.RUNNING,
-    ("job", "SIGNALING"): JobState.RUNNING,
-    ("job", "STAGE_OUT"): JobState.STOPPING,
-    ("job", "SUSPENDED"): JobState.SUSPENDED,
-    ("job", "STOPPED"): JobState.SUSPENDED,
-    ("job", "COMPLETING"): JobState.STOPPING,
-    ("job", "REQUEUED"): JobState.REQUEUED,
-    ("job", "REQUEUE_FED"): JobState.REQUEUED,
-    ("job", "REQUEUE_HOLD"): JobState.HELD,
-    ("job", "SPECIAL_EXIT"): JobState.HELD,
-    ("job", "RESV_DEL_HOLD"): JobState.HELD,
-    ("job", "COMPLETED"): JobState.COMPLETED,
-    ("job", "FAILED"): JobState.FAILED,
-    ("job", "TIMEOUT"): JobState.FAILED,
-    ("job", "OUT_OF_MEMORY"): JobState.FAILED,
-    ("job", "DEADLINE"): JobState.FAILED,
-    ("job", "BOOT_FAIL"): JobState.LOST,
-    ("job", "NODE_FAIL"): JobState.LOST,
-    ("job", "CANCELLED"): JobState.CANCELLED,
-    ("job", "PREEMPTED"): JobState.CANCELLED,
-    ("job", "REVOKED"): JobState.CANCELLED,
-    ("node", "IDLE"): NodeState.UP,
-    ("node", "ALLOCATED"): NodeState.BUSY,
-    ("node", "MIXED"): NodeState.BUSY,
-    ("node", "COMPLETING"): NodeState.BUSY,
-    ("node", "PLANNED"): NodeState.UP,
-    ("node", "RESERVED"): NodeState.UP,
-    ("node", "DRAINING"): NodeState.DRAINING,
-    ("node", "DRAINED"): NodeState.DRAINED,
-    ("node", "DRAIN"): NodeState.DRAINED,
-    ("node", "DOWN"): NodeState.DOWN,
-    ("node", "FAIL"): NodeState.DOWN,
-    ("node", "FAILING"): NodeState.DRAINING,
-    ("node", "FUTURE"): NodeState.DOWN,
-    ("node", "INVAL"): NodeState.DOWN,
-    ("node", "MAINT"): NodeState.DRAINED,
-    ("node", "REBOOT_ISSUED"): NodeState.BOOTING,
-    ("node", "POWERING_UP"): NodeState.BOOTING,
-    ("node", "POWERED_DOWN"): NodeState.DOWN,
-    ("node", "POWERING_DOWN"): NodeState.DOWN,
-    ("node", "UNKNOWN"): NodeState.UNKNOWN,
-}
-
-#: Job states after which the job will not run again by itself.
-FINAL_JOB_STATES = {JobState.COMPLETED, JobState.FAILED, JobState.LOST, JobState.CANCELLED}
-#: Job states in which the job holds or may get resources (what teardown waits out).
-ACTIVE_JOB_STATES = {
-    JobState.QUEUED,
-    JobState.STARTING,
-    JobState.RUNNING,
-    JobState.SUSPENDED,
-    JobState.STOPPING,
-    JobState.REQUEUED,
-}
-#: Node states in which a new job can start on the node.
-USABLE_NODE_STATES = {NodeState.UP, NodeState.BUSY}
-
-
-def job_state(slurm_state: str) -> JobState:
-    """A Slurm job state (``squeue %T``, ``scontrol JobState``, ``sacct State`` such as ``CANCELLED by 0``)
-    through :data:`SLURM_STATES`; unknown states raise ChaosbenchError (never guessed)."""
-    base = slurm_state.strip().split()[0].upper() if slurm_state.strip() else ""
-    st = SLURM_STATES.get(("job", base))
-    if not isinstance(st, JobState):
-        raise ChaosbenchError(f"unknown Slurm job state {slurm_state!r}")
-    return st
-
-
-def node_state(slurm_state: str) -> NodeState:
-    """A Slurm node state (``scontrol State=IDLE+DRAIN``, ``sinfo %T`` such as ``down*`` or ``drained``)
-    through :data:`SLURM_STATES`. Flags: DRAIN makes a busy node draining and an idle one drained;
-    NOT_RESPONDING (``*``) and FAIL make any node down; REBOOT/POWER flags make it booting."""
-    s = slurm_state.strip().upper()
-    not_responding = s.endswith("*") or "NOT_RESPONDING" in s
-    parts = [p for p in re.split(r"[+]", s.rstrip("*~#!%$@^-")) if p]
-    if not parts:
-        return NodeState.UNKNOWN
-    base = SLURM_STATES.get(("node", parts[0]), NodeState.UNKNOWN)
-    flags = set(parts[1:])
-    if not_responding or "FAIL" in flags or base is NodeState.DOWN:
-        return NodeState.DOWN
-    if "DRAIN" in flags:
-        return NodeState.DRAINING if base is NodeState.BUSY else NodeState.DRAINED
-    if flags & {"REBOOT_ISSUED", "POWERING_UP", "POWER_UP", "REBOOT_REQUESTED"}:
-        return NodeState.BOOTING
-    if flags & {"POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN"}:
-        return NodeState.DOWN
-    assert isinstance(base, NodeState)
-    return base
-
-
-def parse_kv(line: str) -> dict[str, str]:
-    """``scontrol show ... -o`` output (``Key=value Key2=value with spaces``) as a dict (first key wins)."""
-    out: dict[str, str] = {}
-    matches = list(re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=", line))
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        out.setdefault(m.group(1), line[m.end() : end].strip())
-    return out
-
-
-@dataclass
-class JobInfo:
-    """One Slurm job as the scheduler sees it now."""
-
-    job_id: int
-    slurm_state: str
-    state: JobState
-    reason: str = ""
-    restarts: int = 0
-    nodes: list[str] = field(default_factory=list)
-    exit_code: str = ""
-    name: str = ""
-
-    def to_event(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "slurm_state": self.slurm_state,
-            "state": self.state.value,
-            "reason": self.reason,
-            "restarts": self.restarts,
-            "slurm_nodes": self.nodes,
-            "exit_code": self.exit_code,
-        }
 
 
 class SlurmOptions(BaseModel):
@@ -309,12 +148,13 @@ class SlurmRuntime(Runtime):
 
     name: ClassVar[str] = "slurm"
 
-    @classmethod
-    def cleanup_crashed(cls, results_dir: Path) -> list[str]:
-        return cleanup_stale_jobs(results_dir)
     Options = SlurmOptions  # type: ignore[assignment]
     #: Option values used when the runner passes no options (variants registered under other names).
     default_options: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def cleanup_crashed(cls, results_dir: Path) -> list[str]:
+        return cleanup_stale_jobs(results_dir)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -322,11 +162,12 @@ class SlurmRuntime(Runtime):
             self.options if isinstance(self.options, SlurmOptions) else SlurmOptions(**self.default_options)
         )
         self.logs_dir = Path(self.run.run_dir) / "logs"
-        self.run_hash = hashlib.sha256(self.run.run_id.encode()).hexdigest()[:10]
-        self.job_prefix = f"cb-{self.run_hash}"
-        self._env = dict(os.environ)
+        self.job_prefix = job_prefix(self.run.run_id)
+        env = dict(os.environ)
         if self.opts.slurm_conf:
-            self._env["SLURM_CONF"] = self.opts.slurm_conf
+            env["SLURM_CONF"] = self.opts.slurm_conf
+        #: The Slurm client commands, with this run's environment, timeout, partition and job names.
+        self.slurm = SlurmCommands(env, self.opts.command_timeout_s, self.opts.partition, self.job_prefix)
         self._handles: list[SlurmHandle] = []
         self._threads: list[threading.Thread] = []
         self._batch: dict[int, str] = {}  # job id -> name, batch jobs of this run
@@ -335,116 +176,18 @@ class SlurmRuntime(Runtime):
         self._node_addr: dict[str, str] = {}
         self._lock = threading.RLock()
         self._map_lock = threading.Lock()
-        self._checked = False
 
-    # ------------------------------------------------------------------ Slurm commands
-    def command(self, argv: list[str], check: bool = True, timeout_s: float | None = None) -> str:
-        """Run one Slurm client command; returns stdout. Failures raise ChaosbenchError with Slurm's one-line
-        reason (a missing command raises MissingEngine)."""
-        try:
-            res = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                env=self._env,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout_s or self.opts.command_timeout_s,
-            )
-        except FileNotFoundError:
-            raise MissingEngine(
-                f"Slurm command '{argv[0]}' not found: is this host a Slurm client?"
-            ) from None
-        except subprocess.TimeoutExpired:
-            raise ChaosbenchError(f"'{' '.join(argv[:3])}' gave no answer within the timeout") from None
-        if check and res.returncode != 0:
-            err = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}").splitlines()[-1]
-            raise ChaosbenchError(f"'{' '.join(argv[:3])}' failed: {err}")
-        return res.stdout
-
-    def check(self) -> None:
-        """Raise MissingEngine when no cluster answers (or the partition does not exist)."""
-        if self._checked:
-            return
-        try:
-            out = self.command(["sinfo", "-h", "-o", "%R", *self._part()], timeout_s=15)
-        except ChaosbenchError as exc:
-            raise MissingEngine(f"no Slurm cluster answers: {exc}") from None
-        if not out.strip():
-            raise MissingEngine(f"Slurm partition '{self.opts.partition}' not found")
-        self._checked = True
-
-    def _part(self) -> list[str]:
-        return ["-p", self.opts.partition] if self.opts.partition else []
-
+    # ------------------------------------------------------------------ job submission
     def _common(self) -> list[str]:
-        out = self._part()
+        """Arguments every job of the run is submitted with: partition, account, time limit."""
+        out = self.slurm.partition_args()
         if self.opts.account:
             out += ["-A", self.opts.account]
         if self.opts.time_limit:
             out += ["-t", self.opts.time_limit]
         return out
 
-    def scheduler_config(self) -> dict[str, Any]:
-        """Scheduler settings that shape detection and recovery (seconds where a time), from
-        ``scontrol show config``: the requeue hold (``cred_expire``, default 120 s), the node timeout, the
-        kill wait, the backfill interval, the job record lifetime."""
-        raw: dict[str, str] = {}
-        for line in self.command(["scontrol", "show", "config"]).splitlines():
-            if "=" in line:
-                k, _, v = line.partition("=")
-                raw[k.strip()] = v.strip()
-
-        def secs(v: str | None) -> float | None:
-            m = re.match(r"^(\d+)", v or "")
-            return float(m.group(1)) if m else None
-
-        auth = dict(kv.split("=", 1) for kv in raw.get("AuthInfo", "").split(",") if "=" in kv)
-        sched = dict(kv.split("=", 1) for kv in raw.get("SchedulerParameters", "").split(",") if "=" in kv)
-        return {
-            "slurm_version": raw.get("SLURM_VERSION"),
-            "cluster": raw.get("ClusterName"),
-            "scheduler_type": raw.get("SchedulerType"),
-            "requeue_hold_s": secs(auth.get("cred_expire")) or 120.0,
-            "backfill_interval_s": secs(sched.get("bf_interval")) or 30.0,
-            "sched_interval_s": secs(sched.get("sched_interval")) or 60.0,
-            "slurmd_timeout_s": secs(raw.get("SlurmdTimeout")),
-            "kill_wait_s": secs(raw.get("KillWait")),
-            "min_job_age_s": secs(raw.get("MinJobAge")),
-            "job_requeue": raw.get("JobRequeue"),
-        }
-
     # ------------------------------------------------------------------ nodes
-    def nodes_info(self, names: list[str] | None = None) -> dict[str, dict[str, str]]:
-        """``scontrol show node -o`` of the partition's nodes (or of ``names``), keyed by node name."""
-        argv = ["scontrol", "show", "node", "-o", *([",".join(names)] if names else [])]
-        out = {}
-        for line in self.command(argv).splitlines():
-            kv = parse_kv(line)
-            if "NodeName" in kv:
-                out[kv["NodeName"]] = kv
-        if self.opts.partition and not names:
-            out = {
-                n: kv for n, kv in out.items() if self.opts.partition in kv.get("Partitions", "").split(",")
-            }
-        return out
-
-    def node_state(self, slurm_node: str) -> tuple[NodeState, str]:
-        """A Slurm node's state: (chaosbench's, Slurm's raw spelling)."""
-        kv = self.nodes_info([slurm_node]).get(slurm_node)
-        if kv is None:
-            raise ChaosbenchError(f"Slurm node {slurm_node} not found")
-        return node_state(kv.get("State", "UNKNOWN")), kv.get("State", "UNKNOWN")
-
-    def partition_nodes(self) -> list[str]:
-        """Nodes of the partition (the cluster's default partition when none is set), in Slurm's order."""
-        out = self.command(["sinfo", "-h", "-N", "-o", "%N|%P", *self._part()])
-        names: list[str] = []
-        for line in out.splitlines():
-            n, _, p = line.partition("|")
-            if n and n not in names and (self.opts.partition or p.endswith("*")):
-                names.append(n)
-        return names
-
     def slurm_node(self, node: str, for_start: bool = False) -> str:
         """The Slurm node a workload node runs on. With ``for_start`` an unusable mapped node is replaced by
         a free one (``replace_lost_nodes``), recorded as a ``node_map`` event."""
@@ -452,8 +195,8 @@ class SlurmRuntime(Runtime):
             current = self._node_map.get(node)
             if current is not None and not for_start:
                 return current
-            self.check()
-            infos = self.nodes_info()
+            self.slurm.check()
+            infos = self.slurm.nodes_info()
             usable = {n for n, kv in infos.items() if node_state(kv.get("State", "")) in USABLE_NODE_STATES}
             if current is not None and current in usable:
                 return current
@@ -468,7 +211,7 @@ class SlurmRuntime(Runtime):
                 taken = set(self._node_map.values()) | set(self.opts.nodes.values())
                 free = [
                     n
-                    for n in self.partition_nodes()
+                    for n in self.slurm.partition_nodes()
                     if n in usable and n not in taken and n not in self.opts.exclude
                 ]
                 if current is not None and not self.opts.replace_lost_nodes:
@@ -500,7 +243,7 @@ class SlurmRuntime(Runtime):
 
     def _addr(self, slurm_node: str) -> str:
         if slurm_node not in self._node_addr:
-            kv = self.nodes_info([slurm_node]).get(slurm_node, {})
+            kv = self.slurm.nodes_info([slurm_node]).get(slurm_node, {})
             self._node_addr[slurm_node] = kv.get("NodeAddr", slurm_node)
         return self._node_addr[slurm_node]
 
@@ -537,7 +280,7 @@ class SlurmRuntime(Runtime):
         ]
         try:
             off = clocks.measure(
-                argv, slurm_node, self.opts.clock_samples, self.opts.command_timeout_s, self._env
+                argv, slurm_node, self.opts.clock_samples, self.opts.command_timeout_s, self.slurm.env
             )
         except ValueError as exc:
             self.run.timeline.emit("clock_offset", node=node, slurm_node=slurm_node, error=str(exc))
@@ -568,7 +311,7 @@ class SlurmRuntime(Runtime):
                 s.bind((addr, 0))
                 return int(s.getsockname()[1])
         prog = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-        out = self.command(
+        out = self.slurm.command(
             [
                 "srun",
                 "-Q",
@@ -600,7 +343,7 @@ class SlurmRuntime(Runtime):
 
     # ------------------------------------------------------------------ processes
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
-        self.check()
+        self.slurm.check()
         snode = self.slurm_node(spec.node, for_start=True)
         if self.opts.measure_clocks:
             self.measure_clock(snode, spec.node)
@@ -621,7 +364,7 @@ class SlurmRuntime(Runtime):
             "--",
             *self.node_argv(spec.argv),
         ]
-        env = dict(self._env)
+        env = dict(self.slurm.env)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         try:
@@ -635,8 +378,6 @@ class SlurmRuntime(Runtime):
             )
         except OSError as exc:
             raise MissingEngine(f"cannot run srun for '{spec.name}': {exc.strerror}") from None
-        from chaosbench import procutil
-
         handle = SlurmHandle(spec, popen.pid, procutil.start_ticks(popen.pid), job_name, snode)
         handle.popen = popen
         with self._lock:
@@ -653,7 +394,9 @@ class SlurmRuntime(Runtime):
             job_name=job_name,
         )
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        self._threads += start_pumps(handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line)
+        self._threads += start_pumps(
+            handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line
+        )
         w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
         w.start()
         self._threads.append(w)
@@ -670,7 +413,7 @@ class SlurmRuntime(Runtime):
             job_id = self.job_id(handle)
             # srun (22.05) exits 0 when its node fails under it ("srun: error: Node failure on n2"): the job's
             # state says what happened, so a lost node is not reported as a process that finished its work.
-            info = self.job_info(job_id) if rc == 0 and job_id is not None else None
+            info = self.slurm.job_info(job_id) if rc == 0 and job_id is not None else None
             if info is not None and info.state in (JobState.FAILED, JobState.LOST, JobState.CANCELLED):
                 rc = 1
                 extra = {"srun_returncode": srun_rc, "slurm_state": info.slurm_state, "reason": info.reason}
@@ -683,11 +426,7 @@ class SlurmRuntime(Runtime):
     def job_id(self, handle: SlurmHandle) -> int | None:
         """The Slurm job id of a process (looked up by its unique job name; None before it is known)."""
         if handle.job_id is None:
-            out = self.command(
-                ["squeue", "-h", "-t", "all", f"--name={handle.job_name}", "-o", "%i"], check=False
-            )
-            ids = [int(x) for x in out.split() if x.isdigit()]
-            handle.job_id = max(ids) if ids else None
+            handle.job_id = self.slurm.job_id_named(handle.job_name)
         return handle.job_id
 
     # ------------------------------------------------------------------ batch jobs (slurm-requeue)
@@ -702,7 +441,7 @@ class SlurmRuntime(Runtime):
     ) -> int:
         """``sbatch`` a batch script as a job of this run; returns its job id. Output goes to
         ``logs/<name>.out`` (appended across requeues)."""
-        self.check()
+        self.slurm.check()
         job_name = f"{self.job_prefix}.{name}"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -724,111 +463,13 @@ class SlurmRuntime(Runtime):
         ]
         if self.opts.exclude:
             argv[-1:-1] = [f"--exclude={','.join(self.opts.exclude)}"]
-        saved = self._env
-        if env:
-            self._env = {**self._env, **env}
-        try:
-            out = self.command(argv)
-        finally:
-            self._env = saved
+        out = self.slurm.command(argv, extra_env=env)
         job_id = int(out.strip().split(";")[0])
         with self._lock:
             self._batch[job_id] = job_name
         return job_id
 
-    def job_info(self, job_id: int) -> JobInfo | None:
-        """The scheduler's view of a job (``scontrol show job``; ``sacct`` once it is gone), or None."""
-        out = self.command(["scontrol", "show", "job", "-o", str(job_id)], check=False)
-        kv = parse_kv(out.strip()) if out.strip() else {}
-        if "JobState" not in kv:
-            return self._sacct_info(job_id)
-        nodes_expr = kv.get("NodeList", "")
-        nodes = self.hostnames(nodes_expr) if nodes_expr and nodes_expr != "(null)" else []
-        reason = kv.get("Reason", "")
-        return JobInfo(
-            job_id=job_id,
-            slurm_state=kv["JobState"],
-            state=job_state(kv["JobState"]),
-            reason="" if reason == "None" else reason,
-            restarts=int(kv.get("Restarts", "0") or 0),
-            nodes=nodes,
-            exit_code=kv.get("ExitCode", ""),
-            name=kv.get("JobName", ""),
-        )
-
-    def _sacct_info(self, job_id: int) -> JobInfo | None:
-        try:
-            out = self.command(
-                ["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State,Reason,NodeList,ExitCode"],
-                timeout_s=10,
-            )
-        except ChaosbenchError:
-            return None
-        line = out.strip().splitlines()[-1] if out.strip() else ""
-        if not line:
-            return None
-        st, reason, nodes_expr, code = (line.split("|") + ["", "", "", ""])[:4]
-        return JobInfo(
-            job_id=job_id,
-            slurm_state=st,
-            state=job_state(st),
-            reason=reason,
-            nodes=self.hostnames(nodes_expr) if nodes_expr not in ("", "None assigned") else [],
-            exit_code=code,
-        )
-
-    def hostnames(self, expr: str) -> list[str]:
-        """A Slurm host list expression (``n[1-3]``) expanded by ``scontrol show hostnames``."""
-        return self.command(["scontrol", "show", "hostnames", expr]).split()
-
-    def requeue(self, job_id: int) -> None:
-        """``scontrol requeue``: the job goes back to the queue (held until its begin time, see
-        :meth:`scheduler_config`)."""
-        self.command(["scontrol", "requeue", str(job_id)])
-
     # ------------------------------------------------------------------ signals
-    def our_jobs(self, active_only: bool = True) -> dict[int, str]:
-        """This run's jobs known to the scheduler: job id -> name (only those not ended, by default)."""
-        out = self.command(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T"], check=False)
-        jobs = {}
-        for line in out.splitlines():
-            jid, _, rest = line.partition("|")
-            name, _, st = rest.partition("|")
-            if not name.startswith(self.job_prefix + ".") or not jid.isdigit():
-                continue
-            try:
-                state = job_state(st)
-            except ChaosbenchError:
-                state = JobState.RUNNING
-            if not active_only or state in ACTIVE_JOB_STATES:
-                jobs[int(jid)] = name
-        return jobs
-
-    def jobs_on(self, slurm_node: str) -> dict[int, str]:
-        """This run's running jobs with an allocation on ``slurm_node``."""
-        out = self.command(
-            ["squeue", "-h", "-t", "RUNNING,COMPLETING,SUSPENDED", "-w", slurm_node, "-o", "%i|%j"],
-            check=False,
-        )
-        jobs = {}
-        for line in out.splitlines():
-            jid, _, name = line.partition("|")
-            if name.startswith(self.job_prefix + ".") and jid.isdigit():
-                jobs[int(jid)] = name
-        return jobs
-
-    def foreign_jobs_on(self, slurm_node: str) -> list[int]:
-        """Jobs of others (not this run's) running on ``slurm_node``."""
-        out = self.command(
-            ["squeue", "-h", "-t", "RUNNING,COMPLETING,SUSPENDED", "-w", slurm_node, "-o", "%i|%j"],
-            check=False,
-        )
-        return [
-            int(j)
-            for j, _, n in (ln.partition("|") for ln in out.splitlines())
-            if j.isdigit() and not n.startswith(self.job_prefix + ".")
-        ]
-
     def slurm_node_now(self, node: str) -> str:
         """Where workload node ``node`` runs now: the mapping of per-process jobs, else the matching node of
         this run's running batch job (``nodeK`` = the K-th node of its allocation)."""
@@ -838,7 +479,7 @@ class SlurmRuntime(Runtime):
             return mapped
         m = re.fullmatch(r"node(\d+)", node)
         for job_id in sorted(self._batch, reverse=True):
-            info = self.job_info(job_id)
+            info = self.slurm.job_info(job_id)
             if (
                 info is not None
                 and info.state is JobState.RUNNING
@@ -853,7 +494,7 @@ class SlurmRuntime(Runtime):
     ) -> tuple[int, int | None, str]:
         """Run the signal helper on the rank's node: (helper exit code, node clock ns or None, Slurm node)."""
         snode = self.slurm_node_now(node or "node0")
-        jobs = sorted(self.jobs_on(snode))
+        jobs = sorted(self.slurm.jobs_on(snode))
         if not jobs:
             raise ProcessLookupError(pid)
         argv = [
@@ -881,7 +522,7 @@ class SlurmRuntime(Runtime):
                 argv,
                 capture_output=True,
                 text=True,
-                env=self._env,
+                env=self.slurm.env,
                 stdin=subprocess.DEVNULL,
                 timeout=self.opts.command_timeout_s,
             )
@@ -931,24 +572,20 @@ class SlurmRuntime(Runtime):
         return rc == 0
 
     # ------------------------------------------------------------------ teardown
-    def _scancel(self, job_ids: list[int], *args: str) -> None:
-        if job_ids:
-            self.command(["scancel", *args, *[str(j) for j in job_ids]], check=False)
-
     def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
         hs = [h for h in handles if isinstance(h, SlurmHandle)]
         live = [h for h in hs if not h.exited.is_set()]
         if live:
             ids = [j for j in (self.job_id(h) for h in live) if j is not None]
-            self._scancel(ids, "--signal=CONT")
-            self._scancel(ids, "--signal=TERM")
+            self.slurm.scancel(ids, "--signal=CONT")
+            self.slurm.scancel(ids, "--signal=TERM")
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and not all(h.exited.is_set() for h in live):
                 time.sleep(0.02)
             rest = [h for h in live if not h.exited.is_set()]
             ids = [j for j in (self.job_id(h) for h in rest) if j is not None]
-            self._scancel(ids, "--signal=KILL")
-            self._scancel(ids)
+            self.slurm.scancel(ids, "--signal=KILL")
+            self.slurm.scancel(ids)
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and not all(h.exited.is_set() for h in rest):
                 time.sleep(0.02)
@@ -961,7 +598,7 @@ class SlurmRuntime(Runtime):
 
     def cancel_batch(self, job_id: int) -> None:
         """End a batch job of this run for good (``scancel``)."""
-        self._scancel([job_id])
+        self.slurm.scancel([job_id])
 
     def cleanup(self, grace_s: float = 5.0) -> None:
         with self._lock:
@@ -970,10 +607,10 @@ class SlurmRuntime(Runtime):
         with contextlib.suppress(ChaosbenchError):
             deadline = time.monotonic() + self.opts.job_wait_s
             while True:
-                jobs = self.our_jobs()
+                jobs = self.slurm.our_jobs()
                 if not jobs or time.monotonic() > deadline:
                     break
-                self._scancel(sorted(jobs))
+                self.slurm.scancel(sorted(jobs))
                 time.sleep(0.2)
         for t in self._threads:
             t.join(timeout=5)
@@ -985,7 +622,7 @@ class SlurmRuntime(Runtime):
             handles = list(self._handles)
         alive = [h.pid for h in handles if h.popen is not None and h.popen.poll() is None]
         try:
-            jobs = sorted(self.our_jobs())
+            jobs = sorted(self.slurm.our_jobs())
         except ChaosbenchError:
             jobs = []
         return jobs + alive
@@ -1002,32 +639,3 @@ def _is_local(addr: str) -> bool:
         s.bind((str(ip), 0))
         return True
     return False
-
-
-def cleanup_stale_jobs(results_dir: Path) -> list[str]:
-    """For ``chaosbench cleanup``: cancel the Slurm jobs of runs below ``results_dir`` whose harness died
-    (a timeline without ``run_end``). Jobs are matched by the run's job-name prefix, so only jobs this
-    harness submitted are touched. No Slurm client or no cluster: nothing to do."""
-    import shutil
-
-    if shutil.which("squeue") is None:
-        return []
-    prefixes = {"cb-" + hashlib.sha256(run_id.encode()).hexdigest()[:10] + ".": run_dir
-                for run_id, run_dir in crashed_run_ids(results_dir).items()}  # fmt: skip
-    if not prefixes:
-        return []
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, timeout=15
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    actions = []
-    for line in out.splitlines():
-        jid, _, name = line.partition("|")
-        owner = next((d for p, d in prefixes.items() if name.startswith(p)), None)
-        if owner is not None and jid.isdigit():
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(["scancel", jid], capture_output=True, timeout=15)
-            actions.append(f"scancel Slurm job {jid} ({name}) of {owner}")
-    return actions

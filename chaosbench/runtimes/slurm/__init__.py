@@ -1,0 +1,47 @@
+"""The ``slurm`` runtime: processes run as Slurm jobs on an existing cluster, the scale-out path.
+
+- :mod:`~chaosbench.runtimes.slurm.runtime`: :class:`SlurmRuntime` (start, wait, signals, teardown, node
+  placement, clock offsets) and its options;
+- :mod:`~chaosbench.runtimes.slurm.commands`: :class:`SlurmCommands`, the Slurm client commands (``scontrol``,
+  ``sinfo``, ``squeue``, ``scancel``, ``sacct``) and what they answer;
+- :mod:`~chaosbench.runtimes.slurm.states`: the one translation of Slurm's job and node states
+  (:data:`SLURM_STATES`), :class:`JobInfo`;
+- :mod:`~chaosbench.runtimes.slurm.cleanup`: the jobs a harness that died left behind (``chaosbench cleanup``).
+"""
+
+from __future__ import annotations
+
+from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
+from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
+from chaosbench.runtimes.slurm.runtime import SlurmHandle, SlurmOptions, SlurmRuntime
+from chaosbench.runtimes.slurm.states import (
+    ACTIVE_JOB_STATES,
+    FINAL_JOB_STATES,
+    SLURM_STATES,
+    USABLE_NODE_STATES,
+    JobInfo,
+    JobState,
+    NodeState,
+    job_state,
+    node_state,
+    parse_kv,
+)
+
+__all__ = [
+    "ACTIVE_JOB_STATES",
+    "FINAL_JOB_STATES",
+    "SLURM_STATES",
+    "USABLE_NODE_STATES",
+    "JobInfo",
+    "JobState",
+    "NodeState",
+    "SlurmCommands",
+    "SlurmHandle",
+    "SlurmOptions",
+    "SlurmRuntime",
+    "cleanup_stale_jobs",
+    "job_prefix",
+    "job_state",
+    "node_state",
+    "parse_kv",
+]
