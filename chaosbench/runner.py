@@ -261,6 +261,7 @@ class Runner:
                 job.extra_env.update(setup.env)
                 if fault.trigger is not None:
                     controllers.append(FaultController(fault_name, fault, injector, setup, sc.rng_seed + i))
+            runtime.resolve()  # what the plan needs from the cluster, looked up now: planning itself runs nothing
             plan = framework.plan(job)
             RunDir(run_dir).config.write_text(
                 json.dumps({"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),

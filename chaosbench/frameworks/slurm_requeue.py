@@ -164,19 +164,13 @@ class SlurmRequeueFramework(Framework):
         )
 
     def _slurm_version(self, job: JobContext) -> str | None:
-        try:
-            return self._runtime(job).slurm.scheduler_config().get("slurm_version")  # type: ignore[no-any-return]
-        except ChaosbenchError:
-            return None
+        return self._runtime(job).scheduler.get("slurm_version")  # type: ignore[no-any-return]
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o: Any = self.options
         t = super().timeouts(job)
         t["poll_interval_s"] = o.poll_interval_s
-        try:
-            cfg = self._runtime(job).slurm.scheduler_config()
-        except ChaosbenchError:
-            cfg = {}
+        cfg = self._runtime(job).scheduler  # read when the run started; empty in a dry run
         for k in (
             "requeue_hold_s",
             "backfill_interval_s",

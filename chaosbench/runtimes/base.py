@@ -99,6 +99,13 @@ class Runtime(ABC):
     def free_port(self) -> int:
         """A TCP port free at the time of the call on the master address."""
 
+    def resolve(self) -> None:  # noqa: B027 - optional hook
+        """Look up what plans need to know that only the place the run goes can tell (a scheduler's node for
+        ``node0`` and its address, the scheduler's settings). The harness calls it once when a run starts,
+        before the framework plans it; planning itself (``--dry-run``, the timeout outlook) never does, so it
+        runs nothing on any engine or cluster, and an unresolved runtime plans with placeholders. Runs before
+        :meth:`provision`; idempotent. Default: nothing (local and docker know it all up front)."""
+
     @abstractmethod
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
         """Start a process; returns once it exists. Writes a ``proc_start`` event."""

@@ -25,6 +25,10 @@ whose Slurm state becomes unusable (down, drained, failing; see
 :data:`~chaosbench.runtimes.slurm.states.SLURM_STATES`) is replaced by a free one when a process is started
 there again (``replace_lost_nodes``; a ``node_map`` event records it), as a resubmitted job would land elsewhere. The rank's own events say which host it ran on.
 
+Planning runs nothing on the cluster. :meth:`SlurmRuntime.resolve`, called when a run starts, chooses node0's
+Slurm node (the master's address) and reads the scheduler's settings; a dry run never calls it and plans with
+:data:`UNRESOLVED_MASTER_ADDR`. Ports are a per-run sequence (:meth:`SlurmRuntime.free_port`), asked of nobody.
+
 Signals (``kill``, ``hang`` and the other signal injectors). The pid a rank reports lives on its node, so
 the runtime runs a tiny shell helper there as an extra step of the job that owns the rank
 (``srun --jobid=J --overlap -w NODE``): it checks with ``scontrol listpids J NODE`` that the pid belongs to
@@ -75,6 +79,11 @@ from chaosbench.timeline import clocks, now_ns
 
 #: ``srun`` exits 128+N when its task was killed by signal N.
 SIGNAL_EXIT_BASE = 128
+#: What a plan holds for the master's address while the runtime is not resolved (a dry run).
+UNRESOLVED_MASTER_ADDR = "<slurm:node0>"
+#: Listener ports (rendezvous, stores) come from here: below Linux's ephemeral range (32768-60999), from which
+#: every connection's local port is taken, so none of those can hold one of ours.
+PORT_RANGE = (20000, 32768)
 
 
 class SlurmOptions(BaseModel):
@@ -172,6 +181,12 @@ class SlurmRuntime(Runtime):
         self._threads: list[threading.Thread] = []
         self._batch: dict[int, str] = {}  # job id -> name, batch jobs of this run
         self._node_map: dict[str, str] = {}  # workload node -> Slurm node
+        self._reserved: dict[str, str] = {}  # workload node -> Slurm node chosen by resolve(), not yet used
+        self._resolved = False
+        self._scheduler: dict[str, Any] = {}
+        self._local_addrs: dict[str, bool] = {}  # node address -> whether it is this host
+        lo, hi = PORT_RANGE
+        self._next_port = int(self.job_prefix.removeprefix("cb-"), 16) % (hi - lo)  # this run's first port
         self._clocks: dict[str, clocks.ClockOffset | None] = {}  # Slurm node -> its measured clock
         self._node_addr: dict[str, str] = {}
         self._lock = threading.RLock()
@@ -188,64 +203,95 @@ class SlurmRuntime(Runtime):
         return out
 
     # ------------------------------------------------------------------ nodes
+    def resolve(self) -> None:
+        """Choose node0's Slurm node (reserved: the ``node_map`` event is written when a process first starts
+        there, and a batch job, placed by the scheduler, never uses it), look up its address, and read the
+        scheduler's settings (:attr:`scheduler`). Runs Slurm commands: called when the run starts, never in a
+        dry run (see :meth:`Runtime.resolve`). Idempotent."""
+        with self._map_lock:
+            if self._resolved:
+                return
+            if "node0" not in self._node_map:
+                self._reserved["node0"] = self._choose("node0", None)[0]
+        try:
+            self._scheduler = self.slurm.scheduler_config()
+        except ChaosbenchError:
+            self._scheduler = {}
+        self._resolved = True
+
+    def _choose(self, node: str, current: str | None) -> tuple[str, dict[str, dict[str, str]]]:
+        """Where workload node ``node`` goes (``current``: where it is now; None: first use), without taking it,
+        and the partition's nodes as ``scontrol`` shows them. Remembers the chosen node's address. Call with
+        ``_map_lock`` held."""
+        self.slurm.check()
+        infos = self.slurm.nodes_info()
+        usable = {n for n, kv in infos.items() if node_state(kv.get("State", "")) in USABLE_NODE_STATES}
+        pinned = self.opts.nodes.get(node)
+        reserved = self._reserved.get(node)
+        if current is not None and current in usable:
+            choice = current
+        elif current is None and pinned is not None:
+            if pinned not in infos:
+                raise ChaosbenchError(
+                    f"runtime option nodes: {node} -> {pinned}: no such node in the partition"
+                )
+            choice = pinned
+        elif current is None and reserved is not None and reserved in usable:
+            choice = reserved
+        else:
+            taken = (
+                set(self._node_map.values())
+                | set(self.opts.nodes.values())
+                | {s for n, s in self._reserved.items() if n != node}
+            )
+            free = [
+                n
+                for n in self.slurm.partition_nodes()
+                if n in usable and n not in taken and n not in self.opts.exclude
+            ]
+            if current is not None and not self.opts.replace_lost_nodes:
+                raise ChaosbenchError(
+                    f"{node}'s Slurm node {current} is unusable and replace_lost_nodes is off"
+                )
+            if not free:
+                raise ChaosbenchError(
+                    f"no usable Slurm node left for {node} (partition {self.opts.partition})"
+                )
+            choice = free[0]
+        if choice not in self._node_addr:
+            addr = infos.get(choice, {}).get("NodeAddr", choice)
+            self._node_addr[choice] = addr
+            self._local_addrs.setdefault(addr, _is_local(addr))
+        return choice, infos
+
     def slurm_node(self, node: str, for_start: bool = False) -> str:
-        """The Slurm node a workload node runs on. With ``for_start`` an unusable mapped node is replaced by
-        a free one (``replace_lost_nodes``), recorded as a ``node_map`` event."""
+        """The Slurm node a workload node runs on, taken on first use (the one :meth:`resolve` reserved for it,
+        if still usable). With ``for_start`` an unusable mapped node is replaced by a free one
+        (``replace_lost_nodes``). Either is recorded as a ``node_map`` event."""
         with self._map_lock:
             current = self._node_map.get(node)
             if current is not None and not for_start:
                 return current
-            self.slurm.check()
-            infos = self.slurm.nodes_info()
-            usable = {n for n, kv in infos.items() if node_state(kv.get("State", "")) in USABLE_NODE_STATES}
-            if current is not None and current in usable:
+            choice, infos = self._choose(node, current)
+            if choice == current:
                 return current
-            pinned = self.opts.nodes.get(node)
-            if current is None and pinned is not None:
-                if pinned not in infos:
-                    raise ChaosbenchError(
-                        f"runtime option nodes: {node} -> {pinned}: no such node in the partition"
-                    )
-                choice = pinned
-            else:
-                taken = set(self._node_map.values()) | set(self.opts.nodes.values())
-                free = [
-                    n
-                    for n in self.slurm.partition_nodes()
-                    if n in usable and n not in taken and n not in self.opts.exclude
-                ]
-                if current is not None and not self.opts.replace_lost_nodes:
-                    raise ChaosbenchError(
-                        f"{node}'s Slurm node {current} is unusable and replace_lost_nodes is off"
-                    )
-                if not free:
-                    raise ChaosbenchError(
-                        f"no usable Slurm node left for {node} (partition {self.opts.partition})"
-                    )
-                choice = free[0]
             self._node_map[node] = choice
+            self._reserved.pop(node, None)
             if current is not None:
-                state = infos.get(current, {}).get("State", "?")
                 self.run.timeline.emit(
-                    "node_map", node=node, slurm_node=choice, previous=current, reason=f"{current} is {state}"
-                )
+                    "node_map", node=node, slurm_node=choice, previous=current,
+                    reason=f"{current} is {infos.get(current, {}).get('State', '?')}",
+                )  # fmt: skip
             else:
                 self.run.timeline.emit(
                     "node_map", node=node, slurm_node=choice, previous=None, reason="first use"
                 )
-            self._node_addr.setdefault(choice, infos.get(choice, {}).get("NodeAddr", choice))
             return choice
 
     def node_of_slurm(self, slurm_node: str) -> str | None:
         """The workload node mapped to a Slurm node, if any."""
         with self._map_lock:
             return next((n for n, s in self._node_map.items() if s == slurm_node), None)
-
-    def _addr(self, slurm_node: str) -> str:
-        if slurm_node not in self._node_addr:
-            kv = self.slurm.nodes_info([slurm_node]).get(slurm_node, {})
-            self._node_addr[slurm_node] = kv.get("NodeAddr", slurm_node)
-        return self._node_addr[slurm_node]
 
     def measure_clock(self, slurm_node: str, node: str | None = None, job_id: int | None = None) -> None:
         """Measure a Slurm node's clock offset once per run and write a ``clock_offset`` event (on failure the
@@ -297,36 +343,36 @@ class SlurmRuntime(Runtime):
             off = self._clocks.get(slurm_node)
         return off.offset_ns if off is not None else None
 
-    # ------------------------------------------------------------------ plain data
+    # ------------------------------------------------------------------ plain data (no Slurm command)
     @property
     def master_addr(self) -> str:
-        return self._addr(self.slurm_node("node0"))
+        """The address (``NodeAddr``) of node0's Slurm node: where it runs, else where :meth:`resolve` reserved
+        it; :data:`UNRESOLVED_MASTER_ADDR` before either (a dry run)."""
+        with self._map_lock:
+            snode = self._node_map.get("node0") or self._reserved.get("node0")
+            return self._node_addr.get(snode, snode) if snode is not None else UNRESOLVED_MASTER_ADDR
+
+    @property
+    def scheduler(self) -> dict[str, Any]:
+        """The scheduler's settings (:meth:`SlurmCommands.scheduler_config`) as :meth:`resolve` read them;
+        empty before (a dry run) or when ``scontrol show config`` failed."""
+        return dict(self._scheduler)
 
     def free_port(self) -> int:
-        """A port free on the master node: checked here when that node's address is this host's, else
-        asked of the node itself (one short job step)."""
+        """A port for a listener on the master node, chosen without asking the cluster: the next of this run's
+        sequence in :data:`PORT_RANGE` (it starts where the run id says, so concurrent runs rarely meet, and a
+        dry run plans the same ports every time). Where the master is known to be this host (:meth:`resolve`),
+        a port something here already listens on is skipped."""
+        lo, hi = PORT_RANGE
         addr = self.master_addr
-        if _is_local(addr):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((addr, 0))
-                return int(s.getsockname()[1])
-        prog = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-        out = self.slurm.command(
-            [
-                "srun",
-                "-Q",
-                "-N1",
-                "-n1",
-                "-w",
-                self.slurm_node("node0"),
-                *self._common(),
-                f"--job-name={self.job_prefix}.port",
-                self.python(),
-                "-c",
-                prog,
-            ]
-        )
-        return int(out.split()[-1])
+        local = self._local_addrs.get(addr, False)
+        with self._lock:
+            for _ in range(hi - lo):
+                port = lo + self._next_port % (hi - lo)
+                self._next_port += 1
+                if not local or _bindable(addr, port):
+                    return port
+        raise ChaosbenchError(f"no free port left in {lo}-{hi - 1} on {addr}")
 
     def python(self) -> str:
         """The Python the nodes run (the ``python`` option, else the harness's own)."""
@@ -343,6 +389,11 @@ class SlurmRuntime(Runtime):
 
     # ------------------------------------------------------------------ processes
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
+        if any(UNRESOLVED_MASTER_ADDR in a for a in [*spec.argv, *spec.env.values()]):
+            raise ChaosbenchError(
+                f"'{spec.name}' was planned before the slurm runtime was resolved (its master address is "
+                f"{UNRESOLVED_MASTER_ADDR}): call resolve() before planning a run"
+            )
         self.slurm.check()
         snode = self.slurm_node(spec.node, for_start=True)
         if self.opts.measure_clocks:
@@ -626,6 +677,15 @@ class SlurmRuntime(Runtime):
         except ChaosbenchError:
             jobs = []
         return jobs + alive
+
+
+def _bindable(addr: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, port))
+        except OSError:
+            return False
+    return True
 
 
 def _is_local(addr: str) -> bool:
