@@ -1,16 +1,19 @@
 """Statistics over repeats: bootstrap confidence intervals, success rates, rank tests.
 
-Standard library only (plus the caller's lists of floats), deterministic for a seed.
+Thin wrappers over :mod:`scipy.stats` (``bootstrap``, ``mannwhitneyu``, ``binomtest``) that take the caller's
+lists of floats, drop missing values, answer ``None`` instead of raising on samples too small to say anything,
+and are deterministic for a seed.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
 
 
 @dataclass(frozen=True)
@@ -24,51 +27,48 @@ class Estimate:
     confidence: float = 0.95
 
 
+def _present(values: Iterable[float | None]) -> list[float]:
+    """The values as floats, without None and NaN (a measurement that could not be taken)."""
+    return [f for v in values if v is not None and not math.isnan(f := float(v))]
+
+
 def median_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Estimate:
-    """Median of ``values`` and a percentile bootstrap interval for it (resampling with replacement)."""
-    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    """Median of ``values`` and a percentile bootstrap interval for it (``scipy.stats.bootstrap``, ``n_boot``
+    resamples with replacement drawn from ``numpy.random.default_rng(seed)``: the same values and seed give
+    the same interval).
+
+    The percentile method rather than scipy's default BCa: BCa's jackknife acceleration is degenerate for a
+    median over a handful of repeats (it returns NaN, with a warning, as soon as the values are all equal or
+    few are distinct), and the percentile interval is what the report's captions promise. Its bounds are
+    numpy's linearly interpolated percentiles of the bootstrap medians. None and NaN values are dropped; no
+    value left gives an empty estimate (n=0), one value a median without bounds (n=1)."""
+    vals = _present(values)
     if not vals:
         return Estimate(None, None, None, 0, confidence)
     med = statistics.median(vals)
     if len(vals) < 2:
         return Estimate(med, None, None, 1, confidence)
-    rng = random.Random(seed)
-    boots = sorted(statistics.median(rng.choices(vals, k=len(vals))) for _ in range(n_boot))
-    alpha = (1 - confidence) / 2
-    lo = boots[max(0, int(math.floor(alpha * n_boot)))]
-    hi = boots[min(n_boot - 1, int(math.ceil((1 - alpha) * n_boot)) - 1)]
-    return Estimate(med, lo, hi, len(vals), confidence)
+    res = scipy_stats.bootstrap((np.asarray(vals),), np.median, n_resamples=n_boot, confidence_level=confidence,
+                                method="percentile", vectorized=True, rng=np.random.default_rng(seed))  # fmt: skip
+    ci = res.confidence_interval
+    return Estimate(med, float(ci.low), float(ci.high), len(vals), confidence)
 
 
 def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float | None, float | None, float | None]:
-    """Success rate and its Wilson score interval."""
+    """Success rate ``successes / n`` and its Wilson score interval without continuity correction
+    (``scipy.stats.binomtest(successes, n).proportion_ci(method="wilson")``); ``(None, None, None)`` when
+    ``n <= 0``. ValueError when ``successes`` is outside ``[0, n]``."""
     if n <= 0:
         return None, None, None
-    z = _z(confidence)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return p, max(0.0, centre - half), min(1.0, centre + half)
-
-
-def _z(confidence: float) -> float:
-    return statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
-
-
-def _u_statistic(a: Sequence[float], b: Sequence[float]) -> float:
-    """Mann-Whitney U of ``a`` (ties count one half)."""
-    u = 0.0
-    for x in a:
-        for y in b:
-            u += 1.0 if x > y else (0.5 if x == y else 0.0)
-    return u
+    ci = scipy_stats.binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return successes / n, float(ci.low), float(ci.high)
 
 
 @dataclass(frozen=True)
 class RankTest:
     """Mann-Whitney U test of ``a`` against ``b``. ``p_greater``: one-sided p that a tends to exceed b;
-    ``p_two_sided``; ``exact`` when computed by enumerating every split of the pooled values."""
+    ``p_two_sided``; ``exact`` when computed from the exact distribution of U over every split of the pooled
+    values."""
 
     u: float
     p_greater: float
@@ -77,38 +77,54 @@ class RankTest:
     exact: bool
 
 
+_EXACT_MAX_SPLITS = 200_000
+
+
 def mann_whitney(a: Sequence[float], b: Sequence[float], exact_limit: int = 20) -> RankTest | None:
-    """Rank test; exact permutation distribution when len(a)+len(b) <= ``exact_limit``, else the normal
-    approximation with tie correction. None when either sample is empty."""
-    a = [float(x) for x in a]
-    b = [float(x) for x in b]
-    n1, n2 = len(a), len(b)
+    """Mann-Whitney U of ``a`` against ``b`` (``u`` counts the pairs where a's value exceeds b's, ties one
+    half) with ``scipy.stats.mannwhitneyu``. None and NaN values are dropped; None when either sample is then
+    empty. ``p_two_sided`` is ``min(1, 2 * min(p_greater, p_less))``.
+
+    Exact when ``len(a) + len(b) <= exact_limit`` (and at most 200,000 splits): without ties scipy's exact
+    distribution of U; with ties (repeats often give equal step counts) an exact permutation test over every
+    split of the pooled values (``PermutationMethod(n_resamples=inf)``), since scipy's ``method="exact"`` does
+    not correct for ties; a one-observation sample, which scipy's permutation test refuses, is enumerated
+    through the pooled mid-ranks. Every larger case uses the normal approximation with tie and continuity
+    corrections (``exact`` False). All values equal: no evidence either way, every p is 1."""
+    xs, ys = _present(a), _present(b)
+    n1, n2 = len(xs), len(ys)
     if not n1 or not n2:
         return None
-    u = _u_statistic(a, b)
-    if n1 + n2 <= exact_limit and math.comb(n1 + n2, n1) <= 200_000:
-        pooled = a + b
-        ge = le = total = 0
-        for idx in itertools.combinations(range(n1 + n2), n1):
-            chosen = set(idx)
-            ua = _u_statistic([pooled[i] for i in idx], [pooled[i] for i in range(n1 + n2) if i not in chosen])
-            total += 1
-            ge += ua >= u - 1e-12
-            le += ua <= u + 1e-12
-        pg, pl = ge / total, le / total
-        return RankTest(u, pg, pl, min(1.0, 2 * min(pg, pl)), True)
-    mean = n1 * n2 / 2
-    pooled = sorted(a + b)
-    ties = [len(list(g)) for _, g in itertools.groupby(pooled)]
-    n = n1 + n2
-    var = n1 * n2 / 12 * ((n + 1) - sum(t**3 - t for t in ties) / (n * (n - 1)))
-    if var <= 0:
-        return RankTest(u, 1.0, 1.0, 1.0, False)
-    nd = statistics.NormalDist()
-    z_hi = (u - mean - 0.5) / math.sqrt(var)
-    z_lo = (u - mean + 0.5) / math.sqrt(var)
-    pg, pl = 1 - nd.cdf(z_hi), nd.cdf(z_lo)
-    return RankTest(u, pg, pl, min(1.0, 2 * min(pg, pl)), False)
+    pooled = xs + ys
+    small = n1 + n2 <= exact_limit and math.comb(n1 + n2, n1) <= _EXACT_MAX_SPLITS
+    distinct = len(set(pooled))
+    if distinct == 1:
+        # every split gives the same U (all pairs tie); the normal approximation would divide by zero
+        return RankTest(n1 * n2 / 2, 1.0, 1.0, 1.0, small)
+    ties = distinct < len(pooled)
+    method: str | scipy_stats.PermutationMethod = "asymptotic"
+    if small and not ties:
+        method = "exact"
+    elif small and min(n1, n2) == 1:
+        return _one_observation_test(xs, ys)
+    elif small:
+        method = scipy_stats.PermutationMethod(n_resamples=np.inf)
+    greater = scipy_stats.mannwhitneyu(xs, ys, alternative="greater", method=method)
+    less = scipy_stats.mannwhitneyu(xs, ys, alternative="less", method=method)
+    pg, pl = float(greater.pvalue), float(less.pvalue)
+    return RankTest(float(greater.statistic), pg, pl, min(1.0, 2 * min(pg, pl)), method != "asymptotic")
+
+
+def _one_observation_test(xs: list[float], ys: list[float]) -> RankTest:
+    """The exact test, with ties, when one sample has a single observation (scipy's permutation test needs two
+    per sample): each split sets one of the pooled values apart, so U is that value's mid-rank among the pooled
+    values (``scipy.stats.rankdata``) minus one when it is ``xs``'s, ``len(xs)`` minus that when it is
+    ``ys``'s."""
+    ranks = scipy_stats.rankdata(xs + ys)
+    u_null = ranks - 1 if len(xs) == 1 else len(xs) - (ranks - 1)
+    u = float(u_null[0] if len(xs) == 1 else u_null[-1])
+    pg, pl = float(np.mean(u_null >= u)), float(np.mean(u_null <= u))
+    return RankTest(u, pg, pl, min(1.0, 2 * min(pg, pl)), True)
 
 
 def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:

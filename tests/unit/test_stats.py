@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from statistics import NormalDist
 
 import pytest
 
@@ -22,7 +23,14 @@ from chaosbench.analysis.fleet import (
     project,
     simulate,
 )
-from chaosbench.analysis.stats import mann_whitney, median_ci, wilson, young_daly_interval_s
+from chaosbench.analysis.stats import (
+    Estimate,
+    RankTest,
+    mann_whitney,
+    median_ci,
+    wilson,
+    young_daly_interval_s,
+)
 
 
 def test_median_ci_brackets_the_median_and_is_seeded() -> None:
@@ -30,28 +38,110 @@ def test_median_ci_brackets_the_median_and_is_seeded() -> None:
     est = median_ci(vals, seed=1)
     assert est.median == 3.0 and est.lo is not None and est.hi is not None
     assert est.lo <= 3.0 <= est.hi and est.lo >= 1.0 and est.hi <= 100.0
-    assert median_ci(vals, seed=1) == est
-    assert median_ci([7.0]).lo is None and median_ci([]).median is None
+    assert median_ci(vals, seed=1) == est  # a report rendered twice shows the same interval
+
+
+def test_median_ci_known_bootstrap_quantiles() -> None:
+    """The bootstrap distribution of the median of 2k+1 distinct values is known: the resampled median is at
+    most the k'th smallest x_(j) when at least k+1 of the 2k+1 draws are, P = P(Binomial(2k+1, j/(2k+1)) > k).
+    For 1..11: P(median <= 2) = 0.0072, P(median <= 3) = 0.0512, P(median <= 4) = 0.1727 (and symmetrically),
+    so the 2.5 % and 97.5 % points are 3 and 9, the 10 % and 90 % points 4 and 8, far enough from the steps
+    that 2000 resamples land on them for any seed."""
+    vals = [float(v) for v in range(1, 12)]
+    for seed in (0, 1, 2):
+        assert median_ci(vals, seed=seed) == Estimate(6.0, 3.0, 9.0, 11, 0.95)
+        assert median_ci(vals, confidence=0.8, seed=seed) == Estimate(6.0, 4.0, 8.0, 11, 0.8)
+    # two values: the resampled median is 1, 1.5 or 2 with probabilities 1/4, 1/2, 1/4
+    assert median_ci([1.0, 2.0]) == Estimate(1.5, 1.0, 2.0, 2)
+
+
+def test_median_ci_degenerate_inputs() -> None:
+    nan = float("nan")
+    assert median_ci([]) == Estimate(None, None, None, 0)
+    assert median_ci([None, nan]) == Estimate(None, None, None, 0)  # type: ignore[list-item]
+    assert median_ci([7.0]) == Estimate(7.0, None, None, 1)
+    assert median_ci([None, 7.0, nan]) == Estimate(7.0, None, None, 1)  # type: ignore[list-item]
+    assert median_ci([5.0, 5.0, 5.0]) == Estimate(5.0, 5.0, 5.0, 3)
+    assert median_ci([4.0, None, 2.0]) == Estimate(3.0, 2.0, 4.0, 2)  # type: ignore[list-item]
 
 
 def test_wilson_interval() -> None:
     p, lo, hi = wilson(2, 2)
     assert p == 1.0 and hi == 1.0 and lo == pytest.approx(0.342, abs=1e-3)  # the textbook value for 2/2
+    # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3
+    for k, n, want_lo, want_hi in ((81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611),
+                                   (1, 29, 0.0061, 0.1718)):  # fmt: skip
+        p, lo, hi = wilson(k, n)
+        assert p == k / n and lo == pytest.approx(want_lo, abs=1e-4) and hi == pytest.approx(want_hi, abs=1e-4)
+    assert wilson(0, 5)[1] == 0.0 and wilson(5, 5)[2] == 1.0
     assert wilson(0, 0) == (None, None, None)
+    assert wilson(3, -1) == (None, None, None)
 
 
-def test_mann_whitney_exact_and_normal() -> None:
+def test_mann_whitney_exact() -> None:
     t = mann_whitney([1, 2, 3], [4, 5, 6])
-    assert t is not None and t.exact
-    assert t.p_less == pytest.approx(1 / 20) and t.p_two_sided == pytest.approx(0.1)
+    assert t is not None and t.exact and t.u == 0.0
+    assert t.p_less == pytest.approx(1 / 20) and t.p_two_sided == pytest.approx(0.1)  # 1 split of C(6,3) = 20
     assert t.p_greater == pytest.approx(1.0)
+    t = mann_whitney([1, 2, 3, 4], [5, 6, 7, 8])
+    assert t is not None and t.exact and t.p_less == pytest.approx(1 / 70)
+    t = mann_whitney([5, 6, 7, 8], [1, 2, 3, 4])
+    assert t is not None and t.u == 16.0 and t.p_greater == pytest.approx(1 / 70) and t.p_less == pytest.approx(1.0)
+
+
+def test_mann_whitney_exact_with_ties() -> None:
+    """[1, 2] against [2, 3]: the six splits of the pooled 1, 2, 2, 3 give U = 0.5 ({1, 2} twice), 2 ({1, 3},
+    {2, 2}), 3.5 ({2, 3} twice). Observed U = 0.5: P(U <= 0.5) = 2/6, P(U >= 0.5) = 1; the test does not
+    pretend the ties away (scipy's untied exact distribution would give 1/6)."""
+    t = mann_whitney([1.0, 2.0], [2.0, 3.0])
+    assert t is not None and t.exact and t.u == 0.5
+    assert t.p_less == pytest.approx(1 / 3) and t.p_greater == pytest.approx(1.0)
+    assert t.p_two_sided == pytest.approx(2 / 3)
+
+
+def test_mann_whitney_normal_approximation() -> None:
+    """Past ``exact_limit``: the normal approximation with continuity correction and, with ties, the tie
+    correction of the variance, computed here by hand."""
+    nd = NormalDist()
+    # 1..25 against 26..50: U = 0, mean 312.5, variance 25 * 25 * 51 / 12
+    t = mann_whitney(list(range(1, 26)), list(range(26, 51)))
+    assert t is not None and not t.exact and t.u == 0.0
+    assert t.p_less == pytest.approx(nd.cdf((0 - 312.5 + 0.5) / math.sqrt(25 * 25 * 51 / 12)), rel=1e-6)
+    assert t.p_two_sided == pytest.approx(2 * t.p_less)
+    # 20 ones and 5 twos against 5 ones and 20 twos: U = 25 + 0.5 * (100 + 100) = 125; two tie groups of 25
+    t = mann_whitney([1.0] * 20 + [2.0] * 5, [1.0] * 5 + [2.0] * 20)
+    var = 25 * 25 / 12 * (51 - 2 * (25**3 - 25) / (50 * 49))
+    assert t is not None and not t.exact and t.u == 125.0
+    assert t.p_less == pytest.approx(nd.cdf((125 - 312.5 + 0.5) / math.sqrt(var)), rel=1e-6)
+    assert t.p_greater == pytest.approx(1 - nd.cdf((125 - 312.5 - 0.5) / math.sqrt(var)), rel=1e-6)
     rng = random.Random(0)
     a = [rng.gauss(0, 1) for _ in range(30)]
     b = [rng.gauss(1.5, 1) for _ in range(30)]
     big = mann_whitney(a, b)
     assert big is not None and not big.exact and big.p_less < 1e-4
-    same = mann_whitney([1.0, 1.0], [1.0, 1.0])
-    assert same is not None and same.p_two_sided == 1.0
+
+
+def test_mann_whitney_degenerate_inputs() -> None:
+    assert mann_whitney([], [1.0]) is None and mann_whitney([1.0], []) is None
+    assert mann_whitney([None], [1.0]) is None  # type: ignore[list-item]
+    # None and NaN are dropped, not ranked
+    assert mann_whitney([None, 1.0], [2.0]) == mann_whitney([1.0], [2.0])  # type: ignore[list-item]
+    assert mann_whitney([float("nan"), 1.0], [2.0, 3.0]) == mann_whitney([1.0], [2.0, 3.0])
+    # one observation each: U is 0 or 1 with probability 1/2
+    assert mann_whitney([1.0], [2.0]) == RankTest(0.0, 1.0, 0.5, 1.0, True)
+    # all values equal: no evidence either way
+    assert mann_whitney([1.0], [1.0]) == RankTest(0.5, 1.0, 1.0, 1.0, True)
+    assert mann_whitney([1.0, 1.0], [1.0, 1.0]) == RankTest(2.0, 1.0, 1.0, 1.0, True)
+    assert mann_whitney([3.0] * 15, [3.0] * 15) == RankTest(112.5, 1.0, 1.0, 1.0, False)
+    # a one-observation sample with ties (scipy's permutation test refuses it): the three splits of 1, 1, 2 set
+    # apart a 1 (U = 0.5, twice) or the 2 (U = 2); observed U = 0.5
+    one = mann_whitney([1.0], [1.0, 2.0])
+    assert one is not None and one.exact and one.u == 0.5
+    assert one.p_greater == 1.0 and one.p_less == pytest.approx(2 / 3) and one.p_two_sided == 1.0
+    # the other side: [1, 2] against [2] has U = 0 + 0.5; setting apart a 2 gives 0.5 (twice), the 1 gives 2
+    other = mann_whitney([1.0, 2.0], [2.0])
+    assert other is not None and other.exact and other.u == 0.5
+    assert other.p_greater == 1.0 and other.p_less == pytest.approx(2 / 3)
 
 
 def test_young_daly() -> None:
