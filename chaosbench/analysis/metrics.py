@@ -1,5 +1,12 @@
 """Recovery metrics of one run, computed only from its timeline (and its control run's timeline).
 
+:func:`compute_metrics` indexes the timeline once (:class:`~chaosbench.analysis.timeline_index.TimelineIndex`)
+and assembles :class:`RunMetrics` from the metric families: :mod:`~chaosbench.analysis.timing` (fault time,
+detection, resume, lost work, badput, step times), :mod:`~chaosbench.analysis.fidelity` (final state, replicas,
+contamination), :mod:`~chaosbench.analysis.attribution` (the harness's share, blame, detection episodes,
+claimed restarts, predictions, crash loops), :mod:`~chaosbench.analysis.goodput` (wall and productive time,
+checkpoint cost) and :mod:`~chaosbench.analysis.checkpoint_outcome`.
+
 Definitions (normative; all times in seconds on the timeline's one clock, ``fault`` = the first
 ``fault_inject`` event's stamp, taken just before the injector acted):
 
@@ -118,8 +125,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chaosbench.analysis import attribution, fidelity, goodput, timing
 from chaosbench.analysis.checkpoint_outcome import classify_checkpoint_outcome
 from chaosbench.analysis.fleet import fault_class
+from chaosbench.analysis.timeline_index import TimelineIndex, ns_to_s
 from chaosbench.timeline import Event
 from chaosbench.timeline.clocks import offset_bound_s
 
@@ -226,250 +235,6 @@ FAULT_METRICS = (
 )  # fmt: skip
 
 
-def _s(ns: int) -> float:
-    return ns / 1e9
-
-
-@dataclass
-class _Steps:
-    """Job step completions per (incarnation, step index).
-
-    A step of the job is complete when every rank that reports steps in that incarnation has reported it;
-    its stamp is the last of those reports (a step one rank finished while another was killed or stopped is
-    not a completed job step). Its duration is the shortest of the ranks' own ``duration_s`` (a rank that
-    waited in a collective for a stopped peer reports the wait; the fastest rank's time is the compute),
-    else the interval since that rank's previous event of the incarnation.
-
-    Per-step commit (TorchFT: steps reported ``committed``, each replica group its own incarnation): the job is
-    whoever took part in the step's commit, not every rank ever seen. A committed step that names its quorum
-    (``quorum_id``, ``participants`` = replica groups in it) is complete once every rank of that quorum reported
-    it (``participants`` x the group's ranks, ``group_world_size`` of the ranks' ``rank_start``), stamped at the
-    last of those reports and keyed by the newest incarnation among them; when the same index is committed again
-    by another quorum (a group that came back with stale state and trained alone), the first completion is the
-    job's. A committed step without quorum information is complete at the first group's commit."""
-
-    t: dict[tuple[int, int], int] = field(default_factory=dict)
-    duration: dict[tuple[int, int], float] = field(default_factory=dict)
-
-    @classmethod
-    def from_events(cls, events: list[Event]) -> _Steps:
-        out = cls()
-        prev: dict[tuple[int, int], int] = {}  # (incarnation, rank) -> last event stamp
-        reports: dict[tuple[int, int], dict[int, tuple[int, float | None]]] = {}
-        stepping: dict[int, set[int]] = {}
-        committed: set[tuple[int, int]] = set()  # per-step commit without quorum information
-        group_size: dict[int, int] = {}  # rank -> ranks in its replica group
-        quorum: dict[tuple[Any, int], list[tuple[int, int, int, float | None]]] = {}  # (quorum, step) -> reports
-        for ev in events:
-            if ev.src != "rank":
-                continue
-            inc, rank = int(ev.get("incarnation", 0)), int(ev.get("rank", 0))
-            if ev.kind == "rank_start" and ev.get("group_world_size"):
-                group_size[rank] = int(ev["group_world_size"])
-            if ev.kind == "step":
-                d = ev.get("duration_s")
-                if d is None and (inc, rank) in prev:
-                    d = _s(ev.t_ns - prev[(inc, rank)])
-                dur = None if d is None else float(d)
-                step = int(ev["step"])
-                if ev.get("committed") and ev.get("participants") is not None:
-                    expected = int(ev["participants"]) * group_size.get(rank, 1)
-                    got = quorum.setdefault((ev.get("quorum_id"), step), [])
-                    got.append((ev.t_ns, inc, rank, dur))
-                    key = (max(i for _, i, _, _ in got), step)
-                    if len({r for _, _, r, _ in got}) == expected and key not in out.t:
-                        out.t[key] = ev.t_ns
-                        ds = [x for *_, x in got if x is not None]
-                        if ds:
-                            out.duration[key] = min(ds)
-                else:
-                    reports.setdefault((inc, step), {})[rank] = (ev.t_ns, dur)
-                    stepping.setdefault(inc, set()).add(rank)
-                    if ev.get("committed"):
-                        committed.add((inc, step))
-            if ev.kind in ("rank_start", "step", "ckpt_save_end", "ckpt_load_end"):
-                prev[(inc, rank)] = ev.t_ns
-        for key, by_rank in reports.items():
-            if key in committed:
-                out.t[key] = min(t for t, _ in by_rank.values())
-            elif stepping[key[0]] <= set(by_rank):
-                out.t[key] = max(t for t, _ in by_rank.values())
-            else:
-                continue
-            ds = [d for _, d in by_rank.values() if d is not None]
-            if ds:
-                out.duration[key] = min(ds)
-        return out
-
-    def before(self, t_ns: int) -> list[tuple[int, int]]:
-        return [k for k, t in self.t.items() if t <= t_ns]
-
-    def after(self, t_ns: int) -> list[tuple[int, tuple[int, int]]]:
-        return sorted((t, k) for k, t in self.t.items() if t > t_ns)
-
-
-def _first(events: list[Event], kind: str, after_ns: int | None = None, **match: Any) -> Event | None:
-    for ev in events:
-        if ev.kind != kind or (after_ns is not None and ev.t_ns < after_ns):
-            continue
-        if all(ev.get(k) == v for k, v in match.items()):
-            return ev
-    return None
-
-
-def _world(events: list[Event], incarnation: int | None, step: Event | None = None) -> tuple[int | None, int | None]:
-    """(world size, global batch) of an incarnation, from its rank_start events (and ``step``'s global_batch)."""
-    if incarnation is None:
-        return None, None
-    starts = [e for e in events if e.kind == "rank_start" and int(e.get("incarnation", 0)) == incarnation]
-    ws = max((int(e["world_size"]) for e in starts if e.get("world_size") is not None), default=None)
-    gb = step.get("global_batch") if step is not None else None
-    if gb is None:
-        gb = next((e.get("global_batch") for e in starts if e.get("global_batch") is not None), None)
-    return ws, None if gb is None else int(gb)
-
-
-def _final(events: list[Event]) -> Event | None:
-    """train_end of the highest incarnation that reached it: rank 0's, else the first rank's that wrote one."""
-    ends = [e for e in events if e.kind == "train_end"]
-    if not ends:
-        return None
-    last = max(int(e.get("incarnation", 0)) for e in ends)
-    ends = [e for e in ends if int(e.get("incarnation", 0)) == last]
-    return min(ends, key=lambda e: (int(e.get("rank", 0)) != 0, e.t_ns))
-
-
-def _final_step(final: Event, steps: _Steps) -> int | None:
-    """The step training ended at: the train_end's own, else the last step its incarnation completed."""
-    if final.get("step") is not None:
-        return int(final["step"])
-    inc = int(final.get("incarnation", 0))
-    done = [idx for (n, idx) in steps.t if n == inc]
-    return max(done) if done else None
-
-
-def _harness_cut(events: list[Event]) -> tuple[list[Event], list[Event]]:
-    """(events before the harness began tearing the run down, rank/framework events it caused afterwards).
-
-    Everything the harness does itself (process exits it caused, reverts, ``run_end``) is kept; what ranks and
-    frameworks wrote once the teardown began is a reaction to the harness, not to the fault."""
-    td = _first(events, "teardown_begin")
-    if td is None:
-        return events, []
-    keep: list[Event] = []
-    caused: list[Event] = []
-    for e in events:
-        (caused if e.t_ns >= td.t_ns and e.src in ("rank", "framework") else keep).append(e)
-    return keep, caused
-
-
-def contamination(events: list[Event], steps: _Steps) -> str | None:
-    """Why this run started from state it did not write (a checkpoint of another run), or None."""
-    starts = [int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"]
-    first_inc = min(starts, default=0)
-    saves = [e.t_ns for e in events if e.kind == "ckpt_save_end" and e.src == "rank"]
-    first_save = min(saves, default=None)
-    for e in events:
-        if e.kind not in ("ckpt_load_begin", "ckpt_load_end") or e.src != "rank":
-            continue
-        # A load by the first incarnation cannot be of this run's own checkpoint; a later one can, unless the run
-        # reported saves and none came before it (a script whose saves no pattern reports: not judged).
-        if int(e.get("incarnation", 0)) == first_inc or (first_save is not None and e.t_ns < first_save):
-            at = f" (step {e.get('step')})" if e.get("step") is not None else ""
-            return (f"rank {e.get('rank', 0)} loaded a checkpoint{at} before this run had saved one: "
-                    "state from outside the run")  # fmt: skip
-        break
-    if not starts:
-        return None
-    idx = sorted(i for (n, i) in steps.t if n == first_inc)
-    if len(idx) >= 2:
-        spacing = min(b - a for a, b in zip(idx, idx[1:], strict=False) if b > a) if idx[-1] > idx[0] else 1
-        if idx[0] > max(1, spacing):
-            return (f"its first incarnation's first step was {idx[0]} (steps every {spacing}): it resumed from "
-                    "state this run did not write")  # fmt: skip
-    elif not idx:
-        end = next((e for e in events if e.kind == "train_end" and int(e.get("incarnation", 0)) == first_inc), None)
-        if end is not None and (end.get("step") or 0) > 0:
-            return f"it finished at step {end.get('step')} without completing a single step: it resumed from elsewhere"
-    return None
-
-
-def _episodes(events: list[Event]) -> list[list[Event]]:
-    """``detect`` events grouped into episodes: a new one starts after each ``restart`` or ``give_up``."""
-    out: list[list[Event]] = []
-    current: list[Event] = []
-    for e in events:
-        if e.kind == "detect":
-            current.append(e)
-        elif e.kind in ("restart", "give_up") and current:
-            out.append(current)
-            current = []
-    if current:
-        out.append(current)
-    return out
-
-
-def blamed_ranks(ev: Event, events: list[Event]) -> set[int] | None:
-    """The ranks a detection names as failed, resolved through the ``rank_start`` events written before it;
-    None when it names nobody."""
-    starts = [e for e in events if e.kind == "rank_start" and e.t_ns <= ev.t_ns]
-    latest: dict[int, Event] = {}
-    for e in starts:
-        latest[int(e.get("rank", 0))] = e
-    if ev.get("blame_rank") is not None:
-        return {int(ev["blame_rank"])}
-    if ev.get("blame_groups"):
-        groups = {str(g) for g in ev["blame_groups"]}
-        return {r for r, e in latest.items() if str(e.get("replica_group")) in groups}
-    if ev.get("blame_node") is not None:
-        return {r for r, e in latest.items() if e.get("node") == ev["blame_node"]}
-    if ev.get("local_rank") is not None and ev.get("node") is not None:
-        # A launcher's local_rank on its node (and, for a TorchFT group's launcher, in its replica group).
-        keys = ("node", "replica_group") if ev.get("replica_group") is not None else ("node",)
-        same = [e for e in starts if int(e.get("local_rank", -1)) == int(ev["local_rank"])
-                and all(str(e.get(k)) == str(ev[k]) for k in keys)]  # fmt: skip
-        if same:
-            return {int(same[-1].get("rank", 0))}
-    return None
-
-
-def restarts_claimed(events: list[Event]) -> int:
-    """Restarts the framework reported itself: ``restart`` events, the most written by any one process (each
-    agent of a multi-node job reports the same restart; a replica group's launcher reports its own)."""
-    by_proc: dict[str, int] = {}
-    for e in events:
-        if e.kind == "restart":
-            key = str(e.get("proc") or e.get("framework") or e.src)
-            by_proc[key] = by_proc.get(key, 0) + 1
-    return max(by_proc.values(), default=0)
-
-
-def fault_targets(fault: Event) -> set[int]:
-    """The ranks a ``fault_inject`` event says it hit (its ground truth)."""
-    targets = fault.get("target") or []
-    if isinstance(targets, dict):
-        targets = [targets]
-    return {int(t["rank"]) for t in targets if isinstance(t, dict) and t.get("rank") is not None}
-
-
-def _blame(m: RunMetrics, events: list[Event], fault: Event, tf: int) -> None:
-    """Whom the framework blamed in its first reaction (detections from the fault to its first restart)."""
-    restart = _first(events, "restart", after_ns=tf)
-    first = [e for e in events if e.kind == "detect" and e.t_ns >= tf and (restart is None or e.t_ns <= restart.t_ns)]
-    for ev in first:
-        blamed = blamed_ranks(ev, events)
-        if blamed is None:
-            continue
-        m.blamed = ", ".join(f"rank {r}" for r in sorted(blamed)) or "no known rank"
-        targets = fault_targets(fault)
-        if not targets:
-            m.missing["blame"] = "the fault names no target rank"
-            return
-        m.blame = "correct" if blamed & targets else "wrong"
-        return
-    m.blame = "none"
-
-
 def compute_metrics(
     events: list[Event],
     control: list[Event] | None = None,
@@ -542,7 +307,8 @@ def _restart_claim_note(m: RunMetrics) -> str:
 def _compute(events: list[Event], control: list[Event] | None, total_steps: int | None) -> RunMetrics:
     m = RunMetrics()
     miss = m.missing
-    start = _first(events, "run_start")
+    whole = TimelineIndex(events)
+    start = whole.first("run_start")
     if start is None:
         miss["wall_s"] = "no run_start event"
         m.outcome = "error"
@@ -553,62 +319,51 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     m.fault = start.get("fault")
     m.repeat = start.get("repeat")
     m.control = bool(start.get("control"))
-    info = _first(events, "framework_info")
+    info = whole.first("framework_info")
     if info is not None:
         m.versions = dict(info.get("versions") or {})
         m.timeouts = dict(info.get("timeouts") or {})
-        m.timeout_problems = list(info.get("timeout_problems") or [])
-    for pred in (e for e in events if e.kind == "detection_prediction"):
-        m.timeout_problems += [p for p in pred.get("problems") or [] if p not in m.timeout_problems]
-    end = next((e for e in reversed(events) if e.kind == "run_end"), None)
-    t0 = start.t_ns
+    m.timeout_problems = attribution.timeout_problems(whole, (info.get("timeout_problems") or []) if info else [])
+    end = whole.last("run_end")
     if end is not None:
         m.run_end_outcome = end.get("outcome")
-        m.wall_s = _s(end.t_ns - t0)
+        m.wall_s = goodput.wall_s(whole)
     else:
         miss["wall_s"] = "no run_end event (harness killed?)"
-    events, caused = _harness_cut(events)
+    ix, caused = attribution.harness_cut(whole)
     harness_reactions = sum(1 for e in caused if e.kind in ("detect", "restart", "give_up"))
-    if control is not None:
-        control, _ = _harness_cut(control)
+    ctl = attribution.harness_cut(TimelineIndex(control))[0] if control is not None else None
 
-    steps = _Steps.from_events(events)
-    final = _final(events)
+    steps = ix.steps
+    final = ix.final
     if final is not None:
-        m.final_step = _final_step(final, steps)
+        m.final_step = fidelity.final_step(final, steps)
         m.final_loss = final.get("loss")
         m.digest = final.get("digest") or None
     finished = final is not None and m.final_step is not None and (total_steps is None or m.final_step >= total_steps)
     if final is not None and m.final_step is None:
         miss["final_step"] = "train_end names no step and no step was reported"
-    m.restart_count = max((int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"), default=0)
-    if any(e.kind == "restart" for e in events):
-        m.restarts_claimed = restarts_claimed(events)
+    m.restart_count = ix.max_incarnation
+    if ix.has("restart"):
+        m.restarts_claimed = attribution.restarts_claimed(ix.of("restart"))
     else:
         miss["restarts_claimed"] = "the framework reported no restart (no restart line of it was recognised)"
     if final is not None:
-        m.world_size_final, m.global_batch_final = _world(events, int(final.get("incarnation", 0)))
+        m.world_size_final, m.global_batch_final = ix.world(int(final.get("incarnation", 0)))
 
-    saves = _save_durations(events)
+    saves = goodput.checkpoint_save_durations(ix)
     if saves:
         m.checkpoint_save_s = statistics.median(saves)
     else:
         miss["checkpoint_save_s"] = "no complete checkpoint save with its begin and end on the timeline"
-
-    # productive time: last execution of each step index
-    last_exec: dict[int, tuple[int, int]] = {}
-    for (inc, idx), t in steps.t.items():
-        if idx not in last_exec or t > steps.t[last_exec[idx]]:
-            last_exec[idx] = (inc, idx)
-    durations = [steps.duration[k] for k in last_exec.values() if k in steps.duration]
-    if durations:
-        m.productive_s = sum(durations)
+    m.productive_s = goodput.productive_s(steps)
+    if m.productive_s is not None:
         if m.wall_s:
             m.goodput = m.productive_s / m.wall_s
     else:
         miss["productive_s"] = miss["goodput"] = "no step durations on the timeline"
 
-    dirty = contamination(events, steps)
+    dirty = fidelity.contamination(ix)
     m.contaminated = dirty is not None
     if dirty is not None:
         m.outcome = "contaminated"
@@ -617,285 +372,142 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
             miss[k] = f"contaminated: {dirty}"
         return m
 
-    _fidelity(m, final, control)
-    # Each rank's final digest (its newest train_end: TorchFT's replica groups end in different incarnations).
-    latest: dict[int, Event] = {}
-    for e in events:
-        if e.kind == "train_end" and e.get("digest"):
-            r = int(e.get("rank", 0))
-            if r not in latest or int(e.get("incarnation", 0)) >= int(latest[r].get("incarnation", 0)):
-                latest[r] = e
-    if len(latest) >= 2:
-        m.ranks_agree = len({e.get("digest") for e in latest.values()}) == 1
-    elif latest:
-        miss["ranks_agree"] = "only one rank reported a final digest"
-    m.step_time_s = _median_interval(steps, None, None)
-    m.gave_up = any(e.kind == "give_up" for e in events)
-    m.clock_offset_bound_s = offset_bound_s(events)
+    if not m.control:
+        fid = fidelity.fidelity(final, ctl)
+        m.fidelity, m.loss_diff = fid.fidelity, fid.loss_diff
+        if fid.missing is not None:
+            miss["fidelity"] = fid.missing
+    m.ranks_agree, why = fidelity.ranks_agree(ix)
+    if why is not None:
+        miss["ranks_agree"] = why
+    m.step_time_s = timing.median_step_interval(steps, None, None)
+    m.gave_up = ix.has("give_up")
+    m.clock_offset_bound_s = offset_bound_s(ix.of("clock_offset"))
     if m.clock_offset_bound_s is None:
         miss["clock_offset_bound_s"] = "no clock_offset events (one host, one clock)"
-    m.crash_loop = _crash_loop(events, steps)
-    if control is not None:
-        c_start, c_end = _first(control, "run_start"), next(
-            (e for e in reversed(control) if e.kind == "run_end"), None
-        )
-        if m.wall_s is not None and c_start and c_end:
-            m.extra_wall_s = m.wall_s - _s(c_end.t_ns - c_start.t_ns)
+    m.crash_loop = attribution.crash_loop(ix)
+    if ctl is not None:
+        control_wall_s = goodput.wall_s(ctl)
+        if m.wall_s is not None and control_wall_s is not None:
+            m.extra_wall_s = m.wall_s - control_wall_s
         else:
             miss["extra_wall_s"] = "control run has no wall time"
     elif not m.control:
         miss["extra_wall_s"] = "no control run"
 
-    fault = _first(events, "fault_inject")
-    m.checkpoint_outcome = classify_checkpoint_outcome(events, control=m.control)
+    fault = ix.first("fault_inject")
+    m.checkpoint_outcome = classify_checkpoint_outcome(ix.events, control=m.control)
     if m.control:
         m.outcome = "completed" if finished else "failed"
-        m.false_detections = len(_episodes(events))
+        m.false_detections = attribution.detection_episodes(ix)
         m.clean = m.outcome == "completed" and m.false_detections == 0 and m.restart_count == 0
         for k in FAULT_METRICS:
             miss[k] = "control run (no fault)"
         return m
     if fault is None:
         m.outcome = "fault_not_fired"
-        skipped = _first(events, "fault_skipped")
+        skipped = ix.first("fault_skipped")
         why = f"fault skipped: {skipped.get('reason')}" if skipped else "the trigger never fired"
         for k in ("time_to_detect_s", "time_to_resume_s", "lost_steps"):
             miss[k] = why
         return m
+    _fault_run(m, ix, ctl, fault, start.t_ns, end, finished, harness_reactions)
+    return m
 
-    effect = fault.get("effect_t_ns")
-    tf = int(effect) if effect is not None else fault.t_ns
-    # A stamp taken when an engine call returned, or when the engine reported it, may come after the fault's
-    # first consequence (a docker kill: the rank's exec exits 35 ms in, the engine's die event at 72 ms): the
-    # fault took effect no later than the first process exit or framework detection after the injector began.
-    seen = [e.t_ns for e in events if e.kind in ("proc_exit", "detect") and fault.t_ns <= e.t_ns < tf]
-    if seen:
-        tf = min(seen)
-    if effect is not None:
-        m.injection_latency_s = _s(tf - fault.t_ns)
+
+def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, fault: Event, t0: int,
+               end: Event | None, finished: bool, harness_reactions: int) -> None:  # fmt: skip
+    """The metrics of a run whose fault fired (``fault``, the first ``fault_inject``), in ``m``."""
+    miss = m.missing
+    steps = ix.steps
+    tf = timing.fault_effect_ns(ix, fault)
+    if fault.get("effect_t_ns") is not None:
+        m.injection_latency_s = ns_to_s(tf - fault.t_ns)
     else:
         miss["injection_latency_s"] = "the injector recorded no moment of effect"
     if fault.get("trigger_step") is not None:
         m.trigger_step = int(fault["trigger_step"])
     m.fault_class = fault_class(fault.get("injector"), fault.get("params"))
-    m.fault_t_s = _s(tf - t0)
-    m.fault_count = sum(1 for e in events if e.kind == "fault_inject")
-    m.false_detections = len(_episodes([e for e in events if e.t_ns < fault.t_ns]))
-    revert = _first(events, "fault_revert", after_ns=tf)
-    t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else events[-1].t_ns)
-    m.fault_step_time_s = _median_interval(steps, tf, t_win_end)
-    c_step = _median_interval(_Steps.from_events(control), None, None) if control is not None else None
+    m.fault_t_s = ns_to_s(tf - t0)
+    m.fault_count = ix.count("fault_inject")
+    m.false_detections = attribution.detection_episodes(ix, before_ns=fault.t_ns)
+    revert = ix.first("fault_revert", after_ns=tf)
+    t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else ix.events[-1].t_ns)
+    m.fault_step_time_s = timing.median_step_interval(steps, tf, t_win_end)
+    c_step = timing.median_step_interval(ctl.steps, None, None) if ctl is not None else None
     if m.fault_step_time_s is not None and c_step:
         m.slowdown = m.fault_step_time_s / c_step
     else:
         miss["slowdown"] = "no steps in the fault window" if m.fault_step_time_s is None else "no control run"
     if end is not None and not finished:
-        m.time_burned_s = _s(end.t_ns - tf)
-    fault_inc = max(
-        (int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start" and e.t_ns <= tf), default=0
-    )
-    m.checkpoint_age_s = checkpoint_age(events, tf)
+        m.time_burned_s = ns_to_s(end.t_ns - tf)
+    fp = timing.fault_point(ix, tf)
+    m.checkpoint_age_s = timing.checkpoint_age(ix.of("ckpt_save_end"), tf)
     if m.checkpoint_age_s is None:
         miss["checkpoint_age_s"] = "no checkpoint had completed before the fault"
-    before = steps.before(tf)
-    max_before = max((idx for _, idx in before), default=0)
-    m.fault_step = max((idx for inc, idx in before if inc == fault_inc), default=max_before)
-    restarted = [e.t_ns for e in events if e.kind == "rank_start" and e.t_ns > tf
-                 and int(e.get("incarnation", 0)) > fault_inc]  # fmt: skip
-    if restarted:
-        # Steps the faulted incarnation still completed after the fault (in flight when it hit) were lost too.
-        max_before = max([max_before] + [i for (n, i), t in steps.t.items() if n == fault_inc and t < min(restarted)])
+    m.fault_step = fp.step
 
-    prediction = next((e for e in events if e.kind == "detection_prediction" and e.get("fault") == fault.get("fault")),
-                      None)  # fmt: skip
-    if prediction is not None and prediction.get("expected_s") is not None:
-        m.predicted_detect_s = float(prediction["expected_s"])
-        m.predicted_by = str(prediction.get("decided_by") or "")
-    else:
-        miss["predicted_detect_s"] = (str(prediction.get("note")) if prediction is not None and prediction.get("note")
-                                      else "no detection model for this framework and fault")  # fmt: skip
+    prediction = attribution.detection_prediction(ix, fault)
+    m.predicted_detect_s, m.predicted_by = prediction.expected_s, prediction.decided_by
+    if prediction.missing is not None:
+        miss["predicted_detect_s"] = prediction.missing
 
-    detect = _first(events, "detect", after_ns=tf)
+    detect = ix.first("detect", after_ns=tf)
     m.detected = detect is not None
     if detect is not None:
         m.detected_by = str(detect.get("framework") or detect.src)
-        m.time_to_detect_s = _s(detect.t_ns - tf)
-        m.detect_t_s = _s(detect.t_ns - t0)
+        m.time_to_detect_s = ns_to_s(detect.t_ns - tf)
+        m.detect_t_s = ns_to_s(detect.t_ns - t0)
         m.badput_detect_s = m.time_to_detect_s
-        _blame(m, events, fault, tf)
+        blame = attribution.first_blame(ix, fault, tf)
+        m.blamed, m.blame = blame.blamed, blame.blame
+        if blame.missing is not None:
+            miss["blame"] = blame.missing
     else:
         why = f"no detection by framework '{m.framework}' before the run ended"
         if harness_reactions:
             why += f" (it reacted {harness_reactions} time(s) only after the harness began tearing the run down)"
         miss["time_to_detect_s"] = miss["blame"] = why
 
-    requeue = _first(events, "restart", after_ns=tf)
-    back = _first(events, "sched_state", after_ns=requeue.t_ns, state="running") if requeue is not None else None
-    if requeue is not None and back is not None:
-        m.scheduler_delay_s = _s(back.t_ns - requeue.t_ns)
-    else:
+    m.scheduler_delay_s = timing.scheduler_delay_s(ix, tf)
+    if m.scheduler_delay_s is None:
         miss["scheduler_delay_s"] = "no scheduler state after a restart (not a scheduler-driven framework)"
 
-    per_step_commit = any(e.kind == "step_skipped" or (e.kind == "step" and e.get("committed")) for e in events)
-    if per_step_commit:  # nothing rolls back: a survivor's step after the fault is progress, not in-flight work
-        max_before = max((idx for _, idx in before), default=0)
-    m.world_size_before, m.global_batch_before = _world(events, fault_inc)
-    rejoin = next((t for t, (inc, _) in steps.after(tf) if inc > fault_inc), None)
+    per_step_commit = ix.per_step_commit
+    m.world_size_before, m.global_batch_before = ix.world(fp.incarnation)
+    rejoin = timing.rejoin_ns(steps, fp)
     if rejoin is not None:
-        m.time_to_rejoin_s = _s(rejoin - tf)
+        m.time_to_rejoin_s = ns_to_s(rejoin - tf)
     else:
         miss["time_to_rejoin_s"] = "nothing restarted after the fault"
-    resume_key = None
-    for t, (inc, idx) in steps.after(tf):
-        if (idx > max_before) if per_step_commit else (inc > fault_inc or (not restarted and idx > max_before)):
-            resume_key, resume_t = (inc, idx), t
-            break
-    m.recovered = bool(finished and resume_key is not None)
+    resume = timing.resume_point(steps, fp, per_step_commit)
+    m.recovered = bool(finished and resume is not None)
     m.outcome = "recovered" if m.recovered else "not_recovered"
     m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
-    if resume_key is None:
+    if resume is None:
         reason = f"no training step completed after the fault (run ended: {m.run_end_outcome})"
         for k in ("time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s"):
             miss[k] = reason
         for k in ("badput_restart_init_s", "badput_restore_s", "badput_recompute_s"):
             miss[k] = reason
-        return m
-    m.time_to_resume_s = _s(resume_t - tf)
-    resume_step = next((e for e in events if e.kind == "step" and e.t_ns == resume_t
-                        and int(e.get("incarnation", 0)) == resume_key[0]), None)  # fmt: skip
-    m.world_size_after, m.global_batch_after = _world(events, resume_key[0], resume_step)
-    m.resume_t_s = _s(resume_t - t0)
-    catch = next(((t, k) for t, k in steps.after(tf) if k[1] > max_before), None)
+        return
+    resume_t, resume_key = resume
+    m.time_to_resume_s = ns_to_s(resume_t - tf)
+    m.world_size_after, m.global_batch_after = ix.world(resume_key[0], ix.step_event(resume_t, resume_key[0]))
+    m.resume_t_s = ns_to_s(resume_t - t0)
+    catch = timing.catch_up_ns(steps, fp)
     if catch is not None:
-        m.time_to_catch_up_s = _s(catch[0] - tf)
+        m.time_to_catch_up_s = ns_to_s(catch - tf)
     else:
         miss["time_to_catch_up_s"] = "the job never got beyond the step reached at the fault"
 
-    restored = resume_key[1] - 1
-    m.lost_steps = max(0, max_before - restored)
-    skipped_s = 0.0
-    if per_step_commit:
-        skipped_by_index: dict[int, float] = {}
-        for e in events:
-            if e.kind == "step_skipped" and e.t_ns >= tf:
-                i = int(e["step"])
-                d = float(e.get("duration_s") or 0.0)
-                skipped_by_index[i] = min(skipped_by_index[i], d) if i in skipped_by_index else d
-        m.skipped_steps = len(skipped_by_index)
-        skipped_s = sum(skipped_by_index.values())
-    if m.lost_steps == 0:
-        m.lost_work_s = skipped_s
-    else:
-        t_hi = steps.t.get((fault_inc, max_before))
-        t_lo = steps.t.get((fault_inc, restored))
-        if t_lo is None:  # restarted from scratch: from the faulted incarnation's first rank event
-            first = _first(events, "rank_start", incarnation=fault_inc)
-            t_lo = first.t_ns if first else None
-        if t_hi is not None and t_lo is not None:
-            m.lost_work_s = _s(t_hi - t_lo) + skipped_s
-        else:
-            miss["lost_work_s"] = "the lost steps are not on the timeline"
-
-    m.lost_steps += m.skipped_steps or 0
-    new_inc = resume_key[0]
-    m.rollback = not per_step_commit and new_inc != fault_inc
-    if per_step_commit:  # survivors never stopped: the stall is waiting for a new quorum; healing is elsewhere
-        react = detect.t_ns if detect is not None else tf
-        started = resume_t - int(steps.duration.get(resume_key, 0.0) * 1e9)
-        m.badput_restart_init_s = max(0.0, _s(started - react))
-        m.badput_restore_s = m.badput_recompute_s = 0.0
-        return m
-    if new_inc == fault_inc:  # recovered in place: nothing restarted, restored or recomputed
-        m.badput_restart_init_s = m.badput_restore_s = m.badput_recompute_s = 0.0
-        return m
-    react = detect.t_ns if detect is not None else tf
-    loads_b = [e.t_ns for e in events if e.kind == "ckpt_load_begin" and e.get("incarnation") == new_inc]
-    loads_e = [e.t_ns for e in events if e.kind == "ckpt_load_end" and e.get("incarnation") == new_inc]
-    if loads_b and loads_e:
-        restore_b, restore_e = min(loads_b), max(loads_e)
-        m.badput_restore_s = _s(restore_e - restore_b)
-    else:
-        first_dur = steps.duration.get(resume_key, 0.0)
-        restore_b = restore_e = resume_t - int(first_dur * 1e9)
-        m.badput_restore_s = 0.0
-    m.badput_restart_init_s = _s(restore_b - react)
-    redo = steps.t.get((new_inc, max_before))
-    if m.lost_steps == 0:
-        m.badput_recompute_s = 0.0
-    elif redo is not None:
-        m.badput_recompute_s = _s(redo - restore_e)
-    else:
-        miss["badput_recompute_s"] = "the recovered job did not redo the lost steps"
-    return m
-
-
-def _median_interval(steps: _Steps, t_from: int | None, t_to: int | None) -> float | None:
-    """Median seconds between consecutive step completions of one incarnation, over the intervals that overlap
-    the window (so a stall spanning the whole window still counts)."""
-    by_inc: dict[int, list[tuple[int, int]]] = {}
-    for (inc, idx), t in steps.t.items():
-        by_inc.setdefault(inc, []).append((idx, t))
-    gaps = []
-    for items in by_inc.values():
-        items.sort()
-        for (i0, t_a), (i1, t_b) in zip(items, items[1:], strict=False):
-            if i1 != i0 + 1:
-                continue
-            if (t_from is None or t_b > t_from) and (t_to is None or t_a < t_to):
-                gaps.append(_s(t_b - t_a))
-    return statistics.median(gaps) if gaps else None
-
-
-def _crash_loop(events: list[Event], steps: _Steps) -> bool:
-    """Two or more incarnations that failed after reaching the same last step."""
-    finals = {int(e.get("incarnation", 0)) for e in events if e.kind == "train_end"}
-    incs = sorted({int(e.get("incarnation", 0)) for e in events if e.kind == "rank_start"})
-    last_steps = []
-    for inc in incs:
-        if inc in finals:
-            continue
-        idx = [i for (n, i) in steps.t if n == inc]
-        last_steps.append(max(idx) if idx else 0)
-    counts: dict[int, int] = {}
-    for ls in last_steps:
-        counts[ls] = counts.get(ls, 0) + 1
-    return any(c >= 2 for c in counts.values())
-
-
-def _save_durations(events: list[Event]) -> list[float]:
-    begins: dict[tuple[int, int, int], int] = {}
-    out = []
-    for ev in events:
-        key = (int(ev.get("incarnation", 0)), int(ev.get("rank", 0)), int(ev.get("step") or 0))
-        if ev.kind == "ckpt_save_begin":
-            begins[key] = ev.t_ns
-        elif ev.kind == "ckpt_save_end" and ev.get("complete") and key in begins:
-            out.append(_s(ev.t_ns - begins[key]))
-    return out
-
-
-def _fidelity(m: RunMetrics, final: Event | None, control: list[Event] | None) -> None:
-    if m.control:
-        return
-    if control is None:
-        m.missing["fidelity"] = "no control run"
-        return
-    c_final = _final(control)
-    if c_final is None:
-        m.missing["fidelity"] = "the control run did not finish training"
-        return
-    if final is None:
-        m.missing["fidelity"] = "this run did not finish training"
-        return
-    if final.get("step") != c_final.get("step"):
-        m.fidelity = "diverged"
-    else:
-        m.fidelity = "exact" if final.get("digest") == c_final.get("digest") else "diverged"
-    if final.get("loss") is not None and c_final.get("loss") is not None:
-        m.loss_diff = float(final["loss"]) - float(c_final["loss"])
-
-
-def checkpoint_age(events: list[Event], t_ns: int) -> float | None:
-    """Seconds since the newest complete checkpoint save before ``t_ns`` (None: none completed)."""
-    done = [e.t_ns for e in events if e.kind == "ckpt_save_end" and e.get("complete") and e.t_ns <= t_ns]
-    return _s(t_ns - max(done)) if done else None
+    lost = timing.lost_work(ix, fp, resume_key)
+    m.lost_steps, m.lost_work_s, m.skipped_steps = lost.lost_steps, lost.lost_work_s, lost.skipped_steps
+    if lost.missing is not None:
+        miss["lost_work_s"] = lost.missing
+    m.rollback = not per_step_commit and resume_key[0] != fp.incarnation
+    stages = timing.badput(ix, fp, detect, resume, m.lost_steps)
+    m.badput_restart_init_s, m.badput_restore_s = stages.restart_init_s, stages.restore_s
+    m.badput_recompute_s = stages.recompute_s
+    if stages.missing is not None:
+        miss["badput_recompute_s"] = stages.missing

@@ -1,0 +1,37 @@
+"""What the run's time bought, and the inputs of the fleet projection: wall time, the compute time of the steps
+that survived into the final state (productive time, goodput), checkpoint save cost. Definitions:
+:mod:`chaosbench.analysis.metrics`."""
+
+from __future__ import annotations
+
+from chaosbench.analysis.timeline_index import JobSteps, TimelineIndex, ns_to_s
+
+
+def wall_s(ix: TimelineIndex) -> float | None:
+    """``run_end`` minus ``run_start`` (the last ``run_end``, the first ``run_start``); None without either."""
+    start, end = ix.first("run_start"), ix.last("run_end")
+    return ns_to_s(end.t_ns - start.t_ns) if start is not None and end is not None else None
+
+
+def productive_s(steps: JobSteps) -> float | None:
+    """For every step index, the compute time of its last execution (the one that survived into the final
+    state); None when no step has a duration."""
+    last_exec: dict[int, tuple[int, int]] = {}
+    for (inc, idx), t in steps.t.items():
+        if idx not in last_exec or t > steps.t[last_exec[idx]]:
+            last_exec[idx] = (inc, idx)
+    durations = [steps.duration[k] for k in last_exec.values() if k in steps.duration]
+    return sum(durations) if durations else None
+
+
+def checkpoint_save_durations(ix: TimelineIndex) -> list[float]:
+    """Seconds from ``ckpt_save_begin`` to a complete ``ckpt_save_end``, per (incarnation, rank, step)."""
+    begins: dict[tuple[int, int, int], int] = {}
+    out = []
+    for ev in ix.of("ckpt_save_begin", "ckpt_save_end"):
+        key = (int(ev.get("incarnation", 0)), int(ev.get("rank", 0)), int(ev.get("step") or 0))
+        if ev.kind == "ckpt_save_begin":
+            begins[key] = ev.t_ns
+        elif ev.get("complete") and key in begins:
+            out.append(ns_to_s(ev.t_ns - begins[key]))
+    return out
