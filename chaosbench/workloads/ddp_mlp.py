@@ -35,7 +35,6 @@ Contract (what the harness relies on):
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
@@ -43,7 +42,6 @@ from pydantic import Field
 
 from chaosbench.probe import Probe
 from chaosbench.workloads.base import ProgramWorkload
-from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
     TrainingOptions,
@@ -53,6 +51,7 @@ from chaosbench.workloads.skeleton import (
     init_distributed,
     mix_seed,
     parse_args,
+    train_steps,
 )
 
 #: Width of the synthetic input and of the regression target.
@@ -159,28 +158,9 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     # ---- train ----------------------------------------------------------------------------------------
     loss_fn = nn.MSELoss()
     model.train()
-    loss_value: float | None = None
-    planted = Planted(probe)
-    for step in range(start_step + 1, args.steps + 1):
-        planted.before_step(step)
-        t_step = time.perf_counter()
-        x, y = batch(step - data_base)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        planted.after_backward(step, net.parameters())
-        if args.step_sleep_s > 0:  # emulated extra compute: part of the step, before the optimizer update
-            time.sleep(args.step_sleep_s)
-        optimizer.step()
-        scheduler.step()
-        planted.after_update(step, net.parameters())
-        loss_value = float(loss.item())
-        planted.check_loss(step, loss_value)
-        probe.step(step, loss_value, duration_s=time.perf_counter() - t_step)
-        print(f"step {step} loss {loss_value:.6f}", flush=True)
-        if args.checkpoint_every and step % args.checkpoint_every == 0:
-            save(step)
-
+    loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), lambda step: batch(step - data_base),
+                             lambda x, y: loss_fn(model(x), y), optimizer, scheduler, lambda: list(net.parameters()),
+                             args.step_sleep_s, args.checkpoint_every, save)  # fmt: skip
     end_training(probe, net, args.steps, start_step, loss_value)
     return 0
 

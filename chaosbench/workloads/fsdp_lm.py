@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -51,7 +50,6 @@ from pydantic import Field
 
 from chaosbench.probe import Probe
 from chaosbench.workloads.base import ProgramWorkload
-from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
     TrainingOptions,
@@ -61,6 +59,7 @@ from chaosbench.workloads.skeleton import (
     init_distributed,
     mix_seed,
     parse_args,
+    train_steps,
 )
 
 #: The program, as ``python -m`` runs it.
@@ -220,28 +219,10 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     # ---- train ----------------------------------------------------------------------------------------
     loss_fn = nn.CrossEntropyLoss()
     model.train()
-    loss_value: float | None = None
-    planted = Planted(probe)
-    for step in range(start_step + 1, args.steps + 1):
-        planted.before_step(step)
-        t_step = time.perf_counter()
-        x, y = batch(step)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y.reshape(-1))
-        loss.backward()
-        planted.after_backward(step, [_local(p) for p in model.parameters()])
-        if args.step_sleep_s > 0:  # emulated extra compute: part of the step, before the optimizer update
-            time.sleep(args.step_sleep_s)
-        optimizer.step()
-        scheduler.step()
-        planted.after_update(step, [_local(p) for p in model.parameters()])
-        loss_value = float(loss.item())
-        planted.check_loss(step, loss_value)
-        probe.step(step, loss_value, duration_s=time.perf_counter() - t_step)
-        print(f"step {step} loss {loss_value:.6f}", flush=True)
-        if args.checkpoint_every and step % args.checkpoint_every == 0:
-            save(step)
-
+    loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), batch,
+                             lambda x, y: loss_fn(model(x), y.reshape(-1)), optimizer, scheduler,
+                             lambda: [_local(p) for p in model.parameters()], args.step_sleep_s,
+                             args.checkpoint_every, save)  # fmt: skip
     end_training(probe, model, args.steps, start_step, loss_value)
     return 0
 

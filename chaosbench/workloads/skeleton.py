@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.probe import Probe
+from chaosbench.workloads.planted import Planted
 
 CKPT_DIR_PREFIX = "step_"
 COMPLETE_MARKER = "COMPLETE"
@@ -205,6 +206,39 @@ def init_distributed(program: str, pg_timeout_s: float, backend: str | None, det
         device = torch.device("cpu")
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=pg_timeout_s))
     return Dist(rank, world_size, local_rank, backend, device)
+
+
+def train_steps(probe: Probe, steps: range, batch: Callable[[int], tuple[Any, Any]],
+                loss_of: Callable[[Any, Any], Any], optimizer: Any, scheduler: Any,
+                params: Callable[[], list[Any]], step_sleep_s: float, checkpoint_every: int,
+                save: Callable[[int], None]) -> float | None:  # fmt: skip
+    """The training loop every built-in program shares: for each (1-based) step of ``steps`` the planted faults'
+    hooks (:class:`~chaosbench.workloads.planted.Planted`) around forward/backward, the emulated extra compute
+    (``step_sleep_s``, before the update), the optimizer and scheduler steps, the ``step`` event and line, and a
+    checkpoint every ``checkpoint_every`` steps. ``params`` gives this rank's (local) parameter tensors. Returns
+    the last step's loss (None when no step ran)."""
+    loss_value: float | None = None
+    planted = Planted(probe)
+    for step in steps:
+        planted.before_step(step)
+        t_step = time.perf_counter()
+        x, y = batch(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(x, y)
+        loss.backward()
+        planted.after_backward(step, params())
+        if step_sleep_s > 0:
+            time.sleep(step_sleep_s)
+        optimizer.step()
+        scheduler.step()
+        planted.after_update(step, params())
+        loss_value = float(loss.item())
+        planted.check_loss(step, loss_value)
+        probe.step(step, loss_value, duration_s=time.perf_counter() - t_step)
+        print(f"step {step} loss {loss_value:.6f}", flush=True)
+        if checkpoint_every and step % checkpoint_every == 0:
+            save(step)
+    return loss_value
 
 
 def end_training(probe: Probe, model: Any, steps: int, start_step: int, loss: float | None) -> None:

@@ -4,6 +4,7 @@ run's events, and launching a built-in program's ranks directly (without the run
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -114,3 +115,103 @@ def launch_ranks(module: str, args: list[str], world_size: int, events: Path, lo
         job.kill()
         raise
     return job
+
+
+def of_kind(events: list[Event], kind: str, incarnation: int | None = None) -> list[Event]:
+    """The events of ``kind`` (of one incarnation, when given)."""
+    return [
+        e for e in events if e.kind == kind and (incarnation is None or e.get("incarnation") == incarnation)
+    ]
+
+
+@dataclass
+class Baseline:
+    """An uninterrupted run of a checkpointing program: its final digest, checkpoints, events and ranks."""
+
+    digest: str
+    ckpt_dir: Path
+    events: list[Event]
+    job: RankJob
+
+
+@dataclass
+class CheckpointingProgram:
+    """A built-in checkpointing program (ddp-mlp, fsdp-lm) run directly as ranks: the launch, a run to the end,
+    its final digest, a kill mid-run and a resume."""
+
+    module: str
+    base_args: list[str]
+    steps: int
+    ckpt_every: int
+    timeout_s: float
+    world_size: int = 2
+
+    def launch(self, tmp: Path, ckpt_dir: Path, events: Path, *extra: str, incarnation: int = 0) -> RankJob:
+        args = [*self.base_args, "--ckpt-dir", str(ckpt_dir), "--steps", str(self.steps)]
+        args += ["--checkpoint-every", str(self.ckpt_every), "--pg-timeout-s", "60", *extra]
+        return launch_ranks(self.module, args, self.world_size, events, tmp, ckpt_dir.name, incarnation)
+
+    def run_to_end(
+        self, tmp: Path, ckpt_dir: Path, events: Path, *extra: str, incarnation: int = 0
+    ) -> RankJob:
+        job = self.launch(tmp, ckpt_dir, events, *extra, incarnation=incarnation)
+        try:
+            codes = job.wait(self.timeout_s)
+        finally:
+            job.kill()
+        assert codes == [0] * self.world_size, job.output()
+        return job
+
+    def final_digest(self, events: list[Event], incarnation: int = 0) -> str:
+        """The digest every rank reports at the last step (asserting they agree and all got there)."""
+        ends = of_kind(events, "train_end", incarnation)
+        assert sorted(e["rank"] for e in ends) == list(range(self.world_size))
+        digests = {e["digest"] for e in ends}
+        assert len(digests) == 1, f"ranks disagree on the final parameters: {digests}"
+        assert all(e["step"] == self.steps for e in ends)
+        return digests.pop()
+
+    def baseline(self, tmp: Path) -> Baseline:
+        """An uninterrupted run in ``tmp``."""
+        job = self.run_to_end(tmp, tmp / "ckpt", tmp / "events.jsonl")
+        events = read_events(tmp / "events.jsonl")
+        return Baseline(self.final_digest(events), tmp / "ckpt", events, job)
+
+    def kill_at(self, tmp: Path, kill_step: int, step_sleep_s: float) -> None:
+        """Run in ``tmp`` until some rank reports ``kill_step``, SIGKILL rank 1, give rank 0 five seconds to
+        fail on its next collective, then kill it; the run must have ended before its next checkpoint."""
+        events_path = tmp / "events.jsonl"
+        job = self.launch(tmp, tmp / "ckpt", events_path, "--step-sleep-s", str(step_sleep_s))
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while not any(e["step"] >= kill_step for e in of_kind(read_events(events_path), "step")):
+                assert time.monotonic() < deadline, f"step {kill_step} never appeared\n" + job.output()
+                assert all(p.poll() is None for p in job.procs), "a rank exited early\n" + job.output()
+                time.sleep(0.01)
+            job.procs[1].send_signal(signal.SIGKILL)
+            assert job.procs[1].wait(timeout=10) == -signal.SIGKILL
+            try:
+                job.procs[0].wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            job.kill()
+        events = read_events(events_path)
+        assert of_kind(events, "train_end") == []
+        next_ckpt = (kill_step // self.ckpt_every + 1) * self.ckpt_every
+        assert max(e["step"] for e in of_kind(events, "step")) < next_ckpt
+
+    def assert_resumed_exactly(self, tmp: Path, baseline: Baseline, from_step: int) -> None:
+        """Resume the run in ``tmp`` as incarnation 1: every rank loads ``from_step``, trains the rest, and
+        ends bit-identical to ``baseline``."""
+        self.run_to_end(tmp, tmp / "ckpt", tmp / "events.jsonl", incarnation=1)
+        events = read_events(tmp / "events.jsonl")
+        loads = of_kind(events, "ckpt_load_begin", incarnation=1)
+        assert sorted((e["rank"], e["step"]) for e in loads) == [
+            (r, from_step) for r in range(self.world_size)
+        ]
+        assert len(of_kind(events, "ckpt_load_end", incarnation=1)) == self.world_size
+        for rank in range(self.world_size):
+            steps = [e["step"] for e in of_kind(events, "step", incarnation=1) if e["rank"] == rank]
+            assert steps == list(range(from_step + 1, self.steps + 1))
+        assert self.final_digest(events, incarnation=1) == baseline.digest
