@@ -2,7 +2,8 @@
 
 Exit codes: 0 the suite ran and met its SLOs (a suite without SLOs: whatever the recovery outcomes were),
 1 a harness error or an interrupted run, 2 bad input (a malformed suite, an unknown fault, a missing file),
-3 an SLO was missed, 4 a regression against the baseline (``--baseline``).
+3 an SLO was missed, 4 a regression against the baseline (``--baseline``); defined, and decided for a suite's
+results, in :mod:`chaosbench.gate`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 
 from chaosbench import __version__
 from chaosbench.errors import ChaosbenchError, SpecError, UnknownPlugin
-
-EXIT_OK, EXIT_HARNESS, EXIT_INPUT, EXIT_SLO, EXIT_REGRESSION = 0, 1, 2, 3, 4
+from chaosbench.gate import EXIT_HARNESS, EXIT_INPUT, EXIT_OK, EXIT_SLO
 
 
 def _err(msg: str) -> None:
@@ -85,42 +85,28 @@ def _print_outlook(outlook: list[dict[str, Any]], problems: dict[str, list[str]]
 
 
 def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], interrupted: bool) -> int:
-    """CI outputs and the exit code: harness errors, then regressions, then SLO misses."""
-    from chaosbench.analysis.baseline import compare, load_rows, markdown
+    """CI outputs and the exit code, from the gate (:mod:`chaosbench.gate`); here only what is printed."""
     from chaosbench.analysis.results import collect
-    from chaosbench.analysis.slo import summary_markdown, write_junit
+    from chaosbench.gate import Comparison, Gate, harness_errors
 
-    metrics = collect(suite_dir, write=False)
-    errors = {str(r.run_dir): r.result.reason for r in records if r.result.status == "error"}
-    regressions: list[str] = []
+    comparison = None
     if args.baseline:
-        diffs = compare(load_rows(args.baseline), load_rows(suite_dir), threshold=args.threshold, alpha=args.alpha)
-        (suite_dir / "baseline-comparison.md").write_text(markdown(diffs, f"{suite} against {args.baseline}"))
-        regressions = [d.describe() for d in diffs if d.regression]
-        for d in diffs:
-            if d.note and not d.regression and d.change is not None and abs(d.change) > args.threshold:
-                _progress(f"note: {d.describe()}")
-    if args.junit:
-        write_junit(Path(args.junit), suite, metrics, errors)
-    summary = summary_markdown(suite, metrics, regressions)
-    (suite_dir / "summary.md").write_text(summary)
-    if args.summary:
-        Path(args.summary).write_text(summary)
-    for run_dir, reason in errors.items():
+        comparison = Comparison.of(args.baseline, suite_dir, threshold=args.threshold, alpha=args.alpha,
+                                   title=f"{suite} against {args.baseline}")  # fmt: skip
+    gate = Gate(suite, collect(suite_dir, write=False), harness_errors(records), comparison=comparison,
+                interrupted=interrupted)  # fmt: skip
+    for d in gate.notes:
+        _progress(f"note: {d.describe()}")
+    gate.write(suite_dir, junit=args.junit, summary=args.summary)
+    for run_dir, reason in gate.errors.items():
         _err(f"{run_dir}: {reason}")
-    missed = [m for m in metrics if m.slo_ok is False]
-    for m in missed:
+    for m in gate.misses:
         _progress(f"SLO missed: {m.scenario} #{m.repeat}: {'; '.join(m.slo_failures)} ({m.run_dir})")
-    for r in regressions:
-        _progress(f"regression: {r}")
+    for d in gate.regressions:
+        _progress(f"regression: {d.describe()}")
     if interrupted:
         _err("interrupted; finished runs are kept and reported")
-        return EXIT_HARNESS
-    if errors:
-        return EXIT_HARNESS
-    if regressions:
-        return EXIT_REGRESSION
-    return EXIT_SLO if missed else EXIT_OK
+    return gate.exit_code()
 
 
 def _write_report(suite_dir: Path, title: str | None) -> dict[str, Path]:
@@ -175,12 +161,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from chaosbench.analysis.baseline import compare, load_rows, markdown
+    from chaosbench.gate import Comparison
 
-    diffs = compare(load_rows(args.a), load_rows(args.b), by=args.by, threshold=args.threshold, alpha=args.alpha)
-    if not diffs:
+    comparison = Comparison.of(args.a, args.b, by=args.by, threshold=args.threshold, alpha=args.alpha)
+    if not comparison.diffs:
         raise ChaosbenchError(f"{args.a} and {args.b} have no {args.by} in common")
-    text = markdown(diffs, f"{args.b} against {args.a}")
+    text = comparison.markdown()
     print(text)
     if args.out:
         Path(args.out).write_text(text)

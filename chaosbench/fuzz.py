@@ -24,9 +24,10 @@ from typing import Any
 
 import yaml
 
-from chaosbench.analysis.metrics import RunMetrics, compute_metrics
-from chaosbench.analysis.slo import evaluate
+from chaosbench.analysis.metrics import RunMetrics
+from chaosbench.analysis.results import run_metrics
 from chaosbench.errors import ChaosbenchError
+from chaosbench.gate import missed_slos
 from chaosbench.rundir import RunDir
 from chaosbench.specs import FaultSpec, Scenario, Suite
 from chaosbench.timeline import read_events
@@ -119,20 +120,20 @@ class Fuzzer:
         return self.suite.scenario(self.framework, [], 0)
 
     def _run(self, faults: list[tuple[str, FaultSpec]], tag: str) -> tuple[RunMetrics, str]:
+        """Run ``faults`` (none: the control) with the suite's SLOs; its metrics, SLO verdicts included, as
+        ``chaosbench run`` computes them (against the control's timeline once there is one)."""
         base = self._base()
         name = "+".join(n for n, _ in faults) if faults else None
         sc = replace(base, fault_name=name and tag, fault=faults[0][1] if faults else None, faults=tuple(faults),
                      slos=dict(self.suite.slos))  # fmt: skip
         rec = self.runner.run_one(sc)
         self.runs += 1
-        run = RunDir(rec.run_dir)
-        events = read_events(run.events)
-        cfg = run.read_config()
-        m = compute_metrics(events, control=self._control, total_steps=cfg.get("total_steps"))
-        m.control = not faults
+        control = RunDir.of(self.runner.suite_dir, base) if self._control is not None else None
+        m = run_metrics(RunDir(rec.run_dir), control, write=False, control_events=self._control)
         return m, str(rec.run_dir)
 
     def violations(self, m: RunMetrics) -> list[str]:
+        """The recovery invariants ``m`` breaks, then the suite's SLOs it missed (judged as the gate does)."""
         out = []
         if m.outcome != "recovered":
             out.append(f"the job did not recover ({m.verdict})")
@@ -140,9 +141,7 @@ class Fuzzer:
             out.append(f"fidelity {m.fidelity or 'not measured'} ({m.missing.get('fidelity', m.verdict)})")
         if m.crash_loop:
             out.append("crash loop")
-        out += [c.describe() for c in evaluate(m, {k: (v.model_dump(exclude_none=True) if hasattr(v, "model_dump")
-                                                       else v) for k, v in self.suite.slos.items()}) if not c.ok]  # fmt: skip
-        return out
+        return out + missed_slos(m)
 
     def check(self, schedule: list[dict[str, Any]]) -> list[str]:
         key = json.dumps(schedule, sort_keys=True)

@@ -3,9 +3,10 @@
     pytest --chaos-suite suites/ci.yaml [--chaos-out reports] [--chaos-baseline baselines/ci.csv]
 
 collects every run of the suite (controls first, then framework x fault x repeat) as a test item. An item runs
-its scenario for real and fails when an SLO of the suite is missed; the failure message shows the measured
-value, the bound and the run directory. With ``--chaos-baseline`` one more item compares the finished result
-set with the baseline and fails on regressions.
+its scenario for real and fails when the gate (:mod:`chaosbench.gate`, as ``chaosbench run``) fails that run: a
+harness error, or an SLO of the suite missed; the failure message shows the measured value, the bound and the
+run directory. With ``--chaos-baseline`` one more item compares the finished result set with the baseline and
+fails on regressions.
 
 The ``chaos_run`` fixture runs a suite given as YAML text (or a path) in the test's temporary directory and
 returns its metrics keyed ``"framework/fault#repeat"``, for recovery tests written in Python.
@@ -61,12 +62,15 @@ class ChaosItem(pytest.Item):
         self.scenario = scenario
 
     def runtest(self) -> None:
+        from chaosbench.gate import EXIT_HARNESS, EXIT_OK, Gate, harness_errors, missed_slos
+
         rec, m = self.state.run(self.scenario)
-        if rec.result.status == "error":
+        code = Gate(self.state.suite.name, [m], harness_errors([rec])).exit_code()
+        if code == EXIT_HARNESS:
             raise ChaosFailure(f"harness error: {rec.result.reason} (run directory: {rec.run_dir})")
-        if m.slo_ok is False:
+        if code != EXIT_OK:
             raise ChaosFailure(
-                f"{self.scenario.id} #{self.scenario.repeat}: " + "; ".join(m.slo_failures)
+                f"{self.scenario.id} #{self.scenario.repeat}: " + "; ".join(missed_slos(m))
                 + f"\n  verdict: {m.verdict}\n  run directory: {rec.run_dir}"
             )
 
@@ -85,11 +89,11 @@ class BaselineItem(pytest.Item):
         self.state, self.baseline, self.threshold, self.alpha = state, baseline, threshold, alpha
 
     def runtest(self) -> None:
-        from chaosbench.analysis.baseline import compare, load_rows
+        from chaosbench.gate import Comparison
 
-        diffs = compare(load_rows(self.baseline), load_rows(self.state.runner.suite_dir),
-                        threshold=self.threshold, alpha=self.alpha)  # fmt: skip
-        bad = [d.describe() for d in diffs if d.regression]
+        comparison = Comparison.of(self.baseline, self.state.runner.suite_dir, threshold=self.threshold,
+                                   alpha=self.alpha)  # fmt: skip
+        bad = [d.describe() for d in comparison.regressions]
         if bad:
             raise ChaosFailure("regressions against " + self.baseline + ":\n  " + "\n  ".join(bad))
 
