@@ -95,7 +95,9 @@ def base_tar(layout: dict[str, str | None] | None = None) -> bytes:
 
 def _package_root() -> str:
     """The directory holding the ``chaosbench`` package (the source tree of an editable install)."""
-    return str(Path(__file__).resolve().parent.parent)
+    import chaosbench
+
+    return str(Path(chaosbench.__file__).resolve().parent.parent)
 
 
 def default_mounts() -> list[BindMount]:
