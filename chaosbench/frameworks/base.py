@@ -290,3 +290,13 @@ class Framework(ABC):
 
     def versions(self) -> dict[str, str | None]:
         return base_versions()
+
+    def launch_plan(self, job: JobContext, processes: list[ProcessSpec], patterns: list[LogPattern] | None = None,
+                    options: dict[str, Any] | None = None, notes: list[str] | None = None,
+                    versions: dict[str, str | None] | None = None) -> LaunchPlan:  # fmt: skip
+        """This adapter's plan: its label, name, timeouts and versions, with ``options`` (default: the adapter's
+        options as given) and the rest as passed."""
+        return LaunchPlan(framework=self.label, adapter=self.name, processes=processes, patterns=list(patterns or []),
+                          timeouts=self.timeouts(job), versions=self.versions() if versions is None else versions,
+                          options=self.options.model_dump() if options is None else options,
+                          notes=list(notes or []))  # fmt: skip

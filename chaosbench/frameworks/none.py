@@ -90,14 +90,7 @@ class NoneFramework(Framework):
     restarts_allowed: ClassVar[bool] = False
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        return LaunchPlan(
-            framework=self.label,
-            adapter=self.name,
-            processes=rank_processes(job, 0, job.runtime.free_port()),
-            timeouts=self.timeouts(job),
-            versions=self.versions(),
-            options=self.options.model_dump(),
-        )
+        return self.launch_plan(job, rank_processes(job, 0, job.runtime.free_port()))
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o: Any = self.options

@@ -188,14 +188,10 @@ class NvrxFramework(Framework):
             env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
             name = "ft_launcher" if job.nodes == 1 else f"ft_launcher.{node}"
             procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
-        return LaunchPlan(
-            framework=self.label,
-            adapter=self.name,
-            processes=procs,
-            patterns=list(NVRX_PATTERNS),
-            timeouts=self.timeouts(job),
-            versions=self.versions(),
-            options=o.model_dump(),
+        return self.launch_plan(
+            job,
+            procs,
+            NVRX_PATTERNS,
             notes=[
                 "each rank runs under a bridge that turns its step/checkpoint events into rank-monitor heartbeats "
                 "and sections",

@@ -263,13 +263,10 @@ class TorchftFramework(Framework):
                               ["--master-addr", addr, "--master-port", str(job.runtime.free_port())], o.extra_args,
                               nproc_per_node=per_group)  # fmt: skip
             procs.append(ProcessSpec(name=f"torchrun.g{g}", argv=argv, env=env, role="agent", node=node))
-        return LaunchPlan(
-            framework=self.label,
-            adapter=self.name,
-            processes=procs,
-            patterns=list(TORCHRUN_PATTERNS),
-            timeouts=self.timeouts(job),
-            versions=self.versions(),
+        return self.launch_plan(
+            job,
+            procs,
+            TORCHRUN_PATTERNS,
             options={**o.model_dump(), "replica_groups": groups, "ranks_per_group": per_group},
             notes=[
                 f"{groups} replica groups x {per_group} ranks; rank = group * {per_group} + group-local rank",

@@ -64,16 +64,8 @@ class TorchrunFramework(AgentFramework):
             env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
             name = "torchrun" if job.nodes == 1 else f"torchrun.{node}"
             procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
-        return LaunchPlan(
-            framework=self.label,
-            adapter=self.name,
-            processes=procs,
-            patterns=list(TORCHRUN_PATTERNS),
-            timeouts=self.timeouts(job),
-            versions=self.versions(),
-            options=o.model_dump(),
-            notes=["worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT"],
-        )
+        return self.launch_plan(job, procs, TORCHRUN_PATTERNS,
+                                notes=["worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT"])  # fmt: skip
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)  # type: ignore[attr-defined]

@@ -125,13 +125,10 @@ class ElasticFramework(AgentFramework):
             )
         endpoint = f"{job.runtime.master_addr}:{job.runtime.free_port()}"
         procs = [self.agent_spec(job, n, endpoint) for n in range(job.nodes)]
-        return LaunchPlan(
-            framework=self.label,
-            adapter=self.name,
-            processes=procs,
-            patterns=list(ELASTIC_PATTERNS),
-            timeouts=self.timeouts(job),
-            versions=self.versions(),
+        return self.launch_plan(
+            job,
+            procs,
+            ELASTIC_PATTERNS,
             options={**o.model_dump(), "nnodes": f"{o.min_nodes}:{max_nodes}", "rdzv_endpoint": endpoint},
             notes=[
                 f"{job.nodes} agents x {job.ranks_per_node} ranks, --nnodes {o.min_nodes}:{max_nodes}; node0 hosts "
