@@ -15,13 +15,20 @@ class Registry(Generic[T]):
     """Maps a plugin name to its class, loading modules only when a plugin is asked for.
 
     ``builtins`` maps names to ``"module:attr"`` strings; entry points of ``group`` are merged in.
-    An entry point whose name is already taken raises instead of replacing the existing plugin.
+    ``aliases`` maps other names of a built-in (kept so that suites written with them still work) to its name.
+    An entry point whose name is already taken (by a plugin or an alias) raises instead of replacing it.
     """
 
-    def __init__(self, kind: str, group: str, builtins: dict[str, str]) -> None:
+    def __init__(
+        self, kind: str, group: str, builtins: dict[str, str], aliases: dict[str, str] | None = None
+    ) -> None:
         self.kind = kind
         self.group = group
         self._refs: dict[str, Any] = dict(builtins)
+        self._aliases: dict[str, str] = dict(aliases or {})
+        for alias, name in self._aliases.items():
+            if name not in self._refs or alias in self._refs:
+                raise ChaosbenchError(f"{self.kind} alias '{alias}': '{name}' is not a {self.kind} of its own")
         self._loaded: dict[str, type[T]] = {}
         self._eps_merged = False
 
@@ -30,7 +37,7 @@ class Registry(Generic[T]):
             return
         self._eps_merged = True
         for ep in entry_points(group=self.group):
-            if ep.name in self._refs:
+            if ep.name in self._refs or ep.name in self._aliases:
                 raise ChaosbenchError(
                     f"{self.kind} plugin '{ep.name}' from entry point {ep.value} clashes with an existing "
                     f"{self.kind} of that name"
@@ -38,18 +45,25 @@ class Registry(Generic[T]):
             self._refs[ep.name] = ep
 
     def names(self) -> list[str]:
+        """Every name a suite may use: plugins and aliases."""
         self._merge_entry_points()
-        return sorted(self._refs)
+        return sorted([*self._refs, *self._aliases])
+
+    def alias_of(self, name: str) -> str | None:
+        """The plugin ``name`` is another name of, or None when it is a plugin of its own (or unknown)."""
+        return self._aliases.get(name)
 
     def register(self, name: str, ref: str | type[T]) -> None:
         """Add a plugin at run time (tests, embedding); refuses to replace one."""
         self._merge_entry_points()
-        if name in self._refs:
+        if name in self._refs or name in self._aliases:
             raise ChaosbenchError(f"{self.kind} '{name}' is already registered")
         self._refs[name] = ref
 
     def get(self, name: str) -> type[T]:
+        """The plugin's class (an alias gives the class of the plugin it names)."""
         self._merge_entry_points()
+        name = self._aliases.get(name, name)
         if name in self._loaded:
             return self._loaded[name]
         if name not in self._refs:
@@ -76,9 +90,7 @@ INJECTORS: Registry[Any] = Registry(
         "crash-loop": "chaosbench.injectors.crash_loop:CrashLoopInjector",
         "sdc": "chaosbench.injectors.sdc:SdcInjector",
         "corrupt-checkpoint": "chaosbench.injectors.corrupt_checkpoint:CorruptCheckpointInjector",
-        "local-node-kill": "chaosbench.injectors.local_node_kill:LocalNodeKillInjector",
         "stall-fs": "chaosbench.injectors.stall_fs:StallFsInjector",
-        "slurm-node-down": "chaosbench.injectors.slurm_node_down:SlurmNodeDownInjector",
         "node-kill": "chaosbench.injectors.node_kill:NodeKillInjector",
         "node-pause": "chaosbench.injectors.node_pause:NodePauseInjector",
         "node-cpu": "chaosbench.injectors.node_cpu:NodeCpuInjector",
@@ -87,6 +99,8 @@ INJECTORS: Registry[Any] = Registry(
         "net-bandwidth": "chaosbench.injectors.network:NetBandwidthInjector",
         "partition": "chaosbench.injectors.network:PartitionInjector",
     },
+    # node-kill asks the runtime to lose the node; these were once one injector per runtime
+    aliases={"local-node-kill": "node-kill", "slurm-node-down": "node-kill"},
 )
 
 FRAMEWORKS: Registry[Any] = Registry(

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench.runtimes.base import NodeControl, Runtime
-from chaosbench.timeline import Event, TimelineWriter, now_ns
+from chaosbench.runtimes.base import Runtime
+from chaosbench.timeline import Event, TimelineWriter
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
@@ -33,15 +33,6 @@ def effect_of(delivered: list[int | None], what: str) -> dict[str, Any]:
     if not delivered or any(t is None for t in delivered):
         return {}
     return {"effect_t_ns": max(t for t in delivered if t is not None), "effect": f"{what} (runtime's stamp)"}
-
-
-def engine_effect(rt: NodeControl, containers: list[str], action: str, since_ns: int, what: str) -> dict[str, Any]:
-    """``effect_t_ns``/``effect`` of a node fault: the engine's own stamp of the last container's ``action`` (it
-    arrives on the runtime's event stream shortly after the call), else the moment the calls returned."""
-    stamps = [rt.engine_event_ns(c, action, since_ns) for c in containers]
-    if stamps and all(t is not None for t in stamps):
-        return {"effect_t_ns": max(t for t in stamps if t is not None), "effect": f"the engine's '{action}' event: {what}"}
-    return {"effect_t_ns": now_ns(), "effect": f"the engine call returned ({what}; no '{action}' event seen)"}
 
 
 @dataclass
@@ -139,6 +130,12 @@ class Injector(ABC):
     @classmethod
     def check_target(cls, target: Target, trigger: Trigger) -> str | None:
         """A problem with this target/trigger combination for this injector, or None."""
+        return None
+
+    @classmethod
+    def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
+        """A problem with running this fault, with these ``params``, on ``runtime`` (a capability it lacks, an
+        option that does not apply there), or None. Asked when the suite loads, so ``--dry-run`` shows it."""
         return None
 
     @property

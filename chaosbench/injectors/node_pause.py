@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.injectors.base import FaultContext, Injector, RunSetup, engine_effect, target_nodes
-from chaosbench.runtimes.base import node_control
+from chaosbench.injectors.base import FaultContext, Injector, RunSetup, target_nodes
+from chaosbench.runtimes.base import engine_effect, node_control
 from chaosbench.timeline import now_ns
 
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.errors import Unsupported
-from chaosbench.timeline import TimelineWriter
+from chaosbench.timeline import TimelineWriter, now_ns
 
 
 @dataclass
@@ -161,20 +161,11 @@ class Runtime(ABC):
 
 
 @runtime_checkable
-class NodeProcesses(Protocol):
-    """A runtime whose nodes are labels on processes of this host (``local``): it lists a node's processes, so a
-    lost node can be emulated by ending all of them (``local-node-kill``)."""
-
-    def node_handles(self, node: str) -> list[ProcHandle]: ...
-
-
-@runtime_checkable
 class NodeControl(Protocol):
     """A runtime whose nodes are machines of their own (containers: ``docker``): what node and network faults
     need from it. Declared by implementing it; checked with ``isinstance`` (:func:`node_control`)."""
 
     def node_names(self) -> list[str]: ...
-    def kill_node(self, name: str, sig: str = "SIGKILL", reason: str = "node-kill") -> str: ...
     def pause_node(self, name: str) -> str: ...
     def engine_event_ns(self, container: str, action: str, since_ns: int, timeout_s: float = 5.0) -> int | None: ...
     def unpause_node(self, name: str) -> bool: ...
@@ -189,3 +180,55 @@ def node_control(runtime: Runtime, fault: str) -> NodeControl:
     if not isinstance(runtime, NodeControl):
         raise Unsupported(f"{fault} needs a runtime whose nodes are containers (docker), not '{runtime.name}'")
     return runtime
+
+
+def engine_effect(rt: NodeControl, containers: list[str], action: str, since_ns: int, what: str) -> dict[str, Any]:
+    """``effect_t_ns``/``effect`` of a node fault: the engine's own stamp of the last container's ``action`` (it
+    arrives on the runtime's event stream shortly after the call), else the moment the calls returned."""
+    stamps = [rt.engine_event_ns(c, action, since_ns) for c in containers]
+    if stamps and all(t is not None for t in stamps):
+        return {"effect_t_ns": max(t for t in stamps if t is not None), "effect": f"the engine's '{action}' event: {what}"}
+    return {"effect_t_ns": now_ns(), "effect": f"the engine call returned ({what}; no '{action}' event seen)"}
+
+
+@runtime_checkable
+class NodeLoss(Protocol):
+    """A runtime that can lose a whole node the way its platform loses one: the ``node-kill`` fault (also
+    spelled ``local-node-kill`` and ``slurm-node-down``) asks it to. Declared by implementing it; checked with
+    ``isinstance``/``issubclass``. Each runtime says what losing a node is there and which options it
+    takes (:meth:`node_loss_options`):
+
+    - ``docker``: the node's container is killed (option ``signal``); what brings it back is the runtime's
+      ``lost_node`` policy;
+    - ``local``: every process of the node's trees is frozen, then SIGKILLed; nothing brings it back (an
+      adapter's spares may replace it);
+    - ``slurm``: the Slurm node is set DOWN or DRAIN (options ``state``, ``kill_tasks``,
+      ``allow_foreign_jobs``); it is :class:`NodeRestore`: revert resumes it.
+    """
+
+    @classmethod
+    def node_loss_options(cls) -> type[BaseModel]:
+        """The options this runtime's node loss takes (a model that forbids others; its defaults apply)."""
+        ...
+
+    def lose_nodes(self, nodes: list[str], options: BaseModel, restorable: list[str]) -> dict[str, Any]:
+        """Lose the workload nodes ``nodes`` (``node1``, ...) at once; returns the details of the
+        ``fault_inject`` event (what was done to which node, and ``effect_t_ns``/``effect`` where the runtime
+        knows when it took effect better than "when the call returned"). ``options`` is an instance of
+        :meth:`node_loss_options`. A runtime that is :class:`NodeRestore` appends to ``restorable``, as it
+        goes, each node it took out that :meth:`NodeRestore.restore_nodes` can bring back, so what it did
+        before an error is restored too. Raises ProcessLookupError when a node has nothing left to lose and
+        :class:`~chaosbench.errors.ChaosbenchError` when it refuses or the platform does (the firing is then
+        recorded as skipped)."""
+        ...
+
+
+@runtime_checkable
+class NodeRestore(Protocol):
+    """A :class:`NodeLoss` runtime whose lost nodes can be brought back on request (``slurm``: RESUME), so the
+    ``node-kill`` fault can be reverted (after its ``duration_s``, at the end of the run)."""
+
+    def restore_nodes(self, restorable: list[str]) -> bool:
+        """Bring back what :meth:`NodeLoss.lose_nodes` recorded in ``restorable``, leaving alone a node that
+        someone else changed since; returns whether anything was brought back. Idempotent."""
+        ...

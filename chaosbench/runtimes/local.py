@@ -1,4 +1,11 @@
-"""The ``local`` runtime: every process a subprocess of the harness, in its own session/process group."""
+"""The ``local`` runtime: every process a subprocess of the harness, in its own session/process group.
+
+A "node" is a label (:attr:`ProcessSpec.node`) on the processes a framework adapter started: node1's torchrun
+agent, its workers and anything they forked. Losing a node (:meth:`LocalRuntime.lose_nodes`, the ``node-kill``
+fault) means all of them die at once and nothing on it reacts; peers on other nodes see their connections
+reset, as when a host dies. Nothing brings such a node back (an adapter's spare policy, e.g.
+``torchrun-elastic``'s ``spares``, may start a replacement).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,9 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
 
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError
@@ -19,6 +28,12 @@ from chaosbench.runtimes.process import ProcessTrees, record_exit, start_pumps
 from chaosbench.timeline import now_ns
 
 _PR_SET_PDEATHSIG = 1
+
+
+class LocalNodeLossOptions(BaseModel):
+    """Losing a node on the local runtime takes no options: every process of the node is frozen, then SIGKILLed."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -128,6 +143,50 @@ class LocalRuntime(Runtime):
         """Live processes this runtime started on ``node`` (for node-level faults)."""
         with self._lock:
             return [h for h in self._handles if h.spec.node == node and not h.exited.is_set()]
+
+    # ------------------------------------------------------------------ node loss (NodeLoss)
+    @classmethod
+    def node_loss_options(cls) -> type[BaseModel]:
+        return LocalNodeLossOptions
+
+    def lose_nodes(self, nodes: list[str], options: BaseModel, restorable: list[str]) -> dict[str, Any]:
+        """Freeze, then SIGKILL, every process of each node (each process started there and its descendants);
+        details: ``nodes`` and ``pids`` (node -> the pids killed). Raises ProcessLookupError when a node has no
+        live process. Nothing is restorable."""
+        killed = {node: self._kill_node_trees(node) for node in nodes}
+        if not any(killed.values()):
+            raise ChaosbenchError(f"nothing to kill on {', '.join(nodes)}")
+        return {"nodes": list(nodes), "pids": killed}
+
+    def _kill_node_trees(self, node: str) -> list[int]:
+        """Every process of ``node`` is first frozen (SIGSTOP: no agent sees its workers die and restarts
+        them, no worker gets to say goodbye), then SIGKILLed; returns the pids killed."""
+        roots = self.node_handles(node)
+        if not roots:
+            raise ProcessLookupError(f"no live process on {node}")
+        cmap = procutil.children_map()
+        tree: dict[int, int | None] = {}
+        for h in roots:
+            tree[h.pid] = h.ticks
+            for d in procutil.descendants(h.pid, cmap):
+                tree[d] = procutil.start_ticks(d)
+        live = {p: t for p, t in tree.items() if procutil.alive(p, t)}
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        # Children forked between the scan and the freeze are caught by a second scan of the frozen trees.
+        cmap = procutil.children_map()
+        for pid in list(live):
+            for d in procutil.descendants(pid, cmap):
+                if d not in live:
+                    live[d] = procutil.start_ticks(d)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(d, signal.SIGSTOP)
+        for pid, ticks in live.items():
+            if procutil.alive(pid, ticks):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        return sorted(live)
 
     def leftovers(self) -> list[int]:
         """Pids of processes of this run that are still alive (for tests and the cleanup check)."""

@@ -21,7 +21,10 @@ Nodes on the timeline: ``node_start`` (node, container, spare, reason), ``node_e
 exit_code, reason), ``node_pause``/``node_unpause``, from the engine's event stream stamped with the engine's
 time (one host, one clock).
 
-A lost node (its container died: ``node-kill``) comes back according to ``lost_node``: ``reboot`` starts the
+Losing a node (:meth:`DockerRuntime.lose_nodes`, the ``node-kill`` fault) is ``docker kill`` of its container:
+every process on the node dies at once, its network endpoint disappears and nothing on it gets to say
+goodbye; the moment it took effect is the engine's own ``die`` event. Killing node0 under torchrun ends the
+rendezvous host with it. A lost node comes back according to ``lost_node``: ``reboot`` starts the
 same container again (after ``reboot_delay_s``), ``spare`` hands the node's name and network alias to a hot
 spare, ``none`` leaves it down (starting a process there then fails). This happens when something needs the
 node: a framework relaunching ranks there, or a process of a role in ``rerun_roles`` (default: ``agent``,
@@ -50,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, Unsupported
-from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
+from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime, engine_effect
 from chaosbench.runtimes.process import ProcessTrees, record_exit
 from chaosbench.timeline import now_ns
 from chaosbench.timeline.reader import crashed_run_ids
@@ -119,6 +122,21 @@ class DockerOptions(BaseModel):
             ):
                 raise ValueError(f"mount {m!r}: give SRC:DST or SRC:DST:ro|rw with absolute paths")
         return v
+
+
+class DockerNodeLossOptions(BaseModel):
+    """How the docker runtime loses a node (``node-kill``): its container is killed with ``signal``."""
+
+    model_config = ConfigDict(extra="forbid")
+    signal: str = Field(default="SIGKILL", description="signal docker sends to the node's container")
+
+    @field_validator("signal")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        name = v.upper() if v.upper().startswith("SIG") else "SIG" + v.upper()
+        if name not in signal.Signals.__members__:
+            raise ValueError(f"unknown signal {v!r}")
+        return name
 
 
 @dataclass
@@ -513,6 +531,20 @@ class DockerRuntime(Runtime):
                 self._exit_reasons.pop(node.cid, None)
                 raise ChaosbenchError(f"cannot kill node {name}: {exc}") from None
             return str(node.container.name)
+
+    @classmethod
+    def node_loss_options(cls) -> type[BaseModel]:
+        return DockerNodeLossOptions
+
+    def lose_nodes(self, nodes: list[str], options: BaseModel, restorable: list[str]) -> dict[str, Any]:
+        """Kill each node's container (NodeLoss); details: ``containers`` (node -> container), ``signal`` and
+        the engine's ``die`` stamp as the moment of effect. Nothing is restorable: the ``lost_node`` policy
+        brings a node back when something needs it."""
+        assert isinstance(options, DockerNodeLossOptions)
+        since = now_ns()
+        killed = {n: self.kill_node(n, options.signal) for n in nodes}
+        return {"containers": killed, "signal": options.signal,
+                **engine_effect(self, list(killed.values()), "die", since, "the container died")}  # fmt: skip
 
     def pause_node(self, name: str) -> str:
         """Freeze the node's container (docker pause); returns the container's name."""

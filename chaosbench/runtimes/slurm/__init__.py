@@ -6,6 +6,8 @@
   ``sinfo``, ``squeue``, ``scancel``, ``sacct``) and what they answer;
 - :mod:`~chaosbench.runtimes.slurm.states`: the one translation of Slurm's job and node states
   (:data:`SLURM_STATES`), :class:`JobInfo`;
+- :mod:`~chaosbench.runtimes.slurm.node_loss`: losing a node (DOWN/DRAIN, the run's tasks killed) and
+  resuming it (the ``node-kill`` fault);
 - :mod:`~chaosbench.runtimes.slurm.cleanup`: the jobs a harness that died left behind (``chaosbench cleanup``).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
 from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
+from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions
 from chaosbench.runtimes.slurm.runtime import SlurmHandle, SlurmOptions, SlurmRuntime
 from chaosbench.runtimes.slurm.states import (
     ACTIVE_JOB_STATES,
@@ -37,6 +40,7 @@ __all__ = [
     "NodeState",
     "SlurmCommands",
     "SlurmHandle",
+    "SlurmNodeLossOptions",
     "SlurmOptions",
     "SlurmRuntime",
     "cleanup_stale_jobs",

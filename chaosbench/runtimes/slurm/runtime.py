@@ -42,6 +42,10 @@ reading at the moment of the kill is written as a ``signal_sent`` event; its del
 Clocks. Before the first process on a Slurm node starts, the runtime measures that node's clock against the
 harness's (:mod:`chaosbench.timeline.clocks`, through ``srun`` stdin/stdout) and writes a ``clock_offset`` event.
 
+Lost nodes (the ``node-kill`` fault, also spelled ``slurm-node-down``): the Slurm node is set DOWN or DRAIN,
+refused on a node that runs no job of this run or jobs of others, and resumed on revert while our reason
+stands (:mod:`~chaosbench.runtimes.slurm.node_loss`).
+
 Teardown escalates through the scheduler: ``scancel --signal=CONT`` and ``--signal=TERM`` to the job's
 steps, ``grace_s``, then ``scancel --signal=KILL`` and a full ``scancel``; the local ``srun`` is killed last.
 Safe to call twice. ``cleanup`` waits until none of the run's jobs is pending, running or completing.
@@ -74,6 +78,7 @@ from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runt
 from chaosbench.runtimes.process import record_exit, start_pumps
 from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
 from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
+from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions, down_nodes, resume_nodes
 from chaosbench.runtimes.slurm.states import USABLE_NODE_STATES, JobState, node_state
 from chaosbench.timeline import clocks, now_ns
 
@@ -539,6 +544,26 @@ class SlurmRuntime(Runtime):
             ):
                 return info.nodes[int(m.group(1))]
         raise ChaosbenchError(f"no job of this run runs on {node}")
+
+    # ------------------------------------------------------------------ node loss (NodeLoss, NodeRestore)
+    @classmethod
+    def node_loss_options(cls) -> type[BaseModel]:
+        return SlurmNodeLossOptions
+
+    def lose_nodes(self, nodes: list[str], options: BaseModel, restorable: list[str]) -> dict[str, Any]:
+        """Down (or drain) the Slurm nodes the workload nodes run on now (see
+        :mod:`~chaosbench.runtimes.slurm.node_loss`); ``restorable`` gets each Slurm node once it is down."""
+        assert isinstance(options, SlurmNodeLossOptions)
+        snodes: list[str] = []
+        for node in nodes:
+            snode = self.slurm_node_now(node)
+            if snode not in snodes:
+                snodes.append(snode)
+        return down_nodes(self.slurm, snodes, options, self.run.run_id, restorable)
+
+    def restore_nodes(self, restorable: list[str]) -> bool:
+        """RESUME the Slurm nodes this run took down, only while the reason on each is still ours."""
+        return resume_nodes(self.slurm, restorable, self.run.run_id)
 
     def _node_helper(
         self, sig: str, pid: int, ticks: int | None, node: str | None
