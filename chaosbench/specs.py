@@ -709,6 +709,11 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         rt_cls.Options.model_validate(suite.defaults.runtime_options)
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, smap, ("defaults", "runtime_options"))) from None
+    for name, fault in suite.faults.items():
+        inj = INJECTORS.get(fault.injector)
+        problem = inj.check_runtime(rt_cls, inj.Params.model_validate(fault.params))
+        if problem:
+            raise SpecError(f"{smap.where(('faults', name, 'params'))}: fault '{name}': {problem}")
     wl = suite.defaults.workload
     try:
         wcls = WORKLOADS.get(wl.name)
