@@ -138,6 +138,10 @@ def cmd_faults(args: argparse.Namespace) -> int:
     from chaosbench.registry import INJECTORS
 
     for name in INJECTORS.names():
+        alias_of = INJECTORS.alias_of(name)
+        if alias_of is not None:
+            print(f"{name}: alias of {alias_of}")
+            continue
         cls = INJECTORS.get(name)
         print(f"{name}: {getattr(cls, 'summary', '') or (cls.__doc__ or '').strip().splitlines()[0]}")
         for pname, f in cls.Params.model_fields.items():
