@@ -34,7 +34,6 @@ import re
 import shutil
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -57,6 +56,7 @@ from chaosbench.frameworks.base import (
 )
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 from chaosbench.timeline import Event, TimelineWriter
+from chaosbench.waiting import wait_until
 
 LIGHTHOUSE_SCRIPT = "torchft_lighthouse"
 
@@ -364,8 +364,8 @@ class TorchftFramework(Framework):
     def _wait_port(
         addr: str, port: int, lh: ProcHandle, control: RunControl, timeout_s: float
     ) -> JobResult | None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def listening() -> JobResult | bool:
+            """True once the lighthouse listens; a result when the wait must end otherwise."""
             if lh.poll() is not None:
                 return JobResult("failed", f"lighthouse exited with code {lh.poll()} before listening")
             stop = control.stop_reason()
@@ -373,8 +373,12 @@ class TorchftFramework(Framework):
                 return JobResult(stop, f"harness stopped the run ({stop})")
             try:
                 with socket.create_connection((addr, port), timeout=0.5):
-                    return None
+                    return True
             except OSError:
-                control.sleep(0.05)
-        return JobResult("failed", f"lighthouse did not listen on {addr}:{port} within {timeout_s} s")
+                return False
+
+        ended = wait_until(listening, timeout_s, sleep=control.sleep)
+        if ended is None or ended is False:
+            return JobResult("failed", f"lighthouse did not listen on {addr}:{port} within {timeout_s} s")
+        return None if ended is True else ended
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import fnmatch
 import signal
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -38,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup, effect_of
 from chaosbench.injectors.corrupt_checkpoint import formats as cf
+from chaosbench.waiting import wait_until
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
@@ -305,11 +305,8 @@ class CorruptCheckpointInjector(Injector):
         if path is None:
             raise ChaosbenchError("the checkpoint save in progress has no path")
         shard = path / f"__{rank}_0.distcp"
-        deadline = time.monotonic() + timeout_s
-        while not shard.exists():
-            if time.monotonic() > deadline:
-                raise ChaosbenchError(f"rank {rank} wrote no shard into {path} within {timeout_s} s")
-            time.sleep(0.001)
+        if not wait_until(shard.exists, timeout_s, interval_s=0.001):
+            raise ChaosbenchError(f"rank {rank} wrote no shard into {path} within {timeout_s} s")
 
     @staticmethod
     def _save_in_progress(ctx: FaultContext, t: ResolvedTarget) -> tuple[int | None, str | None]:

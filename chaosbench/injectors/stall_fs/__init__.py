@@ -35,6 +35,7 @@ from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
 from chaosbench.injectors.stall_fs.server import FS_OPS, default_stats_path, no_faults, write_json_atomic
 from chaosbench.timeline import read_events
+from chaosbench.waiting import wait_until
 
 MOUNTS_FILE = "mounts.json"
 MOUNT_TIMEOUT_S = 10.0
@@ -104,15 +105,13 @@ def unmount(mountpoint: str | os.PathLike[str], busy_retry_s: float = BUSY_RETRY
     tool = shutil.which("fusermount3")
     plain = [tool, "-u", mp] if tool else ["umount", mp]
     lazy = [tool, "-u", "-z", mp] if tool else ["umount", "-l", mp]
-    deadline = time.monotonic() + busy_retry_s
-    err = ""
-    while True:
-        err = _run_quiet(plain)
-        if not is_mounted(mp):
-            return "unmounted"
-        if "busy" not in err.lower() or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
+    # A plain unmount, retried while the mount is busy (a process still in a call that is being released).
+    def done_or_not_busy() -> bool:
+        return "busy" not in _run_quiet(plain).lower() or not is_mounted(mp)
+
+    wait_until(done_or_not_busy, busy_retry_s, interval_s=0.1)
+    if not is_mounted(mp):
+        return "unmounted"
     err = _run_quiet(lazy)
     if not is_mounted(mp):
         return "lazy"
@@ -147,11 +146,8 @@ def _stop_pid(pid: int, ticks: int | None, grace_s: float = STOP_GRACE_S) -> boo
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not procutil.alive(pid, ticks):
-                return True
-            time.sleep(0.05)
+        if wait_until(lambda: not procutil.alive(pid, ticks), wait_s):
+            return True
     return True
 
 
@@ -309,18 +305,20 @@ class FuseMount:
         self.ticks = procutil.start_ticks(self.proc.pid)
         if on_started is not None:
             on_started(self)
-        deadline = time.monotonic() + timeout_s
-        while not is_mounted(self.mountpoint):
-            if self.proc.poll() is not None:
-                raise ChaosbenchError(
-                    f"fusefs exited with code {self.proc.returncode} before mounting {self.mountpoint}: "
-                    f"{self._stderr_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise ChaosbenchError(
-                    f"fusefs did not mount {self.mountpoint} within {timeout_s:g} s: {self._stderr_tail()}"
-                )
-            time.sleep(0.02)
+        proc = self.proc
+
+        def mounted() -> bool:
+            if is_mounted(self.mountpoint):
+                return True
+            if proc.poll() is not None:
+                raise ChaosbenchError(f"fusefs exited with code {proc.returncode} before mounting "
+                                      f"{self.mountpoint}: {self._stderr_tail()}")  # fmt: skip
+            return False
+
+        if not wait_until(mounted, timeout_s, interval_s=0.02):
+            raise ChaosbenchError(
+                f"fusefs did not mount {self.mountpoint} within {timeout_s:g} s: {self._stderr_tail()}"
+            )
 
     def _stderr_tail(self) -> str:
         try:
@@ -340,14 +338,14 @@ class FuseMount:
             self._faults = dict(faults)
             write_json_atomic(self.control, {**faults, "generation": gen})
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
+
+        def outcome() -> str | None:
             stats = self.stats()
             if stats is not None and int(stats.get("generation", -1)) >= gen:
-                return time.monotonic() - t0
-            if not self.alive:
-                return None
-            time.sleep(0.01)
-        return None
+                return "applied"
+            return None if self.alive else "dead"
+
+        return time.monotonic() - t0 if wait_until(outcome, timeout_s, interval_s=0.01) == "applied" else None
 
     def clear_faults(self, timeout_s: float = ACK_TIMEOUT_S) -> float | None:
         return self.set_faults(no_faults(), timeout_s)
