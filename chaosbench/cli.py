@@ -144,7 +144,8 @@ def cmd_faults(args: argparse.Namespace) -> int:
             continue
         cls = INJECTORS.get(name)
         print(f"{name}: {getattr(cls, 'summary', '') or (cls.__doc__ or '').strip().splitlines()[0]}")
-        for pname, f in cls.Params.model_fields.items():
+        fields = cls.Params.model_fields.items()
+        for pname, f in sorted(fields, key=lambda kv: not kv[1].is_required()):  # required first, then as declared
             default = "required" if f.is_required() else f"default {f.default!r}"
             print(f"    {pname} ({default}): {f.description or ''}")
     return EXIT_OK
