@@ -19,12 +19,13 @@ import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psutil
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError
+from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.process import ProcessTrees, record_exit, start_pumps
+from chaosbench.runtimes.process import ProcessTrees, record_exit, record_start, start_pumps
 from chaosbench.timeline import now_ns
 
 _PR_SET_PDEATHSIG = 1
@@ -45,7 +46,7 @@ class LocalRuntime(Runtime):
     """Processes on this machine. Output is captured per process; teardown escalates SIGTERM -> SIGKILL.
 
     Processes started from the main thread get PR_SET_PDEATHSIG=SIGKILL, so a harness that is killed
-    outright takes its direct children with it; their own children are found through /proc at teardown.
+    outright takes its direct children with it; their own children are found as descendants at teardown.
     """
 
     name: ClassVar[str] = "local"
@@ -82,19 +83,11 @@ class LocalRuntime(Runtime):
             )
         except OSError as exc:
             raise ChaosbenchError(f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}") from None
-        handle = ProcHandle(spec, popen.pid, procutil.start_ticks(popen.pid))
+        handle = ProcHandle(spec, popen.pid, process.start_ticks(popen.pid))
         with self._lock:
             self._handles.append(handle)
         self._trees.add(handle.pid, handle.ticks)
-        self.run.timeline.emit(
-            "proc_start",
-            proc=spec.name,
-            pid=handle.pid,
-            pid_ticks=handle.ticks,
-            role=spec.role,
-            node=spec.node,
-            incarnation=spec.incarnation,
-        )
+        record_start(self.run.timeline, handle)
         self._threads += start_pumps(handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line)
         w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
         w.start()
@@ -108,19 +101,20 @@ class LocalRuntime(Runtime):
         record_exit(self.run.timeline, handle, rc, handle.t_exit_ns)
         handle.exited.set()
 
-    def _ours(self, pid: int) -> bool:
+    def _ours(self, proc: psutil.Process) -> bool:
         with self._lock:
             roots = {h.pid for h in self._handles if not h.exited.is_set()}
-        return pid in roots or procutil.is_descendant_of(pid, roots)
+        return process.descends_from(proc, roots)
 
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
-        if not procutil.alive(pid):
+        proc = process.find(pid)
+        if proc is None:
             raise ProcessLookupError(pid)
-        if ticks is not None and procutil.start_ticks(pid) != ticks:
+        if not process.same(proc, ticks):
             raise ChaosbenchError(f"pid {pid} now belongs to another process; not signalling it")
-        if not self._ours(pid):
+        if not self._ours(proc):
             raise ChaosbenchError(f"pid {pid} was not started by this run; not signalling it")
-        os.kill(pid, sig)
+        process.send_signal(proc, sig)
         return now_ns()  # kill(2) has queued the signal; SIGKILL/SIGSTOP act before the target runs again
 
     def _roots(self, handles: list[ProcHandle]) -> list[tuple[int, int | None]]:
@@ -164,28 +158,13 @@ class LocalRuntime(Runtime):
         roots = self.node_handles(node)
         if not roots:
             raise ProcessLookupError(f"no live process on {node}")
-        cmap = procutil.children_map()
-        tree: dict[int, int | None] = {}
-        for h in roots:
-            tree[h.pid] = h.ticks
-            for d in procutil.descendants(h.pid, cmap):
-                tree[d] = procutil.start_ticks(d)
-        live = {p: t for p, t in tree.items() if procutil.alive(p, t)}
-        for pid in live:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGSTOP)
+        live = process.tree((h.pid, h.ticks) for h in roots)
+        process.send(live.values(), signal.SIGSTOP)
         # Children forked between the scan and the freeze are caught by a second scan of the frozen trees.
-        cmap = procutil.children_map()
-        for pid in list(live):
-            for d in procutil.descendants(pid, cmap):
-                if d not in live:
-                    live[d] = procutil.start_ticks(d)
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(d, signal.SIGSTOP)
-        for pid, ticks in live.items():
-            if procutil.alive(pid, ticks):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        late = {pid: p for pid, p in process.with_descendants(live.values()).items() if pid not in live}
+        process.send(late.values(), signal.SIGSTOP)
+        live.update(late)
+        process.send(live.values(), signal.SIGKILL)
         return sorted(live)
 
     def leftovers(self) -> list[int]:

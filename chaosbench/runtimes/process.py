@@ -1,12 +1,21 @@
-"""What the runtimes share about the processes they run on this host: capturing a process's output line by line
-into its log file (and to a framework's log watcher, stamped when read), and ending whole process trees with an
-escalation (SIGTERM and SIGCONT, a grace, SIGKILL) that only ever touches processes identified by pid *and* start
-time, so a reused pid is never signalled."""
+"""What the runtimes share about the processes they run on this host, on psutil: a process's identity, its
+tree, signalling and waiting; capturing its output line by line into its log file (and to a framework's log
+watcher, stamped when read); its ``proc_start`` and ``proc_exit`` events; and ending whole process trees with
+an escalation (SIGTERM and SIGCONT, a grace, SIGKILL).
+
+Identity: a process is its pid *and* its start time in clock ticks since boot, as run directories record it
+(``pid_ticks``, read by :mod:`chaosbench.procutil`, which ranks use too). :func:`find` checks a recorded
+identity once; the :class:`psutil.Process` it returns then carries the identity itself (psutil checks its
+creation time before every signal), so a reused pid is never signalled. A zombie (exited, not yet reaped)
+counts as gone everywhere here. Nothing here reaps a process: the harness's own children are reaped by their
+``Popen``, which must get their exit status.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
 import time
@@ -14,12 +23,133 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from chaosbench import procutil
+import psutil
+
+from chaosbench.procutil import start_ticks
 from chaosbench.runtimes.base import LineCallback, ProcHandle
 from chaosbench.timeline import TimelineWriter, now_ns
+from chaosbench.waiting import wait_until
 
 #: A process as (pid, start ticks); ticks None: identity not known.
 Pid = tuple[int, int | None]
+#: psutil's states of a process that has exited.
+_EXITED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+#: How often a teardown looks whether the trees have gone (seconds).
+_TEARDOWN_POLL_S = 0.02
+
+
+# ---------------------------------------------------------------------------------------------- identity
+def running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is still the same process (its pid not reused) and has not exited (not a zombie)."""
+    try:
+        return proc.is_running() and proc.status() not in _EXITED
+    except psutil.Error:
+        return False
+
+
+def same(proc: psutil.Process, ticks: int | None) -> bool:
+    """Whether ``proc`` is the process that started at ``ticks`` (None: any). ``proc`` must have been looked up
+    before: a pid that still has those start ticks was never given to another process in between."""
+    return ticks is None or start_ticks(proc.pid) == ticks
+
+
+def find(pid: int, ticks: int | None = None) -> psutil.Process | None:
+    """The running process ``pid``, if it is the one that started at ``ticks`` (None: whichever has the pid);
+    None when there is none, it is a zombie, or the pid now belongs to another process."""
+    try:
+        proc = psutil.Process(pid)
+    except psutil.Error:
+        return None
+    return proc if running(proc) and same(proc, ticks) else None
+
+
+def alive(pid: int, ticks: int | None = None) -> bool:
+    """Whether the process ``pid`` (with start time ``ticks``, when given) is running."""
+    return find(pid, ticks) is not None
+
+
+def state(pid: int) -> str | None:
+    """The process's state as psutil names it (``running``, ``sleeping``, ``stopped``, ``zombie``, ...); None when
+    there is no such process."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return None
+
+
+def descends_from(proc: psutil.Process, ancestors: set[int]) -> bool:
+    """Whether ``proc`` is one of the pids ``ancestors`` or a descendant of one."""
+    try:
+        return any(p.pid in ancestors for p in (proc, *proc.parents()))
+    except psutil.Error:
+        return False
+
+
+def with_descendants(procs: Iterable[psutil.Process]) -> dict[int, psutil.Process]:
+    """``procs`` and all their descendants, by pid: those of them that still run."""
+    out: dict[int, psutil.Process] = {}
+    for proc in procs:
+        out.setdefault(proc.pid, proc)
+        with contextlib.suppress(psutil.Error):  # it went meanwhile: its descendants have a new parent
+            for d in proc.children(recursive=True):
+                out.setdefault(d.pid, d)
+    return {pid: p for pid, p in out.items() if running(p)}
+
+
+def tree(roots: Iterable[Pid]) -> dict[int, psutil.Process]:
+    """The running ``roots`` (as pid and start ticks) and all their descendants, by pid."""
+    return with_descendants(p for p in (find(pid, ticks) for pid, ticks in roots) if p is not None)
+
+
+# ---------------------------------------------------------------------------------------------- signals, waits
+def send_signal(proc: psutil.Process, sig: int) -> None:
+    """``sig`` to ``proc``, only while it is the same process; ProcessLookupError when it is gone (or its pid
+    was reused), PermissionError when it is not ours to signal."""
+    try:
+        proc.send_signal(sig)
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(proc.pid) from None
+    except psutil.AccessDenied:
+        raise PermissionError(proc.pid) from None
+
+
+def send(procs: Iterable[psutil.Process], sig: int) -> None:
+    """``sig`` to each of ``procs`` that is still running as the same process; the others are skipped."""
+    for proc in procs:
+        if running(proc):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                send_signal(proc, sig)
+
+
+def wait_exit(proc: psutil.Process, stop: threading.Event | None = None) -> None:
+    """Block until ``proc`` has exited (a pidfd where the kernel has them) or ``stop`` is set. Meant for processes
+    that are not the harness's children (psutil's ``wait`` would reap a child, taking its exit status away from
+    its ``Popen``); a zombie counts as exited."""
+    fd = -1
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.pidfd_open(proc.pid)
+    try:
+        # The pidfd was opened before this check: if ``proc`` still runs, the pidfd is of ``proc``.
+        while running(proc) and not (stop is not None and stop.is_set()):
+            if fd >= 0:
+                ready, _, _ = select.select([fd], [], [], 0.5)
+                if ready:
+                    return
+            else:
+                time.sleep(0.02)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------- events, output
+def record_start(timeline: TimelineWriter, handle: ProcHandle, **extra: Any) -> None:
+    """The ``proc_start`` event of a started process: its identity (pid, ``pid_ticks``), role, node, incarnation
+    and what the runtime adds (``extra``)."""
+    timeline.emit(
+        "proc_start", proc=handle.name, pid=handle.pid, pid_ticks=handle.ticks, role=handle.spec.role,
+        node=handle.spec.node, incarnation=handle.spec.incarnation, **extra,
+    )  # fmt: skip
 
 
 def record_exit(timeline: TimelineWriter, handle: ProcHandle, returncode: int, t_ns: int, **extra: Any) -> None:
@@ -62,66 +192,57 @@ def start_pumps(handle: ProcHandle, pipes: dict[str, IO[bytes] | None], logs_dir
     return threads
 
 
+# ---------------------------------------------------------------------------------------------- trees
 class ProcessTrees:
-    """The process trees a runtime started on this host. ``known`` remembers every pid ever seen in them (with its
-    start ticks), so orphans that outlived their parents are still found at cleanup."""
+    """The process trees a runtime started on this host. ``known`` remembers every process ever seen in them, so
+    orphans that outlived their parents are still found at cleanup."""
 
     def __init__(self) -> None:
-        self.known: dict[int, int | None] = {}
+        self.known: dict[int, psutil.Process] = {}
         self._lock = threading.Lock()
 
     def add(self, pid: int, ticks: int | None) -> None:
-        with self._lock:
-            self.known[pid] = ticks
+        """Remember a root just started (nothing when it is already gone)."""
+        proc = find(pid, ticks)
+        if proc is not None:
+            with self._lock:
+                self.known[pid] = proc
 
-    def scan(self, roots: Iterable[Pid]) -> dict[int, int | None]:
-        """The live ``roots`` and all their descendants (one scan of /proc), remembered in ``known``."""
-        cmap = procutil.children_map()
-        tree: dict[int, int | None] = {}
-        for pid, ticks in roots:
-            if not procutil.alive(pid, ticks):
-                continue
-            tree[pid] = ticks
-            for d in procutil.descendants(pid, cmap):
-                tree[d] = procutil.start_ticks(d)
+    def scan(self, roots: Iterable[Pid]) -> dict[int, psutil.Process]:
+        """The running ``roots`` and all their descendants (:func:`tree`), remembered in ``known``."""
+        found = tree(roots)
         with self._lock:
-            self.known.update(tree)
-        return tree
-
-    @staticmethod
-    def send(tree: dict[int, int | None], sig: int) -> None:
-        """``sig`` to every process of ``tree`` that is still the same process."""
-        for pid, ticks in tree.items():
-            if procutil.alive(pid, ticks):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+            self.known.update(found)
+        return found
 
     def terminate(self, roots: Callable[[], list[Pid]], grace_s: float) -> None:
         """SIGTERM (and SIGCONT, so a stopped process can act on it) to the trees of ``roots()``, up to
         ``grace_s`` for them to go (children forked meanwhile included), then SIGKILL. Safe to call twice."""
-        tree = self.scan(roots())
-        if not tree:
+        procs = self.scan(roots())
+        if not procs:
             return
-        self.send(tree, signal.SIGTERM)
-        self.send(tree, signal.SIGCONT)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            tree.update(self.scan(roots()))
-            if not any(procutil.alive(p, t) for p, t in tree.items()):
-                break
-            time.sleep(0.02)
-        tree.update(self.scan(roots()))
-        self.send(tree, signal.SIGKILL)
+        send(procs.values(), signal.SIGTERM)
+        send(procs.values(), signal.SIGCONT)
+
+        # Not psutil.wait_procs: it reaps the harness's own children (their Popen would read exit status 0) and
+        # waits for zombies to be reaped by their parents, where exited is what counts.
+        def gone() -> bool:
+            procs.update(self.scan(roots()))
+            return not any(running(p) for p in procs.values())
+
+        wait_until(gone, grace_s, interval_s=_TEARDOWN_POLL_S)
+        procs.update(self.scan(roots()))
+        send(procs.values(), signal.SIGKILL)
 
     def kill_known(self) -> None:
-        """SIGKILL every process ever seen in the trees that still lives (orphans included)."""
+        """SIGKILL every process ever seen in the trees that still runs (orphans included)."""
         with self._lock:
-            known = dict(self.known)
-        self.send(known, signal.SIGKILL)
+            known = list(self.known.values())
+        send(known, signal.SIGKILL)
 
     def alive(self, roots: Iterable[Pid]) -> list[int]:
-        """Pids of the trees' processes (known, and the live ``roots``' trees) that are still alive."""
-        tree = self.scan(roots)
+        """Pids of the trees' processes (known, and the running ``roots``' trees) that still run."""
+        found = self.scan(roots)
         with self._lock:
-            known = {**self.known, **tree}
-        return [p for p, t in known.items() if procutil.alive(p, t)]
+            known = {**self.known, **found}
+        return [pid for pid, proc in known.items() if running(proc)]

@@ -21,6 +21,7 @@ from chaosbench import procutil  # noqa: E402
 from chaosbench.errors import ChaosbenchError  # noqa: E402
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
 from chaosbench.injectors.node_cpu import NodeCpuInjector  # noqa: E402
+from chaosbench.runtimes import process  # noqa: E402
 from chaosbench.runtimes.base import ProcessSpec, RunInfo  # noqa: E402
 from chaosbench.runtimes.docker import DockerRuntime, remove_run_objects  # noqa: E402
 from chaosbench.timeline import TimelineWriter, read_events  # noqa: E402
@@ -90,11 +91,11 @@ def test_exec_capture_signal_and_teardown(tmp_path: Path) -> None:
             rt.signal_pid(cpid, signal.SIGSTOP, (ticks or 0) + 1, "node1")
         rt.signal_pid(cpid, signal.SIGSTOP, ticks, "node1")
         deadline = time.monotonic() + 2
-        while procutil.state(h.pid) != "T" and time.monotonic() < deadline:
+        while process.state(h.pid) != "stopped" and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert procutil.state(h.pid) == "T"
+        assert process.state(h.pid) == "stopped"
         rt.signal_pid(cpid, signal.SIGCONT, ticks, "node1")
-        host_child = [p for p in procutil.descendants(h.pid)]
+        host_child = [p for p in process.tree([(h.pid, ticks)]) if p != h.pid]
         assert host_child, "the child runs inside the container, under the exec'd process"
         rt.terminate([h], grace_s=2)
         assert h.exited.is_set() and h.returncode == -signal.SIGTERM

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from chaosbench import procutil
+from chaosbench.runtimes import process
 from chaosbench.timeline import read_events
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ def test_sigint_mid_fault_tears_down_and_keeps_results(tmp_path: Path) -> None:
             pytest.fail("the fault never fired")
         ev = read_events(events_path)
         stopped_pid = next(e for e in ev if e.kind == "fault_inject")["target"][0]["pid"]
-        assert procutil.state(stopped_pid) == "T"
+        assert process.state(stopped_pid) == "stopped"
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from chaosbench import procutil
 from chaosbench.analysis.fleet import fault_class
 from chaosbench.cli import main
 from chaosbench.errors import ChaosbenchError, SpecError, Unsupported
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup
 from chaosbench.injectors.node_kill import NodeKillInjector, NodeKillParams
 from chaosbench.registry import INJECTORS, RUNTIMES, Registry
+from chaosbench.runtimes import process
 from chaosbench.runtimes.base import NodeLoss, NodeRestore, ProcessSpec, ProcHandle, RunInfo, Runtime
 from chaosbench.runtimes.docker import DockerNodeLossOptions, DockerRuntime
 from chaosbench.runtimes.local import LocalRuntime
@@ -207,15 +207,15 @@ def test_local_node_loss_freezes_and_kills_the_whole_tree_of_that_node_only(tmp_
     try:
         agent = rt.start(ProcessSpec("agent1", ["sh", "-c", "sleep 30 & wait"], role="agent", node="node1"))
         other = rt.start(ProcessSpec("agent0", [sys.executable, "-c", "import time; time.sleep(30)"], node="node0"))
-        _wait_for(lambda: procutil.descendants(agent.pid, procutil.children_map()))
-        child = procutil.descendants(agent.pid, procutil.children_map())[0]
+        _wait_for(lambda: len(process.tree([(agent.pid, agent.ticks)])) > 1)
+        child = next(pid for pid in process.tree([(agent.pid, agent.ticks)]) if pid != agent.pid)
         injector = INJECTORS.get("local-node-kill")("lose", NodeKillParams())
         injector.prepare(_setup(tmp_path, rt))
         ctx = _ctx(tmp_path, rt, "node1", "node1")
         details = injector.inject(ctx)
         assert details == {"nodes": ["node1"], "pids": {"node1": sorted([agent.pid, child])}}
         assert agent.exited.wait(5) and agent.returncode == -9
-        _wait_for(lambda: not procutil.alive(child))
+        _wait_for(lambda: not process.alive(child))
         assert other.poll() is None  # node0 is untouched
         assert injector.revert(ctx) is False  # nothing brings a local node back
         with pytest.raises(ProcessLookupError):

@@ -40,7 +40,6 @@ import hashlib
 import json
 import os
 import re
-import select
 import signal
 import sys
 import threading
@@ -51,10 +50,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime, engine_effect
-from chaosbench.runtimes.process import ProcessTrees, record_exit
+from chaosbench.runtimes.process import ProcessTrees, record_exit, record_start
 from chaosbench.timeline import now_ns
 from chaosbench.timeline.reader import crashed_run_ids
 
@@ -188,25 +187,6 @@ def _nspid(pid: int) -> list[int]:
     except (OSError, ValueError):
         pass
     return []
-
-
-def wait_pid_exit(pid: int, ticks: int | None, stop: threading.Event | None = None) -> None:
-    """Block until the host process ``pid`` (with start time ``ticks``) is gone (pidfd where possible)."""
-    fd = -1
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.pidfd_open(pid)
-    try:
-        if fd >= 0 and procutil.alive(pid, ticks):
-            while not (stop is not None and stop.is_set()):
-                r, _, _ = select.select([fd], [], [], 0.5)
-                if r or not procutil.alive(pid, ticks):
-                    return
-        else:
-            while procutil.alive(pid, ticks) and not (stop is not None and stop.is_set()):
-                time.sleep(0.02)
-    finally:
-        if fd >= 0:
-            os.close(fd)
 
 
 class DockerRuntime(Runtime):
@@ -687,7 +667,7 @@ class DockerRuntime(Runtime):
             time.sleep(0.005)
         pid = int(info.get("Pid") or 0)
         handle.pid = pid
-        handle.ticks = procutil.start_ticks(pid) if pid else None
+        handle.ticks = process.start_ticks(pid) if pid else None
         handle.exec_id = ex["Id"]
         handle.container_id = node.cid
         ns = _nspid(pid) if pid else []
@@ -695,11 +675,8 @@ class DockerRuntime(Runtime):
         handle.runs += 1
         if pid:
             self._trees.add(pid, handle.ticks)
-        self.run.timeline.emit(
-            "proc_start", proc=spec.name, pid=pid, pid_ticks=handle.ticks, role=spec.role, node=spec.node,
-            incarnation=spec.incarnation, container=node.container.name, container_pid=handle.container_pid,
-            rerun=rerun,
-        )  # fmt: skip
+        record_start(self.run.timeline, handle, container=node.container.name, container_pid=handle.container_pid,
+                     rerun=rerun)  # fmt: skip
         t = threading.Thread(target=self._pump, args=(handle, stream, on_line), daemon=True,
                              name=f"pump-{spec.name}")  # fmt: skip
         t.start()
@@ -760,7 +737,7 @@ class DockerRuntime(Runtime):
             init = self._inits.get(cid)
         if init is None:
             return True
-        if not procutil.alive(*init):
+        if not process.alive(*init):
             return False
         try:
             raw = Path(f"/proc/{init[0]}/stat").read_text()
@@ -775,12 +752,13 @@ class DockerRuntime(Runtime):
         pid = int(container.attrs["State"]["Pid"] or 0)
         if pid > 0:
             with self._lock:
-                self._inits[container.id] = (pid, procutil.start_ticks(pid))
+                self._inits[container.id] = (pid, process.start_ticks(pid))
 
     def _wait(self, handle: ExecHandle, on_line: LineCallback | None) -> None:
         while True:
-            if handle.pid:
-                wait_pid_exit(handle.pid, handle.ticks)
+            proc = process.find(handle.pid, handle.ticks) if handle.pid else None
+            if proc is not None:  # not the harness's child: waiting never reaps it
+                process.wait_exit(proc)
             rc, node_lost = self._exit_code(handle)
             t_exit = now_ns()
             rerun = (node_lost and handle.spec.role in self.opts.rerun_roles and self.opts.lost_node != "none"
@@ -820,16 +798,17 @@ class DockerRuntime(Runtime):
 
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         host = self._host_pid(pid, node)
-        if host is None or not procutil.alive(host):
+        proc = process.find(host) if host is not None else None
+        if proc is None:
             raise ProcessLookupError(pid)
-        if ticks is not None and procutil.start_ticks(host) != ticks:
+        if not process.same(proc, ticks):
             raise ChaosbenchError(f"pid {pid} on {node} now belongs to another process; not signalling it")
-        os.kill(host, sig)
+        process.send_signal(proc, sig)
         return now_ns()  # the engine's host: the same kernel and clock as the harness
 
     def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
         host = self._host_pid(pid, node)
-        return host is not None and procutil.alive(host, ticks)
+        return host is not None and process.alive(host, ticks)
 
     # ------------------------------------------------------------------ teardown
     @staticmethod

@@ -72,10 +72,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.process import record_exit, start_pumps
+from chaosbench.runtimes.process import record_exit, record_start, start_pumps, start_ticks
 from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
 from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
 from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions, down_nodes, resume_nodes
@@ -434,21 +433,11 @@ class SlurmRuntime(Runtime):
             )
         except OSError as exc:
             raise MissingEngine(f"cannot run srun for '{spec.name}': {exc.strerror}") from None
-        handle = SlurmHandle(spec, popen.pid, procutil.start_ticks(popen.pid), job_name, snode)
+        handle = SlurmHandle(spec, popen.pid, start_ticks(popen.pid), job_name, snode)
         handle.popen = popen
         with self._lock:
             self._handles.append(handle)
-        self.run.timeline.emit(
-            "proc_start",
-            proc=spec.name,
-            pid=handle.pid,
-            pid_ticks=handle.ticks,
-            role=spec.role,
-            node=spec.node,
-            incarnation=spec.incarnation,
-            slurm_node=snode,
-            job_name=job_name,
-        )
+        record_start(self.run.timeline, handle, slurm_node=snode, job_name=job_name)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._threads += start_pumps(
             handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line

@@ -1,0 +1,210 @@
+"""runtimes/process.py on real short-lived processes: identity by pid and start ticks, trees, the teardown
+escalation, waits that never reap; and the standard-library identity (procutil) that ranks record."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from chaosbench import procutil
+from chaosbench.errors import ChaosbenchError
+from chaosbench.runtimes import process
+from chaosbench.runtimes.base import ProcessSpec, RunInfo
+from chaosbench.runtimes.local import LocalRuntime
+from chaosbench.runtimes.process import ProcessTrees
+from chaosbench.timeline import TimelineWriter, read_events
+from chaosbench.waiting import wait_until
+
+#: A root whose child and grandchild all ignore SIGTERM (an ignored signal stays ignored across fork and exec).
+DEAF_TREE = "trap '' TERM; sh -c 'sleep 30 & wait' & wait"
+#: A root with a child and a grandchild that die on SIGTERM.
+PLAIN_TREE = "sh -c 'sleep 30 & wait' & wait"
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes a test starts (:func:`_start`); whatever is left of them is killed at the end, by process
+    group (each has its own session), orphans included."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=5)
+
+
+def _start(started: list[subprocess.Popen[bytes]], script: str) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    started.append(p)
+    return p
+
+
+def _tree_of(pid: int, ticks: int | None, size: int) -> dict[int, psutil.Process]:
+    """The tree of ``pid`` once it has ``size`` processes."""
+
+    def grown() -> dict[int, psutil.Process] | None:
+        procs = process.tree([(pid, ticks)])
+        return procs if len(procs) >= size else None
+
+    found = wait_until(grown, 5.0, interval_s=0.01)
+    assert found, f"the tree of {pid} never grew to {size}"
+    return found
+
+
+def _whole_tree(p: subprocess.Popen[bytes], size: int = 3) -> dict[int, psutil.Process]:
+    return _tree_of(p.pid, procutil.start_ticks(p.pid), size)
+
+
+def test_identity_is_pid_and_start_ticks(spawn: list[subprocess.Popen[bytes]]) -> None:
+    p = _start(spawn, "sleep 30")
+    ticks = procutil.start_ticks(p.pid)
+    assert ticks is not None and ticks > 0
+    proc = process.find(p.pid, ticks)
+    assert proc is not None and proc.pid == p.pid
+    assert process.alive(p.pid) and process.alive(p.pid, ticks) and procutil.alive(p.pid, ticks)
+    # the same pid with another start time: another process, not this one
+    assert process.find(p.pid, ticks + 1) is None
+    assert not process.alive(p.pid, ticks + 1) and not procutil.alive(p.pid, ticks + 1)
+    assert process.state(p.pid) in (psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING)
+    p.send_signal(signal.SIGSTOP)
+    assert wait_until(lambda: process.state(p.pid) == psutil.STATUS_STOPPED, 5.0, interval_s=0.01)
+    p.kill()
+    # exited but not reaped yet: a zombie is gone for every check here
+    assert wait_until(lambda: process.state(p.pid) == psutil.STATUS_ZOMBIE, 5.0, interval_s=0.01)
+    assert not process.running(proc) and not process.alive(p.pid, ticks) and not procutil.alive(p.pid, ticks)
+    assert p.wait(timeout=5) == -signal.SIGKILL
+    assert process.find(p.pid) is None and process.state(p.pid) is None and procutil.start_ticks(p.pid) is None
+
+
+def test_tree_and_descent(spawn: list[subprocess.Popen[bytes]]) -> None:
+    p = _start(spawn, PLAIN_TREE)
+    procs = _whole_tree(p)
+    assert len(procs) == 3 and p.pid in procs
+    grandchild = next(q for q in procs.values() if q.name() == "sleep")
+    assert process.descends_from(grandchild, {p.pid}) and process.descends_from(procs[p.pid], {p.pid})
+    assert not process.descends_from(psutil.Process(os.getpid()), {p.pid})
+    ticks = procutil.start_ticks(p.pid)
+    assert ticks is not None and process.tree([(p.pid, ticks + 1)]) == {}
+
+
+def test_terminate_escalates_to_sigkill_and_takes_children_and_grandchildren(
+    spawn: list[subprocess.Popen[bytes]],
+) -> None:
+    p = _start(spawn, DEAF_TREE)
+    procs = _whole_tree(p)
+    trees = ProcessTrees()
+    roots = [(p.pid, procutil.start_ticks(p.pid))]
+    t0 = time.monotonic()
+    trees.terminate(lambda: roots, grace_s=0.5)
+    assert time.monotonic() - t0 >= 0.5  # they ignored SIGTERM: the whole grace, then SIGKILL
+    assert wait_until(lambda: not any(process.running(q) for q in procs.values()), 5.0, interval_s=0.01)
+    # the teardown never reaps: the root's Popen still gets its exit status
+    assert p.wait(timeout=5) == -signal.SIGKILL
+    assert trees.alive(roots) == [] and set(trees.known) >= set(procs)
+    trees.terminate(lambda: roots, grace_s=0.5)  # safe to call twice
+
+
+def test_terminate_ends_at_once_when_sigterm_is_enough(spawn: list[subprocess.Popen[bytes]]) -> None:
+    p = _start(spawn, PLAIN_TREE)
+    procs = _whole_tree(p)
+    p.send_signal(signal.SIGSTOP)  # a stopped process acts on SIGTERM too: it gets SIGCONT with it
+    t0 = time.monotonic()
+    ProcessTrees().terminate(lambda: [(p.pid, procutil.start_ticks(p.pid))], grace_s=10)
+    assert time.monotonic() - t0 < 5
+    assert not any(process.running(q) for q in procs.values())
+    assert p.wait(timeout=5) == -signal.SIGTERM
+
+
+def test_a_pid_with_another_start_time_is_never_signalled(spawn: list[subprocess.Popen[bytes]]) -> None:
+    p = _start(spawn, "sleep 30")
+    ticks = procutil.start_ticks(p.pid)
+    assert ticks is not None
+    stale = [(p.pid, ticks - 1)]  # as if recorded for an earlier process that had the same pid
+    trees = ProcessTrees()
+    trees.add(*stale[0])
+    trees.terminate(lambda: stale, grace_s=0.2)
+    trees.kill_known()
+    assert trees.alive(stale) == []
+    time.sleep(0.1)
+    assert p.poll() is None and process.alive(p.pid, ticks)
+
+
+def test_kill_known_takes_orphans_that_outlived_their_parent(spawn: list[subprocess.Popen[bytes]]) -> None:
+    p = _start(spawn, "sleep 30 & wait")
+    procs = _whole_tree(p, size=2)
+    trees = ProcessTrees()
+    roots = [(p.pid, procutil.start_ticks(p.pid))]
+    trees.scan(roots)
+    orphan = next(q for q in procs.values() if q.pid != p.pid)
+    p.kill()
+    assert p.wait(timeout=5) == -signal.SIGKILL
+    assert process.running(orphan) and trees.alive([]) == [orphan.pid]  # its root is gone; it is still known
+    trees.kill_known()
+    assert wait_until(lambda: not process.running(orphan), 5.0, interval_s=0.01)
+
+
+def test_wait_exit_returns_at_the_exit_without_reaping(spawn: list[subprocess.Popen[bytes]]) -> None:
+    p = _start(spawn, "sleep 0.3")
+    proc = process.find(p.pid)
+    assert proc is not None
+    t0 = time.monotonic()
+    process.wait_exit(proc)
+    assert 0.2 < time.monotonic() - t0 < 5
+    assert process.state(p.pid) == psutil.STATUS_ZOMBIE  # exited; reaping is its Popen's
+    assert p.wait(timeout=5) == 0
+    stop = threading.Event()
+    stop.set()
+    q = _start(spawn, "sleep 30")
+    proc = process.find(q.pid)
+    assert proc is not None
+    t0 = time.monotonic()
+    process.wait_exit(proc, stop)
+    assert time.monotonic() - t0 < 1 and q.poll() is None
+
+
+def test_local_signal_pid_checks_identity_and_ownership(tmp_path: Path) -> None:
+    rt = LocalRuntime(RunInfo("run-1", tmp_path, TimelineWriter(tmp_path / "events.jsonl")))
+    try:
+        h = rt.start(ProcessSpec("p", ["sh", "-c", "sleep 30 & wait"], role="agent", node="node1", incarnation=2))
+        assert h.ticks == procutil.start_ticks(h.pid)
+        assert h.ticks is not None
+        with pytest.raises(ChaosbenchError, match="belongs to another process"):
+            rt.signal_pid(h.pid, signal.SIGKILL, h.ticks + 1)
+        with pytest.raises(ChaosbenchError, match="not started by this run"):
+            rt.signal_pid(os.getpid(), 0)
+        procs = _tree_of(h.pid, h.ticks, 2)
+        child = next(pid for pid in procs if pid != h.pid)
+        assert rt.signal_pid(child, signal.SIGSTOP, procutil.start_ticks(child)) is not None  # a descendant
+        assert wait_until(lambda: process.state(child) == psutil.STATUS_STOPPED, 5.0, interval_s=0.01)
+        assert rt.process_alive(child)
+        rt.terminate([h], grace_s=2)
+        assert h.exited.is_set() and h.returncode == -signal.SIGTERM
+        with pytest.raises(ProcessLookupError):
+            rt.signal_pid(h.pid, signal.SIGKILL, h.ticks)
+    finally:
+        rt.cleanup(grace_s=1)
+    assert rt.leftovers() == []
+    events = read_events(tmp_path / "events.jsonl")
+    start = next(e for e in events if e.kind == "proc_start")
+    assert {k: start[k] for k in ("proc", "pid", "pid_ticks", "role", "node", "incarnation")} == {
+        "proc": "p", "pid": h.pid, "pid_ticks": h.ticks, "role": "agent", "node": "node1", "incarnation": 2}  # fmt: skip
+    end = next(e for e in events if e.kind == "proc_exit")
+    assert end["pid"] == h.pid and end["returncode"] == -signal.SIGTERM
+
+
+def test_code_that_runs_in_ranks_and_users_containers_needs_no_psutil() -> None:
+    modules = ["chaosbench.probe", "chaosbench.procutil", "chaosbench.launchers.command",
+               "chaosbench.launchers.elastic", "chaosbench.launchers.nvrx", "chaosbench.workloads.skeleton",
+               "chaosbench.injectors.stall_fs.server"]  # fmt: skip
+    code = f"import sys; import {', '.join(modules)}; sys.exit('psutil' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
