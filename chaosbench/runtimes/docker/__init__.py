@@ -56,6 +56,7 @@ from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runt
 from chaosbench.runtimes.process import ProcessTrees, record_exit, record_start
 from chaosbench.timeline import now_ns
 from chaosbench.timeline.reader import crashed_run_ids
+from chaosbench.waiting import wait_until
 
 RUN_LABEL = "chaosbench.run"
 NODE_LABEL = "chaosbench.node"
@@ -574,23 +575,29 @@ class DockerRuntime(Runtime):
     def _node_ready(self, name: str) -> _Node:
         """The node, running: waits while it is paused or booting; brings a lost node back per ``lost_node``."""
         node = self._node(name)
-        deadline = time.monotonic() + self.opts.node_wait_s
-        while True:
+        state = "transient"
+
+        def look() -> str:
+            with contextlib.suppress(Exception):
+                node.container.reload()
+            return CONTAINER_STATES.get(node.container.status, "transient")
+
+        def ready() -> _Node | None:
+            nonlocal node, state
             if self._closing.is_set():
                 raise ChaosbenchError(f"run is being torn down; not starting anything on {name}")
             with node.lock:
                 node = self._nodes[name]
-                with contextlib.suppress(Exception):
-                    node.container.reload()
-                state = CONTAINER_STATES.get(node.container.status, "transient")
-                if state == "up":
-                    return node
+                state = look()
                 if state == "down":
                     self._recover(node)
-                    continue
-            if time.monotonic() > deadline:
-                raise ChaosbenchError(f"node {name} stayed {state} for {self.opts.node_wait_s} s")
-            time.sleep(0.05)
+                    state = look()  # right away: a rebooted node or a spare is up at once
+                return node if state == "up" else None
+
+        found = wait_until(ready, self.opts.node_wait_s)
+        if found is None:
+            raise ChaosbenchError(f"node {name} stayed {state} for {self.opts.node_wait_s} s")
+        return found
 
     def _recover(self, node: _Node) -> None:
         """Bring a lost node back (called with ``node.lock`` held)."""
@@ -658,13 +665,13 @@ class DockerRuntime(Runtime):
             stream = api.exec_start(ex["Id"], stream=True, demux=True)
         except Exception as exc:  # noqa: BLE001 - the engine's refusal, as one line
             raise ChaosbenchError(f"cannot start '{spec.name}' on {spec.node}: {exc}") from None
-        info: dict[str, Any] = {}
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            info = api.exec_inspect(ex["Id"])
-            if info.get("Pid") or not info.get("Running", True) and info.get("ExitCode") is not None:
-                break
-            time.sleep(0.005)
+
+        def started() -> dict[str, Any] | None:  # the exec's inspect data once it has a pid, or an exit code
+            info: dict[str, Any] = api.exec_inspect(ex["Id"])
+            done = info.get("Pid") or not info.get("Running", True) and info.get("ExitCode") is not None
+            return info if done else None
+
+        info = wait_until(started, 10, interval_s=0.005) or {}
         pid = int(info.get("Pid") or 0)
         handle.pid = pid
         handle.ticks = process.start_ticks(pid) if pid else None
@@ -715,15 +722,16 @@ class DockerRuntime(Runtime):
     def _exit_code(self, handle: ExecHandle) -> tuple[int, bool]:
         """The exec's exit status and whether its node went down with it."""
         api = self.stream_client
-        code: int | None = None
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
+
+        def ended() -> dict[str, Any] | None:  # the exec's inspect data once it has an exit code
             with contextlib.suppress(Exception):
-                info = api.exec_inspect(handle.exec_id)
+                info: dict[str, Any] = api.exec_inspect(handle.exec_id)
                 if not info.get("Running") and info.get("ExitCode") is not None:
-                    code = int(info["ExitCode"])
-                    break
-            time.sleep(0.02)
+                    return info
+            return None
+
+        info = wait_until(ended, 3, interval_s=0.02)
+        code = int(info["ExitCode"]) if info is not None else None
         rc = _decode_exit(code)
         # Killed with its node? The node's init (PID 1 of its pid namespace) dies first when a container
         # is killed, and the kernel then kills the rest; the engine's own state lags behind.

@@ -66,7 +66,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -80,6 +79,7 @@ from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
 from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions, down_nodes, resume_nodes
 from chaosbench.runtimes.slurm.states import USABLE_NODE_STATES, JobState, node_state
 from chaosbench.timeline import clocks, now_ns
+from chaosbench.waiting import wait_until
 
 #: ``srun`` exits 128+N when its task was killed by signal N.
 SIGNAL_EXIT_BASE = 128
@@ -644,16 +644,12 @@ class SlurmRuntime(Runtime):
             ids = [j for j in (self.job_id(h) for h in live) if j is not None]
             self.slurm.scancel(ids, "--signal=CONT")
             self.slurm.scancel(ids, "--signal=TERM")
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and not all(h.exited.is_set() for h in live):
-                time.sleep(0.02)
+            wait_until(lambda: all(h.exited.is_set() for h in live), grace_s, interval_s=0.02)
             rest = [h for h in live if not h.exited.is_set()]
             ids = [j for j in (self.job_id(h) for h in rest) if j is not None]
             self.slurm.scancel(ids, "--signal=KILL")
             self.slurm.scancel(ids)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and not all(h.exited.is_set() for h in rest):
-                time.sleep(0.02)
+            wait_until(lambda: all(h.exited.is_set() for h in rest), 5, interval_s=0.02)
             for h in rest:
                 if h.popen is not None and h.popen.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
@@ -670,15 +666,16 @@ class SlurmRuntime(Runtime):
             handles = list(self._handles)
         self.terminate(list(handles), grace_s)
         with contextlib.suppress(ChaosbenchError):
-            deadline = time.monotonic() + self.opts.job_wait_s
-            while True:
-                jobs = self.slurm.our_jobs()
-                if not jobs or time.monotonic() > deadline:
-                    break
-                self.slurm.scancel(sorted(jobs))
-                time.sleep(0.2)
+            wait_until(self._cancel_our_jobs, self.opts.job_wait_s, interval_s=0.2)
         for t in self._threads:
             t.join(timeout=5)
+
+    def _cancel_our_jobs(self) -> bool:
+        """Whether this run has no job left with the scheduler; ``scancel`` of those it still has."""
+        jobs = self.slurm.our_jobs()
+        if jobs:
+            self.slurm.scancel(sorted(jobs))
+        return not jobs
 
     def leftovers(self) -> list[int]:
         """This run's jobs the scheduler still has pending, running or completing (job ids), and local
