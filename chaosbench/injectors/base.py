@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench.runtimes.base import Runtime
+from chaosbench.runtimes.base import Runtime, node_control_problem
 from chaosbench.timeline import Event, TimelineWriter
 
 if TYPE_CHECKING:
@@ -119,6 +119,9 @@ class Injector(ABC):
     needs_process: ClassVar[bool] = True
     #: False for planted faults that fire from inside the workload (their params say when).
     requires_trigger: ClassVar[bool] = True
+    #: True for faults that act on a node through the runtime (:class:`~chaosbench.runtimes.base.NodeControl`):
+    #: a suite on a runtime without it fails when it loads.
+    needs_node_control: ClassVar[bool] = False
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -136,12 +139,14 @@ class Injector(ABC):
     def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
         """A problem with running this fault, with these ``params``, on ``runtime`` (a capability it lacks, an
         option that does not apply there), or None. Asked when the suite loads, so ``--dry-run`` shows it."""
-        return None
+        return node_control_problem(runtime, cls.name) if cls.needs_node_control else None
 
     @property
     def duration_s(self) -> float | None:
-        """Seconds after injection at which the harness reverts; None: only at the end of the run."""
-        return None
+        """Seconds after injection at which the harness reverts; None: only at the end of the run. A fault with a
+        window has it as its ``duration_s`` option."""
+        value = getattr(self.params, "duration_s", None)
+        return None if value is None else float(value)
 
     @property
     def failure_mode(self) -> str | None:

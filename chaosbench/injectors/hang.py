@@ -27,10 +27,6 @@ class HangInjector(Injector):
     Params = HangParams  # type: ignore[assignment]
     failure_mode = "hang"  # type: ignore[assignment]
 
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
-
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         stopped = ctx.state.setdefault("stopped", [])
         delivered: list[int | None] = []

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.injectors.base import FaultContext, Injector, RunSetup, target_nodes
+from chaosbench.injectors.base import FaultContext, Injector, target_nodes
 from chaosbench.runtimes.base import node_control
 
 
@@ -22,14 +22,8 @@ class NodeCpuInjector(Injector):
 
     name: ClassVar[str] = "node-cpu"
     summary: ClassVar[str] = "limit a node's CPUs live (docker update --cpus) for a window; revert restores"
+    needs_node_control: ClassVar[bool] = True
     Params = NodeCpuParams  # type: ignore[assignment]
-
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
-
-    def prepare(self, setup: RunSetup) -> None:
-        node_control(setup.runtime, self.name)
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)

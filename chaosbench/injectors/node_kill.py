@@ -91,10 +91,6 @@ class NodeKillInjector(Injector):
         assert isinstance(self.params, NodeKillParams)
         return self.params
 
-    @property
-    def duration_s(self) -> float | None:
-        return self.p.duration_s
-
     @classmethod
     def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
         try:

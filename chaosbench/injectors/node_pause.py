@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.injectors.base import FaultContext, Injector, RunSetup, target_nodes
+from chaosbench.injectors.base import FaultContext, Injector, target_nodes
 from chaosbench.runtimes.base import engine_effect, node_control
 from chaosbench.timeline import now_ns
 
@@ -23,14 +23,8 @@ class NodePauseInjector(Injector):
     name: ClassVar[str] = "node-pause"
     failure_mode = "hang"  # type: ignore[assignment]
     summary: ClassVar[str] = "freeze a node (docker pause) for a duration or for good; revert unpauses"
+    needs_node_control: ClassVar[bool] = True
     Params = NodePauseParams  # type: ignore[assignment]
-
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
-
-    def prepare(self, setup: RunSetup) -> None:
-        node_control(setup.runtime, self.name)
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)

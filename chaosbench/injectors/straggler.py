@@ -62,10 +62,6 @@ class StragglerInjector(Injector):
         self._setup = setup
         self._groups: list[Path] = []
 
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
-
     def _method(self) -> str:
         m: str = self.params.method  # type: ignore[attr-defined]
         if m == "auto":

@@ -176,9 +176,17 @@ class NodeControl(Protocol):
     def node_iface(self, name: str) -> str: ...
 
 
+def node_control_problem(runtime: type[Runtime], fault: str) -> str | None:
+    """Why a ``runtime`` (class) cannot serve ``fault``, which needs :class:`NodeControl`; None when it can."""
+    if issubclass(runtime, NodeControl):
+        return None
+    return f"{fault} needs a runtime whose nodes are containers (docker), not '{runtime.name}'"
+
+
 def node_control(runtime: Runtime, fault: str) -> NodeControl:
-    if not isinstance(runtime, NodeControl):
-        raise Unsupported(f"{fault} needs a runtime whose nodes are containers (docker), not '{runtime.name}'")
+    problem = node_control_problem(type(runtime), fault)
+    if problem or not isinstance(runtime, NodeControl):
+        raise Unsupported(problem or f"{fault}: runtime '{runtime.name}' has no node control")
     return runtime
 
 

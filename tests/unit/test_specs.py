@@ -175,3 +175,17 @@ def test_netem_for_ingress_is_refused_at_load(injector: str) -> None:
     assert msg.startswith("suites/x.yaml:9: fault 'slow-net':"), msg
     assert "netem shapes egress only" in msg
     assert "netem shapes egress only" not in _error(text.replace("direction: ingress, ", "") + "bogus: 1\n")
+
+
+@pytest.mark.parametrize("injector", ["node-pause", "node-cpu", "net-delay", "partition"])
+def test_a_node_fault_on_a_runtime_without_node_control_fails_at_load(injector: str) -> None:
+    """Docker-only faults on the local runtime: one line naming the fault, before anything runs."""
+    params = {"node-cpu": "cpus: 0.5", "net-delay": "delay_ms: 5", "partition": "groups: [[node0], [node1]]"}
+    target = "" if injector == "partition" else "target: {node: node1}, "
+    fault = (f"  n: {{injector: {injector}, {target}trigger: {{at_step: 5}}"
+             + (f", params: {{{params[injector]}}}" if injector in params else "") + "}\n")  # fmt: skip
+    text = GOOD.replace("\nfaults:\n", "\nfaults:\n" + fault).replace("faults: [kill-rank1, hang-any]", "faults: [n]")
+    text = text.replace("ranks: 2, steps: 30}", "ranks: 2, nodes: 2, steps: 30}")
+    msg = _error(text)
+    assert msg.startswith("suites/x.yaml:9: fault 'n':"), msg
+    assert f"{injector} needs a runtime whose nodes are containers (docker), not 'local'" in msg

@@ -89,14 +89,10 @@ class _NetInjector(Injector):
     """Shared life cycle: checks, per-node rules and qdiscs remembered in ``ctx.state``, guaranteed revert."""
 
     needs_process: ClassVar[bool] = True
+    needs_node_control: ClassVar[bool] = True
 
     def prepare(self, setup: RunSetup) -> None:
-        node_control(setup.runtime, self.name)
         check_tools()
-
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration_s  # type: ignore[attr-defined, no-any-return]
 
     def _add_rule(self, ctx: FaultContext, rt: NodeControl, node: str, chain: str, spec: list[str]) -> None:
         nsexec(rt, node, ["iptables", "-w", "5", "-A", chain, *spec])

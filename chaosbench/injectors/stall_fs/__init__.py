@@ -468,10 +468,6 @@ class StallFsInjector(Injector):
         assert isinstance(self.params, StallFsParams)
         return self.params
 
-    @property
-    def duration_s(self) -> float | None:
-        return self.p.duration_s
-
     def prepare(self, setup: RunSetup) -> None:
         """Mount the passthrough over ``setup.ckpt_dir`` (created if missing), faults off. Raises
         MissingEngine without FUSE and ChaosbenchError when the mount does not come up within 10 s."""
