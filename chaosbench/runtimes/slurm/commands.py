@@ -251,6 +251,15 @@ class SlurmCommands:
         """This run's running jobs with an allocation on ``slurm_node``: job id -> name."""
         return {int(jid): name for jid, name in self._running_on(slurm_node) if self._ours(name)}
 
+    def helper_step(self, slurm_node: str, script: str, args: list[str], *options: str) -> list[str] | None:
+        """argv of an extra step overlapping the newest of this run's jobs on ``slurm_node`` that runs
+        ``sh -c SCRIPT`` with ``ARGS``, then the node and this run's job ids there; None when none runs there."""
+        jobs = sorted(self.jobs_on(slurm_node))
+        if not jobs:
+            return None
+        step = ["srun", "-Q", f"--jobid={jobs[-1]}", "--overlap", "-w", slurm_node, "-N1", "-n1", *options]
+        return [*step, "sh", "-c", script, "sh", *args, slurm_node, *[str(j) for j in jobs]]
+
     def foreign_jobs_on(self, slurm_node: str) -> list[int]:
         """Jobs of others (not this run's) running on ``slurm_node``."""
         return [int(jid) for jid, name in self._running_on(slurm_node) if not self._ours(name)]

@@ -94,26 +94,9 @@ def down_nodes(
 
 def kill_tasks(slurm: SlurmCommands, snode: str) -> list[int]:
     """SIGKILL every process of this run's jobs on ``snode``, from an extra step of one of them; the pids."""
-    jobs = sorted(slurm.jobs_on(snode))
-    if not jobs:
+    argv = slurm.helper_step(snode, _KILL_TASKS, [], "--export=ALL,CHAOSBENCH_KILL_HELPER=1")
+    if argv is None:
         return []
-    argv = [
-        "srun",
-        "-Q",
-        f"--jobid={jobs[-1]}",
-        "--overlap",
-        "-w",
-        snode,
-        "-N1",
-        "-n1",
-        "--export=ALL,CHAOSBENCH_KILL_HELPER=1",
-        "sh",
-        "-c",
-        _KILL_TASKS,
-        "sh",
-        snode,
-        *[str(j) for j in jobs],
-    ]
     out = slurm.command(argv, check=False)
     return [int(x) for x in out.split()[:-1] if x.isdigit()]
 

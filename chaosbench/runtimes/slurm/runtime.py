@@ -559,29 +559,10 @@ class SlurmRuntime(Runtime):
     ) -> tuple[int, int | None, str]:
         """Run the signal helper on the rank's node: (helper exit code, node clock ns or None, Slurm node)."""
         snode = self.slurm_node_now(node or "node0")
-        jobs = sorted(self.slurm.jobs_on(snode))
-        if not jobs:
+        args = [sig, str(pid), str(ticks) if ticks is not None else "-"]
+        argv = self.slurm.helper_step(snode, _SIGNAL_HELPER, args, f"--job-name={self.job_prefix}.signal")
+        if argv is None:
             raise ProcessLookupError(pid)
-        argv = [
-            "srun",
-            "-Q",
-            f"--jobid={jobs[-1]}",
-            "--overlap",
-            "-w",
-            snode,
-            "-N1",
-            "-n1",
-            f"--job-name={self.job_prefix}.signal",
-            "sh",
-            "-c",
-            _SIGNAL_HELPER,
-            "sh",
-            sig,
-            str(pid),
-            str(ticks) if ticks is not None else "-",
-            snode,
-            *[str(j) for j in jobs],
-        ]
         try:
             res = subprocess.run(
                 argv,
