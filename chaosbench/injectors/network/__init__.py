@@ -108,19 +108,6 @@ class _NetInjector(Injector):
         ctx.state.setdefault("qdiscs", []).append((node, kind, iface(rt, node)))
         return True
 
-    def _netem(self, ctx: FaultContext, rt: NodeControl, node: str, args: list[str], fallback: str) -> bool:
-        """``netem ARGS`` on the node's egress when the params allow it (``method`` auto or netem, ``direction``
-        egress): True when it took; False to use ``fallback``; an error when netem was asked for and the kernel
-        lacks it."""
-        p: Any = self.params
-        if p.method not in ("auto", "netem") or p.direction != "egress":
-            return False
-        if self._add_qdisc(ctx, rt, node, "netem", args):
-            return True
-        if p.method == "netem":
-            raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: {fallback})")
-        return False
-
     def revert(self, ctx: FaultContext) -> bool:
         rt = node_control(ctx.runtime, self.name)
         undone = False
@@ -152,6 +139,41 @@ class _ShapingParams(BaseModel):
         if self.method == "netem" and self.direction != "egress":
             raise ValueError("netem shapes egress only; use method auto (or the other method) for ingress/both")
         return self
+
+
+class _ShapingInjector(_NetInjector):
+    """A packet-shaping fault (delay, loss): netem on the node's egress when the kernel has it and the params
+    allow it, else the fault's own mechanism (``fallback``) per node."""
+
+    fallback: ClassVar[str]
+
+    def netem_args(self) -> list[str]:
+        raise NotImplementedError
+
+    def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
+        raise NotImplementedError
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        rt = node_control(ctx.runtime, self.name)
+        used: dict[str, str] = {}
+        for node in target_nodes(ctx):
+            used[node] = "netem" if self._netem(ctx, rt, node) else self.fallback
+            if used[node] != "netem":
+                self.inject_fallback(ctx, rt, node)
+        return {"method": used, **self.params.model_dump(exclude={"method", "duration_s"})}
+
+    def _netem(self, ctx: FaultContext, rt: NodeControl, node: str) -> bool:
+        """``netem`` on the node's egress when the params allow it (``method`` auto or netem, ``direction``
+        egress): True when it took; False to use the fallback; an error when netem was asked for and the kernel
+        lacks it."""
+        p: Any = self.params
+        if p.method not in ("auto", "netem") or p.direction != "egress":
+            return False
+        if self._add_qdisc(ctx, rt, node, "netem", self.netem_args()):
+            return True
+        if p.method == "netem":
+            raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: {self.fallback})")
+        return False
 
 
 # ------------------------------------------------------------------------------------------------ delay
@@ -213,31 +235,25 @@ def _stop_delayer(ctx: FaultContext, fault: str, d: dict[str, Any]) -> bool:
     return True
 
 
-class NetDelayInjector(_NetInjector):
+class NetDelayInjector(_ShapingInjector):
     """Adds latency (and jitter) to a node's packets: netem, else an NFQUEUE userspace delayer."""
 
     name: ClassVar[str] = "net-delay"
     summary: ClassVar[str] = "add latency/jitter to a node's packets (netem, else an NFQUEUE userspace delayer)"
     Params = NetDelayParams  # type: ignore[assignment]
+    fallback: ClassVar[str] = "nfqueue"
 
-    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+    def netem_args(self) -> list[str]:
         p: Any = self.params
-        rt = node_control(ctx.runtime, self.name)
-        used: dict[str, str] = {}
-        for node in target_nodes(ctx):
-            args = ["delay", f"{p.delay_ms}ms"] + ([f"{p.jitter_ms}ms"] if p.jitter_ms else [])
-            if self._netem(ctx, rt, node, args, "nfqueue"):
-                used[node] = "netem"
-                continue
-            queue = 4200 + ctx.index % 1000
-            delayer = _start_delayer(ctx, rt, node, queue, p)
-            ctx.state.setdefault("delayers", []).append(delayer)
-            for chain, opt in chains(p.direction):
-                spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-j", "NFQUEUE", "--queue-num", str(queue),
-                        "--queue-bypass"]  # fmt: skip
-                self._add_rule(ctx, rt, node, chain, spec)
-            used[node] = "nfqueue"
-        return {"method": used, "delay_ms": p.delay_ms, "jitter_ms": p.jitter_ms, "direction": p.direction}
+        return ["delay", f"{p.delay_ms}ms"] + ([f"{p.jitter_ms}ms"] if p.jitter_ms else [])
+
+    def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
+        queue = 4200 + ctx.index % 1000
+        ctx.state.setdefault("delayers", []).append(_start_delayer(ctx, rt, node, queue, self.params))
+        for chain, opt in chains(self.params.direction):  # type: ignore[attr-defined]
+            spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-j", "NFQUEUE", "--queue-num", str(queue),
+                    "--queue-bypass"]  # fmt: skip
+            self._add_rule(ctx, rt, node, chain, spec)
 
 
 # ------------------------------------------------------------------------------------------------ loss
@@ -247,27 +263,23 @@ class NetLossParams(_ShapingParams):
                                                          "has it, else iptables statistic DROP")  # fmt: skip
 
 
-class NetLossInjector(_NetInjector):
+class NetLossInjector(_ShapingInjector):
     """Drops a random share of a node's packets: netem loss, else iptables ``statistic`` DROP."""
 
     name: ClassVar[str] = "net-loss"
     summary: ClassVar[str] = "drop a random share of a node's packets (netem, else iptables statistic)"
     Params = NetLossParams  # type: ignore[assignment]
+    fallback: ClassVar[str] = "iptables"
 
-    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+    def netem_args(self) -> list[str]:
+        return ["loss", f"{self.params.percent}%"]  # type: ignore[attr-defined]
+
+    def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
         p: Any = self.params
-        rt = node_control(ctx.runtime, self.name)
-        used: dict[str, str] = {}
-        for node in target_nodes(ctx):
-            if self._netem(ctx, rt, node, ["loss", f"{p.percent}%"], "iptables"):
-                used[node] = "netem"
-                continue
-            for chain, opt in chains(p.direction):
-                spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-m", "statistic", "--mode", "random",
-                        "--probability", f"{p.percent / 100:.6f}", "-j", "DROP"]  # fmt: skip
-                self._add_rule(ctx, rt, node, chain, spec)
-            used[node] = "iptables"
-        return {"method": used, "percent": p.percent, "direction": p.direction}
+        for chain, opt in chains(p.direction):
+            spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-m", "statistic", "--mode", "random",
+                    "--probability", f"{p.percent / 100:.6f}", "-j", "DROP"]  # fmt: skip
+            self._add_rule(ctx, rt, node, chain, spec)
 
 
 # ------------------------------------------------------------------------------------------------ bandwidth
