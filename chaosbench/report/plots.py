@@ -35,6 +35,9 @@ _LINE_STYLES: dict[str, dict[str, Any]] = {
     "give up": {"color": "#000000", "lw": 1.0, "ls": "--"},
     "run end": {"color": "#999999", "lw": 0.8, "ls": "--"},
 }
+#: Events drawn as a vertical line: event kind -> line (a key of ``_LINE_STYLES``).
+_MARKED = {"fault_inject": "fault", "fault_revert": "fault revert", "detect": "detect", "restart": "restart",
+           "give_up": "give up", "run_end": "run end"}  # fmt: skip
 _NODE_KINDS = {"node_start", "node_exit", "node_pause", "node_unpause"}
 _NODE_STYLES: dict[str, tuple[str, dict[str, Any]]] = {
     "node_start": ("node start", {"marker": "^", "color": "#2ca02c"}),
@@ -184,18 +187,8 @@ def plot_timeline(
 
     kinds_present = {ev.kind for ev in events}
     for ev in events:
-        if ev.kind == "fault_inject":
-            vline(rel(ev), "fault")
-        elif ev.kind == "fault_revert":
-            vline(rel(ev), "fault revert")
-        elif ev.kind == "detect":
-            vline(rel(ev), "detect")
-        elif ev.kind == "restart":
-            vline(rel(ev), "restart")
-        elif ev.kind == "give_up":
-            vline(rel(ev), "give up")
-        elif ev.kind == "run_end":
-            vline(rel(ev), "run end")
+        if ev.kind in _MARKED:
+            vline(rel(ev), _MARKED[ev.kind])
     if "fault_inject" not in kinds_present:
         vline(as_float(markers.fault_t_s), "fault")
     if "detect" not in kinds_present:
