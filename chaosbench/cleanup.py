@@ -10,11 +10,11 @@ match, so a reused pid is never touched), and each runtime and injector removes 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 from pathlib import Path
 
-from chaosbench import procutil
+import psutil
+
+from chaosbench.runtimes import process
 from chaosbench.timeline import read_events
 from chaosbench.timeline.reader import crashed_run_ids, unfinished_runs
 
@@ -42,12 +42,14 @@ def cleanup(results_dir: str | Path, dry_run: bool = False) -> list[str]:
     actions: list[str] = []
     for run_dir in unfinished_runs(results_dir):
         for pid, ticks, name in _recorded_processes(run_dir):
-            if ticks is None or not procutil.alive(pid, ticks):
+            # psutil checks the process's creation time again before it signals: a pid reused since is spared
+            proc = process.find(pid, ticks) if ticks is not None else None
+            if proc is None:
                 continue
             actions.append(f"kill {name} (pid {pid}) of {run_dir}")
             if not dry_run:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
     if dry_run:
         return actions
     from chaosbench.registry import INJECTORS, RUNTIMES
