@@ -29,7 +29,7 @@ from chaosbench.analysis.results import run_metrics
 from chaosbench.errors import ChaosbenchError
 from chaosbench.gate import missed_slos
 from chaosbench.rundir import RunDir
-from chaosbench.specs import FaultSpec, Scenario, Suite
+from chaosbench.specs import FaultSpec, Scenario, Suite, slos_as_data
 from chaosbench.timeline import read_events
 
 
@@ -215,8 +215,7 @@ class Fuzzer:
         """A suite YAML that replays ``schedule`` under the same workload and framework, with the invariants as SLOs."""
         names = [f"f{i}" for i in range(len(schedule))]
         slos: dict[str, Any] = {"outcome": "recovered", "fidelity": "exact", "crash_loop": False}
-        slos.update({k: (v.model_dump(exclude_none=True) if hasattr(v, "model_dump") else v)
-                     for k, v in self.suite.slos.items()})  # fmt: skip
+        slos.update(slos_as_data(self.suite.slos))
         doc: dict[str, Any] = {
             "name": f"{self.suite.name}-repro",
             "description": f"minimal failing schedule found by chaosbench fuzz (seed {self.seed})",

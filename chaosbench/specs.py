@@ -258,6 +258,11 @@ class Bound(_Strict):
 Slos = dict[str, Bound | bool | float | str]
 
 
+def slos_as_data(slos: Slos) -> dict[str, Any]:
+    """The SLOs as plain data, as a suite file writes them (bounds without their unset ends)."""
+    return {k: (v.model_dump(exclude_none=True) if isinstance(v, BaseModel) else v) for k, v in slos.items()}
+
+
 def _check_slo_names(v: dict[str, Any]) -> dict[str, Any]:
     from chaosbench.analysis.metrics import metric_names
 
@@ -507,8 +512,7 @@ class Scenario:
             "fault": self.fault_name,
             "fault_spec": self.fault.model_dump() if self.fault else None,
             "faults": [{"name": n, **f.model_dump()} for n, f in self.faults],
-            "slos": {k: (v.model_dump(exclude_none=True) if isinstance(v, BaseModel) else v)
-                     for k, v in self.slos.items()},
+            "slos": slos_as_data(self.slos),
             "repeat": self.repeat,
             "control": self.control,
             "seed": self.seed,
