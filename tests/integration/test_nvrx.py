@@ -68,10 +68,19 @@ def test_control_clean_and_killed_rank_recovers(run_suite) -> None:
     m = res["nvrx/kill#0"]
     assert m.detected and m.outcome == "recovered" and m.final_step == 30, m.verdict
     assert m.time_to_detect_s is not None and m.time_to_detect_s < 3.0  # the launcher sees exitcode -9
-    assert m.blame == "correct", m.blamed
-    # one restart, counted by node1's agent only: node0's agent restarts for the membership change uncounted,
-    # and its rank still runs the same incarnation (the rendezvous round) as rank 1
-    assert m.restart_count == 1 and m.restarts_claimed == 1, m.verdict
+    detects = [e for e in events_of(m) if e.kind == "detect" and e.get("framework") == "nvrx"]
+    if detects and detects[0].get("proc") == "ft_launcher.node0":
+        # the collateral race, seen under load: rank 0 died of its peer's loss (gloo aborts: -6) and node0's
+        # agent reported that a few ms before node1's reported the kill. The framework's first reaction named
+        # the bystander, and blame says so; node1's report of the real fault follows at once.
+        assert m.blame == "wrong" and m.blamed == "rank 0", m.blamed
+        assert "exitcode: -9" in str(detects[1].get("line")) and detects[1].t_ns - detects[0].t_ns < 1e9
+        assert m.restart_count >= 1, m.verdict
+    else:
+        assert m.blame == "correct", m.blamed
+        # one restart, counted by node1's agent only: node0's agent restarts for the membership change
+        # uncounted, and its rank still runs the same incarnation (the rendezvous round) as rank 1
+        assert m.restart_count == 1 and m.restarts_claimed == 1, m.verdict
     assert _incarnations_by_rank(events_of(m)) == {0: [0, 1], 1: [0, 1]}
     assert m.lost_steps is not None and 0 < m.lost_steps <= 10
 
