@@ -45,20 +45,28 @@ DAY_S = 86_400.0
 FAULT_CLASSES: dict[str, str] = {
     "kill": "crash",
     "crash-loop": "crash",
+    "segfault": "crash",
+    "abort": "crash",
+    "oom": "crash",
+    "sigterm": "crash",
     "local-node-kill": "node",
     "node-kill": "node",
     "slurm-node-down": "node",
     "partition": "node",
     "hang": "hang",
     "node-pause": "hang",
+    "gil-hold": "hang",
     "sdc": "sdc",
 }
 
 
 def fault_class(injector: str | None, params: Mapping[str, Any] | None = None) -> str | None:
-    """The fleet fault class of a fault (``kill`` with SIGSTOP is a hang)."""
+    """The fleet fault class of a fault (``kill`` with SIGSTOP is a hang; a thread exception that stalls the loop
+    is one, a silent one none)."""
     if injector == "kill" and str((params or {}).get("signal", "")).upper() in ("SIGSTOP", "STOP", "SIGTSTP"):
         return "hang"
+    if injector == "thread-exception":
+        return "hang" if (params or {}).get("mode") == "stall" else None
     return FAULT_CLASSES.get(injector or "")
 
 

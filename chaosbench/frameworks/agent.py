@@ -48,14 +48,18 @@ TORCHRUN_PATTERNS = [
 def predict_agent_detection(mode: str, timeouts: dict[str, Any]) -> Prediction | None:
     """A torch elastic agent (torchrun, its elastic form, ft_launcher's base): it notices a worker's exit within
     its monitor interval; a hung worker only once its peers' collective times out (the process-group timeout),
-    and then it SIGTERMs the stopped worker, which cannot act on it, and waits its fixed grace before SIGKILL."""
+    and then it SIGTERMs the stopped worker, which cannot act on it, and waits its fixed grace before SIGKILL (a
+    stalled one, alive, dies of the SIGTERM at once)."""
     monitor = ("monitor_interval_s", timeouts.get("monitor_interval_s"))
     if mode == "crash":
         return Prediction(*chain(monitor), note="the agent polls its workers' exits")
-    if mode != "hang":
+    if mode not in ("hang", "stall"):
         return None
     pg_name, pg = pg_timeout(timeouts)
     bound, by = chain((pg_name, pg), monitor)
+    if mode == "stall":
+        return Prediction(bound, by, note="the peers' collective times out; the stalled worker, alive, dies of the "
+                          "agent's SIGTERM")  # fmt: skip
     grace = timeouts.get("worker_shutdown_grace_s")
     return Prediction(
         bound, by, resume_floor_s=bound + float(grace or 0),

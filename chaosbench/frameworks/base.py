@@ -278,7 +278,7 @@ class Framework(ABC):
         return {"workload_pg_timeout_s": job.workload.pg_timeout_s}
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
-        """When the adapter can detect a fault of this ``mode`` (``crash`` or ``hang``, see
+        """When the adapter can detect a fault of this ``mode`` (``crash``, ``hang`` or ``stall``, see
         :attr:`chaosbench.injectors.base.Injector.failure_mode`) under ``timeouts`` (its own, as in the plan);
         None when the adapter has no model for it."""
         return None

@@ -232,7 +232,7 @@ class NvrxFramework(Framework):
         if mode == "crash":
             return Prediction(*chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
                               note="ft_launcher polls its workers' exits")  # fmt: skip
-        if mode != "hang":
+        if mode not in ("hang", "stall"):  # the bridge heartbeats from the rank's events: a stall stops them too
             return None
         name, value = self._hang_detectors(timeouts)[0]
         if name.startswith(("workload_pg", "torch_default_pg")):

@@ -105,7 +105,7 @@ class RestartFramework(NoneFramework):
         monitor = ("monitor_interval_s", timeouts.get("monitor_interval_s"))
         if mode == "crash":
             return Prediction(*chain(monitor), note="the watchdog polls every rank's exit")
-        if mode != "hang":
+        if mode not in ("hang", "stall"):  # the watchdog watches steps: a live rank without them is as hung
             return None
         pg_name, pg = pg_timeout(timeouts)
         hb = float(timeouts.get("heartbeat_timeout_s") or 0)

@@ -185,8 +185,8 @@ class SlurmRequeueFramework(Framework):
         if mode == "crash":
             return Prediction(*chain(("poll_interval_s", timeouts.get("poll_interval_s"))),
                               note="srun --kill-on-bad-exit ends the job; the adapter polls its state")  # fmt: skip
-        if mode == "hang":
-            return Prediction(None, "", note="a stopped rank keeps its job RUNNING until its time limit")
+        if mode in ("hang", "stall"):
+            return Prediction(None, "", note="a stopped or stalled rank keeps its job RUNNING until its time limit")
         return None
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:

@@ -303,14 +303,17 @@ class TorchftFramework(Framework):
         if mode == "crash":
             return Prediction(*chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
                               note="the group's torchrun polls its workers' exits")  # fmt: skip
-        if mode != "hang":
+        if mode not in ("hang", "stall"):
             return None
         hb = float(timeouts.get("lighthouse_heartbeat_timeout_s") or 0)
         pg_name, pg = pg_timeout(timeouts)
         tick = ("lighthouse_quorum_tick_s", timeouts.get("lighthouse_quorum_tick_s"))
-        if hb <= pg:
+        if mode == "hang" and hb <= pg:
             return Prediction(*chain(("lighthouse_heartbeat_timeout_s", hb), tick),
                               note="a frozen group stops heartbeating; the Lighthouse drops it")  # fmt: skip
+        if mode == "stall":
+            return Prediction(*chain((pg_name, pg), tick), note="a stalled group keeps heartbeating (the Manager's "
+                              "native threads run on): only the survivors' allreduce timeout sees it")  # fmt: skip
         return Prediction(*chain((pg_name, pg), tick),
                           note="the survivors' allreduce times out before the Lighthouse drops the group")  # fmt: skip
 

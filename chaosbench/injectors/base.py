@@ -11,6 +11,7 @@ Life cycle within one run (the harness guarantees the order and the calls in ``f
 
 from __future__ import annotations
 
+import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from chaosbench.runtimes.base import Runtime, node_control_problem
 from chaosbench.timeline import Event, TimelineWriter
+from chaosbench.workloads.planted import ENV_PLANTED
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
@@ -64,10 +66,14 @@ class RunSetup:
     target: Target | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    def planted_ranks(self) -> str:
-        """The target ranks as a workload's planted faults read them from the environment: ``all`` or ``0,2``."""
+    def plant(self, injector: str, fault: str, at_step: int, **params: Any) -> None:
+        """Add a planted fault's entry for the target ranks to the ranks' environment (read by
+        :class:`chaosbench.workloads.planted.Planted`)."""
         ranks = self.target_ranks()
-        return "all" if ranks is None else ",".join(str(r) for r in ranks)
+        entries = json.loads(self.env.get(ENV_PLANTED) or "[]")
+        entries.append({"fault": fault, "injector": injector, "at_step": at_step,
+                        "ranks": "all" if ranks is None else ",".join(str(r) for r in ranks), **params})  # fmt: skip
+        self.env[ENV_PLANTED] = json.dumps(entries)
 
     def target_ranks(self) -> list[int] | None:
         """Ranks named by the fault's target, resolved before launch (None: all ranks)."""
@@ -122,6 +128,8 @@ class Injector(ABC):
     #: True for faults that act on a node through the runtime (:class:`~chaosbench.runtimes.base.NodeControl`):
     #: a suite on a runtime without it fails when it loads.
     needs_node_control: ClassVar[bool] = False
+    #: True for faults the training program plants in itself (:class:`PlantedInjector`).
+    planted: ClassVar[bool] = False
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -150,8 +158,9 @@ class Injector(ABC):
 
     @property
     def failure_mode(self) -> str | None:
-        """What the fault looks like to a detector: ``crash`` (the target's processes die), ``hang`` (they stay
-        alive but stop making progress: no step, collectives never complete), or None (neither: slowdowns,
+        """What the fault looks like to a detector: ``crash`` (the target's processes die), ``hang`` (they are
+        frozen: no step, no heartbeat, collectives never complete), ``stall`` (alive and heartbeating, their
+        native threads running, but no step: the next collective never comes), or None (neither: slowdowns,
         damaged files, silent corruption). Framework adapters predict their detection time from it."""
         return None
 
@@ -175,6 +184,24 @@ class Injector(ABC):
         (a FUSE mount, a cgroup named after a run id in ``run_ids``: the unfinished runs' ids -> their
         directories), and only that; one line per action. Default: nothing."""
         return []
+
+
+class PlantedInjector(Injector):
+    """A fault the training program plants in itself: ``prepare`` adds this fault's entry (its params, ``at_step``
+    among them) to the ranks' environment and the workload's hooks fire it from inside
+    (:mod:`chaosbench.workloads.planted`), writing the ``fault_inject`` event themselves. Only workloads that
+    call those hooks (the built-in programs) can have one: a suite that plants one into another fails when it
+    loads."""
+
+    needs_process: ClassVar[bool] = False
+    requires_trigger: ClassVar[bool] = False
+    planted: ClassVar[bool] = True
+
+    def prepare(self, setup: RunSetup) -> None:
+        setup.plant(self.name, self.fault_name, **self.params.model_dump(mode="json"))
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:  # pragma: no cover - fires inside the workload
+        return {}
 
 
 def target_nodes(ctx: FaultContext) -> list[str]:

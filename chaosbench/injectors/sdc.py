@@ -3,11 +3,11 @@ rank's gradients or parameters at step N. It fires from inside the workload (:mo
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.injectors.base import FaultContext, Injector, RunSetup
+from chaosbench.injectors.base import PlantedInjector
 
 
 class SdcParams(BaseModel):
@@ -19,7 +19,7 @@ class SdcParams(BaseModel):
     loss_check: bool = Field(default=False, description="turn on the workload's non-finite loss guard")
 
 
-class SdcInjector(Injector):
+class SdcInjector(PlantedInjector):
     """Silent data corruption on the target ranks at one step: NaN, scaled values or a flipped exponent bit in
     their gradients or parameters. Measured: detected (by the framework or a loss check) or propagated into the
     final state (fidelity, ranks' digests disagreeing)."""
@@ -27,20 +27,3 @@ class SdcInjector(Injector):
     name: ClassVar[str] = "sdc"
     summary: ClassVar[str] = "silent data corruption in one rank's gradients or parameters at step N"
     Params = SdcParams  # type: ignore[assignment]
-    needs_process: ClassVar[bool] = False
-    requires_trigger: ClassVar[bool] = False
-
-    def prepare(self, setup: RunSetup) -> None:
-        p: Any = self.params
-        setup.env.update({
-            "CHAOSBENCH_FAULT": self.fault_name,
-            "CHAOSBENCH_SDC_STEP": str(p.at_step),
-            "CHAOSBENCH_SDC_RANKS": setup.planted_ranks(),
-            "CHAOSBENCH_SDC_KIND": p.kind,
-            "CHAOSBENCH_SDC_WHERE": p.where,
-            "CHAOSBENCH_SDC_SCALE": str(p.scale),
-            "CHAOSBENCH_LOSS_CHECK": "1" if p.loss_check else "0",
-        })  # fmt: skip
-
-    def inject(self, ctx: FaultContext) -> dict[str, Any]:  # pragma: no cover - fires inside the workload
-        return {}

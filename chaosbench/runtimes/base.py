@@ -82,6 +82,9 @@ class Runtime(ABC):
     """One kind of place to run processes. Implementations: ``local`` (subprocesses)."""
 
     name: ClassVar[str]
+    #: Whether every rank runs on the harness's own host, in its namespaces (a rank can then use what the
+    #: harness prepared there: a cgroup, a path below /sys).
+    ranks_on_harness_host: ClassVar[bool] = False
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -50,6 +50,7 @@ class LocalRuntime(Runtime):
     """
 
     name: ClassVar[str] = "local"
+    ranks_on_harness_host: ClassVar[bool] = True
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)

@@ -30,6 +30,9 @@ class Workload(ABC):
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), set by the framework adapter."""
 
     name: ClassVar[str]
+    #: Whether the program calls the planted faults' hooks (:mod:`chaosbench.workloads.planted`), so that a
+    #: planted fault (crash-loop, sdc, segfault, ...) can fire in it.
+    plants: ClassVar[bool] = False
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -67,6 +70,7 @@ class ProgramWorkload(Workload):
 
     program: ClassVar[str]
     checkpoints: ClassVar[bool] = True
+    plants: ClassVar[bool] = True
 
     def argv(self, run: RunPaths) -> list[str]:
         from chaosbench.workloads.skeleton import workload_argv

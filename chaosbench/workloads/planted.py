@@ -1,40 +1,80 @@
-"""Planted faults: bugs and corruptions that only the training process itself can produce.
+"""Planted faults: failures that only the training process itself can produce.
 
-The ``crash-loop`` and ``sdc`` injectors put their settings into the ranks' environment before launch; a
-workload calls :meth:`Planted.before_step` and :meth:`Planted.after_backward` / :meth:`Planted.after_update`
-in its loop, and the planted fault fires from inside, writing its own ``fault_inject`` event through the probe
-(stamped at the moment it acts). Built-in workloads do this; a user's script can do it too.
+The planted injectors (:class:`chaosbench.injectors.base.PlantedInjector`) each put one entry into the ranks'
+environment before launch: ``CHAOSBENCH_PLANTED``, a JSON list of ``{"fault", "injector", "ranks", "at_step",
+...the injector's params}`` (``ranks``: ``all`` or ``0,2``). A workload builds one :class:`Planted` and calls its
+hooks in its loop (:meth:`Planted.before_step`, :meth:`Planted.after_backward`, :meth:`Planted.after_update`,
+:meth:`Planted.check_loss`); a fault due on this rank fires from inside, writing its own ``fault_inject`` event
+through the probe first (stamped at the moment it acts). The built-in workloads do this; a user's script can too.
 
-Environment (all optional):
+What fires, at the ``at_step`` of its entry, on its ranks:
 
-- ``CHAOSBENCH_CRASH_AT_STEP=N``, ``CHAOSBENCH_CRASH_RANKS=1,2|all``, ``CHAOSBENCH_FAULT``: raise at step N,
-  in every incarnation (a deterministic bug).
-- ``CHAOSBENCH_SDC_STEP=N``, ``CHAOSBENCH_SDC_RANKS``, ``CHAOSBENCH_SDC_KIND=nan|scale|bitflip``,
-  ``CHAOSBENCH_SDC_WHERE=grad|param``, ``CHAOSBENCH_SDC_SCALE=1000``: corrupt this rank's gradients (after
-  backward, before the update) or parameters (after the update) once per run (a marker file in the run
-  directory keeps a recomputed step from corrupting again: silent corruption is transient).
-- ``CHAOSBENCH_LOSS_CHECK=1``: raise when the loss is not finite, writing a ``detect`` event (a loss guard).
+- ``crash-loop``: raises, in every incarnation (a deterministic bug).
+- ``sdc``: corrupts this rank's gradients (after backward, before the update) or parameters (after the update)
+  with NaN, a scale or a flipped exponent bit; ``loss_check`` turns on the non-finite loss guard.
+- ``segfault``: a real SIGSEGV from native code (a read of address 0).
+- ``abort``: SIGABRT (``abort(3)``).
+- ``thread-exception``: a background thread dies of an exception the main loop never sees; with
+  ``mode: stall`` the main loop then waits for that thread's output for good (alive, heartbeats running).
+- ``gil-hold``: native code holds the GIL for ``duration_s``: every Python thread of the rank starves.
+- ``oom``: the rank joins the memory cgroup the harness prepared (``cgroup``) and grows until the kernel's
+  OOM killer ends it.
+
+Every fault but ``crash-loop`` fires once per run: a marker file in the run directory keeps a recomputed step
+after a restart from firing again (a transient fault).
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import math
 import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chaosbench.probe import Probe
 
-
-def _ranks(value: str | None) -> set[int] | None:
-    """None: all ranks."""
-    if not value or value == "all":
-        return None
-    return {int(v) for v in value.split(",") if v.strip()}
+#: The environment variable that carries the planted faults' entries.
+ENV_PLANTED = "CHAOSBENCH_PLANTED"
+#: Bytes an ``oom`` fault allocates (and touches) at a time.
+OOM_CHUNK_BYTES = 16 << 20
 
 
 class PlantedFault(RuntimeError):
     """Raised by a planted deterministic bug."""
+
+
+@dataclass
+class Plant:
+    """One planted fault's entry, as the harness wrote it."""
+
+    fault: str
+    injector: str
+    ranks: set[int] | None  # None: all ranks
+    at_step: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> Plant:
+        entry = dict(entry)
+        ranks = str(entry.pop("ranks", "all"))
+        return cls(
+            fault=str(entry.pop("fault")),
+            injector=str(entry.pop("injector")),
+            ranks=None if ranks == "all" else {int(r) for r in ranks.split(",") if r.strip()},
+            at_step=int(entry.pop("at_step")),
+            params=entry,
+        )
+
+
+def plants_from_env(env: dict[str, str] | None = None) -> list[Plant]:
+    env = dict(os.environ) if env is None else env
+    return [Plant.from_entry(e) for e in json.loads(env.get(ENV_PLANTED) or "[]")]
 
 
 class Planted:
@@ -42,73 +82,136 @@ class Planted:
         env = dict(os.environ) if env is None else env
         self.probe = probe
         self.rank = probe.rank
-        self.fault = env.get("CHAOSBENCH_FAULT", "planted")
-        self.crash_step = int(env["CHAOSBENCH_CRASH_AT_STEP"]) if env.get("CHAOSBENCH_CRASH_AT_STEP") else None
-        self.crash_ranks = _ranks(env.get("CHAOSBENCH_CRASH_RANKS"))
-        self.sdc_step = int(env["CHAOSBENCH_SDC_STEP"]) if env.get("CHAOSBENCH_SDC_STEP") else None
-        self.sdc_ranks = _ranks(env.get("CHAOSBENCH_SDC_RANKS"))
-        self.sdc_kind = env.get("CHAOSBENCH_SDC_KIND", "nan")
-        self.sdc_where = env.get("CHAOSBENCH_SDC_WHERE", "grad")
-        self.sdc_scale = float(env.get("CHAOSBENCH_SDC_SCALE", "1000"))
-        self.loss_check = env.get("CHAOSBENCH_LOSS_CHECK", "0") == "1"
+        plants = plants_from_env(env)
+        self.plants = [p for p in plants if p.ranks is None or self.rank in p.ranks]
+        # the loss guard runs on every rank (the corruption spreads through the next allreduce)
+        self.loss_check = any(p.injector == "sdc" and p.params.get("loss_check") for p in plants)
         run_dir = env.get("CHAOSBENCH_RUN_DIR")
-        self._sdc_marker = Path(run_dir) / f"sdc-fired.rank{self.rank}" if run_dir else None
+        self._run_dir = Path(run_dir) if run_dir else None
+        self._before_step = {
+            "crash-loop": self._crash,
+            "segfault": self._segfault,
+            "abort": self._abort,
+            "thread-exception": self._thread_exception,
+            "gil-hold": self._gil_hold,
+            "oom": self._oom,
+        }
 
-    def _mine(self, ranks: set[int] | None) -> bool:
-        return ranks is None or self.rank in ranks
+    # ------------------------------------------------------------------------------------------ bookkeeping
+    def _marker(self, plant: Plant) -> Path | None:
+        return self._run_dir / f"planted-fired.{plant.fault}.rank{self.rank}" if self._run_dir else None
 
-    def before_step(self, step: int) -> None:
-        """Call before computing ``step``: a planted bug raises here."""
-        if self.crash_step is not None and step == self.crash_step and self._mine(self.crash_ranks):
-            self.probe.emit(
-                "fault_inject", fault=self.fault, injector="crash-loop", step=step,
-                target=[{"rank": self.rank, "pid": os.getpid(), "incarnation": self.probe.incarnation}],
-                trigger=f"planted bug at step {step}",
-            )  # fmt: skip
-            raise PlantedFault(f"planted bug: deterministic failure at step {step} on rank {self.rank}")
-
-    def _sdc_due(self, step: int, where: str) -> bool:
-        if self.sdc_step is None or step != self.sdc_step or self.sdc_where != where:
+    def _due(self, plant: Plant, step: int, once: bool = True) -> bool:
+        """Whether ``plant`` fires at ``step`` here; a once-per-run fault is marked fired as it is found due."""
+        if step != plant.at_step:
             return False
-        if not self._mine(self.sdc_ranks):
+        marker = self._marker(plant)
+        if not once or marker is None:
+            return True
+        if marker.exists():
             return False
-        return self._sdc_marker is None or not self._sdc_marker.exists()
+        marker.write_text(str(step))
+        return True
 
-    def _corrupt(self, tensors: list[Any], step: int) -> None:
-        import torch
-
-        with torch.no_grad():
-            for t in tensors:
-                if t is None:
-                    continue
-                if self.sdc_kind == "nan":
-                    t.view(-1)[0] = float("nan")
-                elif self.sdc_kind == "scale":
-                    t.mul_(self.sdc_scale)
-                else:  # bitflip: flip the highest exponent bit of one float32 element
-                    flat = t.view(-1)
-                    if flat.dtype == torch.float32:
-                        flat[:1].view(torch.int32).bitwise_xor_(1 << 30)
-        if self._sdc_marker is not None:
-            self._sdc_marker.write_text(str(step))
+    def _fired(self, plant: Plant, step: int, trigger: str = "", **details: Any) -> None:
+        """The ``fault_inject`` event, written before the fault acts (a segfault leaves no later chance)."""
         self.probe.emit(
-            "fault_inject", fault=self.fault, injector="sdc", step=step, sdc_kind=self.sdc_kind, where=self.sdc_where,
+            "fault_inject", fault=plant.fault, injector=plant.injector, step=step,
             target=[{"rank": self.rank, "pid": os.getpid(), "incarnation": self.probe.incarnation}],
-            trigger=f"planted silent corruption at step {step}",
+            trigger=trigger or f"planted {plant.injector} at step {step}", **details,
         )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def before_step(self, step: int) -> None:
+        """Call before computing ``step``: the process-level faults fire here."""
+        for plant in self.plants:
+            act = self._before_step.get(plant.injector)
+            if act is not None and self._due(plant, step, once=plant.injector != "crash-loop"):
+                act(plant, step)
 
     def after_backward(self, step: int, params: Any) -> None:
         """Call after backward (gradients reduced), before the optimizer update."""
-        if self._sdc_due(step, "grad"):
-            self._corrupt([p.grad for p in params], step)
+        self._sdc(step, "grad", lambda: [p.grad for p in params])
 
     def after_update(self, step: int, params: Any) -> None:
         """Call after the optimizer update."""
-        if self._sdc_due(step, "param"):
-            self._corrupt([p.data for p in params], step)
+        self._sdc(step, "param", lambda: [p.data for p in params])
 
     def check_loss(self, step: int, loss: float) -> None:
         """With the loss guard on, a non-finite loss is detected and raises."""
         if self.loss_check and not math.isfinite(loss):
             self.probe.emit("detect", framework="loss-check", reason=f"loss is {loss} at step {step}")
             raise FloatingPointError(f"loss check: loss is {loss} at step {step} on rank {self.rank}")
+
+    # ----------------------------------------------------------------------------------------------- faults
+    def _crash(self, plant: Plant, step: int) -> None:
+        self._fired(plant, step, trigger=f"planted bug at step {step}")
+        raise PlantedFault(f"planted bug: deterministic failure at step {step} on rank {self.rank}")
+
+    def _segfault(self, plant: Plant, step: int) -> None:
+        self._fired(plant, step)
+        ctypes.string_at(0)  # a read of address 0 in native code: SIGSEGV
+
+    def _abort(self, plant: Plant, step: int) -> None:
+        self._fired(plant, step)
+        os.abort()
+
+    def _thread_exception(self, plant: Plant, step: int) -> None:
+        stall = plant.params.get("mode") == "stall"
+        out: queue.Queue[Any] = queue.Queue()
+
+        def prefetch() -> None:
+            raise RuntimeError(f"planted: the background thread of rank {self.rank} died at step {step}")
+
+        self._fired(plant, step, mode=plant.params.get("mode", "silent"))
+        worker = threading.Thread(target=prefetch, name="chaosbench-planted-prefetch", daemon=True)
+        worker.start()
+        worker.join()
+        if stall:
+            out.get()  # the dead thread's next batch never comes: blocked for good, the process alive
+
+    def _gil_hold(self, plant: Plant, step: int) -> None:
+        duration_s = float(plant.params.get("duration_s") or 0.0)
+        self._fired(plant, step, duration_s=duration_s)
+        # ctypes.PyDLL keeps the GIL across the call (CDLL would release it)
+        libc = ctypes.PyDLL(None)
+        deadline = time.monotonic() + duration_s
+        while (left := deadline - time.monotonic()) > 0:  # a signal may cut one usleep short
+            libc.usleep(ctypes.c_uint(max(1, int(min(left, 3600.0) * 1e6))))
+        self.probe.emit("fault_revert", fault=plant.fault, injector=plant.injector, reason="GIL released", step=step)
+
+    def _oom(self, plant: Plant, step: int) -> None:
+        cgroup = Path(str(plant.params["cgroup"]))
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        self._fired(plant, step, cgroup=str(cgroup), limit_mb=plant.params.get("limit_mb"))
+        hog: list[bytearray] = []
+        ceiling = 4 * int(plant.params.get("limit_mb") or 0) << 20
+        while len(hog) * OOM_CHUNK_BYTES <= ceiling:
+            chunk = bytearray(OOM_CHUNK_BYTES)
+            chunk[:: 4096] = b"\x01" * len(chunk[:: 4096])  # touch every page: charged to the cgroup
+            hog.append(chunk)
+        raise MemoryError(f"planted oom: {len(hog) * OOM_CHUNK_BYTES >> 20} MB taken in {cgroup} and not killed")
+
+    def _sdc(self, step: int, where: str, tensors: Any) -> None:
+        for plant in self.plants:
+            if plant.injector == "sdc" and plant.params.get("where", "grad") == where and self._due(plant, step):
+                self._corrupt(plant, tensors(), step)
+
+    def _corrupt(self, plant: Plant, tensors: list[Any], step: int) -> None:
+        import torch
+
+        kind = plant.params.get("kind", "nan")
+        with torch.no_grad():
+            for t in tensors:
+                if t is None:
+                    continue
+                if kind == "nan":
+                    t.view(-1)[0] = float("nan")
+                elif kind == "scale":
+                    t.mul_(float(plant.params.get("scale", 1000.0)))
+                else:  # bitflip: flip the highest exponent bit of one float32 element
+                    flat = t.view(-1)
+                    if flat.dtype == torch.float32:
+                        flat[:1].view(torch.int32).bitwise_xor_(1 << 30)
+        self._fired(plant, step, sdc_kind=kind, where=plant.params.get("where", "grad"),
+                    trigger=f"planted silent corruption at step {step}")  # fmt: skip
