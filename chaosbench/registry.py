@@ -94,6 +94,7 @@ INJECTORS: Registry[Any] = Registry(
         "thread-exception": "chaosbench.injectors.thread_exception:ThreadExceptionInjector",
         "gil-hold": "chaosbench.injectors.gil_hold:GilHoldInjector",
         "oom": "chaosbench.injectors.oom:OomInjector",
+        "sigterm": "chaosbench.injectors.sigterm:SigtermInjector",
         "corrupt-checkpoint": "chaosbench.injectors.corrupt_checkpoint:CorruptCheckpointInjector",
         "stall-fs": "chaosbench.injectors.stall_fs:StallFsInjector",
         "node-kill": "chaosbench.injectors.node_kill:NodeKillInjector",

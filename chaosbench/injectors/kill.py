@@ -43,14 +43,19 @@ class KillInjector(Injector):
     HARMLESS: ClassVar[frozenset[str]] = frozenset({"SIGCONT", "SIGCHLD", "SIGURG", "SIGWINCH"})
 
     @property
+    def signal_name(self) -> str:
+        """The signal sent, as ``SIGKILL``."""
+        return str(self.params.signal)  # type: ignore[attr-defined]
+
+    @property
     def failure_mode(self) -> str | None:
-        sig = self.params.signal  # type: ignore[attr-defined]
+        sig = self.signal_name
         if sig in ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"):
             return "hang"
         return None if sig in self.HARMLESS else "crash"
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        sig = signal_number(self.params.signal)  # type: ignore[attr-defined]
+        sig = signal_number(self.signal_name)
         delivered: list[int | None] = []
         for t in ctx.targets:
             if t.pid is None:

@@ -35,6 +35,8 @@ EVENT_KINDS: dict[str, str] = {
     "ckpt_load_begin": "rank, step, path, incarnation",
     "ckpt_load_end": "rank, step, path, incarnation",
     "ckpt_load_failed": "rank, step, path, error, incarnation (the workload rejected a checkpoint, tries an older one)",
+    "preempt_save": "rank, step, noticed (bool: this rank got the SIGTERM), saved_already, incarnation "
+    "(save_on_sigterm: the ranks agreed to save at this step's end after a preemption notice)",
     "train_end": "rank, step, loss, digest (sha256 of the final parameters), incarnation",
     "fault_inject": "fault, injector, target{}, params{}, details{}, trigger, trigger_step (a step trigger's step), "
     "effect_t_ns (when it took effect, harness clock), effect (what that moment is), injection_latency_s; t_ns is "

@@ -160,7 +160,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     model.train()
     loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), lambda step: batch(step - data_base),
                              lambda x, y: loss_fn(model(x), y), optimizer, scheduler, lambda: list(net.parameters()),
-                             args.step_sleep_s, args.checkpoint_every, save)  # fmt: skip
+                             args.step_sleep_s, args.checkpoint_every, save, args.save_on_sigterm)  # fmt: skip
     end_training(probe, net, args.steps, start_step, loss_value)
     return 0
 

@@ -222,7 +222,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), batch,
                              lambda x, y: loss_fn(model(x), y.reshape(-1)), optimizer, scheduler,
                              lambda: [_local(p) for p in model.parameters()], args.step_sleep_s,
-                             args.checkpoint_every, save)  # fmt: skip
+                             args.checkpoint_every, save, args.save_on_sigterm)  # fmt: skip
     end_training(probe, model, args.steps, start_step, loss_value)
     return 0
 

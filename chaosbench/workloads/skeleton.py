@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import types
@@ -45,6 +46,10 @@ class TrainingOptions(BaseModel):
     checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
     pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
     step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
+    save_on_sigterm: bool = Field(
+        default=False, description="on SIGTERM (a preemption notice) every rank saves at the end of the step, then "
+        "the noticed ranks die of it"
+    )
 
 
 def _flag(name: str) -> str:
@@ -208,17 +213,55 @@ def init_distributed(program: str, pg_timeout_s: float, backend: str | None, det
     return Dist(rank, world_size, local_rank, backend, device)
 
 
+class PreemptionNotice:
+    """SIGTERM as a preemption notice (``save_on_sigterm``): the handler only notes it; at the end of each step the
+    ranks agree (an allreduce of the flag, so all save at the same step), all save, and the noticed ranks then die
+    of the SIGTERM they got (their peers find them gone at their next collective, as in a preemption)."""
+
+    def __init__(self) -> None:
+        self.noticed = False
+        signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.noticed = True
+
+    def agreed(self) -> bool:
+        """Whether any rank has had a notice (a collective: every rank calls it at the same step)."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if self.noticed else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def act(self, probe: Probe, step: int, saved: bool, save: Callable[[int], None]) -> None:
+        """The step's end: save if any rank had a notice (unless this step was just saved), then die of it here."""
+        if not self.agreed():
+            return
+        probe.emit("preempt_save", step=step, noticed=self.noticed, saved_already=saved)
+        if not saved:
+            save(step)
+        print(f"preemption notice: saved step {step}", flush=True)
+        if self.noticed:
+            sys.stdout.flush()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()
+
+
 def train_steps(probe: Probe, steps: range, batch: Callable[[int], tuple[Any, Any]],
                 loss_of: Callable[[Any, Any], Any], optimizer: Any, scheduler: Any,
                 params: Callable[[], list[Any]], step_sleep_s: float, checkpoint_every: int,
-                save: Callable[[int], None]) -> float | None:  # fmt: skip
+                save: Callable[[int], None], save_on_sigterm: bool = False) -> float | None:  # fmt: skip
     """The training loop every built-in program shares: for each (1-based) step of ``steps`` the planted faults'
     hooks (:class:`~chaosbench.workloads.planted.Planted`) around forward/backward, the emulated extra compute
-    (``step_sleep_s``, before the update), the optimizer and scheduler steps, the ``step`` event and line, and a
-    checkpoint every ``checkpoint_every`` steps. ``params`` gives this rank's (local) parameter tensors. Returns
-    the last step's loss (None when no step ran)."""
+    (``step_sleep_s``, before the update), the optimizer and scheduler steps, the ``step`` event and line, a
+    checkpoint every ``checkpoint_every`` steps and, with ``save_on_sigterm``, one when a rank got a preemption
+    notice (:class:`PreemptionNotice`). ``params`` gives this rank's (local) parameter tensors. Returns the last
+    step's loss (None when no step ran)."""
     loss_value: float | None = None
     planted = Planted(probe)
+    notice = PreemptionNotice() if save_on_sigterm else None
     for step in steps:
         planted.before_step(step)
         t_step = time.perf_counter()
@@ -236,8 +279,11 @@ def train_steps(probe: Probe, steps: range, batch: Callable[[int], tuple[Any, An
         planted.check_loss(step, loss_value)
         probe.step(step, loss_value, duration_s=time.perf_counter() - t_step)
         print(f"step {step} loss {loss_value:.6f}", flush=True)
-        if checkpoint_every and step % checkpoint_every == 0:
+        saved = bool(checkpoint_every) and step % checkpoint_every == 0
+        if saved:
             save(step)
+        if notice is not None:
+            notice.act(probe, step, saved, save)
     return loss_value
 
 
