@@ -19,7 +19,14 @@ from typing import Any
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.errors import ChaosbenchError
 from chaosbench.fault_control import FaultController
-from chaosbench.frameworks.base import Framework, JobContext, JobResult, LaunchPlan, RunControl
+from chaosbench.frameworks.base import (
+    Framework,
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    RankErrorWatcher,
+    RunControl,
+)
 from chaosbench.injectors.base import Injector, RunSetup
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 from chaosbench.rundir import RunDir, SuiteDir
@@ -242,6 +249,7 @@ class Runner:
         timeline = TimelineWriter(RunDir(run_dir).events)
         follower = TimelineFollower(RunDir(run_dir).events).start()
         runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
+        runtime.line_observers.append(RankErrorWatcher(timeline))
         controllers: list[FaultController] = []
         injectors: list[Injector] = []
         result = JobResult("error", "not started")

@@ -154,3 +154,42 @@ def crash_loop(ix: TimelineIndex) -> bool:
         last = max(idx) if idx else 0
         counts[last] = counts.get(last, 0) + 1
     return any(c >= 2 for c in counts.values())
+
+
+#: A ``detect`` event's ``via`` -> what noticed the failure, in the report's words.
+DETECTION_MECHANISMS = {
+    "exit": "process exit",
+    "scheduler": "scheduler job state",
+    "heartbeat": "framework heartbeat",
+    "step watchdog": "step watchdog",
+    "loss guard": "loss guard",
+    "manager": "collective error",
+    "lighthouse": "framework heartbeat",
+}
+
+
+@dataclass
+class Mechanism:
+    name: str | None
+    missing: str | None = None
+
+
+def detection_mechanism(ix: TimelineIndex, detect: Event, tf: int) -> Mechanism:
+    """What noticed the failure that ``detect`` reports: the source's own ``mechanism`` where it names one;
+    for a process's exit (or the scheduler's job state that follows one), what a rank printed between the fault
+    and the detection (a ``rank_error``), when it says why: ``process-group timeout`` (the exit was that timeout's
+    doing, not the fault's own), else ``collective mismatch check``; else what its ``via`` stands for
+    (:data:`DETECTION_MECHANISMS`)."""
+    named = detect.get("mechanism")
+    if named:
+        return Mechanism(str(named))
+    via = detect.get("via") or ("loss guard" if detect.get("framework") == "loss-check" else None)
+    if via in ("exit", "scheduler"):
+        seen = {e.get("signature") for e in ix.of("rank_error") if tf <= e.t_ns <= detect.t_ns}
+        for signature, name in (("collective_timeout", "process-group timeout"),
+                                ("collective_mismatch", "collective mismatch check")):  # fmt: skip
+            if signature in seen:
+                return Mechanism(name)
+    if via in DETECTION_MECHANISMS:
+        return Mechanism(DETECTION_MECHANISMS[str(via)])
+    return Mechanism(None, f"the detection's source does not say what noticed the failure (via: {via or 'none'})")

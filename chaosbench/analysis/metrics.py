@@ -61,6 +61,9 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   missing when either run did not finish training.
 - ``fault_count``: ``fault_inject`` events (a repeating trigger or a planted bug fires more than once).
 - ``detected_by``: who wrote the first detection (a framework name, or ``loss-check`` for the workload's guard).
+  ``detected_via``: what noticed the failure (``process exit``, ``process-group timeout`` (a peer's collective
+  timed out and it exited), ``step watchdog``, ``framework heartbeat``, ``quorum change``, ``collective error``,
+  ``scheduler job state``, ``loss guard``; see :func:`~chaosbench.analysis.attribution.detection_mechanism`).
 - ``gave_up``: the framework said it stopped trying (``give_up``), as opposed to looping until the deadline.
 - ``crash_loop``: two or more incarnations each failed after reaching the same last step (a deterministic
   failure: restarting cannot help); ``failure_class`` is ``deterministic`` then, ``transient`` when a
@@ -166,6 +169,7 @@ class RunMetrics:
     badput_recompute_s: float | None = None
     fault_count: int | None = None
     detected_by: str | None = None
+    detected_via: str | None = None
     gave_up: bool | None = None
     crash_loop: bool | None = None
     failure_class: str | None = None
@@ -278,6 +282,8 @@ def verdict(m: RunMetrics) -> str:
         text = f"detected, not recovered ({m.run_end_outcome})"
     else:
         text = f"not detected, not recovered ({m.run_end_outcome})"
+    if m.detected and m.detected_via:
+        text += f"; detected by {m.detected_via}"
     if m.blame == "wrong":
         text += f"; blamed {m.blamed}, not the faulted rank"
     if m.false_detections:
@@ -456,6 +462,10 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     m.detected = detect is not None
     if detect is not None:
         m.detected_by = str(detect.get("framework") or detect.src)
+        mechanism = attribution.detection_mechanism(ix, detect, tf)
+        m.detected_via = mechanism.name
+        if mechanism.missing is not None:
+            miss["detected_via"] = mechanism.missing
         m.time_to_detect_s = ns_to_s(detect.t_ns - tf)
         m.detect_t_s = ns_to_s(detect.t_ns - t0)
         m.badput_detect_s = m.time_to_detect_s
@@ -467,7 +477,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
         why = f"no detection by framework '{m.framework}' before the run ended"
         if harness_reactions:
             why += f" (it reacted {harness_reactions} time(s) only after the harness began tearing the run down)"
-        miss["time_to_detect_s"] = miss["blame"] = why
+        miss["time_to_detect_s"] = miss["blame"] = miss["detected_via"] = why
 
     m.scheduler_delay_s = timing.scheduler_delay_s(ix, tf)
     if m.scheduler_delay_s is None:

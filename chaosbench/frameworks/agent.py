@@ -27,8 +27,9 @@ TORCHRUN_SHUTDOWN_GRACE_S = 30.0
 TORCHRUN_PATTERNS = [
     # The agent's first reaction to a failed worker: it stops the rest of the group (a WARNING line, printed
     # before the 30 s grace it gives the workers; the "failed (exitcode ...)" line comes after that grace).
-    LogPattern("detect", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", "agent"),
-    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent"),
+    LogPattern("detect", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", "agent", via="exit"),
+    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
+               via="exit"),
     LogPattern(
         "restart",
         r"Worker group FAILED\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",

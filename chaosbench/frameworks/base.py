@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
+from chaosbench.signatures import rank_error
 from chaosbench.timeline import TimelineFollower, TimelineWriter
 from chaosbench.workloads.base import RunPaths
 
@@ -93,6 +94,9 @@ class LogPattern:
     kind: str  # detect | restart | give_up | log
     regex: str
     role: str = "*"
+    #: For a ``detect``: what noticed the failure (``exit``: a process's exit; ``heartbeat``: a missed
+    #: heartbeat of the framework's own), written as the event's ``via``.
+    via: str = ""
 
     def compiled(self) -> re.Pattern[str]:
         return re.compile(self.regex)
@@ -241,6 +245,8 @@ class LogWatcher:
             m = rx.search(line)
             if m:
                 fields = {**process_context(handle), **{k: v for k, v in m.groupdict().items() if v is not None}}
+                if pat.via:
+                    fields["via"] = pat.via
                 self.timeline.emit(
                     pat.kind,
                     t_ns=t_ns,
@@ -250,6 +256,37 @@ class LogWatcher:
                     line=line[:400],
                     **fields,
                 )
+
+
+_RANK_PREFIX = re.compile(r"\[(?:default)?rank(\d+)\]:")
+
+
+class RankErrorWatcher:
+    """The harness's own watch on every process's output (a runtime's line observer): the first line of each
+    kind in :data:`~chaosbench.signatures.RANK_ERROR_SIGNATURES` a rank prints becomes a ``rank_error`` event
+    (``signature``, the line, the rank and the process's context), whichever framework runs it. The metrics
+    name what detected a failure from them (a peer's exit after its process-group timeout fired)."""
+
+    def __init__(self, timeline: TimelineWriter) -> None:
+        self.timeline = timeline
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+        signature = rank_error(line)
+        if signature is None:
+            return
+        # an agent (torchrun) passes its workers' lines on, each prefixed with ``[rank<r>]:``
+        prefixed = _RANK_PREFIX.match(line)
+        rank = handle.spec.env.get("RANK") or (prefixed.group(1) if prefixed else None)
+        with self._lock:
+            key = (f"{handle.name}:{handle.pid}:{rank}", signature)
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        fields: dict[str, Any] = {**process_context(handle), **({"rank": int(rank)} if rank else {})}
+        self.timeline.emit("rank_error", t_ns=t_ns, proc=handle.name, pid=handle.pid, role=handle.spec.role,
+                           signature=signature, line=line[:400], **fields)  # fmt: skip
 
 
 class Framework(ABC):

@@ -63,6 +63,7 @@ class Failure:
 
     reason: str
     rank: int | None
+    via: str = "exit"  # what noticed it (the ``detect`` event's ``via``)
 
 
 class Watchdog(Protocol):
@@ -143,7 +144,8 @@ class NoneFramework(Framework):
                         control.sleep(o.monitor_interval_s)
                 return JobResult("failed", failure.reason)
             blame = {} if failure.rank is None else {"blame_rank": failure.rank}
-            control.timeline.emit("detect", src="framework", framework=self.label, reason=failure.reason, **blame)
+            control.timeline.emit("detect", src="framework", framework=self.label, reason=failure.reason,
+                                  via=failure.via, **blame)  # fmt: skip
             control.runtime.terminate(handles, o.teardown_grace_s)
             if attempts >= o.max_restarts:
                 control.timeline.emit(

@@ -67,16 +67,19 @@ _RMON = r"(?:\[RankMonServer\d+@[^\]\s]*:(?P<blame_rank>\d+)\] )?"
 
 NVRX_PATTERNS = [
     LogPattern(
-        "detect", _RMON + r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent"
+        "detect", _RMON + r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent",
+        via="heartbeat",
     ),
-    LogPattern("detect", _RMON + r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent"),
+    LogPattern("detect", _RMON + r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent", via="heartbeat"),
     LogPattern(
         "detect",
         _RMON + r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)",
         "agent",
+        via="heartbeat",
     ),
     # The launcher names the worker's local rank on its node and the pid of the worker it started (the bridge).
-    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent"),
+    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
+               via="exit"),
     # --ft-restart-policy any-failed (each agent counts its own restarts; N is what was left before this one):
     LogPattern(
         "restart",

@@ -72,9 +72,9 @@ class StepWatchdog:
         stale = self.stale(ranks, self.heartbeat_timeout_s, now)
         if stale is not None:
             return Failure(f"rank {stale[0]}: no heartbeat for {stale[1]:.2f} s (timeout {self.heartbeat_timeout_s} s)",
-                           stale[0])  # fmt: skip
+                           stale[0], via="step watchdog")  # fmt: skip
         if not self.any_step() and (now - launched_ns) / 1e9 > self.startup_timeout_s:
-            return Failure(f"no step within startup timeout {self.startup_timeout_s} s", None)
+            return Failure(f"no step within startup timeout {self.startup_timeout_s} s", None, via="step watchdog")
         return None
 
 

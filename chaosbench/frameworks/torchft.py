@@ -181,7 +181,7 @@ class _LighthouseWatch:
         if previous is not None and len(groups) < previous and not self.finishing.is_set():
             self.timeline.emit(
                 "detect", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse",
-                reason=f"lighthouse quorum {quorum_id}: {len(groups)} of {previous} replica groups",
+                mechanism="quorum change", reason=f"lighthouse quorum {quorum_id}: {len(groups)} of {previous} replica groups",
                 blame_groups=left,  # the groups the new quorum left out: whom the Lighthouse gave up on
             )  # fmt: skip
 
@@ -191,7 +191,7 @@ class _LighthouseWatch:
         if beating < before and not self.finishing.is_set():
             self.timeline.emit(
                 "detect", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse",
-                reason=f"lighthouse: {before} -> {beating} replica groups heartbeating", line=line[:300],
+                mechanism="framework heartbeat", reason=f"lighthouse: {before} -> {beating} replica groups heartbeating", line=line[:300],
             )  # fmt: skip
 
 
@@ -354,7 +354,7 @@ class TorchftFramework(Framework):
                 # A group's torchrun exits non-zero only once its restarts are used up; the others went on.
                 return JobResult("gave_up" if len(bad) < len(agents) else "failed", "; ".join(bad))
             if lh.poll() is not None:
-                control.timeline.emit("detect", src="framework", framework=self.label, via="harness",
+                control.timeline.emit("detect", src="framework", framework=self.label, via="exit",
                                       reason=f"lighthouse exited with code {lh.poll()}")  # fmt: skip
                 control.runtime.terminate(agents, o.teardown_grace_s)
                 return JobResult("failed", f"lighthouse exited with code {lh.poll()}")

@@ -211,7 +211,7 @@ def repeats_table(group: Group) -> Table:
                 fmt_text(r.get("outcome")),
                 fmt_text(r.get("verdict")),
                 _slo_text(r),
-                fmt_bool(r.get("detected")),
+                _detected_text(r),
                 _blame_text(r),
                 fmt_bool(r.get("recovered")),
                 fmt_text(r.get("run_end_outcome")),
@@ -236,6 +236,16 @@ def repeats_table(group: Group) -> Table:
         "timeline",
     ]
     return Table(headers, rows, numeric={0, 9, 10})
+
+
+def _detected_text(row: dict[str, Any]) -> str:
+    """Whether the failure was detected, by what and how soon: ``yes: process-group timeout, 10.2 s``."""
+    text = fmt_bool(row.get("detected"))
+    via = as_text(row.get("detected_via"))
+    ttd = as_float(row.get("time_to_detect_s"))
+    if text != "yes" or (via is None and ttd is None):
+        return text
+    return f"{text}: " + ", ".join(x for x in (via, None if ttd is None else fmt_seconds(ttd)) if x)
 
 
 def _blame_text(row: dict[str, Any]) -> str:

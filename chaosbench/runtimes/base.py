@@ -7,6 +7,7 @@ processes it started (or their descendants). ``cleanup`` is idempotent and leave
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -92,6 +93,24 @@ class Runtime(ABC):
     def __init__(self, run: RunInfo, options: BaseModel | None = None) -> None:
         self.run = run
         self.options = options
+        #: Called with every output line of every process this runtime starts, before the starter's own
+        #: ``on_line`` (the harness's own watchers: :class:`~chaosbench.frameworks.base.RankErrorWatcher`).
+        self.line_observers: list[LineCallback] = []
+
+    def observed(self, on_line: LineCallback | None) -> LineCallback | None:
+        """``on_line`` with :attr:`line_observers` called first; every ``start`` pumps its lines through it."""
+        observers = list(self.line_observers)
+        if not observers:
+            return on_line
+
+        def both(handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+            for observe in observers:
+                with contextlib.suppress(Exception):  # a watcher's failure never costs the starter its line
+                    observe(handle, stream, line, t_ns)
+            if on_line is not None:
+                on_line(handle, stream, line, t_ns)
+
+        return both
 
     @property
     def master_addr(self) -> str:

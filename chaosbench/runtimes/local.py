@@ -67,6 +67,7 @@ class LocalRuntime(Runtime):
             return int(s.getsockname()[1])
 
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
+        on_line = self.observed(on_line)
         env = dict(os.environ)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")

@@ -3,6 +3,8 @@ that started from someone else's state, when a fault took effect, and a final li
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from chaosbench.analysis.metrics import compute_metrics
 from tests.unit.test_metrics import TL, control_run, restart_run
 
@@ -180,3 +182,52 @@ def test_restart_that_loads_a_checkpoint_is_clean_even_without_save_lines() -> N
     tl.events = [e for e in tl.events if e.kind not in ("ckpt_save_begin", "ckpt_save_end")]
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
     assert m.contaminated is False and m.outcome == "recovered"
+
+
+def test_what_detected_the_failure() -> None:
+    """``detected_via``: a rank's exit after its peer's collective timed out is the process-group timeout's
+    doing; an exit without one is the process's exit; a named mechanism or a ``via`` is taken as it is."""
+    tl = _kill_tl()
+    ev = next(e for e in tl.events if e.kind == "detect")
+    tf = tl.t_fault  # type: ignore[attr-defined]
+
+    def via() -> tuple[str | None, str | None]:
+        m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+        return m.detected_via, m.verdict
+
+    assert via()[0] is None  # the source said nothing
+    ev.data["via"] = "exit"
+    assert via() == ("process exit", "recovered after 1 restart; detected by process exit")
+    # rank 0 printed its gloo timeout before it exited: the exit was the timeout's doing
+    tl.add(tf + 0.07, "rank_error", signature="collective_timeout", rank=0, proc="rank0",
+           line="RuntimeError: [...] Timed out waiting 10000ms for recv operation to complete")  # fmt: skip
+    assert via()[0] == "process-group timeout"
+    ev.data["via"] = "step watchdog"
+    assert via()[0] == "step watchdog"
+    ev.data.update(via="lighthouse", mechanism="quorum change")
+    assert via()[0] == "quorum change"
+    # a timeout printed before the fault is not this failure's
+    tl.events.pop()
+    tl.add(tf - 1.0, "rank_error", signature="collective_timeout", rank=0, proc="rank0", line="Timed out waiting")
+    ev.data.update(via="exit", mechanism=None)
+    assert via()[0] == "process exit"
+
+
+def test_rank_error_watcher_reports_each_signature_once_per_rank(tmp_path: Path) -> None:
+    from chaosbench.frameworks.base import RankErrorWatcher
+    from chaosbench.runtimes.base import ProcessSpec, ProcHandle
+    from chaosbench.timeline import TimelineWriter, read_events
+
+    tw = TimelineWriter(tmp_path / "events.jsonl")
+    watch = RankErrorWatcher(tw)
+    rank1 = ProcHandle(ProcessSpec("rank1", ["python"], {"RANK": "1"}, role="rank", node="node0"), 11, None)
+    agent = ProcHandle(ProcessSpec("agent0", ["torchrun"], {}, role="agent", node="node0"), 12, None)
+    timeout = "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation"
+    for line in ("step 3 loss 0.1", timeout, timeout, "Connection closed by peer [127.0.0.1]:5299"):
+        watch(rank1, "stderr", line, 1)
+    watch(agent, "stderr", "[rank0]: " + timeout, 2)
+    watch(agent, "stderr", "[rank1]: " + timeout, 3)
+    tw.close()
+    got = [(e["proc"], e.get("rank"), e["signature"]) for e in read_events(tmp_path / "events.jsonl")]
+    assert got == [("rank1", 1, "collective_timeout"), ("rank1", 1, "peer_lost"),
+                   ("agent0", 0, "collective_timeout"), ("agent0", 1, "collective_timeout")]  # fmt: skip

@@ -640,6 +640,7 @@ class DockerRuntime(Runtime):
         return list(argv)
 
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
+        on_line = self.observed(on_line)
         handle = ExecHandle(spec, 0, None)
         self._exec(handle, on_line, rerun=False)
         with self._lock:

@@ -393,6 +393,7 @@ class SlurmRuntime(Runtime):
 
     # ------------------------------------------------------------------ processes
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
+        on_line = self.observed(on_line)
         if any(UNRESOLVED_MASTER_ADDR in a for a in [*spec.argv, *spec.env.values()]):
             raise ChaosbenchError(
                 f"'{spec.name}' was planned before the slurm runtime was resolved (its master address is "

@@ -1,0 +1,27 @@
+"""Lines in a rank's output that tell why its collective failed, whatever the script or framework printed them:
+``collective_timeout`` (its process-group timeout fired: gloo's, NCCL's watchdog), ``collective_mismatch`` (the
+ranks called different collectives: gloo's size check, the process group's debug checks) and ``peer_lost`` (a
+peer's connection went, as when the peer died). Standard library only: the ranks import it too."""
+
+from __future__ import annotations
+
+import re
+
+RANK_ERROR_SIGNATURES: dict[str, re.Pattern[str]] = {
+    "collective_timeout": re.compile(
+        r"Timed out waiting \d+ ?ms for \w+ operation|Watchdog caught collective operation timeout"
+        r"|ProcessGroupNCCL.*[Tt]imeout"
+    ),
+    "collective_mismatch": re.compile(
+        r"Is there a distributed collective mismatch|Detected mismatch between collectives"
+    ),
+    "peer_lost": re.compile(r"Connection closed by peer|Connection reset by peer"),
+}
+
+
+def rank_error(line: str) -> str | None:
+    """The signature ``line`` shows (a key of :data:`RANK_ERROR_SIGNATURES`), or None."""
+    for signature, rx in RANK_ERROR_SIGNATURES.items():
+        if rx.search(line):
+            return signature
+    return None
