@@ -93,6 +93,7 @@ INJECTORS: Registry[Any] = Registry(
         "abort": "chaosbench.injectors.abort:AbortInjector",
         "thread-exception": "chaosbench.injectors.thread_exception:ThreadExceptionInjector",
         "gil-hold": "chaosbench.injectors.gil_hold:GilHoldInjector",
+        "collective-hang": "chaosbench.injectors.collective_hang:CollectiveHangInjector",
         "oom": "chaosbench.injectors.oom:OomInjector",
         "sigterm": "chaosbench.injectors.sigterm:SigtermInjector",
         "corrupt-checkpoint": "chaosbench.injectors.corrupt_checkpoint:CorruptCheckpointInjector",

@@ -736,23 +736,21 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         except UnknownPlugin as exc:
             raise SpecError(f"{smap.where(wl_at + ('name',))}: framework '{fw}': workload: {exc}") from None
         validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")
-    _check_planted(suite, smap)
+    _check_fault_workloads(suite, smap)
 
 
-def _check_planted(suite: Suite, smap: SourceMap) -> None:
-    """A planted fault needs a workload that calls the planted hooks, under every framework it runs with."""
+def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
+    """Every fault can fire in the workload it runs with, under every framework (a planted fault needs one that
+    calls the planted hooks; see :meth:`~chaosbench.injectors.base.Injector.check_workload`)."""
     from chaosbench.registry import INJECTORS, WORKLOADS
 
     used = {n for names in suite.matrix.fault_names() for n in names}
     for fw in suite.matrix.frameworks:
-        wl = suite.workload_for(fw).name
-        if WORKLOADS.get(wl).plants:
-            continue
+        wl = WORKLOADS.get(suite.workload_for(fw).name)
         for name in sorted(used):
-            inj = INJECTORS.get(suite.faults[name].injector)
-            if inj.planted:
-                raise SpecError(
-                    f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {inj.name} is planted from inside "
-                    f"chaosbench's own training programs; workload '{wl}' (framework '{fw}') does not call their "
-                    f"hooks, so it cannot fire there"
-                )
+            fault = suite.faults[name]
+            inj = INJECTORS.get(fault.injector)
+            problem = inj.check_workload(wl, inj.Params.model_validate(fault.params))
+            if problem is not None:
+                raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {problem} "
+                                f"(framework '{fw}')")  # fmt: skip

@@ -26,6 +26,7 @@ from chaosbench.workloads.planted import ENV_PLANTED
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
+    from chaosbench.workloads.base import Workload
 
 
 def effect_of(delivered: list[int | None], what: str) -> dict[str, Any]:
@@ -149,6 +150,12 @@ class Injector(ABC):
         option that does not apply there), or None. Asked when the suite loads, so ``--dry-run`` shows it."""
         return node_control_problem(runtime, cls.name) if cls.needs_node_control else None
 
+    @classmethod
+    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+        """A problem with firing this fault, with these ``params``, in ``workload`` (it cannot be planted there),
+        or None. Asked when the suite loads."""
+        return None
+
     @property
     def duration_s(self) -> float | None:
         """Seconds after injection at which the harness reverts; None: only at the end of the run. A fault with a
@@ -196,6 +203,13 @@ class PlantedInjector(Injector):
     needs_process: ClassVar[bool] = False
     requires_trigger: ClassVar[bool] = False
     planted: ClassVar[bool] = True
+
+    @classmethod
+    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+        if workload.plants:
+            return None
+        return (f"{cls.name} is planted from inside chaosbench's own training programs; workload "
+                f"'{workload.name}' does not call their hooks, so it cannot fire there")  # fmt: skip
 
     def prepare(self, setup: RunSetup) -> None:
         setup.plant(self.name, self.fault_name, **self.params.model_dump(mode="json"))

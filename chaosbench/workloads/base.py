@@ -33,6 +33,9 @@ class Workload(ABC):
     #: Whether the program calls the planted faults' hooks (:mod:`chaosbench.workloads.planted`), so that a
     #: planted fault (crash-loop, sdc, segfault, ...) can fire in it.
     plants: ClassVar[bool] = False
+    #: The changes the program can make to its own gradient collective for a planted ``collective-hang``
+    #: (``skip``: leave it out, ``shape``: one element fewer, ``op``: MAX for SUM).
+    desyncs: ClassVar[frozenset[str]] = frozenset()
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

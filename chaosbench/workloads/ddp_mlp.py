@@ -35,13 +35,15 @@ Contract (what the harness relies on):
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import ClassVar, Literal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from chaosbench.probe import Probe
 from chaosbench.workloads.base import ProgramWorkload
+from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
     TrainingOptions,
@@ -95,6 +97,45 @@ class DdpMlpWorkload(ProgramWorkload):
     name: ClassVar[str] = "ddp-mlp"
     Options = DdpMlpOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
+    desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
+
+
+class GradSync:
+    """A DDP comm hook doing what DDP's own gradient allreduce does (the bucket scaled by 1/world size, then
+    summed), except inside ``with grad_sync(kind)`` (a planted ``collective-hang``): ``skip`` leaves the
+    allreduce out (the rank's own gradients stay), ``shape`` reduces the bucket but its last element, ``op``
+    reduces with MAX. Registered only on a rank where such a fault is planted."""
+
+    def __init__(self, model: Any, world_size: int) -> None:
+        self.kind: str | None = None
+        self.world_size = world_size
+        # DDP checks a hook's annotations against its own types: a lambda has none
+        model.register_comm_hook(None, lambda state, bucket: self._hook(bucket))
+
+    @contextmanager
+    def __call__(self, kind: str) -> Iterator[None]:
+        self.kind = kind
+        try:
+            yield
+        finally:
+            self.kind = None
+
+    def _hook(self, bucket: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        buf = bucket.buffer()
+        if self.kind == "skip":
+            fut: Any = torch.futures.Future()
+            fut.set_result(buf)
+            return fut
+        buf.mul_(1.0 / self.world_size)
+        if self.kind == "shape":
+            work = dist.all_reduce(buf[:-1], async_op=True)
+        else:
+            work = dist.all_reduce(buf, op=dist.ReduceOp.MAX if self.kind == "op" else dist.ReduceOp.SUM,
+                                   async_op=True)  # fmt: skip
+        return work.get_future().then(lambda _: buf)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,6 +175,8 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     torch.manual_seed(mix_seed(args.seed, 0x64726F70, rank))
 
     model = DDP(net, device_ids=[d.local_rank] if d.backend == "nccl" else None)
+    planted = Planted(probe)
+    desync = GradSync(model, d.world_size) if planted.desyncs else None
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP_SIZE, gamma=LR_GAMMA)
 
@@ -160,7 +203,8 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     model.train()
     loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), lambda step: batch(step - data_base),
                              lambda x, y: loss_fn(model(x), y), optimizer, scheduler, lambda: list(net.parameters()),
-                             args.step_sleep_s, args.checkpoint_every, save, args.save_on_sigterm)  # fmt: skip
+                             args.step_sleep_s, args.checkpoint_every, save, args.save_on_sigterm, planted,
+                             desync)  # fmt: skip
     end_training(probe, net, args.steps, start_step, loss_value)
     return 0
 

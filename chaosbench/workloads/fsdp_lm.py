@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -98,6 +99,8 @@ class FsdpLmWorkload(ProgramWorkload):
     name: ClassVar[str] = "fsdp-lm"
     Options = FsdpLmOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
+    #: FSDP's gradient collectives are its own reduce-scatters: it can leave one out, not reshape one
+    desyncs: ClassVar[frozenset[str]] = frozenset({"skip"})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -136,6 +139,16 @@ class _LocalShard:
 
 def _local(p: Any) -> _LocalShard:
     return _LocalShard(p)
+
+
+@contextmanager
+def _no_gradient_sync(model: Any) -> Iterator[None]:
+    """A planted ``collective-hang`` ``skip`` on this rank: this step's backward without FSDP's reduce-scatters."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def _train(args: argparse.Namespace, probe: Probe) -> int:
@@ -222,7 +235,8 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), batch,
                              lambda x, y: loss_fn(model(x), y.reshape(-1)), optimizer, scheduler,
                              lambda: [_local(p) for p in model.parameters()], args.step_sleep_s,
-                             args.checkpoint_every, save, args.save_on_sigterm)  # fmt: skip
+                             args.checkpoint_every, save, args.save_on_sigterm,
+                             desync=lambda kind: _no_gradient_sync(model))  # fmt: skip
     end_training(probe, model, args.steps, start_step, loss_value)
     return 0
 

@@ -66,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
 from chaosbench.procutil import start_ticks
+from chaosbench.signatures import rank_error
 from chaosbench.workloads.base import ProgramWorkload, RunPaths
 from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import build_parser, mix_seed, params_digest, parse_args
@@ -248,7 +249,7 @@ def _train(
             probe.emit("quorum", quorum_id=qid, participants=n, previous_participants=participants_prev,
                        replica_rank=p, step=manager.current_step())  # fmt: skip
             if participants_prev is not None and n < participants_prev:
-                probe.emit("detect", framework=framework, via="manager",
+                probe.emit("detect", framework=framework, via="manager", mechanism="quorum change",
                            reason=f"quorum {qid}: {n} of {participants_prev} replica groups")  # fmt: skip
             quorum_id, participants_prev = qid, n
         step = manager.current_step() + 1
@@ -279,9 +280,13 @@ def _train(
         if args.step_sleep_s > 0:
             time.sleep(args.step_sleep_s)
         t_comm = time.perf_counter()
-        if K > 1:
-            dist.all_reduce(buf)
-        manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        kind = planted.sync_fault(step)  # a planted collective-hang skip or mismatch of this rank's reductions
+        if kind != "skip":
+            sent = buf[:-1] if kind == "shape" else buf
+            op = ReduceOp.MAX if kind == "op" else ReduceOp.SUM
+            if K > 1:
+                dist.all_reduce(sent, op=op)
+            manager.allreduce(sent, reduce_op=op).wait()
         off = 0
         for q in params:
             q.grad = buf[off : off + q.numel()].to(torch.float32).view_as(q).clone()
@@ -311,7 +316,10 @@ def _train(
             probe.emit("step_skipped", step=step, reason=reason, duration_s=t_comm - t_step,
                        collective_s=time.perf_counter() - t_comm, participants=n, quorum_id=qid)  # fmt: skip
             if not errored_streak:
-                probe.emit("detect", framework=framework, via="manager", reason=f"step {step} not committed: {reason}")
+                # what failed the step: its allreduce timed out, or another error of the collective (a lost peer)
+                timed_out = rank_error(reason) == "collective_timeout" or "timeout" in reason.lower()
+                probe.emit("detect", framework=framework, via="manager", reason=f"step {step} not committed: {reason}",
+                           mechanism="process-group timeout" if timed_out else "collective error")  # fmt: skip
                 errored_streak = True
             print(f"step {step} skipped: {reason}", flush=True)
 
@@ -358,6 +366,7 @@ class FtMlpWorkload(ProgramWorkload):
     name: ClassVar[str] = "ft-mlp"
     Options = FtMlpOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
+    desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
     checkpoints: ClassVar[bool] = False  # no checkpoints: a restarted group heals from a live peer
 
     def replica_groups(self) -> int:

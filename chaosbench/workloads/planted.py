@@ -19,6 +19,9 @@ What fires, at the ``at_step`` of its entry, on its ranks:
 - ``gil-hold``: native code holds the GIL for ``duration_s``: every Python thread of the rank starves.
 - ``oom``: the rank joins the memory cgroup the harness prepared (``cgroup``) and grows until the kernel's
   OOM killer ends it.
+- ``collective-hang``: ``mode: block``: the main loop waits before the step's first collective (for
+  ``duration_s``, or for good), its other threads running on. ``skip`` / ``mismatch``: the workload changes this
+  step's gradient collective (:meth:`Planted.sync_fault` says how: ``skip``, ``shape`` or ``op``).
 
 Every fault but ``crash-loop`` fires once per run: a marker file in the run directory keeps a recomputed step
 after a restart from firing again (a transient fault).
@@ -95,6 +98,7 @@ class Planted:
             "thread-exception": self._thread_exception,
             "gil-hold": self._gil_hold,
             "oom": self._oom,
+            "collective-hang": self._collective_block,
         }
 
     # ------------------------------------------------------------------------------------------ bookkeeping
@@ -126,8 +130,26 @@ class Planted:
         """Call before computing ``step``: the process-level faults fire here."""
         for plant in self.plants:
             act = self._before_step.get(plant.injector)
-            if act is not None and self._due(plant, step, once=plant.injector != "crash-loop"):
+            if act is not None and not _desync(plant) and self._due(plant, step, once=plant.injector != "crash-loop"):
                 act(plant, step)
+
+    @property
+    def desyncs(self) -> bool:
+        """Whether a planted ``collective-hang`` will change one of this rank's gradient collectives (a workload
+        that needs to prepare for it, a DDP comm hook, asks before training)."""
+        return any(_desync(p) for p in self.plants)
+
+    def sync_fault(self, step: int) -> str | None:
+        """How this rank's gradient collective of ``step`` goes wrong: ``skip`` (it is left out), ``shape`` (called
+        with one element fewer), ``op`` (MAX where the peers SUM), or None. Call once per step, before the
+        collective: a due fault's ``fault_inject`` is written here."""
+        for plant in self.plants:
+            kind = _desync(plant)
+            if kind is not None and self._due(plant, step):
+                self._fired(plant, step, mode=plant.params.get("mode"), desync=kind,
+                            trigger=f"planted collective desync ({kind}) at step {step}")  # fmt: skip
+                return kind
+        return None
 
     def after_backward(self, step: int, params: Any) -> None:
         """Call after backward (gradients reduced), before the optimizer update."""
@@ -140,7 +162,7 @@ class Planted:
     def check_loss(self, step: int, loss: float) -> None:
         """With the loss guard on, a non-finite loss is detected and raises."""
         if self.loss_check and not math.isfinite(loss):
-            self.probe.emit("detect", framework="loss-check", reason=f"loss is {loss} at step {step}")
+            self.probe.emit("detect", framework="loss-check", via="loss guard", reason=f"loss is {loss} at step {step}")
             raise FloatingPointError(f"loss check: loss is {loss} at step {step} on rank {self.rank}")
 
     # ----------------------------------------------------------------------------------------------- faults
@@ -192,6 +214,14 @@ class Planted:
             hog.append(chunk)
         raise MemoryError(f"planted oom: {len(hog) * OOM_CHUNK_BYTES >> 20} MB taken in {cgroup} and not killed")
 
+    def _collective_block(self, plant: Plant, step: int) -> None:
+        duration_s = plant.params.get("duration_s")
+        self._fired(plant, step, mode="block", duration_s=duration_s)
+        # the main thread waits (the GIL released): heartbeat, probe and process-group threads run on
+        threading.Event().wait(None if duration_s is None else float(duration_s))
+        self.probe.emit("fault_revert", fault=plant.fault, injector=plant.injector, step=step,
+                        reason="the rank entered its collective")  # fmt: skip
+
     def _sdc(self, step: int, where: str, tensors: Any) -> None:
         for plant in self.plants:
             if plant.injector == "sdc" and plant.params.get("where", "grad") == where and self._due(plant, step):
@@ -215,3 +245,17 @@ class Planted:
                         flat[:1].view(torch.int32).bitwise_xor_(1 << 30)
         self._fired(plant, step, sdc_kind=kind, where=plant.params.get("where", "grad"),
                     trigger=f"planted silent corruption at step {step}")  # fmt: skip
+
+
+def desync_of(mode: str, mismatch: str | None) -> str | None:
+    """A ``collective-hang``'s change to the gradient collective: ``skip``, ``shape`` or ``op`` (None for
+    ``block``, which waits before the collective instead)."""
+    if mode == "block":
+        return None
+    return "skip" if mode == "skip" else mismatch or "shape"
+
+
+def _desync(plant: Plant) -> str | None:
+    if plant.injector != "collective-hang":
+        return None
+    return desync_of(str(plant.params.get("mode", "block")), plant.params.get("mismatch"))

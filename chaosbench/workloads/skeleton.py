@@ -22,6 +22,7 @@ import time
 import types
 import typing
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -252,23 +253,30 @@ class PreemptionNotice:
 def train_steps(probe: Probe, steps: range, batch: Callable[[int], tuple[Any, Any]],
                 loss_of: Callable[[Any, Any], Any], optimizer: Any, scheduler: Any,
                 params: Callable[[], list[Any]], step_sleep_s: float, checkpoint_every: int,
-                save: Callable[[int], None], save_on_sigterm: bool = False) -> float | None:  # fmt: skip
+                save: Callable[[int], None], save_on_sigterm: bool = False, planted: Planted | None = None,
+                desync: Callable[[str], AbstractContextManager[None]] | None = None) -> float | None:  # fmt: skip
     """The training loop every built-in program shares: for each (1-based) step of ``steps`` the planted faults'
-    hooks (:class:`~chaosbench.workloads.planted.Planted`) around forward/backward, the emulated extra compute
+    hooks (:class:`~chaosbench.workloads.planted.Planted`, ``planted`` or one of its own) around forward/backward
+    (where a planted collective desync is due, inside ``desync(kind)``: the workload's change to the step's
+    gradient collective, see :meth:`~chaosbench.workloads.planted.Planted.sync_fault`), the emulated extra compute
     (``step_sleep_s``, before the update), the optimizer and scheduler steps, the ``step`` event and line, a
     checkpoint every ``checkpoint_every`` steps and, with ``save_on_sigterm``, one when a rank got a preemption
     notice (:class:`PreemptionNotice`). ``params`` gives this rank's (local) parameter tensors. Returns the last
     step's loss (None when no step ran)."""
     loss_value: float | None = None
-    planted = Planted(probe)
+    planted = planted or Planted(probe)
     notice = PreemptionNotice() if save_on_sigterm else None
     for step in steps:
         planted.before_step(step)
         t_step = time.perf_counter()
         x, y = batch(step)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(x, y)
-        loss.backward()
+        kind = planted.sync_fault(step)
+        if kind is not None and desync is None:
+            raise RuntimeError(f"planted collective desync '{kind}': this program cannot change its collectives")
+        with desync(kind) if desync is not None and kind is not None else nullcontext():
+            loss = loss_of(x, y)
+            loss.backward()
         planted.after_backward(step, params())
         if step_sleep_s > 0:
             time.sleep(step_sleep_s)

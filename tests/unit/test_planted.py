@@ -172,3 +172,71 @@ def test_planted_faults_refused_where_they_cannot_fire(runtime: str, workload: s
     assert problem in str(exc.value), str(exc.value)
     assert str(exc.value).startswith("suites/x.yaml:"), str(exc.value)
     make_suite(SUITE.format(runtime="local", workload="{name: ddp-mlp, ranks: 2}", injector=injector), "s.yaml")
+
+
+def test_collective_hang_block_stops_the_main_loop_only(tmp_path: Path) -> None:
+    planted, events = _planted(tmp_path, _plant(tmp_path, "collective-hang", at_step=2, duration_s=0.4))
+    assert not planted.desyncs and planted.sync_fault(2) is None
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    th = threading.Thread(target=heartbeat, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    planted.before_step(2)
+    blocked = time.monotonic() - t0
+    stop.set()
+    th.join()
+    gap = max(b - a for a, b in zip(ticks, ticks[1:], strict=False))
+    assert blocked >= 0.4 and gap < 0.2, f"blocked {blocked:.3f} s, heartbeat gap {gap:.3f} s"
+    evs = [e for e in read_events(events) if e.kind.startswith("fault_")]
+    assert [e.kind for e in evs] == ["fault_inject", "fault_revert"] and evs[0]["mode"] == "block"
+    t0 = time.monotonic()
+    planted.before_step(2)  # once per run
+    assert time.monotonic() - t0 < 0.1
+
+
+@pytest.mark.parametrize(("params", "kind"), [({"mode": "skip"}, "skip"), ({"mode": "mismatch"}, "shape"),
+                                               ({"mode": "mismatch", "mismatch": "op"}, "op")])  # fmt: skip
+def test_collective_desync_is_due_once_at_its_step(tmp_path: Path, params: dict[str, Any], kind: str) -> None:
+    env = _plant(tmp_path, "collective-hang", Target(ranks=[1]), at_step=3, **params)
+    planted, events = _planted(tmp_path, env)
+    assert planted.desyncs and not _planted(tmp_path, env, rank=0)[0].desyncs
+    planted.before_step(3)  # a desync does not act before the step
+    assert [planted.sync_fault(s) for s in (2, 3, 3)] == [None, kind, None]
+    (fired,) = kinds(read_events(events), "fault_inject")
+    assert fired["desync"] == kind and fired["step"] == 3
+
+
+def test_collective_hang_params_and_failure_modes() -> None:
+    cls = INJECTORS.get("collective-hang")
+    for bad, problem in [({"mode": "skip", "duration_s": 3}, "duration_s applies to mode block only"),
+                         ({"mode": "block", "mismatch": "op"}, "mismatch applies to mode mismatch only")]:  # fmt: skip
+        with pytest.raises(ValueError, match=problem):
+            cls.Params.model_validate({"at_step": 4, **bad})
+    modes = {m: cls("f", cls.Params.model_validate({"at_step": 4, "mode": m})).failure_mode
+             for m in ("block", "skip", "mismatch")}  # fmt: skip
+    assert modes == {"block": "stall", "skip": "desync", "mismatch": "desync"}
+
+
+@pytest.mark.parametrize(
+    ("workload", "params", "problem"),
+    [
+        ("{name: fsdp-lm, ranks: 2}", "{at_step: 5, mode: mismatch}",
+         "collective-hang shape needs a workload that changes its own gradient collective; 'fsdp-lm' cannot (it can: skip)"),
+        ("{name: command, ranks: 2, command: 'python train.py'}", "{at_step: 5}",
+         "collective-hang is planted from inside chaosbench's own training programs; workload 'command'"),
+    ],
+)  # fmt: skip
+def test_collective_desyncs_refused_where_the_workload_cannot(workload: str, params: str, problem: str) -> None:
+    suite = SUITE.replace("params: {{at_step: 5}}", f"params: {params.replace('{', '{{').replace('}', '}}')}")
+    with pytest.raises(SpecError, match="suites/x.yaml:") as exc:
+        make_suite(suite.format(runtime="local", workload=workload, injector="collective-hang"), "suites/x.yaml")
+    assert problem in str(exc.value), str(exc.value)
+    make_suite(suite.format(runtime="local", workload="{name: ddp-mlp, ranks: 2}", injector="collective-hang"), "s.yaml")
+    make_suite(SUITE.format(runtime="local", workload="{name: fsdp-lm, ranks: 2}", injector="collective-hang"), "s.yaml")
