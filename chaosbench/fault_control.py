@@ -9,7 +9,7 @@ from typing import Any
 
 from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup
-from chaosbench.specs import FaultSpec
+from chaosbench.specs import RECOVERY_PHASES, FaultSpec
 from chaosbench.timeline import Event, now_ns
 
 
@@ -40,6 +40,7 @@ class FaultController:
         self._step_reports: dict[tuple[int, int], set[int]] = {}
         self._completed: set[tuple[int, int]] = set()
         self._started = False
+        self._recovering = False  # on_phase: another fault of the run has fired
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._closed = False
@@ -75,6 +76,8 @@ class FaultController:
                 threading.Thread(target=self._poisson, args=(trig.poisson.mtbf_s,), daemon=True).start()
             elif trig.on_event is not None and self._matches(ev):
                 self._schedule(f"event {ev.kind}")
+            elif trig.on_phase is not None:
+                self._phase(ev, trig.on_phase)
             elif ev.kind == "step" and (trig.at_step is not None or trig.every_steps is not None):
                 if not self._job_step_complete(ev):
                     return
@@ -101,6 +104,15 @@ class FaultController:
             self._completed.add((inc, step))
             return True
         return False
+
+    def _phase(self, ev: Event, phase: str) -> None:
+        """``on_phase``: the first event of ``phase`` (:data:`~chaosbench.specs.RECOVERY_PHASES`) after another
+        fault of the run took effect."""
+        if ev.kind == "fault_inject" and ev.get("fault") != self.fault_name:
+            self._recovering = True
+        elif self._recovering and ev.kind in RECOVERY_PHASES[phase]:
+            what = f"{phase} phase ({ev.kind}" + (f" of rank {ev.get('rank')})" if ev.get("rank") is not None else ")")
+            self._schedule(what)
 
     def _matches(self, ev: Event) -> bool:
         m = self.trigger.on_event

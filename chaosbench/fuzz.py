@@ -100,7 +100,7 @@ class Fuzzer:
     ) -> None:
         from chaosbench.runner import Runner
 
-        if framework not in suite.matrix.frameworks and framework not in suite.frameworks:
+        if framework not in suite.matrix.all_frameworks() and framework not in suite.frameworks:
             raise ValueError(f"framework '{framework}' is not in the suite")
         self.suite = suite
         self.framework = framework

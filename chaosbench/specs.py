@@ -190,6 +190,19 @@ class Poisson(_Strict):
     mtbf_s: float = Field(gt=0)
 
 
+#: A recovery phase -> the timeline events that begin it (any of them, after another fault of the run fired):
+#: a framework's first reaction; its relaunch of the job or a group; a rank's checkpoint load in a new
+#: incarnation; a TorchFT group's heal from a peer; a new incarnation forming its process group (an elastic
+#: agent's rendezvous, or a relaunched rank starting).
+RECOVERY_PHASES: dict[str, tuple[str, ...]] = {
+    "detect": ("detect",),
+    "restart": ("restart",),
+    "restore": ("ckpt_load_begin",),
+    "heal": ("heal_begin",),
+    "rendezvous": ("rendezvous", "rank_start"),
+}
+
+
 class Trigger(_Strict):
     """When a fault fires. Exactly one condition:
 
@@ -198,7 +211,10 @@ class Trigger(_Strict):
     - ``on_event: {kind, step?, rank?, incarnation?}``: when such an event appears (e.g. ``ckpt_save_begin``
       for a fault during a checkpoint; ``rank_start`` with ``incarnation: 1`` for the start of incarnation 1);
     - ``every_steps: N``: after step N, 2N, 3N, ... (of any incarnation, each index once);
-    - ``poisson: {mtbf_s: M}``: random arrivals with mean spacing M seconds.
+    - ``poisson: {mtbf_s: M}``: random arrivals with mean spacing M seconds;
+    - ``on_phase: detect | restart | restore | heal | rendezvous``: when the recovery from another fault of the
+      same run reaches that phase (:data:`RECOVERY_PHASES`: the timeline events that mark it, for every
+      framework), for a fault that lands while the first one is being recovered.
 
     ``delay_s`` waits that long after the condition; ``max_fires`` caps the number of firings (default 1
     for the one-shot conditions, unlimited for ``every_steps`` and ``poisson``)."""
@@ -208,10 +224,11 @@ class Trigger(_Strict):
     on_event: EventMatch | None = None
     every_steps: int | None = Field(default=None, ge=1)
     poisson: Poisson | None = None
+    on_phase: Literal["detect", "restart", "restore", "heal", "rendezvous"] | None = None
     delay_s: float = Field(default=0.0, ge=0)
     max_fires: int | None = Field(default=None, ge=1)
 
-    CONDITIONS: ClassVar[tuple[str, ...]] = ("at_step", "after_s", "on_event", "every_steps", "poisson")
+    CONDITIONS: ClassVar[tuple[str, ...]] = ("at_step", "after_s", "on_event", "every_steps", "poisson", "on_phase")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Trigger:
@@ -235,6 +252,8 @@ class Trigger(_Strict):
             return f"{self.after_s} s after first step"
         if self.on_event is not None:
             return f"on {self.on_event.kind}"
+        if self.on_phase is not None:
+            return f"on the {self.on_phase} phase of another fault's recovery"
         if self.every_steps is not None:
             return f"every {self.every_steps} steps"
         assert self.poisson is not None
@@ -334,15 +353,49 @@ class Defaults(_Strict):
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
 
 
+def _schedules(faults: list[str | list[str]]) -> list[list[str]]:
+    return [[f] if isinstance(f, str) else list(f) for f in faults]
+
+
+class MatrixPart(_Strict):
+    """More runs beside the cross product: these frameworks x these faults (faults that only some frameworks
+    have a use for: a kill during TorchFT's heal, the Lighthouse's loss)."""
+
+    frameworks: list[str] = Field(min_length=1)
+    faults: list[str | list[str]] = Field(min_length=1)
+    repeats: int | None = Field(default=None, ge=1, description="default: the matrix's")
+
+
 class Matrix(_Strict):
-    """``faults`` entries are fault names, or lists of names: a schedule of several faults in one run."""
+    """``faults`` entries are fault names, or lists of names: a schedule of several faults in one run. Every
+    framework runs every entry; ``include`` adds runs of some frameworks only."""
 
     frameworks: list[str] = Field(min_length=1)
     faults: list[str | list[str]] = Field(default_factory=list)
     repeats: int = Field(default=1, ge=1)
+    include: list[MatrixPart] = Field(default_factory=list)
 
     def fault_names(self) -> list[list[str]]:
-        return [[f] if isinstance(f, str) else list(f) for f in self.faults]
+        """Every fault schedule of the matrix, ``include`` parts' too (each once)."""
+        out = _schedules(self.faults)
+        for part in self.include:
+            out += [names for names in _schedules(part.faults) if names not in out]
+        return out
+
+    def all_frameworks(self) -> list[str]:
+        """The frameworks of the cross product, then those only ``include`` parts name."""
+        out = list(self.frameworks)
+        for part in self.include:
+            out += [fw for fw in part.frameworks if fw not in out]
+        return out
+
+    def cells(self, framework: str) -> list[tuple[list[str], int]]:
+        """The fault schedules ``framework`` runs, each with its repeats."""
+        out = [(names, self.repeats) for names in _schedules(self.faults)] if framework in self.frameworks else []
+        for part in self.include:
+            if framework in part.frameworks:
+                out += [(names, part.repeats or self.repeats) for names in _schedules(part.faults)]
+        return out
 
 
 class Projection(_Strict):
@@ -415,11 +468,11 @@ class Suite(_Strict):
     def scenarios(self) -> list[Scenario]:
         """Controls first (one per framework), then every framework x fault schedule x repeat."""
         out: list[Scenario] = []
-        for fw in self.matrix.frameworks:
+        for fw in self.matrix.all_frameworks():
             if self.control:
                 out.append(self.scenario(fw, [], 0))
-            for names in self.matrix.fault_names():
-                for rep in range(self.matrix.repeats):
+            for names, repeats in self.matrix.cells(fw):
+                for rep in range(repeats):
                     out.append(self.scenario(fw, names, rep))
         return out
 
@@ -652,7 +705,8 @@ def suite_from_data(data: Any, smap: SourceMap) -> Suite:
 def _check_references(suite: Suite, smap: SourceMap) -> None:
     from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 
-    labels = list(suite.matrix.frameworks) + [f for f in suite.frameworks if f not in suite.matrix.frameworks]
+    in_matrix = suite.matrix.all_frameworks()
+    labels = in_matrix + [f for f in suite.frameworks if f not in in_matrix]
     for fw in labels:
         adapter = suite.framework_spec(fw).adapter or fw
         try:
@@ -662,18 +716,23 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
                 ("frameworks", fw, "adapter")
                 if fw in suite.frameworks
                 else ("matrix", "frameworks", suite.matrix.frameworks.index(fw))
+                if fw in suite.matrix.frameworks
+                else ("matrix", "include")
             )
             raise SpecError(f"{smap.where(where)}: framework '{fw}': {exc}") from None
         validate_plugin_options(
             cls.Options, suite.framework_spec(fw).options, smap, ("frameworks", fw), f"framework '{fw}'"
         )
-    for i, names in enumerate(suite.matrix.fault_names()):
+    entries: list[tuple[Path_, list[str]]] = [
+        (("matrix", "faults", i), n) for i, n in enumerate(_schedules(suite.matrix.faults))
+    ]
+    for j, part in enumerate(suite.matrix.include):
+        entries += [(("matrix", "include", j, "faults", i), n) for i, n in enumerate(_schedules(part.faults))]
+    for where, names in entries:
         for name in names:
             if name not in suite.faults:
                 known = ", ".join(sorted(suite.faults)) or "none defined"
-                raise SpecError(
-                    f"{smap.where(('matrix', 'faults', i))}: matrix: unknown fault '{name}' (known: {known})"
-                )
+                raise SpecError(f"{smap.where(where)}: matrix: unknown fault '{name}' (known: {known})")
     for name, fault in suite.faults.items():
         try:
             inj = INJECTORS.get(fault.injector)
@@ -737,6 +796,7 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
             raise SpecError(f"{smap.where(wl_at + ('name',))}: framework '{fw}': workload: {exc}") from None
         validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")
     _check_fault_workloads(suite, smap)
+    _check_phase_triggers(suite, smap)
 
 
 def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
@@ -744,13 +804,34 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
     calls the planted hooks; see :meth:`~chaosbench.injectors.base.Injector.check_workload`)."""
     from chaosbench.registry import INJECTORS, WORKLOADS
 
-    used = {n for names in suite.matrix.fault_names() for n in names}
-    for fw in suite.matrix.frameworks:
+    for fw in suite.matrix.all_frameworks():
         wl = WORKLOADS.get(suite.workload_for(fw).name)
-        for name in sorted(used):
+        for name in sorted({n for names, _ in suite.matrix.cells(fw) for n in names}):
             fault = suite.faults[name]
             inj = INJECTORS.get(fault.injector)
             problem = inj.check_workload(wl, inj.Params.model_validate(fault.params))
             if problem is not None:
                 raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {problem} "
                                 f"(framework '{fw}')")  # fmt: skip
+
+
+def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:
+    """An ``on_phase`` fault needs another fault in the same run (a matrix entry listing both) whose recovery it
+    waits for; ``heal`` needs a framework whose groups heal (TorchFT)."""
+    for names in suite.matrix.fault_names():
+        for name in names:
+            trig = suite.faults[name].trigger
+            if trig is None or trig.on_phase is None:
+                continue
+            where = smap.where(("faults", name, "trigger", "on_phase"))
+            if not [n for n in names if n != name]:
+                raise SpecError(f"{where}: fault '{name}' fires on the {trig.on_phase} phase of another fault's "
+                                f"recovery; run it with one (a matrix entry such as [first-fault, {name}])")  # fmt: skip
+            if trig.on_phase == "heal":
+                for fw in suite.matrix.all_frameworks():
+                    if names not in [c for c, _ in suite.matrix.cells(fw)]:
+                        continue
+                    if (suite.framework_spec(fw).adapter or fw) != "torchft":
+                        raise SpecError(f"{where}: fault '{name}' fires on the heal phase, which framework '{fw}' "
+                                        "does not have (only TorchFT's replica groups heal from a peer; run it "
+                                        "under TorchFT alone with matrix.include)")  # fmt: skip

@@ -41,6 +41,19 @@ def test_good_suite_expands_to_controls_and_matrix() -> None:
     assert make_suite(GOOD).scenarios()[3].rng_seed == scenarios[3].rng_seed
 
 
+def test_matrix_include_adds_runs_of_some_frameworks_only() -> None:
+    text = GOOD.replace("  repeats: 2\n", "  repeats: 2\n  include:\n    - {frameworks: [restart, ft], faults: [[kill-rank1, "
+                        "hang-any]], repeats: 1}\n").replace("  tr-default: {adapter: torchrun}", "  tr-default: "
+                        "{adapter: torchrun}\n  ft: {adapter: restart}")  # fmt: skip
+    ids = [(s.id, s.repeat) for s in make_suite(text).scenarios()]
+    restart = [i for i in ids if i[0].startswith("restart/")]
+    assert restart[-1] == ("restart/kill-rank1+hang-any", 0) and len(restart) == 1 + 2 * 2 + 1
+    assert [i for i in ids if i[0].startswith("ft/")] == [("ft/control", 0), ("ft/kill-rank1+hang-any", 0)]
+    assert ids.index(("ft/control", 0)) > ids.index(("none/control", 0))  # after the cross product's frameworks
+    msg = _error(text.replace("[[kill-rank1, hang-any]]", "[[kill-rank1, nope]]"))
+    assert msg.startswith("suites/x.yaml:") and "matrix: unknown fault 'nope'" in msg, msg
+
+
 def test_shipped_smoke_suite_is_valid() -> None:
     suite = load_suite(ROOT / "suites" / "smoke.yaml")
     assert set(suite.matrix.frameworks) == {"none", "restart", "torchrun"}

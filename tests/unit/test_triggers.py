@@ -153,3 +153,45 @@ def test_step_trigger_waits_until_every_stepping_rank_reported(tmp_path: Path) -
     assert rt.signals == []  # rank 1 has not finished step 3: not a job step yet
     c(ev("step", step=3, rank=1, incarnation=0))
     assert fired_pids(rt) == [1001]
+
+
+def test_on_phase_waits_for_another_faults_recovery(tmp_path: Path) -> None:
+    c, rt, _ = controller(tmp_path, {"target": 1, "trigger": {"on_phase": "restore"}})
+    start(c)
+    c(ev("ckpt_load_begin", step=10, rank=1, incarnation=0))  # a load before any fault: no recovery
+    c(ev("fault_inject", fault="f", injector="kill"))  # its own firing is no other fault's
+    c(ev("ckpt_load_begin", step=10, rank=1, incarnation=0))
+    assert rt.signals == []
+    c(ev("fault_inject", fault="first", injector="kill"))
+    start(c, inc=1)
+    c(ev("ckpt_load_begin", step=10, rank=0, incarnation=1))
+    c(ev("ckpt_load_begin", step=10, rank=1, incarnation=1))
+    assert fired_pids(rt) == [1011]  # once: the newest incarnation's rank 1
+    c2, rt2, _ = controller(tmp_path / "b", {"target": 0, "trigger": {"on_phase": "rendezvous"}})
+    start(c2)
+    c2(ev("fault_inject", fault="first", injector="kill"))
+    c2(ev("detect", framework="restart"))
+    assert rt2.signals == []
+    start(c2, inc=1)
+    assert fired_pids(rt2) == [1010]
+
+
+def test_on_phase_needs_another_fault_and_heal_needs_torchft() -> None:
+    from chaosbench.errors import SpecError
+    from tests.conftest import make_suite
+
+    suite = """\
+name: x
+defaults: {{workload: {{name: ddp-mlp, ranks: 2}}}}
+frameworks: {{restart: {{}}}}
+faults:
+  kill: {{injector: kill, target: 1, trigger: {{at_step: 5}}}}
+  again: {{injector: kill, target: 1, trigger: {{on_phase: {phase}}}}}
+matrix: {{frameworks: [restart], faults: [{faults}]}}
+"""
+    with pytest.raises(SpecError, match=r"suites/x.yaml:.*fault 'again' fires on the restore phase of another "
+                       r"fault's recovery; run it with one"):  # fmt: skip
+        make_suite(suite.format(phase="restore", faults="again"), "suites/x.yaml")
+    with pytest.raises(SpecError, match="heal phase, which framework 'restart' does not have"):
+        make_suite(suite.format(phase="heal", faults="[kill, again]"), "suites/x.yaml")
+    make_suite(suite.format(phase="restore", faults="[kill, again]"), "suites/x.yaml")
