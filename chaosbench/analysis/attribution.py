@@ -175,16 +175,16 @@ class Mechanism:
 
 
 def detection_mechanism(ix: TimelineIndex, detect: Event, tf: int) -> Mechanism:
-    """What noticed the failure that ``detect`` reports: the source's own ``mechanism`` where it names one;
-    for a process's exit (or the scheduler's job state that follows one), what a rank printed between the fault
-    and the detection (a ``rank_error``), when it says why: ``process-group timeout`` (the exit was that timeout's
-    doing, not the fault's own), else ``collective mismatch check``; else what its ``via`` stands for
-    (:data:`DETECTION_MECHANISMS`)."""
+    """What noticed the failure that ``detect`` reports: the source's own ``mechanism`` where it names one; for
+    a process's exit (or the scheduler's job state that follows one, or a collective that failed under TorchFT's
+    Manager), what a rank printed between the fault and the detection (a ``rank_error``), when it says why:
+    ``process-group timeout`` (the exit was that timeout's doing, not the fault's own), else ``collective
+    mismatch check``; else what its ``via`` stands for (:data:`DETECTION_MECHANISMS`)."""
     named = detect.get("mechanism")
     if named:
         return Mechanism(str(named))
     via = detect.get("via") or ("loss guard" if detect.get("framework") == "loss-check" else None)
-    if via in ("exit", "scheduler"):
+    if via in ("exit", "scheduler", "manager"):
         seen = {e.get("signature") for e in ix.of("rank_error") if tf <= e.t_ns <= detect.t_ns}
         for signature, name in (("collective_timeout", "process-group timeout"),
                                 ("collective_mismatch", "collective mismatch check")):  # fmt: skip
