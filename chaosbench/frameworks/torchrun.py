@@ -59,6 +59,10 @@ class TorchrunFramework(AgentFramework):
             launcher = ["-m", "chaosbench.launchers.elastic" if job.nodes > 1 else "torch.distributed.run"]
             rendezvous = ["--rdzv-backend", o.rdzv_backend, "--rdzv-endpoint", f"{job.runtime.master_addr}:{port}",
                           "--rdzv-id", job.run_id]  # fmt: skip
+            if o.rdzv_backend == "c10d" and job.nodes > 1:
+                # node0's agent hosts the store, as on a cluster whose endpoint is node0's (on one host every agent
+                # would match the endpoint and the first to bind would host it: the rendezvous-host role unknown)
+                rendezvous += ["--rdzv-conf", f"is_host={'true' if n == 0 else 'false'}"]
             argv = agent_argv(job, launcher, str(job.nodes), o.max_restarts, o.monitor_interval_s, rendezvous,
                               o.extra_args)  # fmt: skip
             env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
