@@ -31,6 +31,7 @@ class FaultController:
         self.rng = random.Random(rng_seed)
         self.fires = 0  # firings scheduled or done
         self._ranks: dict[int, Event] = {}  # rank -> its newest rank_start
+        self._procs: dict[int, Event] = {}  # pid -> proc_start of the processes alive (role targets)
         self._events: list[Event] = []
         self._world_size: int | None = None
         self._active: list[FaultContext] = []
@@ -63,6 +64,10 @@ class FaultController:
                 if old is None or int(ev.get("incarnation", 0)) >= int(old.get("incarnation", 0)):
                     self._ranks[rank] = ev
                 self._world_size = int(ev.get("world_size") or 0) or self._world_size
+            elif ev.kind == "proc_start":
+                self._procs[int(ev.get("pid") or 0)] = ev
+            elif ev.kind == "proc_exit":
+                self._procs.pop(int(ev.get("pid") or 0), None)
             if self._closed or self._exhausted():
                 return
             trig = self.trigger
@@ -152,9 +157,31 @@ class FaultController:
             self.fire(f"poisson arrival (mtbf {mtbf_s} s)", counted=True)
 
     # -- targets
+    def _resolve_role(self, name: str) -> list[ResolvedTarget]:
+        """A ``role`` target: the framework's process of that role (:class:`~chaosbench.injectors.base.Role`)."""
+        role = self.setup.roles.get(name)
+        if role is None:
+            raise ChaosbenchError(f"the framework has no {name}")
+        if role.rank is not None:
+            ev = self._ranks.get(role.rank)
+            if ev is None:
+                raise ChaosbenchError(f"rank {role.rank} ({name}) has not reported a rank_start event")
+            return [ResolvedTarget(role.rank, int(ev["pid"]), ev.get("pid_ticks"), str(ev.get("node", "node0")),
+                                   int(ev.get("incarnation", 0)), role=name)]  # fmt: skip
+        node = self.spec.target.node or role.node
+        alive = [e for e in self._procs.values() if e.get("role") == role.proc_role]
+        mine = [e for e in alive if node is None or e.get("node") == node] or alive
+        if not mine:
+            raise ChaosbenchError(f"no live {role.proc_role} process for role {name}")
+        ev = max(mine, key=lambda e: e.t_ns)
+        return [ResolvedTarget(None, int(ev["pid"]), ev.get("pid_ticks"), str(ev.get("node", "node0")),
+                               int(ev.get("incarnation", 0)), role=name)]  # fmt: skip
+
     def _resolve(self) -> list[ResolvedTarget]:
         tgt = self.spec.target
         with self._lock:
+            if tgt.role is not None:
+                return self._resolve_role(tgt.role)
             known = sorted(self._ranks)
             n = self._world_size or (max(known) + 1 if known else self.setup.ranks)
             if tgt.all:

@@ -68,11 +68,15 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
     for name, fault in sc.faults:
         injector = _injector(name, fault)
         mode = injector.failure_mode
-        pred = framework.predict_detection(mode, timeouts) if mode else None
+        role = framework.roles.get(fault.target.role or "")
+        # the models are of faults on ranks: the loss of an agent or a Lighthouse is another failure
+        modelled = mode is not None and (role is None or role.rank is not None)
+        pred = framework.predict_detection(mode, timeouts) if mode and modelled else None
         rec: dict[str, Any] = {"fault": name, "injector": fault.injector, "mode": mode, "framework": sc.framework_label}
         if pred is None:
+            what = f"a {mode or fault.injector} fault" if modelled else f"a {mode} of the {fault.target.role}"
             rec.update(expected_s=None, decided_by="", resume_floor_s=None, modelled=False,
-                       note=f"no detection model for a {mode or fault.injector} fault under {sc.adapter}")  # fmt: skip
+                       note=f"no detection model for {what} under {sc.adapter}")  # fmt: skip
             rec["problems"] = []
             out.append(rec)
             continue
@@ -262,7 +266,7 @@ class Runner:
                 setup = RunSetup(
                     run_id=run_id, run_dir=run_dir, ckpt_dir=job.ckpt_dir, runtime=runtime, timeline=timeline,
                     rng=random.Random(sc.rng_seed + i), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
-                    target=fault.target,
+                    target=fault.target, roles=dict(framework.roles),
                 )  # fmt: skip
                 injectors.append(injector)
                 injector.prepare(setup)

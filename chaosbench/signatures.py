@@ -1,7 +1,8 @@
 """Lines in a rank's output that tell why its collective failed, whatever the script or framework printed them:
 ``collective_timeout`` (its process-group timeout fired: gloo's, NCCL's watchdog), ``collective_mismatch`` (the
-ranks called different collectives: gloo's size check, the process group's debug checks) and ``peer_lost`` (a
-peer's connection went, as when the peer died). Standard library only: the ranks import it too."""
+ranks called different collectives: gloo's size check, the process group's debug checks), ``rendezvous_lost``
+(an elastic agent lost the store its rendezvous lives in) and ``peer_lost`` (a peer's connection went, as when
+the peer died). Standard library only: the ranks import it too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ RANK_ERROR_SIGNATURES: dict[str, re.Pattern[str]] = {
     ),
     "collective_mismatch": re.compile(
         r"Is there a distributed collective mismatch|Detected mismatch between collectives"
+    ),
+    "rendezvous_lost": re.compile(
+        r"failed to send a keep-alive heartbeat to the rendezvous|The connection to the C10d store has failed"
     ),
     "peer_lost": re.compile(r"Connection closed by peer|Connection reset by peer"),
 }

@@ -116,15 +116,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: The processes a fault can target by what they do, each resolved by the framework adapter that has it
+#: (:attr:`~chaosbench.frameworks.base.Framework.roles`).
+ROLES = ("rank0", "agent", "rendezvous-host", "lighthouse")
+
+
 class Target(_Strict):
     """Which ranks a fault hits: ``rank`` (a number or ``random``, drawn from the suite's seed), ``ranks``
     (a list), ``node`` (every rank on that node, e.g. ``node1``, or ``random``) or ``all``. Shorthands:
-    ``target: 1``, ``target: random``, ``target: [0, 1]``, ``target: all``."""
+    ``target: 1``, ``target: random``, ``target: [0, 1]``, ``target: all``. Or a process by its ``role``
+    (:data:`ROLES`: rank 0, a launcher agent, the process that hosts the rendezvous store, TorchFT's
+    Lighthouse), with ``node`` choosing among several (an agent per node; default: the first)."""
 
     rank: int | Literal["random"] | None = None
     ranks: list[int] | None = None
     node: str | None = None
     all: bool = False
+    role: Literal["rank0", "agent", "rendezvous-host", "lighthouse"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -140,8 +148,12 @@ class Target(_Strict):
     @model_validator(mode="after")
     def _one_kind(self) -> Target:
         given = [k for k in ("rank", "ranks", "node") if getattr(self, k) is not None] + (["all"] if self.all else [])
+        if self.role is not None:
+            if [g for g in given if g != "node"]:
+                raise ValueError(f"role takes node only (got {', '.join(given)})")
+            return self
         if len(given) > 1:
-            raise ValueError(f"give one of rank, ranks, node, all (got {', '.join(given)})")
+            raise ValueError(f"give one of rank, ranks, node, all, role (got {', '.join(given)})")
         if not given:
             self.rank = "random"
         for r in ([self.rank] if isinstance(self.rank, int) else []) + (self.ranks or []):
@@ -156,6 +168,8 @@ class Target(_Strict):
         return ([self.rank] if isinstance(self.rank, int) else []) + list(self.ranks or [])
 
     def describe(self) -> str:
+        if self.role is not None:
+            return f"the {self.role}" + (f" of {self.node}" if self.node else "")
         if self.all:
             return "all ranks"
         if self.node is not None:
@@ -761,7 +775,7 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
                 f"{smap.where(('faults', name, 'trigger'))}: fault '{name}': injector '{fault.injector}' fires "
                 f"from inside the workload (see its params); remove the trigger"
             )
-        problem = inj.check_target(fault.target, fault.trigger)
+        problem = inj.role_problem(fault.target) or inj.check_target(fault.target, fault.trigger)
         if problem:
             raise SpecError(f"{smap.where(('faults', name))}: fault '{name}': {problem}")
     try:
@@ -801,8 +815,9 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
 
 def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
     """Every fault can fire in the workload it runs with, under every framework (a planted fault needs one that
-    calls the planted hooks; see :meth:`~chaosbench.injectors.base.Injector.check_workload`)."""
-    from chaosbench.registry import INJECTORS, WORKLOADS
+    calls the planted hooks; see :meth:`~chaosbench.injectors.base.Injector.check_workload`), and a ``role``
+    target names a role that framework has."""
+    from chaosbench.registry import FRAMEWORKS, INJECTORS, WORKLOADS
 
     for fw in suite.matrix.all_frameworks():
         wl = WORKLOADS.get(suite.workload_for(fw).name)
@@ -813,6 +828,12 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
             if problem is not None:
                 raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {problem} "
                                 f"(framework '{fw}')")  # fmt: skip
+            role = fault.target.role
+            roles = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).roles
+            if role is not None and role not in roles:
+                raise SpecError(f"{smap.where(('faults', name, 'target', 'role'))}: fault '{name}': framework "
+                                f"'{fw}' has no {role} (its roles: {', '.join(sorted(roles)) or 'none'}); run "
+                                "it under the frameworks that have one (matrix.include)")  # fmt: skip
 
 
 def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:

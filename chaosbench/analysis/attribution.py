@@ -179,7 +179,8 @@ def detection_mechanism(ix: TimelineIndex, detect: Event, tf: int) -> Mechanism:
     a process's exit (or the scheduler's job state that follows one, or a collective that failed under TorchFT's
     Manager), what a rank printed between the fault and the detection (a ``rank_error``), when it says why:
     ``process-group timeout`` (the exit was that timeout's doing, not the fault's own), else ``collective
-    mismatch check``; else what its ``via`` stands for (:data:`DETECTION_MECHANISMS`)."""
+    mismatch check``, else ``rendezvous store lost`` (an agent stopped its workers when its store went); else
+    what its ``via`` stands for (:data:`DETECTION_MECHANISMS`)."""
     named = detect.get("mechanism")
     if named:
         return Mechanism(str(named))
@@ -187,7 +188,8 @@ def detection_mechanism(ix: TimelineIndex, detect: Event, tf: int) -> Mechanism:
     if via in ("exit", "scheduler", "manager"):
         seen = {e.get("signature") for e in ix.of("rank_error") if tf <= e.t_ns <= detect.t_ns}
         for signature, name in (("collective_timeout", "process-group timeout"),
-                                ("collective_mismatch", "collective mismatch check")):  # fmt: skip
+                                ("collective_mismatch", "collective mismatch check"),
+                                ("rendezvous_lost", "rendezvous store lost")):  # fmt: skip
             if signature in seen:
                 return Mechanism(name)
     if via in DETECTION_MECHANISMS:

@@ -5,7 +5,7 @@ lines that mean a detection, a restart or giving up, and when the agent can dete
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from chaosbench.frameworks.base import (
     Framework,
@@ -19,6 +19,7 @@ from chaosbench.frameworks.base import (
     chain,
     pg_timeout,
 )
+from chaosbench.injectors.base import Role
 
 # torch.distributed.elastic's fixed grace between SIGTERM and SIGKILL when it stops a worker group
 # (LocalElasticAgent shutdown_timeout / PContext.close timeout, torch 2.x).
@@ -127,9 +128,19 @@ def supervise_agents(label: str, plan: LaunchPlan, control: RunControl, monitor_
         control.sleep(min(0.05, monitor_interval_s))
 
 
+#: The roles of a job started by one launcher agent per node (torchrun, ft_launcher).
+AGENT_ROLES = {
+    "agent": Role("a launcher agent: node0's, unless the target names a node", proc_role="agent", node="node0"),
+    "rendezvous-host": Role("node0's agent: it hosts the c10d rendezvous store (is_host set by the adapter)",
+                            proc_role="agent", node="node0"),
+}
+
+
 class AgentFramework(Framework):
     """An adapter whose ranks run under torch elastic agents: the agents' timeouts in force, and when they can
     detect a fault (see :func:`predict_agent_detection`)."""
+
+    roles: ClassVar[dict[str, Role]] = {**Framework.roles, **AGENT_ROLES}
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o: Any = self.options

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from chaosbench.injectors.base import Role
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
 from chaosbench.signatures import rank_error
 from chaosbench.timeline import TimelineFollower, TimelineWriter
@@ -293,6 +294,8 @@ class Framework(ABC):
     """One fault-tolerance system under test."""
 
     name: ClassVar[str]
+    #: The processes a fault can target by role (``target: {role: ...}``), and how each is found.
+    roles: ClassVar[dict[str, Role]] = {"rank0": Role("rank 0's process", rank=0)}
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

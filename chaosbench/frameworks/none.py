@@ -18,6 +18,7 @@ from chaosbench.frameworks.base import (
     Prediction,
     RunControl,
 )
+from chaosbench.injectors.base import Role
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 from chaosbench.timeline import Event, now_ns
 
@@ -89,6 +90,10 @@ class NoneFramework(Framework):
     name: ClassVar[str] = "none"
     Options = NoneOptions  # type: ignore[assignment]
     restarts_allowed: ClassVar[bool] = False
+    roles: ClassVar[dict[str, Role]] = {
+        **Framework.roles,
+        "rendezvous-host": Role("rank 0's process: it hosts the TCPStore of env:// initialization", rank=0),
+    }
 
     def plan(self, job: JobContext) -> LaunchPlan:
         return self.launch_plan(job, rank_processes(job, 0, job.runtime.free_port()))

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaosbench.frameworks.agent import agent_argv, agent_env, supervise_agents
+from chaosbench.frameworks.agent import AGENT_ROLES, agent_argv, agent_env, supervise_agents
 from chaosbench.frameworks.base import (
     Framework,
     JobContext,
@@ -57,6 +57,7 @@ from chaosbench.frameworks.base import (
     package_version,
     pg_timeout,
 )
+from chaosbench.injectors.base import Role
 from chaosbench.launchers.nvrx import BRIDGE_SECTIONS
 from chaosbench.runtimes.base import ProcessSpec
 
@@ -157,6 +158,7 @@ class NvrxFramework(Framework):
     """nvidia-resiliency-ext ft_launcher with rank monitors; see the module docstring."""
 
     name: ClassVar[str] = "nvrx"
+    roles: ClassVar[dict[str, Role]] = {**Framework.roles, "agent": AGENT_ROLES["agent"]}
     Options = NvrxOptions  # type: ignore[assignment]
 
     def plan(self, job: JobContext) -> LaunchPlan:

@@ -54,6 +54,7 @@ from chaosbench.frameworks.base import (
     package_version,
     pg_timeout,
 )
+from chaosbench.injectors.base import Role
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 from chaosbench.timeline import Event, TimelineWriter
 from chaosbench.waiting import wait_until
@@ -199,6 +200,13 @@ class TorchftFramework(Framework):
     """TorchFT: a Lighthouse plus one torchrun per replica group; see the module docstring."""
 
     name: ClassVar[str] = "torchft"
+    roles: ClassVar[dict[str, Role]] = {
+        **Framework.roles,
+        "agent": Role("a replica group's torchrun: group 0's (node0), unless the target names a node",
+                      proc_role="agent", node="node0"),
+        "lighthouse": Role("the Lighthouse: the quorum service every replica group heartbeats to",
+                           proc_role="lighthouse"),
+    }
     Options = TorchftOptions  # type: ignore[assignment]
 
     def groups(self, job: JobContext) -> int:
@@ -344,6 +352,7 @@ class TorchftFramework(Framework):
         if ready is not None:
             return ready
         agents = [control.runtime.start(p, on_line=on_line) for p in group_specs]
+        lighthouse_gone = False
         while True:
             codes = [a.poll() for a in agents]
             if all(c is not None for c in codes):
@@ -353,11 +362,12 @@ class TorchftFramework(Framework):
                     return JobResult("completed")
                 # A group's torchrun exits non-zero only once its restarts are used up; the others went on.
                 return JobResult("gave_up" if len(bad) < len(agents) else "failed", "; ".join(bad))
-            if lh.poll() is not None:
-                control.timeline.emit("detect", src="framework", framework=self.label, via="exit",
-                                      reason=f"lighthouse exited with code {lh.poll()}")  # fmt: skip
-                control.runtime.terminate(agents, o.teardown_grace_s)
-                return JobResult("failed", f"lighthouse exited with code {lh.poll()}")
+            if lh.poll() is not None and not lighthouse_gone:
+                # No detection of ours and no teardown: what TorchFT's groups do without their Lighthouse (a
+                # killed one among the faults) is what is measured; they fail or stall on their own.
+                lighthouse_gone = True
+                control.timeline.emit("log", src="framework", framework=self.label, proc=lh.name,
+                                      line=f"lighthouse exited with code {lh.poll()}")  # fmt: skip
             stop = control.stop_reason()
             if stop:
                 return JobResult(stop, f"harness stopped the run ({stop})")

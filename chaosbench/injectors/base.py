@@ -40,16 +40,34 @@ def effect_of(delivered: list[int | None], what: str) -> dict[str, Any]:
 
 @dataclass
 class ResolvedTarget:
-    """A target rank resolved from the timeline at injection time: the rank's current process."""
+    """A target resolved from the timeline at injection time: a rank's current process, or (``role``) the
+    process that plays that role (``rank`` None unless it is a rank)."""
 
-    rank: int
+    rank: int | None
     pid: int | None
     pid_ticks: int | None
     node: str
     incarnation: int
+    role: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "pid": self.pid, "node": self.node, "incarnation": self.incarnation}
+        out = {"rank": self.rank, "pid": self.pid, "node": self.node, "incarnation": self.incarnation}
+        return {**out, "role": self.role} if self.role else out
+
+    def describe(self) -> str:
+        return f"the {self.role}" if self.role and self.rank is None else f"rank {self.rank}"
+
+
+@dataclass(frozen=True)
+class Role:
+    """How a framework's role (:data:`chaosbench.specs.ROLES`) is found in the timeline: a rank's process
+    (``rank``, from its ``rank_start``) or a process the framework started (``proc_role``, from its
+    ``proc_start``: the newest live one, on the target's node, else on ``node``, else the first started)."""
+
+    description: str
+    rank: int | None = None
+    proc_role: str | None = None
+    node: str | None = None
 
 
 @dataclass
@@ -66,6 +84,8 @@ class RunSetup:
     nodes: int
     target: Target | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: The framework's roles (:attr:`chaosbench.frameworks.base.Framework.roles`), for a ``role`` target.
+    roles: dict[str, Role] = field(default_factory=dict)
 
     def plant(self, injector: str, fault: str, at_step: int, **params: Any) -> None:
         """Add a planted fault's entry for the target ranks to the ranks' environment (read by
@@ -131,6 +151,8 @@ class Injector(ABC):
     needs_node_control: ClassVar[bool] = False
     #: True for faults the training program plants in itself (:class:`PlantedInjector`).
     planted: ClassVar[bool] = False
+    #: True for faults that act on any process by its pid (a signal): they can target a ``role``.
+    role_targets: ClassVar[bool] = False
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -142,6 +164,14 @@ class Injector(ABC):
     @classmethod
     def check_target(cls, target: Target, trigger: Trigger) -> str | None:
         """A problem with this target/trigger combination for this injector, or None."""
+        return None
+
+    @classmethod
+    def role_problem(cls, target: Target) -> str | None:
+        """A ``role`` target for an injector that cannot act on any process, or None (asked at load)."""
+        if target.role is not None and not cls.role_targets:
+            return (f"{cls.name} cannot target a role ({target.role}): only faults that signal a process "
+                    "(kill, sigterm, hang) can")  # fmt: skip
         return None
 
     @classmethod

@@ -26,13 +26,14 @@ class HangInjector(Injector):
     summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
     Params = HangParams  # type: ignore[assignment]
     failure_mode = "hang"  # type: ignore[assignment]
+    role_targets: ClassVar[bool] = True
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         stopped = ctx.state.setdefault("stopped", [])
         delivered: list[int | None] = []
         for t in ctx.targets:
             if t.pid is None:
-                raise ProcessLookupError(f"rank {t.rank} has no process")
+                raise ProcessLookupError(f"{t.describe()} has no process")
             delivered.append(ctx.runtime.signal_pid(t.pid, signal.SIGSTOP, t.pid_ticks, t.node))
             stopped.append((t.pid, t.pid_ticks, t.node))
         return {"duration_s": self.duration_s, **effect_of(delivered, "SIGSTOP delivered")}

@@ -38,6 +38,7 @@ class KillInjector(Injector):
     name: ClassVar[str] = "kill"
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank's process"
     Params = KillParams  # type: ignore[assignment]
+    role_targets: ClassVar[bool] = True
 
     #: Signals whose default action neither ends nor stops a process.
     HARMLESS: ClassVar[frozenset[str]] = frozenset({"SIGCONT", "SIGCHLD", "SIGURG", "SIGWINCH"})
@@ -59,7 +60,7 @@ class KillInjector(Injector):
         delivered: list[int | None] = []
         for t in ctx.targets:
             if t.pid is None:
-                raise ProcessLookupError(f"rank {t.rank} has no process")
+                raise ProcessLookupError(f"{t.describe()} has no process")
             delivered.append(ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks, t.node))
         name = signal.Signals(sig).name
         return {"signal": name, **effect_of(delivered, f"{name} delivered")}

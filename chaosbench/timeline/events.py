@@ -45,8 +45,8 @@ EVENT_KINDS: dict[str, str] = {
     "fault_skipped": "fault, injector, reason (the trigger fired but the fault could not be applied)",
     "detect": "framework, reason, line, via (what noticed it, where the source says: exit, heartbeat, step watchdog, "
     "lighthouse, manager, loss guard) (the framework noticed a failure)",
-    "rank_error": "proc, pid, role, rank, signature (collective_timeout|peer_lost), line: the first such line in a "
-    "process's output (the harness watches every process)",
+    "rank_error": "proc, pid, role, rank, signature (collective_timeout|collective_mismatch|rendezvous_lost|"
+    "peer_lost), line: the first such line in a process's output (the harness watches every process)",
     "restart": "framework, attempt, reason (the framework relaunches the job or worker group)",
     "give_up": "framework, reason (the framework stopped trying)",
     "log": "proc, line, pattern (a user-defined pattern matched a log line)",

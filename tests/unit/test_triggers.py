@@ -195,3 +195,57 @@ matrix: {{frameworks: [restart], faults: [{faults}]}}
     with pytest.raises(SpecError, match="heal phase, which framework 'restart' does not have"):
         make_suite(suite.format(phase="heal", faults="[kill, again]"), "suites/x.yaml")
     make_suite(suite.format(phase="restore", faults="[kill, again]"), "suites/x.yaml")
+
+
+def test_role_targets_resolve_to_the_frameworks_processes(tmp_path: Path) -> None:
+    from chaosbench.frameworks.torchrun import TorchrunFramework
+
+    c, rt, _ = controller(tmp_path, {"target": {"role": "agent"}, "trigger": {"at_step": 2}})
+    c.setup.roles = dict(TorchrunFramework.roles)
+    for pid, node in ((500, "node0"), (501, "node1")):
+        c(ev("proc_start", proc=f"agent.{node}", pid=pid, role="agent", node=node, incarnation=0))
+    start(c)
+    steps(c, 1, 2)
+    assert fired_pids(rt) == [500]  # node0's agent by default
+    c2, rt2, _ = controller(tmp_path / "b", {"target": {"role": "agent", "node": "node1"}, "trigger": {"at_step": 2}})
+    c2.setup.roles = dict(TorchrunFramework.roles)
+    c2(ev("proc_start", proc="agent.node1", pid=501, role="agent", node="node1", incarnation=0))
+    c2(ev("proc_start", proc="agent.node0", pid=500, role="agent", node="node0", incarnation=0))
+    start(c2)
+    steps(c2, 1, 2)
+    assert fired_pids(rt2) == [501]
+    c3, rt3, w3 = controller(tmp_path / "c", {"target": {"role": "rank0"}, "trigger": {"at_step": 2}})
+    c3.setup.roles = dict(TorchrunFramework.roles)
+    start(c3)
+    steps(c3, 1, 2)
+    w3.close()
+    assert fired_pids(rt3) == [1000]
+    (inject,) = [e for e in read_events(tmp_path / "c" / "events.jsonl") if e.kind == "fault_inject"]
+    assert inject["target"] == [{"rank": 0, "pid": 1000, "node": "node0", "incarnation": 0, "role": "rank0"}]
+
+
+@pytest.mark.parametrize(
+    ("framework", "fault", "problem"),
+    [
+        ("restart", "{injector: kill, target: {role: lighthouse}, trigger: {at_step: 5}}",
+         "fault 'f': framework 'restart' has no lighthouse (its roles: rank0, rendezvous-host)"),
+        ("torchrun", "{injector: straggler, target: {role: agent}, trigger: {at_step: 5}}",
+         "fault 'f': straggler cannot target a role (agent): only faults that signal a process"),
+        ("torchrun", "{injector: kill, target: {role: agent, rank: 1}, trigger: {at_step: 5}}",
+         "role takes node only"),
+    ],
+)  # fmt: skip
+def test_role_targets_refused_where_there_is_no_such_role(framework: str, fault: str, problem: str) -> None:
+    from chaosbench.errors import SpecError
+    from tests.conftest import make_suite
+
+    text = f"""\
+name: x
+defaults: {{workload: {{name: ddp-mlp, ranks: 2, nodes: 2}}}}
+frameworks: {{{framework}: {{}}}}
+faults: {{f: {fault}}}
+matrix: {{frameworks: [{framework}], faults: [f]}}
+"""
+    with pytest.raises(SpecError, match="suites/x.yaml:") as exc:
+        make_suite(text, "suites/x.yaml")
+    assert problem in str(exc.value), str(exc.value)

@@ -286,6 +286,7 @@ class CorruptCheckpointInjector(Injector):
             saves.append(self._save_in_progress(ctx, t))
         if self.params.torn_at == "shard-write":  # type: ignore[attr-defined]
             for t, (_, path) in zip(ctx.targets, saves, strict=True):
+                assert t.rank is not None  # no role targets here (role_targets is False)
                 self._wait_for_shard(Path(path) if path else None, t.rank)
         delivered = [ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)  # type: ignore[arg-type]
                      for t in ctx.targets]  # fmt: skip

@@ -1,0 +1,82 @@
+"""Role targets with real processes: the fault controller finds the framework's process of a role in the
+timeline (a torchrun agent, TorchFT's Lighthouse) and kills it; what the job does then is measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import events_of, kinds
+
+pytestmark = pytest.mark.integration
+
+SUITE = """
+name: role-faults
+seed: 19
+control: false
+defaults:
+  deadline_s: 40
+  workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.05, pg_timeout_s: 10}
+frameworks:
+  torchrun: {max_restarts: 2, share_rdzv_tcp_store: false}
+  torchft:
+    workload: {name: ft-mlp, steps: 30, step_sleep_s: 0.1, pg_timeout_s: 10}
+faults:
+  kill-agent1: {injector: kill, target: {role: agent, node: node1}, trigger: {at_step: 10}}
+  kill-rendezvous-host: {injector: kill, target: {role: rendezvous-host}, trigger: {at_step: 10}}
+  kill-lighthouse: {injector: kill, target: {role: lighthouse}, trigger: {at_step: 10}}
+matrix:
+  frameworks: [torchrun]
+  faults: [kill-agent1, kill-rendezvous-host]
+  include:
+    - {frameworks: [torchft], faults: [kill-lighthouse]}
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from chaosbench.analysis.results import collect
+    from chaosbench.runner import Runner
+    from tests.conftest import make_suite
+
+    runner = Runner(make_suite(SUITE), tmp_path_factory.mktemp("roles"))
+    for rec in runner.run():
+        assert rec.leftovers == []
+    return {m.scenario: m for m in collect(runner.suite_dir)}
+
+
+def _killed(m, role: str, node: str | None = None):
+    ev = events_of(m)
+    (inject,) = kinds(ev, "fault_inject")
+    (target,) = inject.get("target")
+    starts = [e for e in kinds(ev, "proc_start") if e.get("pid") == target["pid"]]
+    assert starts and starts[0].get("role") == role, (target, [e.data for e in kinds(ev, "proc_start")])
+    assert node is None or starts[0].get("node") == node
+    exits = [e for e in kinds(ev, "proc_exit") if e.get("pid") == target["pid"]]
+    assert exits and exits[0].get("returncode") == -9
+    return target
+
+
+def test_kill_of_a_torchrun_agent_orphans_its_workers(results) -> None:
+    m = results["torchrun/kill-agent1"]
+    target = _killed(m, "agent", "node1")
+    assert target["role"] == "agent" and target["rank"] is None
+    # its worker trains on, orphaned, to the end; node0's agent then waits for its peer agent at the exit
+    # barrier until the deadline: nothing detected, nothing restarted
+    assert m.final_step == 30 and not m.detected and m.restart_count == 0, m.verdict
+    assert "did not exit before the deadline" in (m.verdict or ""), m.verdict
+
+
+def test_kill_of_the_rendezvous_host_fails_the_job(results) -> None:
+    m = results["torchrun/kill-rendezvous-host"]
+    _killed(m, "agent", "node0")
+    # node1's agent loses the store it keeps its rendezvous in and stops its worker
+    assert m.outcome == "not_recovered" and m.run_end_outcome == "failed", m.verdict
+    assert m.detected_via == "rendezvous store lost", m.verdict
+
+
+def test_kill_of_the_torchft_lighthouse_stalls_the_groups(results) -> None:
+    m = results["torchft/kill-lighthouse"]
+    _killed(m, "lighthouse")
+    assert m.outcome == "not_recovered" and m.run_end_outcome == "deadline" and not m.detected, m.verdict
+    last = max(int(e.get("step") or 0) for e in kinds(events_of(m), "step"))
+    assert last < 30, last  # no quorum, no more steps
