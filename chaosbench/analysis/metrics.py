@@ -276,6 +276,8 @@ def verdict(m: RunMetrics) -> str:
             text += ", not detected"
         if m.run_end_outcome == "deadline":  # wall_s and extra_wall_s then include the wait for the deadline
             text += "; training finished but the job did not exit before the deadline"
+        elif m.run_end_outcome not in (None, "completed"):
+            text += f"; training finished but the job ended {m.run_end_outcome}"
     elif m.gave_up:
         text = f"gave up after {restarts} {plural}"
     elif m.detected:

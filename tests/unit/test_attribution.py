@@ -231,3 +231,12 @@ def test_rank_error_watcher_reports_each_signature_once_per_rank(tmp_path: Path)
     got = [(e["proc"], e.get("rank"), e["signature"]) for e in read_events(tmp_path / "events.jsonl")]
     assert got == [("rank1", 1, "collective_timeout"), ("rank1", 1, "peer_lost"),
                    ("agent0", 0, "collective_timeout"), ("agent0", 1, "collective_timeout")]  # fmt: skip
+
+
+def test_training_that_finished_in_a_job_that_failed_says_so() -> None:
+    """A killed agent whose workers trained on: the model is right, the job still ended badly."""
+    tl = _kill_tl()
+    end = next(e for e in tl.events if e.kind == "run_end")
+    end.data["outcome"] = "failed"
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.outcome == "recovered" and "training finished but the job ended failed" in (m.verdict or ""), m.verdict
