@@ -360,8 +360,10 @@ class TorchftFramework(Framework):
                 control.runtime.terminate([lh], o.teardown_grace_s)
                 if not bad:
                     return JobResult("completed")
-                # A group's torchrun exits non-zero only once its restarts are used up; the others went on.
-                return JobResult("gave_up" if len(bad) < len(agents) else "failed", "; ".join(bad))
+                # A group's torchrun exits non-zero only once its restarts are used up, the others going on; one
+                # killed by a signal (a fault on the agent itself) gave up nothing.
+                gave_up = len(bad) < len(agents) and all(c is None or c >= 0 for c in codes)
+                return JobResult("gave_up" if gave_up else "failed", "; ".join(bad))
             if lh.poll() is not None and not lighthouse_gone:
                 # No detection of ours and no teardown: what TorchFT's groups do without their Lighthouse (a
                 # killed one among the faults) is what is measured; they fail or stall on their own.
