@@ -15,13 +15,14 @@ seed: 19
 control: false
 defaults:
   deadline_s: 40
-  workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.05, pg_timeout_s: 10}
+  workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.35, pg_timeout_s: 10}
 frameworks:
   torchrun: {max_restarts: 2, share_rdzv_tcp_store: false}
   torchft:
     workload: {name: ft-mlp, steps: 30, step_sleep_s: 0.1, pg_timeout_s: 10}
 faults:
   kill-agent1: {injector: kill, target: {role: agent, node: node1}, trigger: {at_step: 10}}
+  # 20 steps (> 6 s) still to train: node1's agent notices within its 5 s keep-alive interval
   kill-rendezvous-host: {injector: kill, target: {role: rendezvous-host}, trigger: {at_step: 10}}
   kill-lighthouse: {injector: kill, target: {role: lighthouse}, trigger: {at_step: 10}}
 matrix:
