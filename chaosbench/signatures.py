@@ -1,7 +1,8 @@
 """Lines in a rank's output that tell why its collective failed, whatever the script or framework printed them:
 ``collective_timeout`` (its process-group timeout fired: gloo's, NCCL's watchdog), ``collective_mismatch`` (the
 ranks called different collectives: gloo's size check, the process group's debug checks), ``rendezvous_lost``
-(an elastic agent lost the store its rendezvous lives in) and ``peer_lost`` (a peer's connection went, as when
+(an elastic agent lost the store its rendezvous lives in: only an agent's own lines count, see
+:data:`AGENT_ONLY`) and ``peer_lost`` (a peer's connection went, as when
 the peer died). Standard library only: the ranks import it too."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ RANK_ERROR_SIGNATURES: dict[str, re.Pattern[str]] = {
     ),
     "rendezvous_lost": re.compile(
         r"failed to send a keep-alive heartbeat to the rendezvous|The connection to the C10d store has failed"
+        r"|TCPStore\.cpp.*\] \[c10d\] \w+ failed on SocketImpl"
     ),
     "peer_lost": re.compile(r"Connection closed by peer|Connection reset by peer"),
 }
@@ -29,3 +31,7 @@ def rank_error(line: str) -> str | None:
         if rx.search(line):
             return signature
     return None
+
+
+#: Signatures that mean something only in an agent's own lines (a rank losing its store is a peer's doing).
+AGENT_ONLY = frozenset({"rendezvous_lost"})

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from chaosbench.injectors.base import Role
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
-from chaosbench.signatures import rank_error
+from chaosbench.signatures import AGENT_ONLY, rank_error
 from chaosbench.timeline import TimelineFollower, TimelineWriter
 from chaosbench.workloads.base import RunPaths
 
@@ -279,6 +279,8 @@ class RankErrorWatcher:
             return
         # an agent (torchrun) passes its workers' lines on, each prefixed with ``[rank<r>]:``
         prefixed = _RANK_PREFIX.match(line)
+        if signature in AGENT_ONLY and (handle.spec.role != "agent" or prefixed):
+            return
         rank = handle.spec.env.get("RANK") or (prefixed.group(1) if prefixed else None)
         with self._lock:
             key = (f"{handle.name}:{handle.pid}:{rank}", signature)

@@ -227,10 +227,15 @@ def test_rank_error_watcher_reports_each_signature_once_per_rank(tmp_path: Path)
         watch(rank1, "stderr", line, 1)
     watch(agent, "stderr", "[rank0]: " + timeout, 2)
     watch(agent, "stderr", "[rank1]: " + timeout, 3)
+    store = "[W1201 03:21:49.394330824 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=4"
+    watch(rank1, "stderr", store, 4)  # a rank losing its store: its peer's doing, not a rendezvous loss
+    watch(agent, "stderr", "[rank1]: " + store, 5)
+    watch(agent, "stderr", store, 6)  # the agent's own line
     tw.close()
     got = [(e["proc"], e.get("rank"), e["signature"]) for e in read_events(tmp_path / "events.jsonl")]
     assert got == [("rank1", 1, "collective_timeout"), ("rank1", 1, "peer_lost"),
-                   ("agent0", 0, "collective_timeout"), ("agent0", 1, "collective_timeout")]  # fmt: skip
+                   ("agent0", 0, "collective_timeout"), ("agent0", 1, "collective_timeout"),
+                   ("agent0", None, "rendezvous_lost")]  # fmt: skip
 
 
 def test_training_that_finished_in_a_job_that_failed_says_so() -> None:
