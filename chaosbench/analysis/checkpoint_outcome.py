@@ -1,7 +1,7 @@
 """What a framework (and its workload) did with a damaged checkpoint, read from the run's timeline alone.
 
 Classes (:data:`CHECKPOINT_OUTCOMES`), for a run with a ``corrupt-checkpoint`` firing whose details name the
-damaged (or torn) checkpoint's step ``S``. A *restore* is an incarnation started after the fault that loads a
+damaged (or torn) checkpoint's step ``S``, or an ``sdc`` that poisoned checkpoint ``S`` (``where: save``). A *restore* is an incarnation started after the fault that loads a
 checkpoint; it *failed* when some rank began a load (``ckpt_load_begin``) and did not finish it
 (``ckpt_load_end``), *succeeded* when every rank that began one finished it. The first successful restore
 after the fault decides; failed restores before it are counted:
@@ -30,8 +30,10 @@ CHECKPOINT_OUTCOMES = ("fell_back", "crashed", "crash_looped", "loaded_silently"
 
 
 def corruption_fault(events: list[Event]) -> Event | None:
-    """The first ``fault_inject`` event of a ``corrupt-checkpoint`` fault, or None."""
-    return next((e for e in events if e.kind == "fault_inject" and e.get("injector") == INJECTOR), None)
+    """The first ``fault_inject`` event of a ``corrupt-checkpoint`` fault, or of an ``sdc`` that poisoned a
+    checkpoint (``where: save``: its ``checkpoint_step``), or None."""
+    return next((e for e in events if e.kind == "fault_inject" and (e.get("injector") == INJECTOR or (
+        e.get("injector") == "sdc" and e.get("checkpoint_step") is not None))), None)  # fmt: skip
 
 
 def _incarnation(ev: Event) -> int:
@@ -47,7 +49,7 @@ def classify_checkpoint_outcome(events: list[Event], control: bool = False) -> s
     fault = corruption_fault(events)
     if fault is None:
         return None
-    details: dict[str, Any] = fault.get("details") or {}
+    details: dict[str, Any] = fault.get("details") or {"step": fault.get("checkpoint_step")}
     damaged = details.get("step")
     damaged_step = int(damaged) if isinstance(damaged, int | float) else None
     tf = fault.t_ns

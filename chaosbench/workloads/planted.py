@@ -10,8 +10,9 @@ through the probe first (stamped at the moment it acts). The built-in workloads 
 What fires, at the ``at_step`` of its entry, on its ranks:
 
 - ``crash-loop``: raises, in every incarnation (a deterministic bug).
-- ``sdc``: corrupts this rank's gradients (after backward, before the update) or parameters (after the update)
-  with NaN, a scale or a flipped exponent bit; ``loss_check`` turns on the non-finite loss guard.
+- ``sdc``: corrupts this rank's gradients (after backward, before the update) or parameters (after the update,
+  or right before the first checkpoint save at or after ``at_step``: :meth:`Planted.before_save`) with NaN, a
+  scale or a flipped exponent bit; ``loss_check`` turns on the non-finite loss guard.
 - ``segfault``: a real SIGSEGV from native code (a read of address 0).
 - ``abort``: SIGABRT (``abort(3)``).
 - ``thread-exception``: a background thread dies of an exception the main loop never sees; with
@@ -159,6 +160,18 @@ class Planted:
         """Call after the optimizer update."""
         self._sdc(step, "param", lambda: [p.data for p in params])
 
+    def before_save(self, step: int, params: Any) -> None:
+        """Call right before saving the checkpoint of ``step``: an ``sdc`` with ``where: save`` due at or before
+        ``step`` corrupts the parameters now, so the checkpoint holds the damage."""
+        for plant in self.plants:
+            if plant.injector == "sdc" and plant.params.get("where") == "save" and step >= plant.at_step:
+                marker = self._marker(plant)
+                if marker is not None and marker.exists():
+                    continue
+                if marker is not None:
+                    marker.write_text(str(step))
+                self._corrupt(plant, [p.data for p in params], step, checkpoint_step=step)
+
     def check_loss(self, step: int, loss: float) -> None:
         """With the loss guard on, a non-finite loss is detected and raises."""
         if self.loss_check and not math.isfinite(loss):
@@ -227,7 +240,7 @@ class Planted:
             if plant.injector == "sdc" and plant.params.get("where", "grad") == where and self._due(plant, step):
                 self._corrupt(plant, tensors(), step)
 
-    def _corrupt(self, plant: Plant, tensors: list[Any], step: int) -> None:
+    def _corrupt(self, plant: Plant, tensors: list[Any], step: int, **details: Any) -> None:
         import torch
 
         kind = plant.params.get("kind", "nan")
@@ -244,7 +257,7 @@ class Planted:
                     if flat.dtype == torch.float32:
                         flat[:1].view(torch.int32).bitwise_xor_(1 << 30)
         self._fired(plant, step, sdc_kind=kind, where=plant.params.get("where", "grad"),
-                    trigger=f"planted silent corruption at step {step}")  # fmt: skip
+                    trigger=f"planted silent corruption at step {step}", **details)  # fmt: skip
 
 
 def desync_of(mode: str, mismatch: str | None) -> str | None:

@@ -289,6 +289,7 @@ def train_steps(probe: Probe, steps: range, batch: Callable[[int], tuple[Any, An
         print(f"step {step} loss {loss_value:.6f}", flush=True)
         saved = bool(checkpoint_every) and step % checkpoint_every == 0
         if saved:
+            planted.before_save(step, params())
             save(step)
         if notice is not None:
             notice.act(probe, step, saved, save)

@@ -268,3 +268,90 @@ def test_classify_checkpoint_outcome(incarnations: list, expected: str) -> None:
 def test_classify_needs_a_corruption() -> None:
     assert classify_checkpoint_outcome(timeline(LOAD_OK_20, injector_name="kill")) is None
     assert classify_checkpoint_outcome([ev(0, "run_start", src="harness")]) is None
+
+
+# --------------------------------------------------------------------------- damaged training state
+
+
+def _training_state(step: int) -> dict[str, Any]:
+    """A checkpoint as the built-in programs write one: model, optimizer with momentum, progress, RNG per rank."""
+    gen = torch.Generator().manual_seed(step)
+    return {"model": {"w": torch.randn(8, 4, generator=gen)},
+            "optim": {"state": {"w": {"momentum_buffer": torch.randn(8, 4, generator=gen), "step": torch.tensor(
+                float(step))}}, "param_groups": [{"lr": 0.1, "momentum": 0.9, "params": ["w"]}]},
+            "progress": {"step": step, "data_position": step},
+            "rng.rank0": {"cpu": torch.manual_seed(100 + step).get_state()},
+            "rng.rank1": {"cpu": torch.manual_seed(200 + step).get_state()}}  # fmt: skip
+
+
+@pytest.fixture
+def training_ckpt(tmp_path: Path) -> Path:
+    root = tmp_path / "ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in (10, 20):
+            dcp.save(_training_state(step), checkpoint_id=str(root / f"step_{step:08d}"))
+            (root / f"step_{step:08d}" / "COMPLETE").write_text("{}")
+    return root
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """What a resuming rank gets back: dcp.load into the state it would save (no process group)."""
+    state = _training_state(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=str(path))
+    return state
+
+
+@pytest.mark.parametrize("mode", ["zero-optimizer", "rewind-rng", "reset-data-position"])
+def test_damaged_state_loads_without_error(training_ckpt: Path, mode: str) -> None:
+    ctx, _ = context(training_ckpt, [1])
+    d = injector(mode=mode).inject(ctx)
+    assert d["format"] == "dcp" and d["step"] == 20 and d["mode"] == mode
+    got, want = _load(training_ckpt / "step_00000020"), _training_state(20)
+    assert torch.equal(got["model"]["w"], want["model"]["w"])  # the rest is untouched
+    momentum = got["optim"]["state"]["w"]["momentum_buffer"]
+    if mode == "zero-optimizer":
+        assert not momentum.any() and float(got["optim"]["state"]["w"]["step"]) == 20.0
+        assert d["changes"][0]["keys"] == ["optim"]
+    else:
+        assert torch.equal(momentum, want["optim"]["state"]["w"]["momentum_buffer"])
+    if mode == "rewind-rng":  # rank 1's RNG state is step 10's, rank 0's untouched
+        assert torch.equal(got["rng.rank1"]["cpu"], _training_state(10)["rng.rank1"]["cpu"])
+        assert torch.equal(got["rng.rank0"]["cpu"], want["rng.rank0"]["cpu"])
+        assert d["changes"][0]["older_step"] == 10 and d["changes"][0]["keys"] == ["rng.rank1"]
+    if mode == "reset-data-position":
+        assert got["progress"] == {"step": 20, "data_position": 0}
+        assert d["changes"][0]["keys"] == ["progress.data_position"]
+
+
+def test_dropped_optimizer_state_is_refused_by_a_loader_that_expects_it(training_ckpt: Path) -> None:
+    ctx, _ = context(training_ckpt, [0])
+    injector(mode="drop-optimizer").inject(ctx)
+    with pytest.raises(BaseException, match="momentum_buffer"):  # dcp's CheckpointException is a BaseException
+        _load(training_ckpt / "step_00000020")
+
+
+def test_mixed_step_swaps_a_ranks_files_for_an_older_checkpoints(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    for rank in (0, 1):
+        (root / f"rank{rank}").mkdir(parents=True)
+        for step in (5, 10):
+            torch.save(_training_state(step * 10 + rank), root / f"rank{rank}" / f"ckpt_{step}.pt")
+    ctx, _ = context(root, [1])
+    d = injector(mode="mixed-step", file_glob="rank{rank}/ckpt_*.pt").inject(ctx)
+    assert d["format"] == "torch-save" and d["changes"][0]["older_step"] == 5
+    got = torch.load(root / "rank1" / "ckpt_10.pt", weights_only=False)
+    assert got["progress"]["step"] == 51  # rank 1's file of step 5
+    assert torch.load(root / "rank0" / "ckpt_10.pt", weights_only=False)["progress"]["step"] == 100
+    with pytest.raises(ChaosbenchError, match="needs one file per rank"):
+        injector(mode="mixed-step", file_glob="rank1/ckpt_*.pt").inject(ctx)
+
+
+def test_state_damage_without_such_state_is_refused(ckpt: Path) -> None:
+    ctx, _ = context(ckpt, [1])
+    with pytest.raises(ChaosbenchError, match="no optimizer state found to damage"):
+        injector(mode="zero-optimizer").inject(ctx)
+    with pytest.raises(ChaosbenchError, match="no data-position entry"):
+        injector(mode="reset-data-position").inject(ctx)

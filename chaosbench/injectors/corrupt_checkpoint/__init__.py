@@ -9,6 +9,10 @@ Modes (``params.mode``):
 - ``delete-shard``: remove each target rank's shard file (or the torch.save file).
 - ``delete-metadata`` / ``garble-metadata``: remove the DCP ``.metadata``, or overwrite it with random bytes of
   the same length (rank-independent: every rank reads it).
+- ``zero-optimizer``, ``drop-optimizer``, ``rewind-rng``, ``reset-data-position``, ``mixed-step``: damaged
+  training state that loads without error (the optimizer's memory zeroed or gone, the target ranks' RNG state or
+  shards from an older checkpoint, the data position back at 0); see
+  :mod:`chaosbench.injectors.corrupt_checkpoint.state`.
 - ``torn-write``: SIGKILL each target rank's process while it writes a checkpoint. Use it with
   ``trigger: {on_event: {kind: ckpt_save_begin}}`` (optionally ``step`` and a small ``delay_s`` to land inside
   ``dcp.save``); it is skipped when no save is in progress on the target rank.
@@ -37,12 +41,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup, effect_of
 from chaosbench.injectors.corrupt_checkpoint import formats as cf
+from chaosbench.injectors.corrupt_checkpoint import state as damage
 from chaosbench.waiting import wait_until
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
 
-Mode = Literal["bitflip", "truncate", "delete-shard", "delete-metadata", "garble-metadata", "torn-write"]
+Mode = Literal["bitflip", "truncate", "delete-shard", "delete-metadata", "garble-metadata", "torn-write",
+               "zero-optimizer", "drop-optimizer", "rewind-rng", "reset-data-position", "mixed-step"]
 METADATA_MODES = ("delete-metadata", "garble-metadata")
 
 
@@ -130,8 +136,9 @@ class CorruptCheckpointInjector(Injector):
         """Import torch's DCP reader now when a firing will need it: imported at fire time it takes seconds
         on a busy machine, long enough for training to run past the checkpoint the fault is aimed at."""
         p: Any = self.params
-        if p.mode == "bitflip" and p.file_glob is None:
+        if p.mode in ("bitflip", *damage.STATE_MODES) and p.file_glob is None:
             import torch.distributed.checkpoint  # noqa: F401
+            import torch.distributed.checkpoint.format_utils  # noqa: F401
 
     # ------------------------------------------------------------------ inject
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
@@ -139,16 +146,74 @@ class CorruptCheckpointInjector(Injector):
         if p.mode == "torn-write":
             return self._torn_write(ctx)
         try:
-            if p.file_glob is not None:
+            if p.mode in damage.STATE_MODES:
+                details = self._damage_state(ctx)
+            elif p.file_glob is not None:
                 details = self._corrupt_files(ctx)
             else:
                 details = self._corrupt_dcp(ctx)
-        except cf.CheckpointFormatError as exc:
+        except (cf.CheckpointFormatError, ValueError) as exc:
             raise ChaosbenchError(str(exc)) from None
         details["mode"] = p.mode
         if p.kill_after:
             details["killed"] = self._kill(ctx.targets, ctx)
         return details
+
+    def _older(self, root: Path, file_glob: str | None, than: cf.Checkpoint) -> cf.Checkpoint:
+        """The newest complete checkpoint before ``than`` (for rewind-rng and mixed-step)."""
+        older = [c for c in cf.list_checkpoints(root, file_glob)
+                 if c.complete and c.step is not None and than.step is not None and c.step < than.step]  # fmt: skip
+        if not older:
+            raise ChaosbenchError(f"no complete checkpoint older than {than.path.name} in {root} to take state from")
+        return older[-1]
+
+    def _damage_state(self, ctx: FaultContext) -> dict[str, Any]:
+        """The state modes (:mod:`~chaosbench.injectors.corrupt_checkpoint.state`), on the chosen checkpoint of
+        each target rank's file (a per-rank ``file_glob``) or on the one checkpoint (DCP, a shared file)."""
+        p: Any = self.params
+        root, glob = ctx.setup.ckpt_dir, p.file_glob
+        ranks = sorted({t.rank for t in ctx.targets if t.rank is not None})
+        per_rank = glob is not None and "{rank}" in glob
+        globs: list[str | None] = [glob.replace("{rank}", str(r)) for r in ranks] if per_rank else [glob]
+        changes: list[dict[str, Any]] = []
+        chosen = [self._select(root, g) for g in globs]
+        for g, ck in zip(globs, chosen, strict=True):
+            rec: dict[str, Any] = {"checkpoint": str(ck.path)}
+            if p.mode == "mixed-step":
+                older = self._older(root, g, ck)
+                if ck.kind == "dcp":
+                    files = [f for r in ranks for f in cf.shard_files(ck.path, r)]
+                    if not files:
+                        raise ChaosbenchError(f"{ck.path}: no shard file of ranks {ranks}")
+                elif per_rank:
+                    files = [ck.path]
+                else:
+                    raise ChaosbenchError("mixed-step on torch.save files needs one file per rank: a file_glob "
+                                          "with {rank}")  # fmt: skip
+                rec.update(older=str(older.path), older_step=older.step,
+                           files=damage.swap_from_older(files, older.path))  # fmt: skip
+            else:
+                sd = damage.load_whole(ck)
+                if p.mode == "rewind-rng":
+                    older = self._older(root, g, ck)
+                    keys = damage.rewind_rng(sd, damage.load_whole(older), None if per_rank else ranks)
+                    rec.update(older=str(older.path), older_step=older.step)
+                else:
+                    keys = {"zero-optimizer": damage.zero_optimizer, "drop-optimizer": damage.drop_optimizer,
+                            "reset-data-position": damage.reset_data_position}[p.mode](sd)  # fmt: skip
+                if not keys:
+                    what = {"rewind-rng": "RNG state (of the target ranks) also in the older checkpoint",
+                            "reset-data-position": "data-position entry"}.get(p.mode, "optimizer state")  # fmt: skip
+                    raise ChaosbenchError(f"{ck.path}: no {what} found to damage (keys: {', '.join(map(str, sd))})")
+                rec.update(keys=keys, files=damage.write_whole(ck, sd))
+            changes.append(rec)
+        return {
+            "checkpoint": str(chosen[0].path) if len(chosen) == 1 else [str(c.path) for c in chosen],
+            "step": chosen[0].step,
+            "complete": all(c.complete for c in chosen),
+            "format": chosen[0].kind,
+            "changes": changes,
+        }
 
     def _select(self, root: Path, file_glob: str | None) -> cf.Checkpoint:
         which = self.params.checkpoint  # type: ignore[attr-defined]
