@@ -35,6 +35,19 @@ def require(engine: str, problem: str | None) -> None:
     pytest.skip(f"{engine} unavailable: {problem}", allow_module_level=True)
 
 
+def run_suite_text(text: str, out: Path, name: str = "test.yaml") -> dict[str, Any]:
+    """Run a suite given as YAML text into ``out``, checking that no run left a process behind; returns
+    {scenario id: RunMetrics} (one repeat each)."""
+    from chaosbench.analysis.results import collect
+    from chaosbench.runner import Runner
+    from tests.conftest import make_suite
+
+    runner = Runner(make_suite(text, name), out)
+    for rec in runner.run():
+        assert rec.leftovers == [], f"{rec.scenario.id}: processes left running: {rec.leftovers}"
+    return {m.scenario: m for m in collect(runner.suite_dir)}
+
+
 def events_of(m: Any) -> list[Event]:
     """The timeline of a run, from its metrics' ``run_dir``."""
     assert m.run_dir is not None

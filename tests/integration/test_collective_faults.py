@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import events_of, kinds
+from tests.helpers import events_of, kinds, run_suite_text
 
 pytestmark = pytest.mark.integration
 
@@ -35,15 +35,8 @@ matrix:
 
 
 def _run(tmp_path_factory, name: str, frameworks: list[str], faults: list[str]) -> dict:
-    from chaosbench.analysis.results import collect
-    from chaosbench.runner import Runner
-    from tests.conftest import make_suite
-
     text = SUITE.replace("FRAMEWORKS", ", ".join(frameworks)).replace("FAULTS", ", ".join(faults))
-    runner = Runner(make_suite(text), tmp_path_factory.mktemp(name))
-    for rec in runner.run():
-        assert rec.leftovers == []
-    return {m.scenario: m for m in collect(runner.suite_dir)}
+    return run_suite_text(text, tmp_path_factory.mktemp(name))
 
 
 @pytest.fixture(scope="module")

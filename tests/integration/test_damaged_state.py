@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import events_of, kinds
+from tests.helpers import events_of, kinds, run_suite_text
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +32,7 @@ matrix: {frameworks: [restart], faults: [zero-opt, drop-opt, rewind-rng, reset-d
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from chaosbench.analysis.results import collect
-    from chaosbench.runner import Runner
-    from tests.conftest import make_suite
-
-    runner = Runner(make_suite(SUITE, "tests/integration/damaged.yaml"), tmp_path_factory.mktemp("damaged"))
-    for rec in runner.run():
-        assert rec.leftovers == []
-    return {m.scenario: m for m in collect(runner.suite_dir)}
+    return run_suite_text(SUITE, tmp_path_factory.mktemp("damaged"), "tests/integration/damaged.yaml")
 
 
 def _restored(m) -> list[int]:

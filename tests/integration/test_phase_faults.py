@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import events_of, kinds
+from tests.helpers import events_of, kinds, run_suite_text
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +34,7 @@ matrix:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from chaosbench.analysis.results import collect
-    from chaosbench.runner import Runner
-    from tests.conftest import make_suite
-
-    runner = Runner(make_suite(SUITE), tmp_path_factory.mktemp("phase"))
-    for rec in runner.run():
-        assert rec.leftovers == []
-    return {m.scenario: m for m in collect(runner.suite_dir)}
+    return run_suite_text(SUITE, tmp_path_factory.mktemp("phase"))
 
 
 def _second_fault(m, phase_kind: str):

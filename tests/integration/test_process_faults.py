@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from chaosbench.injectors.oom import memory_root
-from tests.helpers import events_of, kinds, require
+from tests.helpers import events_of, kinds, require, run_suite_text
 
 pytestmark = pytest.mark.integration
 
@@ -38,15 +38,8 @@ FAULTS = ["segfault", "abort", "thread-silent", "thread-stall", "gil-hold", "oom
 
 
 def _run(tmp_path_factory, name: str, faults: list[str], save: bool) -> dict:
-    from chaosbench.analysis.results import collect
-    from chaosbench.runner import Runner
-    from tests.conftest import make_suite
-
-    suite = make_suite(SUITE.replace("FAULTS", ", ".join(faults)).replace("SAVE", str(save).lower()))
-    runner = Runner(suite, tmp_path_factory.mktemp(name))
-    for rec in runner.run():
-        assert rec.leftovers == []
-    return {m.scenario: m for m in collect(runner.suite_dir)}
+    text = SUITE.replace("FAULTS", ", ".join(faults)).replace("SAVE", str(save).lower())
+    return run_suite_text(text, tmp_path_factory.mktemp(name))
 
 
 @pytest.fixture(scope="module")

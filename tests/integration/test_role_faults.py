@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import events_of, kinds
+from tests.helpers import events_of, kinds, run_suite_text
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +14,7 @@ name: role-faults
 seed: 19
 control: false
 defaults:
-  deadline_s: 40
+  deadline_s: 25
   workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.35, pg_timeout_s: 10}
 frameworks:
   torchrun: {max_restarts: 2, share_rdzv_tcp_store: false}
@@ -35,14 +35,7 @@ matrix:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from chaosbench.analysis.results import collect
-    from chaosbench.runner import Runner
-    from tests.conftest import make_suite
-
-    runner = Runner(make_suite(SUITE), tmp_path_factory.mktemp("roles"))
-    for rec in runner.run():
-        assert rec.leftovers == []
-    return {m.scenario: m for m in collect(runner.suite_dir)}
+    return run_suite_text(SUITE, tmp_path_factory.mktemp("roles"))
 
 
 def _killed(m, role: str, node: str | None = None):

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,23 +87,32 @@ def test_thread_exception_silent_goes_on(tmp_path: Path) -> None:
     assert fired["injector"] == "thread-exception" and fired["mode"] == "silent"
 
 
-def test_gil_hold_starves_the_python_threads(tmp_path: Path) -> None:
-    planted, events = _planted(tmp_path, _plant(tmp_path, "gil-hold", at_step=2, duration_s=0.4))
+@contextmanager
+def _heartbeat() -> Iterator[list[float]]:
+    """A Python thread ticking every 5 ms while the block runs: its tick times."""
     ticks: list[float] = []
     stop = threading.Event()
 
-    def heartbeat() -> None:
+    def beat() -> None:
         while not stop.is_set():
             ticks.append(time.monotonic())
             time.sleep(0.005)
 
-    th = threading.Thread(target=heartbeat, daemon=True)
+    th = threading.Thread(target=beat, daemon=True)
     th.start()
-    time.sleep(0.05)
-    planted.before_step(2)
-    time.sleep(0.05)
-    stop.set()
-    th.join()
+    try:
+        yield ticks
+    finally:
+        stop.set()
+        th.join()
+
+
+def test_gil_hold_starves_the_python_threads(tmp_path: Path) -> None:
+    planted, events = _planted(tmp_path, _plant(tmp_path, "gil-hold", at_step=2, duration_s=0.4))
+    with _heartbeat() as ticks:
+        time.sleep(0.05)
+        planted.before_step(2)
+        time.sleep(0.05)
     gap = max(b - a for a, b in zip(ticks, ticks[1:], strict=False))
     assert gap >= 0.35, f"the heartbeat thread went on while the GIL was held (longest gap {gap:.3f} s)"
     evs = read_events(events)
@@ -177,21 +188,10 @@ def test_planted_faults_refused_where_they_cannot_fire(runtime: str, workload: s
 def test_collective_hang_block_stops_the_main_loop_only(tmp_path: Path) -> None:
     planted, events = _planted(tmp_path, _plant(tmp_path, "collective-hang", at_step=2, duration_s=0.4))
     assert not planted.desyncs and planted.sync_fault(2) is None
-    ticks: list[float] = []
-    stop = threading.Event()
-
-    def heartbeat() -> None:
-        while not stop.is_set():
-            ticks.append(time.monotonic())
-            time.sleep(0.005)
-
-    th = threading.Thread(target=heartbeat, daemon=True)
-    th.start()
-    t0 = time.monotonic()
-    planted.before_step(2)
-    blocked = time.monotonic() - t0
-    stop.set()
-    th.join()
+    with _heartbeat() as ticks:
+        t0 = time.monotonic()
+        planted.before_step(2)
+        blocked = time.monotonic() - t0
     gap = max(b - a for a, b in zip(ticks, ticks[1:], strict=False))
     assert blocked >= 0.4 and gap < 0.2, f"blocked {blocked:.3f} s, heartbeat gap {gap:.3f} s"
     evs = [e for e in read_events(events) if e.kind.startswith("fault_")]
