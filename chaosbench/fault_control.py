@@ -64,7 +64,7 @@ class FaultController:
                 if old is None or int(ev.get("incarnation", 0)) >= int(old.get("incarnation", 0)):
                     self._ranks[rank] = ev
                 self._world_size = int(ev.get("world_size") or 0) or self._world_size
-            elif ev.kind == "proc_start":
+            elif ev.kind in ("proc_start", "helper_start"):
                 self._procs[int(ev.get("pid") or 0)] = ev
             elif ev.kind == "proc_exit":
                 self._procs.pop(int(ev.get("pid") or 0), None)
@@ -174,8 +174,9 @@ class FaultController:
         if not mine:
             raise ChaosbenchError(f"no live {role.proc_role} process for role {name}")
         ev = max(mine, key=lambda e: e.t_ns)
-        return [ResolvedTarget(None, int(ev["pid"]), ev.get("pid_ticks"), str(ev.get("node", "node0")),
-                               int(ev.get("incarnation", 0)), role=name)]  # fmt: skip
+        rank = ev.get("rank")  # a helper of one rank (nvrx's bridge) names it
+        return [ResolvedTarget(None if rank is None else int(rank), int(ev["pid"]), ev.get("pid_ticks"),
+                               str(ev.get("node", "node0")), int(ev.get("incarnation", 0)), role=name)]  # fmt: skip
 
     def _resolve(self) -> list[ResolvedTarget]:
         tgt = self.spec.target

@@ -118,7 +118,7 @@ class _Strict(BaseModel):
 
 #: The processes a fault can target by what they do, each resolved by the framework adapter that has it
 #: (:attr:`~chaosbench.frameworks.base.Framework.roles`).
-ROLES = ("rank0", "agent", "rendezvous-host", "lighthouse")
+ROLES = ("rank0", "agent", "rendezvous-host", "lighthouse", "bridge")
 
 
 class Target(_Strict):
@@ -126,13 +126,13 @@ class Target(_Strict):
     (a list), ``node`` (every rank on that node, e.g. ``node1``, or ``random``) or ``all``. Shorthands:
     ``target: 1``, ``target: random``, ``target: [0, 1]``, ``target: all``. Or a process by its ``role``
     (:data:`ROLES`: rank 0, a launcher agent, the process that hosts the rendezvous store, TorchFT's
-    Lighthouse), with ``node`` choosing among several (an agent per node; default: the first)."""
+    Lighthouse, nvrx's bridge of a rank to its rank monitor), with ``node`` choosing among several (an agent per node; default: the first)."""
 
     rank: int | Literal["random"] | None = None
     ranks: list[int] | None = None
     node: str | None = None
     all: bool = False
-    role: Literal["rank0", "agent", "rendezvous-host", "lighthouse"] | None = None
+    role: Literal["rank0", "agent", "rendezvous-host", "lighthouse", "bridge"] | None = None
 
     @model_validator(mode="before")
     @classmethod

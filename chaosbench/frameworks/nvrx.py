@@ -158,7 +158,12 @@ class NvrxFramework(Framework):
     """nvidia-resiliency-ext ft_launcher with rank monitors; see the module docstring."""
 
     name: ClassVar[str] = "nvrx"
-    roles: ClassVar[dict[str, Role]] = {**Framework.roles, "agent": AGENT_ROLES["agent"]}
+    roles: ClassVar[dict[str, Role]] = {
+        **Framework.roles,
+        "agent": AGENT_ROLES["agent"],
+        "bridge": Role("a rank's bridge to the rank monitor (node0's newest, unless the target names a node); the "
+                       "rank dies with it", proc_role="bridge", node="node0"),
+    }
     Options = NvrxOptions  # type: ignore[assignment]
 
     def plan(self, job: JobContext) -> LaunchPlan:

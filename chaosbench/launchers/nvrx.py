@@ -91,13 +91,19 @@ class _EventTail:
 
 def bridge(argv: list[str], poll_s: float) -> int:
     """Run ``argv`` as this rank's child and feed the rank monitor from its events; exit as the child did."""
-    from chaosbench.probe import incarnation_from_env
+    from chaosbench.probe import Probe, incarnation_from_env
+    from chaosbench.procutil import start_ticks
 
     events_path = os.environ.get("CHAOSBENCH_EVENTS")
     rank = int(os.environ.get("RANK", "0"))
     # only what this incarnation writes from now on
     tail_start = os.path.getsize(events_path) if events_path and os.path.exists(events_path) else 0
     tail = _EventTail(events_path, rank, incarnation_from_env(), tail_start) if events_path else None
+    # this helper's identity, for a fault that targets the bridge role (its child dies with it)
+    probe = Probe.from_env()
+    probe.emit("helper_start", proc=f"bridge.rank{rank}", pid=os.getpid(), pid_ticks=start_ticks(os.getpid()),
+               role="bridge", node=probe.node)  # fmt: skip
+    probe.close()
     child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
     # Imported after the child started: the import (torch included) overlaps the rank's own start-up.
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient

@@ -26,6 +26,8 @@ EVENT_KINDS: dict[str, str] = {
     "the framework detect it, seconds after the fault; null: never), decided_by, resume_floor_s, note, problems[]",
     "proc_start": "proc, pid, role (rank|agent|job|watchdog), node, incarnation",
     "proc_exit": "proc, pid, returncode (negative: killed by that signal), incarnation",
+    "helper_start": "proc, pid, pid_ticks, role, node, rank, incarnation (a helper process a framework's own "
+    "launcher started, e.g. nvrx's bridge, announcing itself for a role target)",
     "rank_start": "rank, world_size, pid, node, incarnation, local_rank, global_batch (samples per optimizer step "
     "over all ranks, when the workload reports it)",
     "rank_exit": "rank, pid, returncode, incarnation (written by the command shim)",

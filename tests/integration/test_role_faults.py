@@ -1,5 +1,6 @@
 """Role targets with real processes: the fault controller finds the framework's process of a role in the
-timeline (a torchrun agent, TorchFT's Lighthouse) and kills it; what the job does then is measured."""
+timeline (a torchrun agent, the rendezvous host, TorchFT's Lighthouse, nvrx's bridge) and kills it; what the job
+does then is measured."""
 
 from __future__ import annotations
 
@@ -14,22 +15,25 @@ name: role-faults
 seed: 19
 control: false
 defaults:
-  deadline_s: 25
+  deadline_s: 20
   workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.35, pg_timeout_s: 10}
 frameworks:
   torchrun: {max_restarts: 2, share_rdzv_tcp_store: false}
   torchft:
     workload: {name: ft-mlp, steps: 30, step_sleep_s: 0.1, pg_timeout_s: 10}
+  nvrx: {max_restarts: 2, share_rdzv_tcp_store: false, workload: {step_sleep_s: 0.05}}
 faults:
   kill-agent1: {injector: kill, target: {role: agent, node: node1}, trigger: {at_step: 10}}
   # 20 steps (> 6 s) still to train: node1's agent notices within its 5 s keep-alive interval
   kill-rendezvous-host: {injector: kill, target: {role: rendezvous-host}, trigger: {at_step: 10}}
   kill-lighthouse: {injector: kill, target: {role: lighthouse}, trigger: {at_step: 10}}
+  kill-bridge1: {injector: kill, target: {role: bridge, node: node1}, trigger: {at_step: 10}}
 matrix:
   frameworks: [torchrun]
   faults: [kill-agent1, kill-rendezvous-host]
   include:
     - {frameworks: [torchft], faults: [kill-lighthouse]}
+    - {frameworks: [nvrx], faults: [kill-bridge1]}
 """
 
 
@@ -74,3 +78,15 @@ def test_kill_of_the_torchft_lighthouse_stalls_the_groups(results) -> None:
     assert m.outcome == "not_recovered" and m.run_end_outcome == "deadline" and not m.detected, m.verdict
     last = max(int(e.get("step") or 0) for e in kinds(events_of(m), "step"))
     assert last < 30, last  # no quorum, no more steps
+
+
+def test_kill_of_an_nvrx_bridge_takes_its_rank_with_it(results) -> None:
+    m = results["nvrx/kill-bridge1"]
+    ev = events_of(m)
+    (inject,) = kinds(ev, "fault_inject")
+    (target,) = inject.get("target")
+    helpers = [e for e in kinds(ev, "helper_start") if e.get("pid") == target["pid"]]
+    assert helpers and helpers[0].get("role") == "bridge" and helpers[0].get("node") == "node1", target
+    assert target["rank"] == 1  # the bridge's rank: a kill of it is judged against rank 1
+    # the rank dies with its bridge; the launcher sees its worker (the bridge) fail and restarts the group
+    assert m.detected and m.outcome == "recovered" and m.restart_count == 1, m.verdict

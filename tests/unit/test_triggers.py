@@ -222,6 +222,16 @@ def test_role_targets_resolve_to_the_frameworks_processes(tmp_path: Path) -> Non
     assert fired_pids(rt3) == [1000]
     (inject,) = [e for e in read_events(tmp_path / "c" / "events.jsonl") if e.kind == "fault_inject"]
     assert inject["target"] == [{"rank": 0, "pid": 1000, "node": "node0", "incarnation": 0, "role": "rank0"}]
+    from chaosbench.frameworks.nvrx import NvrxFramework
+
+    c4, rt4, _ = controller(tmp_path / "d", {"target": {"role": "bridge", "node": "node1"}, "trigger": {"at_step": 2}})
+    c4.setup.roles = dict(NvrxFramework.roles)
+    for pid, rank, node in ((700, 0, "node0"), (702, 2, "node1"), (703, 3, "node1")):
+        c4(ev("helper_start", pid, proc=f"bridge.rank{rank}", pid=pid, role="bridge", node=node, rank=rank,
+              incarnation=0))
+    start(c4)
+    steps(c4, 1, 2)
+    assert fired_pids(rt4) == [703]  # node1's newest bridge
 
 
 @pytest.mark.parametrize(
