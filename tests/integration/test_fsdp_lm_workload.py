@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from chaosbench.timeline import read_events
-from tests.helpers import Baseline, CheckpointingProgram, of_kind
+from tests.helpers import Baseline, CheckpointingProgram, events_of, of_kind
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,8 @@ def test_incomplete_checkpoints_are_ignored(baseline: Baseline, tmp_path: Path) 
 
 def test_fsdp_lm_through_the_runner_kill_and_sdc(run_suite) -> None:
     """The registered ``fsdp-lm`` workload under ``restart``: a kill recovers exactly from the sharded
-    checkpoint; a NaN planted in rank 1's gradient shard is caught by the loss guard and recomputed."""
+    checkpoint; a NaN planted in rank 1's gradient shard is caught by the loss guard and recomputed; a skipped
+    gradient reduce-scatter hangs the group until its process-group timeout."""
     res = run_suite("""
     name: fsdp
     seed: 5
@@ -125,7 +126,8 @@ def test_fsdp_lm_through_the_runner_kill_and_sdc(run_suite) -> None:
     faults:
       kill: {injector: kill, target: 1, trigger: {at_step: 13}}
       nan: {injector: sdc, target: 1, params: {at_step: 13, kind: nan, where: grad, loss_check: true}}
-    matrix: {frameworks: [restart], faults: [kill, nan], repeats: 1}
+      skip: {injector: collective-hang, target: 1, params: {at_step: 13, mode: skip}}
+    matrix: {frameworks: [restart], faults: [kill, nan, skip], repeats: 1}
     """)
     ctl = res["restart/control#0"]
     assert ctl.outcome == "completed" and ctl.final_step == 20
@@ -134,3 +136,10 @@ def test_fsdp_lm_through_the_runner_kill_and_sdc(run_suite) -> None:
         assert m.outcome == "recovered", (fault, m.verdict, m.missing)
         assert m.restart_count == 1 and m.fidelity == "exact", (fault, m.verdict)
     assert res["restart/nan#0"].detected_by == "loss-check"
+    # rank 1 leaves FSDP's reduce-scatters of step 13 out: the group's collectives no longer pair up and hang
+    # until the process-group timeout (10 s, before the 20 s watchdog); back to the step-10 checkpoint
+    skip = res["restart/skip#0"]
+    fired = [e for e in events_of(skip) if e.kind == "fault_inject"]
+    assert [e.get("desync") for e in fired] == ["skip"] and fired[0].get("step") == 13, skip.verdict
+    assert skip.detected_via == "process-group timeout" and skip.outcome == "recovered", skip.verdict
+    assert skip.fidelity == "exact", skip.verdict
