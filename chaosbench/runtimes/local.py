@@ -116,6 +116,9 @@ class LocalRuntime(Runtime):
             raise ChaosbenchError(f"pid {pid} now belongs to another process; not signalling it")
         if not self._ours(proc):
             raise ChaosbenchError(f"pid {pid} was not started by this run; not signalling it")
+        # its children now, while they are still its: a killed agent's workers outlive it, reparented to init,
+        # where no tree walk from a root finds them at teardown
+        self._trees.scan([(proc.pid, ticks)])
         process.send_signal(proc, sig)
         return now_ns()  # kill(2) has queued the signal; SIGKILL/SIGSTOP act before the target runs again
 
