@@ -166,8 +166,7 @@ class FaultController:
             ev = self._ranks.get(role.rank)
             if ev is None:
                 raise ChaosbenchError(f"rank {role.rank} ({name}) has not reported a rank_start event")
-            return [ResolvedTarget(role.rank, int(ev["pid"]), ev.get("pid_ticks"), str(ev.get("node", "node0")),
-                                   int(ev.get("incarnation", 0)), role=name)]  # fmt: skip
+            return [_target_of(ev, role.rank, name)]
         node = self.spec.target.node or role.node
         alive = [e for e in self._procs.values() if e.get("role") == role.proc_role]
         mine = [e for e in alive if node is None or e.get("node") == node] or alive
@@ -175,8 +174,7 @@ class FaultController:
             raise ChaosbenchError(f"no live {role.proc_role} process for role {name}")
         ev = max(mine, key=lambda e: e.t_ns)
         rank = ev.get("rank")  # a helper of one rank (nvrx's bridge) names it
-        return [ResolvedTarget(None if rank is None else int(rank), int(ev["pid"]), ev.get("pid_ticks"),
-                               str(ev.get("node", "node0")), int(ev.get("incarnation", 0)), role=name)]  # fmt: skip
+        return [_target_of(ev, None if rank is None else int(rank), name)]
 
     def _resolve(self) -> list[ResolvedTarget]:
         tgt = self.spec.target
@@ -207,10 +205,7 @@ class FaultController:
                         raise ChaosbenchError(f"rank {r} has not reported a rank_start event")
                     out.append(ResolvedTarget(r, None, None, f"node{r // max(1, n // self.setup.nodes)}", 0))
                     continue
-                out.append(ResolvedTarget(
-                    rank=r, pid=int(ev["pid"]), pid_ticks=ev.get("pid_ticks"), node=str(ev.get("node", "node0")),
-                    incarnation=int(ev.get("incarnation", 0)),
-                ))  # fmt: skip
+                out.append(_target_of(ev, r))
             return out
 
     def fire(self, why: str, counted: bool = False, trigger_step: int | None = None) -> None:
@@ -279,3 +274,9 @@ class FaultController:
             t.cancel()
         for ctx in active:
             self._revert(ctx, "run ended")
+
+
+def _target_of(ev: Event, rank: int | None, role: str | None = None) -> ResolvedTarget:
+    """The target a process's start event (``rank_start``, ``proc_start``, ``helper_start``) identifies."""
+    return ResolvedTarget(rank, int(ev["pid"]), ev.get("pid_ticks"), str(ev.get("node", "node0")),
+                          int(ev.get("incarnation", 0)), role=role)
