@@ -1,0 +1,271 @@
+"""What a user watching ``chaosbench run`` sees: the suite's progress with an ETA, and the current run's phase.
+
+:class:`SuiteProgress` draws a rich progress bar with a transient current-run line when its stream is a terminal,
+and writes plain lines (no escape codes) otherwise: CI logs and pipes. The current run's phase is derived from
+its timeline events (:func:`next_phase`), handed over by the timeline follower's thread.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TextIO
+
+from chaosbench.timeline.events import Event
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.live import Live
+    from rich.progress import Progress, TaskID
+
+#: The phases of a run, in the order a run with a fault goes through them.
+PHASES = ("starting", "waiting for the fault", "running", "detecting", "recovering", "gave up", "finishing",
+          "tearing down")  # fmt: skip
+
+
+def next_phase(phase: str, event: Event, control: bool) -> str:
+    """The phase after ``event``: ``starting`` until the first step, then ``waiting for the fault`` (a control
+    run: ``running``), ``detecting`` from a ``fault_inject`` until a ``detect``/``restart`` (``recovering``) or a
+    ``give_up`` (``gave up``), ``finishing`` from the first step after that or a ``train_end``, ``tearing down``
+    from ``teardown_begin`` on (final)."""
+    kind = event.kind
+    if phase == "tearing down":
+        return phase
+    if kind == "teardown_begin":
+        return "tearing down"
+    if kind == "fault_inject":
+        return "detecting"
+    if kind in ("detect", "restart"):
+        return "recovering"
+    if kind == "give_up":
+        return "gave up"
+    if kind == "train_end":
+        return "finishing"
+    if kind == "step":
+        if phase == "starting":
+            return "running" if control else "waiting for the fault"
+        if phase == "recovering":
+            return "finishing"
+    return phase
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``2m10s``, ``1h05m``: an ETA's resolution."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+@dataclass
+class _Run:
+    index: int
+    label: str
+    deadline_s: float
+    control: bool
+    started: float  # the clock's seconds
+    phase: str = "starting"
+    step: int | None = None
+
+
+class SuiteProgress:
+    """Progress of one suite's runs, for a user watching.
+
+    ``live`` None draws a rich live bar when ``stream.isatty()`` (and ``TERM`` is not ``dumb``), else writes
+    plain lines. ``bound_s``: the suite's upper bound of wall time from its deadlines, shown once at start and
+    used as the ETA (labelled a bound) until a run has finished. ``clock``: seconds, for tests. Every method is safe to call from any thread;
+    :meth:`on_event` never raises, and a stream that cannot be written to loses the line, never fails the suite.
+    """
+
+    def __init__(self, suite: str, total_runs: int, bound_s: float | None, stream: TextIO = sys.stderr,
+                 live: bool | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.suite = suite
+        self.total_runs = total_runs
+        self.bound_s = bound_s
+        self.stream = stream
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._walls_s: list[float] = []  # finished runs only: a skipped run took no time here
+        self._done = 0
+        self._last_index = 0
+        self._current: _Run | None = None
+        self._closed = False
+        self._live: Live | None = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        if _isatty(stream) if live is None else live:
+            self._start_live()
+        bound = f"; at most {format_duration(bound_s)} by the deadlines" if bound_s is not None else ""
+        self._print(f"suite '{suite}': {total_runs} runs{bound}")
+
+    # ------------------------------------------------------------------ the runner's calls
+    def skipped(self, label: str, reason: str) -> None:
+        """A run finished earlier (a resumed suite): counts as done, not in the ETA's mean."""
+        with self._lock:
+            self._done += 1
+            self._last_index += 1
+            line = f"{self._prefix(self._last_index)} {label} skipped: {reason}"
+        self._print(line)
+
+    def run_started(self, index: int, label: str, deadline_s: float, control: bool) -> None:
+        """Run ``index`` (1-based) of the suite starts; its phase is ``starting``."""
+        with self._lock:
+            self._last_index = index
+            self._current = _Run(index, label, deadline_s, control, self._clock())
+            line = f"{self._prefix(index)} {label} ..."
+        if self._live is None:
+            self._print(line)
+
+    def on_event(self, event: Event) -> None:
+        """One timeline event of the current run (from the follower's thread): updates its phase and step; a
+        phase change is a line in plain mode. Cheap, and never raises (a display must not break a run)."""
+        try:
+            with self._lock:
+                run = self._current
+                if run is None:  # a late event of a finished run
+                    return
+                step = event.get("step") if event.kind == "step" else None
+                if isinstance(step, int) and (run.step is None or step > run.step):
+                    run.step = step
+                phase = next_phase(run.phase, event, run.control)
+                if phase == run.phase:
+                    return
+                run.phase = phase
+                if self._live is None:
+                    step_seen = f", step {run.step}" if run.step is not None else ""
+                    at = f"t+{self._clock() - run.started:.1f} s{step_seen}"
+                    self._write(f"{self._prefix(run.index)}   phase: {phase} ({at})")
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+
+    def run_finished(self, label: str, summary: str, elapsed_s: float) -> None:
+        """The current run ended after ``elapsed_s`` (measured by the caller): its summary line, with the ETA."""
+        with self._lock:
+            index = self._current.index if self._current is not None else self._last_index
+            self._current = None
+            self._done += 1
+            self._walls_s.append(elapsed_s)
+            eta = self._eta_text() if self._done < self.total_runs else ""
+            line = f"{self._prefix(index)} {label} {summary} ({elapsed_s:.1f} s{'; ' + eta if eta else ''})"
+        self._print(line)
+
+    def message(self, text: str) -> None:
+        """Any other line (above the live bar)."""
+        self._print(text)
+
+    def close(self) -> None:
+        """Stops the live bar (erased: the printed lines stay); safe to call twice."""
+        with self._lock:
+            live, self._closed = (None if self._closed else self._live), True
+        if live is not None:
+            try:
+                live.stop()
+            except Exception:  # noqa: BLE001 - the terminal is gone; nothing left to clean
+                pass
+
+    def __enter__(self) -> SuiteProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ figures
+    def eta_s(self) -> tuple[float | None, bool]:
+        """Seconds until the suite ends and whether that is the deadline bound: remaining runs x the mean wall
+        of finished runs, plus the current run's remaining share of that mean; before any run finished, the
+        bound less the time elapsed ((None, False) without a bound)."""
+        with self._lock:
+            return self._eta()
+
+    def _eta(self) -> tuple[float | None, bool]:
+        now = self._clock()
+        if not self._walls_s:
+            if self.bound_s is None:
+                return None, False
+            return max(self.bound_s - (now - self._started), 0.0), True
+        mean_s = sum(self._walls_s) / len(self._walls_s)
+        run = self._current
+        waiting = self.total_runs - self._done - (1 if run is not None else 0)
+        current_s = max(mean_s - (now - run.started), 0.0) if run is not None else 0.0
+        return max(waiting, 0) * mean_s + current_s, False
+
+    def _eta_text(self) -> str:
+        eta_s, is_bound = self._eta()
+        if eta_s is None:
+            return "ETA unknown"
+        if is_bound:
+            return f"ETA at most {format_duration(eta_s)} (deadline bound)"
+        return f"ETA {format_duration(eta_s)}"
+
+    def _prefix(self, index: int) -> str:
+        return f"[{index:>{len(str(self.total_runs))}}/{self.total_runs}]"
+
+    # ------------------------------------------------------------------ output
+    def _print(self, line: str) -> None:
+        if self._live is not None:
+            try:  # never under self._lock: rich's refresh thread holds its lock while it asks for _render
+                self._live.console.print(line, markup=False, highlight=False)
+                self._refresh_bar()
+            except Exception:  # noqa: BLE001 - see the class docstring
+                pass
+            return
+        with self._lock:
+            self._write(line)
+
+    def _write(self, line: str) -> None:
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: the line is lost, the suite goes on
+            pass
+
+    def _start_live(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(file=self.stream, force_terminal=True)
+        self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TextColumn("{task.fields[eta]}", markup=False),
+                             console=console, get_time=self._clock)  # fmt: skip
+        self._task = self._bar.add_task(self.suite, total=self.total_runs, eta="")
+        # other writers to stdout and stderr go above the bar while it is live, not through it
+        self._live = Live(console=console, transient=True, refresh_per_second=4, get_renderable=self._render)
+        self._live.start()
+
+    def _refresh_bar(self) -> None:
+        if self._bar is not None and self._task is not None:
+            with self._lock:
+                done = self._done
+                eta = self._eta_text() if done < self.total_runs else ""
+            self._bar.update(self._task, completed=done, eta=eta)
+
+    def _render(self) -> RenderableType:
+        """The live display (from rich's refresh thread): the bar, then the current run's line."""
+        from rich.console import Group
+        from rich.text import Text
+
+        self._refresh_bar()
+        assert self._bar is not None
+        with self._lock:
+            run, now = self._current, self._clock()
+            line = "" if run is None else (
+                f"{run.label}: {run.phase}, step {run.step if run.step is not None else '-'}, "
+                f"{now - run.started:.0f} s / {run.deadline_s:.0f} s")  # fmt: skip
+        return Group(self._bar, Text(line, no_wrap=True, overflow="ellipsis"))
+
+
+def _isatty(stream: TextIO) -> bool:
+    if os.environ.get("TERM") == "dumb":  # a terminal that cannot move the cursor (emacs' shell): plain lines
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False

@@ -1,0 +1,209 @@
+"""The suite's progress display: phases from timeline events, the ETA, plain lines and the live bar."""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+
+import pytest
+
+from chaosbench.progress import SuiteProgress, format_duration, next_phase
+from chaosbench.timeline.events import Event
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ev(kind: str, **data: object) -> Event:
+    return Event(t_ns=0, kind=kind, data=dict(data))
+
+
+def phases(events: list[Event], control: bool = False) -> list[str]:
+    phase, out = "starting", []
+    for e in events:
+        phase = next_phase(phase, e, control)
+        out.append(phase)
+    return out
+
+
+def test_the_phases_of_a_run_with_a_fault() -> None:
+    events = [ev("run_start"), ev("step", step=1), ev("step", step=2), ev("fault_inject", fault="kill-rank1"),
+              ev("step", step=3),  # a survivor's step before anyone noticed: still detecting
+              ev("detect", reason="exit"), ev("restart", attempt=1), ev("step", step=2, incarnation=1),
+              ev("step", step=3), ev("train_end", step=4), ev("teardown_begin", reason="end"), ev("step", step=5)]  # fmt: skip
+    assert phases(events) == ["starting", "waiting for the fault", "waiting for the fault", "detecting",
+                              "detecting", "recovering", "recovering", "finishing", "finishing", "finishing",
+                              "tearing down", "tearing down"]  # fmt: skip
+
+
+def test_a_control_run_is_running_and_a_give_up_ends_detecting() -> None:
+    assert phases([ev("step", step=1), ev("train_end")], control=True) == ["running", "finishing"]
+    assert phases([ev("step", step=1), ev("fault_inject"), ev("give_up"), ev("step", step=2)]) == [
+        "waiting for the fault", "detecting", "gave up", "gave up"]  # fmt: skip
+
+
+def test_format_duration() -> None:
+    assert [format_duration(s) for s in (-1, 0.4, 42, 130, 3599.6, 3900)] == ["0s", "0s", "42s", "2m10s",
+                                                                            "1h00m", "1h05m"]  # fmt: skip
+
+
+def test_plain_lines_with_phases_and_the_eta() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    p = SuiteProgress("smoke", 3, bound_s=300, stream=out, clock=clock)
+    assert p.eta_s() == (300, True)
+    p.run_started(1, "restart/kill-rank1 #0", deadline_s=60, control=False)
+    clock.now += 1.0
+    p.on_event(ev("run_start"))  # no phase change: no line
+    p.on_event(ev("step", rank=0, step=1))
+    clock.now += 2.0
+    p.on_event(ev("step", rank=0, step=7))
+    p.on_event(ev("fault_inject", fault="kill-rank1"))
+    clock.now += 1.2
+    p.on_event(ev("detect", reason="exit"))
+    p.on_event(ev("step", rank=0, step=5, incarnation=1))
+    clock.now += 5.0
+    p.on_event(ev("teardown_begin", reason="end"))
+    p.run_finished("restart/kill-rank1 #0", "recovered  detect 1.2 s", 10.0)
+    p.on_event(ev("step", step=99))  # a late event of the finished run: ignored
+    p.run_started(2, "restart/kill-rank1 #1", deadline_s=60, control=False)
+    p.run_finished("restart/kill-rank1 #1", "recovered", 20.0)
+    p.run_started(3, "restart/kill-rank1 #2", deadline_s=60, control=False)
+    p.run_finished("restart/kill-rank1 #2", "recovered", 30.0)
+    p.close()
+    assert out.getvalue().splitlines() == [
+        "suite 'smoke': 3 runs; at most 5m00s by the deadlines",
+        "[1/3] restart/kill-rank1 #0 ...",
+        "[1/3]   phase: waiting for the fault (t+1.0 s, step 1)",
+        "[1/3]   phase: detecting (t+3.0 s, step 7)",
+        "[1/3]   phase: recovering (t+4.2 s, step 7)",
+        "[1/3]   phase: finishing (t+4.2 s, step 7)",
+        "[1/3]   phase: tearing down (t+9.2 s, step 7)",
+        "[1/3] restart/kill-rank1 #0 recovered  detect 1.2 s (10.0 s; ETA 20s)",  # 2 runs left x 10 s
+        "[2/3] restart/kill-rank1 #1 ...",
+        "[2/3] restart/kill-rank1 #1 recovered (20.0 s; ETA 15s)",  # 1 x mean(10, 20)
+        "[3/3] restart/kill-rank1 #2 ...",
+        "[3/3] restart/kill-rank1 #2 recovered (30.0 s)",  # nothing left
+    ]
+    assert "\x1b" not in out.getvalue()
+
+
+def test_the_eta_counts_the_current_runs_remaining_share() -> None:
+    clock = FakeClock()
+    p = SuiteProgress("s", 5, bound_s=None, stream=io.StringIO(), clock=clock)
+    assert p.eta_s() == (None, False)
+    for i, wall_s in ((1, 10.0), (2, 20.0)):
+        p.run_started(i, f"r #{i}", 60, control=False)
+        p.run_finished(f"r #{i}", "ok", wall_s)
+    assert p.eta_s() == (45.0, False)  # 3 runs left x mean 15 s
+    p.run_started(3, "r #3", 60, control=False)
+    clock.now += 5.0
+    assert p.eta_s() == (40.0, False)  # 2 waiting x 15 s + the current run's 15 - 5 s
+    clock.now += 100.0
+    assert p.eta_s() == (30.0, False)  # the current run overran the mean: no share, never negative
+
+
+def test_skipped_runs_count_as_done_but_not_in_the_mean() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    p = SuiteProgress("s", 4, bound_s=100, stream=out, clock=clock)
+    p.skipped("a #0", "finished earlier")
+    p.skipped("a #1", "finished earlier")
+    clock.now += 30.0
+    assert p.eta_s() == (70.0, True)  # no run finished here yet: the bound less the time elapsed
+    p.run_started(3, "a #2", 60, control=True)
+    p.run_finished("a #2", "completed", 12.0)
+    assert p.eta_s() == (12.0, False)  # one run left x 12 s; the skipped runs took no time here
+    lines = out.getvalue().splitlines()
+    assert lines[1:3] == ["[1/4] a #0 skipped: finished earlier", "[2/4] a #1 skipped: finished earlier"]
+    assert lines[-1] == "[3/4] a #2 completed (12.0 s; ETA 12s)"
+
+
+def test_before_any_run_finished_the_eta_is_unknown_or_the_bound() -> None:
+    out = io.StringIO()
+    p = SuiteProgress("s", 3, bound_s=None, stream=out)
+    p.skipped("a #0", "finished earlier")
+    p.run_started(2, "a #1", 60, control=False)
+    p.run_finished("a #1", "recovered", 12.0)
+    assert "(12.0 s; ETA 12s)" in out.getvalue()
+    p2 = SuiteProgress("s", 3, bound_s=None, stream=io.StringIO())
+    p2.skipped("a #0", "x")
+    assert p2.eta_s() == (None, False)
+
+
+def test_on_event_never_raises() -> None:
+    class Broken(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError("broken pipe")
+
+    p = SuiteProgress("s", 1, bound_s=None, stream=Broken(), live=False)
+    p.run_started(1, "a #0", 60, control=False)
+    p.on_event(ev("step", step="not a number"))
+    p.on_event(ev("fault_inject"))  # a phase line that cannot be written
+    p.message("lost")
+    p.run_finished("a #0", "ok", 1.0)
+    p.close()
+
+
+def test_plain_unless_the_stream_is_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def show(stream: io.StringIO) -> str:
+        with SuiteProgress("s", 1, bound_s=10, stream=stream) as p:
+            p.run_started(1, "a #0", 60, control=False)
+            p.run_finished("a #0", "ok", 1.0)
+        return stream.getvalue()
+
+    monkeypatch.setenv("TERM", "dumb")
+    assert "\x1b" not in show(Tty())
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert "\x1b" not in show(io.StringIO())
+    tty = Tty()
+    show(tty)
+    assert "\x1b" in tty.getvalue()
+    assert "a #0 ok (1.0 s)" in tty.getvalue()
+
+
+@pytest.mark.timeout(60)
+def test_live_mode_with_events_from_another_thread() -> None:
+    out = io.StringIO()
+    stdout, stderr = sys.stdout, sys.stderr
+    p = SuiteProgress("smoke", 3, bound_s=120, stream=out, live=True)
+    errors: list[BaseException] = []
+
+    def follower() -> None:
+        try:
+            for i in range(1, 3001):
+                p.on_event(ev("step", rank=0, step=i))
+                if i == 1000:
+                    p.on_event(ev("fault_inject"))
+                if i == 1500:
+                    p.on_event(ev("restart"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    for i in range(1, 4):
+        p.run_started(i, f"restart/kill-rank1 #{i}", deadline_s=60, control=False)
+        thread = threading.Thread(target=follower)
+        thread.start()
+        for j in range(20):
+            p.message(f"note {i}.{j} [not markup]")
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        p.run_finished(f"restart/kill-rank1 #{i}", "recovered", 2.0)
+    p.close()
+    p.close()  # idempotent
+    assert errors == []
+    assert (sys.stdout, sys.stderr) == (stdout, stderr)  # the live display's redirection is undone
+    text = out.getvalue()
+    assert "note 3.19 [not markup]" in text
+    assert "[1/3] restart/kill-rank1 #1 recovered (2.0 s; ETA 4s)" in text
+    assert "[3/3] restart/kill-rank1 #3 recovered (2.0 s)" in text
+    # the cursor is shown again and the bar erased (transient): the terminal is left clean
+    assert "\x1b[?25h" in text[-40:] and text.endswith("\x1b[2K")
