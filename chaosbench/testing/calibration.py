@@ -1,12 +1,17 @@
 """A test-only framework whose detection delay is known, to calibrate time-to-detect.
 
-``delayed-detect`` launches the ranks like ``none`` plus a watchdog process. The watchdog polls the
-ranks' /proc entries every millisecond; once one has died it sleeps exactly ``delay_s`` and prints
-``CALIBRATION DETECT`` with the moment it saw the death (``dead_ns``) and the moment it printed (``printed_ns``),
-which becomes a ``detect`` event through the same log-pattern path real adapters use. The measured time-to-detect
-is therefore the kill's own latency (the signal delivered to the process gone: the kernel tears down a large
-multi-threaded process, 1-25 ms on a loaded 2-core machine) plus ``delay_s`` plus the harness's own error
-(polling, pipe, stamp), which the calibration test bounds.
+``delayed-detect`` launches the ranks like ``none`` plus a watchdog process. The watchdog waits on the ranks
+themselves (a pidfd per rank, polled together: the kernel wakes it when one has exited; the ranks are the
+harness's children, not the watchdog's, so it cannot ``waitpid`` them); once one has died it sleeps ``delay_s``
+and prints ``CALIBRATION DETECT`` with the moment it saw the death (``dead_ns``) and the moment it printed
+(``printed_ns``), which becomes a ``detect`` event through the same log-pattern path real adapters use. Where the
+kernel has no pidfds it falls back to reading the ranks' /proc entries every millisecond.
+
+The measured time-to-detect is therefore the kill's own latency (the signal delivered to the process gone: the
+kernel tears down a large multi-threaded process, 1-25 ms on a loaded 2-core machine; up to ``dead_ns``), plus
+``delay_s`` and the watchdog's oversleep (the calibrator's own error: ``printed_ns - dead_ns - delay_s``), plus the
+harness's own error: the line's way through the pipe to the harness's reader thread and its stamp
+(``detect.t_ns - printed_ns``), which the calibration test and ``benchmarks/detect_calibration.py`` measure.
 
 Register it with ``FRAMEWORKS.register("delayed-detect", DelayedDetectFramework)``.
 """
@@ -24,7 +29,7 @@ from chaosbench.frameworks.none import NoneFramework, NoneOptions
 from chaosbench.runtimes.base import ProcessSpec
 
 WATCHDOG = r"""
-import os, sys, time
+import os, select, sys, time
 delay = float(sys.argv[1]); pids = [int(p) for p in sys.argv[2:]]
 def dead(pid):
     try:
@@ -32,11 +37,25 @@ def dead(pid):
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
-while True:
-    gone = [p for p in pids if dead(p)]
-    if gone:
-        break
-    time.sleep(0.001)
+fds, gone = {}, []
+try:
+    for p in pids:
+        try:
+            fds[os.pidfd_open(p)] = p
+        except ProcessLookupError:
+            gone.append(p)
+except (AttributeError, OSError):  # no pidfds here: poll /proc instead
+    fds = None
+if fds is None:
+    while not gone:
+        gone = [p for p in pids if dead(p)]
+        if not gone:
+            time.sleep(0.001)
+elif not gone:
+    waiter = select.poll()
+    for fd in fds:
+        waiter.register(fd, select.POLLIN)
+    gone = [fds[fd] for fd, _ in waiter.poll()]  # readable: that process has exited (a zombie counts)
 dead_ns = time.time_ns()
 time.sleep(delay)
 print(f"CALIBRATION DETECT pid={gone[0]} dead_ns={dead_ns} printed_ns={time.time_ns()}", flush=True)
