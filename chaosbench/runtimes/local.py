@@ -5,6 +5,12 @@ agent, its workers and anything they forked. Losing a node (:meth:`LocalRuntime.
 fault) means all of them die at once and nothing on it reacts; peers on other nodes see their connections
 reset, as when a host dies. Nothing brings such a node back (an adapter's spare policy, e.g.
 ``torchrun-elastic``'s ``spares``, may start a replacement).
+
+Targets. The runtime acts only on processes of this run (:meth:`LocalRuntime._refuse_foreign`, called before
+every signal and every node loss): a live process it started, a descendant of one, or a process once seen in
+those trees that still runs as the same process (a worker orphaned when its agent was killed). Anything else
+(a pid the harness or the test started, a pid from a timeline written by someone else) is refused with a
+:class:`~chaosbench.errors.ChaosbenchError` naming the pid, and nothing is signalled.
 """
 
 from __future__ import annotations
@@ -104,9 +110,20 @@ class LocalRuntime(Runtime):
         handle.exited.set()
 
     def _ours(self, proc: psutil.Process) -> bool:
+        """Whether ``proc`` is a live process this run started, a descendant of one, or a process once seen in
+        this run's trees that is still the same process (psutil compares pid and creation time)."""
         with self._lock:
             roots = {h.pid for h in self._handles if not h.exited.is_set()}
-        return process.descends_from(proc, roots)
+        return process.descends_from(proc, roots) or self._trees.known.get(proc.pid) == proc
+
+    def _refuse_foreign(self, procs: list[psutil.Process], doing: str) -> None:
+        """The one rule before this runtime acts on a process (a signal, a node loss): every process of
+        ``procs`` that still runs must be this run's (:meth:`_ours`). Raises ChaosbenchError naming the first
+        one that is not, before anything is done to any of them; ``doing`` says what would have been done
+        ("signalling it")."""
+        for proc in procs:
+            if process.running(proc) and not self._ours(proc):
+                raise ChaosbenchError(f"pid {proc.pid} was not started by this run; not {doing}")
 
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         proc = process.find(pid)
@@ -114,8 +131,7 @@ class LocalRuntime(Runtime):
             raise ProcessLookupError(pid)
         if not process.same(proc, ticks):
             raise ChaosbenchError(f"pid {pid} now belongs to another process; not signalling it")
-        if not self._ours(proc):
-            raise ChaosbenchError(f"pid {pid} was not started by this run; not signalling it")
+        self._refuse_foreign([proc], "signalling it")
         # its children now, while they are still its: a killed agent's workers outlive it, reparented to init,
         # where no tree walk from a root finds them at teardown
         self._trees.scan([(proc.pid, ticks)])
@@ -164,9 +180,12 @@ class LocalRuntime(Runtime):
         if not roots:
             raise ProcessLookupError(f"no live process on {node}")
         live = process.tree((h.pid, h.ticks) for h in roots)
+        self._refuse_foreign(list(live.values()), f"killing it with {node}")
         process.send(live.values(), signal.SIGSTOP)
-        # Children forked between the scan and the freeze are caught by a second scan of the frozen trees.
-        late = {pid: p for pid, p in process.with_descendants(live.values()).items() if pid not in live}
+        # Children forked between the scan and the freeze are caught by a second scan of the frozen trees (the
+        # rule is applied as a filter there: refusing now would leave the frozen ones frozen).
+        late = {pid: p for pid, p in process.with_descendants(live.values()).items()
+                if pid not in live and self._ours(p)}  # fmt: skip
         process.send(late.values(), signal.SIGSTOP)
         live.update(late)
         process.send(live.values(), signal.SIGKILL)

@@ -17,6 +17,13 @@ maps it to the host pid through the container's pid namespace (``/proc/<pid>/sta
 its start time, and signals it: no ``kill`` binary is needed in the image, a paused node can be signalled,
 and no ``docker exec`` round trip (~0.1 s) is added to a measured fault time.
 
+Targets. The runtime acts only on what this run created (:meth:`DockerRuntime._owned`, called before every
+pause, unpause, kill, CPU limit, signal and ``nsenter`` into a node for a network rule): the node's container
+must carry the label ``chaosbench.run=<this run's id>`` as the engine reports it at that moment, and a signalled
+pid must live in the pid namespace of such a container. A workload node name that is not one of this run's
+(``node7`` of a timeline written by someone else, a container's name) is refused as well; a refusal is a
+:class:`~chaosbench.errors.ChaosbenchError` naming the target and why, and nothing is done to it.
+
 Nodes on the timeline: ``node_start`` (node, container, spare, reason), ``node_exit`` (node, container,
 exit_code, reason), ``node_pause``/``node_unpause``, from the engine's event stream stamped with the engine's
 time (one host, one clock).
@@ -469,9 +476,9 @@ class DockerRuntime(Runtime):
         return "down"
 
     def node_pid(self, name: str) -> int:
-        """Host pid of the node's init: ``nsenter -t PID -n`` enters its network namespace."""
-        node = self._node(name)
-        node.container.reload()
+        """Host pid of the node's init: ``nsenter -t PID -n`` enters its network namespace (so a network fault's
+        rules go there). Refused for a container that is not this run's (:meth:`_owned`)."""
+        node = self._owned(name, "entering its namespaces")
         pid = int(node.container.attrs["State"]["Pid"] or 0)
         if pid <= 0:
             raise ProcessLookupError(f"node {name} is not running")
@@ -502,8 +509,9 @@ class DockerRuntime(Runtime):
         return str(self._node(name).container.name)
 
     def kill_node(self, name: str, sig: str = "SIGKILL", reason: str = "node-kill") -> str:
-        """Kill the node's container (every process in it); returns the container's name."""
-        node = self._node(name)
+        """Kill the node's container (every process in it); returns the container's name. Refused for a
+        container that is not this run's (:meth:`_owned`)."""
+        node = self._owned(name, "killing it")
         with node.lock:
             self._exit_reasons[node.cid] = reason
             try:
@@ -528,8 +536,9 @@ class DockerRuntime(Runtime):
                 **engine_effect(self, list(killed.values()), "die", since, "the container died")}  # fmt: skip
 
     def pause_node(self, name: str) -> str:
-        """Freeze the node's container (docker pause); returns the container's name."""
-        node = self._node(name)
+        """Freeze the node's container (docker pause); returns the container's name. Refused for a container that
+        is not this run's (:meth:`_owned`)."""
+        node = self._owned(name, "pausing it")
         with node.lock:
             node.container.pause()
             return str(node.container.name)
@@ -550,10 +559,10 @@ class DockerRuntime(Runtime):
                 self._engine_cv.wait(left)
 
     def unpause_node(self, name: str) -> bool:
-        """Unpause the node if it is paused; returns whether it was."""
-        node = self._node(name)
+        """Unpause the node if it is paused; returns whether it was. Refused for a container that is not this
+        run's (:meth:`_owned`)."""
+        node = self._owned(name, "unpausing it")
         with node.lock:
-            node.container.reload()
             if node.container.status != "paused":
                 return False
             node.container.unpause()
@@ -561,9 +570,9 @@ class DockerRuntime(Runtime):
 
     def set_node_cpus(self, name: str, cpus: float | None) -> float | None:
         """Change the node's CPU limit live (``docker update --cpus``); returns the previous limit (None: none
-        was set). None sets the host's CPU count: the engine cannot drop a CPU limit once set."""
-        node = self._node(name)
-        node.container.reload()
+        was set). None sets the host's CPU count: the engine cannot drop a CPU limit once set. Refused for a
+        container that is not this run's (:meth:`_owned`)."""
+        node = self._owned(name, "changing its CPU limit")
         before = int(node.container.attrs["HostConfig"].get("NanoCpus") or 0)
         nano = int((cpus if cpus else float(os.cpu_count() or 1)) * 1e9)
         api = self.client.api
@@ -785,27 +794,58 @@ class DockerRuntime(Runtime):
             return
 
     # ------------------------------------------------------------------ signals
-    def _host_pid(self, cpid: int, node_name: str | None) -> int | None:
-        """Host pid of the process ``cpid`` of a node's pid namespace (None: no such process)."""
+    def _owned(self, name: str, doing: str, target: str | None = None) -> _Node:
+        """The one rule before this runtime acts on a node (pause, unpause, kill, CPU limit, ``nsenter``, a
+        signal to a process in it): ``name`` must be a node of this run and its container must carry this run's
+        label as the engine reports it now (the container is reloaded). Returns the node. Raises
+        ChaosbenchError, and does nothing, when either does not hold: one line naming ``target`` (what would have
+        been acted on, e.g. ``pid 12``) when given, the node or container, why, and ``doing`` (what would have
+        been done: "pausing it"). ProcessLookupError when the node's container is gone."""
+        import docker.errors
+
+        who = f"{target}: " if target else ""
         with self._lock:
-            nodes = [self._nodes[node_name]] if node_name in self._nodes else list(self._nodes.values())
-        for node in nodes:
-            with contextlib.suppress(Exception):
-                node.container.reload()
-                init = int(node.container.attrs["State"]["Pid"] or 0)
-                if init <= 0:
-                    continue
-                ns = _ns_inode(init)
-                if ns is None:
-                    raise Unsupported("the docker runtime must run on the engine's host (no /proc of the nodes)")
-                for entry in os.listdir("/proc"):
-                    if entry.isdigit() and _ns_inode(int(entry)) == ns:
-                        nsp = _nspid(int(entry))
-                        if nsp and nsp[-1] == cpid:
-                            return int(entry)
+            known = name in self._nodes
+        if not known:
+            raise ChaosbenchError(f"{who}{name!r} is not a node of this run; not {doing}")
+        node = self._node(name)
+        try:
+            node.container.reload()
+        except docker.errors.NotFound:
+            raise ProcessLookupError(f"node {name}: its container is gone") from None
+        labels = (node.container.attrs.get("Config") or {}).get("Labels") or {}
+        if labels.get(RUN_LABEL) != self.run.run_id:
+            raise ChaosbenchError(f"{who}container {node.container.name} has no label {RUN_LABEL}={self.run.run_id}; "
+                                  f"not {doing}")  # fmt: skip
+        return node
+
+    def _host_pid(self, cpid: int, node_name: str | None) -> int | None:
+        """Host pid of the process ``cpid`` of a node's pid namespace (None: no such process), searched in the
+        named node (None: every node of this run). A node that is not this run's is refused
+        (:meth:`_owned`)."""
+        with self._lock:
+            names = [node_name] if node_name is not None else list(self._nodes)
+        for name in names:
+            try:
+                node = self._owned(name, "signalling it", f"pid {cpid}")
+            except ProcessLookupError:
+                continue  # the node's container is gone, and every process in it
+            init = int(node.container.attrs["State"]["Pid"] or 0)
+            if init <= 0:
+                continue
+            ns = _ns_inode(init)
+            if ns is None:
+                raise Unsupported("the docker runtime must run on the engine's host (no /proc of the nodes)")
+            for entry in os.listdir("/proc"):
+                if entry.isdigit() and _ns_inode(int(entry)) == ns:
+                    nsp = _nspid(int(entry))
+                    if nsp and nsp[-1] == cpid:
+                        return int(entry)
         return None
 
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
+        """Signals ``pid`` of the named node's pid namespace; refused (ChaosbenchError) for a node that is not
+        this run's or whose container lacks the run's label (:meth:`_owned`)."""
         host = self._host_pid(pid, node)
         proc = process.find(host) if host is not None else None
         if proc is None:
@@ -816,7 +856,10 @@ class DockerRuntime(Runtime):
         return now_ns()  # the engine's host: the same kernel and clock as the harness
 
     def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
-        host = self._host_pid(pid, node)
+        try:
+            host = self._host_pid(pid, node)
+        except (ChaosbenchError, ProcessLookupError):
+            return False  # not a process of this run's nodes: none of ours is alive there
         return host is not None and process.alive(host, ticks)
 
     # ------------------------------------------------------------------ teardown

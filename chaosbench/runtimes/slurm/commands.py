@@ -36,18 +36,32 @@ def job_prefix(run_id: str) -> str:
     return "cb-" + hashlib.sha256(run_id.encode()).hexdigest()[:10]
 
 
+def run_comment(run_id: str) -> str:
+    """The comment (``--comment``) every job of a run is submitted with: with the name prefix, what makes a job
+    this run's (a job someone named like ours without it is not)."""
+    return f"chaosbench.run={run_id}"
+
+
 class SlurmCommands:
     """The Slurm client commands of one run: every command gets ``env`` (the harness's environment, with
     ``SLURM_CONF`` when the run sets one) and waits at most ``timeout_s``; queries of nodes are limited to
-    ``partition`` (None: the cluster's default one); "this run's jobs" are those named ``<prefix>.*``."""
+    ``partition`` (None: the cluster's default one); "this run's jobs" are those named ``<prefix>.*`` and, when
+    ``run_id`` is given, commented :func:`run_comment` of it (:meth:`our_jobs_on` is the rule every action on a
+    node or a process of the cluster goes through)."""
 
     def __init__(
-        self, env: Mapping[str, str], timeout_s: float, partition: str | None = None, prefix: str = ""
+        self,
+        env: Mapping[str, str],
+        timeout_s: float,
+        partition: str | None = None,
+        prefix: str = "",
+        run_id: str | None = None,
     ) -> None:
         self.env = dict(env)
         self.timeout_s = timeout_s
         self.partition = partition
         self.prefix = prefix
+        self.run_id = run_id
         self._checked = False
 
     def command(
@@ -203,9 +217,11 @@ class SlurmCommands:
         )
 
     def job_id_named(self, job_name: str) -> int | None:
-        """The id of the newest job named ``job_name`` (``squeue -t all``), None when the scheduler knows none."""
-        out = self.command(["squeue", "-h", "-t", "all", f"--name={job_name}", "-o", "%i"], check=False)
-        ids = [int(x) for x in out.split() if x.isdigit()]
+        """The id of the newest of this run's jobs named ``job_name`` (``squeue -t all``), None when the scheduler
+        knows none."""
+        out = self.command(["squeue", "-h", "-t", "all", f"--name={job_name}", "-o", "%i|%k"], check=False)
+        ids = [int(jid) for jid, _, comment in (ln.partition("|") for ln in out.splitlines())
+               if jid.isdigit() and self._ours(job_name, comment)]  # fmt: skip
         return max(ids) if ids else None
 
     def requeue(self, job_id: int) -> None:
@@ -218,17 +234,20 @@ class SlurmCommands:
         if job_ids:
             self.command(["scancel", *args, *[str(j) for j in job_ids]], check=False)
 
-    def _ours(self, name: str) -> bool:
-        return name.startswith(self.prefix + ".")
+    def _ours(self, name: str, comment: str) -> bool:
+        """Whether a job named ``name`` with ``comment`` is this run's: our name prefix, and our comment where the
+        run id is known."""
+        return name.startswith(self.prefix + ".") and (self.run_id is None or comment == run_comment(self.run_id))
 
     def our_jobs(self, active_only: bool = True) -> dict[int, str]:
         """This run's jobs known to the scheduler: job id -> name (only those not ended, by default)."""
-        out = self.command(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T"], check=False)
+        out = self.command(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%k"], check=False)
         jobs = {}
         for line in out.splitlines():
             jid, _, rest = line.partition("|")
-            name, _, st = rest.partition("|")
-            if not self._ours(name) or not jid.isdigit():
+            name, _, rest = rest.partition("|")
+            st, _, comment = rest.partition("|")
+            if not self._ours(name, comment) or not jid.isdigit():
                 continue
             try:
                 state = job_state(st)
@@ -238,28 +257,41 @@ class SlurmCommands:
                 jobs[int(jid)] = name
         return jobs
 
-    def _running_on(self, slurm_node: str) -> list[tuple[str, str]]:
+    def _running_on(self, slurm_node: str) -> list[tuple[str, str, str]]:
+        """(job id, name, comment) of every job running on ``slurm_node``, whoever's."""
         out = self.command(
-            ["squeue", "-h", "-t", "RUNNING,COMPLETING,SUSPENDED", "-w", slurm_node, "-o", "%i|%j"],
+            ["squeue", "-h", "-t", "RUNNING,COMPLETING,SUSPENDED", "-w", slurm_node, "-o", "%i|%j|%k"],
             check=False,
         )
-        return [
-            (jid, name) for jid, _, name in (ln.partition("|") for ln in out.splitlines()) if jid.isdigit()
-        ]
+        rows = []
+        for line in out.splitlines():
+            jid, _, rest = line.partition("|")
+            name, _, comment = rest.partition("|")
+            if jid.isdigit():
+                rows.append((jid, name, comment))
+        return rows
 
     def jobs_on(self, slurm_node: str) -> dict[int, str]:
         """This run's running jobs with an allocation on ``slurm_node``: job id -> name."""
-        return {int(jid): name for jid, name in self._running_on(slurm_node) if self._ours(name)}
+        return {int(jid): name for jid, name, comment in self._running_on(slurm_node) if self._ours(name, comment)}
 
-    def helper_step(self, slurm_node: str, script: str, args: list[str], *options: str) -> list[str] | None:
-        """argv of an extra step overlapping the newest of this run's jobs on ``slurm_node`` that runs
-        ``sh -c SCRIPT`` with ``ARGS``, then the node and this run's job ids there; None when none runs there."""
+    def our_jobs_on(self, slurm_node: str, doing: str, target: str | None = None) -> list[int]:
+        """The rule before the runtime acts on ``slurm_node`` or a process there (a signal, a kill of its tasks,
+        DOWN/DRAIN): the ids of this run's jobs running there, sorted. Raises ChaosbenchError, naming ``target``
+        (what would have been acted on, e.g. ``pid 1234``) when given, when none runs there; ``doing`` says what
+        would have been done ("signalling it"). A pid is then checked, on the node, against exactly these jobs."""
         jobs = sorted(self.jobs_on(slurm_node))
         if not jobs:
-            return None
-        step = ["srun", "-Q", f"--jobid={jobs[-1]}", "--overlap", "-w", slurm_node, "-N1", "-n1", *options]
-        return [*step, "sh", "-c", script, "sh", *args, slurm_node, *[str(j) for j in jobs]]
+            who = f"{target}: " if target else ""
+            raise ChaosbenchError(f"{who}Slurm node {slurm_node} runs no job of this run; not {doing}")
+        return jobs
+
+    def helper_step(self, slurm_node: str, jobs: list[int], script: str, args: list[str], *options: str) -> list[str]:
+        """argv of an extra step overlapping the newest of ``jobs`` (this run's jobs on ``slurm_node``, from
+        :meth:`our_jobs_on`) that runs ``sh -c SCRIPT`` with ``ARGS``, then the node and the job ids."""
+        step = ["srun", "-Q", f"--jobid={max(jobs)}", "--overlap", "-w", slurm_node, "-N1", "-n1", *options]
+        return [*step, "sh", "-c", script, "sh", *args, slurm_node, *[str(j) for j in sorted(jobs)]]
 
     def foreign_jobs_on(self, slurm_node: str) -> list[int]:
         """Jobs of others (not this run's) running on ``slurm_node``."""
-        return [int(jid) for jid, name in self._running_on(slurm_node) if not self._ours(name)]
+        return [int(jid) for jid, name, comment in self._running_on(slurm_node) if not self._ours(name, comment)]

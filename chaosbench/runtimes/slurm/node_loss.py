@@ -3,9 +3,10 @@
 
 Lose (:func:`down_nodes`, on the Slurm nodes the workload nodes run on now):
 
-1. Refuse a node that is not ours to break: it must run a job of this run, and (unless
-   ``allow_foreign_jobs``) no job of anyone else, since downing a node ends every job on it. Every node is
-   checked before any is touched.
+1. Refuse a node that is not ours to break: it must run a job of this run
+   (:meth:`~chaosbench.runtimes.slurm.commands.SlurmCommands.our_jobs_on`: named and commented as this run's
+   jobs are), and (unless ``allow_foreign_jobs``) no job of anyone else, since downing a node ends every job
+   on it. Every node is checked before any is touched.
 2. With ``kill_tasks``: SIGKILL every process of this run's jobs on the node (``scontrol listpids`` through an
    extra job step on the node), so they die at once as on a crashed host, not after Slurm's SIGTERM and
    ``KillWait``.
@@ -74,8 +75,7 @@ def down_nodes(
     nothing, when a node runs no job of this run or (without ``allow_foreign_jobs``) jobs of others."""
     details: dict[str, Any] = {"slurm_nodes": list(snodes), "state": options.state, "killed": {}, "before": {}}
     for snode in snodes:
-        if not slurm.jobs_on(snode):
-            raise ChaosbenchError(f"Slurm node {snode} runs no job of this run; not touching it")
+        slurm.our_jobs_on(snode, "touching it")
         foreign = slurm.foreign_jobs_on(snode)
         if foreign and not options.allow_foreign_jobs:
             raise ChaosbenchError(f"Slurm node {snode} also runs jobs of others ({foreign}); not touching it")
@@ -93,10 +93,10 @@ def down_nodes(
 
 
 def kill_tasks(slurm: SlurmCommands, snode: str) -> list[int]:
-    """SIGKILL every process of this run's jobs on ``snode``, from an extra step of one of them; the pids."""
-    argv = slurm.helper_step(snode, _KILL_TASKS, [], "--export=ALL,CHAOSBENCH_KILL_HELPER=1")
-    if argv is None:
-        return []
+    """SIGKILL every process of this run's jobs on ``snode``, from an extra step of one of them; the pids.
+    Refused (ChaosbenchError) when no job of this run runs there."""
+    jobs = slurm.our_jobs_on(snode, "killing its tasks")
+    argv = slurm.helper_step(snode, jobs, _KILL_TASKS, [], "--export=ALL,CHAOSBENCH_KILL_HELPER=1")
     out = slurm.command(argv, check=False)
     return [int(x) for x in out.split()[:-1] if x.isdigit()]
 

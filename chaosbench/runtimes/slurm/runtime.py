@@ -39,6 +39,14 @@ node as on this host, needs only ``sh``/``sed``/``kill`` there, and hits exactly
 reading at the moment of the kill is written as a ``signal_sent`` event; its delay after ``fault_inject``
 (one step launch, ~0.1 s) is the delivery cost of a fault through Slurm.
 
+Targets. The runtime acts only on this run's jobs: those named ``<prefix>.*`` *and* commented
+``chaosbench.run=<run id>`` (a job someone else named like ours is not one). Before any signal, kill of a
+node's tasks or DOWN/DRAIN, :meth:`~chaosbench.runtimes.slurm.commands.SlurmCommands.our_jobs_on` lists this
+run's jobs on the Slurm node and refuses (ChaosbenchError naming the target) when there is none; the node
+helper then signals a pid only if ``scontrol listpids`` puts it in one of exactly those jobs, and a node is
+taken down only if, besides, no one else's job runs there (unless ``allow_foreign_jobs``). ``cancel_batch``
+cancels only a job this runtime submitted. ``srun_args``/``sbatch_args`` may not rename or re-comment jobs.
+
 Clocks. Before the first process on a Slurm node starts, the runtime measures that node's clock against the
 harness's (:mod:`chaosbench.timeline.clocks`, through ``srun`` stdin/stdout) and writes a ``clock_offset`` event.
 
@@ -69,13 +77,13 @@ import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.process import record_exit, record_start, start_pumps, start_ticks
 from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
-from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
+from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix, run_comment
 from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions, down_nodes, resume_nodes
 from chaosbench.runtimes.slurm.states import USABLE_NODE_STATES, JobState, node_state
 from chaosbench.timeline import clocks, now_ns
@@ -116,6 +124,15 @@ class SlurmOptions(BaseModel):
     job_wait_s: float = Field(
         default=60.0, gt=0, description="longest wait for the run's jobs to end at cleanup"
     )
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _keeps_our_names(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if arg.startswith(("--comment", "--job-name", "-J")):
+                raise ValueError(f"{arg!r}: the runtime names and comments every job itself (that is how it "
+                                 "knows the run's jobs from anyone else's)")  # fmt: skip
+        return v
 
 
 # A shell helper run on the node (as an overlap step of one of our jobs): $1 signal (0: check only), $2 pid,
@@ -180,7 +197,8 @@ class SlurmRuntime(Runtime):
         if self.opts.slurm_conf:
             env["SLURM_CONF"] = self.opts.slurm_conf
         #: The Slurm client commands, with this run's environment, timeout, partition and job names.
-        self.slurm = SlurmCommands(env, self.opts.command_timeout_s, self.opts.partition, self.job_prefix)
+        self.slurm = SlurmCommands(env, self.opts.command_timeout_s, self.opts.partition, self.job_prefix,
+                                   self.run.run_id)
         self._handles: list[SlurmHandle] = []
         self._threads: list[threading.Thread] = []
         self._batch: dict[int, str] = {}  # job id -> name, batch jobs of this run
@@ -311,7 +329,7 @@ class SlurmRuntime(Runtime):
             else [
                 *self._common(),
                 f"--job-name={self.job_prefix}.clock",
-                f"--comment=chaosbench.run={self.run.run_id}",
+                f"--comment={run_comment(self.run.run_id)}",
             ]
         )
         argv = [
@@ -407,7 +425,7 @@ class SlurmRuntime(Runtime):
         argv = [
             "srun",
             f"--job-name={job_name}",
-            f"--comment=chaosbench.run={self.run.run_id}",
+            f"--comment={run_comment(self.run.run_id)}",
             "-N1",
             "-n1",
             "-w",
@@ -494,7 +512,7 @@ class SlurmRuntime(Runtime):
             "sbatch",
             "--parsable",
             f"--job-name={job_name}",
-            f"--comment=chaosbench.run={self.run.run_id}",
+            f"--comment={run_comment(self.run.run_id)}",
             "-N",
             str(nodes),
             f"--ntasks-per-node={ntasks_per_node}",
@@ -558,12 +576,14 @@ class SlurmRuntime(Runtime):
     def _node_helper(
         self, sig: str, pid: int, ticks: int | None, node: str | None
     ) -> tuple[int, int | None, str]:
-        """Run the signal helper on the rank's node: (helper exit code, node clock ns or None, Slurm node)."""
+        """Run the signal helper on the rank's node: (helper exit code, node clock ns or None, Slurm node). The
+        helper runs as a step of one of this run's jobs there and acts only on a pid of those jobs (exit 5
+        otherwise); refused (ChaosbenchError) when no job of this run runs there
+        (:meth:`SlurmCommands.our_jobs_on`)."""
         snode = self.slurm_node_now(node or "node0")
+        jobs = self.slurm.our_jobs_on(snode, "signalling it", f"pid {pid}")
         args = [sig, str(pid), str(ticks) if ticks is not None else "-"]
-        argv = self.slurm.helper_step(snode, _SIGNAL_HELPER, args, f"--job-name={self.job_prefix}.signal")
-        if argv is None:
-            raise ProcessLookupError(pid)
+        argv = self.slurm.helper_step(snode, jobs, _SIGNAL_HELPER, args, f"--job-name={self.job_prefix}.signal")
         try:
             res = subprocess.run(
                 argv,
@@ -640,7 +660,12 @@ class SlurmRuntime(Runtime):
             h.exited.wait(timeout=10)
 
     def cancel_batch(self, job_id: int) -> None:
-        """End a batch job of this run for good (``scancel``)."""
+        """End a batch job of this run for good (``scancel``); refused (ChaosbenchError) for a job this runtime
+        did not submit."""
+        with self._lock:
+            ours = job_id in self._batch
+        if not ours:
+            raise ChaosbenchError(f"Slurm job {job_id} was not submitted by this run; not cancelling it")
         self.slurm.scancel([job_id])
 
     def cleanup(self, grace_s: float = 5.0) -> None:
