@@ -28,12 +28,25 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _duration(seconds: float) -> str:
+    """``4 h 5 min`` / ``12 min`` / ``40 s``."""
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from chaosbench.runner import Runner
+    from chaosbench.runner import RUN_OVERHEAD_S, Runner, suite_limits
     from chaosbench.specs import load_suite
 
     suite = load_suite(args.suite)
-    runner = Runner(suite, args.out, progress=_progress)
+    n, bound_s, over = suite_limits(suite)
+    _progress(f"suite '{suite.name}': {n} runs, at most {_duration(bound_s)} (each run to its deadline of "
+              f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down)")  # fmt: skip
+    if over and not args.yes:
+        raise SpecError(f"{args.suite}: suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats "
+                        f"and defaults.deadline_s); pass --yes to run it anyway")  # fmt: skip
+    runner = Runner(suite, args.out)
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
     if args.dry_run:
@@ -41,9 +54,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                   "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
                   "slos": sc.to_dict()["slos"], "plan": plan.to_dict()}
                  for sc, plan in runner.plans()]  # fmt: skip
-        print(json.dumps({"suite": suite.name, "detection_outlook": outlook, "timeout_problems": problems,
-                          "runs": plans}, indent=2, default=str))  # fmt: skip
+        print(json.dumps({"suite": suite.name, "runs_total": n, "wall_bound_s": bound_s,
+                          "detection_outlook": outlook, "timeout_problems": problems, "runs": plans},
+                         indent=2, default=str))  # fmt: skip
         return EXIT_OK
+
+    from chaosbench.progress import SuiteProgress
 
     interrupts = {"n": 0}
 
@@ -51,21 +67,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         interrupts["n"] += 1
         if interrupts["n"] > 1:
             raise KeyboardInterrupt
-        _progress(f"chaosbench: {signal.Signals(signum).name}: stopping the current run and tearing down")
+        runner.progress.message(f"chaosbench: {signal.Signals(signum).name}: stopping the current run and tearing down")
         runner.request_stop()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        n = len(suite.scenarios())
-        _progress(f"suite '{suite.name}': {n} runs -> {runner.suite_dir}")
-        records = runner.run()
+        with SuiteProgress(suite.name, n, bound_s, header=False) as progress:
+            runner.progress = progress
+            progress.message(f"results -> {runner.suite_dir}" + (" (resuming)" if args.resume else ""))
+            records = runner.run(resume=args.resume)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    paths = _write_report(runner.suite_dir, suite.name)
+    paths = _write_report(runner.suite_dir, suite.name, recompute=False)
     if paths:
         _progress(f"report: {paths.get('report.html')}  (also {paths.get('report.md')})")
-    return _gate(args, runner.suite_dir, suite.name, records, interrupted=runner.stop_requested.is_set())
+    metrics = [r.metrics for r in records if r.metrics is not None]
+    return _gate(args, runner.suite_dir, suite.name, records, metrics, interrupted=runner.stop_requested.is_set())
 
 
 def _print_outlook(outlook: list[dict[str, Any]], problems: dict[str, list[str]]) -> None:
@@ -84,16 +102,16 @@ def _print_outlook(outlook: list[dict[str, Any]], problems: dict[str, list[str]]
             _progress(f"  warning: {fw}: {p}")
 
 
-def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], interrupted: bool) -> int:
+def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], metrics: list[Any],
+          interrupted: bool) -> int:  # fmt: skip
     """CI outputs and the exit code, from the gate (:mod:`chaosbench.gate`); here only what is printed."""
-    from chaosbench.analysis.results import collect
     from chaosbench.gate import Comparison, Gate, harness_errors
 
     comparison = None
     if args.baseline:
         comparison = Comparison.of(args.baseline, suite_dir, threshold=args.threshold, alpha=args.alpha,
                                    title=f"{suite} against {args.baseline}")  # fmt: skip
-    gate = Gate(suite, collect(suite_dir, write=False), harness_errors(records), comparison=comparison,
+    gate = Gate(suite, metrics, harness_errors(records), comparison=comparison,
                 interrupted=interrupted)  # fmt: skip
     for d in gate.notes:
         _progress(f"note: {d.describe()}")
@@ -109,11 +127,15 @@ def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[A
     return gate.exit_code()
 
 
-def _write_report(suite_dir: Path, title: str | None) -> dict[str, Path]:
-    from chaosbench.analysis.results import collect, load_results
+def _write_report(suite_dir: Path, title: str | None, recompute: bool = True) -> dict[str, Path]:
+    """The suite's report from its table; ``recompute``: every run's metrics recomputed from its timeline first
+    (``chaosbench report``; a suite just run has its table already)."""
+    from chaosbench.analysis.results import RESULTS_CSV, collect, load_results
     from chaosbench.report import write_report
 
-    if not collect(suite_dir, write=True):
+    if recompute and not collect(suite_dir, write=True):
+        return {}
+    if not (suite_dir / RESULTS_CSV).exists():
         return {}
     return write_report(suite_dir, load_results(suite_dir), title=title)
 
@@ -257,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("suite", help="suite YAML file, e.g. suites/smoke.yaml")
     r.add_argument("--out", default="reports", help="results directory (default: reports)")
     r.add_argument("--dry-run", action="store_true", help="validate the suite and print every launch plan")
+    r.add_argument("--resume", action="store_true",
+                   help="continue an interrupted or crashed suite in OUT: keep its finished runs, run the rest "
+                        "(an unfinished run again from scratch); refused if the suite has changed")  # fmt: skip
+    r.add_argument("--yes", action="store_true",
+                   help="run a suite above the limits (10,000 runs, or 24 h when every run reaches its deadline)")  # fmt: skip
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per run; SLO misses fail)")
     r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
     r.add_argument("--baseline", metavar="CSV|DIR", help="fail (exit 4) on regressions against this result set")

@@ -84,7 +84,8 @@ class SuiteProgress:
     """
 
     def __init__(self, suite: str, total_runs: int, bound_s: float | None, stream: TextIO = sys.stderr,
-                 live: bool | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 live: bool | None = None, *, clock: Callable[[], float] = time.monotonic,
+                 header: bool = True) -> None:  # fmt: skip
         self.suite = suite
         self.total_runs = total_runs
         self.bound_s = bound_s
@@ -102,8 +103,9 @@ class SuiteProgress:
         self._task: TaskID | None = None
         if _isatty(stream) if live is None else live:
             self._start_live()
-        bound = f"; at most {format_duration(bound_s)} by the deadlines" if bound_s is not None else ""
-        self._print(f"suite '{suite}': {total_runs} runs{bound}")
+        if header:  # the CLI states it itself, before the dry run's exit
+            bound = f"; at most {format_duration(bound_s)} by the deadlines" if bound_s is not None else ""
+            self._print(f"suite '{suite}': {total_runs} runs{bound}")
 
     # ------------------------------------------------------------------ the runner's calls
     def skipped(self, label: str, reason: str) -> None:

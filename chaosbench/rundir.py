@@ -4,7 +4,9 @@
     <out>/<suite>/<framework>__<fault|control>/<repeat>/
                                          RunDir: config.json (resolved scenario and launch plan), events.jsonl,
                                          logs/ (stdout/stderr of every process), checkpoints/, work/ (a command
-                                         workload's working directory), metrics.json
+                                         workload's working directory), metrics.json, timeline.png,
+                                         checkpoints.json (names and sizes of its checkpoint files), and last,
+                                         result.json: the run has ended (a run without it is unfinished)
 
 Everything a report shows can be recomputed from the run directories (``chaosbench report``).
 """
@@ -12,8 +14,27 @@ Everything a report shows can be recomputed from the run directories (``chaosben
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` so that a reader (or a harness killed halfway) sees the old file or the whole
+    new one, never a part: a temporary file in the same directory, flushed to disk, then renamed over it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def dirname(scenario_id: str) -> str:
@@ -27,6 +48,9 @@ class RunDir:
     CONFIG = "config.json"
     EVENTS = "events.jsonl"
     METRICS = "metrics.json"
+    RESULT = "result.json"
+    CHECKPOINT_LIST = "checkpoints.json"
+    TIMELINE_PNG = "timeline.png"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -68,12 +92,38 @@ class RunDir:
         return self.path / "checkpoints"
 
     @property
+    def ckpt_backing(self) -> Path:
+        """Where the checkpoint files really lie while a FUSE filesystem (stall-fs) serves them at checkpoints/."""
+        return self.path / "ckpt-backing"
+
+    def checkpoint_dirs(self) -> list[Path]:
+        """The directories holding the run's checkpoint files."""
+        return [d for d in (self.checkpoints, self.ckpt_backing) if d.is_dir()]
+
+    @property
     def work(self) -> Path:
         """A command workload's working directory (fresh per run, shared by its ranks and restarts)."""
         return self.path / "work"
 
+    @property
+    def result(self) -> Path:
+        return self.path / self.RESULT
+
+    @property
+    def checkpoint_list(self) -> Path:
+        return self.path / self.CHECKPOINT_LIST
+
     def read_config(self) -> dict[str, Any]:
         return dict(json.loads(self.config.read_text()))
+
+    def read_result(self) -> dict[str, Any] | None:
+        """The run's ``result.json`` (written last, atomically, when it ended), or None: the run is unfinished
+        (or its result unreadable, which counts the same: it is run again on ``--resume``)."""
+        try:
+            data = json.loads(self.result.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("status") else None
 
 
 class SuiteDir:

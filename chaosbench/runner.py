@@ -1,6 +1,8 @@
 """Runs a suite: every scenario in its own run directory (layout: :mod:`chaosbench.rundir`), one timeline each,
-guaranteed teardown. Each run's metrics are computed when it ends and the results table is rewritten, so a
-harness that dies keeps every finished run.
+guaranteed teardown. Each run's metrics are computed when it ends and its ``result.json`` written last, each
+file whole (written aside, then renamed), so a harness killed at any moment keeps every finished run, and
+``--resume`` (:meth:`Runner.run`) skips them and runs the rest, the unfinished one again from scratch. The
+suite's table is written once, at the end (or by ``chaosbench report``), from the runs' own files.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.errors import ChaosbenchError
@@ -29,13 +31,63 @@ from chaosbench.frameworks.base import (
 )
 from chaosbench.injectors.base import Injector, RunSetup
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
-from chaosbench.rundir import RunDir, SuiteDir
+from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 from chaosbench.runtimes.base import RunInfo, Runtime
 from chaosbench.specs import FaultSpec, Scenario, Suite
-from chaosbench.timeline import TimelineFollower, TimelineWriter
+from chaosbench.timeline import Event, TimelineFollower, TimelineWriter
 from chaosbench.workloads.base import Workload
 
 SUITE_MARKER = SuiteDir.MARKER
+#: Allowance per run for setting it up and tearing it down, beyond its deadline, in the suite's wall-time bound.
+RUN_OVERHEAD_S = 30.0
+#: Above these a suite runs only when told (``--yes``): most likely a typo (``repeats: 100000000``).
+MAX_RUNS = 10_000
+MAX_WALL_S = 24 * 3600.0
+
+
+class Progress(Protocol):
+    """What the runner tells about its progress (:class:`chaosbench.progress.SuiteProgress` shows it)."""
+
+    def skipped(self, label: str, reason: str) -> None: ...
+    def run_started(self, index: int, label: str, deadline_s: float, control: bool) -> None: ...
+    def on_event(self, event: Event) -> None: ...
+    def run_finished(self, label: str, summary: str, elapsed_s: float) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class _Lines:
+    """Progress as plain lines to a callable (or nowhere)."""
+
+    def __init__(self, out: Callable[[str], None] | None = None) -> None:
+        self.out = out or (lambda s: None)
+
+    def skipped(self, label: str, reason: str) -> None:
+        self.out(f"{label}: {reason}")
+
+    def run_started(self, index: int, label: str, deadline_s: float, control: bool) -> None:
+        self.out(f"[{index}] {label} ...")
+
+    def on_event(self, event: Event) -> None:
+        pass
+
+    def run_finished(self, label: str, summary: str, elapsed_s: float) -> None:
+        self.out(f"{label} {summary} ({elapsed_s:.1f} s)")
+
+    def message(self, text: str) -> None:
+        self.out(text)
+
+
+def suite_limits(suite: Suite) -> tuple[int, float, list[str]]:
+    """The suite's number of runs, an upper bound of its wall time (every run reaching its deadline, plus
+    :data:`RUN_OVERHEAD_S` each), and what exceeds :data:`MAX_RUNS` / :data:`MAX_WALL_S`; builds no run."""
+    n = suite.run_count()
+    bound_s = suite.wall_bound_s(RUN_OVERHEAD_S)
+    over = []
+    if n > MAX_RUNS:
+        over.append(f"{n} runs (limit {MAX_RUNS})")
+    if bound_s > MAX_WALL_S:
+        over.append(f"up to {bound_s / 3600:.1f} h (limit {MAX_WALL_S / 3600:g} h)")
+    return n, bound_s, over
 
 
 def _workload(scenario: Scenario) -> Workload:
@@ -132,12 +184,12 @@ class Runner:
         self,
         suite: Suite,
         out_dir: str | Path,
-        progress: Callable[[str], None] | None = None,
+        progress: Progress | Callable[[str], None] | None = None,
     ) -> None:
         self.suite = suite
         self.out_dir = Path(out_dir).resolve()
         self.suite_dir = self.out_dir / suite.name
-        self.progress = progress or (lambda s: None)
+        self.progress: Progress = progress if progress is not None and not callable(progress) else _Lines(progress)
         self.stop_requested = threading.Event()
         self._control: RunControl | None = None
         self.records: list[RunRecord] = []
@@ -155,7 +207,7 @@ class Runner:
         out = []
         with tempfile.TemporaryDirectory(prefix="chaosbench-dry-") as tmp:
             writer = TimelineWriter(Path(tmp) / "events.jsonl")
-            for sc in self.suite.scenarios():
+            for sc in self.suite.iter_scenarios():
                 run_dir = self._run_dir(sc)
                 runtime = _runtime(sc, RunInfo(f"dry-{sc.dirname}-{sc.repeat}", Path(tmp), writer))
                 job = self._job(sc, run_dir, runtime, "dry-run")
@@ -172,8 +224,9 @@ class Runner:
         problems: dict[str, list[str]] = {}
         with tempfile.TemporaryDirectory(prefix="chaosbench-outlook-") as tmp:
             writer = TimelineWriter(Path(tmp) / "events.jsonl")
-            for sc in self.suite.scenarios():
-                if sc.repeat or (sc.control and sc.framework_label in problems):
+            for fw, names, _ in self.suite.cells():  # first repeats only: a huge matrix is not built
+                sc = self.suite.scenario(fw, names, 0)
+                if sc.control and sc.framework_label in problems:
                     continue
                 runtime = _runtime(sc, RunInfo(f"outlook-{sc.dirname}", Path(tmp), writer))
                 framework = _framework(sc)
@@ -199,49 +252,113 @@ class Runner:
         )
 
     # ------------------------------------------------------------------ running
-    def prepare(self) -> None:
-        """Fresh suite directory: earlier results of this suite (and only of a chaosbench suite) go."""
-        if self.suite_dir.exists():
-            if not (self.suite_dir / SUITE_MARKER).exists():
-                raise ChaosbenchError(
-                    f"{self.suite_dir} exists and is not a chaosbench results directory; choose another --out"
-                )
-            from chaosbench.cleanup import cleanup
+    def prepare(self, resume: bool = False) -> None:
+        """Fresh suite directory: earlier results of this suite (and only of a chaosbench suite) go. With
+        ``resume`` an earlier one of the same suite definition is kept (after cleaning up what a crashed harness
+        left); a different definition is refused."""
+        marker = self.suite_dir / SUITE_MARKER
+        if self.suite_dir.exists() and not marker.exists():
+            raise ChaosbenchError(
+                f"{self.suite_dir} exists and is not a chaosbench results directory; choose another --out"
+            )
+        definition = self.suite.model_dump(mode="json")
+        from chaosbench.cleanup import cleanup
 
+        if resume and marker.exists():
+            earlier = SuiteDir(self.suite_dir).definition()
+            if earlier != definition:
+                changed = sorted(k for k in set(earlier or {}) | set(definition)
+                                 if (earlier or {}).get(k) != definition.get(k))  # fmt: skip
+                raise ChaosbenchError(
+                    f"{self.suite_dir}: cannot resume: suite '{self.suite.name}' has changed since those runs "
+                    f"(in {', '.join(changed) or 'its definition'}); run without --resume to start over"
+                )
+            for line in cleanup(self.suite_dir):  # what the killed harness left: processes, mounts, containers
+                self.progress.message(f"cleanup: {line}")
+            return
+        if self.suite_dir.exists():
             cleanup(self.suite_dir)  # a crashed earlier run may have left processes or a live FUSE mount there
             shutil.rmtree(self.suite_dir)
         self.suite_dir.mkdir(parents=True)
-        (self.suite_dir / SUITE_MARKER).write_text(
-            json.dumps({"suite": self.suite.name, "source": self.suite.source,
-                        "definition": self.suite.model_dump(mode="json")}, indent=2)
-        )  # fmt: skip
+        write_atomic(marker, json.dumps({"suite": self.suite.name, "source": self.suite.source,
+                                         "definition": definition}, indent=2))  # fmt: skip
 
-    def finish(self, rec: RunRecord) -> RunMetrics:
+    def finish(self, rec: RunRecord, elapsed_s: float | None = None) -> RunMetrics:
         """A run has ended: its metrics, computed once (against its framework's control, which runs first), go
-        into ``metrics.json`` and the suite's table is rewritten with every finished run so far (a harness that
-        dies keeps them). ``chaosbench report`` recomputes them all from the timelines."""
-        from chaosbench.analysis.results import run_metrics, write_table
+        into ``metrics.json``, its timeline plot is drawn, its checkpoints kept or not (``keep_checkpoints``),
+        and last its ``result.json``: from then on the run counts as finished (``--resume`` skips it).
+        ``chaosbench report`` recomputes the metrics from the timelines."""
+        from chaosbench.analysis.results import run_metrics
 
-        control = next((r.run_dir for r in self.records if r.scenario.control
-                        and r.scenario.framework_label == rec.scenario.framework_label), None)  # fmt: skip
-        rec.metrics = run_metrics(RunDir(rec.run_dir), RunDir(control) if control is not None else None)
+        control = self._control_of(rec.scenario)
+        rd = RunDir(rec.run_dir)
+        rec.metrics = run_metrics(rd, RunDir(control) if control is not None else None)
+        kept = self._checkpoints(rd, rec.metrics)
+        result = {"status": rec.result.status, "reason": rec.result.reason, "leftover_pids": rec.leftovers,
+                  "outcome": rec.metrics.outcome, "elapsed_s": elapsed_s, "checkpoints_kept": kept}  # fmt: skip
+        write_atomic(rd.result, json.dumps(result, indent=2, default=str))
         self.records.append(rec)
-        write_table(self.suite_dir, [r.metrics for r in self.records if r.metrics is not None])
         return rec.metrics
 
-    def run(self) -> list[RunRecord]:
-        self.prepare()
-        scenarios = self.suite.scenarios()
-        for i, sc in enumerate(scenarios, 1):
+    def _control_of(self, sc: Scenario) -> Path | None:
+        return next((r.run_dir for r in self.records if r.scenario.control
+                     and r.scenario.framework_label == sc.framework_label), None)  # fmt: skip
+
+    def _checkpoints(self, rd: RunDir, m: RunMetrics) -> bool:
+        """Record the run's checkpoint files (names, sizes) in ``checkpoints.json``, then delete them unless the
+        suite keeps them (``keep_checkpoints``: all; failed: runs that did not recover or diverged). Whether
+        they were kept."""
+        files = sorted(p for d in rd.checkpoint_dirs() for p in d.rglob("*") if p.is_file())
+        listing = [{"path": str(p.relative_to(rd.path)), "bytes": p.stat().st_size} for p in files]
+        policy = self.suite.keep_checkpoints
+        failed = m.outcome not in ("completed", "recovered") or m.fidelity == "diverged"
+        keep = policy == "all" or (policy == "failed" and failed)
+        write_atomic(rd.checkpoint_list, json.dumps(
+            {"policy": policy, "kept": keep, "files": len(listing), "bytes": sum(f["bytes"] for f in listing),
+             "checkpoints": listing}, indent=2))  # fmt: skip
+        if not keep:
+            for d in rd.checkpoint_dirs():
+                shutil.rmtree(d, ignore_errors=True)
+        return keep
+
+    def _finished(self, sc: Scenario) -> RunRecord | None:
+        """The record of a run an earlier harness finished (``result.json``), or None: run it (again)."""
+        rd = RunDir.of(self.suite_dir, sc)
+        res = rd.read_result()
+        if res is None or res["status"] == "interrupted":
+            return None
+        rec = RunRecord(sc, rd.path, JobResult(res["status"], res.get("reason") or ""),
+                        leftovers=list(res.get("leftover_pids") or []))  # fmt: skip
+        try:
+            rec.metrics = RunMetrics.from_dict(json.loads(rd.metrics.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        return rec
+
+    def run(self, resume: bool = False) -> list[RunRecord]:
+        """Every run of the suite, in order; with ``resume`` the runs an earlier harness finished are kept (same
+        seeds and plans) and the others run, an unfinished one from scratch. Ends by writing the suite's table."""
+        from chaosbench.analysis.results import write_table
+
+        self.prepare(resume)
+        total = self.suite.run_count()
+        for i, sc in enumerate(self.suite.iter_scenarios(), 1):
+            label = f"{sc.id} #{sc.repeat}"
+            if resume and (done := self._finished(sc)) is not None:
+                self.records.append(done)
+                self.progress.skipped(label, f"finished earlier ({done.metrics.outcome if done.metrics else '?'})")
+                continue
             if self.stop_requested.is_set():
-                self.progress(f"stopped: {len(scenarios) - i + 1} runs not started")
+                self.progress.message(f"stopped: {total - i + 1} runs not started")
                 break
-            label = f"[{i:>{len(str(len(scenarios)))}}/{len(scenarios)}] {sc.id} #{sc.repeat}"
-            self.progress(f"{label} ...")
+            self.progress.run_started(i, label, sc.deadline_s, sc.control)
             t = time.monotonic()
             rec = self.run_one(sc)
-            self.finish(rec)
-            self.progress(f"{label} {summarize(rec)} ({time.monotonic() - t:.1f} s)")
+            self.finish(rec, time.monotonic() - t)
+            self.progress.run_finished(label, summarize(rec), time.monotonic() - t)
+        metrics = [r.metrics for r in self.records if r.metrics is not None]
+        if metrics:
+            write_table(self.suite_dir, metrics)
         return self.records
 
     def run_one(self, sc: Scenario) -> RunRecord:
@@ -251,7 +368,9 @@ class Runner:
         run_dir.mkdir(parents=True)
         run_id = f"{self.suite.name}-{sc.dirname}-{sc.repeat}-{uuid.uuid4().hex[:8]}"
         timeline = TimelineWriter(RunDir(run_dir).events)
-        follower = TimelineFollower(RunDir(run_dir).events).start()
+        follower = TimelineFollower(RunDir(run_dir).events)
+        follower.subscribe(self.progress.on_event)
+        follower.start()
         runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
         runtime.line_observers.append(RankErrorWatcher(timeline))
         controllers: list[FaultController] = []
@@ -275,10 +394,9 @@ class Runner:
                     controllers.append(FaultController(fault_name, fault, injector, setup, sc.rng_seed + i))
             runtime.resolve()  # what the plan needs from the cluster, looked up now: planning itself runs nothing
             plan = framework.plan(job)
-            RunDir(run_dir).config.write_text(
-                json.dumps({"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
-                            "total_steps": job.workload.total_steps}, indent=2, default=str)
-            )  # fmt: skip
+            write_atomic(RunDir(run_dir).config, json.dumps(
+                {"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
+                 "total_steps": job.workload.total_steps}, indent=2, default=str))  # fmt: skip
             timeline.emit(
                 "run_start", suite=sc.suite, scenario=sc.id, framework=sc.framework_label, adapter=sc.adapter,
                 fault=sc.fault_name, repeat=sc.repeat, control=sc.control, seed=sc.seed, run_id=run_id,

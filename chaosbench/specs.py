@@ -25,6 +25,7 @@ Every problem is reported as one line naming the file, the line and the object:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -450,6 +451,11 @@ class Suite(_Strict):
     matrix: Matrix
     projection: Projection | None = None
     slos: Slos = Field(default_factory=dict, description="SLOs every fault run must meet")
+    keep_checkpoints: Literal["failed", "all", "none"] = Field(
+        default="failed",
+        description="which runs keep their checkpoint files once they end: failed (runs that did not recover, "
+        "or diverged from their control), all, none; the names and sizes are recorded either way",
+    )
 
     @field_validator("slos")
     @classmethod
@@ -480,15 +486,33 @@ class Suite(_Strict):
         return str(Path(self.source).resolve().parent) if self.source != "<suite>" else self.project_dir
 
     def scenarios(self) -> list[Scenario]:
-        """Controls first (one per framework), then every framework x fault schedule x repeat."""
-        out: list[Scenario] = []
+        """Controls first (one per framework), then every framework x fault schedule x repeat. Builds them all:
+        check :meth:`run_count` against a limit first (a typo such as ``repeats: 100000000``)."""
+        return list(self.iter_scenarios())
+
+    def iter_scenarios(self) -> Iterator[Scenario]:
+        """:meth:`scenarios` one at a time, in order."""
+        for fw, names, repeats in self.cells():
+            for rep in range(repeats):
+                yield self.scenario(fw, names, rep)
+
+    def cells(self) -> list[tuple[str, list[str], int]]:
+        """Every (framework, fault schedule, repeats) of the suite in run order; a control is ``(fw, [], 1)``."""
+        out: list[tuple[str, list[str], int]] = []
         for fw in self.matrix.all_frameworks():
             if self.control:
-                out.append(self.scenario(fw, [], 0))
-            for names, repeats in self.matrix.cells(fw):
-                for rep in range(repeats):
-                    out.append(self.scenario(fw, names, rep))
+                out.append((fw, [], 1))
+            out += [(fw, names, repeats) for names, repeats in self.matrix.cells(fw)]
         return out
+
+    def run_count(self) -> int:
+        """How many runs the suite makes (without building them)."""
+        return sum(repeats for _, _, repeats in self.cells())
+
+    def wall_bound_s(self, per_run_overhead_s: float) -> float:
+        """An upper bound of the suite's wall time: every run reaching its deadline, plus ``per_run_overhead_s``
+        for setting it up and tearing it down."""
+        return self.run_count() * (self.defaults.deadline_s + per_run_overhead_s)
 
     def framework_spec(self, label: str) -> FrameworkSpec:
         return self.frameworks.get(label) or FrameworkSpec()

@@ -219,6 +219,12 @@ class RunMetrics:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunMetrics:
+        """The metrics as :meth:`to_dict` wrote them (``metrics.json``); unknown keys (an older or newer
+        chaosbench) are left out."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
 
 #: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
 BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",

@@ -5,6 +5,7 @@ report reads (any may be missing). pandas and pyarrow are imported inside the fu
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.slo import evaluate
 from chaosbench.analysis.values import is_missing
 from chaosbench.errors import ChaosbenchError
-from chaosbench.rundir import RunDir, SuiteDir
+from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 from chaosbench.timeline import Event, read_events
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def run_metrics(run: RunDir, control: RunDir | None, write: bool = True,
     m.slo_ok = all(c.ok for c in checks) if checks else None
     m.slo_failures = [c.describe() for c in checks if not c.ok]
     if write:
-        run.metrics.write_text(json.dumps(m.to_dict(), indent=2, default=str))
+        write_atomic(run.metrics, json.dumps(m.to_dict(), indent=2, default=str))
     return m
 
 
@@ -155,7 +156,9 @@ def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_results(suite_dir: str | Path, df: pd.DataFrame) -> dict[str, Path]:
-    """Write ``results.csv`` and ``results.parquet`` into ``suite_dir``; return ``{"csv": …, "parquet": …}``."""
+    """Write ``results.csv`` and ``results.parquet`` into ``suite_dir``; return ``{"csv": …, "parquet": …}``.
+    Each file is replaced whole (written beside it, then renamed): a harness killed meanwhile leaves the old
+    table, never a torn one."""
     import pyarrow as pa
 
     suite_dir = Path(suite_dir)
@@ -163,13 +166,15 @@ def write_results(suite_dir: str | Path, df: pd.DataFrame) -> dict[str, Path]:
     safe = parquet_safe(df)
     csv = suite_dir / RESULTS_CSV
     parquet = suite_dir / RESULTS_PARQUET
-    safe.to_csv(csv, index=False)
+    write_atomic(csv, safe.to_csv(index=False))
+    tmp = suite_dir / f".{RESULTS_PARQUET}.tmp"
     try:
-        safe.to_parquet(parquet, index=False, engine="pyarrow")
+        safe.to_parquet(tmp, index=False, engine="pyarrow")
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         # Last resort, so the table is never lost: every object column as text.
         for col in safe.columns:
             if safe[col].dtype == object:
                 safe[col] = safe[col].map(_to_text).astype(object)
-        safe.to_parquet(parquet, index=False, engine="pyarrow")
+        safe.to_parquet(tmp, index=False, engine="pyarrow")
+    os.replace(tmp, parquet)
     return {"csv": csv, "parquet": parquet}

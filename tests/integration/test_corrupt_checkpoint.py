@@ -37,6 +37,7 @@ faults:
   cut: {{injector: corrupt-checkpoint, target: 1, trigger: {{at_step: 25}},
          params: {{mode: truncate, kill_after: true}}}}
 matrix: {{frameworks: [restart], faults: [torn, flip, cut], repeats: 1}}
+keep_checkpoints: all  # the control's are relaunched below
 """
 
 

@@ -196,7 +196,12 @@ def test_every_run_has_its_own_checkpoint_and_working_directory(run_suite, monke
     """)
     dirs = [Path(str(m.run_dir)) for m in res.values()]
     for d in dirs:
-        assert (d / "checkpoints" / "checkpoint.pt").is_file()
+        # both runs finished training and match: the default keep_checkpoints (failed) removed the files,
+        # their names and sizes stay on record
+        listing = json.loads((d / "checkpoints.json").read_text())
+        assert listing["kept"] is False and not (d / "checkpoints").exists()
+        assert [c["path"] for c in listing["checkpoints"]] == ["checkpoints/checkpoint.pt"]
+        assert listing["checkpoints"][0]["bytes"] > 0
         assert (d / "work").is_dir()
         config = json.loads((d / "config.json").read_text())
         assert config["scenario"]["project_dir"] == str(ROOT)

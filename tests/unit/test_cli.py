@@ -70,4 +70,4 @@ def test_suite_schema_file_is_fresh() -> None:
     shipped = json.loads((ROOT / "suites" / "suite.schema.json").read_text())
     assert shipped == json.loads(json.dumps(suite_schema(), sort_keys=True))
     assert set(shipped["properties"]) == {"name", "description", "seed", "control", "defaults", "frameworks",
-                                          "faults", "matrix", "projection", "slos"}  # fmt: skip
+                                          "faults", "matrix", "projection", "slos", "keep_checkpoints"}  # fmt: skip

@@ -168,15 +168,12 @@ def test_write_puts_each_file_where_ci_reads_it(tmp_path: Path, regressed: Compa
 # ------------------------------------------------------------------------------------------------ callers
 def cli_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: list[RunMetrics], records: list = (),
              baseline: Path | None = None, interrupted: bool = False) -> int:  # type: ignore[assignment]
-    """``chaosbench run``'s gate over ``metrics`` (as if collected from the suite directory)."""
-    import chaosbench.analysis.results as results
-
-    monkeypatch.setattr(results, "collect", lambda suite_dir, write=True: list(metrics))
+    """``chaosbench run``'s gate over ``metrics`` (as the runner computed them when each run ended)."""
     argv = ["run", "ci.yaml", "--junit", str(tmp_path / "ci.xml"), "--summary", str(tmp_path / "ci.md")]
     args: argparse.Namespace = cli.build_parser().parse_args(argv + (["--baseline", str(baseline)] if baseline else []))
     suite_dir = tmp_path / "now"
     suite_dir.mkdir(exist_ok=True)
-    return cli._gate(args, suite_dir, "ci", list(records), interrupted)
+    return cli._gate(args, suite_dir, "ci", list(records), list(metrics), interrupted)
 
 
 def test_cli_prints_what_it_gates_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:

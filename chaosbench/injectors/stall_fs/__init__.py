@@ -34,6 +34,7 @@ from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
 from chaosbench.injectors.stall_fs.server import FS_OPS, default_stats_path, no_faults, write_json_atomic
+from chaosbench.rundir import RunDir
 from chaosbench.timeline import read_events
 from chaosbench.waiting import wait_until
 
@@ -474,7 +475,7 @@ class StallFsInjector(Injector):
         self._setup = setup
         run_dir = Path(setup.run_dir).resolve()
         mount = FuseMount(
-            run_dir / "ckpt-backing", Path(setup.ckpt_dir), run_dir / "stallfs", run_dir / "logs"
+            RunDir(run_dir).ckpt_backing, Path(setup.ckpt_dir), run_dir / "stallfs", run_dir / "logs"
         )
         self.mount = mount
 

@@ -1,0 +1,130 @@
+"""The harness's own guard rails and bookkeeping without real ranks: suite size limits, ``--resume``'s notion of
+a finished run, a changed suite refused, the checkpoint keeping policy."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from chaosbench.analysis.metrics import RunMetrics
+from chaosbench.cli import main
+from chaosbench.errors import ChaosbenchError
+from chaosbench.frameworks.base import JobResult
+from chaosbench.rundir import RunDir
+from chaosbench.runner import MAX_RUNS, RUN_OVERHEAD_S, Runner, RunRecord, suite_limits
+from tests.conftest import ROOT, make_suite
+
+SUITE = """
+name: guard
+defaults:
+  deadline_s: 60
+  workload: {name: ddp-mlp, ranks: 2, steps: 20}
+frameworks: {restart: {}, none: {}}
+faults:
+  kill: {injector: kill, target: 1, trigger: {at_step: 5}}
+matrix: {frameworks: [restart, none], faults: [kill], repeats: %d}
+"""
+
+
+def test_limits_count_runs_without_building_them() -> None:
+    n, bound_s, over = suite_limits(make_suite(SUITE % 3))
+    assert n == 2 * (1 + 3) and bound_s == n * (60 + RUN_OVERHEAD_S) and over == []
+    t = time.monotonic()
+    n, bound_s, over = suite_limits(make_suite(SUITE % 100_000_000))
+    assert time.monotonic() - t < 1.0
+    assert n == 2 * (1 + 100_000_000) and len(over) == 2 and f"limit {MAX_RUNS}" in over[0]
+
+
+def test_a_typo_sized_suite_is_refused_in_a_dry_run_too(tmp_path: Path, capsys) -> None:
+    suite = tmp_path / "huge.yaml"
+    suite.write_text(SUITE % 100_000_000)
+    t = time.monotonic()
+    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    assert time.monotonic() - t < 5.0
+    err = capsys.readouterr().err
+    assert "200000002 runs" in err and "too large" in err and "--yes" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_dry_run_states_the_count_and_the_bound(tmp_path: Path, capsys) -> None:
+    assert main(["run", str(ROOT / "suites" / "smoke.yaml"), "--dry-run", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["runs_total"] == len(doc["runs"]) == 15
+    assert doc["wall_bound_s"] == 15 * (120 + RUN_OVERHEAD_S)
+    assert "15 runs, at most 38 min" in captured.err
+
+
+def _finished_run(runner: Runner, index: int, status: str) -> RunDir:
+    sc = runner.suite.scenarios()[index]
+    rd = RunDir.of(runner.suite_dir, sc)
+    rd.path.mkdir(parents=True)
+    rd.metrics.write_text(json.dumps(RunMetrics(scenario=sc.id, outcome="recovered").to_dict()))
+    rd.result.write_text(json.dumps({"status": status, "reason": "", "leftover_pids": []}))
+    return rd
+
+
+def test_resume_keeps_finished_runs_and_refuses_a_changed_suite(tmp_path: Path) -> None:
+    runner = Runner(make_suite(SUITE % 2), tmp_path)
+    runner.prepare()
+    scs = runner.suite.scenarios()
+    _finished_run(runner, 0, "completed")
+    _finished_run(runner, 1, "interrupted")
+    torn = RunDir.of(runner.suite_dir, scs[2])
+    torn.path.mkdir(parents=True)
+    torn.result.write_text('{"status": "compl')  # a harness killed mid-write (not possible with write_atomic)
+    resumed = Runner(make_suite(SUITE % 2), tmp_path)
+    resumed.prepare(resume=True)
+    done = resumed._finished(scs[0])
+    assert done is not None and done.result.status == "completed" and done.metrics is not None
+    assert done.metrics.outcome == "recovered"
+    assert resumed._finished(scs[1]) is None  # interrupted: run again
+    assert resumed._finished(scs[2]) is None  # unreadable: run again
+    assert resumed._finished(scs[3]) is None  # never started
+    with pytest.raises(ChaosbenchError, match=r"cannot resume: suite 'guard' has changed since .*\(in matrix\)"):
+        Runner(make_suite(SUITE % 3), tmp_path).prepare(resume=True)
+
+
+@pytest.mark.parametrize(("policy", "outcome", "fidelity", "kept"), [
+    ("failed", "recovered", "exact", False),
+    ("failed", "recovered", "diverged", True),
+    ("failed", "not_recovered", None, True),
+    ("all", "recovered", "exact", True),
+    ("none", "not_recovered", None, False),
+])  # fmt: skip
+def test_checkpoints_kept_by_policy_and_always_listed(tmp_path: Path, policy: str, outcome: str,
+                                                      fidelity: str | None, kept: bool) -> None:  # fmt: skip
+    runner = Runner(make_suite(SUITE % 1 + f"keep_checkpoints: {policy}\n"), tmp_path)
+    rd = RunDir(tmp_path / "run")
+    (rd.checkpoints / "step_00000010").mkdir(parents=True)
+    (rd.checkpoints / "step_00000010" / "__0_0.distcp").write_bytes(b"x" * 100)
+    rd.ckpt_backing.mkdir()
+    (rd.ckpt_backing / "c.pt").write_bytes(b"y" * 7)
+    assert runner._checkpoints(rd, RunMetrics(outcome=outcome, fidelity=fidelity)) is kept
+    listing = json.loads(rd.checkpoint_list.read_text())
+    assert listing["kept"] is kept and listing["policy"] == policy
+    assert listing["files"] == 2 and listing["bytes"] == 107
+    assert {c["path"] for c in listing["checkpoints"]} == {"checkpoints/step_00000010/__0_0.distcp",
+                                                           "ckpt-backing/c.pt"}  # fmt: skip
+    assert rd.checkpoints.exists() is kept and rd.ckpt_backing.exists() is kept
+
+
+def test_a_finished_run_is_recorded_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``result.json`` is written after metrics.json and checkpoints.json: its presence means the rest is there."""
+    import chaosbench.analysis.results as results
+
+    runner = Runner(make_suite(SUITE % 1), tmp_path)
+    sc = runner.suite.scenarios()[0]
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    order: list[str] = []
+    monkeypatch.setattr(results, "run_metrics", lambda run, control: order.append("metrics") or RunMetrics(outcome="completed"))
+    real = runner._checkpoints
+    monkeypatch.setattr(runner, "_checkpoints", lambda r, m: order.append("checkpoints") or real(r, m))
+    runner.finish(RunRecord(sc, rd.path, JobResult("completed")), elapsed_s=1.5)
+    assert order == ["metrics", "checkpoints"]
+    res = rd.read_result()
+    assert res is not None and res["status"] == "completed" and res["elapsed_s"] == 1.5
