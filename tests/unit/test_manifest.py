@@ -15,6 +15,7 @@ import pytest
 from chaosbench import manifest
 from chaosbench.errors import ChaosbenchError
 from chaosbench.manifest import MANIFEST, check, definition_sha256, main_verify, verify, write_manifest
+from chaosbench.rundir import RunDir
 
 DEFINITION = {"name": "t", "seed": 7, "frameworks": {"restart": {"max_restarts": 3}}}
 ARGV = ["chaosbench", "run", "suites/t.yaml", "--out", "reports"]
@@ -42,6 +43,9 @@ def _run_dir(suite: Path, scenario: str, repeat: int) -> Path:
     (d / "logs" / "rank0.i0.out").write_text("step 1\n" * 100)
     (d / "logs" / "rank0.i0.err").write_text("")
     (d / "checkpoints" / "step_00000010" / "rank0.pt").write_bytes(b"\0" * 4096)
+    (d / "checkpoints.json").write_text(json.dumps({"files": 1, "bytes": 4096}))
+    (d / "result.json").write_text(json.dumps({"status": "completed"}))
+    (d / "timeline.png").write_bytes(b"\x89PNG" + os.urandom(16))
     return d
 
 
@@ -89,7 +93,9 @@ def test_manifest_records_files_commands_and_suite(suite_dir: Path) -> None:
     assert m["files"][events] == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     assert {"suite.json", "results.csv", "results.parquet", "restart__control/0/metrics.json",
             "restart__control/0/logs/rank0.i0.err"} <= set(m["files"])  # fmt: skip
-    assert set(m["derived"]) == {"report.md", "report.html", "plots/restart_kill-rank1__0.png"}
+    assert set(m["derived"]) == {"report.md", "report.html", "plots/restart_kill-rank1__0.png",
+                                 "restart__control/0/timeline.png", "restart__kill-rank1/0/timeline.png"}  # fmt: skip
+    assert {"restart__control/0/result.json", "restart__control/0/checkpoints.json"} <= set(m["files"])
     ckpt = "restart__control/0/checkpoints/step_00000010/rank0.pt"
     assert m["checkpoints"] == {ckpt: {"size": 4096}, ckpt.replace("control", "kill-rank1"): {"size": 4096}}
     assert not any("checkpoints/" in rel for rel in m["files"]) and MANIFEST not in m["files"]
@@ -122,9 +128,10 @@ def test_versions_are_found_or_missing_with_reason(monkeypatch: pytest.MonkeyPat
 
 def test_clean_directory_verifies(suite_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _write(suite_dir)
+    (suite_dir / ".manifest.json.123.abcd").write_text("{")  # what a crashed write_manifest leaves
     assert verify(suite_dir) == []
     assert main_verify(str(suite_dir)) == 0
-    assert capsys.readouterr().out.strip() == "verified: 13 files, 2 runs, suite t"
+    assert capsys.readouterr().out.strip() == "verified: 17 files, 2 runs, suite t"
 
 
 def test_changed_result_file_is_a_problem_naming_it(
@@ -187,6 +194,7 @@ def test_removed_checkpoints_are_not_a_failure(suite_dir: Path) -> None:
         "1 of 2 checkpoint files listed are gone (checkpoints are not verified: a keep-checkpoints policy may "
         "delete them)"
     ]
+    assert main_verify(str(suite_dir), checkpoints=True) == 1
     strict = check(suite_dir, checkpoints=True).problems
     assert strict == ["restart__control/0/checkpoints/step_00000010/rank0.pt: checkpoint file listed in the "
                       "manifest is missing"]  # fmt: skip
@@ -240,7 +248,19 @@ def test_rewriting_keeps_the_earlier_command(suite_dir: Path) -> None:
 
 def test_derived_names_are_the_writers() -> None:
     from chaosbench.gate import COMPARISON_FILE, SUMMARY_FILE
+    from chaosbench.report.plots import TIMELINE_PNG
     from chaosbench.report.writer import PLOTS_DIR, REPORT_HTML, REPORT_MD
 
     assert set(manifest.DERIVED_FILES) == {REPORT_MD, REPORT_HTML, SUMMARY_FILE, COMPARISON_FILE}
     assert manifest.DERIVED_DIRS == (PLOTS_DIR,)
+    assert manifest.DERIVED_RUN_FILES == (TIMELINE_PNG,)
+
+
+def test_checkpoint_dirs_are_the_run_dirs(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    run.checkpoints.mkdir()
+    run.ckpt_backing.mkdir()
+    assert sorted(d.name for d in run.checkpoint_dirs()) == sorted(manifest.CHECKPOINT_DIRS)
+    (run.ckpt_backing / "step_1").mkdir()
+    rel = f"{tmp_path.parent.name}/{tmp_path.name}/ckpt-backing/step_1/x.pt"
+    assert manifest._section(rel) == "checkpoints"
