@@ -83,7 +83,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if paths:
         _progress(f"report: {paths.get('report.html')}  (also {paths.get('report.md')})")
     metrics = [r.metrics for r in records if r.metrics is not None]
-    return _gate(args, runner.suite_dir, suite.name, records, metrics, interrupted=runner.stop_requested.is_set())
+    code = _gate(args, runner.suite_dir, suite.name, records, metrics, interrupted=runner.stop_requested.is_set())
+    from chaosbench.manifest import write_manifest
+
+    _progress(f"manifest: {write_manifest(runner.suite_dir, args.argv, Path(args.suite))}")
+    return code
 
 
 def _print_outlook(outlook: list[dict[str, Any]], problems: dict[str, list[str]]) -> None:
@@ -185,6 +189,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if not actions:
         print("nothing to clean up")
     return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from chaosbench.manifest import main_verify
+
+    return main_verify(args.dir, checkpoints=args.checkpoints)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -327,6 +337,15 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("dir", help="a suite results directory, e.g. reports/ci")
     bl.add_argument("--to", required=True, metavar="CSV", help="where to store it, e.g. baselines/ci.csv")
     bl.set_defaults(fn=cmd_baseline)
+    vf = sub.add_parser("verify", help="check a suite directory against its manifest.json",
+                        description="Check every result file of a suite directory against the sha256 its "
+                                    "manifest.json recorded when the suite ran (timelines, logs, configs, figures: a "
+                                    "change fails; reports and plots are derived: a change is a note), the suite "
+                                    "definition's hash, and that every run of results.csv has its directory. Exit "
+                                    "0 when it holds, 1 otherwise.")  # fmt: skip
+    vf.add_argument("dir", help="a suite results directory, e.g. reports/smoke")
+    vf.add_argument("--checkpoints", action="store_true", help="also check checkpoint file names and sizes")
+    vf.set_defaults(fn=cmd_verify)
     f = sub.add_parser("faults", help="list the injectors and their parameters")
     f.set_defaults(fn=cmd_faults)
     c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts, "
@@ -354,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = ["chaosbench", *(sys.argv[1:] if argv is None else argv)]
     try:
         return int(args.fn(args))
     except (SpecError, UnknownPlugin) as exc:

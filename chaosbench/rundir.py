@@ -20,12 +20,22 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
 def write_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` so that a reader (or a harness killed halfway) sees the old file or the whole
     new one, never a part: a temporary file in the same directory, flushed to disk, then renamed over it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes it private; results are as readable as any file here
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

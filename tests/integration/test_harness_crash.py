@@ -1,0 +1,233 @@
+"""The harness SIGKILLed again and again at chosen moments of a suite (before its first step, during a fault,
+with a rank's cgroup in place, with the FUSE checkpoint mount up, with docker nodes up and a network fault's
+userspace delayer running, while the report is written): after each kill `chaosbench cleanup` leaves no
+process, container, network, mount, cgroup, iptables rule or qdisc of chaosbench, no finished run's result is
+lost, and `chaosbench run --resume` goes on; the last one completes the suite with every run once.
+
+Ten kills over two suites (six on the local runtime, four on docker); the moments are drawn from a seeded
+random generator (a delay after the moment's condition holds), the conditions are what makes each kill land
+where it is meant to (the test fails when the harness ended before it could be killed there)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from chaosbench.injectors.straggler import CPU_ROOT, cgroup_v1_cpu_available
+from chaosbench.rundir import RunDir, SuiteDir
+from tests.helpers import require
+
+pytestmark = pytest.mark.integration
+
+LOCAL = """
+name: crash-local
+seed: 3
+defaults:
+  deadline_s: 90
+  workload: {name: ddp-mlp, ranks: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.03}
+frameworks: {restart: {max_restarts: 2}}
+faults:
+  kill: {use: kill-rank, target: {rank: 1}, trigger: {at_step: 12}}
+  slow: {use: straggler, target: {rank: 1}, trigger: {at_step: 8}, params: {duration_s: 3, method: %s}}
+  stall: {use: stall-fs, trigger: {at_step: 5}, params: {write_delay_s: 0.05, fsync_delay_s: 0.05, duration_s: 3}}
+matrix: {frameworks: [restart], faults: [kill, slow, stall]}
+"""
+
+DOCKER = """
+name: crash-docker
+seed: 4
+defaults:
+  runtime: docker
+  deadline_s: 120
+  workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 40, checkpoint_every: 10, step_sleep_s: 0.02, pg_timeout_s: 5}
+frameworks: {restart: {heartbeat_timeout_s: 15}}
+faults:
+  delay: {injector: net-delay, target: {node: node1}, trigger: {at_step: 10}, params: {delay_ms: 30, duration_s: 4}}
+matrix: {frameworks: [restart], faults: [delay]}
+"""
+
+
+@dataclass
+class Kill:
+    """Kill the harness ``delay`` (drawn from ``[0, spread_s]``) after ``when`` holds, once ``after_progress``
+    (a run finished since this harness started) when asked."""
+
+    when: str  # start | fault | cgroup | mount | docker | report
+    after_progress: bool = False
+    spread_s: float = 0.3
+
+
+class Suite:
+    def __init__(self, tmp: Path, name: str, text: str, runs: int) -> None:
+        self.file = tmp / f"{name}.yaml"
+        self.file.write_text(text)
+        self.out = tmp / "out"
+        self.dir = self.out / name
+        self.runs = runs
+        self.kept: dict[Path, str] = {}  # finished runs: the digest of their result and metrics
+
+    def harness(self, resume: bool, log: Path) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "chaosbench.cli", "run", str(self.file), "--out", str(self.out)]
+        with log.open("ab") as f:
+            return subprocess.Popen(argv + (["--resume"] if resume else []), stdout=f, stderr=subprocess.STDOUT)
+
+    def finished(self) -> list[RunDir]:
+        return [r for r in SuiteDir(self.dir).runs() if r.read_result() is not None]
+
+    def unfinished(self) -> list[RunDir]:
+        return [r for r in SuiteDir(self.dir).runs() if r.read_result() is None]
+
+    def holds(self, when: str) -> bool:
+        if when == "start":
+            return self.dir.is_dir()
+        if when == "report":
+            return len(self.finished()) == self.runs
+        live = self.unfinished()
+        if when == "fault":
+            return any(r.events.is_file() and '"kind":"fault_inject"' in r.events.read_text() for r in live)
+        if when == "cgroup":
+            return any((CPU_ROOT / "chaosbench").glob("crash-local-*"))
+        if when == "mount":
+            return str(self.out) in Path("/proc/self/mountinfo").read_text()
+        if when == "docker":
+            return any(o.startswith("container") for o in _docker_objects(self.out))
+        raise AssertionError(when)
+
+
+def _digest(rd: RunDir) -> str:
+    return hashlib.sha256(rd.result.read_bytes() + rd.metrics.read_bytes()).hexdigest()
+
+
+def _docker_objects(out: Path) -> list[str]:
+    from chaosbench.runtimes.docker import RUN_DIR_LABEL
+    from chaosbench.runtimes.docker.image import connect
+
+    client = connect()
+    try:
+        objs = [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": RUN_DIR_LABEL})
+                if c.labels.get(RUN_DIR_LABEL, "").startswith(str(out))]  # fmt: skip
+        return objs + [f"network {n.name}" for n in client.networks.list(filters={"label": RUN_DIR_LABEL})
+                       if (n.attrs.get("Labels") or {}).get(RUN_DIR_LABEL, "").startswith(str(out))]  # fmt: skip
+    finally:
+        client.close()
+
+
+def _host_net_state() -> set[str]:
+    """iptables rules of chaosbench and netem/tbf qdiscs on the host (a fault's rules live in the nodes'
+    namespaces and go with them; anything here would have leaked)."""
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.splitlines()
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout.splitlines()
+    return {f"iptables: {r}" for r in rules if "chaosbench" in r} | {
+        f"qdisc: {q}" for q in qdiscs if q.split()[1:2] in (["netem"], ["tbf"])
+    }
+
+
+def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool) -> list[str]:
+    """Everything of chaosbench the killed harness (and its runs) could have left."""
+    out = []
+    for p in procs:  # every descendant the harness had at the moment it was killed
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"process {p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    for p in psutil.process_iter(["pid", "cmdline"]):  # and anything else naming the results directory
+        if str(suite.out) in " ".join(p.info["cmdline"] or []):
+            out.append(f"process {p.info['pid']} {' '.join(p.info['cmdline'])[:120]}")
+    out += [f"mount {line}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(suite.out) in line]
+    if (CPU_ROOT / "chaosbench").is_dir():
+        out += [f"cgroup {g}" for g in (CPU_ROOT / "chaosbench").glob("crash-*")]
+    if docker:
+        out += _docker_objects(suite.out)
+    return out + sorted(_host_net_state())
+
+
+def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docker: bool) -> None:
+    rng = random.Random(seed)
+    log = tmp / f"{suite.dir.name}.log"
+    net_before = _host_net_state()
+    for i, kill in enumerate(plan):
+        done_before = len(suite.finished())
+        harness = suite.harness(resume=i > 0, log=log)
+        try:
+            deadline = time.monotonic() + 240
+            while not (suite.holds(kill.when) and (not kill.after_progress or len(suite.finished()) > done_before)):
+                assert harness.poll() is None, f"kill {i} ({kill.when}): the harness ended first:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"kill {i}: {kill.when} never held"
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, kill.spread_s))
+            procs = psutil.Process(harness.pid).children(recursive=True)
+            assert harness.poll() is None, f"kill {i} ({kill.when}): the harness ended first"
+            harness.send_signal(signal.SIGKILL)
+            harness.wait(timeout=30)
+        finally:
+            if harness.poll() is None:
+                harness.kill()
+                harness.wait()
+        with log.open("a") as f:
+            f.write(f"\n=== test: SIGKILL {i} ({kill.when}); chaosbench cleanup\n")
+        clean = subprocess.run([sys.executable, "-m", "chaosbench.cli", "cleanup", str(suite.out)],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert clean.returncode == 0, clean.stderr
+        time.sleep(0.5)  # processes signalled by cleanup: let them go
+        left = [x for x in leftovers(suite, procs, docker) if x not in net_before]
+        assert left == [], f"after kill {i} ({kill.when}): {left}\n{clean.stdout}"
+        # no finished result lost: every run finished so far is still there, byte for byte
+        for rd, digest in suite.kept.items():
+            assert RunDir(rd).read_result() is not None and _digest(RunDir(rd)) == digest, f"kill {i}: {rd} lost"
+        suite.kept.update({rd.path: _digest(rd) for rd in suite.finished()})
+    final = subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", str(suite.file), "--out",
+                            str(suite.out), "--resume"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert final.returncode == 0, final.stdout + final.stderr[-3000:]
+    assert final.stderr.count("skipped: finished earlier") == len(suite.kept), final.stderr
+    for rd, digest in suite.kept.items():
+        assert _digest(RunDir(rd)) == digest, f"{rd} was run again"
+    with (suite.dir / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # the table an uninterrupted suite ends with: every run once, each as it should end
+    assert sorted((r["scenario"], r["repeat"]) for r in rows) == sorted({(r["scenario"], r["repeat"]) for r in rows})
+    assert len(rows) == suite.runs
+    for r in rows:
+        assert r["outcome"] == ("completed" if r["control"] == "True" else "recovered"), r
+        assert r["control"] == "True" or r["fidelity"] == "exact", r
+    assert (suite.dir / "report.html").is_file()
+    assert [x for x in leftovers(suite, [], docker) if x not in net_before] == []
+
+
+def test_sigkilled_harness_local_runtime(tmp_path: Path) -> None:
+    method = "cgroup" if cgroup_v1_cpu_available() else "duty-cycle"
+    require("cgroup", None if method == "cgroup" else f"cgroup v1 cpu controller not writable at {CPU_ROOT}")
+    suite = Suite(tmp_path, "crash-local", LOCAL % method, runs=4)
+    plan = [
+        Kill("start", spread_s=3.0),  # anywhere in the control's start
+        Kill("fault", after_progress=True),  # the kill fault has fired: its restart under way
+        Kill("cgroup" if method == "cgroup" else "fault", after_progress=True),  # rank 1 in its cgroup
+        Kill("mount", after_progress=True, spread_s=1.0),  # the stall run's FUSE mount up
+        Kill("fault"),  # the stall run again, its filesystem slowed
+        Kill("report", spread_s=0.2),  # every run finished: the report being written
+    ]
+    crash_and_resume(tmp_path, suite, plan, seed=13, docker=False)
+
+
+def test_sigkilled_harness_docker_runtime(tmp_path: Path) -> None:
+    from docker_support import require_docker
+
+    require_docker(tools=("nsenter", "tc", "iptables"))
+    suite = Suite(tmp_path, "crash-docker", DOCKER, runs=2)
+    plan = [
+        Kill("docker", spread_s=2.0),  # the control's containers up
+        Kill("fault", after_progress=True),  # the delay's NFQUEUE rule and its delayer in place
+        Kill("fault", spread_s=2.0),  # again, later in the fault window
+        Kill("report", spread_s=0.2),
+    ]
+    crash_and_resume(tmp_path, suite, plan, seed=14, docker=True)
