@@ -22,9 +22,8 @@ from chaosbench.analysis.fleet import (
     project,
 )
 from chaosbench.analysis.stats import median_ci, wilson, young_daly_interval_s
-from chaosbench.analysis.values import as_bool, as_float
 from chaosbench.report.document import Block, Cell, Heading, Image, Paragraph, Table
-from chaosbench.report.fmt import MISSING, parse_json_object
+from chaosbench.report.fmt import MISSING, as_bool, as_float, parse_json_object
 
 STAGES = ("badput_detect_s", "badput_restart_init_s", "badput_restore_s", "badput_recompute_s")
 STAGE_LABELS = ("detect", "restart/init", "restore", "recompute")

@@ -53,11 +53,14 @@ class Table:
 
 @dataclass
 class Image:
-    """A PNG under the suite directory: linked by relative path in Markdown, embedded in HTML."""
+    """A PNG, by its URL path relative to the report (``/``-separated, percent-quoted): linked by that path in
+    Markdown; in HTML embedded as base64 with ``embed`` (small suite-level figures, so the page stands alone),
+    else shown by that path and loaded lazily (per-run timelines, which live in the run directories)."""
 
     rel_path: str
     alt: str
     anchor: str | None = None
+    embed: bool = True
 
 
 Block = Heading | Paragraph | KeyValues | Table | Image

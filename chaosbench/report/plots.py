@@ -12,13 +12,21 @@ switch), so the harness and its tests stay headless and importing this module co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from chaosbench.report.fmt import as_bool, as_float, as_int
+from chaosbench.report.fmt import MISSING, as_bool, as_float, as_int, as_text
+from chaosbench.rundir import RunDir
 from chaosbench.timeline import Event, read_events
+
+if TYPE_CHECKING:
+    from chaosbench.analysis.metrics import RunMetrics
+
+#: A run's timeline plot, in its own run directory (drawn once when the run ends; linked by the report).
+TIMELINE_PNG = RunDir.TIMELINE_PNG
 
 #: Figure size in inches and resolution: 9x3 in at 80 dpi is ~720x240 px, a few tens of kB per PNG.
 FIGSIZE_IN = (9.0, 3.0)
@@ -58,7 +66,12 @@ class RunMarkers:
 
 
 def events_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "events.jsonl"
+    return Path(run_dir) / RunDir.EVENTS
+
+
+def timeline_png(run_dir: str | Path) -> Path:
+    """Where a run's timeline plot lies: ``<run_dir>/timeline.png``."""
+    return Path(run_dir) / TIMELINE_PNG
 
 
 def load_run_events(run_dir: str | Path) -> list[Event]:
@@ -241,3 +254,69 @@ def plot_timeline(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path, format="png", dpi=DPI, bbox_inches="tight")
     return out_path
+
+
+def run_title(row: Mapping[str, Any]) -> str:
+    """A run's plot title from its metrics row: ``restart/kill-rank1 · repeat 0 · recovered``."""
+    scenario = as_text(row.get("scenario")) or "(no scenario)"
+    control = " (control)" if as_bool(row.get("control")) else ""
+    rep = as_int(row.get("repeat"))
+    repeat = str(rep) if rep is not None else (as_text(row.get("repeat")) or "?")
+    return f"{scenario}{control} · repeat {repeat} · {as_text(row.get('outcome')) or MISSING}"
+
+
+def run_markers(row: Mapping[str, Any]) -> RunMarkers:
+    """The fault, detection and resume times of a run's metrics row (s since run_start; missing ones None)."""
+    return RunMarkers(
+        resume_t_s=as_float(row.get("resume_t_s")),
+        fault_t_s=as_float(row.get("fault_t_s")),
+        detect_t_s=as_float(row.get("detect_t_s")),
+    )
+
+
+def plot_run_timeline(run_dir: str | Path, title: str, markers: RunMarkers | None = None) -> Path:
+    """Draw the timeline of the run in ``run_dir`` (its ``events.jsonl``) into ``<run_dir>/timeline.png``.
+
+    Returns the PNG's path. The PNG is written next to it first and then renamed into place, so a harness
+    killed while drawing leaves the previous plot or none, never a truncated one. Raises ``OSError`` when the
+    timeline cannot be read or the PNG not written, ``ValueError`` when the timeline has no events, and
+    whatever matplotlib raises on a plotting bug (:func:`draw_run_timeline` never raises).
+    """
+    run_dir = Path(run_dir)
+    events = load_run_events(run_dir)
+    if not events:
+        raise ValueError("events.jsonl is empty" if events_path(run_dir).is_file() else "no events.jsonl")
+    out = timeline_png(run_dir)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        plot_timeline(events, tmp, title, markers)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+class DrawnTimeline(NamedTuple):
+    """What :func:`draw_run_timeline` did: the PNG's path, or ``None`` and why there is none."""
+
+    path: Path | None
+    reason: str | None
+
+
+def draw_run_timeline(run_dir: str | Path, metrics: RunMetrics | Mapping[str, Any]) -> DrawnTimeline:
+    """Draw one run's ``<run_dir>/timeline.png`` from its ``events.jsonl``, titled and marked (fault, detection,
+    resume) from its metrics: a :class:`~chaosbench.analysis.metrics.RunMetrics` or its results-table row.
+
+    Meant to be called once when a run ends, after its metrics are computed; the report then only links the
+    PNG. Never raises: returns ``(path, None)``, or ``(None, reason)`` when nothing could be drawn (no or an
+    empty timeline, an unreadable file, a plotting bug), so a plot never costs a run or a report.
+    """
+    try:
+        row: Mapping[str, Any] = metrics if isinstance(metrics, Mapping) else vars(metrics)
+        return DrawnTimeline(plot_run_timeline(run_dir, run_title(row), run_markers(row)), None)
+    except ValueError as exc:
+        return DrawnTimeline(None, f"no timeline: {exc}")
+    except OSError as exc:
+        return DrawnTimeline(None, f"timeline unreadable or plot not written: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a plotting bug must not cost the run or the report; it is reported
+        return DrawnTimeline(None, f"plot failed: {type(exc).__name__}: {exc}")

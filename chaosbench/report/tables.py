@@ -13,6 +13,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from chaosbench.analysis.metrics import RunMetrics
@@ -71,38 +72,47 @@ METRICS: list[tuple[str, str]] = [
 OUTCOMES = ["completed", "recovered", "not_recovered", "fault_not_fired", "contaminated", "failed", "error"]
 #: How outcome counts name runs whose outcome is missing.
 NO_OUTCOME = "no outcome"
+#: Suites of at most this many runs show every run's timeline plot in the report (by relative path, loaded
+#: lazily); larger ones only link each run's plot from its row, so a 10,000-run report stays a few MB to open.
+INLINE_TIMELINES_MAX_RUNS = 100
+#: A "missing: why" note names at most this many repeats (or ranges of repeats) per reason, then counts the rest.
+MAX_REPEATS_NAMED = 20
 
 
 @dataclass
 class RunView:
-    """One results row plus what the report made of it (its plot, or why there is none)."""
+    """One results row plus what the report made of it (its plot, or why there is none).
+
+    ``plot_rel``: the run's timeline PNG, as a URL path relative to the suite directory (``/``-separated,
+    percent-quoted). The row is not to be changed: what identifies the run is read from it once and cached.
+    """
 
     row: dict[str, Any]
     plot_rel: str | None = None
     plot_note: str | None = None
 
-    @property
+    @cached_property
     def scenario(self) -> str:
         return as_text(self.row.get("scenario")) or "(no scenario)"
 
-    @property
+    @cached_property
     def control(self) -> bool:
         return bool(as_bool(self.row.get("control")))
 
-    @property
+    @cached_property
     def repeat(self) -> int | None:
         return as_int(self.row.get("repeat"))
 
-    @property
+    @cached_property
     def repeat_label(self) -> str:
         rep = self.repeat
         return str(rep) if rep is not None else (as_text(self.row.get("repeat")) or "?")
 
-    @property
+    @cached_property
     def outcome(self) -> str | None:
         return as_text(self.row.get("outcome"))
 
-    @property
+    @cached_property
     def missing_reasons(self) -> dict[str, Any]:
         return parse_json_object(self.row.get("missing"))
 
@@ -139,7 +149,7 @@ def group_runs(runs: Sequence[RunView]) -> list[Group]:
 
 
 def _values(runs: Sequence[RunView], metric: str) -> list[float]:
-    return [v for r in runs if (v := r.value(metric)) is not None]
+    return [v for r in runs if (v := as_float(r.row.get(metric))) is not None]
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -162,36 +172,68 @@ def outcome_counter(runs: Sequence[RunView]) -> Counter[str]:
     return Counter(run.outcome or NO_OUTCOME for run in runs)
 
 
-def _missing_note(runs: Sequence[RunView], metric: str) -> str:
-    """Why the runs without a value for ``metric`` have none, grouped by reason."""
-    by_reason: dict[str, list[str]] = {}
+def repeats_text(runs: Sequence[RunView], limit: int = MAX_REPEATS_NAMED) -> str:
+    """The runs' repeats as ``repeats 0-3, 5, 9`` (consecutive numbers as ranges, in the runs' order); past
+    ``limit`` ranges the rest are counted (``…, 7 more``) so a note stays short in a suite of 10,000 runs."""
+    pieces: list[str] = []
+    start = prev = None
     for run in runs:
-        if run.value(metric) is not None:
+        rep = run.repeat
+        if rep is not None and prev is not None and rep == prev + 1:
+            prev = rep
             continue
+        if start is not None:
+            pieces.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = rep
+        if rep is None:
+            pieces.append(run.repeat_label)
+    if start is not None:
+        pieces.append(str(start) if start == prev else f"{start}-{prev}")
+    word = "repeat" if len(runs) == 1 else "repeats"
+    if len(pieces) > limit:
+        named = sum(_piece_size(p) for p in pieces[:limit])
+        return f"{word} {', '.join(pieces[:limit])}, … {len(runs) - named} more"
+    return f"{word} {', '.join(pieces)}"
+
+
+def _piece_size(piece: str) -> int:
+    lo, sep, hi = piece.partition("-")
+    return int(hi) - int(lo) + 1 if sep and lo.isdigit() and hi.isdigit() else 1
+
+
+def _missing_note(runs: Sequence[RunView], metric: str, missing: Sequence[RunView] | None = None) -> str:
+    """Why the runs without a value for ``metric`` (``missing``, when the caller has them) have none, grouped by
+    reason."""
+    if missing is None:
+        missing = [run for run in runs if run.value(metric) is None]
+    by_reason: dict[str, list[RunView]] = {}
+    for run in missing:
         reason = as_text(run.missing_reasons.get(metric)) or "no reason recorded"
-        by_reason.setdefault(reason, []).append(run.repeat_label)
+        by_reason.setdefault(reason, []).append(run)
     if not by_reason:
         return ""
     if len(by_reason) == 1 and sum(len(v) for v in by_reason.values()) == len(runs) and len(runs) > 1:
         return f"{next(iter(by_reason))} (all repeats)"
-    parts = []
-    for reason, repeats in by_reason.items():
-        word = "repeat" if len(repeats) == 1 else "repeats"
-        parts.append(f"{reason} ({word} {', '.join(repeats)})")
-    return "; ".join(parts)
+    return "; ".join(f"{reason} ({repeats_text(missing)})" for reason, missing in by_reason.items())
 
 
 def metrics_table(group: Group) -> Table:
     """Rows: metrics; columns: median, min, max, n (repeats with a value) and why values are missing."""
     rows: list[list[Cell]] = []
     for metric, kind in METRICS:
-        values = _values(group.runs, metric)
+        values: list[float] = []
+        missing: list[RunView] = []
+        for run in group.runs:
+            if (v := as_float(run.row.get(metric))) is None:
+                missing.append(run)
+            else:
+                values.append(v)
         cells = [
             fmt_value(kind, _median(values)),
             fmt_value(kind, min(values, default=None)),
             fmt_value(kind, max(values, default=None)),
         ]
-        rows.append([metric, *cells, str(len(values)), _missing_note(group.runs, metric)])
+        rows.append([metric, *cells, str(len(values)), _missing_note(group.runs, metric, missing)])
     return Table(["metric", "median", "min", "max", "n", "missing: why"], rows, numeric={1, 2, 3, 4})
 
 
@@ -202,7 +244,7 @@ def repeats_table(group: Group) -> Table:
         r = run.row
         plot: Cell
         if run.plot_rel:
-            plot = Link("plot", run.plot_rel, "#" + plot_anchor(run.plot_rel))
+            plot = Link("plot", run.plot_rel, run.plot_rel)
         else:
             plot = f"{MISSING} ({run.plot_note})" if run.plot_note else MISSING
         rows.append(
@@ -346,7 +388,8 @@ def outcomes_table(runs: Sequence[RunView]) -> Table:
     return Table(["outcome", "runs"], [[k, str(counter[k])] for k in keys], numeric={1})
 
 
-def scenario_blocks(group: Group) -> list[Block]:
+def scenario_blocks(group: Group, inline_timelines: bool = True) -> list[Block]:
+    """A scenario's section; with ``inline_timelines`` its runs' timeline PNGs are shown (by path) below it."""
     first = group.runs[0].row if group.runs else {}
     blocks: list[Block] = [
         Heading(2, f"Scenario: {group.label}", anchor=group.anchor),
@@ -364,19 +407,25 @@ def scenario_blocks(group: Group) -> list[Block]:
         repeats_table(group),
         *timeouts_blocks(group),
     ]
-    plots = [run for run in group.runs if run.plot_rel]
+    plots = [run for run in group.runs if run.plot_rel] if inline_timelines else []
     if plots:
         blocks.append(Heading(3, "Timelines"))
         for run in plots:
             assert run.plot_rel is not None
             alt = f"{group.label} repeat {run.repeat_label}: {run.outcome or MISSING}"
-            blocks.append(Image(run.plot_rel, alt, anchor=plot_anchor(run.plot_rel)))
+            blocks.append(Image(run.plot_rel, alt, anchor=plot_anchor(run.plot_rel), embed=False))
     return blocks
 
 
-def build_document(runs: Sequence[RunView], title: str, suite: str, generated: str) -> list[Block]:
-    """All blocks of the report, in reading order."""
+def build_document(
+    runs: Sequence[RunView], title: str, suite: str, generated: str, inline_timelines: bool | None = None
+) -> list[Block]:
+    """All blocks of the report, in reading order. ``inline_timelines``: show each run's timeline PNG below its
+    scenario (default: when there are at most :data:`INLINE_TIMELINES_MAX_RUNS` runs); each run's row links
+    its PNG either way."""
     groups = group_runs(runs)
+    if inline_timelines is None:
+        inline_timelines = len(runs) <= INLINE_TIMELINES_MAX_RUNS
     blocks: list[Block] = [
         Heading(1, title),
         KeyValues(
@@ -393,6 +442,9 @@ def build_document(runs: Sequence[RunView], title: str, suite: str, generated: s
         return blocks
     blocks += [Heading(2, "Outcomes"), outcomes_table(runs)]
     blocks += [Heading(2, "Comparison across scenarios"), comparison_table(groups)]
+    if not inline_timelines and any(run.plot_rel for run in runs):
+        blocks.append(Paragraph(f"{len(runs)} runs: each run's timeline plot is linked from its row in its "
+                                f"scenario's repeats table (shown inline up to {INLINE_TIMELINES_MAX_RUNS} runs)."))  # fmt: skip
     for g in groups:
-        blocks += scenario_blocks(g)
+        blocks += scenario_blocks(g, inline_timelines)
     return blocks

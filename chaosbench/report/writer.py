@@ -1,21 +1,25 @@
-"""``write_report``: turn a suite's results table and run timelines into report.md, report.html and plots."""
+"""``write_report``: turn a suite's results table into report.md and report.html, linking each run's timeline plot
+(``<run_dir>/timeline.png``, drawn when the run ended by :func:`chaosbench.report.plots.draw_run_timeline`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import re
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
+from chaosbench.errors import ChaosbenchError
 from chaosbench.report.analysis import analysis_blocks
 from chaosbench.report.document import Heading
-from chaosbench.report.fmt import MISSING, as_text
+from chaosbench.report.fmt import as_text
 from chaosbench.report.html import render_html
 from chaosbench.report.markdown import render_markdown
-from chaosbench.report.plots import RunMarkers, events_path, load_run_events, plot_timeline
-from chaosbench.report.tables import COLUMNS, RunView, build_document, group_runs
-from chaosbench.rundir import RunDir
+from chaosbench.report.plots import TIMELINE_PNG, DrawnTimeline, draw_run_timeline
+from chaosbench.report.tables import COLUMNS, RunView, build_document
+from chaosbench.rundir import RunDir, dirname
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -23,82 +27,99 @@ if TYPE_CHECKING:
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 PLOTS_DIR = "plots"
+#: ``write_report(plots=...)``: ``existing`` links the PNGs there are; ``missing`` draws the absent ones first;
+#: ``all`` redraws every run's.
+PLOTS_MODES = ("existing", "missing", "all")
+#: Why a run with a timeline has no plot in ``plots="existing"`` mode.
+NOT_DRAWN = "no timeline plot: drawn when the run ends; `chaosbench report --plots missing` draws missing ones"
+#: Drawing this many plots or more uses a process pool (one matplotlib per core): 0.3 s a plot adds up.
+POOL_MIN_PLOTS = 8
 
 
 def _records(results: pd.DataFrame) -> list[dict[str, Any]]:
-    """Rows as plain dicts with every report column present (absent columns read as missing)."""
-    records = results.reset_index(drop=True).to_dict("records")
-    return [{**dict.fromkeys(COLUMNS), **{str(k): v for k, v in rec.items()}} for rec in records]
+    """Rows as plain dicts of plain Python values, every report column present (absent columns read as missing)
+    and every missing value (NaN, ``pd.NA``, ``NaT``) ``None``. Built column by column (``tolist`` and one
+    ``isna`` per column): a third of ``to_dict("records")``'s time on 10,000 rows, and the tables then read
+    Python floats without pandas' help."""
+    columns: dict[str, list[Any]] = {}
+    for name in results.columns:
+        series = results[name]
+        values = series.tolist()
+        if series.hasnans:
+            values = [None if gap else v for v, gap in zip(values, series.isna().tolist(), strict=True)]
+        columns[str(name)] = values
+    absent = [c for c in COLUMNS if c not in columns]
+    keys = list(columns) + absent
+    rows = zip(*columns.values(), *([[None] * len(results)] * len(absent)), strict=True)
+    return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
-
-
-def _plot_name(run: RunView, used: set[str]) -> str:
-    """``plots/<scenario>__<repeat>.png`` with the scenario made file-safe (``/`` becomes ``_``); unique."""
-    base = f"{_safe_name(run.scenario)}__{_safe_name(run.repeat_label)}"
-    candidates = [base] + ([f"{base}-control"] if run.control else [])
-    candidates += [f"{base}-{i}" for i in range(2, len(used) + 3)]
-    for stem in candidates:
-        rel = f"{PLOTS_DIR}/{stem}.png"
-        if rel not in used:
-            used.add(rel)
-            return rel
-    raise AssertionError("unreachable: more candidates than used names")
-
-
-def _run_dir(suite_dir: Path, run: RunView) -> tuple[Path | None, str]:
-    """The run directory holding ``events.jsonl``, or ``None`` and why it was not found.
-
-    Tries ``run_dir`` as recorded, then relative to the suite directory, then the standard layout
-    (:class:`chaosbench.rundir.RunDir`).
-    """
-    recorded = as_text(run.row.get("run_dir"))
-    candidates: list[Path] = []
-    if recorded:
-        candidates.append(Path(recorded))
-        if not Path(recorded).is_absolute():
-            candidates.append(suite_dir / recorded)
+def _candidates(suite_dir: str, run: RunView) -> list[str]:
+    """Where the run's directory may be, as paths (strings: 10,000 runs make Path objects cost): the standard
+    layout under the suite directory (:class:`chaosbench.rundir.RunDir`; right for a suite that was moved or
+    copied), then ``run_dir`` as recorded, relative to the suite directory and then as it is."""
+    out: list[str] = []
     if as_text(run.row.get("scenario")) and run.repeat is not None:
-        candidates.append(RunDir.at(suite_dir, run.scenario, run.repeat).path)
-    for cand in candidates:
-        if events_path(cand).is_file():
-            return cand, ""
+        out.append(os.path.join(suite_dir, dirname(run.scenario), str(run.repeat)))
+    recorded = as_text(run.row.get("run_dir"))
     if recorded:
-        return None, f"no events.jsonl in {recorded}"
-    return None, "no run_dir recorded"
+        if not os.path.isabs(recorded):
+            out.append(os.path.join(suite_dir, recorded))
+        out.append(recorded)
+    return list(dict.fromkeys(out))
 
 
-def _draw(suite_dir: Path, run: RunView, used: set[str], written: dict[str, Path]) -> None:
-    """Plot one run's timeline; on any failure record why instead (a report never dies for one plot)."""
-    run_dir, why = _run_dir(suite_dir, run)
-    if run_dir is None:
-        run.plot_note = f"no timeline: {why}"
-        return
+def _href(png: str, suite_dir: str) -> str:
+    """The PNG's path relative to the report in ``suite_dir`` (absolute), as a URL path (``/``-separated,
+    percent-quoted)."""
+    if png.startswith(suite_dir + os.sep):
+        rel = png[len(suite_dir) + 1 :]
+    else:
+        try:
+            rel = os.path.relpath(png, suite_dir)
+        except ValueError:  # another drive (Windows): only an absolute link can reach it
+            return Path(png).resolve().as_uri()
+    return quote(rel.replace(os.sep, "/"))
+
+
+def _find_plot(suite_dir: str, run: RunView, redraw: bool) -> str | None:
+    """Link the run's existing timeline PNG (``plot_rel``), or say why there is none (``plot_note``); returns the
+    run directory to draw it in when it can be drawn (it has an ``events.jsonl``) and is absent or ``redraw``.
+    ``suite_dir``: absolute."""
+    candidates = _candidates(suite_dir, run)
+    if not candidates:
+        run.plot_note = "no timeline plot: no run_dir recorded"
+        return None
+    if not redraw:
+        for cand in candidates:
+            if os.path.isfile(png := os.path.join(cand, TIMELINE_PNG)):
+                run.plot_rel = _href(png, suite_dir)
+                return None
+    drawable = next((c for c in candidates if os.path.isfile(os.path.join(c, RunDir.EVENTS))), None)
+    if drawable is None:
+        recorded = as_text(run.row.get("run_dir"))
+        run.plot_note = f"no timeline plot: no events.jsonl in {recorded}" if recorded else \
+            "no timeline plot: no run_dir recorded"  # fmt: skip
+        return None
+    run.plot_note = NOT_DRAWN
+    return drawable
+
+
+def _draw_all(jobs: Sequence[tuple[str, dict[str, Any]]]) -> list[DrawnTimeline]:
+    """:func:`draw_run_timeline` for every (run directory, row); many at once in a process pool."""
+    if len(jobs) < POOL_MIN_PLOTS or (os.cpu_count() or 1) < 2:
+        return [draw_run_timeline(d, row) for d, row in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(os.cpu_count() or 1, len(jobs) // 2, 16)
+    # spawn, not fork: the caller may hold threads (the runner's), and a fork of a threaded process can deadlock
+    ctx = multiprocessing.get_context("spawn")
     try:
-        events = load_run_events(run_dir)
-    except OSError as exc:
-        run.plot_note = f"timeline unreadable: {exc}"
-        return
-    if not events:
-        run.plot_note = "no timeline: events.jsonl is empty"
-        return
-    rel = _plot_name(run, used)
-    title = f"{run.scenario}{' (control)' if run.control else ''} · repeat {run.repeat_label} · {run.outcome or MISSING}"
-    markers = RunMarkers(
-        resume_t_s=run.value("resume_t_s"),
-        fault_t_s=run.value("fault_t_s"),
-        detect_t_s=run.value("detect_t_s"),
-    )
-    try:
-        plot_timeline(events, suite_dir / rel, title, markers)
-    except Exception as exc:  # noqa: BLE001 - a plotting bug must not cost the whole report; it is reported
-        used.discard(rel)
-        run.plot_note = f"plot failed: {type(exc).__name__}: {exc}"
-        return
-    run.plot_rel = rel
-    written[rel] = suite_dir / rel
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            return list(pool.map(draw_run_timeline, [d for d, _ in jobs], [row for _, row in jobs], chunksize=4))
+    except (OSError, RuntimeError):  # no processes to be had (a BrokenProcessPool is a RuntimeError): in turn
+        return [draw_run_timeline(d, row) for d, row in jobs]
 
 
 def write_report(
@@ -106,30 +127,49 @@ def write_report(
     results: pd.DataFrame,
     title: str | None = None,
     definition: dict[str, Any] | None = None,
+    plots: str = "existing",
 ) -> dict[str, Path]:
-    """Write ``report.md``, ``report.html`` and ``plots/<scenario>__<repeat>.png`` into ``suite_dir``.
+    """Write ``report.md`` and ``report.html`` into ``suite_dir`` (and the suite-level figures under ``plots/``).
 
     ``results`` has one row per run (columns: see :data:`chaosbench.report.tables.COLUMNS`; any may be absent
-    or missing). Each run's plot is drawn from ``<run_dir>/events.jsonl``; a run without a readable timeline gets
-    no plot and the report says why. Missing metrics show as ``—`` with the reason from the ``missing`` column.
-    The HTML is self-contained (plots embedded as base64 PNG); the Markdown links the PNGs by relative path.
+    or missing). Missing metrics show as ``—`` with the reason from the ``missing`` column.
 
-    Returns what was written, keyed by path relative to ``suite_dir``: ``"report.md"``, ``"report.html"``
-    and one ``"plots/<name>.png"`` per plot. ``definition``: the suite's definition (``suite.json``), used
-    by the analysis section (checkpoint interval, projection settings); read from ``suite.json`` when omitted.
+    Run timelines are not drawn here but linked: each run's ``<run_dir>/timeline.png`` (drawn when the run
+    ended, :func:`chaosbench.report.plots.draw_run_timeline`) by its path relative to ``suite_dir``, from the
+    run's row in both reports, and shown below its scenario in suites of at most
+    :data:`~chaosbench.report.tables.INLINE_TIMELINES_MAX_RUNS` runs. The run directory is ``run_dir`` as
+    recorded, else relative to ``suite_dir``, else the standard layout. A run without a PNG gets a note saying
+    why. ``plots``: ``"existing"`` links only; ``"missing"`` first draws the PNGs that are absent (runs with an
+    ``events.jsonl``); ``"all"`` redraws every run's. A plot that cannot be drawn is noted, never raised.
+    The HTML embeds only the suite-level figures (a few tens of kB each) as base64.
+
+    Returns what was written, keyed by path relative to ``suite_dir``: ``"report.md"``, ``"report.html"``, the
+    suite-level figures (``"plots/<name>.png"``) and each run's PNG drawn by this call. ``definition``: the suite's
+    definition (``suite.json``), used by the analysis section (checkpoint interval, projection settings); read
+    from ``suite.json`` when omitted. Raises :class:`~chaosbench.errors.ChaosbenchError` for an unknown ``plots``.
     """
+    if plots not in PLOTS_MODES:
+        raise ChaosbenchError(f"plots={plots!r}: expected one of {', '.join(PLOTS_MODES)}")
     suite_dir = Path(suite_dir)
     suite_dir.mkdir(parents=True, exist_ok=True)
+    suite_abs = os.path.abspath(suite_dir)
     runs = [RunView(rec) for rec in _records(results)]
     suite = next((s for run in runs if (s := as_text(run.row.get("suite")))), None) or suite_dir.name
     title = title or f"chaosbench report: {suite}"
     generated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
     written: dict[str, Path] = {}
-    used: set[str] = set()
-    for group in group_runs(runs):  # group order, so plot names are stable
-        for run in group.runs:
-            _draw(suite_dir, run, used, written)
+    to_draw: list[tuple[RunView, str]] = []
+    for run in runs:
+        run_dir = _find_plot(suite_abs, run, redraw=plots == "all")
+        if run_dir is not None and plots != "existing":
+            to_draw.append((run, run_dir))
+    for (run, _), (png, why) in zip(to_draw, _draw_all([(d, r.row) for r, d in to_draw]), strict=True):
+        if png is None:
+            run.plot_note = why
+        else:
+            run.plot_rel, run.plot_note = _href(os.path.abspath(png), suite_abs), None
+            written[Path(os.path.relpath(png, suite_abs)).as_posix()] = png
 
     blocks = build_document(runs, title, suite, generated)
     if definition is None and (suite_dir / "suite.json").is_file():

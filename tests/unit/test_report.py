@@ -1,4 +1,5 @@
-"""Unit tests of chaosbench.report: tables, plots and the results table round trip (no torch)."""
+"""Unit tests of chaosbench.report: tables, per-run timeline plots and their links, and the results table round
+trip (no torch)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.analysis.results import is_missing, load_results, write_results
+from chaosbench.errors import ChaosbenchError
 from chaosbench.report import write_report
 from chaosbench.report.fmt import MISSING, as_bool, fmt_percent, fmt_seconds
+from chaosbench.report.plots import TIMELINE_PNG, draw_run_timeline
+from chaosbench.report.tables import INLINE_TIMELINES_MAX_RUNS, RunView, repeats_text
+from chaosbench.report.writer import NOT_DRAWN
 from chaosbench.timeline import TimelineWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -149,6 +155,8 @@ def _row(**kw: object) -> dict[str, object]:
 
 @pytest.fixture
 def suite(tmp_path: Path) -> tuple[Path, pd.DataFrame]:
+    """Four runs: the fault run's timeline plot drawn when it ended (as the runner does), the control's not
+    (it has a timeline), two repeats without a run directory."""
     suite_dir = tmp_path / "unit"
     fault_dir = suite_dir / "restart/kill-rank1" / "0"
     control_dir = suite_dir / "restart/control" / "0"
@@ -189,6 +197,8 @@ def suite(tmp_path: Path) -> tuple[Path, pd.DataFrame]:
             missing=json.dumps({"time_to_detect_s": "no fault in a control run"}),
         ),
     ]
+    path, why = draw_run_timeline(fault_dir, rows[0])
+    assert path == fault_dir / TIMELINE_PNG and why is None
     return suite_dir, pd.DataFrame(rows)
 
 
@@ -207,13 +217,15 @@ def test_write_report_files_tables_and_plots(suite: tuple[Path, pd.DataFrame]) -
     md_path, html_path = suite_dir / "report.md", suite_dir / "report.html"
     assert written["report.md"] == md_path and md_path.is_file()
     assert written["report.html"] == html_path and html_path.is_file()
-    plots = {k: v for k, v in written.items() if k.startswith("plots/")}
-    assert set(plots) == {"plots/restart_kill-rank1__0.png", "plots/restart_control__0.png",
-                          "plots/distribution_time_to_resume.png", "plots/badput_waterfall.png"}  # fmt: skip
+    # Only the suite-level figures are drawn; the run timelines are linked where they lie.
+    assert set(written) == {"report.md", "report.html", "plots/distribution_time_to_resume.png",
+                            "plots/badput_waterfall.png"}  # fmt: skip
     assert "## Framework comparison" in md_path.read_text()
-    for path in plots.values():
-        assert path.read_bytes().startswith(PNG_SIGNATURE)
-        assert path.stat().st_size < 200_000  # small enough for 20 plots per report
+    for path in [*written.values(), suite_dir / "restart/kill-rank1/0" / TIMELINE_PNG]:
+        if path.suffix == ".png":
+            assert path.read_bytes().startswith(PNG_SIGNATURE)
+            assert path.stat().st_size < 200_000  # small enough for 20 plots per report
+    assert not (suite_dir / "restart/control/0" / TIMELINE_PNG).exists()
 
     md = md_path.read_text()
     assert "# Unit report" in md
@@ -237,13 +249,76 @@ def test_write_report_files_tables_and_plots(suite: tuple[Path, pd.DataFrame]) -
     assert _table_row(md, "restart/control (control)")[3] == MISSING
     # Timeouts from the first row, plus the plot link by relative path and the reason for absent plots.
     assert _table_row(md, "detect_deadline")[1] == "60.000"
-    assert "(plots/restart_kill-rank1__0.png)" in md
-    assert "no timeline: no run_dir recorded" in md
+    assert _table_row(md, "0")[-1] == "[plot](restart/kill-rank1/0/timeline.png)"
+    assert "![restart/kill-rank1 repeat 0: recovered](restart/kill-rank1/0/timeline.png)" in md
+    assert "no timeline plot: no run_dir recorded" in md
+    assert NOT_DRAWN in md  # the control has a timeline but no plot yet
 
     html = html_path.read_text()
-    assert html.count('src="data:image/png;base64,') == 4  # 2 timelines + 2 analysis plots
-    assert not re.search(r'<img[^>]+src="(?!data:)', html)  # self-contained: no image by path
+    assert html.count('src="data:image/png;base64,') == 2  # the 2 suite-level figures only
+    by_path = re.findall(r'<img[^>]+src="(?!data:)([^"]+)"', html)
+    assert by_path == ["restart/kill-rank1/0/timeline.png"]  # the run's own PNG, by path, not embedded
+    assert '<a href="restart/kill-rank1/0/timeline.png">plot</a>' in html
     assert "restart/kill-rank1" in html and "11.000" in html
+
+
+def test_write_report_plots_modes(suite: tuple[Path, pd.DataFrame]) -> None:
+    suite_dir, df = suite
+    fault_png = suite_dir / "restart/kill-rank1/0" / TIMELINE_PNG
+    control_png = suite_dir / "restart/control/0" / TIMELINE_PNG
+    drawn_ns = fault_png.stat().st_mtime_ns
+
+    written = write_report(suite_dir, df, plots="missing")  # draws the control's only
+    assert set(written) - {"report.md", "report.html"} - {k for k in written if k.startswith("plots/")} == {
+        "restart/control/0/timeline.png"
+    }
+    assert control_png.read_bytes().startswith(PNG_SIGNATURE) and fault_png.stat().st_mtime_ns == drawn_ns
+    md = written["report.md"].read_text()
+    assert NOT_DRAWN not in md and "[plot](restart/control/0/timeline.png)" in md
+
+    written = write_report(suite_dir, df, plots="all")  # redraws both
+    assert {"restart/control/0/timeline.png", "restart/kill-rank1/0/timeline.png"} <= set(written)
+    assert not list(suite_dir.rglob(".timeline.png.*"))  # drawn beside, renamed into place
+
+    with pytest.raises(ChaosbenchError, match="plots='some'"):
+        write_report(suite_dir, df, plots="some")
+
+
+def test_draw_run_timeline_never_raises(tmp_path: Path) -> None:
+    m = RunMetrics(scenario="restart/kill-rank1", repeat=3, outcome="recovered", fault_t_s=2.2, resume_t_s=4.0)
+    path, why = draw_run_timeline(tmp_path / "nowhere", m)
+    assert path is None and why == "no timeline: no events.jsonl"
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "events.jsonl").write_text("")
+    assert draw_run_timeline(tmp_path / "empty", m) == (None, "no timeline: events.jsonl is empty")
+    _fake_run(tmp_path / "run", fault=True)
+    path, why = draw_run_timeline(tmp_path / "run", m)  # a RunMetrics, as the runner has it
+    assert path == tmp_path / "run" / TIMELINE_PNG and why is None
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_large_suite_links_timelines_without_showing_them(tmp_path: Path) -> None:
+    suite_dir = tmp_path / "big"
+    n = INLINE_TIMELINES_MAX_RUNS + 1
+    rows = []
+    for rep in range(n):
+        run_dir = suite_dir / "restart__kill-rank1" / str(rep)  # the standard layout, run_dir not recorded
+        run_dir.mkdir(parents=True)
+        (run_dir / TIMELINE_PNG).write_bytes(PNG_SIGNATURE)
+        rows.append(_row(repeat=rep, run_dir=None))
+    written = write_report(suite_dir, pd.DataFrame(rows))
+    html = written["report.html"].read_text()
+    assert html.count('<a href="restart__kill-rank1/') == n
+    assert not re.search(r'<img[^>]+src="(?!data:)', html)  # linked, not shown: the page stays small
+    assert f"{n} runs: each run's timeline plot is linked" in written["report.md"].read_text()
+
+
+def test_repeats_text_ranges() -> None:
+    runs = [RunView({"repeat": r}) for r in [0, 1, 2, 3, 5, 7, 8]] + [RunView({"repeat": "x"})]
+    assert repeats_text(runs) == "repeats 0-3, 5, 7-8, x"
+    assert repeats_text(runs[:1]) == "repeat 0"
+    many = [RunView({"repeat": r}) for r in range(0, 100, 2)]  # 50 runs, none consecutive
+    assert repeats_text(many, limit=3) == "repeats 0, 2, 4, … 47 more"
 
 
 def test_write_report_tolerates_sparse_frames(tmp_path: Path) -> None:
@@ -252,6 +327,7 @@ def test_write_report_tolerates_sparse_frames(tmp_path: Path) -> None:
     written = write_report(tmp_path / "a", df)
     md = written["report.md"].read_text()
     assert "(no scenario)" in md and MISSING in md
+    assert "no timeline plot: no run_dir recorded" in md
     written = write_report(tmp_path / "b", pd.DataFrame())
     assert "No runs" in written["report.md"].read_text()
     assert set(written) == {"report.md", "report.html"}
