@@ -33,7 +33,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.frameworks.base import (
@@ -74,6 +74,13 @@ class SlurmRequeueOptions(BaseModel):
     )
     sbatch_args: list[str] = Field(default_factory=list, description="more sbatch arguments, as is")
     srun_args: list[str] = Field(default_factory=list, description="more arguments of the ranks' srun")
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _keeps_our_names(cls, v: list[str]) -> list[str]:
+        from chaosbench.runtimes.slurm.runtime import keeps_job_identity
+
+        return keeps_job_identity(v)
 
 
 class SlurmRequeueFramework(Framework):
@@ -297,7 +304,7 @@ class SlurmRequeueFramework(Framework):
                         control.timeline.emit("give_up", src="framework", framework=self.label, reason=reason)
                         return JobResult("gave_up", why)
                 try:
-                    rt.slurm.requeue(job_id)
+                    rt.requeue_batch(job_id)
                 except ChaosbenchError as exc:  # e.g. still completing: try again at the next poll
                     if str(exc) != requeue_error:
                         requeue_error = str(exc)

@@ -114,7 +114,7 @@ class LocalRuntime(Runtime):
         this run's trees that is still the same process (psutil compares pid and creation time)."""
         with self._lock:
             roots = {h.pid for h in self._handles if not h.exited.is_set()}
-        return process.descends_from(proc, roots) or self._trees.known.get(proc.pid) == proc
+        return process.descends_from(proc, roots) or self._trees.knows(proc)
 
     def _refuse_foreign(self, procs: list[psutil.Process], doing: str) -> None:
         """The one rule before this runtime acts on a process (a signal, a node loss): every process of

@@ -208,6 +208,11 @@ class ProcessTrees:
             with self._lock:
                 self.known[pid] = proc
 
+    def knows(self, proc: psutil.Process) -> bool:
+        """Whether ``proc`` (the same process: pid and creation time) was seen in these trees."""
+        with self._lock:
+            return self.known.get(proc.pid) == proc
+
     def scan(self, roots: Iterable[Pid]) -> dict[int, psutil.Process]:
         """The running ``roots`` and all their descendants (:func:`tree`), remembered in ``known``."""
         found = tree(roots)

@@ -128,11 +128,17 @@ class SlurmOptions(BaseModel):
     @field_validator("sbatch_args", "srun_args")
     @classmethod
     def _keeps_our_names(cls, v: list[str]) -> list[str]:
-        for arg in v:
-            if arg.startswith(("--comment", "--job-name", "-J")):
-                raise ValueError(f"{arg!r}: the runtime names and comments every job itself (that is how it "
-                                 "knows the run's jobs from anyone else's)")  # fmt: skip
-        return v
+        return keeps_job_identity(v)
+
+
+def keeps_job_identity(args: list[str]) -> list[str]:
+    """Refuse (ValueError) extra srun/sbatch arguments that would rename or re-comment a job: the runtime names
+    and comments every job itself, and that is how it tells the run's jobs from anyone else's."""
+    for arg in args:
+        if arg.startswith(("--comment", "--job-name", "-J")):
+            raise ValueError(f"{arg!r}: the runtime names and comments every job itself (that is how it "
+                             "knows the run's jobs from anyone else's)")  # fmt: skip
+    return args
 
 
 # A shell helper run on the node (as an overlap step of one of our jobs): $1 signal (0: check only), $2 pid,
@@ -659,14 +665,23 @@ class SlurmRuntime(Runtime):
         for h in hs:
             h.exited.wait(timeout=10)
 
-    def cancel_batch(self, job_id: int) -> None:
-        """End a batch job of this run for good (``scancel``); refused (ChaosbenchError) for a job this runtime
-        did not submit."""
+    def _own_batch(self, job_id: int, doing: str) -> None:
         with self._lock:
             ours = job_id in self._batch
         if not ours:
-            raise ChaosbenchError(f"Slurm job {job_id} was not submitted by this run; not cancelling it")
+            raise ChaosbenchError(f"Slurm job {job_id} was not submitted by this run; not {doing} it")
+
+    def cancel_batch(self, job_id: int) -> None:
+        """End a batch job of this run for good (``scancel``); refused (ChaosbenchError) for a job this runtime
+        did not submit."""
+        self._own_batch(job_id, "cancelling")
         self.slurm.scancel([job_id])
+
+    def requeue_batch(self, job_id: int) -> None:
+        """Hand a batch job of this run back to the scheduler (``scontrol requeue``); refused (ChaosbenchError)
+        for a job this runtime did not submit."""
+        self._own_batch(job_id, "requeueing")
+        self.slurm.requeue(job_id)
 
     def cleanup(self, grace_s: float = 5.0) -> None:
         with self._lock:
