@@ -131,7 +131,7 @@ def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[A
     return gate.exit_code()
 
 
-def _write_report(suite_dir: Path, title: str | None, recompute: bool = True) -> dict[str, Path]:
+def _write_report(suite_dir: Path, title: str | None, recompute: bool = True, plots: str = "existing") -> dict[str, Path]:
     """The suite's report from its table; ``recompute``: every run's metrics recomputed from its timeline first
     (``chaosbench report``; a suite just run has its table already)."""
     from chaosbench.analysis.results import RESULTS_CSV, collect, load_results
@@ -141,7 +141,7 @@ def _write_report(suite_dir: Path, title: str | None, recompute: bool = True) ->
         return {}
     if not (suite_dir / RESULTS_CSV).exists():
         return {}
-    return write_report(suite_dir, load_results(suite_dir), title=title)
+    return write_report(suite_dir, load_results(suite_dir), title=title, plots=plots)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -155,7 +155,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ChaosbenchError(f"{d}: no chaosbench results found (expected {SUITE_MARKER})")
     for s in suites:
         title = json.loads((s / SUITE_MARKER).read_text()).get("suite")
-        paths = _write_report(s, title)
+        paths = _write_report(s, title, plots=args.plots)
         print(f"{s}: {paths.get('report.html', 'no runs')}")
     return EXIT_OK
 
@@ -304,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Recompute every metric from the runs' timelines and rewrite the "
                                      "reports of a suite directory (or of every suite below DIR).")  # fmt: skip
     rep.add_argument("dir", help="a suite results directory (e.g. reports/smoke) or a directory of them")
+    rep.add_argument("--plots", choices=["existing", "missing", "all"], default="existing",
+                     help="per-run timeline plots (each run's timeline.png, drawn when it ended): link the "
+                          "existing ones (default), draw the missing ones, or redraw all")  # fmt: skip
     rep.set_defaults(fn=cmd_report)
     cmp = sub.add_parser("compare", help="two result sets side by side, with the significance of each difference",
                          description="Compare result set B against A (suite directories or results CSVs): "

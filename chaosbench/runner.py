@@ -294,8 +294,12 @@ class Runner:
         rd = RunDir(rec.run_dir)
         rec.metrics = run_metrics(rd, RunDir(control) if control is not None else None)
         kept = self._checkpoints(rd, rec.metrics)
+        from chaosbench.report.plots import draw_run_timeline
+
+        plot = draw_run_timeline(rd.path, rec.metrics)  # once, here: the report links it
         result = {"status": rec.result.status, "reason": rec.result.reason, "leftover_pids": rec.leftovers,
-                  "outcome": rec.metrics.outcome, "elapsed_s": elapsed_s, "checkpoints_kept": kept}  # fmt: skip
+                  "outcome": rec.metrics.outcome, "elapsed_s": elapsed_s, "checkpoints_kept": kept,
+                  "timeline_plot": plot.reason or "timeline.png"}  # fmt: skip
         write_atomic(rd.result, json.dumps(result, indent=2, default=str))
         self.records.append(rec)
         return rec.metrics
