@@ -40,9 +40,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from chaosbench.specs import load_suite
 
     suite = load_suite(args.suite)
-    n, bound_s, over = suite_limits(suite)
+    if args.jobs < 1:
+        raise SpecError(f"--jobs {args.jobs}: give 1 or more runs at once")
+    n, bound_s, over = suite_limits(suite, args.jobs)
+    at_once = f", {args.jobs} at once" if args.jobs > 1 else ""
     _progress(f"suite '{suite.name}': {n} runs, at most {_duration(bound_s)} (each run to its deadline of "
-              f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down)")  # fmt: skip
+              f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})")  # fmt: skip
     if over and not args.yes:
         raise SpecError(f"{args.suite}: suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats "
                         f"and defaults.deadline_s); pass --yes to run it anyway")  # fmt: skip
@@ -59,7 +62,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                          indent=2, default=str))  # fmt: skip
         return EXIT_OK
 
+    from chaosbench.errors import Unsupported
     from chaosbench.progress import SuiteProgress
+
+    if args.jobs > 1:
+        try:
+            runner.slots(args.jobs, args.timings_may_interfere)
+        except Unsupported as exc:
+            raise SpecError(f"--jobs {args.jobs}: {exc}") from None
 
     interrupts = {"n": 0}
 
@@ -75,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with SuiteProgress(suite.name, n, bound_s, header=False) as progress:
             runner.progress = progress
             progress.message(f"results -> {runner.suite_dir}" + (" (resuming)" if args.resume else ""))
-            records = runner.run(resume=args.resume)
+            records = runner.run(resume=args.resume, jobs=args.jobs, timings_may_interfere=args.timings_may_interfere)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -292,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true",
                    help="continue an interrupted or crashed suite in OUT: keep its finished runs, run the rest "
                         "(an unfinished run again from scratch); refused if the suite has changed")  # fmt: skip
+    r.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run N independent runs at once where the runtime keeps them apart (slurm: nodes of "
+                        "their own; docker: CPUs of their own); the controls first (default 1)")  # fmt: skip
+    r.add_argument("--timings-may-interfere", action="store_true",
+                   help="allow --jobs on the local runtime, whose runs share this machine's CPUs: outcomes are "
+                        "checked, timings taken this way are not comparable")  # fmt: skip
     r.add_argument("--yes", action="store_true",
                    help="run a suite above the limits (10,000 runs, or 24 h when every run reaches its deadline)")  # fmt: skip
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per run; SLO misses fail)")

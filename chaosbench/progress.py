@@ -89,6 +89,8 @@ class SuiteProgress:
         self.suite = suite
         self.total_runs = total_runs
         self.bound_s = bound_s
+        #: Runs at once (``chaosbench run --jobs``): the waiting runs share that many slots in the ETA.
+        self.concurrency = 1
         self.stream = stream
         self._clock = clock
         self._started = clock()
@@ -97,6 +99,7 @@ class SuiteProgress:
         self._done = 0
         self._last_index = 0
         self._current: _Run | None = None
+        self._indices: dict[str, int] = {}  # label -> index of the runs started (several at once with --jobs)
         self._closed = False
         self._live: Live | None = None
         self._bar: Progress | None = None
@@ -121,6 +124,7 @@ class SuiteProgress:
         with self._lock:
             self._last_index = index
             self._current = _Run(index, label, deadline_s, control, self._clock())
+            self._indices[label] = index
             line = f"{self._prefix(index)} {label} ..."
         if self._live is None:
             self._print(line)
@@ -150,7 +154,7 @@ class SuiteProgress:
     def run_finished(self, label: str, summary: str, elapsed_s: float) -> None:
         """The current run ended after ``elapsed_s`` (measured by the caller): its summary line, with the ETA."""
         with self._lock:
-            index = self._current.index if self._current is not None else self._last_index
+            index = self._indices.pop(label, self._current.index if self._current is not None else self._last_index)
             self._current = None
             self._done += 1
             self._walls_s.append(elapsed_s)
@@ -196,7 +200,7 @@ class SuiteProgress:
         run = self._current
         waiting = self.total_runs - self._done - (1 if run is not None else 0)
         current_s = max(mean_s - (now - run.started), 0.0) if run is not None else 0.0
-        return max(waiting, 0) * mean_s + current_s, False
+        return max(waiting, 0) * mean_s / self.concurrency + current_s, False
 
     def _eta_text(self) -> str:
         eta_s, is_bound = self._eta()

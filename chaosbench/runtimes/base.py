@@ -97,6 +97,14 @@ class Runtime(ABC):
         #: ``on_line`` (the harness's own watchers: :class:`~chaosbench.frameworks.base.RankErrorWatcher`).
         self.line_observers: list[LineCallback] = []
 
+    @classmethod
+    def concurrent_slots(cls, options: dict[str, Any], jobs: int, nodes: int) -> list[dict[str, Any]]:
+        """Options for ``jobs`` runs at once that share nothing being timed (``chaosbench run --jobs``): one
+        dict per slot, merged over the suite's runtime options of each run placed in that slot (``nodes``: the
+        workload's node count). Raises :class:`~chaosbench.errors.Unsupported` when this runtime cannot keep
+        concurrent runs apart (the default)."""
+        raise Unsupported(f"the {cls.name} runtime cannot give concurrent runs resources of their own")
+
     def observed(self, on_line: LineCallback | None) -> LineCallback | None:
         """``on_line`` with :attr:`line_observers` called first; every ``start`` pumps its lines through it."""
         observers = list(self.line_observers)

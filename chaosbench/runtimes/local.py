@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.process import ProcessTrees, record_exit, record_start, start_pumps
@@ -66,6 +66,14 @@ class LocalRuntime(Runtime):
         self._lock = threading.Lock()
         self.logs_dir = Path(self.run.run_dir) / "logs"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def concurrent_slots(cls, options: dict[str, Any], jobs: int, nodes: int) -> list[dict[str, Any]]:
+        """Refused: every run of the local runtime shares this machine's CPUs (``--timings-may-interfere`` runs
+        them at once anyway, for correctness only)."""
+        raise Unsupported(f"the local runtime runs every rank on this machine's shared CPUs: {jobs} runs at once "
+                          "would time each other; pass --timings-may-interfere to run them anyway (outcomes "
+                          "only: their timings are not comparable)")  # fmt: skip
 
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -105,9 +105,12 @@ def test_calibration_time_to_detect_within_20ms(run_suite, delayed_detect) -> No
     fault = next(e for e in ev if e.kind == "fault_inject")
     # the harness's own error: the line read and stamped after the watchdog printed it ...
     assert 0 <= (detect.t_ns - int(detect["printed_ns"])) / 1e9 <= 0.020
-    # ... and, end to end, what time-to-detect adds to the kill's own latency and the known delay
+    # ... and, end to end, what time-to-detect adds to the kill's own latency and the watchdog's wait (the known
+    # delay as it really slept it: its oversleep under load is the calibrator's error, not the harness's)
     kill_latency = (int(detect["dead_ns"]) - fault["effect_t_ns"]) / 1e9
-    assert abs(m.time_to_detect_s - kill_latency - delay) <= 0.020, (m.time_to_detect_s, kill_latency)
+    waited = (int(detect["printed_ns"]) - int(detect["dead_ns"])) / 1e9
+    assert delay <= waited <= delay + 0.1
+    assert abs(m.time_to_detect_s - kill_latency - waited) <= 0.020, (m.time_to_detect_s, kill_latency, waited)
 
 
 def test_torchrun_with_one_agent_per_node_numbers_incarnations_consistently(run_suite) -> None:

@@ -229,3 +229,39 @@ def test_node_down_requeued_by_the_scheduler(tmp_path: Path, restart_runs: dict[
             break
         time.sleep(0.5)
     assert node_state(state.strip()) in (NodeState.UP, NodeState.BUSY), state
+
+
+def test_concurrent_runs_on_nodes_of_their_own(tmp_path: Path) -> None:
+    """``--jobs 2`` on the cluster: every run done once, outcomes as a sequential run has them, and two runs
+    that overlap in time never share a Slurm node (each slot excludes the other's nodes)."""
+    text = f"""
+    name: slurm-jobs
+    seed: 12
+    defaults:
+      runtime: slurm
+      deadline_s: 120
+      workload: {{name: ddp-mlp, ranks: 2, nodes: 1, steps: 30, checkpoint_every: 10, step_sleep_s: 0.03}}
+    frameworks: {{restart: {{heartbeat_timeout_s: 10}}}}
+    faults: {{kill: {KILL}}}
+    matrix: {{frameworks: [restart], faults: [kill], repeats: 2}}
+    """
+    data, smap = load_yaml_text(textwrap.dedent(text), "test_slurm.yaml")
+    runner = Runner(suite_from_data(data, smap), tmp_path)
+    records = runner.run(jobs=2)
+    assert [(r.scenario.id, r.scenario.repeat) for r in records] == [
+        ("restart/control", 0), ("restart/kill", 0), ("restart/kill", 1)]  # fmt: skip
+    for rec in records:
+        assert rec.leftovers == [], f"{rec.scenario.id}: jobs or processes left: {rec.leftovers}"
+    metrics = {f"{m.scenario}#{m.repeat}": m for m in collect(runner.suite_dir, write=False)}
+    assert metrics["restart/control#0"].outcome == "completed"
+    spans, nodes = {}, {}
+    for key in ("restart/kill#0", "restart/kill#1"):
+        m = metrics[key]
+        assert m.outcome == "recovered" and m.fidelity == "exact", (key, m.verdict)
+        ev = _events(m)
+        spans[key] = (_kinds(ev, "run_start")[0].t_ns, _kinds(ev, "run_end")[0].t_ns)
+        nodes[key] = {e["slurm_node"] for e in _kinds(ev, "node_map")}
+        assert nodes[key]
+    (a0, a1), (b0, b1) = spans.values()
+    assert a0 < b1 and b0 < a1, "the two fault runs did not run at the same time"
+    assert not (nodes["restart/kill#0"] & nodes["restart/kill#1"]), nodes

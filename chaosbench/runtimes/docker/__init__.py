@@ -100,6 +100,11 @@ class DockerOptions(BaseModel):
         description="interpreter inside a user's image: replaces the harness's own sys.executable in argv",
     )
     cpus_per_node: float | None = Field(default=None, gt=0, description="CPU limit of each node container")
+    cpuset: str | None = Field(
+        default=None, pattern=r"^[0-9]+([-,][0-9]+)*$",
+        description="host CPUs the node containers may run on, e.g. '0-3' (chaosbench run --jobs gives each "
+        "concurrent run its own)",
+    )
     memory_per_node: str | int | None = Field(default=None, description="memory limit of each node (e.g. 4g)")
     spare_nodes: int = Field(default=0, ge=0, description="hot spare containers started with the nodes")
     lost_node: Literal["reboot", "spare", "none"] = Field(
@@ -201,6 +206,19 @@ class DockerRuntime(Runtime):
     """Nodes are containers of the local Docker engine (see the module docstring)."""
 
     name: ClassVar[str] = "docker"
+
+    @classmethod
+    def concurrent_slots(cls, options: dict[str, Any], jobs: int, nodes: int) -> list[dict[str, Any]]:
+        """Each concurrent run on CPUs of its own (``cpuset``: the harness's CPUs split in ``jobs`` contiguous
+        parts) and, as every run, its own internal network. Refused when there are fewer CPUs than runs or the
+        suite pins a ``cpuset`` itself."""
+        if options.get("cpuset"):
+            raise Unsupported("docker: the suite pins cpuset itself; --jobs cannot give concurrent runs CPUs of their own")
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < jobs:
+            raise Unsupported(f"docker: {jobs} concurrent runs need a CPU each of their own; this host has {len(cpus)}")
+        share = len(cpus) // jobs
+        return [{"cpuset": ",".join(str(c) for c in cpus[i * share:(i + 1) * share])} for i in range(jobs)]
 
     @classmethod
     def cleanup_crashed(cls, results_dir: Path) -> list[str]:
@@ -353,6 +371,8 @@ class DockerRuntime(Runtime):
         }  # fmt: skip
         if self.opts.cpus_per_node is not None:
             spec["nano_cpus"] = int(self.opts.cpus_per_node * 1e9)
+        if self.opts.cpuset is not None:
+            spec["cpuset_cpus"] = self.opts.cpuset
         if self.opts.memory_per_node is not None:
             spec["mem_limit"] = self.opts.memory_per_node
         return spec

@@ -79,7 +79,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaosbench.errors import ChaosbenchError, MissingEngine
+from chaosbench.errors import ChaosbenchError, MissingEngine, Unsupported
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.process import record_exit, record_start, start_pumps, start_ticks
 from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
@@ -191,6 +191,29 @@ class SlurmRuntime(Runtime):
     @classmethod
     def cleanup_crashed(cls, results_dir: Path) -> list[str]:
         return cleanup_stale_jobs(results_dir)
+
+    @classmethod
+    def concurrent_slots(cls, options: dict[str, Any], jobs: int, nodes: int) -> list[dict[str, Any]]:
+        """Each concurrent run on Slurm nodes of its own: the partition's usable nodes (less ``exclude``) split
+        in ``jobs`` groups, each slot excluding every other group's, so no node is shared between two runs
+        being timed (a lost node is replaced from the slot's own group). Refused when a group would have fewer
+        nodes than the workload needs; a suite that pins ``nodes`` cannot be split either."""
+        opts = SlurmOptions(**{**cls.default_options, **options})
+        if opts.nodes:
+            raise Unsupported("slurm: the suite pins workload nodes to Slurm nodes; --jobs cannot place runs apart")
+        env = dict(os.environ)
+        if opts.slurm_conf:
+            env["SLURM_CONF"] = opts.slurm_conf
+        slurm = SlurmCommands(env, opts.command_timeout_s, opts.partition)
+        infos = slurm.nodes_info()
+        usable = [n for n in slurm.partition_nodes() if n not in opts.exclude
+                  and node_state(infos.get(n, {}).get("State", "")) in USABLE_NODE_STATES]  # fmt: skip
+        share = len(usable) // jobs  # the smallest group's size
+        if share < nodes:
+            raise Unsupported(f"slurm: {jobs} concurrent runs of {nodes} node(s) each need {jobs * nodes} usable "
+                              f"nodes; the partition has {len(usable)} ({', '.join(usable) or 'none'})")  # fmt: skip
+        groups = [usable[i::jobs] for i in range(jobs)]  # the remainder's nodes too: spares of the first groups
+        return [{"exclude": [*opts.exclude, *(n for n in usable if n not in group)]} for group in groups]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
