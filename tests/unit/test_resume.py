@@ -128,3 +128,41 @@ def test_a_finished_run_is_recorded_last(tmp_path: Path, monkeypatch: pytest.Mon
     assert order == ["metrics", "checkpoints"]
     res = rd.read_result()
     assert res is not None and res["status"] == "completed" and res["elapsed_s"] == 1.5
+
+
+# ------------------------------------------------------------------------------------------ --jobs slots
+def test_local_runs_at_once_only_when_timings_may_interfere(tmp_path: Path) -> None:
+    from chaosbench.errors import Unsupported
+
+    runner = Runner(make_suite(SUITE % 1), tmp_path)
+    with pytest.raises(Unsupported, match="shared CPUs.*--timings-may-interfere"):
+        runner.slots(2)
+    assert runner.slots(3, timings_may_interfere=True) == [{}, {}, {}]
+
+
+def test_docker_slots_split_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from chaosbench.errors import Unsupported
+    from chaosbench.runtimes.docker import DockerRuntime
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5})
+    assert DockerRuntime.concurrent_slots({}, 2, 2) == [{"cpuset": "0,1"}, {"cpuset": "2,3"}]
+    with pytest.raises(Unsupported, match="6 concurrent runs need a CPU each"):
+        DockerRuntime.concurrent_slots({}, 6, 1)
+    with pytest.raises(Unsupported, match="pins cpuset"):
+        DockerRuntime.concurrent_slots({"cpuset": "0"}, 2, 1)
+
+
+def test_slurm_slots_give_each_run_nodes_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chaosbench.errors import Unsupported
+    from chaosbench.runtimes.slurm.commands import SlurmCommands
+    from chaosbench.runtimes.slurm.runtime import SlurmRuntime
+
+    states = {"n1": "IDLE", "n2": "MIXED", "n3": "IDLE", "n4": "DOWN", "n5": "IDLE"}
+    monkeypatch.setattr(SlurmCommands, "nodes_info", lambda self: {n: {"State": s} for n, s in states.items()})
+    monkeypatch.setattr(SlurmCommands, "partition_nodes", lambda self: list(states))
+    slots = SlurmRuntime.concurrent_slots({"exclude": ["n5"]}, 2, 1)
+    assert slots == [{"exclude": ["n5", "n2"]}, {"exclude": ["n5", "n1", "n3"]}]  # n4 is down: in no group
+    with pytest.raises(Unsupported, match="2 concurrent runs of 2 node\\(s\\) each need 4 usable nodes"):
+        SlurmRuntime.concurrent_slots({"exclude": ["n5"]}, 2, 2)
