@@ -201,6 +201,10 @@ def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docke
         assert r["outcome"] == ("completed" if r["control"] == "True" else "recovered"), r
         assert r["control"] == "True" or r["fidelity"] == "exact", r
     assert (suite.dir / "report.html").is_file()
+    # the manifest written at the end of the resumed suite holds for every file of it
+    verify = subprocess.run([sys.executable, "-m", "chaosbench.cli", "verify", str(suite.dir)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert verify.returncode == 0 and verify.stdout.startswith("verified:"), verify.stdout + verify.stderr
     assert [x for x in leftovers(suite, [], docker) if x not in net_before] == []
 
 
