@@ -217,19 +217,21 @@ def build_suite(root: Path, n_runs: int, n_events: int, png: str) -> tuple[Path,
     return suite_dir, draw_s
 
 
-def time_report(suite_dir: Path, repeat: int) -> tuple[list[float], list[float]]:
+def time_report(suite_dir: Path, repeat: int) -> tuple[list[float], list[float], list[float]]:
+    """Wall seconds of load_results and of write_report, and the CPU seconds of both, per round."""
     from chaosbench.report import write_report
 
-    loads, reports = [], []
+    loads, reports, cpus = [], [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         df = load_results(suite_dir)
         t1 = time.perf_counter()
         write_report(suite_dir, df)
         t2 = time.perf_counter()
         loads.append(t1 - t0)
         reports.append(t2 - t1)
-    return loads, reports
+        cpus.append(time.process_time() - c0)
+    return loads, reports, cpus
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             import pyarrow.parquet as pq  # the read side's time includes pandas' import only once, as in the CLI
 
             pq.read_metadata(suite_dir / "results.parquet")
-            loads, reports = time_report(suite_dir, args.repeat)
+            loads, reports, cpus = time_report(suite_dir, args.repeat)
             html = (suite_dir / "report.html").stat().st_size
             md = (suite_dir / "report.md").stat().st_size
-            rows.append((n, statistics.median(loads), statistics.median(reports), html, md))
+            rows.append((n, statistics.median(loads), statistics.median(reports), statistics.median(cpus), html, md))
         if args.profile:
             from chaosbench.report import write_report
 
@@ -267,12 +269,18 @@ def main(argv: list[str] | None = None) -> int:
             prof.runcall(write_report, suite_dir, df)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
 
-    print(f"\nload_results + write_report (plots='existing'), median of {args.repeat} rounds:")
-    print(f"{'runs':>8} {'load s':>8} {'report s':>9} {'total s':>8} {'ms/run':>7} {'report.html':>12} {'report.md':>11}")
-    for n, load, report, html, md in rows:
+    print(f"\nload_results + write_report (plots='existing'), median of {args.repeat} rounds (wall seconds; CPU "
+          f"seconds of this process beside them, steadier on a shared machine; load avg {os.getloadavg()[0]:.1f}):")
+    print(f"{'runs':>8} {'load s':>8} {'report s':>9} {'total s':>8} {'cpu s':>7} {'ms/run':>7} {'report.html':>12} "
+          f"{'report.md':>11}")  # fmt: skip
+    for n, load, report, cpu, html, md in rows:
         total = load + report
-        print(f"{n:>8} {load:>8.3f} {report:>9.3f} {total:>8.3f} {total / n * 1e3:>7.3f} "
+        print(f"{n:>8} {load:>8.3f} {report:>9.3f} {total:>8.3f} {cpu:>7.3f} {total / n * 1e3:>7.3f} "
               f"{html / 1e6:>9.2f} MB {md / 1e6:>8.2f} MB")  # fmt: skip
+    for (n1, l1, r1, c1, _, _), (n2, l2, r2, c2, _, _) in zip(rows, rows[1:], strict=False):
+        print(f"from {n1} to {n2} runs: {(l2 + r2 - l1 - r1) / (n2 - n1) * 1e3:.3f} ms wall, "
+              f"{(c2 - c1) / (n2 - n1) * 1e3:.3f} ms CPU per added run (the rest is fixed: matplotlib's import, the "
+              "suite-level figures, the fleet projection)")  # fmt: skip
     if all_draws:
         print(f"\ndraw_run_timeline, one run's PNG: median {statistics.median(all_draws):.3f} s, "
               f"max {max(all_draws):.3f} s over {len(all_draws)} runs (the first includes matplotlib's import)")

@@ -1,6 +1,8 @@
-"""Reports of a suite: Markdown and self-contained HTML with per-run timeline plots, from the results table
-(:mod:`chaosbench.analysis.results`). :func:`write_report` writes ``report.md``, ``report.html`` and
-``plots/*.png`` into a suite directory. matplotlib is imported inside the functions, never at import time.
+"""Reports of a suite: Markdown and HTML from the results table (:mod:`chaosbench.analysis.results`), linking
+each run's timeline plot. :func:`write_report` writes ``report.md``, ``report.html`` and the suite-level figures
+(``plots/*.png``) into a suite directory; each run's ``timeline.png`` is drawn into its run directory when the run
+ends (:func:`chaosbench.report.plots.draw_run_timeline`). matplotlib is imported inside the functions, never at
+import time.
 """
 
 from __future__ import annotations
