@@ -1,4 +1,6 @@
-"""Per-run timeline plots, drawn only from the run's ``events.jsonl``.
+"""Per-run timeline plots, drawn only from the run's ``events.jsonl``, into the run's own directory
+(``<run_dir>/timeline.png``): once when the run ends (:func:`draw_run_timeline`, which never raises), and again
+only when ``chaosbench report`` is asked to; the report links them.
 
 x is seconds since the run's ``run_start`` event (the first event when there is none). One horizontal lane per
 rank (labelled ``node/rankN`` when the rank's ``rank_start`` names its node) carries a marker per ``step``
@@ -274,18 +276,22 @@ def run_markers(row: Mapping[str, Any]) -> RunMarkers:
     )
 
 
+class NoTimeline(ValueError):
+    """The run has no events to plot (no ``events.jsonl``, or an empty one)."""
+
+
 def plot_run_timeline(run_dir: str | Path, title: str, markers: RunMarkers | None = None) -> Path:
     """Draw the timeline of the run in ``run_dir`` (its ``events.jsonl``) into ``<run_dir>/timeline.png``.
 
     Returns the PNG's path. The PNG is written next to it first and then renamed into place, so a harness
-    killed while drawing leaves the previous plot or none, never a truncated one. Raises ``OSError`` when the
-    timeline cannot be read or the PNG not written, ``ValueError`` when the timeline has no events, and
+    killed while drawing leaves the previous plot or none, never a truncated one. Raises :class:`NoTimeline`
+    when the run has no events, ``OSError`` when the timeline cannot be read or the PNG not written, and
     whatever matplotlib raises on a plotting bug (:func:`draw_run_timeline` never raises).
     """
     run_dir = Path(run_dir)
     events = load_run_events(run_dir)
     if not events:
-        raise ValueError("events.jsonl is empty" if events_path(run_dir).is_file() else "no events.jsonl")
+        raise NoTimeline("events.jsonl is empty" if events_path(run_dir).is_file() else "no events.jsonl")
     out = timeline_png(run_dir)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -314,7 +320,7 @@ def draw_run_timeline(run_dir: str | Path, metrics: RunMetrics | Mapping[str, An
     try:
         row: Mapping[str, Any] = metrics if isinstance(metrics, Mapping) else vars(metrics)
         return DrawnTimeline(plot_run_timeline(run_dir, run_title(row), run_markers(row)), None)
-    except ValueError as exc:
+    except NoTimeline as exc:
         return DrawnTimeline(None, f"no timeline: {exc}")
     except OSError as exc:
         return DrawnTimeline(None, f"timeline unreadable or plot not written: {exc}")

@@ -284,7 +284,7 @@ def test_write_report_plots_modes(suite: tuple[Path, pd.DataFrame]) -> None:
         write_report(suite_dir, df, plots="some")
 
 
-def test_draw_run_timeline_never_raises(tmp_path: Path) -> None:
+def test_draw_run_timeline_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = RunMetrics(scenario="restart/kill-rank1", repeat=3, outcome="recovered", fault_t_s=2.2, resume_t_s=4.0)
     path, why = draw_run_timeline(tmp_path / "nowhere", m)
     assert path is None and why == "no timeline: no events.jsonl"
@@ -295,6 +295,14 @@ def test_draw_run_timeline_never_raises(tmp_path: Path) -> None:
     path, why = draw_run_timeline(tmp_path / "run", m)  # a RunMetrics, as the runner has it
     assert path == tmp_path / "run" / TIMELINE_PNG and why is None
     assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+    def broken(*args: object, **kwargs: object) -> Path:
+        raise RuntimeError("a plotting bug")
+
+    monkeypatch.setattr("chaosbench.report.plots.plot_timeline", broken)
+    assert draw_run_timeline(tmp_path / "run", {"scenario": "x"}) == (None, "plot failed: RuntimeError: a plotting bug")
+    assert path.read_bytes().startswith(PNG_SIGNATURE)  # the earlier plot stays
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["events.jsonl", TIMELINE_PNG]  # no temp left
 
 
 def test_large_suite_links_timelines_without_showing_them(tmp_path: Path) -> None:
