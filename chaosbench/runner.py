@@ -284,6 +284,8 @@ class Runner:
                 )
             for line in cleanup(self.suite_dir):  # what the killed harness left: processes, mounts, containers
                 self.progress.message(f"cleanup: {line}")
+            for tmp in self.suite_dir.glob(".*.tmp"):  # a table or report it was writing when killed
+                tmp.unlink(missing_ok=True)
             return
         if self.suite_dir.exists():
             cleanup(self.suite_dir)  # a crashed earlier run may have left processes or a live FUSE mount there
