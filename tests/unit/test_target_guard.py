@@ -2,7 +2,7 @@
 local (real processes: a pid the test started, a foreign process slipped into a node's tree), docker (fake
 containers, one without the run's label, and node names that are not the run's), slurm (a fake cluster with
 jobs of others and a job named like the run's but not commented as its). The real engines are in
-tests/integration/test_target_guard.py."""
+tests/integration/test_foreign_targets.py."""
 
 from __future__ import annotations
 
