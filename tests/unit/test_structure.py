@@ -118,3 +118,11 @@ def test_metric_names_are_defined_once() -> None:
     assert set(metric_names()) < fields
     for names in (LOWER_IS_BETTER, HIGHER_IS_BETTER, FAULT_METRICS, [m for m, _ in METRICS]):
         assert set(names) <= fields, set(names) - fields
+
+
+def test_test_files_have_unique_basenames() -> None:
+    """pytest imports test modules by basename (no packages under tests/): two alike fail collection."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+    assert [n for n, c in names.items() if c > 1] == []
