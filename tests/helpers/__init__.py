@@ -35,6 +35,21 @@ def require(engine: str, problem: str | None) -> None:
     pytest.skip(f"{engine} unavailable: {problem}", allow_module_level=True)
 
 
+def slurm_problem() -> str | None:
+    """Why no Slurm cluster answers here (``sinfo`` fails or lists no partition), or None."""
+    try:
+        res = subprocess.run(["sinfo", "-h", "-o", "%a %D"], capture_output=True, text=True, timeout=15)
+    except FileNotFoundError:
+        return "sinfo not found (no Slurm client on this host)"
+    except subprocess.TimeoutExpired:
+        return "sinfo gave no answer within 15 s"
+    if res.returncode != 0:
+        return (res.stderr.strip() or f"sinfo exit code {res.returncode}").splitlines()[-1]
+    if not res.stdout.strip():
+        return "sinfo lists no partition"
+    return None
+
+
 def run_suite_text(text: str, out: Path, name: str = "test.yaml") -> dict[str, Any]:
     """Run a suite given as YAML text into ``out``, checking that no run left a process behind; returns
     {scenario id: RunMetrics} (one repeat each)."""

@@ -34,7 +34,7 @@ from chaosbench.runtimes import process
 from chaosbench.runtimes.base import ProcessSpec, RunInfo, Runtime
 from chaosbench.runtimes.local import LocalNodeLossOptions, LocalRuntime
 from chaosbench.timeline import TimelineWriter
-from tests.helpers import require
+from tests.helpers import require, slurm_problem
 
 pytestmark = pytest.mark.integration
 
@@ -162,18 +162,6 @@ def test_docker_refuses_a_container_without_the_runs_label(tmp_path: Path, docke
 
 
 # ---------------------------------------------------------------------------------------------- slurm
-def _slurm_problem() -> str | None:
-    try:
-        res = subprocess.run(["sinfo", "-h", "-o", "%a %D"], capture_output=True, text=True, timeout=15)
-    except FileNotFoundError:
-        return "sinfo not found (no Slurm client on this host)"
-    except subprocess.TimeoutExpired:
-        return "sinfo gave no answer within 15 s"
-    if res.returncode != 0 or not res.stdout.strip():
-        return (res.stderr.strip() or "sinfo lists no partition").splitlines()[-1]
-    return None
-
-
 def _sbatch(node: str, name: str) -> int:
     out = subprocess.run(["sbatch", "--parsable", "-N1", "-n1", "-w", node, f"--job-name={name}", "-o", "/dev/null",
                           "-t", "5:00", "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
@@ -200,7 +188,7 @@ def _sleep_pid(job: int, node: str) -> int | None:
 def slurm_jobs(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A slurm runtime whose own job runs on n1, a job of someone else's on n1 and one named like the run's jobs,
     not submitted by it, on n2; every job cancelled at the end."""
-    require("slurm", None if (p := _slurm_problem()) is None else f"no cluster answers: {p}")
+    require("slurm", None if (p := slurm_problem()) is None else f"no cluster answers: {p}")
     from chaosbench.runtimes.slurm import SlurmOptions, SlurmRuntime
 
     opts = SlurmOptions(nodes={"node0": "n1", "node1": "n2"}, measure_clocks=False, time_limit="5:00")

@@ -21,26 +21,12 @@ from chaosbench.runner import Runner
 from chaosbench.specs import load_yaml_text, suite_from_data
 from chaosbench.timeline import Event
 from tests.helpers import events_of as _events
-from tests.helpers import require
+from tests.helpers import require, slurm_problem
 
 pytestmark = pytest.mark.integration
 
 
-def _cluster_problem() -> str | None:
-    try:
-        res = subprocess.run(["sinfo", "-h", "-o", "%a %D"], capture_output=True, text=True, timeout=15)
-    except FileNotFoundError:
-        return "sinfo not found (no Slurm client on this host)"
-    except subprocess.TimeoutExpired:
-        return "sinfo gave no answer within 15 s"
-    if res.returncode != 0:
-        return (res.stderr.strip() or f"sinfo exit code {res.returncode}").splitlines()[-1]
-    if not res.stdout.strip():
-        return "sinfo lists no partition"
-    return None
-
-
-_PROBLEM = _cluster_problem()
+_PROBLEM = slurm_problem()
 require(
     "slurm",
     None if _PROBLEM is None else f"no cluster answers: {_PROBLEM} (start one with scripts/slurm-local up)",
