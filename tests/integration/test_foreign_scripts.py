@@ -31,6 +31,8 @@ class Script:
     name: str
     workload: str  # YAML of the workload's command/env/patterns (indented under `workload:`)
     every_rank_logs: bool  # restart's watchdog can only blame a rank that reports steps
+    # torchrun x hang runs to the deadline (the scripts keep torch's 30-minute timeout): once is enough for CI
+    torchrun_hang: bool = False
 
 
 SCRIPTS = [
@@ -46,6 +48,7 @@ SCRIPTS = [
           train_end: 'final checksum (?P<digest>[0-9a-f]+)'
         """,
         every_rank_logs=True,
+        torchrun_hang=True,
     ),
     Script(
         "trainer_style",
@@ -94,7 +97,10 @@ def _suite(script: Script) -> str:
     faults:
       kill: {{injector: kill, target: {{rank: 1}}, trigger: {{at_step: 15}}}}
       hang: {{injector: hang, target: {{rank: 1}}, trigger: {{at_step: 15}}}}
-    matrix: {{frameworks: [restart, torchrun], faults: [kill, hang], repeats: 1}}
+    matrix:
+      frameworks: [restart, torchrun]
+      faults: [kill]
+      include: [{{frameworks: [restart{", torchrun" if script.torchrun_hang else ""}], faults: [hang]}}]
     """
 
 
@@ -131,6 +137,8 @@ def test_foreign_script_under_restart_and_torchrun(run_suite, script: Script, mo
     else:
         assert hang.blame == "wrong" and hang.blamed == "rank 0", hang.verdict
 
+    if not script.torchrun_hang:
+        return
     hang = res["torchrun/hang#0"]
     assert hang.outcome == "not_recovered" and hang.run_end_outcome == "deadline"
     assert not hang.detected and hang.time_to_detect_s is None, hang.verdict
