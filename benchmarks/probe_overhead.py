@@ -114,9 +114,11 @@ def main() -> None:
     print(f"A/B pairs range {min(ratios) * 100:+.2f} .. {max(ratios) * 100:+.2f} %"
           + (": wider than the goal, so the A/B cannot resolve it here (a noisy machine); the per-call figure can"
              if spread > GOAL_RATIO else ""))  # fmt: skip
-    print(f"probe overhead: A/B {ab * 100:+.2f} % (median of {args.pairs} pairs), per-call {on / step_s * 100:.3f} % "
-          f"of step time vs goal <= {GOAL_RATIO * 100:g} %: "
-          f"{'met' if max(ab, on / step_s) <= GOAL_RATIO else 'NOT met'}")  # fmt: skip
+    # an A/B whose own pairs spread wider than the goal cannot decide it: then the per-call figure decides alone
+    decisive = on / step_s if spread > GOAL_RATIO else max(ab, on / step_s)
+    print(f"probe overhead: A/B {ab * 100:+.2f} % (median of {args.pairs} pairs"
+          f"{', too noisy to decide' if spread > GOAL_RATIO else ''}), per-call {on / step_s * 100:.3f} % of step "
+          f"time vs goal <= {GOAL_RATIO * 100:g} %: {'met' if decisive <= GOAL_RATIO else 'NOT met'}")  # fmt: skip
 
 
 if __name__ == "__main__":
