@@ -47,6 +47,8 @@ RUN_OVERHEAD_S = 30.0
 #: Above these a suite runs only when told (``--yes``): most likely a typo (``repeats: 100000000``).
 MAX_RUNS = 10_000
 MAX_WALL_S = 24 * 3600.0
+#: The harness's GIL switch interval while a suite runs (at most; Python's default is 5 ms): see Runner.run.
+SWITCH_INTERVAL_S = 0.001
 
 
 class Progress(Protocol):
@@ -373,7 +375,7 @@ class Runner:
         # switch interval a busy thread delays it by up to that (p99 of the stamp error 20-28 ms on a loaded
         # 2-core machine, 8 ms with 1 ms: benchmarks/detect_calibration.py).
         switch_s = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch_s, 0.001))
+        sys.setswitchinterval(min(switch_s, SWITCH_INTERVAL_S))
         try:
             return self._run(resume, slots)
         finally:
