@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +30,30 @@ def _umask() -> int:
 _UMASK = _umask()
 
 
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` so that a reader (or a harness killed halfway) sees the old file or the whole
-    new one, never a part: a temporary file in the same directory, flushed to disk, then renamed over it."""
+def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Make ``path`` whole or not at all: ``write`` fills a temporary file beside it (given its path; what it
+    returns is ignored), which is flushed to disk and renamed over ``path``; a reader, or a harness killed
+    halfway, sees the old file or the whole new one, never a part. On any failure the temporary file goes and
+    the error propagates."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes it private; results are as readable as any file here
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        os.close(fd)
+        write(tmp)
+        with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all (:func:`replace_atomic`)."""
+    return replace_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def dirname(scenario_id: str) -> str:

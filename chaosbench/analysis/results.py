@@ -5,7 +5,6 @@ report reads (any may be missing). pandas and pyarrow are imported inside the fu
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.slo import evaluate
 from chaosbench.analysis.values import is_missing
 from chaosbench.errors import ChaosbenchError
-from chaosbench.rundir import RunDir, SuiteDir, write_atomic
+from chaosbench.rundir import RunDir, SuiteDir, replace_atomic, write_atomic
 from chaosbench.timeline import Event, read_events
 
 if TYPE_CHECKING:
@@ -167,14 +166,12 @@ def write_results(suite_dir: str | Path, df: pd.DataFrame) -> dict[str, Path]:
     csv = suite_dir / RESULTS_CSV
     parquet = suite_dir / RESULTS_PARQUET
     write_atomic(csv, safe.to_csv(index=False))
-    tmp = suite_dir / f".{RESULTS_PARQUET}.tmp"
     try:
-        safe.to_parquet(tmp, index=False, engine="pyarrow")
+        replace_atomic(parquet, lambda tmp: safe.to_parquet(tmp, index=False, engine="pyarrow"))
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         # Last resort, so the table is never lost: every object column as text.
         for col in safe.columns:
             if safe[col].dtype == object:
                 safe[col] = safe[col].map(_to_text).astype(object)
-        safe.to_parquet(tmp, index=False, engine="pyarrow")
-    os.replace(tmp, parquet)
+        replace_atomic(parquet, lambda tmp: safe.to_parquet(tmp, index=False, engine="pyarrow"))
     return {"csv": csv, "parquet": parquet}

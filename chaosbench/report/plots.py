@@ -14,14 +14,13 @@ switch), so the harness and its tests stay headless and importing this module co
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chaosbench.report.fmt import MISSING, as_bool, as_float, as_int, as_text
-from chaosbench.rundir import RunDir
+from chaosbench.rundir import RunDir, replace_atomic
 from chaosbench.timeline import Event, read_events
 
 if TYPE_CHECKING:
@@ -292,14 +291,7 @@ def plot_run_timeline(run_dir: str | Path, title: str, markers: RunMarkers | Non
     events = load_run_events(run_dir)
     if not events:
         raise NoTimeline("events.jsonl is empty" if events_path(run_dir).is_file() else "no events.jsonl")
-    out = timeline_png(run_dir)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        plot_timeline(events, tmp, title, markers)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return replace_atomic(timeline_png(run_dir), lambda tmp: plot_timeline(events, tmp, title, markers))
 
 
 class DrawnTimeline(NamedTuple):

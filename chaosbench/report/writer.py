@@ -18,7 +18,7 @@ from chaosbench.report.html import render_html
 from chaosbench.report.markdown import render_markdown
 from chaosbench.report.plots import TIMELINE_PNG, draw_run_timeline
 from chaosbench.report.tables import COLUMNS, RunView, build_document
-from chaosbench.rundir import RunDir, dirname
+from chaosbench.rundir import RunDir, dirname, write_atomic
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -163,8 +163,6 @@ def write_report(
     at = next((i for i, b in enumerate(blocks) if isinstance(b, Heading) and b.level == 2
                and b.text.startswith("Scenario")), len(blocks))  # fmt: skip
     blocks[at:at] = extra
-    md_path = suite_dir / REPORT_MD
-    md_path.write_text(render_markdown(blocks), encoding="utf-8")
-    html_path = suite_dir / REPORT_HTML
-    html_path.write_text(render_html(blocks, suite_dir, title), encoding="utf-8")
+    md_path = write_atomic(suite_dir / REPORT_MD, render_markdown(blocks))  # whole: a harness may die meanwhile
+    html_path = write_atomic(suite_dir / REPORT_HTML, render_html(blocks, suite_dir, title))
     return {REPORT_MD: md_path, REPORT_HTML: html_path, **written}
