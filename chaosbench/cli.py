@@ -28,14 +28,8 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _duration(seconds: float) -> str:
-    """``4 h 5 min`` / ``12 min`` / ``40 s``."""
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-
-
 def cmd_run(args: argparse.Namespace) -> int:
+    from chaosbench.progress import format_duration
     from chaosbench.runner import RUN_OVERHEAD_S, Runner, suite_limits
     from chaosbench.specs import load_suite
 
@@ -44,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpecError(f"--jobs {args.jobs}: give 1 or more runs at once")
     n, bound_s, over = suite_limits(suite, args.jobs)
     at_once = f", {args.jobs} at once" if args.jobs > 1 else ""
-    _progress(f"suite '{suite.name}': {n} runs, at most {_duration(bound_s)} (each run to its deadline of "
+    _progress(f"suite '{suite.name}': {n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
               f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})")  # fmt: skip
     if over and not args.yes:
         raise SpecError(f"{args.suite}: suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats "

@@ -58,11 +58,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from chaosbench.errors import ChaosbenchError
+from chaosbench.frameworks.base import package_version
 from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 
 FORMAT_VERSION = 1
@@ -202,10 +202,7 @@ def definition_sha256(definition: dict[str, Any] | None) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ versions
 def _package(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return NOT_INSTALLED
+    return package_version(name) or NOT_INSTALLED
 
 
 def _run(argv: list[str], cwd: str | None = None) -> tuple[int, str]:

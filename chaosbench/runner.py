@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import queue
 import random
 import shutil
@@ -88,7 +87,7 @@ def suite_limits(suite: Suite, jobs: int = 1) -> tuple[int, float, list[str]]:
     :data:`RUN_OVERHEAD_S` each; ``jobs`` at once), and what exceeds :data:`MAX_RUNS` / :data:`MAX_WALL_S`;
     builds no run."""
     n = suite.run_count()
-    bound_s = suite.wall_bound_s(RUN_OVERHEAD_S) * math.ceil(n / jobs) / max(n, 1)
+    bound_s = suite.wall_bound_s(RUN_OVERHEAD_S, jobs)
     over = []
     if n > MAX_RUNS:
         over.append(f"{n} runs (limit {MAX_RUNS})")
@@ -466,6 +465,7 @@ class Runner:
         runtime.line_observers.append(RankErrorWatcher(timeline))
         controllers: list[FaultController] = []
         injectors: list[Injector] = []
+        control: RunControl | None = None
         result = JobResult("error", "not started")
         leftovers: list[int] = []
         try:
@@ -513,8 +513,9 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - a harness bug must still tear the run down
             result = JobResult("error", f"{type(exc).__name__}: {exc}")
         finally:
-            with self._lock:
-                self._controls = {c for c in self._controls if c.runtime is not runtime}
+            if control is not None:
+                with self._lock:
+                    self._controls.discard(control)
             # From here on every process exit, log line and reaction is caused by the harness, not by the fault:
             # the metrics credit nothing after this event to the framework (see chaosbench.analysis.metrics).
             timeline.emit("teardown_begin", reason=_teardown_reason(result))

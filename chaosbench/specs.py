@@ -25,6 +25,7 @@ Every problem is reported as one line naming the file, the line and the object:
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -509,10 +510,10 @@ class Suite(_Strict):
         """How many runs the suite makes (without building them)."""
         return sum(repeats for _, _, repeats in self.cells())
 
-    def wall_bound_s(self, per_run_overhead_s: float) -> float:
+    def wall_bound_s(self, per_run_overhead_s: float, jobs: int = 1) -> float:
         """An upper bound of the suite's wall time: every run reaching its deadline, plus ``per_run_overhead_s``
-        for setting it up and tearing it down."""
-        return self.run_count() * (self.defaults.deadline_s + per_run_overhead_s)
+        for setting it up and tearing it down, ``jobs`` runs at once."""
+        return math.ceil(self.run_count() / jobs) * (self.defaults.deadline_s + per_run_overhead_s)
 
     def framework_spec(self, label: str) -> FrameworkSpec:
         return self.frameworks.get(label) or FrameworkSpec()

@@ -55,7 +55,7 @@ def test_dry_run_states_the_count_and_the_bound(tmp_path: Path, capsys) -> None:
     doc = json.loads(captured.out)
     assert doc["runs_total"] == len(doc["runs"]) == 15
     assert doc["wall_bound_s"] == 15 * (120 + RUN_OVERHEAD_S)
-    assert "15 runs, at most 38 min" in captured.err
+    assert "15 runs, at most 37m30s" in captured.err
 
 
 def _finished_run(runner: Runner, index: int, status: str) -> RunDir:
