@@ -131,6 +131,15 @@ class SlurmOptions(BaseModel):
         return keeps_job_identity(v)
 
 
+def _commands(opts: SlurmOptions, prefix: str = "", run_id: str | None = None) -> SlurmCommands:
+    """The Slurm client commands with the harness's environment (and ``slurm_conf`` as SLURM_CONF), the options'
+    timeout and partition, and the jobs of ``prefix``/``run_id`` as this run's."""
+    env = dict(os.environ)
+    if opts.slurm_conf:
+        env["SLURM_CONF"] = opts.slurm_conf
+    return SlurmCommands(env, opts.command_timeout_s, opts.partition, prefix, run_id)
+
+
 def keeps_job_identity(args: list[str]) -> list[str]:
     """Refuse (ValueError) extra srun/sbatch arguments that would rename or re-comment a job: the runtime names
     and comments every job itself, and that is how it tells the run's jobs from anyone else's."""
@@ -201,10 +210,7 @@ class SlurmRuntime(Runtime):
         opts = SlurmOptions(**{**cls.default_options, **options})
         if opts.nodes:
             raise Unsupported("slurm: the suite pins workload nodes to Slurm nodes; --jobs cannot place runs apart")
-        env = dict(os.environ)
-        if opts.slurm_conf:
-            env["SLURM_CONF"] = opts.slurm_conf
-        slurm = SlurmCommands(env, opts.command_timeout_s, opts.partition)
+        slurm = _commands(opts)
         infos = slurm.nodes_info()
         usable = [n for n in slurm.partition_nodes() if n not in opts.exclude
                   and node_state(infos.get(n, {}).get("State", "")) in USABLE_NODE_STATES]  # fmt: skip
@@ -222,12 +228,8 @@ class SlurmRuntime(Runtime):
         )
         self.logs_dir = Path(self.run.run_dir) / "logs"
         self.job_prefix = job_prefix(self.run.run_id)
-        env = dict(os.environ)
-        if self.opts.slurm_conf:
-            env["SLURM_CONF"] = self.opts.slurm_conf
         #: The Slurm client commands, with this run's environment, timeout, partition and job names.
-        self.slurm = SlurmCommands(env, self.opts.command_timeout_s, self.opts.partition, self.job_prefix,
-                                   self.run.run_id)
+        self.slurm = _commands(self.opts, self.job_prefix, self.run.run_id)
         self._handles: list[SlurmHandle] = []
         self._threads: list[threading.Thread] = []
         self._batch: dict[int, str] = {}  # job id -> name, batch jobs of this run
