@@ -333,6 +333,15 @@ class FrameworkSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
     adapter: str | None = None
     workload: dict[str, Any] | None = None
+    runtime_options: dict[str, Any] | None = Field(
+        default=None, description="runtime options for this framework's runs, merged over the suite's defaults "
+        "(e.g. a hot spare: {spare_nodes: 1, lost_node: spare} on docker)"
+    )
+    strategy: Literal["restart-in-place", "hot-spare", "shrink", "continue"] | None = Field(
+        default=None, description="the recovery strategy this configuration stands for (elasticity reports "
+        "compare strategies per workload): restart-in-place once the node is back, a hot spare takes the lost "
+        "node's place, shrink (re-form on fewer nodes and reshard), continue without the lost replica (TorchFT)"
+    )
 
     @property
     def options(self) -> dict[str, Any]:
@@ -550,8 +559,9 @@ class Suite(_Strict):
             rng_seed=int(digest[:12], 16),
             workload=self.workload_for(fw),
             runtime=self.defaults.runtime,
-            runtime_options=dict(self.defaults.runtime_options),
+            runtime_options={**self.defaults.runtime_options, **(fspec.runtime_options or {})},
             deadline_s=self.defaults.deadline_s,
+            strategy=fspec.strategy,
             faults=tuple((n, self.faults[n]) for n in names),
             slos=slos,
             project_dir=self.project_dir,
@@ -580,6 +590,7 @@ class Scenario:
     slos: dict[str, Any] = field(default_factory=dict)
     project_dir: str = "."
     suite_dir: str = "."
+    strategy: str | None = None
 
     @property
     def control(self) -> bool:
@@ -612,6 +623,7 @@ class Scenario:
             "workload": self.workload.model_dump(),
             "runtime": self.runtime,
             "runtime_options": self.runtime_options,
+            "strategy": self.strategy,
             "deadline_s": self.deadline_s,
             "project_dir": self.project_dir,
             "suite_dir": self.suite_dir,
@@ -811,6 +823,11 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         rt_cls.Options.model_validate(suite.defaults.runtime_options)
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, smap, ("defaults", "runtime_options"))) from None
+    for label, fspec in suite.frameworks.items():
+        try:
+            rt_cls.Options.model_validate({**suite.defaults.runtime_options, **(fspec.runtime_options or {})})
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc, smap, ("frameworks", label, "runtime_options"))) from None
     for name, fault in suite.faults.items():
         inj = INJECTORS.get(fault.injector)
         problem = inj.check_runtime(rt_cls, inj.Params.model_validate(fault.params))

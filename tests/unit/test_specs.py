@@ -202,3 +202,23 @@ def test_a_node_fault_on_a_runtime_without_node_control_fails_at_load(injector: 
     msg = _error(text)
     assert msg.startswith("suites/x.yaml:9: fault 'n':"), msg
     assert f"{injector} needs a runtime whose nodes are containers (docker), not 'local'" in msg
+
+
+def test_framework_runtime_options_and_strategy() -> None:
+    """A framework entry can carry its own runtime options (merged over the defaults) and the recovery strategy
+    it stands for; both reach the run's config."""
+    suite = make_suite(
+        "name: t\n"
+        "defaults: {runtime: docker, runtime_options: {cpus_per_node: 1.0}, workload: {ranks: 2, nodes: 2}}\n"
+        "frameworks:\n"
+        "  spare: {adapter: restart, strategy: hot-spare, runtime_options: {spare_nodes: 1, lost_node: spare}}\n"
+        "  restart: {strategy: restart-in-place}\n"
+        "matrix: {frameworks: [spare, restart]}\n"
+    )
+    by_fw = {sc.framework_label: sc for sc in suite.scenarios()}
+    assert by_fw["spare"].runtime_options == {"cpus_per_node": 1.0, "spare_nodes": 1, "lost_node": "spare"}
+    assert by_fw["restart"].runtime_options == {"cpus_per_node": 1.0}
+    assert by_fw["spare"].to_dict()["strategy"] == "hot-spare" and by_fw["restart"].strategy == "restart-in-place"
+    bad = "name: t\ndefaults: {runtime: docker}\nframeworks:\n  restart: {runtime_options: {spare_nodez: 1}}\n"
+    assert "framework 'restart'" in _error(bad + "matrix: {frameworks: [restart]}\n")
+    assert "strategy" in _error("name: t\nframeworks:\n  restart: {strategy: pray}\nmatrix: {frameworks: [restart]}\n")
