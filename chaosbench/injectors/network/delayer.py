@@ -4,7 +4,8 @@ Run it inside a network namespace (``nsenter -t PID -n python -m chaosbench.inje
 50``) and send packets to it with ``iptables -A OUTPUT -o eth0 -j NFQUEUE --queue-num 7 --queue-bypass``.
 Every queued packet is accepted ``delay_ms`` (plus a uniform draw from ``[-jitter_ms, +jitter_ms]``,
 never below zero) after it arrived, like ``netem delay D J``; with jitter, packets can overtake each other,
-as with netem. Only packet metadata is copied to userspace (no payload), GSO packets are queued whole.
+as with netem, and TCP takes the reordering for loss (measured on a 2-rank gloo job, 50 +- 5 ms: one step
+stalled 2.5 s where steps took 0.2-0.5 s without jitter). Only packet metadata is copied to userspace (no payload), GSO packets are queued whole.
 
 It speaks the nfnetlink_queue protocol over an ``AF_NETLINK`` socket with the standard library only: the
 Python bindings on PyPI (NetfilterQueue) ship as a source distribution that needs a compiler and
