@@ -20,16 +20,60 @@ def final_step(final: Event, steps: JobSteps) -> int | None:
 
 @dataclass(frozen=True)
 class Fidelity:
-    """``exact`` or ``diverged`` against the control, the final loss minus the control's, or why there is no
+    """``exact`` or ``diverged`` against the control, the final loss minus the control's, why a divergence was
+    expected (``reason``: the run trained on another world and batch than the control), or why there is no
     verdict (``missing``)."""
 
     fidelity: str | None = None
     loss_diff: float | None = None
     missing: str | None = None
+    reason: str | None = None
 
 
-def fidelity(final: Event | None, control: TimelineIndex | None) -> Fidelity:
-    """The run's final ``train_end`` (``final``) against the control run's (``control``: its timeline)."""
+def trained_worlds(ix: TimelineIndex) -> list[tuple[int | None, int | None]]:
+    """(world size, global batch) of every incarnation that completed a step, in incarnation order, and of every
+    step that reported another global batch than its incarnation (per-step commit: fewer replica groups in the
+    quorum), without repeats in a row."""
+    out: list[tuple[int | None, int | None]] = []
+    done = {inc for inc, _ in ix.steps.t}
+    step_batches: dict[int, list[int]] = {}
+    for e in ix.of("step"):
+        if e.get("global_batch") is not None:
+            step_batches.setdefault(incarnation(e), []).append(int(e["global_batch"]))
+    for inc in ix.incarnations():
+        if inc not in done:
+            continue
+        ws, gb = ix.world(inc)
+        for w in [(ws, gb)] + [(ws, b) for b in step_batches.get(inc, [])]:
+            if not out or out[-1] != w:
+                out.append(w)
+    return out
+
+
+def world_change(run: TimelineIndex, control: TimelineIndex) -> str | None:
+    """Why the run cannot end in the control's state: it trained on a global batch the control never did (or on
+    another world size, where the workload reports no global batch). None when the worlds match, or are not
+    reported."""
+    ref = trained_worlds(control)
+    if not ref:
+        return None
+    c_ws, c_gb = ref[0]
+    for ws, gb in trained_worlds(run):
+        batch_changed = gb is not None and c_gb is not None and gb != c_gb
+        world_changed = ws is not None and c_ws is not None and ws != c_ws
+        if batch_changed:
+            world = f"world size {c_ws} -> {ws}: " if world_changed else ""
+            return (f"{world}global batch {c_gb} -> {gb}, the run trained on another batch, data split and "
+                    "schedule than the control and is expected to diverge")  # fmt: skip
+        if world_changed and (gb is None or c_gb is None):
+            return (f"world size {c_ws} -> {ws} (global batch not reported): the data split and schedule changed, "
+                    "the run is expected to diverge")  # fmt: skip
+    return None
+
+
+def fidelity(final: Event | None, control: TimelineIndex | None, run: TimelineIndex | None = None) -> Fidelity:
+    """The run's final ``train_end`` (``final``) against the control run's (``control``: its timeline); with the
+    run's timeline (``run``), a divergence after a change of world or batch says so in ``reason``."""
     if control is None:
         return Fidelity(missing="no control run")
     c_final = control.final
@@ -44,7 +88,8 @@ def fidelity(final: Event | None, control: TimelineIndex | None) -> Fidelity:
     loss_diff = None
     if final.get("loss") is not None and c_final.get("loss") is not None:
         loss_diff = float(final["loss"]) - float(c_final["loss"])
-    return Fidelity(verdict, loss_diff)
+    reason = world_change(run, control) if verdict == "diverged" and run is not None else None
+    return Fidelity(verdict, loss_diff, reason=reason)
 
 
 def ranks_agree(ix: TimelineIndex) -> tuple[bool | None, str | None]:

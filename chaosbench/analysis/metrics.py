@@ -56,9 +56,39 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   restore or recompute (0). Per-step commit: restart+init is detection to the start of the resumed step (the
   wait for a new quorum); restore and recompute are 0 (a restarted group heals from a peer while the others
   train).
+- the four stages of a recovery (``stage_*_s``), from the fault to ``time_to_recover_s``, each from the end of
+  the one before (the fault for the first):
+
+  - ``stage_detect_s``: to the detection (= ``time_to_detect_s``);
+  - ``stage_reschedule_s``: to the replacement capacity being there: the first ``rank_start`` of the incarnation
+    that resumed training (whether it runs on a rebooted node, a spare or fewer nodes); per-step commit
+    (TorchFT), the first ``rank_start`` after the fault (the lost replica group's replacement joining).
+    ``stage_reschedule_runtime_s`` is the share of it the runtime measured (it may start before the detection):
+    the scheduler's ``scheduler_delay_s`` (Slurm), else the node replacement (``node_exit`` of a node to the
+    ``node_start`` of its reboot, of the spare that took it over, or of a framework's spare node: docker), else
+    a framework's spare start (``proc_exit`` of a killed agent to the ``proc_start`` of a ``*.spare`` agent:
+    ``torchrun-elastic``); missing, with the reason, otherwise;
+  - ``stage_reshard_or_replace_s``: to the end of the restore (the latest ``ckpt_load_end`` of that
+    incarnation: onto a smaller world it is a reshard; without a load, the start of its first step) or, per-step
+    commit, of the replacement's heal (its latest ``heal_end``);
+  - ``stage_resume_s``: to the first completion of a step beyond the step reached at the fault (catch-up: the
+    recomputed steps and one more); per-step commit with a replacement, the replacement's first committed such
+    step.
+
+  Identity: the stages present add up to ``time_to_recover_s`` (fault to the end of ``stage_resume_s``). It equals
+  ``time_to_catch_up_s`` unless, under per-step commit, a replacement joined: then the job caught up without
+  waiting for it and the stages follow the replacement. A stage that does not apply is 0 with a note in
+  ``notes`` (recovery in place, or a job that continued without the lost replica: nothing rescheduled or
+  restored); a stage whose end is not on the timeline is missing (with the reason) and the next one is measured
+  from the end before it (undetected: reschedule from the fault); an end stamped before the previous one counts
+  as that one (0, noted).
 - ``fidelity``: ``exact`` when the final parameter digest (``train_end`` of rank 0 in the last
   incarnation) equals the control's, ``diverged`` otherwise (``loss_diff`` = final loss - control's);
-  missing when either run did not finish training.
+  missing when either run did not finish training. ``fidelity_reason``: why a divergence was expected: the run
+  trained on another world size and global batch than the control (``world size 4 -> 2: global batch 32 -> 16``:
+  a shrunken job trains on another batch, data split and schedule); still ``diverged`` (an SLO
+  ``fidelity == exact`` fails), and the verdict says it was expected. A world size that changed while the global
+  batch stayed the same (TorchFT's ``global`` batch mode) is no excuse: the workload promises the same state.
 - ``fault_count``: ``fault_inject`` events (a repeating trigger or a planted bug fires more than once).
 - ``detected_by``: who wrote the first detection (a framework name, or ``loss-check`` for the workload's guard).
   ``detected_via``: what noticed the failure (``process exit``, ``process-group timeout`` (a peer's collective
@@ -119,7 +149,9 @@ Attribution, truth and detection quality:
   (``detection_prediction`` event written before the run by the framework adapter: the deciding timeout plus the
   interval that polls it), and those timeouts; missing when the adapter has no model for the fault.
 
-A metric that cannot be measured is None, with the reason in ``missing``.
+A metric that cannot be measured is None, with the reason in ``missing``; a value that needs saying (a stage that
+does not apply is 0) has a note in ``notes``. ``workload`` and ``strategy`` (the framework entry's recovery
+strategy: ``restart-in-place``, ``hot-spare``, ``shrink``, ``continue``) come from the run's configuration.
 """
 
 from __future__ import annotations
@@ -144,6 +176,8 @@ class RunMetrics:
     fault: str | None = None
     repeat: int | None = None
     control: bool = False
+    workload: str | None = None
+    strategy: str | None = None
     run_dir: str | None = None
     outcome: str | None = None
     run_end_outcome: str | None = None
@@ -167,6 +201,12 @@ class RunMetrics:
     badput_restart_init_s: float | None = None
     badput_restore_s: float | None = None
     badput_recompute_s: float | None = None
+    stage_detect_s: float | None = None
+    stage_reschedule_s: float | None = None
+    stage_reschedule_runtime_s: float | None = None
+    stage_reshard_or_replace_s: float | None = None
+    stage_resume_s: float | None = None
+    time_to_recover_s: float | None = None
     fault_count: int | None = None
     detected_by: str | None = None
     detected_via: str | None = None
@@ -181,6 +221,7 @@ class RunMetrics:
     checkpoint_outcome: str | None = None
     verdict: str | None = None
     fidelity: str | None = None
+    fidelity_reason: str | None = None
     loss_diff: float | None = None
     world_size_before: int | None = None
     world_size_after: int | None = None
@@ -213,6 +254,7 @@ class RunMetrics:
     predicted_by: str | None = None
     timeout_problems: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     timeouts: dict[str, Any] = field(default_factory=dict)
 
@@ -228,7 +270,7 @@ class RunMetrics:
 
 #: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
 BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",
-                         "versions", "timeouts", "timeout_problems"})  # fmt: skip
+                         "notes", "versions", "timeouts", "timeout_problems", "workload", "strategy"})  # fmt: skip
 
 
 def metric_names() -> list[str]:
@@ -241,8 +283,12 @@ FAULT_METRICS = (
     "time_to_detect_s", "time_to_resume_s", "time_to_rejoin_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",
     "checkpoint_age_s", "extra_wall_s", "badput_detect_s", "badput_restart_init_s", "badput_restore_s",
     "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s", "scheduler_delay_s",
-    "injection_latency_s", "fault_step", "predicted_detect_s", "blame",
+    "injection_latency_s", "fault_step", "predicted_detect_s", "blame", "stage_detect_s", "stage_reschedule_s",
+    "stage_reschedule_runtime_s", "stage_reshard_or_replace_s", "stage_resume_s", "time_to_recover_s",
 )  # fmt: skip
+
+#: The four stages of a recovery, in order: they add up to ``time_to_recover_s``.
+STAGE_METRICS = tuple(f"stage_{name}_s" for name in timing.STAGE_NAMES)
 
 
 def compute_metrics(
@@ -297,7 +343,8 @@ def verdict(m: RunMetrics) -> str:
     if m.false_detections:
         text += f"; {m.false_detections} detection(s) before the fault"
     if m.fidelity == "diverged":
-        text += "; final state diverged"
+        text += f"; final state diverged (expected: {m.fidelity_reason})" if m.fidelity_reason else \
+            "; final state diverged"  # fmt: skip
     if m.ranks_agree is False:
         text += "; replicas disagree"
     if m.checkpoint_outcome:
@@ -387,8 +434,8 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         return m
 
     if not m.control:
-        fid = fidelity.fidelity(final, ctl)
-        m.fidelity, m.loss_diff = fid.fidelity, fid.loss_diff
+        fid = fidelity.fidelity(final, ctl, ix)
+        m.fidelity, m.loss_diff, m.fidelity_reason = fid.fidelity, fid.loss_diff, fid.reason
         if fid.missing is not None:
             miss["fidelity"] = fid.missing
     m.ranks_agree, why = fidelity.ranks_agree(ix)
@@ -502,6 +549,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     m.recovered = bool(finished and resume is not None)
     m.outcome = "recovered" if m.recovered else "not_recovered"
     m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
+    _stages(m, ix, fp, detect, resume)
     if resume is None:
         reason = f"no training step completed after the fault (run ended: {m.run_end_outcome})"
         for k in ("time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s"):
@@ -529,3 +577,24 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     m.badput_recompute_s = stages.recompute_s
     if stages.missing is not None:
         miss["badput_recompute_s"] = stages.missing
+
+
+def _stages(m: RunMetrics, ix: TimelineIndex, fp: timing.FaultPoint, detect: Event | None,
+            resume: tuple[int, tuple[int, int]] | None) -> None:  # fmt: skip
+    """The four stages of the recovery, their total and the runtime's share of rescheduling, in ``m``."""
+    st = timing.recovery_stages(ix, fp, detect, resume)
+    for name, metric in zip(timing.STAGE_NAMES, STAGE_METRICS, strict=True):
+        setattr(m, metric, st.seconds[name])
+        if name in st.missing:
+            m.missing[metric] = st.missing[name]
+        if name in st.notes:
+            m.notes[metric] = st.notes[name]
+    m.time_to_recover_s = st.total_s
+    if st.total_s is None:
+        m.missing["time_to_recover_s"] = st.missing.get("resume", "the last stage did not end")
+    share = timing.reschedule_runtime(ix, fp.t_ns, m.scheduler_delay_s)
+    m.stage_reschedule_runtime_s = share.seconds
+    if share.missing is not None:
+        m.missing["stage_reschedule_runtime_s"] = share.missing
+    elif share.what is not None:
+        m.notes["stage_reschedule_runtime_s"] = share.what

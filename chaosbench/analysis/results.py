@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def run_metrics(run: RunDir, control: RunDir | None, write: bool = True,
                 control_events: list[Event] | None = None) -> RunMetrics:  # fmt: skip
     """One run's metrics (a fault run against its framework's control run), its SLO verdicts, and with ``write``
-    its ``metrics.json``. ``control_events``: the control's timeline when the caller has it already."""
+    its ``metrics.json``; ``workload`` (name) and ``strategy`` come from the run's configuration. ``control_events``: the control's timeline when the caller has it already."""
     cfg = run.read_config()
     sc = cfg["scenario"]
     if control is None or control.path == run.path:
@@ -32,6 +32,8 @@ def run_metrics(run: RunDir, control: RunDir | None, write: bool = True,
     m.run_dir = str(run.path)
     m.suite, m.scenario, m.framework = sc["suite"], sc["scenario"], sc["framework"]
     m.fault, m.repeat, m.control = sc["fault"], sc["repeat"], sc["control"]
+    m.workload = (sc.get("workload") or {}).get("name")
+    m.strategy = sc.get("strategy")
     checks = evaluate(m, sc.get("slos") or {})
     m.slo_ok = all(c.ok for c in checks) if checks else None
     m.slo_failures = [c.describe() for c in checks if not c.ok]
@@ -73,7 +75,7 @@ def to_frame(metrics: list[RunMetrics]) -> Any:
     rows = []
     for m in metrics:
         d = m.to_dict()
-        for k in ("missing", "versions", "timeouts", "slo_failures", "timeout_problems"):
+        for k in ("missing", "notes", "versions", "timeouts", "slo_failures", "timeout_problems"):
             d[k] = json.dumps(d[k], sort_keys=True, default=str)
         rows.append(d)
     return pd.DataFrame(rows)

@@ -1,13 +1,13 @@
 """When things happened around the fault: when it took effect, when the framework reacted, when training resumed,
-rejoined and caught up, the work lost, the recovery split by stage (badput), step times inside the fault
-window, the age of the newest checkpoint and the scheduler's share. Definitions:
-:mod:`chaosbench.analysis.metrics`."""
+rejoined and caught up, the work lost, the recovery split by stage (badput) and into its four stages (detect,
+reschedule with the runtime's share of it, reshard-or-replace, resume), step times inside the fault window, the
+age of the newest checkpoint and the scheduler's share. Definitions: :mod:`chaosbench.analysis.metrics`."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chaosbench.analysis.timeline_index import JobSteps, TimelineIndex, incarnation, ns_to_s
 from chaosbench.timeline import Event
@@ -118,6 +118,20 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -
     return LostWork(total, None, skipped_steps, "the lost steps are not on the timeline")
 
 
+def restore_window(ix: TimelineIndex, resume: tuple[int, tuple[int, int]]) -> tuple[int, int, bool]:
+    """(begin, end, loaded) of the restore of the incarnation that resumed at ``resume`` (stamp, step): its
+    earliest ``ckpt_load_begin`` to its latest ``ckpt_load_end``; without a load (restarted from scratch) a
+    restore of nothing at the start of its first step (``loaded`` False)."""
+    resume_t, resume_key = resume
+    inc = resume_key[0]
+    loads_b = [e.t_ns for e in ix.of("ckpt_load_begin") if e.get("incarnation") == inc]
+    loads_e = [e.t_ns for e in ix.of("ckpt_load_end") if e.get("incarnation") == inc]
+    if loads_b and loads_e:
+        return min(loads_b), max(loads_e), True
+    start = resume_t - int(ix.steps.duration.get(resume_key, 0.0) * 1e9)
+    return start, start, False
+
+
 @dataclass(frozen=True)
 class Badput:
     """The recovery after detection split by stage, in seconds; ``recompute_s`` None: ``missing`` says why."""
@@ -140,15 +154,8 @@ def badput(ix: TimelineIndex, fp: FaultPoint, detect: Event | None, resume: tupl
     new_inc = resume_key[0]
     if new_inc == fp.incarnation:  # recovered in place: nothing restarted, restored or recomputed
         return Badput(0.0, 0.0, 0.0)
-    loads_b = [e.t_ns for e in ix.of("ckpt_load_begin") if e.get("incarnation") == new_inc]
-    loads_e = [e.t_ns for e in ix.of("ckpt_load_end") if e.get("incarnation") == new_inc]
-    if loads_b and loads_e:
-        restore_b, restore_e = min(loads_b), max(loads_e)
-        restore_s = ns_to_s(restore_e - restore_b)
-    else:
-        first_dur = steps.duration.get(resume_key, 0.0)
-        restore_b = restore_e = resume_t - int(first_dur * 1e9)
-        restore_s = 0.0
+    restore_b, restore_e, _ = restore_window(ix, resume)
+    restore_s = ns_to_s(restore_e - restore_b)
     restart_init_s = ns_to_s(restore_b - react)
     redo = steps.t.get((new_inc, fp.last_step_before))
     if lost_steps == 0:
@@ -156,6 +163,157 @@ def badput(ix: TimelineIndex, fp: FaultPoint, detect: Event | None, resume: tupl
     if redo is not None:
         return Badput(restart_init_s, restore_s, ns_to_s(redo - restore_e))
     return Badput(restart_init_s, restore_s, None, "the recovered job did not redo the lost steps")
+
+
+#: The four stages of a recovery, in order (``stage_<name>_s`` metrics; definitions in
+#: :mod:`chaosbench.analysis.metrics`).
+STAGE_NAMES = ("detect", "reschedule", "reshard_or_replace", "resume")
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A recovery's four stages in seconds (None: ``missing[name]`` says why), the fault to the end of the last
+    one (``total_s``: the stages present add up to it), and ``notes[name]`` on a stage whose value needs saying
+    (0 because it does not apply, or a boundary stamped before the one it follows)."""
+
+    seconds: dict[str, float | None]
+    total_s: float | None
+    missing: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
+                    resume: tuple[int, tuple[int, int]] | None) -> Stages:  # fmt: skip
+    """Detect, reschedule, reshard-or-replace and resume of the recovery from the fault at ``fp`` (``detect``:
+    the first detection after it; ``resume``: :func:`resume_point`'s answer).
+
+    Each stage runs from one boundary to the next: the fault, the detection, the replacement capacity's first
+    ``rank_start``, the end of its restore (or heal), the first step beyond the step reached at the fault (by
+    the recovering capacity). A missing boundary leaves its stage missing and the next stage starts at the
+    boundary before it; a boundary stamped before the one it follows is taken at that one (its stage is 0, with
+    a note). So the stages present always add up to ``total_s``."""
+    names = STAGE_NAMES
+    missing: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    ends: dict[str, int | None] = dict.fromkeys(names)
+    if detect is not None:
+        ends["detect"] = detect.t_ns
+    else:
+        missing["detect"] = "not detected: the next stage is measured from the fault"
+    if ix.per_step_commit:
+        _per_step_commit_ends(ix, fp, ends, missing, notes)
+    elif resume is None:
+        for n in names[1:]:
+            missing[n] = "no training step completed after the fault"
+    elif resume[1][0] == fp.incarnation:
+        notes["reschedule"] = notes["reshard_or_replace"] = "recovered in place: nothing was rescheduled or restored"
+        ends["resume"] = catch_up_ns(ix.steps, fp)
+    else:
+        inc = resume[1][0]
+        starts = [e.t_ns for e in ix.rank_starts_of(inc)]
+        ends["reschedule"] = min(starts) if starts else None
+        if not starts:
+            missing["reschedule"] = f"incarnation {inc} resumed training but wrote no rank_start"
+        _, restore_end, loaded = restore_window(ix, resume)
+        ends["reshard_or_replace"] = restore_end
+        if not loaded:
+            notes["reshard_or_replace"] = (f"incarnation {inc} loaded no checkpoint (restarted from scratch): the "
+                                           "stage ends when its first step starts")  # fmt: skip
+        ends["resume"] = catch_up_ns(ix.steps, fp)
+    if ends["resume"] is None and "resume" not in missing:
+        missing["resume"] = "the job never got beyond the step reached at the fault"
+    seconds: dict[str, float | None] = {}
+    prev = fp.t_ns
+    for n in names:
+        end = ends[n]
+        if end is None and n in notes:  # does not apply: 0, ends where the stage before it did
+            end = prev
+        if end is None:
+            seconds[n] = None
+            missing.setdefault(n, "its end is not on the timeline")
+            continue
+        if end < prev:
+            clamp = f"ended {ns_to_s(prev - end):.3f} s before the previous stage ended; counted as 0"
+            notes[n] = f"{notes[n]}; {clamp}" if n in notes else clamp
+            end = prev
+        seconds[n] = ns_to_s(end - prev)
+        prev = end
+    total = ns_to_s(prev - fp.t_ns) if ends["resume"] is not None else None
+    return Stages(seconds, total, missing, notes)
+
+
+def _per_step_commit_ends(ix: TimelineIndex, fp: FaultPoint, ends: dict[str, int | None], missing: dict[str, str],
+                          notes: dict[str, str]) -> None:  # fmt: skip
+    """Stage ends under per-step commit (TorchFT): the survivors never stopped, so the stages follow the lost
+    replica group's replacement (its ``rank_start``, its ``heal_end``, its first committed step beyond the step
+    reached at the fault); without a replacement the job continued without the replica (nothing rescheduled or
+    restored) and resumed at the survivors' first step beyond it."""
+    replacement = next((e for e in ix.of("rank_start") if e.t_ns > fp.t_ns), None)
+    if replacement is None:
+        notes["reschedule"] = notes["reshard_or_replace"] = (
+            "continued without the lost replica: no replacement joined before the run ended, nothing was "
+            "rescheduled or restored")  # fmt: skip
+        ends["resume"] = catch_up_ns(ix.steps, fp)
+        return
+    inc = incarnation(replacement)
+    ends["reschedule"] = replacement.t_ns
+    joined = [e for e in ix.rank_starts_of(inc) if e.t_ns > fp.t_ns]
+    ranks = {int(e.get("rank", 0)) for e in joined}
+    healed = [e.t_ns for e in ix.of("heal_end") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks
+              and e.t_ns >= replacement.t_ns]  # fmt: skip
+    mine = [e for e in ix.of("step") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks
+            and e.t_ns > replacement.t_ns and e.get("committed")]  # fmt: skip
+    if healed:
+        ends["reshard_or_replace"] = max(healed)
+    elif mine:
+        first = mine[0]
+        ends["reshard_or_replace"] = first.t_ns - int(float(first.get("duration_s") or 0.0) * 1e9)
+        notes["reshard_or_replace"] = "the replacement did not heal from a peer: the stage ends when its first step starts"
+    else:
+        missing["reshard_or_replace"] = "the replacement neither healed nor committed a step before the run ended"
+    heal_end = ends["reshard_or_replace"] or replacement.t_ns
+    ends["resume"] = next((e.t_ns for e in mine if e.t_ns >= heal_end and int(e["step"]) > fp.last_step_before), None)
+    if ends["resume"] is None:
+        missing["resume"] = "the replacement committed no step beyond the step reached at the fault"
+
+
+@dataclass(frozen=True)
+class RuntimeShare:
+    """The share of rescheduling the runtime measured (seconds), what it was, or why there is none."""
+
+    seconds: float | None
+    what: str | None = None
+    missing: str | None = None
+
+
+def reschedule_runtime(ix: TimelineIndex, tf: int, scheduler_delay: float | None) -> RuntimeShare:
+    """The runtime's share of the reschedule stage: the scheduler's delay (Slurm: ``scheduler_delay``), else the
+    node replacement a container runtime recorded (a node's ``node_exit`` at or after ``tf`` to the ``node_start``
+    of its reboot, of the spare that took it over, or of a framework's spare node), else the spare agent start a
+    framework recorded (``torchrun-elastic``: the lost node's agent killed, ``proc_exit`` with a signal, to the
+    ``proc_start`` of a ``*.spare`` agent)."""
+    if scheduler_delay is not None:
+        return RuntimeShare(scheduler_delay, "scheduler: the requeue to the job running again")
+    lost = next((e for e in ix.of("node_exit") if e.t_ns >= tf and e.get("reason") != "cleanup"), None)
+    if lost is not None:
+        back = next((e for e in ix.of("node_start") if e.t_ns >= lost.t_ns and (
+            (e.get("node") == lost.get("node") and e.get("reason") in ("reboot", "takeover"))
+            or e.get("reason") == "spare")), None)  # fmt: skip
+        if back is not None:
+            how = {"reboot": "rebooted", "takeover": "taken over by a hot spare"}.get(str(back.get("reason")),
+                                                                                    "replaced by a spare node")
+            return RuntimeShare(ns_to_s(back.t_ns - lost.t_ns),
+                                f"node replacement: {lost.get('node')}'s container exited, {how} ({back.get('node')})")
+    killed = next((e for e in ix.of("proc_exit") if e.t_ns >= tf and e.get("role") == "agent"
+                   and int(e.get("returncode") or 0) < 0), None)  # fmt: skip
+    if killed is not None:
+        spare = next((e for e in ix.of("proc_start") if e.t_ns >= killed.t_ns and e.get("role") == "agent"
+                      and str(e.get("proc", "")).endswith(".spare")), None)  # fmt: skip
+        if spare is not None:
+            return RuntimeShare(ns_to_s(spare.t_ns - killed.t_ns),
+                                f"spare start: {killed.get('proc')} killed, {spare.get('proc')} started")
+    return RuntimeShare(None, missing="no scheduler state, node replacement or spare start after the fault (the "
+                        "framework restarted its processes itself)")  # fmt: skip
 
 
 def scheduler_delay_s(ix: TimelineIndex, tf: int) -> float | None:

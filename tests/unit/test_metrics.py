@@ -233,3 +233,203 @@ def test_stopped_rank_stall_is_not_productive_time() -> None:
     assert m.productive_s == pytest.approx(0.7, abs=1e-6)
     assert m.goodput is not None and m.goodput < 0.1
     assert m.time_to_resume_s == pytest.approx(10.0, abs=1e-6)  # step 6 completed for the job at +10 s
+
+
+# ------------------------------------------------------------------------------ the four stages of a recovery
+STAGES = ("stage_detect_s", "stage_reschedule_s", "stage_reshard_or_replace_s", "stage_resume_s")
+
+
+def _stage_sum(m) -> float:  # type: ignore[no-untyped-def]
+    return sum(v for k in STAGES if (v := getattr(m, k)) is not None)
+
+
+def test_stages_of_a_restart_add_up_to_the_catch_up() -> None:
+    tl = restart_run()
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    # detect +0.08; the new incarnation's rank_start at +0.5; 1 s init + 0.2 s load; steps 21..26 at 0.1 s
+    assert m.stage_detect_s == pytest.approx(0.08, abs=1e-6)
+    assert m.stage_reschedule_s == pytest.approx(0.5 - 0.08, abs=1e-6)
+    assert m.stage_reshard_or_replace_s == pytest.approx(1.0 + 0.2, abs=1e-6)
+    assert m.stage_resume_s == pytest.approx(0.6, abs=1e-6)
+    assert m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9)
+    assert m.time_to_recover_s == pytest.approx(m.time_to_catch_up_s, abs=1e-9)
+    # the same pieces as badput: restart/init + restore = reschedule + reshard (both end at the restore's end)
+    assert m.badput_restart_init_s + m.badput_restore_s == pytest.approx(  # type: ignore[operator]
+        m.stage_reschedule_s + m.stage_reshard_or_replace_s, abs=1e-9)  # type: ignore[operator]
+    assert m.stage_reschedule_runtime_s is None
+    assert "framework restarted its processes itself" in m.missing["stage_reschedule_runtime_s"]
+    assert not m.notes
+
+
+def test_stages_of_a_recovery_in_place_without_detection() -> None:
+    """A hang that ended by itself: not detected (missing, and the next stage runs from the fault), nothing
+    rescheduled or restored (0, noted), resume = the stall."""
+    tl = TL(fault="hang").incarnation(0, 0.1, 1, 12, ckpt_every=0)
+    tf = tl.t_last + 0.02
+    tl.add(tf, "fault_inject", src="injector", fault="hang", injector="hang")
+    t = tf + 3.0
+    for step in range(13, 21):
+        t += 0.1
+        for r in range(2):
+            tl.rank(t, "step", r, 0, step=step, loss=0.1, duration_s=0.1)
+    for r in range(2):
+        tl.rank(t + 0.01, "train_end", r, 0, step=20, loss=0.1, digest="d")
+    tl.add(t + 0.1, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=20)
+    assert m.stage_detect_s is None and "measured from the fault" in m.missing["stage_detect_s"]
+    assert m.stage_reschedule_s == 0.0 and m.stage_reshard_or_replace_s == 0.0
+    assert "recovered in place" in m.notes["stage_reschedule_s"]
+    assert m.stage_resume_s == pytest.approx(3.1, abs=1e-6)
+    assert m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9) == pytest.approx(m.time_to_catch_up_s)
+
+
+def test_stages_missing_when_not_recovered() -> None:
+    tl = TL().incarnation(0, 0.1, 1, 8)
+    tf = tl.t_last + 0.01
+    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill")
+    tl.add(tf + 0.2, "detect", src="framework", framework="fw")
+    tl.add(tf + 1.0, "run_end", outcome="failed")
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    assert m.stage_detect_s == pytest.approx(0.2, abs=1e-6)
+    for k in STAGES[1:]:
+        assert getattr(m, k) is None and m.missing[k] == "no training step completed after the fault"
+    assert m.time_to_recover_s is None and m.missing["time_to_recover_s"]
+
+
+def _torchft(replacement: bool) -> tuple[TL, float]:
+    """Two replica groups of one rank; group 1 killed after step 10; the survivor's quorum commits from +0.5 s;
+    with ``replacement`` group 1's restart joins at +2 s, heals 2.8 -> 3.0 s and commits step 40 at +3.05 s."""
+    tl = TL()
+    for r in (0, 1):
+        tl.rank(0.1, "rank_start", r, 0, pid=100 + r, world_size=2, replica_group=r, group_world_size=1)
+    t = 1.0
+    for step in range(1, 11):
+        t += 0.03
+        for r in (0, 1):
+            tl.rank(t, "step", r, 0, step=step, duration_s=0.02, committed=True, participants=2, quorum_id=1)
+    tf = t + 0.01
+    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
+    tl.add(tf + 0.1, "detect", src="framework", framework="torchft", via="lighthouse")
+    for i, step in enumerate(range(11, 41)):
+        tl.rank(tf + 0.5 + 0.05 * i, "step", 0, 0, step=step, duration_s=0.02, committed=True, participants=1,
+                quorum_id=2)  # fmt: skip
+    if replacement:
+        tl.rank(tf + 2.0, "rank_start", 1, 1, pid=200, world_size=2, replica_group=1, group_world_size=1)
+        tl.rank(tf + 2.8, "heal_begin", 1, 1, step=36)
+        tl.rank(tf + 3.0, "heal_end", 1, 1, step=36, duration_s=0.2)
+        for i, step in enumerate(range(41, 44)):
+            for r, inc in ((0, 0), (1, 1)):
+                tl.rank(tf + 3.05 + 0.03 * i, "step", r, inc, step=step, duration_s=0.02, committed=True,
+                        participants=2, quorum_id=3)  # fmt: skip
+    end = tf + 3.2
+    for r in (0, 1) if replacement else (0,):
+        tl.rank(end, "train_end", r, 1 if r == 1 else 0, step=43 if replacement else 40, digest="d")
+    tl.add(end + 0.1, "run_end", outcome="completed")
+    return tl, tf
+
+
+def test_stages_follow_the_replacement_under_per_step_commit() -> None:
+    tl, tf = _torchft(replacement=True)
+    m = compute_metrics(tl.sorted(), total_steps=43)
+    assert m.stage_detect_s == pytest.approx(0.1, abs=1e-6)
+    assert m.stage_reschedule_s == pytest.approx(1.9, abs=1e-6)  # detection to the replacement's rank_start
+    assert m.stage_reshard_or_replace_s == pytest.approx(1.0, abs=1e-6)  # rank_start to heal_end
+    assert m.stage_resume_s == pytest.approx(0.05, abs=1e-6)  # heal_end to its first committed step (41 > 10)
+    assert m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9) == pytest.approx(3.05, abs=1e-6)
+    # the job itself never waited for it: it caught up on the survivor at +0.5 s
+    assert m.time_to_catch_up_s == pytest.approx(0.5, abs=1e-6)
+
+
+def test_stages_when_the_job_continued_without_the_lost_replica() -> None:
+    tl, tf = _torchft(replacement=False)
+    m = compute_metrics(tl.sorted(), total_steps=40)
+    assert m.stage_reschedule_s == 0.0 and m.stage_reshard_or_replace_s == 0.0
+    assert "continued without the lost replica" in m.notes["stage_reshard_or_replace_s"]
+    assert m.stage_resume_s == pytest.approx(0.4, abs=1e-6)
+    assert m.time_to_recover_s == pytest.approx(_stage_sum(m)) == pytest.approx(m.time_to_catch_up_s)
+
+
+def test_a_stage_end_before_the_previous_one_counts_as_zero() -> None:
+    """The detection line was read after the restarted ranks had started: reschedule is 0, noted; the sum holds."""
+    tl = restart_run()
+    ev = next(e for e in tl.events if e.kind == "detect")
+    tl.events.remove(ev)
+    tl.add(tl.t_fault + 0.7, "detect", src="framework", framework="fw")  # type: ignore[attr-defined]
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    assert m.stage_reschedule_s == 0.0 and "counted as 0" in m.notes["stage_reschedule_s"]
+    assert m.stage_reshard_or_replace_s == pytest.approx(1.2 - 0.2, abs=1e-6)
+    assert m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9) == pytest.approx(m.time_to_catch_up_s)
+
+
+@pytest.mark.parametrize("events, share, what", [
+    ([("sched_state", {"state": "running"}, 0.9)], 0.6, "scheduler"),
+    ([("node_exit", {"node": "node1", "reason": "node-kill"}, 0.01),
+      ("node_start", {"node": "node1", "reason": "takeover", "spare": True}, 0.41)], 0.4, "hot spare"),
+    ([("node_exit", {"node": "node1", "reason": "node-kill"}, 0.01),
+      ("node_start", {"node": "node1", "reason": "reboot"}, 0.31)], 0.3, "rebooted"),
+    ([("proc_exit", {"proc": "torchrun.node1", "role": "agent", "returncode": -9}, 0.02),
+      ("proc_start", {"proc": "torchrun.node2.spare", "role": "agent"}, 0.27)], 0.25, "spare start"),
+])  # fmt: skip
+def test_the_runtimes_share_of_rescheduling(events, share, what) -> None:  # type: ignore[no-untyped-def]
+    tl = restart_run()
+    tf = tl.t_fault  # type: ignore[attr-defined]
+    for kind, data, dt in events:
+        tl.add(tf + dt, kind, src="runtime", **data)
+    m = compute_metrics(tl.sorted(), total_steps=30)
+    if what == "scheduler":  # the restart at +0.3 s to the job running again at +0.9 s
+        assert m.scheduler_delay_s == pytest.approx(share, abs=1e-6)
+    assert m.stage_reschedule_runtime_s == pytest.approx(share, abs=1e-6)
+    assert what in m.notes["stage_reschedule_runtime_s"]
+
+
+# ------------------------------------------------------------------------------ fidelity after a change of world
+def _with_world(tl: TL, inc: int, world_size: int, global_batch: int | None) -> TL:
+    for e in tl.events:
+        if e.kind == "rank_start" and e.get("incarnation") == inc:
+            e.data["world_size"] = world_size
+            if global_batch is not None:
+                e.data["global_batch"] = global_batch
+    return tl
+
+
+def _shrunk(global_batch: int | None) -> TL:
+    """Two ranks (global batch 32); after the kill only one (16) resumes from the checkpoint."""
+    tl = TL().incarnation(0, 0.1, 1, 25)
+    tf = tl.t_last + 0.05
+    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="node-kill", target={"node": 1})
+    tl.add(tf + 0.1, "detect", src="framework", framework="fw")
+    tl.incarnation(1, tf + 0.5, 21, 30, load_from=20, end=True, digest="shrunk", ranks=1)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    _with_world(tl, 0, 2, 32 if global_batch else None)
+    return _with_world(tl, 1, 1, global_batch)
+
+
+def _control_world(global_batch: int | None) -> list[Event]:
+    tl = TL(control=True).incarnation(0, 0.1, 1, 30, end=True)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    return _with_world(tl, 0, 2, global_batch).sorted()
+
+
+def test_a_shrunken_run_diverges_as_expected_and_an_exact_slo_still_fails() -> None:
+    from chaosbench.analysis.slo import evaluate
+
+    m = compute_metrics(_shrunk(16).sorted(), control=_control_world(32), total_steps=30)
+    assert (m.world_size_before, m.world_size_after, m.global_batch_before, m.global_batch_after) == (2, 1, 32, 16)
+    assert m.fidelity == "diverged"
+    assert m.fidelity_reason is not None and m.fidelity_reason.startswith("world size 2 -> 1: global batch 32 -> 16")
+    assert "final state diverged (expected: world size 2 -> 1" in (m.verdict or "")
+    [slo] = evaluate(m, {"fidelity": "exact"})
+    assert slo.ok is False and slo.measured == "diverged"
+    # no global batch reported: the world size alone says it
+    m = compute_metrics(_shrunk(None).sorted(), control=_control_world(None), total_steps=30)
+    assert m.fidelity_reason is not None and "world size 2 -> 1 (global batch not reported)" in m.fidelity_reason
+
+
+def test_a_divergence_without_a_change_of_batch_is_not_excused() -> None:
+    """The world shrank but the global batch stayed (the workload keeps it): a divergence is a finding."""
+    m = compute_metrics(_shrunk(32).sorted(), control=_control_world(32), total_steps=30)
+    assert m.fidelity == "diverged" and m.fidelity_reason is None
+    assert m.verdict is not None and m.verdict.endswith("final state diverged")
+    # the same world as the control: no reason either
+    m = compute_metrics(restart_run(digest="other").sorted(), control=control_run(), total_steps=30)
+    assert m.fidelity == "diverged" and m.fidelity_reason is None
