@@ -141,6 +141,7 @@ WORKLOADS: Registry[Any] = Registry(
         "ddp-mlp": "chaosbench.workloads.ddp_mlp:DdpMlpWorkload",
         "ft-mlp": "chaosbench.workloads.ft_mlp:FtMlpWorkload",
         "fsdp-lm": "chaosbench.workloads.fsdp_lm:FsdpLmWorkload",
+        "pp-lm": "chaosbench.workloads.pp_lm:PpLmWorkload",
         "command": "chaosbench.workloads.command:CommandWorkload",
     },
 )

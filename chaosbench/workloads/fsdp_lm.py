@@ -118,6 +118,22 @@ def lr_factor(step: int, total_steps: int) -> float:
     return MIN_LR_FRACTION + (1.0 - MIN_LR_FRACTION) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def synthetic_tokens(gen: Any, rows: int, seq_len: int, vocab: int) -> Any:
+    """``rows`` sequences of ``seq_len + 1`` tokens (int64, CPU) of the synthetic language (see the module
+    docstring), drawn from the torch generator ``gen``: inputs are ``[:, :-1]``, targets ``[:, 1:]``."""
+    import torch
+
+    n = seq_len + 1
+    noise = torch.randint(vocab, (rows, n), generator=gen)
+    is_noise = torch.rand(rows, n, generator=gen) < NOISE_P
+    seq = torch.empty(rows, n, dtype=torch.int64)
+    seq[:, 0] = noise[:, 0]
+    for t in range(1, n):
+        nxt = (seq[:, t - 1] * TOKEN_MUL + TOKEN_ADD) % vocab
+        seq[:, t] = torch.where(is_noise[:, t], noise[:, t], nxt)
+    return seq
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(parser(), FsdpLmOptions, argv)
     probe = Probe.from_env()
@@ -214,15 +230,7 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of (1-based) step ``step`` on this rank: a function of (seed, step, rank) only."""
         gen = torch.Generator().manual_seed(mix_seed(args.seed, step, rank))
-        n = args.seq_len + 1
-        noise = torch.randint(args.vocab, (args.batch_size, n), generator=gen)
-        is_noise = torch.rand(args.batch_size, n, generator=gen) < NOISE_P
-        seq = torch.empty(args.batch_size, n, dtype=torch.int64)
-        seq[:, 0] = noise[:, 0]
-        for t in range(1, n):
-            nxt = (seq[:, t - 1] * TOKEN_MUL + TOKEN_ADD) % args.vocab
-            seq[:, t] = torch.where(is_noise[:, t], noise[:, t], nxt)
-        seq = seq.to(device)
+        seq = synthetic_tokens(gen, args.batch_size, args.seq_len, args.vocab).to(device)
         return seq[:, :-1], seq[:, 1:]
 
     ckpts = Checkpoints.for_training(args.ckpt_dir, probe, d, model, optimizer, scheduler)

@@ -1,7 +1,8 @@
 """What every built-in training program shares: its command line from its Options model, the distributed setup,
 resuming from the newest complete DCP checkpoint, saving one with the ``COMPLETE`` marker, the rank's RNG state,
 the final parameter digest and a clean exit. ``ddp_mlp`` and ``fsdp_lm`` train through it; ``ft_mlp`` (TorchFT,
-no checkpoints) shares the command line, the seeds and the digest.
+no checkpoints) shares the command line, the seeds and the digest; ``pp_lm`` (pipeline stages) the command line,
+the seeds, the distributed setup and the checkpoint directory's layout and marker.
 
 Checkpoint layout: ``<ckpt-dir>/step_<8-digit step>/`` written by ``dcp.save`` (every rank its share, each rank's
 RNG state under its own key ``rng.rank<r>``); after a barrier rank 0 atomically creates ``COMPLETE`` (a JSON with
@@ -127,7 +128,8 @@ def parse_args(parser: argparse.ArgumentParser, options_model: type[BaseModel],
         options_model.model_validate({n: getattr(args, n) for n in fields})
     except ValidationError as exc:
         err = exc.errors()[0]
-        parser.error(f"{_flag(str(err['loc'][0]))}: {err['msg']}")
+        # a check of several options together (a model validator) names none of them
+        parser.error(f"{_flag(str(err['loc'][0]))}: {err['msg']}" if err["loc"] else str(err["msg"]))
     return args
 
 
@@ -219,8 +221,10 @@ class PreemptionNotice:
     ranks agree (an allreduce of the flag, so all save at the same step), all save, and the noticed ranks then die
     of the SIGTERM they got (their peers find them gone at their next collective, as in a preemption)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: Any = None) -> None:
         self.noticed = False
+        #: The ranks that agree (a process group; None: all of them).
+        self.group = group
         signal.signal(signal.SIGTERM, self._note)
 
     def _note(self, signum: int, frame: Any) -> None:
@@ -232,7 +236,7 @@ class PreemptionNotice:
         import torch.distributed as dist
 
         flag = torch.tensor([1.0 if self.noticed else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item() > 0)
 
     def act(self, probe: Probe, step: int, saved: bool, save: Callable[[int], None]) -> None:
