@@ -25,6 +25,12 @@ Checkpoints cost C every tau seconds of progress.
 - Analytic, first order: goodput ~ 1 - C / (tau + C) - E[R + L] / M (floored at 0).
 - Monte Carlo: ``horizon_days`` of wall time, failures from the exponential distribution, classes and samples
   drawn as above; goodput = progress that survived / wall time; mean and 5-95 % range over ``trials``.
+
+Spare pools (:func:`spare_pool_point`, :func:`break_even_pool`): a lost node is out for a repair time (assumed,
+:data:`DEFAULT_NODE_REPAIR_S`); a loss that finds a hot spare costs the measured hot-spare recovery, one that
+finds the pool exhausted (:func:`spare_found`) waits for the repair and restarts in place. A spare idles its
+node's GPUs: a pool of S costs S / nodes of the job's goodput, so the pool worth having is the one with the
+highest goodput net of that (the break-even size: one more spare buys less than it idles).
 """
 
 from __future__ import annotations
@@ -296,3 +302,69 @@ def costs_from_rows(rows: Sequence[dict[str, Any]]) -> list[RecoveryCosts]:
         costs.samples.setdefault(cls, []).append(sample)
     return [out[k] for k in sorted(out)]
 
+
+
+# ---------------------------------------------------------------------------------------- spare pools
+#: Assumed time a lost node stays out of service before it is back (a reboot, a health check, a re-image; a
+#: hardware repair takes days and is better modelled as a longer time). ``projection.node_repair_s``.
+DEFAULT_NODE_REPAIR_S = 3600.0
+#: Spare-pool sizes (nodes) the report shows by default. ``projection.spare_pools``.
+DEFAULT_SPARE_POOLS = (0, 1, 2, 4, 8, 16, 32)
+
+
+def spare_found(pool: int, nodes_in_repair: float) -> float:
+    """Share of node losses that find a spare in a pool of ``pool`` nodes.
+
+    Model: node losses arrive as a Poisson process and each lost node is out for the repair time, so the number
+    of nodes in repair is Poisson with mean ``nodes_in_repair`` (= loss rate x repair time: an M/G/inf queue); a
+    loss finds the pool exhausted when ``pool`` or more nodes are in repair (each holds one spare until it is
+    back and becomes the new spare). A loss sees that distribution (Poisson arrivals see time averages)."""
+    if pool <= 0:
+        return 0.0
+    if nodes_in_repair <= 0:
+        return 1.0
+    from scipy.stats import poisson
+
+    return float(poisson.cdf(pool - 1, nodes_in_repair))
+
+
+@dataclass(frozen=True)
+class PoolPoint:
+    """The projection with a spare pool of ``pool`` nodes: the share of losses a spare absorbed, the mean
+    recovery per loss, the job's analytic goodput, the pool's share of the job's nodes (GPUs idling) and the
+    goodput net of it."""
+
+    pool: int
+    spare_found: float
+    recovery_s: float
+    goodput: float
+    idle_share: float
+    net_goodput: float
+
+
+def spare_pool_point(pool: int, spare_s: float, no_spare_s: float, scale: FleetScale, a: Assumptions,
+                     repair_s: float, lost_s: float | None = None) -> PoolPoint:  # fmt: skip
+    """A loss costs ``spare_s`` when it finds a spare and ``no_spare_s`` (the job waits for the node's repair
+    and restarts in place) when the pool is exhausted; ``lost_s``: work lost per loss (None: half a checkpoint
+    interval, a rollback). Goodput: :func:`analytic_goodput` at the job's MTBF."""
+    m = scale.job_mtbf_s
+    found = spare_found(pool, repair_s / m)
+    rec = found * spare_s + (1 - found) * no_spare_s
+    g = analytic_goodput(rec, a.checkpoint_cost_s, a.interval_s(m), m, lost_s=lost_s)
+    idle = pool / scale.nodes
+    return PoolPoint(pool, found, rec, g, idle, g - idle)
+
+
+def break_even_pool(spare_s: float, no_spare_s: float, scale: FleetScale, a: Assumptions, repair_s: float,
+                    lost_s: float | None = None) -> int:  # fmt: skip
+    """The pool size beyond which one more spare buys less goodput than the 1/nodes of the job's GPUs it idles:
+    the smallest pool with the highest net goodput (searched until a spare is found for all but 1e-9 of the
+    losses, where more spares cannot buy anything)."""
+    best, best_net = 0, -math.inf
+    for pool in range(scale.nodes + 1):
+        p = spare_pool_point(pool, spare_s, no_spare_s, scale, a, repair_s, lost_s)
+        if p.net_goodput > best_net:
+            best, best_net = pool, p.net_goodput
+        if 1 - p.spare_found < 1e-9:
+            break
+    return best

@@ -137,3 +137,26 @@ def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
         return m
     base = math.sqrt(2 * c * m)
     return base * (1 + math.sqrt(c / (2 * m)) / 3 + c / (18 * m)) - c
+
+
+def median_difference_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_boot: int = 2000,
+                         seed: int = 0) -> Estimate:  # fmt: skip
+    """median(a) - median(b) and a percentile bootstrap interval for it (each sample resampled on its own,
+    ``scipy.stats.bootstrap`` with ``paired=False``; deterministic for a seed). None and NaN values are dropped;
+    bounds are None when either sample has fewer than two values (``n`` is the smaller sample's size)."""
+    xs, ys = _present(a), _present(b)
+    n = min(len(xs), len(ys))
+    if not xs or not ys:
+        return Estimate(None, None, None, n, confidence)
+    diff = statistics.median(xs) - statistics.median(ys)
+    if n < 2:
+        return Estimate(diff, None, None, n, confidence)
+
+    def stat(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.median(x, axis=axis) - np.median(y, axis=axis)
+
+    res = scipy_stats.bootstrap((np.asarray(xs), np.asarray(ys)), stat, n_resamples=n_boot, paired=False,
+                                confidence_level=confidence, method="percentile", vectorized=True,
+                                rng=np.random.default_rng(seed))  # fmt: skip
+    ci = res.confidence_interval
+    return Estimate(diff, float(ci.low), float(ci.high), n, confidence)

@@ -21,12 +21,15 @@ from chaosbench.analysis.fleet import (
     costs_from_rows,
     project,
 )
+from chaosbench.analysis.metrics import STAGE_METRICS
 from chaosbench.analysis.stats import median_ci, wilson, young_daly_interval_s
 from chaosbench.report.document import Block, Cell, Heading, Image, Paragraph, Table
+from chaosbench.report.elasticity import elasticity_blocks
 from chaosbench.report.fmt import MISSING, as_bool, as_float, parse_json_object
 
-STAGES = ("badput_detect_s", "badput_restart_init_s", "badput_restore_s", "badput_recompute_s")
-STAGE_LABELS = ("detect", "restart/init", "restore", "recompute")
+#: The waterfall's stages: the four stages of a recovery (definitions: chaosbench.analysis.metrics).
+STAGES = STAGE_METRICS
+STAGE_LABELS = ("detect", "reschedule", "reshard or replace", "resume")
 
 
 
@@ -235,8 +238,8 @@ def _plot_waterfall(rows: Sequence[dict[str, Any]], path: Path) -> bool:
             ax.barh(i, width, left=left, color=colors[j], label=STAGE_LABELS[j] if i == 0 else None)
             left += width
     ax.set_yticks(range(len(cells)), [f"{f} · {fw}" for f, fw in cells], fontsize=7)
-    ax.set_xlabel("seconds (median of each stage)")
-    ax.set_title("badput waterfall: detect, restart/init, restore, recompute", fontsize=9)
+    ax.set_xlabel("seconds from the fault (median of each stage)")
+    ax.set_title("recovery waterfall: detect, reschedule, reshard or replace, resume", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -400,4 +403,5 @@ def analysis_blocks(
     blocks.append(Paragraph("Assumed: " + "; ".join(notes) + "."))
     pt = projection_table(rows, scale, projection)
     blocks.append(pt if pt.rows else Paragraph(f"{MISSING} (no fault run of a class in the fault mix fired)"))
+    blocks += elasticity_blocks(rows, definition, assumptions_from(projection)[0])
     return blocks, written
