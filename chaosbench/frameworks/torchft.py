@@ -55,7 +55,7 @@ from chaosbench.frameworks.base import (
     pg_timeout,
 )
 from chaosbench.injectors.base import Role
-from chaosbench.runtimes.base import ProcessSpec, ProcHandle
+from chaosbench.runtimes.base import NodeControl, ProcessSpec, ProcHandle
 from chaosbench.timeline import Event, TimelineWriter
 from chaosbench.waiting import wait_until
 
@@ -267,8 +267,12 @@ class TorchftFramework(Framework):
             )
             if advertise:
                 env["CHAOSBENCH_FT_HOSTNAME"] = advertise
+            # A group's torchrun hosts its own store: on container nodes that is the group's node (node0's name
+            # would send a group elsewhere to a store nobody serves); on one host, the master address
+            group_addr = node if isinstance(job.runtime, NodeControl) else addr
             argv = agent_argv(job, ["-m", "torch.distributed.run"], "1", o.max_restarts, o.monitor_interval_s,
-                              ["--master-addr", addr, "--master-port", str(job.runtime.free_port())], o.extra_args,
+                              ["--master-addr", group_addr, "--master-port", str(job.runtime.free_port())],
+                              o.extra_args,
                               nproc_per_node=per_group)  # fmt: skip
             procs.append(ProcessSpec(name=f"torchrun.g{g}", argv=argv, env=env, role="agent", node=node))
         return self.launch_plan(
@@ -348,7 +352,11 @@ class TorchftFramework(Framework):
         lh_spec, group_specs = plan.processes[0], plan.processes[1:]
         lh = control.runtime.start(lh_spec, on_line=on_line)
         port = int(lh_spec.argv[lh_spec.argv.index("--bind") + 1].rsplit(":", 1)[1])
-        ready = self._wait_port(job.runtime.master_addr, port, lh, control, o.lighthouse_ready_timeout_s)
+        # The harness probes from the host: a container node's name resolves only inside its network
+        addr = job.runtime.master_addr
+        if isinstance(control.runtime, NodeControl):
+            addr = control.runtime.node_ip(addr)
+        ready = self._wait_port(addr, port, lh, control, o.lighthouse_ready_timeout_s)
         if ready is not None:
             return ready
         agents = [control.runtime.start(p, on_line=on_line) for p in group_specs]
