@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -444,6 +444,14 @@ class Projection(_Strict):
     )
     fault_mix: dict[Literal["crash", "node", "hang", "sdc"], float] | None = Field(
         default=None, description="relative frequency of each fault class (default: Llama 3's interruption causes)"
+    )
+    node_repair_s: float | None = Field(
+        default=None, gt=0, description="time a lost node takes to come back (elasticity: spare pools; default: "
+        "chaosbench.analysis.fleet.DEFAULT_NODE_REPAIR_S)"
+    )
+    spare_pools: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="spare-pool sizes (nodes) the elasticity report projects (default: "
+        "chaosbench.analysis.fleet.DEFAULT_SPARE_POOLS)"
     )
 
 
