@@ -12,7 +12,8 @@ then the root are wrapped with ``fully_shard`` (FSDP2) over a 1-D device mesh of
 
 Contract (what the harness relies on; the same as :mod:`chaosbench.workloads.ddp_mlp`):
 
-- ``probe.rank_start()`` is emitted before the process group is created, so the harness learns the pid early.
+- ``probe.rank_start(global_batch=world_size * batch_size)`` is emitted before the process group is created, so
+  the harness learns the pid early.
 - Training is a pure function of ``--seed``, the world size and the hyper-parameters: model init comes from the
   seed (identical on every rank before sharding), the token batch of step ``s`` on rank ``r`` comes from a
   generator seeded with ``(seed, s, r)`` (the data position *is* the step index), dropout draws from the global
@@ -137,7 +138,9 @@ def synthetic_tokens(gen: Any, rows: int, seq_len: int, vocab: int) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(parser(), FsdpLmOptions, argv)
     probe = Probe.from_env()
-    probe.rank_start()
+    # each rank trains on its own batch_size sequences: a job re-formed at another world size (torchrun-elastic
+    # shrinking onto fewer nodes, DCP resharding the checkpoint) trains on another global batch
+    probe.rank_start(global_batch=probe.world_size * args.batch_size)
     try:
         return _train(args, probe)
     finally:
