@@ -58,13 +58,30 @@ Contract (what the harness relies on; otherwise as :mod:`chaosbench.workloads.fs
 - Idle ranks wait for the final digest on a CPU (gloo) group of all ranks whose timeout is
   :data:`IDLE_WAIT_S`, not ``--pg-timeout-s``: they wait out the whole training there. A peer that dies closes
   its connections, which ends that wait with an error.
+
+Under the ``torchft`` adapter (``TORCHFT_LIGHTHOUSE`` set; :func:`_train_ft`) one replica group is one whole
+pipeline: the group's torchrun world is the ``--stages`` stages (``RANK`` = stage), ``REPLICA_GROUP_ID`` the
+replica, :meth:`PpLmWorkload.replica_groups` = ranks / stages, and the probe reports ``rank = group * stages +
+stage`` (the adapter's numbering; group ``g`` runs on node ``g``, so a lost node is a lost pipeline replica).
+Each stage has its own ``torchft.Manager`` (``replica_id`` the group, group rank the stage), whose process group
+pairs it with the same stage of every other group. As ft-mlp's ``global`` mode: step ``s`` has ``G`` replica
+slots (``G`` groups; slot ``j``'s batch from ``(seed, s, j)``, dropout keyed by the slot), the groups in the
+quorum split the slots (participant ``p`` of ``n``: ``p, p + n, ...``), each slot is one pipeline pass whose
+gradients are added in float64, the Manager sums the stages' buffers over the groups, and a committed step
+divides by ``G``: the update does not depend on which groups took part, so a run that lost a group and healed
+it (each stage from the same stage of a live peer, over HTTP) ends with the control's digest. ``step``,
+``step_skipped``, ``quorum``, ``detect`` and ``heal_*`` events as ft-mlp's; no checkpoints (``--ckpt-dir`` and
+``--checkpoint-every`` are not used). The global batch is ``G * microbatches * microbatch_size`` throughout.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
+import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,7 +90,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from chaosbench.probe import Probe
+from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
+from chaosbench.signatures import rank_error
 from chaosbench.workloads.base import ProgramWorkload
 from chaosbench.workloads.fsdp_lm import (
     ADAM_BETAS,
@@ -82,6 +100,20 @@ from chaosbench.workloads.fsdp_lm import (
     WEIGHT_DECAY,
     lr_factor,
     synthetic_tokens,
+)
+from chaosbench.workloads.ft_mlp import (
+    ENV_FRAMEWORK,
+    ENV_GROUP,
+    ENV_GROUPS,
+    ENV_HEARTBEAT_S,
+    ENV_HOSTNAME,
+    ENV_LIGHTHOUSE,
+    ENV_LOGLEVEL,
+    ENV_MIN_REPLICAS,
+    ENV_START_GROUPS,
+    ENV_START_TIMEOUT_S,
+    replica_rank,
+    replica_slots,
 )
 from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
@@ -137,6 +169,14 @@ class PpLmWorkload(ProgramWorkload):
     name: ClassVar[str] = "pp-lm"
     Options = PpLmOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
+
+    def replica_groups(self) -> int:
+        """Under the ``torchft`` adapter one replica group is one whole pipeline: ``ranks / stages`` groups of
+        ``stages`` ranks (other frameworks do not ask)."""
+        stages = int(self.options.stages)  # type: ignore[attr-defined]
+        if self.spec.ranks % stages:
+            raise ValueError(f"pp-lm under torchft: ranks ({self.spec.ranks}) must be a multiple of stages ({stages})")
+        return self.spec.ranks // stages
 
 
 # ------------------------------------------------------------------------------------------------ the layout
@@ -276,6 +316,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(parser(), PpLmOptions, argv)
     opts = PpLmOptions.model_validate({n: getattr(args, n) for n in PpLmOptions.model_fields})
+    if ENV_LIGHTHOUSE in os.environ:
+        return _main_ft(args, opts)
     probe = Probe.from_env()
     try:
         where = placement(probe.rank, probe.world_size, opts.stages)
@@ -364,6 +406,70 @@ def _run(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe: P
     return 0
 
 
+
+class _StageRunner:
+    """One rank's pipeline stage: its part of the model (the whole model built from the seed, the same init for
+    every layout, then cut), AdamW and the LR schedule over its parameters, and its pipeline schedule over
+    ``pp_group`` (the replica's stages, in stage order)."""
+
+    def __init__(self, opts: PpLmOptions, seed: int, stage: int, device: Any, pp_group: Any) -> None:
+        import torch
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        self.opts, self.seed, self.stage = opts, seed, stage
+        self.first, self.last = stage == 0, stage == opts.stages - 1
+        torch.manual_seed(mix_seed(seed, MODEL_KEY))
+        self.module = cut_stage(build_model(opts), stage, opts.stages).to(device)
+        self.module.train()
+        self.params = list(self.module.parameters())
+        self._dropout = {"step": 0, "stream": 0, "microbatch": 0}
+        self.module.register_forward_pre_hook(self._reseed_dropout)
+        self.optimizer = torch.optim.AdamW(self.params, lr=opts.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY)
+        # A plain function of the step as lr_lambda: LambdaLR's state dict then holds last_epoch/base_lrs only.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, opts.steps))
+
+        def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(logits, target.reshape(-1))
+
+        # Static shapes: with them the stage runs no extra forward of its own to infer them in the first step
+        # (which would draw dropout masks in a resumed run's first step that an uninterrupted run does not draw).
+        mb, n, width = opts.microbatch_size, opts.seq_len, opts.d_model
+        hidden = torch.empty(mb, n, width, device="meta")
+        pipe = PipelineStage(self.module, stage, opts.stages, device, group=pp_group,
+                             input_args=torch.empty(mb, n, dtype=torch.int64, device="meta") if self.first else hidden,
+                             output_args=torch.empty(mb * n, opts.vocab, device="meta") if self.last else hidden,
+                             input_grads=(None,) if self.first else hidden,
+                             output_grads=(None,) if self.last else hidden)  # fmt: skip
+        schedule_class = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
+        self.schedule = schedule_class(pipe, n_microbatches=opts.microbatches, loss_fn=loss_fn)
+
+    def _reseed_dropout(self, module: Any, inputs: Any) -> None:
+        import torch
+
+        d = self._dropout
+        torch.manual_seed(mix_seed(self.seed, DROPOUT_KEY, d["step"], d["stream"], self.stage, d["microbatch"]))
+        d["microbatch"] += 1
+
+    def forward_backward(self, step: int, stream: int, x: Any, y: Any) -> list[Any]:
+        """One pass of data stream ``stream``'s batch of step ``step`` through the pipeline (``x`` used on the
+        first stage, ``y`` on the last): the gradients of the mean micro-batch loss accumulate into ``.grad``;
+        the micro-batches' losses on the last stage (else an empty list)."""
+        self._dropout.update(step=step, stream=stream, microbatch=0)
+        losses: list[Any] = []
+        if self.first and self.last:
+            self.schedule.step(x, target=y, losses=losses)
+        elif self.first:
+            self.schedule.step(x)
+        elif self.last:
+            self.schedule.step(target=y, losses=losses)
+        else:
+            self.schedule.step()
+        if self._dropout["microbatch"] != self.opts.microbatches:
+            raise RuntimeError(f"stage {self.stage} ran {self._dropout['microbatch']} forwards in step {step}, "
+                               f"not {self.opts.microbatches}")  # fmt: skip
+        return losses
+
+
 def _train(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe: Probe, d: Dist, groups: _Groups,
            start_step: int | None, marker: dict[str, Any]) -> tuple[float | None, list[tuple[str, bytes]]]:  # fmt: skip
     """Train this rank's stage from ``start_step`` (None: from scratch); (last loss, this stage's parameter bytes
@@ -372,42 +478,14 @@ def _train(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     assert where.stage is not None and where.replica is not None
     stage, replica = where.stage, where.replica
-    first, last = stage == 0, stage == opts.stages - 1
+    last = stage == opts.stages - 1
     device = d.device
 
-    # The whole model from the seed on every rank (the same init whatever the layout), then this stage's part.
-    torch.manual_seed(mix_seed(args.seed, MODEL_KEY))
-    module = cut_stage(build_model(opts), stage, opts.stages).to(device)
-    module.train()
-    dropout_key = {"step": 0, "microbatch": 0}
-
-    def reseed_dropout(mod: Any, inputs: Any) -> None:
-        torch.manual_seed(mix_seed(args.seed, DROPOUT_KEY, dropout_key["step"], replica, stage,
-                                   dropout_key["microbatch"]))  # fmt: skip
-        dropout_key["microbatch"] += 1
-
-    module.register_forward_pre_hook(reseed_dropout)
-
-    optimizer = torch.optim.AdamW(module.parameters(), lr=opts.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, opts.steps))
-
-    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(logits, target.reshape(-1))
-
-    # Static shapes: with them the stage runs no extra forward of its own to infer them in the first step (which
-    # would draw dropout masks in a resumed run's first step that an uninterrupted run does not draw).
-    mb, n, width = opts.microbatch_size, opts.seq_len, opts.d_model
-    hidden = torch.empty(mb, n, width, device="meta")
-    pipe = PipelineStage(module, stage, opts.stages, device, group=groups.pp,
-                         input_args=torch.empty(mb, n, dtype=torch.int64, device="meta") if first else hidden,
-                         output_args=torch.empty(mb * n, opts.vocab, device="meta") if last else hidden,
-                         input_grads=(None,) if first else hidden, output_grads=(None,) if last else hidden)  # fmt: skip
-    schedule_class = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
-    schedule = schedule_class(pipe, n_microbatches=opts.microbatches, loss_fn=loss_fn)
+    runner = _StageRunner(opts, args.seed, stage, device, groups.pp)
+    module, optimizer, scheduler = runner.module, runner.optimizer, runner.scheduler
     last_rank_of_replica = rank_of(opts.stages - 1, replica, where.dp)
 
     part = f"stage{stage}"
@@ -461,7 +539,7 @@ def _train(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe:
         seq = synthetic_tokens(gen, rows, opts.seq_len, opts.vocab).to(device)
         return seq[:, :-1], seq[:, 1:]
 
-    params = list(module.parameters())
+    params = runner.params
     planted = Planted(probe)
     notice = PreemptionNotice(groups.train) if opts.save_on_sigterm else None
     loss_value: float | None = None
@@ -470,19 +548,7 @@ def _train(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe:
         t_step = time.perf_counter()
         x, y = batch(step)
         optimizer.zero_grad(set_to_none=True)
-        dropout_key.update(step=step, microbatch=0)
-        losses: list[torch.Tensor] = []
-        if first and last:
-            schedule.step(x, target=y, losses=losses)
-        elif first:
-            schedule.step(x)
-        elif last:
-            schedule.step(target=y, losses=losses)
-        else:
-            schedule.step()
-        if dropout_key["microbatch"] != opts.microbatches:
-            raise RuntimeError(f"stage {stage} ran {dropout_key['microbatch']} forwards in step {step}, "
-                               f"not {opts.microbatches}")  # fmt: skip
+        losses = runner.forward_backward(step, replica, x, y)
         _average_gradients(params, groups.dp, where.dp)
         planted.after_backward(step, params)
         if opts.step_sleep_s > 0:
@@ -524,6 +590,214 @@ def _average_gradients(params: list[Any], group: Any, dp: int) -> None:
         n = g.numel()
         p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
+
+
+# ------------------------------------------------------------------------------------------------ under TorchFT
+
+
+def _main_ft(args: argparse.Namespace, opts: PpLmOptions) -> int:
+    """The program under the ``torchft`` adapter (``TORCHFT_LIGHTHOUSE`` set): this process is stage
+    ``RANK`` of replica group ``REPLICA_GROUP_ID``, whose torchrun world is the pipeline's stages."""
+    env = os.environ
+    group, groups = int(env.get(ENV_GROUP, "0")), int(env.get(ENV_GROUPS, "1"))
+    stage, stages = int(env["RANK"]), int(env["WORLD_SIZE"])
+    if stages != opts.stages:
+        raise SystemExit(f"pp_lm: a replica group has {stages} ranks, but --stages is {opts.stages}: under torchft "
+                         "a replica group is one whole pipeline")  # fmt: skip
+    if not 0 <= group < groups:
+        raise SystemExit(f"pp_lm: {ENV_GROUP}={group} is outside 0..{groups - 1}")
+    probe = Probe(env.get(ENV_EVENTS), rank=replica_rank(group, stage, stages), world_size=groups * stages,
+                  local_rank=int(env.get("LOCAL_RANK", "0")), node=env.get(ENV_NODE, "node0"),
+                  incarnation=incarnation_from_env())  # fmt: skip
+    probe.rank_start(global_batch=global_batch(groups, opts.microbatches, opts.microbatch_size), stage=stage,
+                     replica=group, stages=stages, dp=groups, replica_group=group, group_rank=stage,
+                     group_world_size=stages)  # fmt: skip
+    try:
+        return _train_ft(args, opts, probe, group, groups, stage)
+    finally:
+        probe.close()
+
+
+def _attempt_stores(timeout_s: float) -> tuple[Any, Any]:
+    """(store for the group's process group, TCPStore for its Managers), both fresh in each worker-group attempt.
+
+    The torchft adapter starts each group with torchrun's static rendezvous, whose store lives as long as the
+    agent: after a restart, env:// keys (gloo's peer addresses) and torchft's ``manager_addr`` key still hold
+    the dead attempt's values, and a new rank that reads one before its peer rewrites it connects to a dead
+    address (seen: group restarts failing with "connection refused" in ``connectFullMesh``). So the group's
+    process group rendezvouses under the prefix ``pp_lm/attempt_<TORCHELASTIC_RESTART_COUNT>``, and group rank 0
+    serves the Managers a new TCPStore whose port it publishes there."""
+    import torch.distributed as dist
+
+    env = os.environ
+    addr, rank, world_size = env["MASTER_ADDR"], int(env["RANK"]), int(env["WORLD_SIZE"])
+    timeout = timedelta(seconds=timeout_s)
+    hosted_by_agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    base = dist.TCPStore(addr, int(env["MASTER_PORT"]), world_size, not hosted_by_agent and rank == 0, timeout,
+                         wait_for_workers=False)  # fmt: skip
+    attempt = dist.PrefixStore(f"pp_lm/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
+    if rank == 0:
+        manager_store = dist.TCPStore(addr, 0, world_size, True, timeout, wait_for_workers=False)
+        attempt.set("manager_store_port", str(manager_store.port))
+    else:
+        port = int(attempt.get("manager_store_port").decode())
+        manager_store = dist.TCPStore(addr, port, world_size, False, timeout, wait_for_workers=False)
+    return attempt, manager_store
+
+
+def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: int, groups: int, stage: int) -> int:
+    """Every step: a synchronous quorum (a group that is behind heals each stage from the same stage of a peer),
+    the global batch's replica slots this group computes (participant ``p`` of ``n``: slots ``p, p + n, ...``; one
+    pipeline pass each, its gradients added in float64), one fault-tolerant SUM of the stage's gradients and
+    loss over the groups through the Manager (this stage's torchft process group pairs it with the same stage of
+    every group), the commit vote; a committed step divides by the slots (``groups``) and steps. Ends with the
+    digest of the whole model, gathered over the group's stages."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import ReduceOp
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing import HTTPTransport
+
+    level = os.environ.get(ENV_LOGLEVEL, "WARNING").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    framework = os.environ.get(ENV_FRAMEWORK, "torchft")
+    group_store, manager_store = _attempt_stores(opts.pg_timeout_s)
+    d = init_distributed("pp_lm", opts.pg_timeout_s, args.backend, deterministic=True, store=group_store)
+    runner = _StageRunner(opts, args.seed, stage, d.device, None)
+    module, optimizer, scheduler, params = runner.module, runner.optimizer, runner.scheduler, runner.params
+    heal: dict[str, Any] = {}
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": module.state_dict(), "optim": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        module.load_state_dict(sd["model"])
+        optimizer.load_state_dict(sd["optim"])
+        scheduler.load_state_dict(sd["scheduler"])
+        t0 = heal.pop("t0", None)
+        probe.emit("heal_end", step=heal.pop("step", None),
+                   duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
+        print(f"healed stage {stage} to step {heal.get('last_step')}", flush=True)
+
+    class ProbedTransport(HTTPTransport):  # type: ignore[misc,type-arg]
+        """torchft's HTTP checkpoint transport, with heal events on the timeline."""
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+            heal.update(t0=time.perf_counter(), step=step, last_step=step)
+            probe.emit("heal_begin", step=step, src_replica_rank=src_rank)
+            return super().recv_checkpoint(src_rank, metadata, step, timeout)
+
+        def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+            probe.emit("heal_send", step=step, dst_replica_ranks=list(dst_ranks))
+            super().send_checkpoint(dst_ranks, step, state_dict, timeout)
+
+    manager_timeout = timedelta(seconds=float(os.environ.get("TORCHFT_TIMEOUT_SEC", "60")))
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=opts.pg_timeout_s)),
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=int(os.environ.get(ENV_MIN_REPLICAS, "1")),
+        use_async_quorum=False,
+        replica_id=f"chaosbench_{group}",
+        store_addr=os.environ["MASTER_ADDR"],
+        store_port=manager_store.port,
+        hostname=os.environ.get(ENV_HOSTNAME) or __import__("socket").gethostname(),
+        heartbeat_interval=timedelta(seconds=float(os.environ.get(ENV_HEARTBEAT_S, "0.1"))),
+        checkpoint_transport=ProbedTransport(timeout=manager_timeout, num_chunks=0),
+        init_sync=False,
+    )
+
+    def batch(step: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(mix_seed(args.seed, step, slot))
+        rows = opts.microbatches * opts.microbatch_size
+        seq = synthetic_tokens(gen, rows, opts.seq_len, opts.vocab).to(d.device)
+        return seq[:, :-1], seq[:, 1:]
+
+    numel = sum(q.numel() for q in params)
+    planted = Planted(probe)
+    quorum_id: int | None = None
+    participants_prev: int | None = None
+    errored_streak = False
+    loss_value: float | None = None
+    start_groups = int(os.environ.get(ENV_START_GROUPS, "1")) if probe.incarnation == 0 else 1
+    start_deadline = time.monotonic() + float(os.environ.get(ENV_START_TIMEOUT_S, "60"))
+    while manager.current_step() < opts.steps:
+        manager.start_quorum()
+        n = manager.num_participants()
+        if manager.current_step() == 0 and n < start_groups and time.monotonic() < start_deadline:
+            time.sleep(0.05)
+            continue
+        p = manager.participating_rank()
+        qid = getattr(manager, "_quorum_id", None)  # torchft 0.2.0 keeps it private
+        if qid != quorum_id:
+            probe.emit("quorum", quorum_id=qid, participants=n, previous_participants=participants_prev,
+                       replica_rank=p, step=manager.current_step())  # fmt: skip
+            if participants_prev is not None and n < participants_prev:
+                probe.emit("detect", framework=framework, via="manager", mechanism="quorum change",
+                           reason=f"quorum {qid}: {n} of {participants_prev} replica groups")  # fmt: skip
+            quorum_id, participants_prev = qid, n
+        step = manager.current_step() + 1
+        planted.before_step(step)
+        t_step = time.perf_counter()
+        buf = torch.zeros(numel + 1, dtype=torch.float64)
+        for slot in replica_slots(p, n, groups) if p is not None else []:
+            x, y = batch(step, slot)
+            optimizer.zero_grad(set_to_none=True)
+            losses = runner.forward_backward(step, slot, x, y)
+            off = 0
+            for q in params:
+                if q.grad is not None:
+                    buf[off : off + q.numel()] += q.grad.reshape(-1).double().cpu()
+                off += q.numel()
+            if runner.last:
+                buf[numel] += float(torch.stack([t.detach().double() for t in losses]).mean())
+        if opts.step_sleep_s > 0:
+            time.sleep(opts.step_sleep_s)
+        t_comm = time.perf_counter()
+        manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        buf.div_(groups)
+        off = 0
+        for q in params:
+            q.grad = buf[off : off + q.numel()].to(torch.float32).view_as(q).to(q.device).clone()
+            off += q.numel()
+        planted.after_backward(step, params)
+        if manager.should_commit():
+            optimizer.step()
+            scheduler.step()
+            planted.after_update(step, params)
+            errored_streak = False
+            # the loss lives on the last stage: the group's stages share it over the group's own process group
+            loss_t = buf[numel : numel + 1].to(torch.float32).to(d.device)
+            if opts.stages > 1:
+                dist.broadcast(loss_t, src=opts.stages - 1)
+            loss_value = float(loss_t.item())
+            planted.check_loss(step, loss_value)
+            probe.emit("step", step=manager.current_step(), loss=loss_value, duration_s=time.perf_counter() - t_step,
+                       participants=n, quorum_id=qid, committed=True,
+                       global_batch=global_batch(groups, opts.microbatches, opts.microbatch_size))  # fmt: skip
+            print(f"step {manager.current_step()} loss {loss_value:.6f} participants {n}", flush=True)
+        else:
+            err = manager.errored()
+            reason = (f"{type(err.original_exception).__name__}: {str(err.original_exception).splitlines()[0][:300]}"
+                      if err is not None else f"not enough replica groups ({n} < min_replica_size)")  # fmt: skip
+            probe.emit("step_skipped", step=step, reason=reason, duration_s=t_comm - t_step,
+                       collective_s=time.perf_counter() - t_comm, participants=n, quorum_id=qid)  # fmt: skip
+            if not errored_streak:
+                timed_out = rank_error(reason) == "collective_timeout" or "timeout" in reason.lower()
+                probe.emit("detect", framework=framework, via="manager", reason=f"step {step} not committed: {reason}",
+                           **({"mechanism": "process-group timeout"} if timed_out else {}))  # fmt: skip
+                errored_streak = True
+            print(f"step {step} skipped: {reason}", flush=True)
+
+    gathered: list[Any] = [None] * opts.stages
+    dist.all_gather_object(gathered, named_param_bytes(module))
+    digest = digest_of_stages(gathered)
+    probe.train_end(manager.current_step(), loss_value, digest)
+    print(f"final digest {digest}", flush=True)
+    manager.shutdown(wait=True)
+    dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":

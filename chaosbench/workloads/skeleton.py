@@ -188,10 +188,11 @@ class Dist:
             dist.barrier()
 
 
-def init_distributed(program: str, pg_timeout_s: float, backend: str | None, deterministic: bool = False) -> Dist:
+def init_distributed(program: str, pg_timeout_s: float, backend: str | None, deterministic: bool = False,
+                     store: Any = None) -> Dist:  # fmt: skip
     """Check the env:// variables, pick the device (CUDA with NCCL when present), create the process group.
     ``deterministic``: deterministic CUDA kernels (a bit-identical resume needs them for embeddings and
-    attention)."""
+    attention). ``store``: rendezvous through this c10d store instead of env://'s."""
     import torch
     import torch.distributed as dist
 
@@ -212,7 +213,8 @@ def init_distributed(program: str, pg_timeout_s: float, backend: str | None, det
             torch.use_deterministic_algorithms(True)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=pg_timeout_s))
+    via = {} if store is None else {"store": store, "rank": rank, "world_size": world_size}
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=pg_timeout_s), **via)
     return Dist(rank, world_size, local_rank, backend, device)
 
 

@@ -96,3 +96,48 @@ def test_node_loss_reforms_one_replica_at_half_the_batch(run_suite) -> None:
     loads = [e for e in kinds(ev, "ckpt_load_end") if int(e.get("incarnation", 0)) == after]
     assert sorted(int(e["rank"]) for e in loads) == [0, 1]
     assert len({int(e["step"]) for e in loads}) == 1 and int(loads[0]["step"]) in (5, 10)
+
+
+FT_STEPS = 24
+
+
+def test_torchft_heals_a_lost_pipeline_replica_exactly(run_suite) -> None:
+    """Under TorchFT a replica group is one whole pipeline (its torchrun world: the 2 stages, group g on node
+    g); each stage's gradients are summed with the same stage of the other group through the Manager. Killing
+    stage 1 of group 1: group 0 trains on alone on the whole global batch, group 1's torchrun restarts both its
+    stages, each heals from group 0's same stage, and the run ends bit-identical to the control."""
+    pytest.importorskip("torchft")
+    from chaosbench.registry import FRAMEWORKS
+
+    if "torchft" not in FRAMEWORKS.names():
+        FRAMEWORKS.register("torchft", "chaosbench.frameworks.torchft:TorchftFramework")
+    res = run_suite(f"""
+    name: ppft
+    seed: 5
+    defaults:
+      deadline_s: 150
+      workload: {workload(f"steps: {FT_STEPS}, step_sleep_s: 0.15")}
+    frameworks:
+      torchft: {{heartbeat_timeout_ms: 5000}}
+    faults:
+      kill-g1-stage1: {{injector: kill, target: {{rank: 3}}, trigger: {{at_step: 8, delay_s: 0.1}}}}
+    matrix: {{frameworks: [torchft], faults: [kill-g1-stage1], repeats: 1}}
+    """)
+    ctl, m = res["torchft/control#0"], res["torchft/kill-g1-stage1#0"]
+    assert ctl.outcome == "completed" and ctl.final_step == FT_STEPS and ctl.ranks_agree, ctl.verdict
+    assert m.outcome == "recovered", (m.verdict, m.missing)
+    ev = events_of(m)
+    # rank = group * stages + stage: group 1 (ranks 2, 3) is node1's whole pipeline
+    starts = rank_starts(ev, 0)
+    assert {r: (e["stage"], e["replica"], e["node"]) for r, e in starts.items()} == {
+        0: (0, 0, "node0"), 1: (1, 0, "node0"), 2: (0, 1, "node1"), 3: (1, 1, "node1")
+    }, starts  # fmt: skip
+    # group 1's torchrun restarted both its stages once (each attempt rendezvouses afresh), and each healed from
+    # the same stage of group 0
+    assert m.restart_count == 1, m.verdict
+    healed = {int(e["rank"]) for e in kinds(ev, "heal_end") if int(e.get("incarnation", 0)) == 1}
+    assert healed == {2, 3}, healed
+    assert {int(e["rank"]) for e in kinds(ev, "heal_send")} == {0, 1}
+    group0 = [int(e["step"]) for e in kinds(ev, "step", rank=0)]
+    assert group0 == list(range(1, FT_STEPS + 1))  # no rollback on the survivor
+    assert m.fidelity == "exact" and m.ranks_agree, m.verdict

@@ -121,3 +121,16 @@ def test_the_cut_stages_compose_to_the_whole_forward() -> None:
         x = stage(x)
     assert x.shape == (16, 32)
     assert torch.equal(x, whole(tokens))
+
+
+def test_under_torchft_a_replica_group_is_one_pipeline() -> None:
+    from chaosbench.specs import WorkloadSpec
+    from chaosbench.workloads.pp_lm import PpLmWorkload
+
+    def groups(ranks: int, stages: int) -> int:
+        spec = WorkloadSpec.model_validate({"name": "pp-lm", "ranks": ranks})
+        return PpLmWorkload(spec, PpLmOptions(stages=stages, microbatches=max(4, stages))).replica_groups()
+
+    assert groups(4, 2) == 2 and groups(6, 3) == 2 and groups(2, 2) == 1
+    with pytest.raises(ValueError, match="ranks \\(5\\) must be a multiple of stages \\(2\\)"):
+        groups(5, 2)
