@@ -456,6 +456,7 @@ class Runner:
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         run_id = f"{self.suite.name}-{sc.dirname}-{sc.repeat}-{uuid.uuid4().hex[:8]}"
+        cpu_start_s = time.process_time()  # the harness's own CPU (every thread; not its children, the ranks)
         timeline = TimelineWriter(RunDir(run_dir).events)
         follower = TimelineFollower(RunDir(run_dir).events)
         if follow:
@@ -531,7 +532,8 @@ class Runner:
             leftovers = runtime.leftovers()
             objects = runtime.leftover_objects()
             timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers,
-                          leftover_objects=objects)  # fmt: skip
+                          leftover_objects=objects, harness_cpu_s=round(time.process_time() - cpu_start_s, 4),
+                          concurrent_runs=len(self._controls) + 1)  # fmt: skip
             follower.stop()
             timeline.close()
         return RunRecord(sc, run_dir, result, leftovers=leftovers)

@@ -44,6 +44,10 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   ``complete``) before it. Missing when no checkpoint had completed.
 - ``checkpoint_save_s``: median duration of complete checkpoint saves (begin to end, per rank).
 - ``wall_s``: ``run_end`` minus ``run_start``.
+- ``harness_cpu_s`` / ``harness_cpu_share``: CPU seconds the harness process itself used during the run (all its
+  threads: timeline follower, log readers, fault controllers; not the ranks or the container engine), and that
+  over ``wall_s`` (1.0 = one core busy). With ``--jobs`` the harness serves several runs at once and the figure
+  counts all of them (``run_end``'s ``concurrent_runs`` says how many; the share is then missing).
 - ``productive_s``: for every step index, the compute time of its last execution (the one that survived
   into the final state): the step's own ``duration_s`` when the workload reports it, else the interval
   since the rank's previous event of that incarnation. ``goodput`` = productive_s / wall_s.
@@ -194,6 +198,8 @@ class RunMetrics:
     checkpoint_age_s: float | None = None
     checkpoint_save_s: float | None = None
     wall_s: float | None = None
+    harness_cpu_s: float | None = None
+    harness_cpu_share: float | None = None
     productive_s: float | None = None
     goodput: float | None = None
     extra_wall_s: float | None = None
@@ -389,6 +395,15 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     if end is not None:
         m.run_end_outcome = end.get("outcome")
         m.wall_s = goodput.wall_s(whole)
+        cpu = end.get("harness_cpu_s")
+        if cpu is None:
+            miss["harness_cpu_s"] = "not recorded (a run of an older chaosbench)"
+        else:
+            m.harness_cpu_s = float(cpu)
+            if int(end.get("concurrent_runs") or 1) > 1:
+                miss["harness_cpu_share"] = f"{end.get('concurrent_runs')} runs shared the harness (--jobs)"
+            elif m.wall_s:
+                m.harness_cpu_share = m.harness_cpu_s / m.wall_s
     else:
         miss["wall_s"] = "no run_end event (harness killed?)"
     ix, caused = attribution.harness_cut(whole)

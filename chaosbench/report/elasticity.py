@@ -6,6 +6,7 @@ how much, and each strategy's fleet projection with the goodput a hot-spare pool
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -209,4 +210,15 @@ def elasticity_blocks(rows: Sequence[dict[str, Any]], definition: dict[str, Any]
                "the checkpoint cost, interval, manual recovery and recovery scale of the framework projection"]  # fmt: skip
     blocks.append(Paragraph("Projection assumptions: " + "; ".join(a_notes) + ". The model per strategy is in "
                             "chaosbench.analysis.elasticity."))  # fmt: skip
+    blocks.append(Paragraph(harness_cpu_sentence(rows)))
     return blocks
+
+
+def harness_cpu_sentence(rows: Sequence[dict[str, Any]]) -> str:
+    """The harness's own CPU while the suite ran (``harness_cpu_share`` of every run, controls included): what
+    the harness took from the machine the ranks and nodes share."""
+    shares = sorted(float(r["harness_cpu_share"]) for r in rows if r.get("harness_cpu_share") is not None)
+    if not shares:
+        return "The harness's own CPU share was not measured (runs of an older chaosbench, or --jobs)."
+    return (f"The harness itself used {fmt_percent(statistics.median(shares))} of one core while a run went on (median over "
+            f"{len(shares)} runs, at most {fmt_percent(shares[-1])}): its CPU time over the run's wall time.")

@@ -149,3 +149,12 @@ def test_section_only_with_strategies_and_in_the_report(tmp_path: Path) -> None:
     assert "A spare pool is worth it up to" in md
     assert "Strategies without runs on ft-mlp: restart-in-place, hot-spare, shrink." in md
     assert "diverged as expected" in md and "`fidelity == exact` still fails" in md
+
+
+def test_harness_cpu_sentence_from_measured_rows_only() -> None:
+    from chaosbench.report.elasticity import harness_cpu_sentence
+
+    rows = [{"harness_cpu_share": 0.02}, {"harness_cpu_share": 0.04}, {"harness_cpu_share": None}, {}]
+    text = harness_cpu_sentence(rows)
+    assert "3.0%" in text and "over 2 runs" in text and "at most 4.0%" in text
+    assert "not measured" in harness_cpu_sentence([{}])
