@@ -28,8 +28,10 @@ Contract (what the harness relies on; the same as :mod:`chaosbench.workloads.ddp
   ``get_state_dict`` (DTensors: each rank writes only its slice), the LR scheduler, step, data position and each
   rank's RNG state under the rank's own key ``rng.rank<r>``. After a barrier rank 0 atomically creates
   ``COMPLETE`` in that directory; a directory without ``COMPLETE`` is never loaded (it is deleted and rewritten if
-  training reaches that step again). Resume with the world size that wrote it: the data and dropout streams
-  are per rank, and a rank without its ``rng.rank<r>`` key fails to load.
+  training reaches that step again). A checkpoint written at another world size loads too (DCP
+  reshards the model and optimizer onto the new world: torchrun-elastic shrinking onto fewer nodes); the data
+  and dropout streams are per rank, so a resized job trains on another global batch and diverges from one that
+  was not, and a rank that did not exist when it was written reseeds its RNG (see ``Checkpoints.resume``).
 - On start rank 0 picks the newest complete checkpoint and broadcasts its step; every rank loads it and training
   continues with the next step. Without one, training starts from scratch.
 - After each optimizer step ``probe.step(step, loss, duration_s)`` is emitted (``loss``: this rank's mean
