@@ -64,9 +64,9 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   the one before (the fault for the first):
 
   - ``stage_detect_s``: to the detection (= ``time_to_detect_s``);
-  - ``stage_reschedule_s``: to the replacement capacity being there: the first ``rank_start`` of the incarnation
-    that resumed training (whether it runs on a rebooted node, a spare or fewer nodes); per-step commit
-    (TorchFT), the first ``rank_start`` after the fault (the lost replica group's replacement joining).
+  - ``stage_reschedule_s``: to the replacement capacity being there: the last ``rank_start`` of the incarnation
+    that resumed training, every rank of the new world placed (whether on a rebooted node, a spare or fewer
+    nodes); per-step commit (TorchFT), the last ``rank_start`` of the lost replica group's replacement.
     ``stage_reschedule_runtime_s`` is the share of it the runtime measured (it may start before the detection):
     the scheduler's ``scheduler_delay_s`` (Slurm), else the node replacement (``node_exit`` of a node to the
     ``node_start`` of its reboot, of the spare that took it over, or of a framework's spare node: docker), else

@@ -187,8 +187,8 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
     """Detect, reschedule, reshard-or-replace and resume of the recovery from the fault at ``fp`` (``detect``:
     the first detection after it; ``resume``: :func:`resume_point`'s answer).
 
-    Each stage runs from one boundary to the next: the fault, the detection, the replacement capacity's first
-    ``rank_start``, the end of its restore (or heal), the first step beyond the step reached at the fault (by
+    Each stage runs from one boundary to the next: the fault, the detection, the replacement capacity in place
+    (the last ``rank_start`` of the recovering incarnation: every rank of the new world placed), the end of its restore (or heal), the first step beyond the step reached at the fault (by
     the recovering capacity). A missing boundary leaves its stage missing and the next stage starts at the
     boundary before it; a boundary stamped before the one it follows is taken at that one (its stage is 0, with
     a note). So the stages present always add up to ``total_s``."""
@@ -211,7 +211,9 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
     else:
         inc = resume[1][0]
         starts = [e.t_ns for e in ix.rank_starts_of(inc)]
-        ends["reschedule"] = min(starts) if starts else None
+        # the last start: a rank waiting for its rebooted node is still being rescheduled (the first start is
+        # only a survivor's node relaunching at once)
+        ends["reschedule"] = max(starts) if starts else None
         if not starts:
             missing["reschedule"] = f"incarnation {inc} resumed training but wrote no rank_start"
         _, restore_end, loaded = restore_window(ix, resume)
@@ -256,9 +258,9 @@ def _per_step_commit_ends(ix: TimelineIndex, fp: FaultPoint, ends: dict[str, int
         ends["resume"] = catch_up_ns(ix.steps, fp)
         return
     inc = incarnation(replacement)
-    ends["reschedule"] = replacement.t_ns
     joined = [e for e in ix.rank_starts_of(inc) if e.t_ns > fp.t_ns]
     ranks = {int(e.get("rank", 0)) for e in joined}
+    ends["reschedule"] = max(e.t_ns for e in joined) if joined else replacement.t_ns  # every rank of the group
     healed = [e.t_ns for e in ix.of("heal_end") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks
               and e.t_ns >= replacement.t_ns]  # fmt: skip
     mine = [e for e in ix.of("step") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks

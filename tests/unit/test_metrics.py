@@ -261,6 +261,22 @@ def test_stages_of_a_restart_add_up_to_the_catch_up() -> None:
     assert not m.notes
 
 
+def test_reschedule_lasts_until_every_rank_of_the_new_world_is_placed() -> None:
+    """Restart in place on a rebooting node: rank 0's node relaunches at once, rank 1 starts only when its node is
+    back 0.4 s later. The capacity is there at the last start, so the runtime's share (the reboot) fits inside
+    the reschedule stage instead of spilling into the restore."""
+    import dataclasses
+
+    events = restart_run().sorted()
+    moved = [dataclasses.replace(e, t_ns=e.t_ns + 400_000_000)
+             if e.kind == "rank_start" and e.get("incarnation") == 1 and e.get("rank") == 1 else e
+             for e in events]  # fmt: skip
+    m = compute_metrics(sorted(moved, key=lambda e: e.t_ns), control=control_run(), total_steps=30)
+    assert m.stage_reschedule_s == pytest.approx(0.5 + 0.4 - 0.08, abs=1e-6)
+    assert m.stage_reshard_or_replace_s == pytest.approx(1.0 + 0.2 - 0.4, abs=1e-6)
+    assert m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9)
+
+
 def test_stages_of_a_recovery_in_place_without_detection() -> None:
     """A hang that ended by itself: not detected (missing, and the next stage runs from the fault), nothing
     rescheduled or restored (0, noted), resume = the stall."""
