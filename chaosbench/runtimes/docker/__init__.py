@@ -657,8 +657,12 @@ class DockerRuntime(Runtime):
     def _env(self, spec: ProcessSpec, iface: str = "eth0") -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k.startswith(PASS_ENV_PREFIXES)}
         env.pop("PYTHONHOME", None)
-        env.update({"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp",
-                    "GLOO_SOCKET_IFNAME": iface, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        if self.opts.image is None:
+            # The built-in image carries the harness's interpreter and virtualenv at their host paths: a user's
+            # command saying `python` (or torchrun) finds them first, as it does on the local runtime
+            path = f"{os.path.dirname(sys.executable)}:{path}"
+        env.update({"PATH": path, "HOME": "/tmp", "GLOO_SOCKET_IFNAME": iface, "PYTHONUNBUFFERED": "1"})
         env.update(self.opts.env)
         env.update(spec.env)
         return env
