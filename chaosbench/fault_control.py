@@ -12,6 +12,10 @@ from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, Ru
 from chaosbench.specs import RECOVERY_PHASES, FaultSpec
 from chaosbench.timeline import Event, now_ns
 
+#: Events that mark a job's first progress, from which ``after_s`` and ``poisson`` triggers count: a training
+#: step, or the start of a serving run's load (the ``serve`` workload's ``load_start``).
+PROGRESS_START = frozenset({"step", "load_start"})
+
 
 class FaultController:
     """Fires one fault (once, or repeatedly for ``every_steps``/``poisson``/``max_fires``). Subscribe it to the
@@ -71,8 +75,9 @@ class FaultController:
             if self._closed or self._exhausted():
                 return
             trig = self.trigger
-            first_step = ev.kind == "step" and not self._started
-            if ev.kind == "step":
+            # time-based triggers count from the job's first progress: a training step, or served traffic
+            first_step = ev.kind in PROGRESS_START and not self._started
+            if ev.kind in PROGRESS_START:
                 self._started = True
             if trig.after_s is not None and first_step:
                 self._timer(trig.after_s + trig.delay_s, self.fire, f"{trig.after_s} s after the first step")

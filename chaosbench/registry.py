@@ -121,6 +121,7 @@ FRAMEWORKS: Registry[Any] = Registry(
         "torchft": "chaosbench.frameworks.torchft:TorchftFramework",
         "nvrx": "chaosbench.frameworks.nvrx:NvrxFramework",
         "slurm-requeue": "chaosbench.frameworks.slurm_requeue:SlurmRequeueFramework",
+        "balancer": "chaosbench.frameworks.balancer:BalancerFramework",
     },
 )
 

@@ -223,7 +223,7 @@ class Trigger(_Strict):
     """When a fault fires. Exactly one condition:
 
     - ``at_step: N``: once step N has completed;
-    - ``after_s: T``: T seconds after the first completed step;
+    - ``after_s: T``: T seconds after the first completed step (a serving run: after its load started);
     - ``on_event: {kind, step?, rank?, incarnation?}``: when such an event appears (e.g. ``ckpt_save_begin``
       for a fault during a checkpoint; ``rank_start`` with ``incarnation: 1`` for the start of incarnation 1);
     - ``every_steps: N``: after step N, 2N, 3N, ... (of any incarnation, each index once);

@@ -1,0 +1,434 @@
+"""The ``balancer`` adapter: a serving fleet's recovery policy. N replicas of the ``serve`` workload behind a real
+haproxy, configured per run, while a locust load process drives traffic through it.
+
+What a run starts, in order (each a process of the runtime, so every fault of the catalog can reach it):
+
+1. ``init``: writes the model checkpoint file the replicas load (in the run's checkpoint directory);
+2. the replicas (role ``rank``, ``RANK`` = replica index), each an HTTP server on its own port; the run waits
+   until every one has written ``replica_ready``;
+3. haproxy (role ``balancer``), round robin over the replicas, its log on stdout: ``Server b/r1 is DOWN`` and
+   ``... is UP`` become ``balancer_down`` / ``balancer_up`` events (rank, reason), stamped when read;
+4. the load (role ``load``): its ``load_start`` starts the faults' ``after_s`` clocks; the run completes when it
+   exits 0. At the end the balancer's counters (retries, redispatches, per-server checks) are read from its
+   stats socket into a ``balancer_stats`` event.
+
+The recovery policy is the options: ``health_checks`` (``option httpchk GET /health`` with ``check_interval_ms``,
+``rise``, ``fall``; off: haproxy sends requests to a dead replica until the run ends), ``supervisor`` (restarts a
+replica that exited, on the same port, as a new incarnation; ``liveness_restart_after_s``: also one the balancer
+has held DOWN that long, as a liveness probe would), ``retries`` (haproxy ``retries N`` with
+``option redispatch``: a failed connection is retried on another replica). haproxy's own defaults are kept
+where the policy says nothing (no request timeouts beyond ``timeout_server_ms``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import re
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.frameworks.base import (
+    Framework,
+    JobContext,
+    JobResult,
+    LaunchPlan,
+    Prediction,
+    RunControl,
+    chain,
+    package_version,
+)
+from chaosbench.frameworks.none import describe_exit
+from chaosbench.injectors.base import Role
+from chaosbench.runtimes.base import NodeControl, ProcessSpec, ProcHandle
+from chaosbench.timeline import Event, TimelineWriter
+
+#: The port every replica listens on inside its own container (container nodes each have their own address).
+CONTAINER_REPLICA_PORT = 8000
+#: haproxy's state-change lines (its raw log on stdout; the same text, prefixed ``[WARNING]``, on stderr).
+SERVER_STATE_RE = re.compile(r"Server (?P<backend>[\w.-]+)/r(?P<rank>\d+) is (?P<state>DOWN|UP)(?:, reason: (?P<reason>[^,]*))?")
+#: The backend's name in the generated configuration.
+BACKEND = "replicas"
+
+
+class BalancerOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    health_checks: bool = Field(default=True, description="haproxy active health checks (GET /health) of every replica")
+    check_interval_ms: int = Field(default=2000, gt=0, description="haproxy 'inter': time between two checks (its default: 2000)")
+    rise: int = Field(default=2, ge=1, description="consecutive passed checks that bring a replica back (haproxy default 2)")
+    fall: int = Field(default=3, ge=1, description="consecutive failed checks that take a replica out (haproxy default 3)")
+    retries: int = Field(default=0, ge=0, description="haproxy 'retries' with 'option redispatch': retry a failed "
+                         "connection on another replica (0: no retry)")  # fmt: skip
+    supervisor: bool = Field(default=False, description="restart a replica that exited (same port, new incarnation)")
+    liveness_restart_after_s: float | None = Field(
+        default=None, gt=0, description="supervisor: also kill and restart a replica the balancer has held DOWN this long"
+    )
+    restart_delay_s: float = Field(default=0.0, ge=0, description="supervisor: wait before restarting a replica")
+    max_restarts: int = Field(default=20, ge=0, description="supervisor: restarts in all before it gives up")
+    timeout_connect_ms: int = Field(default=1000, gt=0, description="haproxy 'timeout connect'")
+    timeout_server_ms: int = Field(default=10000, gt=0, description="haproxy 'timeout server': a hung replica's "
+                                   "requests fail after this")  # fmt: skip
+    timeout_client_ms: int = Field(default=30000, gt=0, description="haproxy 'timeout client'")
+    ready_timeout_s: float = Field(default=60.0, gt=0, description="wait this long for the model file and every replica")
+    monitor_interval_s: float = Field(default=0.05, gt=0)
+    teardown_grace_s: float = Field(default=5.0, ge=0)
+    haproxy: str = Field(default="haproxy", description="the haproxy executable")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BalancerOptions:
+        if self.liveness_restart_after_s is not None and not (self.supervisor and self.health_checks):
+            raise ValueError("liveness_restart_after_s needs supervisor: true and health_checks: true")
+        return self
+
+
+def haproxy_config(o: BalancerOptions, bind: str, servers: list[tuple[int, str]], stats_bind: str) -> str:
+    """The run's haproxy configuration: one frontend on ``bind`` (host:port), round robin over ``servers``
+    (replica index, host:port), its stats socket on ``stats_bind`` (host:port, TCP: a unix socket's path is
+    limited to 107 bytes); health-state changes logged raw on stdout, requests not logged."""
+    lines = [
+        "global",
+        "    log stdout format raw local0 info",
+        f"    stats socket ipv4@{stats_bind} level operator",
+        "defaults",
+        "    mode http",
+        "    log global",
+        f"    timeout connect {o.timeout_connect_ms}ms",
+        f"    timeout client {o.timeout_client_ms}ms",
+        f"    timeout server {o.timeout_server_ms}ms",
+        "frontend serve",
+        f"    bind {bind}",
+        "    no log",
+        f"    default_backend {BACKEND}",
+        f"backend {BACKEND}",
+        "    balance roundrobin",
+        f"    retries {o.retries}",
+    ]
+    if o.retries:
+        lines.append("    option redispatch")
+    check = ""
+    if o.health_checks:
+        lines += ["    option httpchk GET /health",
+                  f"    default-server inter {o.check_interval_ms}ms fall {o.fall} rise {o.rise}"]  # fmt: skip
+        check = " check"
+    lines += [f"    server r{i} {addr}{check}" for i, addr in servers]
+    return "\n".join(lines) + "\n"
+
+
+def read_stats(host: str, port: int, timeout_s: float = 2.0) -> dict[str, Any]:
+    """haproxy's counters from its stats socket (``show stat``): the backend's retries and redispatches and each
+    replica's status, check failures and downtime."""
+    with socket.create_connection((host, port), timeout=timeout_s) as s:
+        s.sendall(b"show stat\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    text = b"".join(chunks).decode(errors="replace").lstrip("# ")
+    out: dict[str, Any] = {"servers": {}}
+    for row in csv.DictReader(io.StringIO(text)):
+        if row.get("pxname") != BACKEND:
+            continue
+
+        def num(key: str, row: dict[str, str] = row) -> int | None:
+            v = row.get(key) or ""
+            return int(v) if v.isdigit() else None
+
+        if row.get("svname") == "BACKEND":
+            out.update(retries=num("wretr"), redispatches=num("wredis"), requests=num("stot"),
+                       connection_errors=num("econ"), response_errors=num("eresp"))  # fmt: skip
+        else:
+            out["servers"][row["svname"]] = {"status": row.get("status"), "check_failures": num("chkfail"),
+                                             "went_down": num("chkdown"), "downtime_s": num("downtime"),
+                                             "sessions": num("stot"), "retries": num("wretr"),
+                                             "redispatches": num("wredis")}  # fmt: skip
+    return out
+
+
+class StateWatcher:
+    """haproxy's log lines -> ``balancer_down`` / ``balancer_up`` events (once per change: each line comes on
+    stdout and stderr), and the replicas the balancer holds DOWN now (for the supervisor's liveness restarts)."""
+
+    def __init__(self, framework: str, timeline: TimelineWriter) -> None:
+        self.framework = framework
+        self.timeline = timeline
+        self.down_since_ns: dict[int, int] = {}
+        self._state: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+        if handle.spec.role != "balancer":
+            return
+        m = SERVER_STATE_RE.search(line)
+        if m is None:
+            return
+        rank, state = int(m["rank"]), m["state"]
+        with self._lock:
+            if self._state.get(rank, "UP") == state:
+                return
+            self._state[rank] = state
+            if state == "DOWN":
+                self.down_since_ns[rank] = t_ns
+            else:
+                self.down_since_ns.pop(rank, None)
+        reason = {"reason": m["reason"].strip()} if m["reason"] else {}
+        self.timeline.emit(f"balancer_{state.lower()}", t_ns=t_ns, src="framework", framework=self.framework,
+                           rank=rank, server=f"r{rank}", line=line[:300], **reason)  # fmt: skip
+
+
+class ReadyWatch:
+    """The replicas' ``replica_ready`` events, by incarnation (a timeline subscriber)."""
+
+    def __init__(self) -> None:
+        self.ready: set[tuple[int, int]] = set()
+        self.changed = threading.Event()
+
+    def __call__(self, ev: Event) -> None:
+        if ev.kind == "replica_ready":
+            self.ready.add((int(ev.get("rank", 0)), int(ev.get("incarnation", 0))))
+            self.changed.set()
+
+
+class BalancerFramework(Framework):
+    """Replicas behind haproxy under locust load; the recovery policy is the options (see the module docstring)."""
+
+    name: ClassVar[str] = "balancer"
+    Options = BalancerOptions  # type: ignore[assignment]
+    roles: ClassVar[dict[str, Role]] = {
+        "rank0": Role("replica 0's server process", rank=0),
+        "balancer": Role("haproxy, the load balancer in front of the replicas", proc_role="balancer"),
+        "load": Role("the locust load process", proc_role="load"),
+    }
+
+    # -- planning
+    def _serve(self, job: JobContext) -> Any:
+        if job.workload.name != "serve":
+            raise Unsupported(f"balancer adapter: workload '{job.workload.name}' is not a server (use workload 'serve')")
+        return job.workload
+
+    def _containers(self, job: JobContext) -> bool:
+        return isinstance(job.runtime, NodeControl)
+
+    def replica_spec(self, job: JobContext, rank: int, incarnation: int, port: int) -> ProcessSpec:
+        """Replica ``rank``'s process: the serve workload's argv, the probe's environment and its address."""
+        node = job.node_name(rank // job.ranks_per_node)
+        env = job.rank_env(incarnation, node)
+        env.update({"RANK": str(rank), "LOCAL_RANK": str(rank % job.ranks_per_node), "WORLD_SIZE": str(job.ranks),
+                    "SERVE_HOST": "0.0.0.0" if self._containers(job) else job.runtime.master_addr,
+                    "SERVE_PORT": str(port), "CHAOSBENCH_FRAMEWORK": self.label})  # fmt: skip
+        return ProcessSpec(name=f"replica{rank}.i{incarnation}", argv=job.workload_argv(), env=env, role="rank",
+                           node=node, incarnation=incarnation)  # fmt: skip
+
+    def plan(self, job: JobContext) -> LaunchPlan:
+        o: Any = self.options
+        serve = self._serve(job)
+        containers = self._containers(job)
+        if not containers and shutil.which(o.haproxy) is None:
+            raise ChaosbenchError(f"balancer adapter: '{o.haproxy}' not found (apt-get install -y haproxy)")
+        ports = [CONTAINER_REPLICA_PORT + r % job.ranks_per_node if containers else job.runtime.free_port()
+                 for r in range(job.ranks)]
+        # container nodes: the balancer and the load share a node of their own beyond the replicas' (started on
+        # demand), so a replica's node can be lost or cut off without taking them along; the load reaches the
+        # balancer over that node's loopback
+        lb_node = job.node_name(job.nodes) if containers else "node0"
+        addr = "0.0.0.0" if containers else job.runtime.master_addr
+        lb_port = job.runtime.free_port() if not containers else 8080
+        servers = [(r, f"{job.node_name(r // job.ranks_per_node) if containers else addr}:{ports[r]}")
+                   for r in range(job.ranks)]  # fmt: skip
+        cfg_path = job.run_dir / "haproxy.cfg"
+        stats_port = 9999 if containers else job.runtime.free_port()
+        procs = [ProcessSpec(name="init", argv=serve.init_argv(job.paths), env=job.rank_env(0, "node0"), role="init")]
+        procs += [self.replica_spec(job, r, 0, ports[r]) for r in range(job.ranks)]
+        procs.append(ProcessSpec(name="haproxy", argv=[o.haproxy, "-db", "-f", str(cfg_path)], role="balancer",
+                                 node=lb_node, env={}))  # fmt: skip
+        target_host = "127.0.0.1" if containers else job.runtime.master_addr
+        load_env = {k: v for k, v in job.rank_env(0, lb_node).items() if k.startswith("CHAOSBENCH_") or k == "PYTHONUNBUFFERED"}
+        procs.append(ProcessSpec(name="load", argv=serve.load_argv(f"http://{target_host}:{lb_port}"), role="load",
+                                 node=lb_node, env=load_env))  # fmt: skip
+        return self.launch_plan(
+            job, procs,
+            options={**o.model_dump(), "balancer_bind": f"{addr}:{lb_port}", "haproxy_config": str(cfg_path),
+                     "stats_bind": f"{addr}:{stats_port}", "lb_node": lb_node, "servers": dict(servers)},
+            notes=[f"{job.ranks} replicas behind haproxy ({'health checks' if o.health_checks else 'no health checks'}"
+                   f"{', supervisor' if o.supervisor else ''}{f', {o.retries} retries' if o.retries else ''})"],
+        )  # fmt: skip
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        o: Any = self.options
+        return {
+            "check_interval_s": o.check_interval_ms / 1000 if o.health_checks else None,
+            "fall": float(o.fall) if o.health_checks else None,
+            "rise": float(o.rise) if o.health_checks else None,
+            "timeout_connect_s": o.timeout_connect_ms / 1000,
+            "timeout_server_s": o.timeout_server_ms / 1000,
+            "liveness_restart_after_s": o.liveness_restart_after_s,
+            "monitor_interval_s": o.monitor_interval_s,
+        }
+
+    def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
+        inter, fall = timeouts.get("check_interval_s"), timeouts.get("fall")
+        if inter is None or fall is None:
+            return Prediction(None, "", note="no health checks: the balancer never takes a replica out")
+        if mode not in ("crash", "hang", "stall"):
+            return None
+        # fall failed checks, the first one up to an interval after the fault; a hung replica's check fails when
+        # it times out (haproxy's check timeout is the interval when 'timeout check' is unset)
+        per_check = inter if mode == "crash" else 2 * inter
+        return Prediction(*chain(("check_interval_s x fall", per_check * fall)),
+                          note=f"{fall:g} failed health checks in a row take the replica out")  # fmt: skip
+
+    def versions(self) -> dict[str, str | None]:
+        v = super().versions()
+        o: Any = self.options
+        v["haproxy"] = haproxy_version(o.haproxy)
+        for pkg in ("locust", "uvicorn", "starlette"):
+            v[pkg] = package_version(pkg)
+        return v
+
+    # -- running
+    def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        o: Any = self.options
+        rt, tl = control.runtime, control.timeline
+        specs = {p.role if p.role != "rank" else p.name: p for p in plan.processes}
+        init = rt.start(specs["init"])
+        if (failed := self._wait_exit(init, control, o.ready_timeout_s)) is not None:
+            return failed
+        ready = ReadyWatch()
+        control.follower.subscribe(ready)
+        replicas: dict[int, ProcHandle] = {}
+        ports: dict[int, int] = {}
+        for p in plan.processes:
+            if p.role == "rank":
+                rank = int(p.env["RANK"])
+                ports[rank] = int(p.env["SERVE_PORT"])
+                replicas[rank] = rt.start(p)
+        deadline = time.monotonic() + o.ready_timeout_s
+        while not all((r, 0) in ready.ready for r in replicas):
+            if (stop := control.stop_reason()) is not None:
+                return JobResult(stop, f"harness stopped the run ({stop}) while the replicas loaded")
+            dead = [h for h in replicas.values() if h.poll() is not None]
+            if dead:
+                return JobResult("failed", f"{dead[0].name} exited with {describe_exit(dead[0].returncode or 0)} "
+                                 "before it was ready")  # fmt: skip
+            if time.monotonic() > deadline:
+                return JobResult("error", f"replicas not ready after {o.ready_timeout_s:g} s (ready_timeout_s)")
+            ready.changed.wait(o.monitor_interval_s)
+            ready.changed.clear()
+        cfg = self._write_config(job, plan)
+        states = StateWatcher(self.label, tl)
+        balancer = rt.start(specs["balancer"], states)
+        if not self._wait_listening(plan, control, balancer):
+            return JobResult("error", f"haproxy did not start (see {cfg.parent}/logs/haproxy.err)")
+        load = rt.start(specs["load"])
+        restarts = 0
+        incarnation = dict.fromkeys(replicas, 0)
+        while True:
+            if (stop := control.stop_reason()) is not None:
+                return JobResult(stop, f"harness stopped the run ({stop})")
+            rc = load.poll()
+            if rc is not None:
+                self._emit_stats(plan, control)
+                if rc == 0:
+                    return JobResult("completed")
+                return JobResult("failed", f"the load process exited with {describe_exit(rc)}")
+            if balancer.poll() is not None:
+                tl.emit("balancer_exit", src="framework", framework=self.label,
+                        reason=f"haproxy exited with {describe_exit(balancer.returncode or 0)}")  # fmt: skip
+            if o.supervisor:
+                for rank, h in list(replicas.items()):
+                    why = self._replica_failure(h, rank, states, o)
+                    if why is None:
+                        continue
+                    tl.emit("detect", src="framework", framework=self.label, via=why[1], reason=why[0], blame_rank=rank)
+                    if h.poll() is None:  # a liveness restart: the hung replica goes first
+                        rt.terminate([h], 0.0)
+                    if restarts >= o.max_restarts:
+                        tl.emit("give_up", src="framework", framework=self.label,
+                                reason=f"supervisor: restart limit reached ({o.max_restarts})")  # fmt: skip
+                        o = o.model_copy(update={"supervisor": False})
+                        break
+                    restarts += 1
+                    incarnation[rank] += 1
+                    if o.restart_delay_s:
+                        control.sleep(o.restart_delay_s)
+                    tl.emit("restart", src="framework", framework=self.label, rank=rank, attempt=restarts,
+                            incarnation=incarnation[rank], reason=why[0])  # fmt: skip
+                    replicas[rank] = rt.start(self.replica_spec(job, rank, incarnation[rank], ports[rank]))
+            control.sleep(o.monitor_interval_s)
+
+    def _replica_failure(self, h: ProcHandle, rank: int, states: StateWatcher, o: Any) -> tuple[str, str] | None:
+        """Why the supervisor restarts replica ``rank`` now (reason, via), or None."""
+        rc = h.poll()
+        if rc is not None:
+            return f"{h.name} exited with {describe_exit(rc)}", "exit"
+        since = states.down_since_ns.get(rank)
+        if o.liveness_restart_after_s is not None and since is not None:
+            if time.time_ns() - since >= o.liveness_restart_after_s * 1e9 and h.spec.incarnation >= 0:
+                states.down_since_ns.pop(rank, None)
+                return f"r{rank} DOWN at the balancer for {o.liveness_restart_after_s:g} s", "health_check"
+        return None
+
+    def _wait_exit(self, h: ProcHandle, control: RunControl, timeout_s: float) -> JobResult | None:
+        """None once ``h`` exited 0; else why the run ends."""
+        deadline = time.monotonic() + timeout_s
+        while (rc := h.poll()) is None:
+            if (stop := control.stop_reason()) is not None:
+                return JobResult(stop, f"harness stopped the run ({stop})")
+            if time.monotonic() > deadline:
+                return JobResult("error", f"{h.name} did not finish in {timeout_s:g} s")
+            control.sleep(0.05)
+        return None if rc == 0 else JobResult("failed", f"{h.name} exited with {describe_exit(rc)}")
+
+    def _write_config(self, job: JobContext, plan: LaunchPlan) -> Path:
+        o: Any = self.options
+        servers = [(int(k), v) for k, v in plan.options["servers"].items()]
+        path = Path(plan.options["haproxy_config"])
+        path.write_text(haproxy_config(o, plan.options["balancer_bind"], servers, plan.options["stats_bind"]))
+        return path
+
+    def _wait_listening(self, plan: LaunchPlan, control: RunControl, balancer: ProcHandle) -> bool:
+        """Whether haproxy accepts connections on its frontend (within 10 s)."""
+        host, port = self._reachable(control, plan, plan.options["balancer_bind"])
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and balancer.poll() is None and control.stop_reason() is None:
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=0.2):
+                return True
+            control.sleep(0.05)
+        return False
+
+    def _reachable(self, control: RunControl, plan: LaunchPlan, bind: str) -> tuple[str, int]:
+        """Where the harness reaches a socket haproxy binds to ``bind`` (a container node's: its address)."""
+        host, port = bind.rsplit(":", 1)
+        if host == "0.0.0.0" and isinstance(control.runtime, NodeControl):
+            host = control.runtime.node_ip(plan.options["lb_node"])
+        return host, int(port)
+
+    def _emit_stats(self, plan: LaunchPlan, control: RunControl) -> None:
+        host, port = self._reachable(control, plan, plan.options["stats_bind"])
+        try:
+            stats = read_stats(host, port)
+        except OSError as exc:
+            control.timeline.emit("balancer_stats", src="framework", framework=self.label,
+                                  missing=f"stats socket {host}:{port}: {exc}")  # fmt: skip
+            return
+        control.timeline.emit("balancer_stats", src="framework", framework=self.label, **stats)
+
+
+def haproxy_version(exe: str) -> str | None:
+    import subprocess
+
+    path = shutil.which(exe)
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "-v"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"version (\S+)", out)
+    return m.group(1) if m else None
