@@ -149,8 +149,11 @@ class Gate:
             case = ET.Element("testcase", classname=f"{self.suite}.{m.scenario}", name=f"repeat {m.repeat}",
                               time=f"{m.wall_s or 0:.3f}")  # fmt: skip
             props = ET.SubElement(case, "properties")
-            for key in ("outcome", "verdict", "time_to_detect_s", "time_to_resume_s", "lost_steps", "fidelity",
-                        "run_dir"):  # fmt: skip
+            keys = ("outcome", "verdict", "time_to_detect_s", "time_to_resume_s", "lost_steps", "fidelity", "run_dir")
+            if m.serving:
+                keys = ("outcome", "verdict", "time_to_detect_s", "time_to_recover_s", "failed_requests",
+                        "error_budget_burn", "run_dir")  # fmt: skip
+            for key in keys:
                 ET.SubElement(props, "property", name=key, value=str(getattr(m, key)))
             err = self.errors.get(str(m.run_dir))
             missed = missed_slos(m)

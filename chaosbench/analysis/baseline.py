@@ -24,7 +24,7 @@ from chaosbench.errors import ChaosbenchError
 
 LOWER_IS_BETTER = (
     "time_to_detect_s", "time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s", "extra_wall_s",
-    "restart_count", "badput_restart_init_s", "badput_restore_s",
+    "restart_count", "badput_restart_init_s", "badput_restore_s", "failed_requests", "error_budget_burn",
 )  # fmt: skip
 HIGHER_IS_BETTER = ("goodput",)
 

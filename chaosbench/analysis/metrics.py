@@ -153,6 +153,13 @@ Attribution, truth and detection quality:
   (``detection_prediction`` event written before the run by the framework adapter: the deciding timeout plus the
   interval that polls it), and those timeouts; missing when the adapter has no model for the fault.
 
+Serving runs (the timeline has ``load_start``: replicas behind a balancer under a load) are measured by
+:mod:`~chaosbench.analysis.serving`: requests, failed and retried requests, error rate and error-budget burn, latency
+quantiles before, during and after the fault, capacity out of rotation; ``time_to_detect_s`` (the balancer marking
+the faulted replica down, or the first failed request), ``time_to_recover_s`` (the error rate back under the SLO for
+a recovery window), ``detected``, ``recovered`` and ``outcome`` by its definitions; their training metrics (steps,
+lost work, fidelity, the recovery stages) stay None, with the reason. ``serving`` is True for them.
+
 A metric that cannot be measured is None, with the reason in ``missing``; a value that needs saying (a stage that
 does not apply is 0) has a note in ``notes``. ``workload`` and ``strategy`` (the framework entry's recovery
 strategy: ``restart-in-place``, ``hot-spare``, ``shrink``, ``continue``) come from the run's configuration.
@@ -164,7 +171,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaosbench.analysis import attribution, fidelity, goodput, timing
+from chaosbench.analysis import attribution, fidelity, goodput, serving, timing
 from chaosbench.analysis.checkpoint_outcome import classify_checkpoint_outcome
 from chaosbench.analysis.fleet import fault_class
 from chaosbench.analysis.timeline_index import TimelineIndex, ns_to_s
@@ -263,6 +270,25 @@ class RunMetrics:
     notes: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     timeouts: dict[str, Any] = field(default_factory=dict)
+    # Serving runs (definitions: chaosbench.analysis.serving).
+    serving: bool = False
+    replicas: int | None = None
+    requests: int | None = None
+    failed_requests: int | None = None
+    retried_requests: int | None = None
+    error_rate: float | None = None
+    budget_request_rate_per_s: float | None = None
+    error_budget_burn: float | None = None
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    latency_p50_before_ms: float | None = None
+    latency_p99_before_ms: float | None = None
+    latency_p50_during_ms: float | None = None
+    latency_p99_during_ms: float | None = None
+    latency_p50_after_ms: float | None = None
+    latency_p99_after_ms: float | None = None
+    capacity_lost_replica_s: float | None = None
+    capacity_lost_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -276,7 +302,8 @@ class RunMetrics:
 
 #: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
 BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",
-                         "notes", "versions", "timeouts", "timeout_problems", "workload", "strategy"})  # fmt: skip
+                         "notes", "versions", "timeouts", "timeout_problems", "workload", "strategy",
+                         "serving"})  # fmt: skip
 
 
 def metric_names() -> list[str]:
@@ -310,6 +337,8 @@ def compute_metrics(
 
 def verdict(m: RunMetrics) -> str:
     """One line on what happened, from the metrics alone."""
+    if m.serving:
+        return serving_verdict(m)
     if m.outcome == "contaminated":
         return f"contaminated: {m.missing.get('contaminated', 'started from state it did not write')}"
     if m.control:
@@ -362,6 +391,38 @@ def verdict(m: RunMetrics) -> str:
         if m.injection_latency_s is not None:
             text += f", injection latency {m.injection_latency_s * 1e3:.0f} ms"
     return text + _restart_claim_note(m)
+
+
+def serving_verdict(m: RunMetrics) -> str:
+    """One line on what happened to a serving run, from its metrics."""
+    served = f"{_count(m.requests)} requests, {_count(m.failed_requests)} failed"
+    if m.control:
+        if m.outcome != "completed":
+            return f"control failed: the load did not end ({m.run_end_outcome}); {served}"
+        text = f"completed: {served}"
+        if m.clean is False:
+            text += f"; not clean: {m.restart_count or 0} restarts, {m.failed_requests or 0} failed requests"
+        return text
+    if m.outcome == "fault_not_fired":
+        return f"fault did not fire; {served}"
+    burn = "" if m.error_budget_burn is None else f" ({m.error_budget_burn * 100:.3g} % of the error budget)"
+    if m.recovered:
+        text = f"recovered after {m.time_to_recover_s:.2f} s: {served}{burn}"
+    else:
+        text = f"not recovered before the load ended: {served}{burn}"
+    if m.time_to_detect_s is not None:
+        text += f"; detected by {m.detected_via} after {m.time_to_detect_s:.2f} s"
+    else:
+        text += "; not detected"
+    if m.restart_count:
+        text += f"; {m.restart_count} replica restart{'s' if m.restart_count > 1 else ''}"
+    if m.retried_requests:
+        text += f"; {m.retried_requests} retried by the balancer"
+    return text
+
+
+def _count(v: int | None) -> str:
+    return "?" if v is None else str(v)
 
 
 def _restart_claim_note(m: RunMetrics) -> str:
@@ -426,6 +487,9 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         miss["restarts_claimed"] = "the framework reported no restart (no restart line of it was recognised)"
     if final is not None:
         m.world_size_final, m.global_batch_final = ix.world(int(final.get("incarnation", 0)))
+    if whole.has("load_start"):
+        _serving_run(m, whole, ix, ctl, end, harness_reactions)
+        return m
 
     saves = goodput.checkpoint_save_durations(ix)
     if saves:
@@ -489,6 +553,83 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         return m
     _fault_run(m, ix, ctl, fault, start.t_ns, end, finished, harness_reactions)
     return m
+
+
+#: Training metrics a serving run does not have.
+TRAINING_METRICS = (
+    "time_to_resume_s", "time_to_catch_up_s", "time_to_rejoin_s", "lost_steps", "lost_work_s", "fidelity",
+    "productive_s", "goodput", "final_step", "checkpoint_age_s", "slowdown",
+)  # fmt: skip
+
+
+def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: TimelineIndex | None,
+                 end: Event | None, harness_reactions: int) -> None:  # fmt: skip
+    """The metrics of a serving run (its timeline has ``load_start``), in ``m``: requests, error budget, latency
+    and capacity (:mod:`~chaosbench.analysis.serving`), and detection, recovery and outcome by the serving
+    definitions; its training metrics stay None."""
+    miss = m.missing
+    m.serving = True
+    for k in TRAINING_METRICS:
+        miss[k] = "serving run (no training)"
+    m.gave_up = ix.has("give_up")
+    m.clock_offset_bound_s = offset_bound_s(ix.of("clock_offset"))
+    if m.clock_offset_bound_s is None:
+        miss["clock_offset_bound_s"] = "no clock_offset events (one host, one clock)"
+    m.crash_loop = serving.crash_loop(ix)
+    if ctl is not None:
+        control_wall_s = goodput.wall_s(ctl)
+        if m.wall_s is not None and control_wall_s is not None:
+            m.extra_wall_s = m.wall_s - control_wall_s
+    fault = None if m.control else ix.first("fault_inject")
+    tf = timing.fault_effect_ns(ix, fault) if fault is not None else None
+    s = serving.serving_metrics(whole, ctl, fault, tf)
+    for name in serving.SERVING_FIELDS:
+        setattr(m, name, getattr(s, name))
+    miss.update(s.missing)
+    m.notes.update(s.notes)
+    if m.control:
+        m.outcome = "completed" if s.completed else "failed"
+        m.false_detections = attribution.detection_episodes(ix)
+        m.clean = (m.outcome == "completed" and m.false_detections == 0 and m.restart_count == 0
+                   and not m.failed_requests and not ix.has("balancer_down"))  # fmt: skip
+        for k in serving.SERVING_FAULT_METRICS:
+            miss[k] = "control run (no fault)"
+        return
+    if fault is None or tf is None:
+        m.outcome = "fault_not_fired"
+        skipped = ix.first("fault_skipped")
+        why = f"fault skipped: {skipped.get('reason')}" if skipped else "the trigger never fired"
+        for k in serving.SERVING_FAULT_METRICS:
+            miss[k] = why
+        return
+    start = whole.first("run_start")
+    t0 = start.t_ns if start is not None else whole.events[0].t_ns
+    if fault.get("effect_t_ns") is not None:
+        m.injection_latency_s = ns_to_s(tf - fault.t_ns)
+    m.fault_class = fault_class(fault.get("injector"), fault.get("params"))
+    m.fault_t_s = ns_to_s(tf - t0)
+    m.fault_count = ix.count("fault_inject")
+    m.false_detections = attribution.detection_episodes(ix, before_ns=fault.t_ns)
+    m.detected = s.time_to_detect_s is not None
+    m.time_to_detect_s, m.detected_via, m.detected_by = s.time_to_detect_s, s.detected_via, s.detected_by
+    if s.detect_t_ns is not None:
+        m.detect_t_s = ns_to_s(s.detect_t_ns - t0)
+    elif harness_reactions:
+        miss["time_to_detect_s"] += (f" (the framework reacted {harness_reactions} time(s) only after the harness "
+                                     "began tearing the run down)")  # fmt: skip
+    if ix.first("detect", after_ns=tf) is not None:
+        blame = attribution.first_blame(ix, fault, tf)
+        m.blamed, m.blame = blame.blamed, blame.blame
+        if blame.missing is not None:
+            miss["blame"] = blame.missing
+    else:
+        miss["blame"] = "the framework wrote no detect event after the fault"
+    m.recovered = bool(s.recovered)
+    m.time_to_recover_s = s.time_to_recover_s
+    m.outcome = "recovered" if m.recovered else "not_recovered"
+    m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
+    if not m.recovered and end is not None:
+        m.time_burned_s = ns_to_s(end.t_ns - tf)
 
 
 def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, fault: Event, t0: int,

@@ -1,0 +1,323 @@
+"""Serving metrics on hand-built timelines with known answers: a control and fault runs of three replicas behind
+a balancer, under a load of 100 requests per 1 s window (every metric checked against the arithmetic), a run
+that does not recover, a run without balancer_down (detection by the first failed request), the error budget's
+arithmetic, the SLO names for the gate, and the report section on a tiny result set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosbench.analysis.latency import LATENCY_BUCKETS, LATENCY_EDGES_MS, latency_bucket, quantile_ms
+from chaosbench.analysis.metrics import RunMetrics, compute_metrics, metric_names
+from chaosbench.analysis.serving import error_budget_burn, per_second
+from chaosbench.analysis.slo import evaluate
+from chaosbench.timeline import Event
+
+T0 = 1_700_000_000_000_000_000  # run_start, ns
+S = 1_000_000_000
+LOAD = T0 + 2 * S  # load_start
+SLO = {"availability": 0.999, "window_days": 30, "error_rate": 0.01, "recovery_window_s": 3.0}
+FAST, SLOW = latency_bucket(10.0), latency_bucket(20.0)  # the buckets holding 10 ms and 20 ms
+FAST_LO, FAST_HI = LATENCY_EDGES_MS[FAST - 1], LATENCY_EDGES_MS[FAST]
+SLOW_LO, SLOW_HI = LATENCY_EDGES_MS[SLOW - 1], LATENCY_EDGES_MS[SLOW]
+
+
+def _hist(fast: int = 0, slow: int = 0) -> list[int]:
+    h = [0] * LATENCY_BUCKETS
+    h[FAST] += fast
+    h[SLOW] += slow
+    return h
+
+
+def _window(k: int, requests: int = 100, failures: int = 0, slow: bool = False) -> Event:
+    ok = requests - failures
+    return Event(LOAD + k * S, "load_window", src="load", data={
+        "window_s": 1.0, "requests": requests, "failures": failures, "errors": {"502": failures} if failures else {},
+        "latency_hist": _hist(slow=ok) if slow else _hist(fast=ok), "p50_ms": None, "p99_ms": None,
+        "max_ms": SLOW_HI if slow else FAST_HI})  # fmt: skip
+
+
+def _timeline(windows: dict[int, tuple[int, bool]], *, control: bool = False, fault_at_s: float | None = 5.5,
+              downs: list[tuple[float, float | None]] | None = None, stats: dict[str, Any] | None = None,
+              n_windows: int = 20, scenario: str = "health/kill-replica") -> list[Event]:  # fmt: skip
+    """Three replicas; 20 one-second windows of 100 requests from LOAD; ``windows``: k -> (failures, slow) for
+    the windows that differ; ``downs``: (balancer_down, balancer_up or None) of replica 1, in seconds after
+    LOAD; the fault (kill of replica 1) ``fault_at_s`` after LOAD."""
+    ev = [Event(T0, "run_start", data={"suite": "serving", "scenario": scenario, "framework": scenario.split("/")[0],
+                                       "fault": None if control else scenario.split("/")[1], "repeat": 0,
+                                       "control": control})]  # fmt: skip
+    for r in range(3):
+        ev.append(Event(T0 + S // 10, "rank_start", src="rank", data={"rank": r, "world_size": 3, "incarnation": 0}))
+        ev.append(Event(T0 + S, "replica_ready", src="rank", data={"rank": r, "incarnation": 0, "port": 9000 + r}))
+    ev.append(Event(LOAD, "load_start", src="load", data={"target": "http://127.0.0.1:8000", "users": 10,
+                                                          "window_s": 1.0, "slo": SLO}))  # fmt: skip
+    for k in range(n_windows):
+        failures, slow = windows.get(k, (0, False))
+        ev.append(_window(k, failures=failures, slow=slow))
+    if not control and fault_at_s is not None:
+        ev.append(Event(LOAD + int(fault_at_s * S), "fault_inject", src="injector",
+                        data={"fault": "kill-replica", "injector": "kill", "target": {"rank": 1}}))  # fmt: skip
+    for down, up in downs or []:
+        ev.append(Event(LOAD + int(down * S), "balancer_down", src="balancer", data={"rank": 1, "server": "r1"}))
+        if up is not None:
+            ev.append(Event(LOAD + int(up * S), "balancer_up", src="balancer", data={"rank": 1, "server": "r1"}))
+    failed = sum(f for f, _ in windows.values())
+    ev.append(Event(LOAD + n_windows * S, "load_end", src="load", data={"requests": 100 * n_windows,
+                                                                      "failures": failed, "duration_s": n_windows}))  # fmt: skip
+    if stats is not None:
+        ev.append(Event(LOAD + n_windows * S + S // 10, "balancer_stats", src="balancer", data=stats))
+    ev.append(Event(LOAD + n_windows * S + S // 2, "run_end", data={"outcome": "completed"}))
+    return sorted(ev, key=lambda e: e.t_ns)
+
+
+def control_run() -> list[Event]:
+    return _timeline({}, control=True, scenario="health/control")
+
+
+#: The fault run: replica 1 killed 5.5 s into the load; failures in windows 5-7 (10, 30, 30, their successes
+#: slow), 1 failure in window 8 (1 %: healthy); the balancer marks replica 1 down at 6.5 s, up at 9.5 s.
+FAULT_WINDOWS = {5: (10, True), 6: (30, True), 7: (30, True), 8: (1, False)}
+
+
+def fault_run(**kw: Any) -> list[Event]:
+    kw.setdefault("downs", [(6.5, 9.5)])
+    kw.setdefault("stats", {"retries": 7, "redispatches": 2, "servers": {}})
+    return _timeline(FAULT_WINDOWS, **kw)
+
+
+def _q(fast: int, slow: int, q: float) -> float:
+    """The q-quantile of ``fast`` latencies in the FAST bucket and ``slow`` ones in the SLOW one, interpolated
+    linearly within the bucket."""
+    rank = q * (fast + slow)
+    if rank <= fast:
+        return FAST_LO + (FAST_HI - FAST_LO) * rank / fast
+    return SLOW_LO + (SLOW_HI - SLOW_LO) * (rank - fast) / slow
+
+
+P50_FAST, P99_FAST = _q(1, 0, 0.5), _q(1, 0, 0.99)
+P50_SLOW, P99_SLOW = _q(0, 1, 0.5), _q(0, 1, 0.99)
+
+
+# ------------------------------------------------------------------------------------------------ histogram
+def test_histogram_edges_and_quantiles() -> None:
+    assert list(LATENCY_EDGES_MS) == sorted(set(LATENCY_EDGES_MS)) and LATENCY_BUCKETS == len(LATENCY_EDGES_MS) + 1
+    assert latency_bucket(LATENCY_EDGES_MS[0] / 2) == 0 and latency_bucket(1e9) == LATENCY_BUCKETS - 1
+    assert FAST_LO <= 10.0 < FAST_HI and SLOW_LO <= 20.0 < SLOW_HI and FAST < SLOW
+    assert quantile_ms(_hist(fast=100), 0.5) == pytest.approx(FAST_LO + (FAST_HI - FAST_LO) * 0.5)
+    assert quantile_ms(_hist(fast=100), 0.99) == pytest.approx(FAST_LO + (FAST_HI - FAST_LO) * 0.99)
+    assert quantile_ms(_hist(fast=50, slow=50), 0.75) == pytest.approx(SLOW_LO + (SLOW_HI - SLOW_LO) * 0.5)
+    assert quantile_ms(_hist(fast=50, slow=50), 0.5) == pytest.approx(FAST_HI)  # the rank at a bucket's end
+    first = [0] * LATENCY_BUCKETS
+    first[0] = 4
+    assert quantile_ms(first, 0.25) == pytest.approx(LATENCY_EDGES_MS[0] * 0.25)  # bucket 0 starts at 0
+    assert quantile_ms([0] * LATENCY_BUCKETS, 0.5) is None
+    overflow = [0] * LATENCY_BUCKETS
+    overflow[-1] = 3
+    assert quantile_ms(overflow, 0.5, max_ms=123456.0) == 123456.0
+    assert quantile_ms(overflow, 0.5) == LATENCY_EDGES_MS[-1]
+
+
+def test_error_budget_arithmetic() -> None:
+    # 99.9 % over 30 days at 100 requests/s: 0.001 x 100 x 2,592,000 s = 259,200 requests may fail.
+    assert error_budget_burn(259_200, 0.999, 100.0, 30) == pytest.approx(1.0)
+    assert error_budget_burn(2_592, 0.999, 100.0, 30) == pytest.approx(0.01)
+    assert error_budget_burn(10, 0.99, 10.0, 1) == pytest.approx(10 / (0.01 * 10 * 86400))
+    assert error_budget_burn(10, 1.0, 100.0, 30) is None  # no budget at all
+
+
+# ------------------------------------------------------------------------------------------------- metrics
+def test_control_run() -> None:
+    m = compute_metrics(control_run())
+    assert m.serving and m.control and m.outcome == "completed" and m.clean is True
+    assert (m.requests, m.failed_requests, m.error_rate) == (2000, 0, 0.0)
+    assert m.budget_request_rate_per_s == pytest.approx(100.0)
+    assert m.error_budget_burn == 0.0
+    assert m.latency_p50_ms == pytest.approx(P50_FAST) and m.latency_p99_ms == pytest.approx(P99_FAST)
+    assert m.capacity_lost_replica_s == 0.0 and m.capacity_lost_share == 0.0 and m.replicas == 3
+    assert m.time_to_detect_s is None and m.missing["time_to_detect_s"] == "control run (no fault)"
+    assert m.lost_steps is None and m.fidelity is None and m.missing["fidelity"] == "serving run (no training)"
+    assert m.verdict == "completed: 2000 requests, 0 failed"
+
+
+def test_fault_run_every_metric() -> None:
+    m = compute_metrics(fault_run(), control=control_run())
+    assert m.serving and not m.control and m.outcome == "recovered" and m.recovered is True
+    assert m.fault_t_s == pytest.approx(7.5)  # 2 s to load_start + 5.5 s
+    assert (m.requests, m.failed_requests, m.retried_requests) == (2000, 71, 7)
+    assert m.error_rate == pytest.approx(71 / 2000)
+    # Rate from the control run: 2000 requests over its 20 s load.
+    assert m.budget_request_rate_per_s == pytest.approx(100.0)
+    assert m.error_budget_burn == pytest.approx(71 / (0.001 * 100 * 30 * 86400))
+    # Detection: the window [5, 6) s had failures: seen by its end, 0.5 s after the fault; the balancer marked
+    # replica 1 down only 1.0 s after it.
+    assert m.detected is True and m.time_to_detect_s == pytest.approx(0.5)
+    assert m.detected_via == "failed request" and m.detected_by == "load"
+    assert m.detect_t_s == pytest.approx(8.0)
+    # Recovery: spans start at or after 6 s (end of the first failed window); windows 6 and 7 are unhealthy,
+    # the span [8, 11) holds windows 8 (1 %: healthy), 9, 10: recovered at 8 s, 2.5 s after the fault.
+    assert m.time_to_recover_s == pytest.approx(2.5)
+    # Latency: before = windows 0-4 (fast); during = windows 5-7 (slow successes 90 + 70 + 70); after = 8-19.
+    assert m.latency_p50_before_ms == pytest.approx(P50_FAST) and m.latency_p99_before_ms == pytest.approx(P99_FAST)
+    assert m.latency_p50_during_ms == pytest.approx(P50_SLOW) and m.latency_p99_during_ms == pytest.approx(P99_SLOW)
+    assert m.latency_p50_after_ms == pytest.approx(P50_FAST) and m.latency_p99_after_ms == pytest.approx(P99_FAST)
+    fast, slow = 500 + 99 + 1100, 230
+    assert m.latency_p50_ms == pytest.approx(_q(fast, slow, 0.5))
+    assert m.latency_p99_ms == pytest.approx(_q(fast, slow, 0.99))
+    # Capacity: replica 1 out of rotation 6.5 -> 9.5 s: 3 replica-s of 3 replicas x 20 s.
+    assert m.capacity_lost_replica_s == pytest.approx(3.0) and m.capacity_lost_share == pytest.approx(0.05)
+    assert m.lost_steps is None and m.time_to_resume_s is None and m.fidelity is None
+    assert m.crash_loop is False and m.failure_class == "transient"
+    assert m.verdict == ("recovered after 2.50 s: 2000 requests, 71 failed (0.0274 % of the error budget); detected by "
+                         "failed request after 0.50 s; 7 retried by the balancer")  # fmt: skip
+
+
+def test_balancer_detects_first() -> None:
+    """The balancer marks the replica down 0.3 s after the fault, before the first failed window ends (6 s)."""
+    m = compute_metrics(fault_run(downs=[(5.8, 9.5)]), control=control_run())
+    assert m.time_to_detect_s == pytest.approx(0.3)
+    assert m.detected_via == "balancer health check" and m.detected_by == "balancer"
+    assert m.capacity_lost_replica_s == pytest.approx(3.7)
+
+
+def test_down_of_another_replica_is_no_detection() -> None:
+    ev = fault_run(downs=[])
+    ev.append(Event(LOAD + int(5.6 * S), "balancer_down", src="balancer", data={"rank": 2, "server": "r2"}))
+    m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
+    assert m.detected_via == "failed request" and m.time_to_detect_s == pytest.approx(0.5)
+
+
+def test_without_balancer_down_first_failed_request_detects() -> None:
+    """No health checks: the balancer never marks the replica down; the first failed request detects it and the
+    capacity out of rotation is 0, with a note."""
+    m = compute_metrics(fault_run(downs=[], stats=None), control=control_run())
+    assert m.detected is True and m.time_to_detect_s == pytest.approx(0.5) and m.detected_via == "failed request"
+    assert m.capacity_lost_replica_s == 0.0 and m.capacity_lost_share == 0.0
+    assert "marked no replica down" in m.notes["capacity_lost_replica_s"]
+    assert m.retried_requests is None and "no balancer_stats" in m.missing["retried_requests"]
+    assert m.time_to_recover_s == pytest.approx(2.5)
+
+
+def test_not_recovered() -> None:
+    """A dead replica left in rotation: a third of the requests fail until the load ends."""
+    windows = {k: (33, False) for k in range(5, 20)}
+    m = compute_metrics(_timeline(windows), control=control_run())
+    assert m.outcome == "not_recovered" and m.recovered is False and m.time_to_recover_s is None
+    assert "no 3 s span after the fault" in m.missing["time_to_recover_s"]
+    assert m.failed_requests == 15 * 33 and m.error_budget_burn == pytest.approx(495 / 259_200)
+    assert m.latency_p50_after_ms is None and m.missing["latency_p50_after_ms"] == "not recovered"
+    assert m.latency_p50_during_ms == pytest.approx(P50_FAST)  # windows 5-19, fast successes
+    assert m.time_burned_s == pytest.approx(20.5 - 5.5)  # fault to run_end
+    assert m.failure_class is None
+    assert m.verdict.startswith("not recovered before the load ended: 2000 requests, 495 failed")
+
+
+def test_recovery_needs_a_whole_span_before_the_load_ends() -> None:
+    """Healthy only in the last 2 windows: a 3 s span does not fit before the load's end."""
+    windows = {k: (50, False) for k in range(5, 18)}
+    m = compute_metrics(_timeline(windows), control=control_run())
+    assert m.recovered is False
+
+
+def test_budget_rate_without_control_is_the_rate_before_the_fault() -> None:
+    """No control: 500 requests in the five windows that ended before the fault, 100 requests/s; a load that
+    ramped up (50 requests in its first window) lowers it."""
+    m = compute_metrics(fault_run())
+    assert m.budget_request_rate_per_s == pytest.approx(100.0)
+    assert m.notes["budget_request_rate_per_s"] == "no control run: this run's rate before the fault"
+    ev = [e if not (e.kind == "load_window" and e.t_ns == LOAD) else
+          Event(e.t_ns, e.kind, e.src, e.host, {**e.data, "requests": 50}) for e in fault_run()]  # fmt: skip
+    m = compute_metrics(ev)
+    assert m.budget_request_rate_per_s == pytest.approx(450 / 5)
+    assert m.error_budget_burn == pytest.approx(71 / (0.001 * 90 * 30 * 86400))
+    assert m.notes["requests"] == "load_end counted 2000 requests, the windows 1950"
+
+
+def test_fault_not_fired() -> None:
+    m = compute_metrics(_timeline({}, fault_at_s=None), control=control_run())
+    assert m.outcome == "fault_not_fired" and m.requests == 2000
+    assert m.missing["time_to_recover_s"] == "the trigger never fired"
+    assert m.verdict == "fault did not fire; 2000 requests, 0 failed"
+
+
+def test_teardown_is_no_incident() -> None:
+    """The harness stopping the replicas: balancer_down and failed windows after teardown_begin do not count."""
+    ev = _timeline({}, fault_at_s=5.5, n_windows=20)
+    ev.append(Event(LOAD + 20 * S + S // 4, "teardown_begin", data={"reason": "end"}))
+    ev.append(Event(LOAD + 20 * S + S // 3, "balancer_down", src="balancer", data={"rank": 1, "server": "r1"}))
+    ev.append(_window(21, failures=100))
+    m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
+    assert m.failed_requests == 0 and m.detected is False and m.capacity_lost_replica_s == 0.0
+    assert "no request failed" in m.missing["time_to_detect_s"]
+    # Nothing failed: recovered at the first window start after the fault (6 s), 0.5 s after it.
+    assert m.recovered is True and m.time_to_recover_s == pytest.approx(0.5)
+
+
+def test_crash_loop_on_load() -> None:
+    ev = fault_run()
+    for inc in (1, 2, 3):
+        ev.append(Event(LOAD + (6 + inc) * S, "rank_start", src="rank", data={"rank": 1, "world_size": 3,
+                                                                                "incarnation": inc}))  # fmt: skip
+    m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
+    assert m.crash_loop is True and m.failure_class == "deterministic" and m.restart_count == 3
+
+
+def test_events_from_json_lines() -> None:
+    """The same answers from the timeline as written to events.jsonl."""
+    from chaosbench.timeline import parse_lines
+
+    m = compute_metrics(parse_lines([e.to_json() for e in fault_run()]),
+                        control=parse_lines([e.to_json() for e in control_run()]))  # fmt: skip
+    assert m.failed_requests == 71 and m.time_to_recover_s == pytest.approx(2.5)
+
+
+def test_per_second_series() -> None:
+    ps = per_second(fault_run())
+    assert ps is not None
+    assert ps.t_s[:3] == [0.0, 1.0, 2.0] and len(ps.t_s) == 20
+    assert ps.ok[5] == 90 and ps.failed[5] == 10 and ps.p99_ms[5] == pytest.approx(P99_SLOW)
+    assert per_second(
+        [e for e in fault_run() if e.kind not in ("load_start", "load_window", "load_end")]) is None  # fmt: skip
+
+
+def test_training_runs_have_no_serving_metrics() -> None:
+    m = compute_metrics([Event(T0, "run_start", data={"control": True}), Event(T0 + S, "run_end")])
+    assert not m.serving and m.requests is None and m.failed_requests is None
+
+
+# ----------------------------------------------------------------------------------------------- SLOs, gate
+def test_slos_on_serving_metrics() -> None:
+    assert {"failed_requests", "error_budget_burn"} <= set(metric_names())
+    m = compute_metrics(fault_run(), control=control_run())
+    checks = evaluate(m, {"failed_requests": {"max": 50}, "error_budget_burn": {"max": 0.01}})
+    assert [(c.metric, c.ok) for c in checks] == [("failed_requests", False), ("error_budget_burn", True)]
+    assert checks[0].describe() == "failed_requests = 71 (want <= 50)"
+    m2 = RunMetrics.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert m2.failed_requests == 71 and m2.serving
+
+
+def test_fault_accepts_serving_slos() -> None:
+    from chaosbench.specs import FaultSpec
+
+    spec = FaultSpec.model_validate({"injector": "kill", "slos": {"failed_requests": {"max": 100},
+                                                                  "error_budget_burn": {"max": 0.05}}})  # fmt: skip
+    assert set(spec.slos) == {"failed_requests", "error_budget_burn"}
+
+
+def test_gate_junit_shows_serving_figures(tmp_path: Path) -> None:
+    from xml.etree import ElementTree as ET
+
+    from chaosbench.gate import EXIT_SLO, Gate
+
+    m = compute_metrics(fault_run(), control=control_run())
+    checks = evaluate(m, {"error_budget_burn": {"max": 0.0001}})
+    m.slo_ok, m.slo_failures = False, [c.describe() for c in checks if not c.ok]
+    gate = Gate("serving", [m])
+    assert gate.exit_code() == EXIT_SLO
+    gate.write_junit(tmp_path / "junit.xml")
+    props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "junit.xml").iter("property")}
+    assert props["failed_requests"] == "71" and props["time_to_recover_s"] == "2.5"
+    assert "error_budget_burn" in props and "lost_steps" not in props
