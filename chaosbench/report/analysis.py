@@ -26,6 +26,7 @@ from chaosbench.analysis.stats import median_ci, wilson, young_daly_interval_s
 from chaosbench.report.document import Block, Cell, Heading, Image, Paragraph, Table
 from chaosbench.report.elasticity import elasticity_blocks
 from chaosbench.report.fmt import MISSING, as_bool, as_float, parse_json_object
+from chaosbench.report.serving import is_serving, serving_blocks
 
 #: The waterfall's stages: the four stages of a recovery (definitions: chaosbench.analysis.metrics).
 STAGES = STAGE_METRICS
@@ -353,9 +354,12 @@ def _scorecard_blocks(rows: Sequence[dict[str, Any]]) -> list[Block]:
 def analysis_blocks(
     rows: Sequence[dict[str, Any]], suite_dir: Path, definition: dict[str, Any] | None
 ) -> tuple[list[Block], dict[str, Path]]:
-    """The analysis section; ``definition`` is the suite's own definition (from suite.json), if known."""
+    """The analysis section; ``definition`` is the suite's own definition (from suite.json), if known. Serving
+    runs get their own section (:mod:`chaosbench.report.serving`), after the training runs' analysis."""
+    serving, serving_written = serving_blocks(rows, suite_dir)
+    rows = [r for r in rows if not is_serving(r)]
     if not _cells(rows):
-        return [], {}
+        return serving, serving_written
     blocks: list[Block] = [Heading(2, "Framework comparison"), stats_table(rows)]
     unusable = unusable_frameworks(rows)
     if unusable:
@@ -404,4 +408,5 @@ def analysis_blocks(
     pt = projection_table(rows, scale, projection)
     blocks.append(pt if pt.rows else Paragraph(f"{MISSING} (no fault run of a class in the fault mix fired)"))
     blocks += elasticity_blocks(rows, definition, assumptions_from(projection)[0])
-    return blocks, written
+    written.update(serving_written)
+    return blocks + serving, written

@@ -33,6 +33,7 @@ from chaosbench.report.fmt import (
     fmt_value,
     parse_json_object,
 )
+from chaosbench.report.serving import SERVING_METRICS
 
 #: Every column the report reads (the run metrics, named once: the fields of RunMetrics); absent ones are treated
 #: as all-missing.
@@ -224,9 +225,11 @@ def _missing_note(runs: Sequence[RunView], metric: str, missing: Sequence[RunVie
 
 
 def metrics_table(group: Group) -> Table:
-    """Rows: metrics; columns: median, min, max, n (repeats with a value) and why values are missing."""
+    """Rows: metrics (a serving scenario's: :data:`~chaosbench.report.serving.SERVING_METRICS`); columns: median,
+    min, max, n (repeats with a value) and why values are missing."""
     rows: list[list[Cell]] = []
-    for metric, kind in METRICS:
+    serving = any(as_bool(run.row.get("serving")) for run in group.runs)
+    for metric, kind in SERVING_METRICS if serving else METRICS:
         values: list[float] = []
         missing: list[RunView] = []
         for run in group.runs:

@@ -321,3 +321,51 @@ def test_gate_junit_shows_serving_figures(tmp_path: Path) -> None:
     props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "junit.xml").iter("property")}
     assert props["failed_requests"] == "71" and props["time_to_recover_s"] == "2.5"
     assert "error_budget_burn" in props and "lost_steps" not in props
+
+
+# ------------------------------------------------------------------------------------------------- report
+def _write_run(suite_dir: Path, scenario: str, repeat: int, events: list[Event], control: bool) -> None:
+    from chaosbench.rundir import RunDir
+
+    run = RunDir.at(suite_dir, scenario, repeat)
+    run.path.mkdir(parents=True)
+    fw, fault = scenario.split("/")
+    run.config.write_text(json.dumps({"scenario": {
+        "suite": "serving", "scenario": scenario, "framework": fw, "fault": None if control else fault,
+        "repeat": repeat, "control": control, "workload": {"name": "serve"}, "strategy": None,
+        "slos": {"failed_requests": {"max": 100}, "error_budget_burn": {"max": 0.01}}}}))  # fmt: skip
+    run.events.write_text("".join(e.to_json() + "\n" for e in events))
+
+
+def test_report_has_the_serving_section(tmp_path: Path) -> None:
+    """Two policies: health checks recover (two repeats), no health checks does not (a third of the requests fail
+    to the end); the report's section compares them, plots each, and the per-scenario tables show serving
+    metrics."""
+    from chaosbench.analysis.results import collect, load_results
+    from chaosbench.report.writer import write_report
+
+    suite_dir = tmp_path / "serving"
+    for fw in ("health", "nocheck"):
+        _write_run(suite_dir, f"{fw}/control", 0, _timeline({}, control=True, scenario=f"{fw}/control"), True)
+    for repeat in (0, 1):
+        _write_run(suite_dir, "health/kill-replica", repeat, fault_run(), False)
+    dead = {k: (33, False) for k in range(5, 20)}
+    _write_run(suite_dir, "nocheck/kill-replica", 0, _timeline(dead, scenario="nocheck/kill-replica"), False)
+    metrics = collect(suite_dir)
+    assert {(m.scenario, m.outcome, m.slo_ok) for m in metrics} == {
+        ("health/control", "completed", True), ("nocheck/control", "completed", True),
+        ("health/kill-replica", "recovered", True), ("nocheck/kill-replica", "not_recovered", False)}  # fmt: skip
+    written = write_report(suite_dir, load_results(suite_dir))
+    assert {"plots/serving_kill-replica_health.png", "plots/serving_kill-replica_nocheck.png"} <= set(written)
+    html = (suite_dir / "report.html").read_text()
+    md = (suite_dir / "report.md").read_text()
+    assert "Serving: recovery policies under load" in html and "Fault: kill-replica" in html
+    assert html.count('src="data:image/png;base64,') >= 2
+    assert "Framework comparison" not in md  # no training runs: no training analysis
+    row = next(line for line in md.splitlines() if line.startswith("| health |") and "2/2" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "2" and cells[3].startswith("0.500") and cells[4] == "2 failed request"
+    assert cells[5].startswith("2.500") and cells[6].startswith("71")
+    nocheck = next(line for line in md.splitlines() if line.startswith("| nocheck |") and "0/1" in line)
+    assert "(n=1)" in nocheck
+    assert "| failed_requests | 71 |" in md and "| error_budget_burn |" in md  # per-scenario metrics table
