@@ -319,6 +319,8 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
     stats = ix.last("balancer_stats")
     if stats is not None and stats.get("retries") is not None:
         s.retried_requests = int(stats["retries"])
+    elif stats is not None:
+        miss["retried_requests"] = f"the balancer's stats name no retries ({stats.get('missing') or 'no such field'})"
     else:
         miss["retried_requests"] = "the balancer reported no retries (no balancer_stats event)"
 

@@ -199,6 +199,8 @@ def test_without_balancer_down_first_failed_request_detects() -> None:
     assert "marked no replica down" in m.notes["capacity_lost_replica_s"]
     assert m.retried_requests is None and "no balancer_stats" in m.missing["retried_requests"]
     assert m.time_to_recover_s == pytest.approx(2.5)
+    m = compute_metrics(fault_run(stats={"missing": "stats socket 127.0.0.1:9: refused"}), control=control_run())
+    assert m.missing["retried_requests"] == "the balancer's stats name no retries (stats socket 127.0.0.1:9: refused)"
 
 
 def test_not_recovered() -> None:
