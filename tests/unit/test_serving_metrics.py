@@ -121,6 +121,12 @@ def test_histogram_edges_and_quantiles() -> None:
     assert quantile_ms(overflow, 0.5) == LATENCY_EDGES_MS[-1]
 
 
+def test_the_load_counts_over_the_same_edges() -> None:
+    """One definition of the edges: the load process's histogram is the one the analysis merges."""
+    serve_load = pytest.importorskip("chaosbench.workloads.serve_load")
+    assert tuple(serve_load.LATENCY_EDGES_MS) == LATENCY_EDGES_MS
+
+
 def test_error_budget_arithmetic() -> None:
     # 99.9 % over 30 days at 100 requests/s: 0.001 x 100 x 2,592,000 s = 259,200 requests may fail.
     assert error_budget_burn(259_200, 0.999, 100.0, 30) == pytest.approx(1.0)
