@@ -144,5 +144,6 @@ WORKLOADS: Registry[Any] = Registry(
         "fsdp-lm": "chaosbench.workloads.fsdp_lm:FsdpLmWorkload",
         "pp-lm": "chaosbench.workloads.pp_lm:PpLmWorkload",
         "command": "chaosbench.workloads.command:CommandWorkload",
+        "serve": "chaosbench.workloads.serve:Serve",
     },
 )

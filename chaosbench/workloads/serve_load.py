@@ -1,0 +1,410 @@
+"""The load of a ``serve`` run: locust users against one URL (the balancer), results per window on the timeline.
+
+Run (the harness builds it with :meth:`chaosbench.workloads.serve.Serve.load_argv`)::
+
+    python -m chaosbench.workloads.serve_load --target http://127.0.0.1:8100 --users 10 --duration-s 20 \\
+        --mix predict=9,health=1
+
+Contract (what the harness and the metrics rely on):
+
+- locust is used as a library (``Environment``, a local runner, one ``HttpUser`` class whose tasks are the mix's
+  endpoints with its weights, ``wait_time = constant(--wait-s)``), imported only in :func:`main`: importing it
+  monkey-patches this process with gevent, so it lives in no other process.
+- The target must be on loopback (127.0.0.0/8, ::1) or in a network named by ``--allow-cidr`` (the docker
+  runtime's internal network); a host name is resolved and every address must qualify. Otherwise the program
+  exits 2 with one line on stderr, before any request. Bad options exit 2 too.
+- Events go to ``$CHAOSBENCH_EVENTS`` (``src: load``; none when unset), stamped on one clock: ``load_start``
+  {target, users, spawn_rate, duration_s, window_s, mix, wait_s, request_timeout_s, max_requests, slo:
+  {availability, window_days, error_rate, recovery_window_s}}; then one ``load_window`` per window of
+  ``--window-ms`` from ``load_start`` to ``load_end``, empty ones included, ``t_ns`` = the window's start:
+  {window_s (its length; the last one may be shorter), requests, failures, errors {kind: count}, latency_hist,
+  p50_ms, p99_ms, max_ms}; at the end ``load_end`` {requests, failures, duration_s, reason (duration |
+  max_requests | signal)}. A request counts in the window in which it completed. ``errors`` keys: the HTTP
+  status for a response >= 400 (``"502"``), else the exception's class name (``ConnectionRefusedError``,
+  ``ReadTimeout``, ...). ``latency_hist[i]`` counts the *successful* requests with
+  ``LATENCY_EDGES_MS[i-1] <= latency < LATENCY_EDGES_MS[i]`` (``i = 0``: below the first edge; the last:
+  at or above the last edge), so it has ``len(LATENCY_EDGES_MS) + 1`` counts; p50/p99/max are of the
+  successful requests too (nearest rank; None in a window without one).
+- Bounds: the load stops at ``--duration-s`` after ``load_start`` or after ``--max-requests`` completed
+  requests, whichever first; requests still in flight then are abandoned, not counted. Exit 0 when the load
+  ran to that end, however many requests failed; SIGTERM/SIGINT end it early (``load_end`` reason ``signal``)
+  with exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import ipaddress
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from chaosbench.probe import ENV_EVENTS
+from chaosbench.timeline import TimelineWriter
+
+PROGRAM = "chaosbench.workloads.serve_load"
+
+#: Bucket edges of ``load_window.latency_hist``, milliseconds: 20 per decade from 1 ms to 31.6 s.
+LATENCY_EDGES_MS: tuple[float, ...] = tuple(round(10 ** (k / 20), 4) for k in range(91))
+
+#: Exit code for a refused target or bad options (argparse's too).
+EXIT_USAGE = 2
+
+
+class TargetRefused(ValueError):
+    """The target address is neither loopback nor in an allowed network."""
+
+
+# ------------------------------------------------------------------------------------------------ the target
+
+
+def check_target(url: str, allow_cidrs: Sequence[str] = (),
+                 resolve: Callable[[str], list[str]] | None = None) -> list[str]:  # fmt: skip
+    """The addresses ``url``'s host stands for, each checked: loopback (127.0.0.0/8, ::1) or inside one of
+    ``allow_cidrs``. Raises :class:`TargetRefused` (one line) otherwise, or when the URL is not ``http://host:port``.
+    ``resolve``: host name -> addresses (default: ``getaddrinfo``)."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise TargetRefused(f"target {url!r}: expected http://host:port")
+    try:
+        nets = [ipaddress.ip_network(c, strict=False) for c in allow_cidrs]
+    except ValueError as exc:
+        raise TargetRefused(f"--allow-cidr: {exc}") from None
+    host = parts.hostname
+    try:
+        addrs = [str(ipaddress.ip_address(host))]
+    except ValueError:
+        addrs = (resolve or _resolve)(host)
+        if not addrs:
+            raise TargetRefused(f"target {url!r}: host {host!r} does not resolve") from None
+    for a in addrs:
+        ip = ipaddress.ip_address(a)
+        if not ip.is_loopback and not any(ip.version == n.version and ip in n for n in nets):
+            allowed = "loopback" + "".join(f", {n}" for n in nets)
+            raise TargetRefused(f"target {url!r}: {a} is not in an allowed network ({allowed}); the load only "
+                                "goes to the run's own loopback addresses or its --allow-cidr network")  # fmt: skip
+    return addrs
+
+
+def _resolve(host: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return []
+    return sorted({str(info[4][0]) for info in infos})
+
+
+# ------------------------------------------------------------------------------------------------ the windows
+
+
+def error_kind(status: int | None, exception: BaseException | None) -> str | None:
+    """What a finished request counts as: None (a success), its HTTP status (>= 400) or its exception's class."""
+    if status is not None and status >= 400:
+        return str(status)
+    if exception is not None:
+        return type(exception).__name__
+    return None
+
+
+def nearest_rank(sorted_values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0 < q <= 1) of sorted values by nearest rank; None when there are none."""
+    if not sorted_values:
+        return None
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+@dataclass
+class _Window:
+    requests: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+class WindowAggregator:
+    """Requests grouped into consecutive windows of ``window_ns`` from ``start_ns`` (pure: no clock, no I/O).
+
+    :meth:`add` files a completed request under the window its completion time falls in (one already closed:
+    the oldest open one instead, so nothing is lost to a late stamp); :meth:`close_until` returns every window
+    that ended by a time, :meth:`finish` the rest up to the end of the load (the last one cut short there). Each
+    returned window is the ``load_window`` event's fields plus ``t_ns`` (its start)."""
+
+    def __init__(self, start_ns: int, window_ns: int, edges_ms: Sequence[float] = LATENCY_EDGES_MS) -> None:
+        if window_ns <= 0:
+            raise ValueError("window_ns must be > 0")
+        self.start_ns = start_ns
+        self.window_ns = window_ns
+        self.edges_ms = list(edges_ms)
+        self._open: dict[int, _Window] = {}
+        self._next = 0  # index of the oldest window not yet returned
+        self.requests = 0
+        self.failures = 0
+
+    def index(self, t_ns: int) -> int:
+        return max(self._next, (t_ns - self.start_ns) // self.window_ns)
+
+    def add(self, t_ns: int, latency_ms: float, error: str | None) -> None:
+        w = self._open.setdefault(self.index(t_ns), _Window())
+        w.requests += 1
+        self.requests += 1
+        if error is None:
+            w.latencies_ms.append(float(latency_ms))
+        else:
+            w.errors[error] += 1
+            self.failures += 1
+
+    def close_until(self, now_ns: int) -> list[dict[str, Any]]:
+        """Every window not yet returned that ended at or before ``now_ns``, oldest first."""
+        out = []
+        while self.start_ns + (self._next + 1) * self.window_ns <= now_ns:
+            out.append(self._emit(self._next, self.window_ns))
+        return out
+
+    def finish(self, end_ns: int) -> list[dict[str, Any]]:
+        """The remaining windows up to ``end_ns``, the last one cut short there (its ``window_s`` is its length;
+        none of length 0 unless requests were filed at or after ``end_ns``: they all count in that last one)."""
+        out = self.close_until(end_ns)
+        last = _Window()
+        for i in sorted(self._open):  # all at or after the window holding end_ns
+            w = self._open.pop(i)
+            last.requests += w.requests
+            last.errors.update(w.errors)
+            last.latencies_ms += w.latencies_ms
+        self._open[self._next] = last
+        length_ns = end_ns - (self.start_ns + self._next * self.window_ns)
+        if length_ns > 0 or last.requests:
+            out.append(self._emit(self._next, max(0, length_ns)))
+        else:
+            del self._open[self._next]
+        return out
+
+    def _emit(self, i: int, length_ns: int) -> dict[str, Any]:
+        w = self._open.pop(i, None) or _Window()
+        self._next = i + 1
+        lat = sorted(w.latencies_ms)
+        hist = [0] * (len(self.edges_ms) + 1)
+        for v in lat:
+            hist[bisect.bisect_right(self.edges_ms, v)] += 1
+        return {"t_ns": self.start_ns + i * self.window_ns, "window_s": length_ns / 1e9, "requests": w.requests,
+                "failures": sum(w.errors.values()), "errors": dict(w.errors), "latency_hist": hist,
+                "p50_ms": nearest_rank(lat, 0.5), "p99_ms": nearest_rank(lat, 0.99),
+                "max_ms": lat[-1] if lat else None}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ the program
+
+
+def parse_mix(text: str) -> dict[str, int]:
+    """``predict=9,health=1`` -> ``{"predict": 9, "health": 1}``."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, weight = part.strip().partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"mix entry {part!r}: expected endpoint=weight")
+        try:
+            out[name.strip()] = int(weight)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"mix entry {part!r}: the weight is not an integer") from None
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    from chaosbench.workloads.serve import LoadOptions, SloOptions
+
+    lo, slo = LoadOptions.model_fields, SloOptions.model_fields
+    p = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description="locust load against one serving URL, "
+                                "aggregated per window onto the run's timeline ($CHAOSBENCH_EVENTS).")  # fmt: skip
+    p.add_argument("--target", required=True, help="http://host:port (loopback, or in an --allow-cidr network)")
+    p.add_argument("--allow-cidr", action="append", default=[], metavar="CIDR",
+                   help="a network besides loopback the target may be in (repeatable)")  # fmt: skip
+
+    def opt(flag: str, fields: dict[str, Any], name: str, kind: Any) -> None:
+        f = fields[name]
+        default = f.get_default(call_default_factory=True)
+        p.add_argument(flag, dest=flag[2:].replace("-", "_"), type=kind, default=default,
+                       help=f"{f.description} (default: {default})")  # fmt: skip
+
+    opt("--users", lo, "users", int)
+    opt("--spawn-rate", lo, "spawn_rate", float)
+    opt("--duration-s", lo, "duration_s", float)
+    p.add_argument("--mix", type=parse_mix, default=lo["mix"].get_default(call_default_factory=True),
+                   help="endpoint=weight,... (default: predict=9,health=1)")  # fmt: skip
+    opt("--wait-s", lo, "wait_s", float)
+    opt("--request-timeout-s", lo, "request_timeout_s", float)
+    opt("--window-ms", lo, "window_ms", int)
+    opt("--max-requests", lo, "max_requests", int)
+    opt("--slo-availability", slo, "availability", float)
+    opt("--slo-window-days", slo, "window_days", float)
+    opt("--slo-error-rate", slo, "error_rate", float)
+    opt("--slo-recovery-window-s", slo, "recovery_window_s", float)
+    return p
+
+
+@dataclass
+class LoadArgs:
+    target: str
+    allow_cidrs: list[str]
+    load: Any  # serve.LoadOptions
+    slo: Any  # serve.SloOptions
+
+
+def parse_args(argv: Sequence[str] | None = None) -> LoadArgs:
+    """Parse and validate against the workload's option models; a bad option exits 2 with its message."""
+    from pydantic import ValidationError
+
+    from chaosbench.workloads.serve import LoadOptions, SloOptions
+
+    p = parser()
+    a = p.parse_args(argv)
+    load_keys = ("users", "spawn_rate", "duration_s", "mix", "wait_s", "request_timeout_s", "window_ms",
+                 "max_requests")  # fmt: skip
+    try:
+        load = LoadOptions.model_validate({k: getattr(a, k) for k in load_keys})
+        slo = SloOptions.model_validate({k: getattr(a, f"slo_{k}") for k in SloOptions.model_fields})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        p.error(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+    return LoadArgs(a.target, list(a.allow_cidr), load, slo)
+
+
+class _Clock:
+    """Wall-clock stamps that never go backwards: the start's wall time plus monotonic time since."""
+
+    def __init__(self) -> None:
+        self.wall0 = time.time_ns()
+        self.mono0 = time.monotonic_ns()
+
+    def now_ns(self) -> int:
+        return self.wall0 + (time.monotonic_ns() - self.mono0)
+
+
+def _predict_body(i: int) -> dict[str, Any]:
+    """A deterministic request input (varies with ``i``)."""
+    from chaosbench.workloads.serve_replica import IN_FEATURES
+
+    return {"x": [math.sin(0.37 * i + k) for k in range(IN_FEATURES)]}
+
+
+def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
+    """Drive the load (see the module docstring); returns the exit code."""
+    # importing locust monkey-patches this process with gevent (gevent's own import does not)
+    import gevent
+    import gevent.event
+    from locust import HttpUser, constant
+    from locust.env import Environment
+
+    lo, slo = args.load, args.slo
+    timeout = lo.request_timeout_s
+    bodies = [_predict_body(i) for i in range(64)]
+    counter = [0]
+
+    def predict(user: Any) -> None:
+        counter[0] += 1
+        user.client.post("/predict", json=bodies[counter[0] % len(bodies)], name="predict", timeout=timeout)
+
+    def health(user: Any) -> None:
+        user.client.get("/health", name="health", timeout=timeout)
+
+    def info(user: Any) -> None:
+        user.client.get("/info", name="info", timeout=timeout)
+
+    endpoints = {"predict": predict, "health": health, "info": info}
+    user_class = type("ServeUser", (HttpUser,), {
+        "host": args.target.rstrip("/"), "wait_time": constant(lo.wait_s),
+        "tasks": {endpoints[name]: weight for name, weight in lo.mix.items()},
+    })  # fmt: skip
+    env = Environment(user_classes=[user_class])
+    clock = _Clock()
+    stop: dict[str, str | None] = {"reason": None}
+    window_ns = lo.window_ms * 1_000_000
+
+    def emit(kind: str, t_ns: int | None = None, **data: Any) -> None:
+        if writer is not None:
+            writer.emit(kind, t_ns=clock.now_ns() if t_ns is None else t_ns, **data)
+
+    def emit_windows(windows: list[dict[str, Any]]) -> None:
+        for w in windows:
+            emit("load_window", **w)
+
+    start_ns = clock.now_ns()
+    agg = WindowAggregator(start_ns, window_ns)
+    done = gevent.event.Event()
+
+    def on_request(response_time: float, response: Any = None, exception: BaseException | None = None,
+                   **_: Any) -> None:  # fmt: skip
+        if agg.requests >= lo.max_requests:
+            return  # completed after the bound was reached: abandoned, not counted
+        status = getattr(response, "status_code", None)
+        agg.add(clock.now_ns(), response_time, error_kind(status or None, exception))
+        if agg.requests >= lo.max_requests and stop["reason"] is None:
+            stop["reason"] = "max_requests"
+            done.set()
+
+    env.events.request.add_listener(on_request)
+    runner = env.create_local_runner()
+    emit("load_start", t_ns=start_ns, target=args.target, users=lo.users, spawn_rate=lo.spawn_rate,
+         duration_s=lo.duration_s, window_s=lo.window_ms / 1000, mix=dict(lo.mix), wait_s=lo.wait_s,
+         request_timeout_s=lo.request_timeout_s, max_requests=lo.max_requests, slo=slo.model_dump())  # fmt: skip
+    print(f"load start: {lo.users} users on {args.target} for {lo.duration_s} s, mix {dict(lo.mix)}", flush=True)
+
+    def on_signal() -> None:
+        if stop["reason"] is None:
+            stop["reason"] = "signal"
+        done.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(sig, on_signal)
+
+    def ticker() -> None:
+        # closes each window as it ends (a request completing later is filed in a later window)
+        while not done.is_set():
+            now = clock.now_ns()
+            emit_windows(agg.close_until(now))
+            nxt = start_ns + (now - start_ns) // window_ns * window_ns + window_ns
+            gevent.sleep(max(0.0, (nxt - clock.now_ns()) / 1e9))
+
+    tick = gevent.spawn(ticker)
+    runner.start(lo.users, spawn_rate=lo.spawn_rate)
+    if not done.wait(timeout=max(0.0, lo.duration_s - (clock.now_ns() - start_ns) / 1e9)):
+        stop["reason"] = "duration"
+    done.set()
+    end_ns = clock.now_ns()
+    # stop the users first: a request completing from here on is abandoned, not counted
+    env.events.request.remove_listener(on_request)
+    runner.quit()
+    tick.kill()
+    emit_windows(agg.finish(end_ns))
+    duration_s = (end_ns - start_ns) / 1e9
+    emit("load_end", t_ns=end_ns, requests=agg.requests, failures=agg.failures, duration_s=duration_s,
+         reason=stop["reason"])  # fmt: skip
+    print(f"load end ({stop['reason']}): {agg.requests} requests, {agg.failures} failed, in {duration_s:.2f} s",
+          flush=True)  # fmt: skip
+    return 1 if stop["reason"] == "signal" else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        check_target(args.target, args.allow_cidrs)
+    except TargetRefused as exc:
+        print(f"serve_load: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    path = os.environ.get(ENV_EVENTS)
+    writer = TimelineWriter(path, src="load") if path else None
+    try:
+        return run_load(args, writer)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
