@@ -55,6 +55,8 @@ from chaosbench.timeline import Event, TimelineWriter
 CONTAINER_REPLICA_PORT = 8000
 #: haproxy's state-change lines (its raw log on stdout; the same text, prefixed ``[WARNING]``, on stderr).
 SERVER_STATE_RE = re.compile(r"Server (?P<backend>[\w.-]+)/r(?P<rank>\d+) is (?P<state>DOWN|UP)(?:, reason: (?P<reason>[^,]*))?")
+#: The docker engine's DNS server on a user-defined network, as a container sees it.
+DOCKER_DNS = "127.0.0.11:53"
 #: The backend's name in the generated configuration.
 BACKEND = "replicas"
 
@@ -89,14 +91,21 @@ class BalancerOptions(BaseModel):
         return self
 
 
-def haproxy_config(o: BalancerOptions, bind: str, servers: list[tuple[int, str]], stats_bind: str) -> str:
+def haproxy_config(o: BalancerOptions, bind: str, servers: list[tuple[int, str]], stats_bind: str,
+                   nameserver: str | None = None) -> str:  # fmt: skip
     """The run's haproxy configuration: one frontend on ``bind`` (host:port), round robin over ``servers``
     (replica index, host:port), its stats socket on ``stats_bind`` (host:port, TCP: a unix socket's path is
-    limited to 107 bytes); health-state changes logged raw on stdout, requests not logged."""
+    limited to 107 bytes); health-state changes logged raw on stdout, requests not logged. ``nameserver``
+    (host:port): servers are names resolved there again while haproxy runs (a container node that comes back
+    after a reboot may have another address)."""
+    resolvers = []
+    if nameserver is not None:
+        resolvers = ["resolvers nodes", f"    nameserver dns {nameserver}", "    hold valid 1s"]
     lines = [
         "global",
         "    log stdout format raw local0 info",
         f"    stats socket ipv4@{stats_bind} level operator",
+        *resolvers,
         "defaults",
         "    mode http",
         "    log global",
@@ -118,6 +127,8 @@ def haproxy_config(o: BalancerOptions, bind: str, servers: list[tuple[int, str]]
         lines += ["    option httpchk GET /health",
                   f"    default-server inter {o.check_interval_ms}ms fall {o.fall} rise {o.rise}"]  # fmt: skip
         check = " check"
+    if nameserver is not None:
+        check += " resolvers nodes init-addr last,libc,none"
     lines += [f"    server r{i} {addr}{check}" for i, addr in servers]
     return "\n".join(lines) + "\n"
 
@@ -389,7 +400,9 @@ class BalancerFramework(Framework):
         o: Any = self.options
         servers = [(int(k), v) for k, v in plan.options["servers"].items()]
         path = Path(plan.options["haproxy_config"])
-        path.write_text(haproxy_config(o, plan.options["balancer_bind"], servers, plan.options["stats_bind"]))
+        # container nodes resolve each other through the engine's DNS (docker: 127.0.0.11)
+        dns = DOCKER_DNS if self._containers(job) else None
+        path.write_text(haproxy_config(o, plan.options["balancer_bind"], servers, plan.options["stats_bind"], dns))
         return path
 
     def _wait_listening(self, plan: LaunchPlan, control: RunControl, balancer: ProcHandle) -> bool:

@@ -71,6 +71,19 @@ EVENT_KINDS: dict[str, str] = {
     "sched_submit": "framework, job_id, script, slurm_version (a batch job handed to the scheduler)",
     "sched_state": "framework, job_id, slurm_state, state, reason, restarts, slurm_nodes, exit_code (a scheduler"
     " state transition, stamped when polled)",
+    # serving runs (workload ``serve``, framework ``balancer``)
+    "model_load_begin": "rank, path, incarnation (a replica starts loading its model file)",
+    "model_load_end": "rank, path, bytes, duration_s, incarnation",
+    "replica_ready": "rank, address, port, url, incarnation (a replica listens with its model loaded)",
+    "load_start": "target, users, spawn_rate, duration_s, window_s, slo{} (the load process starts its traffic)",
+    "load_window": "window_s, requests, failures, errors{kind: n}, latency_hist[] (successes, over the load's "
+    "latency edges), p50_ms, p99_ms, max_ms; t_ns is the window's start, a request counts where it completed",
+    "load_end": "requests, failures, duration_s",
+    "balancer_down": "framework, rank, server, reason, line (the balancer took a replica out of rotation)",
+    "balancer_up": "framework, rank, server, line (the balancer put a replica back)",
+    "balancer_stats": "framework, retries, redispatches, requests, servers{name: {status, check_failures, "
+    "went_down, downtime_s, ...}} (the balancer's counters at the end of the load; or missing: why not read)",
+    "balancer_exit": "framework, reason (the balancer process died)",
 }
 
 
