@@ -42,11 +42,15 @@ _LINE_STYLES: dict[str, dict[str, Any]] = {
     "restart": {"color": "#9467bd", "lw": 1.0, "ls": "-"},
     "resume (first step after recovery)": {"color": "#2ca02c", "lw": 1.2, "ls": "-"},
     "give up": {"color": "#000000", "lw": 1.0, "ls": "--"},
+    "recovered (error rate back under the SLO)": {"color": "#2ca02c", "lw": 1.2, "ls": "--"},
+    "replica marked down": {"color": "#ff7f0e", "lw": 0.8, "ls": ":"},
+    "replica marked up": {"color": "#9467bd", "lw": 0.8, "ls": ":"},
     "run end": {"color": "#999999", "lw": 0.8, "ls": "--"},
 }
 #: Events drawn as a vertical line: event kind -> line (a key of ``_LINE_STYLES``).
 _MARKED = {"fault_inject": "fault", "fault_revert": "fault revert", "detect": "detect", "restart": "restart",
-           "give_up": "give up", "run_end": "run end"}  # fmt: skip
+           "give_up": "give up", "run_end": "run end", "balancer_down": "replica marked down",
+           "balancer_up": "replica marked up"}  # fmt: skip
 _NODE_KINDS = {"node_start", "node_exit", "node_pause", "node_unpause"}
 _NODE_STYLES: dict[str, tuple[str, dict[str, Any]]] = {
     "node_start": ("node start", {"marker": "^", "color": "#2ca02c"}),
@@ -54,14 +58,16 @@ _NODE_STYLES: dict[str, tuple[str, dict[str, Any]]] = {
     "node_pause": ("node pause", {"marker": "s", "color": "#1f77b4", "fillstyle": "none"}),
     "node_unpause": ("node unpause", {"marker": "s", "color": "#1f77b4"}),
 }
-_RANK_KINDS = {"rank_start", "rank_exit", "step", "ckpt_save_begin", "ckpt_save_end", "train_end"}
+_RANK_KINDS = {"rank_start", "rank_exit", "step", "ckpt_save_begin", "ckpt_save_end", "train_end", "replica_ready"}
 
 
 @dataclass(frozen=True)
 class RunMarkers:
-    """Times (s since run_start) from the results table; fault/detect are used only when the timeline lacks them."""
+    """Times (s since run_start) from the results table; fault/detect are used only when the timeline lacks them;
+    ``recover_t_s``: a serving run's recovery (its error rate back under the SLO)."""
 
     resume_t_s: float | None = None
+    recover_t_s: float | None = None
     fault_t_s: float | None = None
     detect_t_s: float | None = None
 
@@ -208,6 +214,14 @@ def plot_timeline(
     if "detect" not in kinds_present:
         vline(as_float(markers.detect_t_s), "detect")
     vline(as_float(markers.resume_t_s), "resume (first step after recovery)")
+    vline(as_float(markers.recover_t_s), "recovered (error rate back under the SLO)")
+
+    # Serving replicas: ready (listening, model loaded), on their rank's lane.
+    for ev in events:
+        if ev.kind == "replica_ready" and as_int(ev.get("rank")) in lane:
+            xs_all.append(rel(ev))
+            (h,) = ax.plot([rel(ev)], [lane[as_int(ev.get("rank"))]], ls="none", marker="o", ms=5, color="#2ca02c")
+            handles.setdefault("replica ready", h)
 
     # Complete checkpoints: small ticks along the top edge.
     ckpt_x = [rel(ev) for ev in events if ev.kind == "ckpt_save_end" and as_bool(ev.get("complete"))]
@@ -268,8 +282,11 @@ def run_title(row: Mapping[str, Any]) -> str:
 
 def run_markers(row: Mapping[str, Any]) -> RunMarkers:
     """The fault, detection and resume times of a run's metrics row (s since run_start; missing ones None)."""
+    fault_t, recover = as_float(row.get("fault_t_s")), as_float(row.get("time_to_recover_s"))
+    serving = as_bool(row.get("serving")) is True
     return RunMarkers(
         resume_t_s=as_float(row.get("resume_t_s")),
+        recover_t_s=fault_t + recover if serving and fault_t is not None and recover is not None else None,
         fault_t_s=as_float(row.get("fault_t_s")),
         detect_t_s=as_float(row.get("detect_t_s")),
     )

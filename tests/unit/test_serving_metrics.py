@@ -377,3 +377,14 @@ def test_report_has_the_serving_section(tmp_path: Path) -> None:
     nocheck = next(line for line in md.splitlines() if line.startswith("| nocheck |") and "0/1" in line)
     assert "(n=1)" in nocheck
     assert "| failed_requests | 71 |" in md and "| error_budget_burn |" in md  # per-scenario metrics table
+
+
+def test_run_timeline_marks_serving_events(tmp_path: Path) -> None:
+    """A serving run's timeline.png: replicas ready on their lanes, the balancer's marks, the recovery line."""
+    from chaosbench.report.plots import draw_run_timeline, run_markers
+
+    m = compute_metrics(fault_run(), control=control_run())
+    assert run_markers(m.to_dict()).recover_t_s == pytest.approx(7.5 + 2.5)
+    (tmp_path / "events.jsonl").write_text("".join(e.to_json() + "\n" for e in fault_run()))
+    path, why = draw_run_timeline(tmp_path, m)
+    assert why is None and path is not None and path.stat().st_size > 0
