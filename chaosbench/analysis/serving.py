@@ -14,8 +14,9 @@ window_days, error_rate, recovery_window_s; a window is *healthy* when failures 
 empty window counting as healthy):
 
 - ``requests`` / ``failed_requests``: sums over the load windows; ``error_rate`` = failed / requests.
-- ``retried_requests``: the balancer's ``retries`` (its last ``balancer_stats``): connection attempts it retried,
-  the requests it saved from failing or tried to.
+- ``retried_requests``: the balancer's ``retries`` plus ``redispatches`` (its last ``balancer_stats``; haproxy's
+  wretr and wredis): connection attempts it retried on the same replica or on another one, the requests it
+  saved from failing or tried to.
 - ``budget_request_rate_per_s``: the request rate the error budget is computed from: the control run's (its
   requests over its load's duration, ``load_start`` to ``load_end``) when there is one, else this run's before
   the fault (requests over the duration of the windows that ended before it; a control run or a run whose fault
@@ -35,11 +36,12 @@ empty window counting as healthy):
   (the windows' histograms merged, :func:`quantile_ms`); ``_before_``: windows that ended by the fault;
   ``_during_``: windows overlapping the fault up to the recovery (to the load's end when not recovered);
   ``_after_``: windows from the recovery on.
-- ``capacity_lost_replica_s``: replica-seconds out of rotation during the load: per replica, from the balancer
-  marking it down (``balancer_down``) to marking it up again (``balancer_up``; the load's end if never),
-  clipped to the load (``load_start`` to ``load_end``, else the last window's end). ``capacity_lost_share``:
-  that over replicas x the load's duration. A balancer without health checks never marks a replica down: 0,
-  with a note.
+- ``capacity_lost_replica_s``: replica-seconds in which a replica could not serve, during the load: per replica,
+  from a crash, hang or node fault hitting it or its process's exit, or from the balancer marking it down,
+  until it serves again: the balancer marks it up (``balancer_up``) once it is back (a fault reverted, or the
+  ``replica_ready`` of a restarted incarnation, which without health checks is enough); the load's end if
+  never (:func:`out_of_service_s`); clipped to the load (``load_start`` to ``load_end``, else the last window's
+  end). ``capacity_lost_share``: that over replicas x the load's duration.
 - ``replicas``: the replicas the run started (``rank_start`` world size).
 - ``crash_loop``: two or more incarnations of one replica each replaced before they were ready (a model file that
   fails every load); ``failure_class`` ``deterministic`` then, ``transient`` when recovered.
@@ -55,9 +57,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from chaosbench.analysis.attribution import fault_targets
+from chaosbench.analysis.fleet import fault_class
 from chaosbench.analysis.latency import LATENCY_BUCKETS, merge_hists, quantile_ms
 from chaosbench.analysis.timeline_index import TimelineIndex, ns_to_s
 from chaosbench.timeline import Event
@@ -232,24 +234,68 @@ def replica_count(ix: TimelineIndex) -> int | None:
     return len(ranks) or None
 
 
-def out_of_rotation_s(ix: TimelineIndex, lo_ns: int, hi_ns: int) -> tuple[float, int]:
-    """(replica-seconds the balancer had replicas marked down within ``[lo_ns, hi_ns)``, number of
-    ``balancer_down`` events considered)."""
-    events = [e for e in ix.of("balancer_down", "balancer_up") if e.t_ns < hi_ns]
-    down_since: dict[Any, int] = {}
+#: Fault classes (:func:`chaosbench.analysis.fleet.fault_class`) that take their target replicas out of service
+#: from the moment they take effect (a straggler or a slow network only slows them).
+OUT_OF_SERVICE_CLASSES = ("crash", "hang", "node")
+
+
+def replicas_hit(ix: TimelineIndex, fault: Event) -> set[int]:
+    """The replicas a ``fault_inject`` hit: its target ranks, and the replicas on its target nodes."""
+    ranks = set(fault_targets(fault))
+    targets = fault.get("target") or []
+    nodes = {t["node"] for t in (targets if isinstance(targets, list) else [targets])
+             if isinstance(t, dict) and t.get("node") and t.get("rank") is None}  # fmt: skip
+    if nodes:
+        ranks |= {int(e["rank"]) for e in ix.of("rank_start") if e.get("node") in nodes and e.get("rank") is not None}
+    return ranks
+
+
+def out_of_service_s(ix: TimelineIndex, lo_ns: int, hi_ns: int) -> tuple[float, int]:
+    """(replica-seconds within ``[lo_ns, hi_ns)`` in which a replica could not serve, number of replicas that
+    were out at some point). A replica is out while its process is gone or frozen (from a crash, hang or node
+    fault hitting it, or its process's exit, to its revert or the ``replica_ready`` of its next incarnation) or
+    while the balancer holds it down (``balancer_down`` to ``balancer_up``), whichever is longer: a restarted
+    replica serves only once the balancer puts it back; without health checks, from its ``replica_ready``."""
+    rank_of_pid = {int(e["pid"]): int(e["rank"]) for e in ix.of("rank_start")
+                   if e.get("pid") is not None and e.get("rank") is not None}  # fmt: skip
+    changes: list[tuple[int, int, str, bool]] = []  # (t_ns, rank, "dead"|"held", out?)
+    reverts = {e.get("fault"): e.t_ns for e in ix.of("fault_revert") if e.get("undone")}
+    for f in ix.of("fault_inject"):
+        if fault_class(f.get("injector"), f.get("params")) not in OUT_OF_SERVICE_CLASSES:
+            continue
+        t = int(f.get("effect_t_ns") or f.t_ns)
+        for rank in replicas_hit(ix, f):
+            changes.append((t, rank, "dead", True))
+            if f.get("fault") in reverts:
+                changes.append((reverts[f.get("fault")], rank, "dead", False))
+    for e in ix.of("proc_exit"):
+        exited = rank_of_pid.get(int(e.get("pid") or -1))
+        if exited is not None:
+            changes.append((e.t_ns, exited, "dead", True))
+    for e in ix.of("replica_ready"):
+        if int(e.get("incarnation") or 0) > 0 and e.get("rank") is not None:
+            changes.append((e.t_ns, int(e["rank"]), "dead", False))
+    for e in ix.of("balancer_down", "balancer_up"):
+        if e.get("rank") is not None:
+            changes.append((e.t_ns, int(e["rank"]), "held", e.kind == "balancer_down"))
+    state: dict[int, dict[str, bool]] = {}
+    out_since: dict[int, int] = {}
     total_ns = 0
-    downs = 0
-    for e in events:
-        key = e.get("rank", e.get("server"))
-        if e.kind == "balancer_down":
-            downs += 1
-            down_since.setdefault(key, e.t_ns)
-        elif key in down_since:
-            start = down_since.pop(key)
-            total_ns += max(0, min(e.t_ns, hi_ns) - max(start, lo_ns))
-    for start in down_since.values():
+    hit: set[int] = set()
+    for t, rank, what, out in sorted(changes, key=lambda c: (c[0], c[3])):  # a "back" before an "out" at one instant
+        st = state.setdefault(rank, {"dead": False, "held": False})
+        was_out = st["dead"] or st["held"]
+        st[what] = out
+        now_out = st["dead"] or st["held"]
+        if now_out and not was_out:
+            out_since[rank] = t
+            hit.add(rank)
+        elif was_out and not now_out:
+            start = out_since.pop(rank)
+            total_ns += max(0, min(t, hi_ns) - max(start, lo_ns))
+    for start in out_since.values():
         total_ns += max(0, hi_ns - max(start, lo_ns))
-    return ns_to_s(total_ns), downs
+    return ns_to_s(total_ns), len(hit)
 
 
 def first_failure_end_ns(windows: Sequence[Window], after_ns: int) -> int | None:
@@ -318,7 +364,8 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
         miss["error_rate"] = "no request completed"
     stats = ix.last("balancer_stats")
     if stats is not None and stats.get("retries") is not None:
-        s.retried_requests = int(stats["retries"])
+        # haproxy counts a retry on the same replica in wretr, one sent to another (option redispatch) in wredis
+        s.retried_requests = int(stats["retries"]) + int(stats.get("redispatches") or 0)
     elif stats is not None:
         miss["retried_requests"] = f"the balancer's stats name no retries ({stats.get('missing') or 'no such field'})"
     else:
@@ -352,11 +399,8 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
     # Capacity out of rotation.
     cut = teardown_ns(ix)
     hi = load.end_ns if cut is None else min(load.end_ns, cut)
-    lost_s, downs = out_of_rotation_s(ix, load.t0_ns, hi)
+    lost_s, _ = out_of_service_s(ix, load.t0_ns, hi)
     s.capacity_lost_replica_s = lost_s
-    if downs == 0:
-        s.notes["capacity_lost_replica_s"] = ("the balancer marked no replica down (without health checks it never "
-                                              "does: a dead replica stays in rotation and shows as failed requests)")  # fmt: skip
     dur_s = ns_to_s(hi - load.t0_ns)
     if s.replicas and dur_s > 0:
         s.capacity_lost_share = lost_s / (s.replicas * dur_s)

@@ -43,10 +43,12 @@ def _window(k: int, requests: int = 100, failures: int = 0, slow: bool = False) 
 
 def _timeline(windows: dict[int, tuple[int, bool]], *, control: bool = False, fault_at_s: float | None = 5.5,
               downs: list[tuple[float, float | None]] | None = None, stats: dict[str, Any] | None = None,
-              n_windows: int = 20, scenario: str = "health/kill-replica") -> list[Event]:  # fmt: skip
+              n_windows: int = 20, scenario: str = "health/kill-replica",
+              back_at_s: float | None = None) -> list[Event]:  # fmt: skip
     """Three replicas; 20 one-second windows of 100 requests from LOAD; ``windows``: k -> (failures, slow) for
     the windows that differ; ``downs``: (balancer_down, balancer_up or None) of replica 1, in seconds after
-    LOAD; the fault (kill of replica 1) ``fault_at_s`` after LOAD."""
+    LOAD; the fault (kill of replica 1) ``fault_at_s`` after LOAD; ``back_at_s``: its restarted incarnation is
+    ready then."""
     ev = [Event(T0, "run_start", data={"suite": "serving", "scenario": scenario, "framework": scenario.split("/")[0],
                                        "fault": None if control else scenario.split("/")[1], "repeat": 0,
                                        "control": control})]  # fmt: skip
@@ -61,6 +63,8 @@ def _timeline(windows: dict[int, tuple[int, bool]], *, control: bool = False, fa
     if not control and fault_at_s is not None:
         ev.append(Event(LOAD + int(fault_at_s * S), "fault_inject", src="injector",
                         data={"fault": "kill-replica", "injector": "kill", "target": {"rank": 1}}))  # fmt: skip
+    if back_at_s is not None:
+        ev.append(Event(LOAD + int(back_at_s * S), "replica_ready", src="rank", data={"rank": 1, "incarnation": 1}))
     for down, up in downs or []:
         ev.append(Event(LOAD + int(down * S), "balancer_down", src="balancer", data={"rank": 1, "server": "r1"}))
         if up is not None:
@@ -79,12 +83,14 @@ def control_run() -> list[Event]:
 
 
 #: The fault run: replica 1 killed 5.5 s into the load; failures in windows 5-7 (10, 30, 30, their successes
-#: slow), 1 failure in window 8 (1 %: healthy); the balancer marks replica 1 down at 6.5 s, up at 9.5 s.
+#: slow), 1 failure in window 8 (1 %: healthy); the balancer marks replica 1 down at 6.5 s; its restarted
+#: incarnation is ready at 9.0 s, the balancer marks it up at 9.5 s.
 FAULT_WINDOWS = {5: (10, True), 6: (30, True), 7: (30, True), 8: (1, False)}
 
 
 def fault_run(**kw: Any) -> list[Event]:
     kw.setdefault("downs", [(6.5, 9.5)])
+    kw.setdefault("back_at_s", 9.0)
     kw.setdefault("stats", {"retries": 7, "redispatches": 2, "servers": {}})
     return _timeline(FAULT_WINDOWS, **kw)
 
@@ -153,7 +159,7 @@ def test_fault_run_every_metric() -> None:
     m = compute_metrics(fault_run(), control=control_run())
     assert m.serving and not m.control and m.outcome == "recovered" and m.recovered is True
     assert m.fault_t_s == pytest.approx(7.5)  # 2 s to load_start + 5.5 s
-    assert (m.requests, m.failed_requests, m.retried_requests) == (2000, 71, 7)
+    assert (m.requests, m.failed_requests, m.retried_requests) == (2000, 71, 9)  # 7 retries + 2 redispatches
     assert m.error_rate == pytest.approx(71 / 2000)
     # Rate from the control run: 2000 requests over its 20 s load.
     assert m.budget_request_rate_per_s == pytest.approx(100.0)
@@ -173,12 +179,13 @@ def test_fault_run_every_metric() -> None:
     fast, slow = 500 + 99 + 1100, 230
     assert m.latency_p50_ms == pytest.approx(_q(fast, slow, 0.5))
     assert m.latency_p99_ms == pytest.approx(_q(fast, slow, 0.99))
-    # Capacity: replica 1 out of rotation 6.5 -> 9.5 s: 3 replica-s of 3 replicas x 20 s.
-    assert m.capacity_lost_replica_s == pytest.approx(3.0) and m.capacity_lost_share == pytest.approx(0.05)
+    # Capacity: replica 1 out from its kill (5.5 s) until the balancer put it back (9.5 s, after it was ready at
+    # 9.0 s): 4 replica-s of 3 replicas x 20 s.
+    assert m.capacity_lost_replica_s == pytest.approx(4.0) and m.capacity_lost_share == pytest.approx(4 / 60)
     assert m.lost_steps is None and m.time_to_resume_s is None and m.fidelity is None
     assert m.crash_loop is False and m.failure_class == "transient"
     assert m.verdict == ("recovered after 2.50 s: 2000 requests, 71 failed (0.0274 % of the error budget); detected by "
-                         "failed request after 0.50 s; 7 retried by the balancer")  # fmt: skip
+                         "failed request after 0.50 s; 9 retried by the balancer")  # fmt: skip
 
 
 def test_balancer_detects_first() -> None:
@@ -186,7 +193,7 @@ def test_balancer_detects_first() -> None:
     m = compute_metrics(fault_run(downs=[(5.8, 9.5)]), control=control_run())
     assert m.time_to_detect_s == pytest.approx(0.3)
     assert m.detected_via == "balancer health check" and m.detected_by == "balancer"
-    assert m.capacity_lost_replica_s == pytest.approx(3.7)
+    assert m.capacity_lost_replica_s == pytest.approx(4.0)  # from the kill, not from the balancer's down
 
 
 def test_down_of_another_replica_is_no_detection() -> None:
@@ -197,12 +204,11 @@ def test_down_of_another_replica_is_no_detection() -> None:
 
 
 def test_without_balancer_down_first_failed_request_detects() -> None:
-    """No health checks: the balancer never marks the replica down; the first failed request detects it and the
-    capacity out of rotation is 0, with a note."""
+    """No health checks: the balancer never marks the replica down; the first failed request detects it; the
+    replica is out from its kill until its restarted incarnation is ready (the balancer sends to it at once)."""
     m = compute_metrics(fault_run(downs=[], stats=None), control=control_run())
     assert m.detected is True and m.time_to_detect_s == pytest.approx(0.5) and m.detected_via == "failed request"
-    assert m.capacity_lost_replica_s == 0.0 and m.capacity_lost_share == 0.0
-    assert "marked no replica down" in m.notes["capacity_lost_replica_s"]
+    assert m.capacity_lost_replica_s == pytest.approx(3.5) and m.capacity_lost_share == pytest.approx(3.5 / 60)
     assert m.retried_requests is None and "no balancer_stats" in m.missing["retried_requests"]
     assert m.time_to_recover_s == pytest.approx(2.5)
     m = compute_metrics(fault_run(stats={"missing": "stats socket 127.0.0.1:9: refused"}), control=control_run())
@@ -258,14 +264,16 @@ def test_teardown_is_no_incident() -> None:
     ev.append(Event(LOAD + 20 * S + S // 3, "balancer_down", src="balancer", data={"rank": 1, "server": "r1"}))
     ev.append(_window(21, failures=100))
     m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
-    assert m.failed_requests == 0 and m.detected is False and m.capacity_lost_replica_s == 0.0
+    assert m.failed_requests == 0 and m.detected is False
+    # the killed replica never came back: out from the kill (5.5 s) to the load's end (20 s)
+    assert m.capacity_lost_replica_s == pytest.approx(14.5)
     assert "no request failed" in m.missing["time_to_detect_s"]
     # Nothing failed: recovered at the first window start after the fault (6 s), 0.5 s after it.
     assert m.recovered is True and m.time_to_recover_s == pytest.approx(0.5)
 
 
 def test_crash_loop_on_load() -> None:
-    ev = fault_run()
+    ev = fault_run(back_at_s=None)
     for inc in (1, 2, 3):
         ev.append(Event(LOAD + (6 + inc) * S, "rank_start", src="rank", data={"rank": 1, "world_size": 3,
                                                                                 "incarnation": inc}))  # fmt: skip
