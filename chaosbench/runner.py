@@ -545,7 +545,11 @@ def _teardown_reason(result: JobResult) -> str:
 
 
 def _fmt(v: Any, unit: str = "s") -> str:
-    return "—" if v is None else (f"{v:.2f} {unit}" if isinstance(v, float) else f"{v}")
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.2f} {unit}" if unit else f"{v:.3g}"
+    return f"{v}"
 
 
 def summarize(rec: RunRecord) -> str:
@@ -553,7 +557,12 @@ def summarize(rec: RunRecord) -> str:
     if m is None:
         return f"{rec.result.status}: {rec.result.reason}"
     parts = [m.outcome or rec.result.status]
-    if not m.control:
+    if m.serving:
+        parts.append(f"{_fmt(m.failed_requests)}/{_fmt(m.requests)} requests failed")
+        if not m.control:
+            parts += [f"detect {_fmt(m.time_to_detect_s)}", f"recover {_fmt(m.time_to_recover_s)}",
+                      f"budget burn {_fmt(m.error_budget_burn, '')}"]  # fmt: skip
+    elif not m.control:
         parts += [
             f"detect {_fmt(m.time_to_detect_s)}",
             f"resume {_fmt(m.time_to_resume_s)}",
