@@ -48,13 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from chaosbench.analysis.latency import LATENCY_EDGES_MS
 from chaosbench.probe import ENV_EVENTS
 from chaosbench.timeline import TimelineWriter
 
 PROGRAM = "chaosbench.workloads.serve_load"
 
-#: Bucket edges of ``load_window.latency_hist``, milliseconds: 20 per decade from 1 ms to 31.6 s.
-LATENCY_EDGES_MS: tuple[float, ...] = tuple(round(10 ** (k / 20), 4) for k in range(91))
 
 #: Exit code for a refused target or bad options (argparse's too).
 EXIT_USAGE = 2
