@@ -155,7 +155,8 @@ Attribution, truth and detection quality:
 
 Serving runs (the timeline has ``load_start``: replicas behind a balancer under a load) are measured by
 :mod:`~chaosbench.analysis.serving`: requests, failed and retried requests, error rate and error-budget burn, latency
-quantiles before, during and after the fault, capacity out of rotation; ``time_to_detect_s`` (the balancer marking
+quantiles before, during and after the fault, capacity lost (replica-seconds a replica could not serve);
+``time_to_detect_s`` (the balancer marking
 the faulted replica down, or the first failed request), ``time_to_recover_s`` (the error rate back under the SLO for
 a recovery window), ``detected``, ``recovered`` and ``outcome`` by its definitions; their training metrics (steps,
 lost work, fidelity, the recovery stages) stay None, with the reason. ``serving`` is True for them.

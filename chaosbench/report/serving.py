@@ -271,7 +271,8 @@ def serving_blocks(rows: Sequence[dict[str, Any]], suite_dir: Path) -> tuple[lis
                   "or the first failed request; time to recover: to the first span of the SLO's recovery window "
                   "whose every load window kept the error rate under the SLO; error budget burn: failed requests "
                   "over the requests the availability SLO allows to fail in its window at the control's request "
-                  "rate; capacity lost: replica-seconds out of the balancer's rotation."),
+                  "rate; capacity lost: replica-seconds in which a replica could not serve (dead, frozen or held "
+                  "out by the balancer)."),
     ]  # fmt: skip
     if controls:
         blocks.append(control_table(controls))
