@@ -24,7 +24,7 @@ empty window counting as healthy):
 - ``error_budget_burn``: failed / ((1 - availability) x rate x window_days x 86400): the share of the
   SLO window's error budget this run's failures used (1.0: all of it).
 - ``time_to_detect_s``: the first of (a) the balancer marking a faulted replica down (``balancer_down`` of a
-  target rank of the fault, any rank when the fault names none) and (b) the end of the first load window, ending
+  replica the fault hit, :func:`replicas_hit`; any replica when it names none) and (b) the end of the first load window, ending
   after the fault, with a failed request (by then the load had seen it), minus the fault.
   ``detected_via``: ``balancer health check`` or ``failed request``.
 - ``time_to_recover_s``: from the fault to the start of the first span of ``recovery_window_s`` whose windows are
@@ -239,12 +239,28 @@ def replica_count(ix: TimelineIndex) -> int | None:
 OUT_OF_SERVICE_CLASSES = ("crash", "hang", "node")
 
 
+def cut_off_nodes(ix: TimelineIndex, fault: Event) -> set[str]:
+    """The nodes a ``partition`` cut off from the balancer's node: those of every group but the balancer's (all
+    the groups' nodes when the balancer's node is in none: it reaches them all, nothing is cut)."""
+    groups = (fault.get("params") or {}).get("groups") or (fault.get("details") or {}).get("groups") or []
+    lb = next((e.get("node") for e in ix.of("proc_start") if e.get("role") == "balancer"), None)
+    mine = next((set(g) for g in groups if lb in g), None)
+    if mine is None:
+        return set()
+    return {n for g in groups for n in g if n not in mine}
+
+
 def replicas_hit(ix: TimelineIndex, fault: Event) -> set[int]:
-    """The replicas a ``fault_inject`` hit: its target ranks, and the replicas on its target nodes."""
-    ranks = set(fault_targets(fault))
+    """The replicas a ``fault_inject`` hit: its target ranks, and the replicas on its target nodes (a partition:
+    on the nodes it cut off from the balancer; its ``target`` is only the rank it resolved by default)."""
     targets = fault.get("target") or []
-    nodes = {t["node"] for t in (targets if isinstance(targets, list) else [targets])
-             if isinstance(t, dict) and t.get("node") and t.get("rank") is None}  # fmt: skip
+    if fault.get("injector") == "partition":
+        ranks: set[int] = set()
+        nodes = cut_off_nodes(ix, fault)
+    else:
+        ranks = set(fault_targets(fault))
+        nodes = {t["node"] for t in (targets if isinstance(targets, list) else [targets])
+                 if isinstance(t, dict) and t.get("node") and t.get("rank") is None}  # fmt: skip
     if nodes:
         ranks |= {int(e["rank"]) for e in ix.of("rank_start") if e.get("node") in nodes and e.get("rank") is not None}
     return ranks
@@ -419,7 +435,7 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
     wins = load.windows
     slo = load.slo
     cut = teardown_ns(ix)
-    targets = fault_targets(fault)
+    targets = replicas_hit(ix, fault)
     down = next((e for e in ix.of("balancer_down") if e.t_ns >= tf and (cut is None or e.t_ns < cut)
                  and (not targets or e.get("rank") is not None and int(e["rank"]) in targets)), None)  # fmt: skip
     failed_end = first_failure_end_ns(wins, tf)

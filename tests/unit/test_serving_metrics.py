@@ -396,3 +396,25 @@ def test_run_timeline_marks_serving_events(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_text("".join(e.to_json() + "\n" for e in fault_run()))
     path, why = draw_run_timeline(tmp_path, m)
     assert why is None and path is not None and path.stat().st_size > 0
+
+
+def test_partition_hits_the_replicas_cut_off_from_the_balancer() -> None:
+    """A partition's ``target`` is only the rank it resolved by default (rank 0 here); the replicas it hit are
+    those on the nodes cut off from the balancer's node: replica 1 on node1."""
+    ev = [e for e in fault_run(back_at_s=None) if e.kind != "fault_inject"]
+    ev.append(Event(T0, "proc_start", data={"proc": "haproxy", "role": "balancer", "node": "node3", "pid": 9}))
+    for r in range(3):
+        ev.append(Event(T0 + S // 5, "rank_start", src="rank", data={"rank": r, "world_size": 3, "node": f"node{r}",
+                                                                   "incarnation": 0, "pid": 100 + r}))  # fmt: skip
+    ev.append(Event(LOAD + int(5.5 * S), "fault_inject", src="injector", data={
+        "fault": "cut", "injector": "partition", "target": [{"rank": 0, "node": "node0"}],
+        "params": {"groups": [["node1"], ["node0", "node2", "node3"]], "duration_s": 4}}))  # fmt: skip
+    ev.append(Event(LOAD + int(9.5 * S), "fault_revert", src="injector", data={"fault": "cut", "undone": True}))
+    m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
+    # detected by the balancer's down of replica 1 at 6.5 s? no: the failed window [5, 6) ends first (0.5 s)
+    assert m.time_to_detect_s == pytest.approx(0.5)
+    # replica 1 out from the cut (5.5 s) until the balancer put it back (9.5 s); replica 0 was never out
+    assert m.capacity_lost_replica_s == pytest.approx(4.0)
+    ev2 = [e for e in ev if not (e.kind == "load_window" and e.get("failures"))]
+    m = compute_metrics(sorted(ev2, key=lambda e: e.t_ns), control=control_run())
+    assert m.detected_via == "balancer health check" and m.time_to_detect_s == pytest.approx(1.0)
