@@ -34,8 +34,9 @@ empty window counting as healthy):
   not recovered.
 - ``latency_p50_ms`` / ``latency_p99_ms``: quantiles of the successful requests' latencies over the whole load
   (the windows' histograms merged, :func:`quantile_ms`); ``_before_``: windows that ended by the fault;
-  ``_during_``: windows overlapping the fault up to the recovery (to the load's end when not recovered);
-  ``_after_``: windows from the recovery on.
+  ``_during_``: windows overlapping the fault up to the later of the recovery and the fault's revert (a
+  slow-down that fails nothing recovers at once but lasts its duration; to the load's end when not recovered);
+  ``_after_``: windows from then on.
 - ``capacity_lost_replica_s``: replica-seconds in which a replica could not serve, during the load: per replica,
   from a crash, hang or node fault hitting it or its process's exit, or from the balancer marking it down,
   until it serves again: the balancer marks it up (``balancer_up``) once it is back (a fault reverted, or the
@@ -458,9 +459,13 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
         miss["time_to_recover_s"] = (f"no {slo['recovery_window_s']:g} s span after the fault with every window's "
                                      f"error rate <= {slo['error_rate']:g} before the load ended")  # fmt: skip
 
+    # the fault is over at the later of the recovery and its revert (a delay that fails nothing lasts its duration)
+    revert = next((e.t_ns for e in ix.of("fault_revert") if e.get("fault") == fault.get("fault") and e.get("undone")
+                   and e.t_ns >= tf and (cut is None or e.t_ns < cut)), None)  # fmt: skip
+    over = None if rec is None else max(rec, revert or rec)
     before = [w for w in wins if w.end_ns <= tf]
-    during = [w for w in wins if w.end_ns > tf and (rec is None or w.t_ns < rec)]
-    after = [w for w in wins if rec is not None and w.t_ns >= rec]
+    during = [w for w in wins if w.end_ns > tf and (over is None or w.t_ns < over)]
+    after = [w for w in wins if over is not None and w.t_ns >= over]
     for name, part, empty in (("before", before, "no load window ended before the fault"),
                               ("during", during, "no load window between the fault and the recovery"),
                               ("after", after, "not recovered" if rec is None else "no load window after the "

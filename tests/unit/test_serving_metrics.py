@@ -418,3 +418,16 @@ def test_partition_hits_the_replicas_cut_off_from_the_balancer() -> None:
     ev2 = [e for e in ev if not (e.kind == "load_window" and e.get("failures"))]
     m = compute_metrics(sorted(ev2, key=lambda e: e.t_ns), control=control_run())
     assert m.detected_via == "balancer health check" and m.time_to_detect_s == pytest.approx(1.0)
+
+
+def test_latency_during_lasts_the_fault() -> None:
+    """A slow-down that fails nothing (windows 5-8 slow, reverted at 9.0 s): recovered at once by error rate, yet
+    its latency counts as during until the revert."""
+    ev = [e for e in _timeline({k: (0, True) for k in (5, 6, 7, 8)}, downs=[]) if e.kind != "fault_inject"]
+    ev.append(Event(LOAD + int(5.0 * S), "fault_inject", src="injector", data={
+        "fault": "slow", "injector": "net-delay", "target": [{"node": "node1"}]}))  # fmt: skip
+    ev.append(Event(LOAD + int(9.0 * S), "fault_revert", src="injector", data={"fault": "slow", "undone": True}))
+    m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
+    assert m.failed_requests == 0 and m.time_to_recover_s == pytest.approx(0.0)
+    assert m.latency_p50_during_ms == pytest.approx(P50_SLOW) and m.latency_p50_after_ms == pytest.approx(P50_FAST)
+    assert m.capacity_lost_replica_s == 0.0  # slowed, never out
