@@ -1,5 +1,5 @@
 """``crash-loop``: a deterministic bug planted in the workload: the target ranks raise at step N in every
-incarnation. It fires from inside the workload (:mod:`chaosbench.workloads.planted`)."""
+incarnation (from ``from_incarnation`` on: 1 makes it arrive with the first restart). It fires from inside the workload (:mod:`chaosbench.workloads.planted`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ from chaosbench.injectors.base import PlantedInjector
 class CrashLoopParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     at_step: int = Field(ge=1, description="the workload raises when it reaches this step, in every incarnation")
+    from_incarnation: int = Field(
+        default=0, ge=0,
+        description="raise only in this incarnation and later ones (1: the bug arrives with the first restart, e.g. "
+                    "a replica restarted after a kill crash-loops as it loads)",
+    )  # fmt: skip
 
 
 class CrashLoopInjector(PlantedInjector):

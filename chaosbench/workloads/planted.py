@@ -9,7 +9,8 @@ through the probe first (stamped at the moment it acts). The built-in workloads 
 
 What fires, at the ``at_step`` of its entry, on its ranks:
 
-- ``crash-loop``: raises, in every incarnation (a deterministic bug).
+- ``crash-loop``: raises, in every incarnation (a deterministic bug), or in every one from ``from_incarnation`` on
+  (a bug that arrives with the first restart: a replica restarted after a kill that then crash-loops as it loads).
 - ``sdc``: corrupts this rank's gradients (after backward, before the update) or parameters (after the update,
   or right before the first checkpoint save at or after ``at_step``: :meth:`Planted.before_save`) with NaN, a
   scale or a flipped exponent bit; ``loss_check`` turns on the non-finite loss guard.
@@ -180,6 +181,8 @@ class Planted:
 
     # ----------------------------------------------------------------------------------------------- faults
     def _crash(self, plant: Plant, step: int) -> None:
+        if self.probe.incarnation < int(plant.params.get("from_incarnation", 0)):
+            return
         self._fired(plant, step, trigger=f"planted bug at step {step}")
         raise PlantedFault(f"planted bug: deterministic failure at step {step} on rank {self.rank}")
 

@@ -78,6 +78,20 @@ def test_crash_loop_fires_in_every_incarnation_sdc_once_per_run(tmp_path: Path) 
     assert fired[0]["sdc_kind"] == "nan" and fired[1]["trigger"] == "planted bug at step 3"
 
 
+def test_crash_loop_from_incarnation_spares_the_first(tmp_path: Path) -> None:
+    env = _plant(tmp_path, "crash-loop", at_step=1, from_incarnation=1)
+    events = tmp_path / "events.rank1.jsonl"
+    for incarnation in range(3):
+        planted = Planted(Probe(str(events), rank=1, incarnation=incarnation), {**env, "CHAOSBENCH_RUN_DIR": str(tmp_path)})
+        if incarnation == 0:
+            planted.before_step(1)  # the first incarnation loads
+        else:
+            with pytest.raises(PlantedFault):
+                planted.before_step(1)
+    fired = kinds(read_events(events), "fault_inject")
+    assert [e["target"][0]["incarnation"] for e in fired] == [1, 2]
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_thread_exception_silent_goes_on(tmp_path: Path) -> None:
     planted, events = _planted(tmp_path, _plant(tmp_path, "thread-exception", at_step=4))
