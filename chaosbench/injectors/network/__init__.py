@@ -219,7 +219,12 @@ def _start_delayer(ctx: FaultContext, rt: NodeControl, node: str, queue: int, p:
 
 def _stop_delayer(ctx: FaultContext, fault: str, d: dict[str, Any]) -> bool:
     proc: subprocess.Popen[str] = d["proc"]
-    if proc.poll() is None:
+    early = proc.poll()
+    if early is not None:  # it should hold packets until now: say so, the delay ended early
+        ctx.timeline.emit("log", src="injector", proc=f"netdelay.{d['node']}.{ctx.index}", fault=fault,
+                          line=f"netdelay on {d['node']} exited (code {early}) before the fault was reverted: "
+                               "the delay ended early")  # fmt: skip
+    else:
         proc.terminate()
         try:
             proc.wait(timeout=5)
