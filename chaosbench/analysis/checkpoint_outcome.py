@@ -15,6 +15,9 @@ after the fault decides; failed restores before it are counted:
   never read.
 - ``crashed``: no successful restore, and exactly one incarnation failed while loading.
 - ``crash_looped``: no successful restore, and two or more incarnations failed while loading.
+
+A serving run's replicas load their model file between ``model_load_begin`` and ``model_load_end``
+(``load_kinds``): there a restarted replica's load of the damaged file is the restore.
 """
 
 from __future__ import annotations
@@ -40,10 +43,17 @@ def _incarnation(ev: Event) -> int:
     return int(ev.get("incarnation", 0) or 0)
 
 
-def classify_checkpoint_outcome(events: list[Event], control: bool = False) -> str | None:
+#: The events that bracket a checkpoint load: a training rank's, and a serving replica's model load.
+TRAINING_LOADS = ("ckpt_load_begin", "ckpt_load_end")
+MODEL_LOADS = ("model_load_begin", "model_load_end")
+
+
+def classify_checkpoint_outcome(events: list[Event], control: bool = False,
+                                load_kinds: tuple[str, str] = TRAINING_LOADS) -> str | None:  # fmt: skip
     """One of :data:`CHECKPOINT_OUTCOMES` for a run with a ``corrupt-checkpoint`` firing; None for runs
     without one (controls, other faults, a skipped corruption). ``events`` sorted by time, as
-    :func:`chaosbench.timeline.read_events` returns them."""
+    :func:`chaosbench.timeline.read_events` returns them; ``load_kinds``: the (begin, end) event kinds of a
+    load."""
     if control:
         return None
     fault = corruption_fault(events)
@@ -71,9 +81,9 @@ def classify_checkpoint_outcome(events: list[Event], control: bool = False) -> s
             continue
         incarnations.add(inc)
         rank = int(e.get("rank", 0) or 0)
-        if e.kind == "ckpt_load_begin":
+        if e.kind == load_kinds[0]:
             begun[inc].setdefault(rank, int(e.get("step", -1)))
-        elif e.kind == "ckpt_load_end":
+        elif e.kind == load_kinds[1]:
             ended[inc].setdefault(rank, int(e.get("step", -1)))
             if e.get("path"):
                 ended_paths[inc].add(os.path.normpath(str(e.get("path"))))

@@ -173,7 +173,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaosbench.analysis import attribution, fidelity, goodput, serving, timing
-from chaosbench.analysis.checkpoint_outcome import classify_checkpoint_outcome
+from chaosbench.analysis.checkpoint_outcome import MODEL_LOADS, classify_checkpoint_outcome
 from chaosbench.analysis.fleet import fault_class
 from chaosbench.analysis.timeline_index import TimelineIndex, ns_to_s
 from chaosbench.timeline import Event
@@ -419,6 +419,10 @@ def serving_verdict(m: RunMetrics) -> str:
         text += f"; {m.restart_count} replica restart{'s' if m.restart_count > 1 else ''}"
     if m.retried_requests:
         text += f"; {m.retried_requests} retried by the balancer"
+    if m.checkpoint_outcome:
+        text += f"; model file: {m.checkpoint_outcome.replace('_', ' ')}"
+    if m.gave_up:
+        text += "; the supervisor gave up on a replica (capacity lost to the end)"
     return text
 
 
@@ -577,6 +581,7 @@ def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: Ti
     if m.clock_offset_bound_s is None:
         miss["clock_offset_bound_s"] = "no clock_offset events (one host, one clock)"
     m.crash_loop = serving.crash_loop(ix)
+    m.checkpoint_outcome = classify_checkpoint_outcome(ix.events, control=m.control, load_kinds=MODEL_LOADS)
     if ctl is not None:
         control_wall_s = goodput.wall_s(ctl)
         if m.wall_s is not None and control_wall_s is not None:

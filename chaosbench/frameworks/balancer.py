@@ -15,7 +15,8 @@ What a run starts, in order (each a process of the runtime, so every fault of th
 The recovery policy is the options: ``health_checks`` (``option httpchk GET /health`` with ``check_interval_ms``,
 ``rise``, ``fall``; off: haproxy sends requests to a dead replica until the run ends), ``supervisor`` (restarts a
 replica that exited, on the same port, as a new incarnation; ``liveness_restart_after_s``: also one the balancer
-has held DOWN that long, as a liveness probe would), ``retries`` (haproxy ``retries N`` with
+has held DOWN that long since it was ready, as a liveness probe would; ``startup_timeout_s``: one restarted that is
+not ready that long after its start, as a startup probe would), ``retries`` (haproxy ``retries N`` with
 ``option redispatch``: a failed connection is retried on another replica). haproxy's own defaults are kept
 where the policy says nothing (no request timeouts beyond ``timeout_server_ms``).
 """
@@ -71,8 +72,11 @@ class BalancerOptions(BaseModel):
                          "connection on another replica (0: no retry)")  # fmt: skip
     supervisor: bool = Field(default=False, description="restart a replica that exited (same port, new incarnation)")
     liveness_restart_after_s: float | None = Field(
-        default=None, gt=0, description="supervisor: also kill and restart a replica the balancer has held DOWN this long"
-    )
+        default=None, gt=0, description="supervisor: also kill and restart a replica the balancer has held DOWN this "
+        "long (counted from the replica's ready: a restarted replica still loading is not restarted for it)",
+    )  # fmt: skip
+    startup_timeout_s: float = Field(default=30.0, gt=0, description="supervisor: restart a restarted replica not "
+                                     "ready this long after its start (a startup probe: a load that hangs)")  # fmt: skip
     restart_delay_s: float = Field(default=0.0, ge=0, description="supervisor: wait before restarting a replica")
     max_restarts: int = Field(default=20, ge=0, description="supervisor: restarts in all before it gives up")
     timeout_connect_ms: int = Field(default=1000, gt=0, description="haproxy 'timeout connect'")
@@ -197,12 +201,16 @@ class ReadyWatch:
     """The replicas' ``replica_ready`` events, by incarnation (a timeline subscriber)."""
 
     def __init__(self) -> None:
-        self.ready: set[tuple[int, int]] = set()
+        self.ready_ns: dict[tuple[int, int], int] = {}  # (rank, incarnation) -> when it was ready
         self.changed = threading.Event()
+
+    @property
+    def ready(self) -> set[tuple[int, int]]:
+        return set(self.ready_ns)
 
     def __call__(self, ev: Event) -> None:
         if ev.kind == "replica_ready":
-            self.ready.add((int(ev.get("rank", 0)), int(ev.get("incarnation", 0))))
+            self.ready_ns.setdefault((int(ev.get("rank", 0)), int(ev.get("incarnation", 0))), ev.t_ns)
             self.changed.set()
 
 
@@ -339,6 +347,7 @@ class BalancerFramework(Framework):
         load = rt.start(specs["load"])
         restarts = 0
         incarnation = dict.fromkeys(replicas, 0)
+        started_ns = dict.fromkeys(replicas, time.time_ns())
         while True:
             if (stop := control.stop_reason()) is not None:
                 return JobResult(stop, f"harness stopped the run ({stop})")
@@ -353,7 +362,7 @@ class BalancerFramework(Framework):
                         reason=f"haproxy exited with {describe_exit(balancer.returncode or 0)}")  # fmt: skip
             if o.supervisor:
                 for rank, h in list(replicas.items()):
-                    why = self._replica_failure(h, rank, states, o)
+                    why = self._replica_failure(h, rank, states, ready, started_ns[rank], o)
                     if why is None:
                         continue
                     tl.emit("detect", src="framework", framework=self.label, via=why[1], reason=why[0], blame_rank=rank)
@@ -371,17 +380,27 @@ class BalancerFramework(Framework):
                     tl.emit("restart", src="framework", framework=self.label, rank=rank, attempt=restarts,
                             incarnation=incarnation[rank], reason=why[0])  # fmt: skip
                     replicas[rank] = rt.start(self.replica_spec(job, rank, incarnation[rank], ports[rank]))
+                    started_ns[rank] = time.time_ns()
             control.sleep(o.monitor_interval_s)
 
-    def _replica_failure(self, h: ProcHandle, rank: int, states: StateWatcher, o: Any) -> tuple[str, str] | None:
-        """Why the supervisor restarts replica ``rank`` now (reason, via), or None."""
+    def _replica_failure(self, h: ProcHandle, rank: int, states: StateWatcher, ready: ReadyWatch, started_ns: int,
+                         o: Any) -> tuple[str, str] | None:  # fmt: skip
+        """Why the supervisor restarts replica ``rank`` now (reason, via), or None. Its incarnation started at
+        ``started_ns``: until it is ready only the startup timeout applies; from then on the liveness clock runs
+        from the later of its ready and the balancer's DOWN (haproxy holds a restarted replica DOWN until ``rise``
+        checks pass: that time is not a failure of the new incarnation)."""
         rc = h.poll()
         if rc is not None:
             return f"{h.name} exited with {describe_exit(rc)}", "exit"
+        now = time.time_ns()
+        ready_ns = ready.ready_ns.get((rank, h.spec.incarnation))
+        if ready_ns is None:
+            if now - started_ns >= o.startup_timeout_s * 1e9:
+                return f"{h.name} not ready {o.startup_timeout_s:g} s after its start", "startup_timeout"
+            return None
         since = states.down_since_ns.get(rank)
         if o.liveness_restart_after_s is not None and since is not None:
-            if time.time_ns() - since >= o.liveness_restart_after_s * 1e9 and h.spec.incarnation >= 0:
-                states.down_since_ns.pop(rank, None)
+            if now - max(since, ready_ns) >= o.liveness_restart_after_s * 1e9:
                 return f"r{rank} DOWN at the balancer for {o.liveness_restart_after_s:g} s", "health_check"
         return None
 

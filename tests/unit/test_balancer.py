@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from chaosbench.frameworks.balancer import BalancerOptions, StateWatcher, haproxy_config, read_stats
+from chaosbench.frameworks.balancer import (
+    BalancerFramework,
+    BalancerOptions,
+    ReadyWatch,
+    StateWatcher,
+    haproxy_config,
+    read_stats,
+)
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
-from chaosbench.timeline import TimelineWriter, read_events
+from chaosbench.timeline import Event, TimelineWriter, read_events
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -59,6 +67,37 @@ def test_state_watcher_one_event_per_change(tmp_path: Path) -> None:
     assert [(e.kind, e.get("rank"), e.t_ns) for e in evs] == [("balancer_down", 1, 100), ("balancer_up", 1, 200)]
     assert evs[0].get("reason") == "Layer4 connection problem"
     assert watch.down_since_ns == {}
+
+
+class _Running(ProcHandle):
+    def poll(self) -> int | None:
+        return None
+
+
+def test_liveness_waits_for_the_restarted_replica_and_startup_timeout_bounds_its_load(tmp_path: Path) -> None:
+    """Seen: a replica restarted after a kill was killed again by the liveness clock while it still loaded (the
+    balancer had held r1 DOWN since the kill), which spent a restart."""
+    o = BalancerOptions(supervisor=True, liveness_restart_after_s=2, startup_timeout_s=10)
+    fw = BalancerFramework.__new__(BalancerFramework)
+    writer = TimelineWriter(tmp_path / "events.jsonl")
+    states, ready = StateWatcher("sup", writer), ReadyWatch()
+    h = _Running(ProcessSpec("replica1.i1", ["x"], role="rank", incarnation=1), 1, None)
+    now = time.time_ns()
+    s = 1_000_000_000
+    states(ProcHandle(ProcessSpec("haproxy", ["haproxy"], role="balancer"), 2, None), "stdout",
+           "Server replicas/r1 is DOWN, reason: Layer4 connection problem", now - 5 * s)  # fmt: skip
+    # loading, 3 s after its start, DOWN for 5 s: no liveness restart, the startup timeout is 10 s
+    assert fw._replica_failure(h, 1, states, ready, now - 3 * s, o) is None
+    # not ready 11 s after its start: the startup timeout restarts it
+    assert fw._replica_failure(h, 1, states, ready, now - 11 * s, o) == (
+        "replica1.i1 not ready 10 s after its start", "startup_timeout")  # fmt: skip
+    # ready 1 s ago, still DOWN: the liveness clock runs from its ready
+    ready(Event(now - 1 * s, "replica_ready", data={"rank": 1, "incarnation": 1}))
+    assert fw._replica_failure(h, 1, states, ready, now - 3 * s, o) is None
+    ready.ready_ns[(1, 1)] = now - 3 * s
+    assert fw._replica_failure(h, 1, states, ready, now - 5 * s, o) == (
+        "r1 DOWN at the balancer for 2 s", "health_check")  # fmt: skip
+    writer.close()
 
 
 def test_read_stats_from_show_stat() -> None:

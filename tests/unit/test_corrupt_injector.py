@@ -265,6 +265,24 @@ def test_classify_checkpoint_outcome(incarnations: list, expected: str) -> None:
     assert classify_checkpoint_outcome(timeline(*incarnations)) == expected
 
 
+def test_classify_a_replicas_model_loads() -> None:
+    """A serving replica's model file (no step): its restarted incarnations' model_load_begin/end are the loads."""
+    from chaosbench.analysis.checkpoint_outcome import MODEL_LOADS
+
+    def run(*incs: list[str]) -> list[Event]:
+        out = [ev(0, "run_start", src="harness"), ev(1, "rank_start", rank=1, incarnation=0)]
+        out.append(ev(10, "fault_inject", src="injector", injector="corrupt-checkpoint",
+                      details={"step": None, "checkpoint": "/c/model.pt"}))  # fmt: skip
+        for inc, kinds in enumerate(incs, 1):
+            out += [ev(20 * inc + i, k, rank=1, incarnation=inc, path="/c/model.pt") for i, k in enumerate(kinds)]
+        return out
+
+    assert classify_checkpoint_outcome(run(["model_load_begin"], ["model_load_begin"]),
+                                       load_kinds=MODEL_LOADS) == "crash_looped"  # fmt: skip
+    assert classify_checkpoint_outcome(run(["model_load_begin", "model_load_end"]),
+                                       load_kinds=MODEL_LOADS) == "loaded_silently"  # fmt: skip
+
+
 def test_classify_needs_a_corruption() -> None:
     assert classify_checkpoint_outcome(timeline(LOAD_OK_20, injector_name="kill")) is None
     assert classify_checkpoint_outcome([ev(0, "run_start", src="harness")]) is None
