@@ -132,7 +132,8 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
         pred = framework.predict_detection(mode, timeouts) if mode and modelled else None
         rec: dict[str, Any] = {"fault": name, "injector": fault.injector, "mode": mode, "framework": sc.framework_label}
         if pred is None:
-            what = f"a {mode or fault.injector} fault" if modelled else f"a {mode} of the {fault.target.role}"
+            of_role = mode is not None and not modelled  # a crash or hang of a role without a rank
+            what = f"a {mode} of the {fault.target.role}" if of_role else f"a {mode or fault.injector} fault"
             rec.update(expected_s=None, decided_by="", resume_floor_s=None, modelled=False,
                        note=f"no detection model for {what} under {sc.adapter}")  # fmt: skip
             rec["problems"] = []
