@@ -290,6 +290,7 @@ class RunMetrics:
     latency_p99_after_ms: float | None = None
     capacity_lost_replica_s: float | None = None
     capacity_lost_share: float | None = None
+    throughput_during_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

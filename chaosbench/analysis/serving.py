@@ -28,7 +28,8 @@ empty window counting as healthy):
   after the fault, with a failed request (by then the load had seen it), minus the fault.
   ``detected_via``: ``balancer health check`` or ``failed request``.
 - ``time_to_recover_s``: from the fault to the start of the first span of ``recovery_window_s`` whose windows are
-  all healthy and served at least one request. Spans start at window starts at or after the fault, and not before
+  all healthy and served at least one request, and so are those of the load's ``request_timeout_s`` after it
+  (a request counts where it ended: one begun in the span that then timed out ends up to that much later). Spans start at window starts at or after the fault, and not before
   the end of the first window after the fault with a failed request (the service cannot be back before it
   failed); the windows must cover the span (a span cut short by the load's end does not count). No such span:
   not recovered.
@@ -37,6 +38,9 @@ empty window counting as healthy):
   ``_during_``: windows overlapping the fault up to the later of the recovery and the fault's revert (a
   slow-down that fails nothing recovers at once but lasts its duration; to the load's end when not recovered);
   ``_after_``: windows from then on.
+- ``throughput_during_share``: requests completed per second in the ``during`` windows over those in the
+  ``before`` windows (1.0: the load kept its pace; a hung replica left in rotation holds every user it gets
+  until the request timeout, and the pace collapses while few requests fail).
 - ``capacity_lost_replica_s``: replica-seconds in which a replica could not serve, during the load: per replica,
   from a crash, hang or node fault hitting it or its process's exit, or from the balancer marking it down,
   until it serves again: the balancer marks it up (``balancer_up``) once it is back (a fault reverted, or the
@@ -74,12 +78,13 @@ SERVING_FIELDS = (
     "replicas", "requests", "failed_requests", "retried_requests", "error_rate", "budget_request_rate_per_s",
     "error_budget_burn", "latency_p50_ms", "latency_p99_ms", "latency_p50_before_ms", "latency_p99_before_ms",
     "latency_p50_during_ms", "latency_p99_during_ms", "latency_p50_after_ms", "latency_p99_after_ms",
-    "capacity_lost_replica_s", "capacity_lost_share",
+    "capacity_lost_replica_s", "capacity_lost_share", "throughput_during_share",
 )  # fmt: skip
 #: Serving metrics that only exist for a run with a fault.
 SERVING_FAULT_METRICS = (
     "time_to_detect_s", "time_to_recover_s", "latency_p50_before_ms", "latency_p99_before_ms",
     "latency_p50_during_ms", "latency_p99_during_ms", "latency_p50_after_ms", "latency_p99_after_ms",
+    "throughput_during_share",
 )  # fmt: skip
 
 
@@ -190,6 +195,7 @@ class Serving:
     latency_p99_after_ms: float | None = None
     capacity_lost_replica_s: float | None = None
     capacity_lost_share: float | None = None
+    throughput_during_share: float | None = None
     time_to_detect_s: float | None = None
     detect_t_ns: int | None = None
     detected_via: str | None = None
@@ -320,13 +326,18 @@ def first_failure_end_ns(windows: Sequence[Window], after_ns: int) -> int | None
     return next((w.end_ns for w in windows if w.end_ns > after_ns and w.failures > 0), None)
 
 
-def recovery_ns(windows: Sequence[Window], tf: int, floor_ns: int, span_ns: int, error_rate: float) -> int | None:
+def recovery_ns(windows: Sequence[Window], tf: int, floor_ns: int, span_ns: int, error_rate: float,
+                settle_ns: int = 0) -> int | None:  # fmt: skip
     """Start of the first span of ``span_ns`` starting at a window start >= ``floor_ns`` (and >= ``tf``) whose
-    windows are all healthy, served a request and cover it."""
+    windows, and those of the ``settle_ns`` after it, are all healthy, served a request and cover it. A request
+    counts in the window in which it ended: one begun in the span that times out ends up to the request timeout
+    (``settle_ns``) later, so a span is only known healthy once that has passed too (seen: with a hung replica
+    left in rotation the load's 3 s timeouts came in bursts, and a 2 s span between two bursts passed for a
+    recovery)."""
     for i, w in enumerate(windows):
         if w.t_ns < tf or w.t_ns < floor_ns:
             continue
-        stop = w.t_ns + span_ns
+        stop = w.t_ns + span_ns + settle_ns
         covered = 0
         served = 0
         healthy = True
@@ -338,7 +349,7 @@ def recovery_ns(windows: Sequence[Window], tf: int, floor_ns: int, span_ns: int,
                 break
             covered += min(x.end_ns, stop) - x.t_ns
             served += x.requests
-        if healthy and served > 0 and covered >= span_ns - 1000:  # 1 µs: window stamps are rounded
+        if healthy and served > 0 and covered >= span_ns + settle_ns - 1000:  # 1 µs: window stamps are rounded
             return w.t_ns
     return None
 
@@ -451,13 +462,15 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
                                     "fault")  # fmt: skip
 
     span_ns = int(round(slo["recovery_window_s"] * 1e9))
-    rec = recovery_ns(wins, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"])
+    settle_ns = int(round(float(load.start.get("request_timeout_s") or 0.0) * 1e9))
+    rec = recovery_ns(wins, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"], settle_ns)
     s.recovered = rec is not None
     if rec is not None:
         s.time_to_recover_s = ns_to_s(rec - tf)
     else:
         miss["time_to_recover_s"] = (f"no {slo['recovery_window_s']:g} s span after the fault with every window's "
-                                     f"error rate <= {slo['error_rate']:g} before the load ended")  # fmt: skip
+                                     f"error rate <= {slo['error_rate']:g}, also for the request timeout after it, "
+                                     "before the load ended")  # fmt: skip
 
     # the fault is over at the later of the recovery and its revert (a delay that fails nothing lasts its duration)
     revert = next((e.t_ns for e in ix.of("fault_revert") if e.get("fault") == fault.get("fault") and e.get("undone")
@@ -477,6 +490,18 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
             why = empty if not part else f"no successful request {name} the fault" if name != "during" else \
                 "no successful request between the fault and the recovery"  # fmt: skip
             miss[f"latency_p50_{name}_ms"] = miss[f"latency_p99_{name}_ms"] = why
+    rate_before, rate_during = _rate(before), _rate(during)
+    if rate_before and rate_during is not None:
+        s.throughput_during_share = rate_during / rate_before
+    else:
+        miss["throughput_during_share"] = ("no request before the fault" if not rate_before else
+                                           "no load window between the fault and the recovery")  # fmt: skip
+
+
+def _rate(windows: Sequence[Window]) -> float | None:
+    """Requests completed per second over ``windows`` (None: no windows)."""
+    span = sum(w.end_ns - w.t_ns for w in windows)
+    return sum(w.requests for w in windows) / (span / 1e9) if span > 0 else None
 
 
 # ------------------------------------------------------------------------------------- per second, for plots

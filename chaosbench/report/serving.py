@@ -54,6 +54,7 @@ SERVING_METRICS: list[tuple[str, str]] = [
     ("latency_p99_after_ms", "number"),
     ("capacity_lost_replica_s", "s"),
     ("capacity_lost_share", "fraction"),
+    ("throughput_during_share", "fraction"),
     ("replicas", "count"),
     ("restart_count", "count"),
     ("restarts_claimed", "count"),
@@ -121,20 +122,21 @@ def fault_table(rows: Sequence[dict[str, Any]]) -> Table:
                     _est(rs, "time_to_recover_s"), _est(rs, "failed_requests", fmt_count),
                     _median(rs, "retried_requests", fmt_count), _est(rs, "error_budget_burn", _percent),
                     _median(rs, "latency_p99_before_ms", _ms), _est(rs, "latency_p99_during_ms", _ms),
-                    _median(rs, "latency_p99_after_ms", _ms), _est(rs, "capacity_lost_replica_s"),
-                    _median(rs, "capacity_lost_share", fmt_percent)])  # fmt: skip
+                    _median(rs, "latency_p99_after_ms", _ms), _est(rs, "throughput_during_share", fmt_percent),
+                    _est(rs, "capacity_lost_replica_s"), _median(rs, "capacity_lost_share", fmt_percent)])  # fmt: skip
     return Table(
         ["policy (framework)", "runs", "recovered (95 % CI)", "time to detect (s)", "detected by",
          "time to recover (s)", "failed requests", "retried (median)", "error budget burn",
-         "p99 before (ms, median)", "p99 during (ms)", "p99 after (ms, median)", "capacity lost (replica-s)",
-         "capacity lost (share, median)"],
+         "p99 before (ms, median)", "p99 during (ms)", "p99 after (ms, median)", "pace during (of before)",
+         "capacity lost (replica-s)", "capacity lost (share, median)"],
         out,
-        numeric={1, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13},
+        numeric={1, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14},
         caption="Runs whose fault fired. Medians with percentile-bootstrap 95 % intervals [lo, hi] (n=1: one run); "
                 "recovered rate with a Wilson interval. Detection: the balancer marking the faulted replica down or "
                 "the first failed request, whichever first; recovery: the first span of the SLO's recovery window "
-                "with every window's error rate under the SLO; burn: the share of the SLO window's error budget the "
-                "failed requests used.",
+                "with every window's error rate under the SLO (also over the request timeout after it); burn: the "
+                "share of the SLO window's error budget the failed requests used; pace: requests per second during "
+                "the fault over before it.",
     )  # fmt: skip
 
 

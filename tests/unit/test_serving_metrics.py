@@ -431,3 +431,24 @@ def test_latency_during_lasts_the_fault() -> None:
     assert m.failed_requests == 0 and m.time_to_recover_s == pytest.approx(0.0)
     assert m.latency_p50_during_ms == pytest.approx(P50_SLOW) and m.latency_p50_after_ms == pytest.approx(P50_FAST)
     assert m.capacity_lost_replica_s == 0.0  # slowed, never out
+
+
+def test_recovery_waits_out_the_request_timeout() -> None:
+    """A hung replica left in rotation: its requests fail when the load's 3 s timeout ends them, in bursts 4 s
+    apart (windows 8, 12, 16). Between two bursts lie 3 s clean spans, the SLO's recovery window; they are no
+    recovery, since requests begun in them fail 3 s later."""
+    bursts = {k: (5, False) for k in (8, 12, 16)}
+    ev = _timeline(bursts)
+    (start,) = [e for e in ev if e.kind == "load_start"]
+    start.data["request_timeout_s"] = 3.0
+    # and the pace collapsed: from the fault on, 25 requests a second where there were 100
+    ev = [e if e.kind != "load_window" or e.t_ns < LOAD + 6 * S else
+          _window((e.t_ns - LOAD) // S, requests=25, failures=int(e.data["failures"])) for e in ev]  # fmt: skip
+    m = compute_metrics(ev, control=control_run())
+    assert m.recovered is False and m.time_to_recover_s is None
+    assert "request timeout" in m.missing["time_to_recover_s"]
+    # windows 0-4 ended before the fault at 5.5 s; window 5 (100) and 6-19 (25 each) are during it
+    assert m.throughput_during_share == pytest.approx((100 + 14 * 25) / 15 / 100)
+    # without the timeout on record (an older timeline), the gap between bursts still passes, as it did
+    start.data.pop("request_timeout_s")
+    assert compute_metrics(ev, control=control_run()).recovered is True
