@@ -108,7 +108,8 @@ def _via(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _percent(v: float) -> str:
-    return fmt_percent(v) if v >= 0.001 else f"{v * 100:.3g}%"
+    """Three significant digits: a burn of 0.14 % is not 0.1 %."""
+    return f"{v * 100:.3g}%"
 
 
 def fault_table(rows: Sequence[dict[str, Any]]) -> Table:
