@@ -96,7 +96,11 @@ def test_kill_of_a_replica_group_heals_from_its_peer_without_rollback(run_suite)
     # group 0 trained on after the Lighthouse's heartbeat timeout
     resumed = min(e.t_ns for e in steps if rank(e) == 0 and int(e["step"]) > pre_fault and e.t_ns > tf)
     assert HEARTBEAT_TIMEOUT_S - 0.5 < (resumed - tf) / 1e9 < HEARTBEAT_TIMEOUT_S + 3.0
-    assert m.time_to_resume_s is not None and m.time_to_resume_s >= (resumed - tf) / 1e9 - 0.01
+    # the metric counts from when the kill took effect (effect_t_ns), the lines above from the injector's start:
+    # seen 12 ms apart on a loaded CI machine
+    fault = next(e for e in ev if e.kind == "fault_inject")
+    effect = int(fault.get("effect_t_ns") or fault.t_ns)
+    assert m.time_to_resume_s is not None and m.time_to_resume_s >= (resumed - effect) / 1e9 - 0.01
 
     # group 1 was restarted by its torchrun and healed from group 0 (no checkpoint, no step 1 again)
     assert m.restart_count == 1
