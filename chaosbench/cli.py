@@ -283,7 +283,8 @@ def cmd_image(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="chaosbench",
-        description="Chaos-testing and recovery benchmark harness for multi-rank PyTorch training.",
+        description="Chaos-testing and recovery benchmark harness for multi-rank PyTorch training and for model "
+        "replicas served behind a load balancer.",
     )
     p.add_argument("--version", action="version", version=f"chaosbench {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
