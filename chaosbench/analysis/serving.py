@@ -29,10 +29,10 @@ empty window counting as healthy):
   ``detected_via``: ``balancer health check`` or ``failed request``.
 - ``time_to_recover_s``: from the fault to the start of the first span of ``recovery_window_s`` whose windows are
   all healthy and served at least one request, and so are those of the load's ``request_timeout_s`` after it
-  (a request counts where it ended: one begun in the span that then timed out ends up to that much later). Spans start at window starts at or after the fault, and not before
-  the end of the first window after the fault with a failed request (the service cannot be back before it
-  failed); the windows must cover the span (a span cut short by the load's end does not count). No such span:
-  not recovered.
+  (a request counts where it ended: one begun in the span that then timed out ends up to that much later).
+  Spans start at window starts at or after the fault, and not before the end of the first window after the
+  fault with a failed request (the service cannot be back before it failed); the windows must cover the span
+  and the timeout after it (a span cut short by the load's end does not count). No such span: not recovered.
 - ``latency_p50_ms`` / ``latency_p99_ms``: quantiles of the successful requests' latencies over the whole load
   (the windows' histograms merged, :func:`quantile_ms`); ``_before_``: windows that ended by the fault;
   ``_during_``: windows overlapping the fault up to the later of the recovery and the fault's revert (a
@@ -216,12 +216,16 @@ def request_rate_per_s(load: Load, before_ns: int | None = None) -> tuple[float 
         if dur <= 0 or n <= 0:
             return None, "the load served no request" if n <= 0 else "the load has no duration"
         return n / dur, None
-    before = [w for w in load.windows if w.end_ns <= before_ns]
-    dur = sum(ns_to_s(w.end_ns - w.t_ns) for w in before)
-    n = sum(w.requests for w in before)
-    if not before or dur <= 0 or n <= 0:
+    rate = windows_rate_per_s([w for w in load.windows if w.end_ns <= before_ns])
+    if not rate:
         return None, "no request completed in a load window before the fault"
-    return n / dur, None
+    return rate, None
+
+
+def windows_rate_per_s(windows: Sequence[Window]) -> float | None:
+    """Requests completed per second over ``windows`` (their summed widths); None without windows."""
+    span_s = sum(ns_to_s(w.end_ns - w.t_ns) for w in windows)
+    return sum(w.requests for w in windows) / span_s if span_s > 0 else None
 
 
 def error_budget_burn(failed: int, availability: float, rate_per_s: float, window_days: float) -> float | None:
@@ -490,18 +494,13 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
             why = empty if not part else f"no successful request {name} the fault" if name != "during" else \
                 "no successful request between the fault and the recovery"  # fmt: skip
             miss[f"latency_p50_{name}_ms"] = miss[f"latency_p99_{name}_ms"] = why
-    rate_before, rate_during = _rate(before), _rate(during)
+    rate_before, rate_during = windows_rate_per_s(before), windows_rate_per_s(during)
     if rate_before and rate_during is not None:
         s.throughput_during_share = rate_during / rate_before
     else:
         miss["throughput_during_share"] = ("no request before the fault" if not rate_before else
                                            "no load window between the fault and the recovery")  # fmt: skip
 
-
-def _rate(windows: Sequence[Window]) -> float | None:
-    """Requests completed per second over ``windows`` (None: no windows)."""
-    span = sum(w.end_ns - w.t_ns for w in windows)
-    return sum(w.requests for w in windows) / (span / 1e9) if span > 0 else None
 
 
 # ------------------------------------------------------------------------------------- per second, for plots

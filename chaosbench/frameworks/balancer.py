@@ -204,10 +204,6 @@ class ReadyWatch:
         self.ready_ns: dict[tuple[int, int], int] = {}  # (rank, incarnation) -> when it was ready
         self.changed = threading.Event()
 
-    @property
-    def ready(self) -> set[tuple[int, int]]:
-        return set(self.ready_ns)
-
     def __call__(self, ev: Event) -> None:
         if ev.kind == "replica_ready":
             self.ready_ns.setdefault((int(ev.get("rank", 0)), int(ev.get("incarnation", 0))), ev.t_ns)
@@ -328,7 +324,7 @@ class BalancerFramework(Framework):
                 ports[rank] = int(p.env["SERVE_PORT"])
                 replicas[rank] = rt.start(p)
         deadline = time.monotonic() + o.ready_timeout_s
-        while not all((r, 0) in ready.ready for r in replicas):
+        while not all((r, 0) in ready.ready_ns for r in replicas):
             if (stop := control.stop_reason()) is not None:
                 return JobResult(stop, f"harness stopped the run ({stop}) while the replicas loaded")
             dead = [h for h in replicas.values() if h.poll() is not None]

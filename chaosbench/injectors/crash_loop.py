@@ -1,5 +1,6 @@
 """``crash-loop``: a deterministic bug planted in the workload: the target ranks raise at step N in every
-incarnation (from ``from_incarnation`` on: 1 makes it arrive with the first restart). It fires from inside the workload (:mod:`chaosbench.workloads.planted`)."""
+incarnation (from ``from_incarnation`` on: 1 makes it arrive with the first restart). It fires from inside the
+workload (:mod:`chaosbench.workloads.planted`)."""
 
 from __future__ import annotations
 

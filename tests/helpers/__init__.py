@@ -3,7 +3,9 @@ run's events, and launching a built-in program's ranks directly (without the run
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +49,17 @@ def slurm_problem() -> str | None:
         return (res.stderr.strip() or f"sinfo exit code {res.returncode}").splitlines()[-1]
     if not res.stdout.strip():
         return "sinfo lists no partition"
+    return None
+
+
+def serve_problem() -> str | None:
+    """Why the serving tests cannot run here (no haproxy, or the ``serve`` extra missing), or None."""
+    if shutil.which("haproxy") is None:
+        return "haproxy not found (apt-get install -y haproxy)"
+    # found, not imported: importing locust monkey-patches this process with gevent
+    missing = [m for m in ("locust", "uvicorn", "starlette") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (pip install -e '.[serve]')"
     return None
 
 

@@ -13,28 +13,15 @@ Every figure is checked against what happened: the kill's time, the balancer's D
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-
 import pytest
 
 from chaosbench.analysis.metrics import RunMetrics
-from tests.helpers import events_of, require, run_suite_text
+from tests.helpers import events_of, require, run_suite_text, serve_problem
 
 pytestmark = pytest.mark.integration
 
 
-def _problem() -> str | None:
-    if shutil.which("haproxy") is None:
-        return "haproxy not found (apt-get install -y haproxy)"
-    # found, not imported: importing locust monkey-patches this process with gevent
-    missing = [m for m in ("locust", "uvicorn", "starlette") if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"{', '.join(missing)} not installed (pip install -e '.[serve]')"
-    return None
-
-
-require("serve", _problem())
+require("serve", serve_problem())
 
 SUITE = """
 name: serving-local

@@ -12,18 +12,14 @@ The figures are checked against what happened (the cut's window, the balancer's 
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-
 import pytest
 from docker_support import events_of, kinds, require_docker
 
 from chaosbench.analysis.metrics import RunMetrics
-from tests.helpers import require, run_suite_text
+from tests.helpers import require, run_suite_text, serve_problem
 
 require_docker()
-require("serve", None if shutil.which("haproxy") and importlib.util.find_spec("locust") else
-        "haproxy or locust missing (apt-get install -y haproxy; pip install -e '.[serve]')")  # fmt: skip
+require("serve", serve_problem())
 
 pytestmark = pytest.mark.integration
 

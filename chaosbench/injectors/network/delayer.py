@@ -13,9 +13,10 @@ libnetfilter-queue headers. Standard-library only, like the probe.
 
 Safety: the queue is configured fail-open (a full queue accepts instead of dropping) and the iptables rule
 should carry ``--queue-bypass`` (no listener: packets pass). On SIGTERM/SIGINT every packet still held is
-accepted at once before the socket closes. ``--parent-pid`` makes it exit when that process is gone (checked at least every 0.2 s; not
-PR_SET_PDEATHSIG, which fires when the parent *thread* exits: a fault triggered from a short-lived thread, as a
-serving run's ``after_s`` is, lost its delayer after the first packet and the delay never happened).
+accepted at once before the socket closes. ``--parent-pid`` makes it exit when that process is gone
+(checked at least every 0.2 s; not PR_SET_PDEATHSIG, which fires when the parent *thread* exits: a fault
+triggered from a short-lived thread, as a serving run's ``after_s`` is, lost its delayer after the first packet
+and the delay never happened).
 Prints ``ready`` on stdout once bound; counters as JSON on exit.
 """
 
