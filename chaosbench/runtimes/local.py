@@ -143,8 +143,8 @@ class LocalRuntime(Runtime):
         # its children now, while they are still its: a killed agent's workers outlive it, reparented to init,
         # where no tree walk from a root finds them at teardown
         self._trees.scan([(proc.pid, ticks)])
-        process.send_signal(proc, sig)
-        return now_ns()  # kill(2) has queued the signal; SIGKILL/SIGSTOP act before the target runs again
+        # kill(2) queues the signal; SIGKILL/SIGSTOP act before the target runs again
+        return process.signal_stamped(proc, sig)
 
     def _roots(self, handles: list[ProcHandle]) -> list[tuple[int, int | None]]:
         return [(h.pid, h.ticks) for h in handles if not h.exited.is_set()]

@@ -876,8 +876,8 @@ class DockerRuntime(Runtime):
             raise ProcessLookupError(pid)
         if not process.same(proc, ticks):
             raise ChaosbenchError(f"pid {pid} on {node} now belongs to another process; not signalling it")
-        process.send_signal(proc, sig)
-        return now_ns()  # the engine's host: the same kernel and clock as the harness
+        # the engine's host: the same kernel and clock as the harness
+        return process.signal_stamped(proc, sig)
 
     def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
         try:
