@@ -77,11 +77,13 @@ class Probe:
         return self._writer is not None
 
     def emit(self, kind: str, **data: Any) -> None:
+        """One event of this rank, stamped now, or at ``t_ns=`` (wall-clock ns: when it happened, if earlier)."""
         if self._writer is None:
             return
+        t_ns = data.pop("t_ns", None)
         data.setdefault("rank", self.rank)
         data.setdefault("incarnation", self.incarnation)
-        self._writer.emit(kind, **data)
+        self._writer.emit(kind, t_ns=t_ns, **data)
 
     def rank_start(self, pid: int | None = None, **extra: Any) -> None:
         """Call first thing: gives the harness this rank's pid so injectors can target it. ``extra`` fields
@@ -97,15 +99,16 @@ class Probe:
             **extra,
         )
 
-    def step(self, step: int, loss: float | None = None, duration_s: float | None = None) -> None:
-        """Step ``step`` (1-based count of completed optimizer steps) has completed.
+    def step(self, step: int, loss: float | None = None, duration_s: float | None = None,
+             t_ns: int | None = None) -> None:  # fmt: skip
+        """Step ``step`` (1-based count of completed optimizer steps) has completed (now, or at ``t_ns``).
 
         ``duration_s``: the seconds this step's own compute took (forward, backward, optimizer), measured
         by the caller; metrics fall back to the interval between events when it is not given."""
         data: dict[str, Any] = {"step": int(step), "loss": None if loss is None else float(loss)}
         if duration_s is not None:
             data["duration_s"] = float(duration_s)
-        self.emit("step", **data)
+        self.emit("step", t_ns=t_ns, **data)
 
     @contextlib.contextmanager
     def ckpt_save(self, step: int, path: str) -> Iterator[dict[str, Any]]:

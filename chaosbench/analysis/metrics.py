@@ -339,8 +339,13 @@ def compute_metrics(
 
 def verdict(m: RunMetrics) -> str:
     """One line on what happened, from the metrics alone."""
-    if m.serving:
-        return serving_verdict(m)
+    text = serving_verdict(m) if m.serving else _training_verdict(m)
+    if "output_capture: pipe" in m.notes.get("outcome", ""):
+        text += "; a process's write was refused for its size (output capture's limit?)"
+    return text
+
+
+def _training_verdict(m: RunMetrics) -> str:
     if m.outcome == "contaminated":
         return f"contaminated: {m.missing.get('contaminated', 'started from state it did not write')}"
     if m.control:
@@ -458,6 +463,11 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         m.versions = dict(info.get("versions") or {})
         m.timeouts = dict(info.get("timeouts") or {})
     m.timeout_problems = attribution.timeout_problems(whole, (info.get("timeout_problems") or []) if info else [])
+    limit = whole.first("capture_limit")
+    if limit is not None:
+        m.notes["outcome"] = (f"'{limit.get('proc')}' printed that a write was refused for its size "
+                              f"({limit.get('line')!r}): if that was its own output, the run broke on the socket "
+                              "capture's limit of one write (rerun with runtime option output_capture: pipe)")  # fmt: skip
     end = whole.last("run_end")
     if end is not None:
         m.run_end_outcome = end.get("outcome")

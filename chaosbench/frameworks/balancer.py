@@ -7,7 +7,8 @@ What a run starts, in order (each a process of the runtime, so every fault of th
 2. the replicas (role ``rank``, ``RANK`` = replica index), each an HTTP server on its own port; the run waits
    until every one has written ``replica_ready``;
 3. haproxy (role ``balancer``), round robin over the replicas, its log on stdout: ``Server b/r1 is DOWN`` and
-   ``... is UP`` become ``balancer_down`` / ``balancer_up`` events (rank, reason), stamped when read;
+   ``... is UP`` become ``balancer_down`` / ``balancer_up`` events (rank, reason), stamped as the runtime stamps
+   output lines (local: when haproxy wrote them);
 4. the load (role ``load``): its ``load_start`` starts the faults' ``after_s`` clocks; the run completes when it
    exits 0. At the end the balancer's counters (retries, redispatches, per-server checks) are read from its
    stats socket into a ``balancer_stats`` event.

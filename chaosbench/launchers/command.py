@@ -10,7 +10,8 @@ substituted here, in the rank's own process, so that per-rank values (``{rank}``
 are literal braces. The child starts in ``--cwd`` (created if missing).
 
 The child's stdout and stderr are merged and forwarded line by line to this process's stdout. Matching
-lines become timeline events stamped when read. SIGTERM, SIGINT and SIGHUP are forwarded to the child. When
+lines become timeline events stamped when the child wrote them (the kernel's stamp of the write:
+:mod:`chaosbench.runtimes.capture`; ``CHAOSBENCH_OUTPUT_CAPTURE=pipe``: when read). SIGTERM, SIGINT and SIGHUP are forwarded to the child. When
 the child dies of a signal, the shim dies of the same signal, so a launcher above it (torchrun, the
 harness) sees the same exit as without the shim.
 """
@@ -28,6 +29,7 @@ import sys
 from collections.abc import Mapping
 
 from chaosbench.probe import Probe, incarnation_from_env
+from chaosbench.runtimes.capture import ENV_OUTPUT_CAPTURE, Capture
 
 #: Placeholders whose values differ per rank: resolved from the rank's environment.
 RANK_PLACEHOLDERS = ("rank", "local_rank", "world_size", "node", "incarnation")
@@ -93,15 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaosbench: bad placeholder in the command: {exc}", file=sys.stderr, flush=True)
         return 2
     probe = Probe.from_env()
+    capture = Capture("pipe" if os.environ.get(ENV_OUTPUT_CAPTURE) == "pipe" else "socket")
     try:
         if cwd:
             os.makedirs(cwd, exist_ok=True)
         child = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd
+            cmd, stdout=capture.child_fd, stderr=capture.child_fd, stdin=subprocess.DEVNULL, env=env, cwd=cwd
         )
     except OSError as exc:
+        capture.close()
         print(f"chaosbench: cannot start {cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
         return 127
+    capture.spawned()
     probe.rank_start(pid=child.pid)
 
     def forward(signum: int, _frame: object) -> None:
@@ -113,9 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, forward)
 
-    assert child.stdout is not None
     out = sys.stdout.buffer
-    for raw in iter(child.stdout.readline, b""):
+    for raw, t_ns in capture.lines():
         out.write(raw)
         out.flush()
         line = raw.decode(errors="replace")
@@ -126,15 +130,17 @@ def main(argv: list[str] | None = None) -> int:
             g = m.groupdict()
             step = int(g["step"]) if g.get("step") else None
             if kind == "step" and step is not None:
-                probe.step(step, _num(g.get("loss")))
+                probe.step(step, _num(g.get("loss")), t_ns=t_ns)
             elif kind == "train_end":
                 # No step in the line: the metrics take the last step this incarnation completed.
-                probe.emit("train_end", step=step, loss=_num(g.get("loss")), digest=g.get("digest") or "")
+                digest = g.get("digest") or ""
+                probe.emit("train_end", t_ns=t_ns, step=step, loss=_num(g.get("loss")), digest=digest)
             elif kind != "step":
                 data: dict[str, object] = {"step": step, "path": None}
                 if kind == "ckpt_save_end":
                     data["complete"] = True  # the script said it saved
-                probe.emit(kind, **data)
+                probe.emit(kind, t_ns=t_ns, **data)
+    capture.close()
     rc = child.wait()
     probe.emit("rank_exit", pid=child.pid, returncode=rc)
     probe.close()

@@ -66,7 +66,9 @@ class ProcHandle:
         return f"<ProcHandle {self.name} pid={self.pid} rc={self.returncode}>"
 
 
-#: Called from a reader thread for each line a process prints: (handle, stream, line, t_ns when read).
+#: Called from a reader thread for each line a process prints: (handle, stream, line, t_ns). ``t_ns`` is when the
+#: process wrote the line where the runtime can tell (local and slurm: the kernel's stamp of the write; the
+#: ``proc_start`` event's ``output_stamp`` says ``write``), else when it was read (docker; ``read``).
 LineCallback = Callable[[ProcHandle, str, str, int], None]
 
 

@@ -26,15 +26,28 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.process import ProcessTrees, record_exit, record_start, start_pumps
+from chaosbench.runtimes.capture import ENV_OUTPUT_CAPTURE, OUTPUT_CAPTURE_HELP, Capture, OutputCapture
+from chaosbench.runtimes.process import (
+    CaptureLimitWatcher,
+    ProcessTrees,
+    record_exit,
+    record_start,
+    start_pumps,
+)
 from chaosbench.timeline import now_ns
 
 _PR_SET_PDEATHSIG = 1
+
+
+class LocalOptions(Runtime.Options):
+    """Options of the ``local`` runtime (``defaults.runtime_options`` in a suite)."""
+
+    output_capture: OutputCapture = Field(default="socket", description=OUTPUT_CAPTURE_HELP)
 
 
 class LocalNodeLossOptions(BaseModel):
@@ -49,7 +62,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class LocalRuntime(Runtime):
-    """Processes on this machine. Output is captured per process; teardown escalates SIGTERM -> SIGKILL.
+    """Processes on this machine. Output is captured per process, each line stamped when it was written
+    (:mod:`chaosbench.runtimes.capture`); teardown escalates SIGTERM -> SIGKILL.
 
     Processes started from the main thread get PR_SET_PDEATHSIG=SIGKILL, so a harness that is killed
     outright takes its direct children with it; their own children are found as descendants at teardown.
@@ -57,9 +71,13 @@ class LocalRuntime(Runtime):
 
     name: ClassVar[str] = "local"
     ranks_on_harness_host: ClassVar[bool] = True
+    Options = LocalOptions
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
+        self.opts = self.options if isinstance(self.options, LocalOptions) else LocalOptions()
+        if self.opts.output_capture == "socket":
+            self.line_observers.append(CaptureLimitWatcher(self.run.timeline))
         self._handles: list[ProcHandle] = []
         self._threads: list[threading.Thread] = []
         self._trees = ProcessTrees()
@@ -85,26 +103,30 @@ class LocalRuntime(Runtime):
         env = dict(os.environ)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[ENV_OUTPUT_CAPTURE] = self.opts.output_capture  # the command shim captures the user's command so too
         in_main = threading.current_thread() is threading.main_thread()
+        captures = {"stdout": Capture(self.opts.output_capture), "stderr": Capture(self.opts.output_capture)}
         try:
             popen = subprocess.Popen(
                 spec.argv,
                 env=env,
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=captures["stdout"].child_fd,
+                stderr=captures["stderr"].child_fd,
                 start_new_session=True,
                 preexec_fn=_die_with_parent if in_main else None,
             )
         except OSError as exc:
+            for c in captures.values():
+                c.close()
             raise ChaosbenchError(f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}") from None
         handle = ProcHandle(spec, popen.pid, process.start_ticks(popen.pid))
         with self._lock:
             self._handles.append(handle)
         self._trees.add(handle.pid, handle.ticks)
-        record_start(self.run.timeline, handle)
-        self._threads += start_pumps(handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line)
+        record_start(self.run.timeline, handle, output_stamp=captures["stdout"].stamp)
+        self._threads += start_pumps(handle, captures, self.logs_dir, on_line)
         w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
         w.start()
         self._threads.append(w)

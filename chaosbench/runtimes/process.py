@@ -1,6 +1,6 @@
 """What the runtimes share about the processes they run on this host, on psutil: a process's identity, its
 tree, signalling and waiting; capturing its output line by line into its log file (and to a framework's log
-watcher, stamped when read); its ``proc_start`` and ``proc_exit`` events; and ending whole process trees with
+watcher, each line stamped when the process wrote it: :mod:`chaosbench.runtimes.capture`); its ``proc_start`` and ``proc_exit`` events; and ending whole process trees with
 an escalation (SIGTERM and SIGCONT, a grace, SIGKILL).
 
 Identity: a process is its pid *and* its start time in clock ticks since boot, as run directories record it
@@ -21,12 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psutil
 
 from chaosbench.procutil import start_ticks
 from chaosbench.runtimes.base import LineCallback, ProcHandle
+from chaosbench.runtimes.capture import TOO_LARGE, Capture
 from chaosbench.timeline import TimelineWriter, now_ns
 from chaosbench.waiting import wait_until
 
@@ -170,12 +171,12 @@ def record_exit(timeline: TimelineWriter, handle: ProcHandle, returncode: int, t
     )  # fmt: skip
 
 
-def pump(handle: ProcHandle, stream: str, lines: Iterable[bytes], path: Path, on_line: LineCallback | None) -> None:
-    """Append every line of ``lines`` to ``path`` and hand it to ``on_line`` (a framework's watcher: its failure
-    never stops the capture)."""
+def pump(handle: ProcHandle, stream: str, lines: Iterable[tuple[bytes, int]], path: Path,
+         on_line: LineCallback | None) -> None:  # fmt: skip
+    """Append every line of ``lines`` (each with its stamp) to ``path`` and hand it to ``on_line`` (a framework's
+    watcher: its failure never stops the capture)."""
     with path.open("ab") as out:
-        for raw in lines:
-            t = now_ns()
+        for raw, t in lines:
             out.write(raw)
             out.flush()
             if on_line is not None:
@@ -183,23 +184,47 @@ def pump(handle: ProcHandle, stream: str, lines: Iterable[bytes], path: Path, on
                     on_line(handle, stream, raw.decode(errors="replace").rstrip("\n"), t)
 
 
-def start_pumps(handle: ProcHandle, pipes: dict[str, IO[bytes] | None], logs_dir: Path,
+def start_pumps(handle: ProcHandle, captures: dict[str, Capture], logs_dir: Path,
                 on_line: LineCallback | None) -> list[threading.Thread]:  # fmt: skip
-    """One capture thread per pipe (``stdout`` -> ``<name>.out``, ``stderr`` -> ``<name>.err``); each closes its
-    pipe at its end."""
+    """One capture thread per stream of a started process (``stdout`` -> ``<name>.out``, ``stderr`` ->
+    ``<name>.err``); each closes its :class:`~chaosbench.runtimes.capture.Capture` at its end."""
     threads = []
-    for stream, pipe in pipes.items():
-        assert pipe is not None
+    for stream, capture in captures.items():
+        capture.spawned()
         path = logs_dir / f"{handle.name}.{'out' if stream == 'stdout' else 'err'}"
 
-        def run(pipe: IO[bytes] = pipe, stream: str = stream, path: Path = path) -> None:
-            pump(handle, stream, iter(pipe.readline, b""), path, on_line)
-            pipe.close()
+        def run(capture: Capture = capture, stream: str = stream, path: Path = path) -> None:
+            try:
+                pump(handle, stream, capture.lines(), path, on_line)
+            finally:
+                capture.close()
 
         t = threading.Thread(target=run, daemon=True, name=f"pump-{handle.name}")
         t.start()
         threads.append(t)
     return threads
+
+
+class CaptureLimitWatcher:
+    """A line observer of a runtime that captures output through sockets: the first line of each process that
+    says a write was refused for its size (:data:`~chaosbench.runtimes.capture.TOO_LARGE`) becomes a
+    ``capture_limit`` event, so a run whose script broke on the capture's limit says so (its verdict), rather
+    than passing for the system's own failure."""
+
+    def __init__(self, timeline: TimelineWriter) -> None:
+        self.timeline = timeline
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+        if not TOO_LARGE.search(line):
+            return
+        with self._lock:
+            if handle.name in self._seen:
+                return
+            self._seen.add(handle.name)
+        self.timeline.emit("capture_limit", t_ns=t_ns, proc=handle.name, pid=handle.pid, stream=stream,
+                           line=line[:400])  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- trees

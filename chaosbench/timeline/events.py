@@ -47,6 +47,8 @@ EVENT_KINDS: dict[str, str] = {
     "fault_skipped": "fault, injector, reason (the trigger fired but the fault could not be applied)",
     "detect": "framework, reason, line, via (what noticed it, where the source says: exit, heartbeat, step watchdog, "
     "lighthouse, manager, loss guard) (the framework noticed a failure)",
+    "capture_limit": "proc, pid, stream, line: a process printed that a write was refused for its size (EMSGSIZE, "
+    "ENOBUFS) while its output went through a socket (output_capture: socket): perhaps its own output",
     "rank_error": "proc, pid, role, rank, signature (collective_timeout|collective_mismatch|rendezvous_lost|"
     "peer_lost), line: the first such line in a process's output (the harness watches every process)",
     "restart": "framework, attempt, reason (the framework relaunches the job or worker group)",

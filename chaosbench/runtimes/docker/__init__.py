@@ -8,7 +8,8 @@ and memory limits of the options. The run directory is bind-mounted read-write a
 node: it is the shared checkpoint storage, and every process appends to the same ``events.jsonl``.
 
 Processes are started with ``docker exec`` (the Engine API through the Docker SDK); stdout and stderr are
-read frame by frame, split into lines, stamped when read and written to ``logs/<name>.out|.err`` as the
+read frame by frame, split into lines, stamped when read (the exec stream carries no stamp of the write:
+``proc_start``'s ``output_stamp`` is ``read``) and written to ``logs/<name>.out|.err`` as the
 ``local`` runtime does. A process is identified by its host pid (from the exec's inspect data): the harness
 runs on the engine's host, so teardown signals the exec'd process and its descendants directly (SIGTERM,
 SIGCONT, grace, SIGKILL), which really ends them; killing a ``docker exec`` client would not.
@@ -717,7 +718,7 @@ class DockerRuntime(Runtime):
         if pid:
             self._trees.add(pid, handle.ticks)
         record_start(self.run.timeline, handle, container=node.container.name, container_pid=handle.container_pid,
-                     rerun=rerun)  # fmt: skip
+                     rerun=rerun, output_stamp="read")  # fmt: skip
         t = threading.Thread(target=self._pump, args=(handle, stream, on_line), daemon=True,
                              name=f"pump-{spec.name}")  # fmt: skip
         t.start()

@@ -81,7 +81,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.errors import ChaosbenchError, MissingEngine, Unsupported
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.process import record_exit, record_start, start_pumps, start_ticks
+from chaosbench.runtimes.capture import ENV_OUTPUT_CAPTURE, OUTPUT_CAPTURE_HELP, Capture, OutputCapture
+from chaosbench.runtimes.process import (
+    CaptureLimitWatcher,
+    record_exit,
+    record_start,
+    start_pumps,
+    start_ticks,
+)
 from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
 from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix, run_comment
 from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions, down_nodes, resume_nodes
@@ -124,6 +131,7 @@ class SlurmOptions(BaseModel):
     job_wait_s: float = Field(
         default=60.0, gt=0, description="longest wait for the run's jobs to end at cleanup"
     )
+    output_capture: OutputCapture = Field(default="socket", description=OUTPUT_CAPTURE_HELP + " (of srun)")
 
     @field_validator("sbatch_args", "srun_args")
     @classmethod
@@ -226,6 +234,8 @@ class SlurmRuntime(Runtime):
         self.opts: SlurmOptions = (
             self.options if isinstance(self.options, SlurmOptions) else SlurmOptions(**self.default_options)
         )
+        if self.opts.output_capture == "socket":
+            self.line_observers.append(CaptureLimitWatcher(self.run.timeline))
         self.logs_dir = Path(self.run.run_dir) / "logs"
         self.job_prefix = job_prefix(self.run.run_id)
         #: The Slurm client commands, with this run's environment, timeout, partition and job names.
@@ -472,26 +482,29 @@ class SlurmRuntime(Runtime):
         env = dict(self.slurm.env)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[ENV_OUTPUT_CAPTURE] = self.opts.output_capture  # the command shim captures the user's command so too
+        captures = {"stdout": Capture(self.opts.output_capture), "stderr": Capture(self.opts.output_capture)}
         try:
             popen = subprocess.Popen(
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=captures["stdout"].child_fd,
+                stderr=captures["stderr"].child_fd,
                 start_new_session=True,
             )
         except OSError as exc:
+            for c in captures.values():
+                c.close()
             raise MissingEngine(f"cannot run srun for '{spec.name}': {exc.strerror}") from None
         handle = SlurmHandle(spec, popen.pid, start_ticks(popen.pid), job_name, snode)
         handle.popen = popen
         with self._lock:
             self._handles.append(handle)
-        record_start(self.run.timeline, handle, slurm_node=snode, job_name=job_name)
+        record_start(self.run.timeline, handle, slurm_node=snode, job_name=job_name,
+                     output_stamp=captures["stdout"].stamp)  # fmt: skip
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        self._threads += start_pumps(
-            handle, {"stdout": popen.stdout, "stderr": popen.stderr}, self.logs_dir, on_line
-        )
+        self._threads += start_pumps(handle, captures, self.logs_dir, on_line)
         w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
         w.start()
         self._threads.append(w)
