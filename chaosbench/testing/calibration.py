@@ -3,23 +3,30 @@
 ``delayed-detect`` launches the ranks like ``none`` plus a watchdog process. The watchdog waits on the ranks
 themselves (a pidfd per rank, polled together: the kernel wakes it when one has exited; the ranks are the
 harness's children, not the watchdog's, so it cannot ``waitpid`` them); once one has died it sleeps ``delay_s``
-and prints ``CALIBRATION DETECT`` with the moment it saw the death (``dead_ns``) and the moment it printed
-(``printed_ns``), which becomes a ``detect`` event through the same log-pattern path real adapters use. Where the
-kernel has no pidfds it falls back to reading the ranks' /proc entries every millisecond.
+and writes ``CALIBRATION DETECT`` with the moment it saw the death (``dead_ns``) and the moment right before its
+``write(2)`` of the line (``printed_ns``), which becomes a ``detect`` event through the same log-pattern path real
+adapters use; then a second line with the moment that write had returned (``written_ns``, read back from its log
+by :func:`written_ns`). Where the kernel has no pidfds it falls back to reading the ranks' /proc entries every
+millisecond.
 
 The measured time-to-detect is therefore the kill's own latency (the signal delivered to the process gone: the
 kernel tears down a large multi-threaded process, 1-25 ms on a loaded 2-core machine; up to ``dead_ns``), plus
 ``delay_s`` and the watchdog's oversleep (the calibrator's own error: ``printed_ns - dead_ns - delay_s``), plus the
-harness's own error: the line's way through the pipe to the harness's reader thread and its stamp
-(``detect.t_ns - printed_ns``), which the calibration test and ``benchmarks/detect_calibration.py`` measure.
+line's write (the watchdog preempted inside it on a loaded machine: ``written_ns - printed_ns``, the calibrator's
+too), plus the harness's own error: how much later than the write it stamped the line. With the kernel's stamp
+of the write (:mod:`chaosbench.runtimes.capture`) the stamp lies between ``printed_ns`` and ``written_ns``; with
+pipes it is the reader thread's wake-up. The calibration test and ``benchmarks/detect_calibration.py`` measure
+it.
 
 Register it with ``FRAMEWORKS.register("delayed-detect", DelayedDetectFramework)``.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -58,8 +65,22 @@ elif not gone:
     gone = [fds[fd] for fd, _ in waiter.poll()]  # readable: that process has exited (a zombie counts)
 dead_ns = time.time_ns()
 time.sleep(delay)
-print(f"CALIBRATION DETECT pid={gone[0]} dead_ns={dead_ns} printed_ns={time.time_ns()}", flush=True)
+head = f"CALIBRATION DETECT pid={gone[0]} dead_ns={dead_ns} printed_ns="
+printed_ns = time.time_ns()
+os.write(1, f"{head}{printed_ns}\n".encode())  # one write(2), right after the stamp it carries
+written_ns = time.time_ns()
+os.write(1, f"CALIBRATION WRITTEN written_ns={written_ns}\n".encode())
 """
+_WRITTEN = re.compile(r"CALIBRATION WRITTEN written_ns=(\d+)")
+
+
+def written_ns(run_dir: str | Path) -> int | None:
+    """When the watchdog's write of its detection line had returned (from its log), or None."""
+    try:
+        m = _WRITTEN.search((Path(run_dir) / "logs" / "watchdog.out").read_text())
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
 
 
 class DelayedDetectOptions(NoneOptions):
