@@ -267,6 +267,7 @@ class RunMetrics:
     predicted_detect_s: float | None = None
     predicted_by: str | None = None
     timeout_problems: list[str] = field(default_factory=list)
+    capture_limit: str | None = None
     missing: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
@@ -305,7 +306,7 @@ class RunMetrics:
 #: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
 BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",
                          "notes", "versions", "timeouts", "timeout_problems", "workload", "strategy",
-                         "serving"})  # fmt: skip
+                         "serving", "capture_limit"})  # fmt: skip
 
 
 def metric_names() -> list[str]:
@@ -340,8 +341,8 @@ def compute_metrics(
 def verdict(m: RunMetrics) -> str:
     """One line on what happened, from the metrics alone."""
     text = serving_verdict(m) if m.serving else _training_verdict(m)
-    if "output_capture: pipe" in m.notes.get("outcome", ""):
-        text += "; a process's write was refused for its size (output capture's limit?)"
+    if m.capture_limit:
+        text += f"; a process's write was refused for its size ({m.capture_limit})"
     return text
 
 
@@ -465,9 +466,9 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     m.timeout_problems = attribution.timeout_problems(whole, (info.get("timeout_problems") or []) if info else [])
     limit = whole.first("capture_limit")
     if limit is not None:
-        m.notes["outcome"] = (f"'{limit.get('proc')}' printed that a write was refused for its size "
-                              f"({limit.get('line')!r}): if that was its own output, the run broke on the socket "
-                              "capture's limit of one write (rerun with runtime option output_capture: pipe)")  # fmt: skip
+        m.capture_limit = (f"'{limit.get('proc')}' printed {str(limit.get('line'))[:120]!r}: if that was a write to "
+                           "its own output, the run broke on the socket capture's limit of one write; rerun with "
+                           "runtime option output_capture: pipe")  # fmt: skip
     end = whole.last("run_end")
     if end is not None:
         m.run_end_outcome = end.get("outcome")

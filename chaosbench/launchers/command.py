@@ -11,9 +11,9 @@ are literal braces. The child starts in ``--cwd`` (created if missing).
 
 The child's stdout and stderr are merged and forwarded line by line to this process's stdout. Matching
 lines become timeline events stamped when the child wrote them (the kernel's stamp of the write:
-:mod:`chaosbench.runtimes.capture`; ``CHAOSBENCH_OUTPUT_CAPTURE=pipe``: when read). SIGTERM, SIGINT and SIGHUP are forwarded to the child. When
-the child dies of a signal, the shim dies of the same signal, so a launcher above it (torchrun, the
-harness) sees the same exit as without the shim.
+:mod:`chaosbench.runtimes.capture`; ``CHAOSBENCH_OUTPUT_CAPTURE=pipe``: when read). SIGTERM, SIGINT and SIGHUP
+are forwarded to the child. When the child dies of a signal, the shim dies of the same signal, so a launcher
+above it (torchrun, the harness) sees the same exit as without the shim.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Capturing a child's output with each line stamped when the child wrote it, not when the harness read it.
 
 A harness that stamps a line when its reader thread gets to it measures its own scheduling: on a 2-core machine
-kept busy the reader thread wakes, and gets the GIL, up to 12 ms after the write (p99), and that lateness lands
+kept busy the reader thread woke, and got the GIL, up to 13 ms after the write (p99), and that lateness lands
 in every time-to-detect that a framework's log line decides. So a child's stdout and stderr are, by default,
 one end of a ``SOCK_SEQPACKET`` Unix socket pair (``socket`` capture) whose reading end has ``SO_TIMESTAMPNS``
 set: the kernel stamps each record (one ``write(2)``) on the wall clock in the writer's own system call, and

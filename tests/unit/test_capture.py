@@ -139,5 +139,5 @@ def test_a_write_beyond_the_socket_limit_fails_and_says_so(tmp_path: Path, captu
     start = TimelineWriter(tmp_path / "t.jsonl")
     start.emit("run_start", suite="s", scenario="x", repeat=0, framework="none", fault="kill", control=False)
     m = compute_metrics([*read_events(tmp_path / "t.jsonl"), *limits])
-    assert "output_capture: pipe" in m.notes["outcome"]
-    assert "refused for its size" in str(m.verdict)
+    assert m.capture_limit is not None and "output_capture: pipe" in m.capture_limit
+    assert "refused for its size" in str(m.verdict) and "output_capture: pipe" in str(m.verdict)
