@@ -105,8 +105,11 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
 - ``ranks_agree``: every rank's final digest (its newest ``train_end``) is the same (False exposes silent
   corruption that made replicas diverge); missing when fewer than two ranks reported one.
 - ``step_time_s``: median interval between consecutive step completions over the whole run (same
-  incarnation); ``fault_step_time_s``: the same over the intervals overlapping the fault window (fault_inject
-  to fault_revert or run end); ``slowdown``: fault_step_time_s / the control's step_time_s.
+  incarnation); ``fault_step_time_s``: the mean of the intervals overlapping the fault window (fault_inject
+  to fault_revert or run end: the job's time per step while the fault lasted, a stall in full); ``slowdown``:
+  how many times longer those same steps took than in the control run (the sum of the window's intervals over
+  the sum of the control's intervals of the same step indices, so a checkpoint save in the window is matched by
+  the control's).
 - ``verdict``: one line saying what the framework did (recovered after N restarts / in place, not detected,
   gave up, crash loop, diverged silently, ...), derived from the fields above.
 - ``outcome``: ``completed`` (control finished), ``recovered`` (the fault fired and training finished),
@@ -668,12 +671,16 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     m.false_detections = attribution.detection_episodes(ix, before_ns=fault.t_ns)
     revert = ix.first("fault_revert", after_ns=tf)
     t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else ix.events[-1].t_ns)
-    m.fault_step_time_s = timing.median_step_interval(steps, tf, t_win_end)
-    c_step = timing.median_step_interval(ctl.steps, None, None) if ctl is not None else None
-    if m.fault_step_time_s is not None and c_step:
-        m.slowdown = m.fault_step_time_s / c_step
+    in_window = timing.window_intervals(steps, tf, t_win_end)
+    m.fault_step_time_s = statistics.fmean(s for _, s in in_window) if in_window else None
+    if not in_window:
+        miss["fault_step_time_s"] = miss["slowdown"] = "no steps in the fault window"
+    elif ctl is None:
+        miss["slowdown"] = "no control run"
     else:
-        miss["slowdown"] = "no steps in the fault window" if m.fault_step_time_s is None else "no control run"
+        m.slowdown = timing.same_steps_ratio(in_window, ctl.steps)
+        if m.slowdown is None:
+            miss["slowdown"] = "the control run did not take the fault window's steps"
     if end is not None and not finished:
         m.time_burned_s = ns_to_s(end.t_ns - tf)
     fp = timing.fault_point(ix, tf)

@@ -330,14 +330,36 @@ def scheduler_delay_s(ix: TimelineIndex, tf: int) -> float | None:
 def median_step_interval(steps: JobSteps, t_from: int | None, t_to: int | None) -> float | None:
     """Median seconds between consecutive step completions of one incarnation, over the intervals that overlap
     the window (so a stall spanning the whole window still counts)."""
-    gaps = []
+    gaps = [s for _, s in window_intervals(steps, t_from, t_to)]
+    return statistics.median(gaps) if gaps else None
+
+
+def window_intervals(steps: JobSteps, t_from: int | None, t_to: int | None) -> list[tuple[int, float]]:
+    """(step index, seconds) of every interval between consecutive step completions of one incarnation (step
+    ``index - 1`` to ``index``) that overlaps the window (None: open)."""
+    out = []
     for items in steps.by_incarnation.values():
         for (i0, t_a), (i1, t_b) in zip(items, items[1:], strict=False):
             if i1 != i0 + 1:
                 continue
             if (t_from is None or t_b > t_from) and (t_to is None or t_a < t_to):
-                gaps.append(ns_to_s(t_b - t_a))
-    return statistics.median(gaps) if gaps else None
+                out.append((i1, ns_to_s(t_b - t_a)))
+    return out
+
+
+def same_steps_ratio(fault: list[tuple[int, float]], control: JobSteps) -> float | None:
+    """How many times longer the steps ``fault`` (from :func:`window_intervals`) took than the same steps (step
+    ``index - 1`` to ``index``, its first incarnation that ran both) took in the control run: the sum of their
+    seconds over the control's sum for the indices the control has; None when it has none of them. The same
+    steps on both sides, so a checkpoint save inside the window is matched by the control's save of that step
+    and a stall of the whole window counts in full (a median of the window's intervals let two quick steps at
+    its start outvote the 3 s stall after them)."""
+    ctl: dict[int, float] = {}
+    for i, s in window_intervals(control, None, None):
+        ctl.setdefault(i, s)
+    matched = [(s, ctl[i]) for i, s in fault if i in ctl]
+    total_ctl = sum(c for _, c in matched)
+    return sum(s for s, _ in matched) / total_ctl if matched and total_ctl > 0 else None
 
 
 def checkpoint_age(events: Sequence[Event], t_ns: int) -> float | None:

@@ -449,3 +449,29 @@ def test_a_divergence_without_a_change_of_batch_is_not_excused() -> None:
     # the same world as the control: no reason either
     m = compute_metrics(restart_run(digest="other").sorted(), control=control_run(), total_steps=30)
     assert m.fidelity == "diverged" and m.fidelity_reason is None
+
+
+def test_slowdown_counts_a_stall_after_quick_steps_in_full() -> None:
+    """A straggler throttled at step 8: steps 9 and 10 still come quickly (the rank had quota left), then the
+    step-10 checkpoint and step 11 take the rest of the 3 s window. The same steps took 0.35 s in the control:
+    the window's steps took ~10 times as long (a median of the window's three intervals said 1)."""
+    tl = TL(fault="slow").incarnation(0, 0.1, 1, 8)
+    tf = tl.t_last + 0.002
+    tl.add(tf, "fault_inject", src="injector", fault="slow", injector="straggler")
+    t = tl.t_last
+    for step, dt in ((9, 0.1), (10, 0.1), (11, 3.1), (12, 0.1)):
+        t += dt
+        for r in range(2):
+            tl.rank(t, "step", r, 0, step=step, loss=0.1)
+    tl.add(tf + 3.0, "fault_revert", src="injector", fault="slow")
+    for r in range(2):
+        tl.rank(t + 0.01, "train_end", r, 0, step=12, loss=0.1, digest="d")
+    tl.add(t + 0.1, "run_end", outcome="completed")
+    ctl = TL(control=True).incarnation(0, 0.1, 1, 12, ckpt_every=10, end=True)
+    ctl.add(ctl.t_last + 0.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), control=ctl.sorted(), total_steps=12)
+    # the window overlaps the intervals ending at steps 9, 10, 11: 3.3 s; the control: 0.1 + 0.1 + 0.15 (the
+    # step-10 checkpoint's 0.05 s in it)
+    assert m.fault_step_time_s == pytest.approx(3.3 / 3, abs=1e-6)
+    assert m.slowdown == pytest.approx(3.3 / 0.35, rel=1e-6)
+    assert compute_metrics(tl.sorted(), total_steps=12).missing["slowdown"] == "no control run"
