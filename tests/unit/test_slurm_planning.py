@@ -4,6 +4,7 @@ chosen without asking anyone, and what only the cluster knows is a placeholder u
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import textwrap
 from pathlib import Path
@@ -112,3 +113,26 @@ def test_a_process_planned_unresolved_is_refused(tmp_path: Path, no_subprocess: 
     spec = ProcessSpec("rank0.i0", ["python", "train.py"], env={"MASTER_ADDR": rt.master_addr})
     with pytest.raises(ChaosbenchError, match="before the slurm runtime was resolved"):
         rt.start(spec)
+
+
+def test_a_signal_step_ended_with_its_job_after_its_clock_reading_counts_as_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The helper step overlaps a job of the run on the node; a SIGKILL of that job's own task ends the job and
+    Slurm ends the step under the helper ("task 0: Terminated"). The helper printed its clock before the kill, so
+    the kill counts as sent at that reading (it was reported as a failure and the fault as skipped, while the rank
+    had died of it). Without the reading, it is a failure."""
+    rt = _runtime(tmp_path)
+    monkeypatch.setattr(rt, "slurm_node_now", lambda node: "n1")
+    monkeypatch.setattr(rt.slurm, "our_jobs_on", lambda *a: [86, 87])
+    monkeypatch.setattr(rt, "clock_offset_ns", lambda snode: 0)  # n1's clock measured equal to the harness's
+    answers = [(143, "1796193874415254688\n", "srun: error: n1: task 0: Terminated\n"),
+               (143, "", "srun: error: n1: task 0: Terminated\n")]  # fmt: skip
+
+    def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        rc, out, err = answers.pop(0)
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert rt.signal_pid(29211, signal.SIGKILL, 803342, "node1") == 1796193874415254688
+    with pytest.raises(ChaosbenchError, match="failed: srun: error: n1: task 0: Terminated"):
+        rt.signal_pid(29211, signal.SIGKILL, 803342, "node1")

@@ -178,9 +178,11 @@ if [ "$ticks" != "-" ]; then
 fi
 state=$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f1)
 [ "$state" = Z ] && exit 3
-kill -s "$sig" "$pid" 2>/dev/null || exit 3
 date +%s%N
+kill -s "$sig" "$pid" 2>/dev/null || exit 3
 """
+#: How srun reports a step that Slurm ended under it (the job it overlapped ended).
+_STEP_TERMINATED = "Terminated"
 
 
 class SlurmHandle(ProcHandle):
@@ -642,10 +644,18 @@ class SlurmRuntime(Runtime):
         t_node = None
         with contextlib.suppress(ValueError, IndexError):
             t_node = int(res.stdout.split()[-1])
-        if res.returncode not in (0, 3, 4, 5):
-            err = (res.stderr.strip() or f"exit code {res.returncode}").splitlines()[-1]
+        rc = res.returncode
+        if rc not in (0, 3, 4, 5) and t_node is not None and _STEP_TERMINATED in res.stderr:
+            # The helper had passed every check and read its clock for the kill (printed right before it) when
+            # Slurm ended its step: the step overlaps a job of this run there, and a SIGKILL of that job's own
+            # task (the target) ends the job and every step in it (seen: "srun: error: n1: task 0: Terminated"
+            # right as the killed rank exited). The kill was sent (or, had the job ended for another reason in
+            # that same instant, was about to be: its task had gone anyway).
+            rc = 0
+        if rc not in (0, 3, 4, 5):
+            err = (res.stderr.strip() or f"exit code {rc}").splitlines()[-1]
             raise ChaosbenchError(f"signalling pid {pid} on {snode} failed: {err}")
-        return res.returncode, t_node, snode
+        return rc, t_node, snode
 
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         name = signal.Signals(sig).name if sig else "0"
@@ -657,7 +667,7 @@ class SlurmRuntime(Runtime):
         if rc == 5:
             raise ChaosbenchError(f"pid {pid} on {snode} is not in a job of this run; not signalling it")
         if sig:
-            # The node's clock reading at the kill, moved onto the harness's clock when the offset is known.
+            # The node's clock reading right before the kill, on the harness's clock when the offset is known.
             off = self.clock_offset_ns(snode)
             exact = t_node is not None and off is not None
             t = t_node - off if t_node is not None and off is not None else now_ns()
