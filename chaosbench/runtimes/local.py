@@ -31,10 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.capture import ENV_OUTPUT_CAPTURE, OUTPUT_CAPTURE_HELP, Capture, OutputCapture
+from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
 from chaosbench.runtimes.process import (
     CaptureLimitWatcher,
     ProcessTrees,
+    close_captures,
+    open_captures,
     record_exit,
     record_start,
     start_pumps,
@@ -103,9 +105,8 @@ class LocalRuntime(Runtime):
         env = dict(os.environ)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        env[ENV_OUTPUT_CAPTURE] = self.opts.output_capture  # the command shim captures the user's command so too
         in_main = threading.current_thread() is threading.main_thread()
-        captures = {"stdout": Capture(self.opts.output_capture), "stderr": Capture(self.opts.output_capture)}
+        captures = open_captures(self.opts.output_capture, env)
         try:
             popen = subprocess.Popen(
                 spec.argv,
@@ -118,8 +119,7 @@ class LocalRuntime(Runtime):
                 preexec_fn=_die_with_parent if in_main else None,
             )
         except OSError as exc:
-            for c in captures.values():
-                c.close()
+            close_captures(captures)
             raise ChaosbenchError(f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}") from None
         handle = ProcHandle(spec, popen.pid, process.start_ticks(popen.pid))
         with self._lock:

@@ -1,7 +1,8 @@
 """What the runtimes share about the processes they run on this host, on psutil: a process's identity, its
 tree, signalling and waiting; capturing its output line by line into its log file (and to a framework's log
-watcher, each line stamped when the process wrote it: :mod:`chaosbench.runtimes.capture`); its ``proc_start`` and ``proc_exit`` events; and ending whole process trees with
-an escalation (SIGTERM and SIGCONT, a grace, SIGKILL).
+watcher, each line stamped when the process wrote it: :mod:`chaosbench.runtimes.capture`); its ``proc_start``
+and ``proc_exit`` events; and ending whole process trees with an escalation (SIGTERM and SIGCONT, a grace,
+SIGKILL).
 
 Identity: a process is its pid *and* its start time in clock ticks since boot, as run directories record it
 (``pid_ticks``, read by :mod:`chaosbench.procutil`, which ranks use too). :func:`find` checks a recorded
@@ -27,7 +28,7 @@ import psutil
 
 from chaosbench.procutil import start_ticks
 from chaosbench.runtimes.base import LineCallback, ProcHandle
-from chaosbench.runtimes.capture import TOO_LARGE, Capture
+from chaosbench.runtimes.capture import ENV_OUTPUT_CAPTURE, TOO_LARGE, Capture, OutputCapture
 from chaosbench.timeline import TimelineWriter, now_ns
 from chaosbench.waiting import wait_until
 
@@ -182,6 +183,19 @@ def pump(handle: ProcHandle, stream: str, lines: Iterable[tuple[bytes, int]], pa
             if on_line is not None:
                 with contextlib.suppress(Exception):
                     on_line(handle, stream, raw.decode(errors="replace").rstrip("\n"), t)
+
+
+def open_captures(mode: OutputCapture, env: dict[str, str]) -> dict[str, Capture]:
+    """The ``stdout`` and ``stderr`` captures of a process about to start, in ``mode``; its environment ``env`` is
+    told the mode, so the command shim captures a user's command the same way. Give them to
+    :func:`start_pumps` once it started, or :func:`close_captures` if it could not be started."""
+    env[ENV_OUTPUT_CAPTURE] = mode
+    return {"stdout": Capture(mode), "stderr": Capture(mode)}
+
+
+def close_captures(captures: dict[str, Capture]) -> None:
+    for capture in captures.values():
+        capture.close()
 
 
 def start_pumps(handle: ProcHandle, captures: dict[str, Capture], logs_dir: Path,

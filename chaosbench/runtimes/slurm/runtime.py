@@ -81,9 +81,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.errors import ChaosbenchError, MissingEngine, Unsupported
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.capture import ENV_OUTPUT_CAPTURE, OUTPUT_CAPTURE_HELP, Capture, OutputCapture
+from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
 from chaosbench.runtimes.process import (
     CaptureLimitWatcher,
+    close_captures,
+    open_captures,
     record_exit,
     record_start,
     start_pumps,
@@ -484,8 +486,7 @@ class SlurmRuntime(Runtime):
         env = dict(self.slurm.env)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        env[ENV_OUTPUT_CAPTURE] = self.opts.output_capture  # the command shim captures the user's command so too
-        captures = {"stdout": Capture(self.opts.output_capture), "stderr": Capture(self.opts.output_capture)}
+        captures = open_captures(self.opts.output_capture, env)
         try:
             popen = subprocess.Popen(
                 argv,
@@ -496,8 +497,7 @@ class SlurmRuntime(Runtime):
                 start_new_session=True,
             )
         except OSError as exc:
-            for c in captures.values():
-                c.close()
+            close_captures(captures)
             raise MissingEngine(f"cannot run srun for '{spec.name}': {exc.strerror}") from None
         handle = SlurmHandle(spec, popen.pid, start_ticks(popen.pid), job_name, snode)
         handle.popen = popen
