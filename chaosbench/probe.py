@@ -8,7 +8,9 @@ Environment read (set by the harness or the framework adapter):
 - ``CHAOSBENCH_EVENTS``: path of the run's ``events.jsonl``.
 - ``CHAOSBENCH_NODE``: the node this process runs on (default ``node0``).
 - ``CHAOSBENCH_INCARNATION``: job-level incarnation set by the harness (default 0); torchrun's
-  ``TORCHELASTIC_RESTART_COUNT`` is added, so a worker group restart is a new incarnation too.
+  ``TORCHELASTIC_RESTART_COUNT`` is added, so a worker group restart is a new incarnation too, unless it is
+  the count the harness gave a rank it launched itself (``CHAOSBENCH_RESTART_COUNT_COUNTED``, the same value):
+  that one is already in ``CHAOSBENCH_INCARNATION``.
 - ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: the usual torch.distributed variables.
 
 Usage in a training loop::
@@ -33,12 +35,24 @@ from chaosbench.timeline import TimelineWriter
 ENV_EVENTS = "CHAOSBENCH_EVENTS"
 ENV_NODE = "CHAOSBENCH_NODE"
 ENV_INCARNATION = "CHAOSBENCH_INCARNATION"
+#: Set by the harness beside the ``TORCHELASTIC_RESTART_COUNT`` it gives a rank it launches itself (torchrun's
+#: worker environment, :func:`chaosbench.frameworks.base.torchrun_worker_env`), to the same value: that count is
+#: the harness's own restarts, already in ``CHAOSBENCH_INCARNATION``.
+ENV_RESTART_COUNT_COUNTED = "CHAOSBENCH_RESTART_COUNT_COUNTED"
 
 
 def incarnation_from_env(env: dict[str, str] | None = None) -> int:
-    """Job incarnation (harness restarts) plus torchrun's worker-group restart count."""
+    """Job incarnation: ``CHAOSBENCH_INCARNATION`` (the harness's restarts) plus torch elastic's worker-group
+    restart count ``TORCHELASTIC_RESTART_COUNT`` when a torch elastic agent (torchrun, ft_launcher) set it. A count
+    equal to ``CHAOSBENCH_RESTART_COUNT_COUNTED`` is the one the harness gave a rank it launched itself, already
+    counted, and is not added; an agent started inside such a rank sets its own count, which is added (unless it
+    happens to be that same number)."""
     env = dict(os.environ) if env is None else env
-    return int(env.get(ENV_INCARNATION, "0") or 0) + int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    incarnation = int(env.get(ENV_INCARNATION, "0") or 0)
+    restarts = env.get("TORCHELASTIC_RESTART_COUNT", "")
+    if restarts and restarts != env.get(ENV_RESTART_COUNT_COUNTED):
+        incarnation += int(restarts)
+    return incarnation
 
 
 class Probe:

@@ -7,11 +7,13 @@ adapter gives up, the run's deadline passes or the harness is interrupted.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.injectors.base import Role
+from chaosbench.probe import ENV_RESTART_COUNT_COUNTED
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
 from chaosbench.signatures import AGENT_ONLY, rank_error
 from chaosbench.timeline import TimelineFollower, TimelineWriter
@@ -101,6 +104,69 @@ class LogPattern:
 
     def compiled(self) -> re.Pattern[str]:
         return re.compile(self.regex)
+
+
+#: The role torchrun gives every worker (``--role``'s default): one role, so role ranks are global ranks.
+TORCHRUN_ROLE_NAME = "default"
+
+
+def torchrun_worker_env(
+    *,
+    rank: int | str,
+    local_rank: int | str,
+    group_rank: int | str,
+    world_size: int,
+    local_world_size: int,
+    group_world_size: int,
+    master_addr: str,
+    master_port: int | str,
+    run_id: str,
+    restart_count: int | str,
+    max_restarts: int,
+    inherited: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """torchrun's worker environment, for a rank chaosbench launches itself (``none``, ``restart``,
+    ``slurm-requeue``), so that a script that works under torchrun works unchanged there.
+
+    The variables are those torch 2.13's ``LocalElasticAgent._start_workers`` sets for every worker, with the
+    values torchrun would give this rank: ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK`` (the node's index),
+    ``ROLE_RANK`` (= ``RANK``: one role), ``ROLE_NAME`` (``default``), ``WORLD_SIZE``, ``ROLE_WORLD_SIZE``
+    (= ``WORLD_SIZE``), ``LOCAL_WORLD_SIZE``, ``GROUP_WORLD_SIZE`` (nodes), ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``TORCHELASTIC_RESTART_COUNT`` (the adapter's restarts before this rank's incarnation),
+    ``TORCHELASTIC_MAX_RESTARTS`` (the adapter's retry limit; 0 when it never restarts), ``TORCHELASTIC_RUN_ID``
+    (the run id, as the agent adapters pass it to ``--rdzv-id``), ``TORCHELASTIC_USE_AGENT_STORE`` (``False``: no
+    agent hosts a store, rank 0 does, as env:// does without torchrun; ``True`` would make torch's env:// init
+    connect to a store nobody serves) and ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (``inherited``'s value, the
+    environment the rank would otherwise inherit, default the harness's: else ``1``, as the agent takes it from
+    its own). Also ``CHAOSBENCH_RESTART_COUNT_COUNTED`` = the restart count: it is already counted in
+    ``CHAOSBENCH_INCARNATION``, so the probe does not add it again (:func:`chaosbench.probe.incarnation_from_env`).
+
+    Left out, as the agent's own business: ``TORCHELASTIC_ERROR_FILE`` (the agent's reply file, which nothing
+    here reads; without it torch's ``@record`` logs the error instead), ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (the
+    signals the agent forwards, in its own environment, which its workers inherit) and ``CUDA_VISIBLE_DEVICES``
+    (the agent only passes its own on). ``OMP_NUM_THREADS`` is in every rank's environment already
+    (:meth:`JobContext.rank_env`). An ``int | str`` value may be a shell expression (``"$SLURM_PROCID"``) for a
+    batch script to expand; it is passed through as is."""
+    env = dict(os.environ) if inherited is None else inherited
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "GROUP_RANK": str(group_rank),
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": TORCHRUN_ROLE_NAME,
+        "WORLD_SIZE": str(world_size),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_WORLD_SIZE": str(group_world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": str(False),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        ENV_RESTART_COUNT_COUNTED: str(restart_count),
+    }
 
 
 @dataclass

@@ -4,6 +4,7 @@ step watchdog and relaunches."""
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -17,6 +18,7 @@ from chaosbench.frameworks.base import (
     LaunchPlan,
     Prediction,
     RunControl,
+    torchrun_worker_env,
 )
 from chaosbench.injectors.base import Role
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
@@ -32,8 +34,12 @@ def describe_exit(rc: int) -> str:
     return f"code {rc}"
 
 
-def rank_processes(job: JobContext, incarnation: int, master_port: int) -> list[ProcessSpec]:
-    """One process per rank, with the torch.distributed env:// variables; ranks fill node0 first."""
+def rank_processes(
+    job: JobContext, incarnation: int, master_port: int, max_restarts: int = 0
+) -> list[ProcessSpec]:
+    """One process per rank of ``incarnation`` (the adapter's restarts so far; ``max_restarts``: its retry limit),
+    each with torchrun's worker environment (:func:`~chaosbench.frameworks.base.torchrun_worker_env`); ranks fill
+    node0 first."""
     argv = job.workload_argv()
     procs = []
     per_node = job.ranks_per_node
@@ -41,16 +47,13 @@ def rank_processes(job: JobContext, incarnation: int, master_port: int) -> list[
         node = job.node_name(rank // per_node)
         env = job.rank_env(incarnation, node)
         env.update(
-            {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank % per_node),
-                "WORLD_SIZE": str(job.ranks),
-                "LOCAL_WORLD_SIZE": str(per_node),
-                "GROUP_RANK": str(rank // per_node),
-                "MASTER_ADDR": job.runtime.master_addr,
-                "MASTER_PORT": str(master_port),
-            }
-        )
+            torchrun_worker_env(
+                rank=rank, local_rank=rank % per_node, group_rank=rank // per_node,
+                world_size=job.ranks, local_world_size=per_node, group_world_size=job.nodes,
+                master_addr=job.runtime.master_addr, master_port=master_port, run_id=job.run_id,
+                restart_count=incarnation, max_restarts=max_restarts, inherited={**os.environ, **env},
+            )
+        )  # fmt: skip
         procs.append(
             ProcessSpec(name=f"rank{rank}.i{incarnation}", argv=argv, env=env, role="rank", node=node,
                         incarnation=incarnation)
@@ -96,7 +99,11 @@ class NoneFramework(Framework):
     }
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        return self.launch_plan(job, rank_processes(job, 0, job.runtime.free_port()))
+        return self.launch_plan(job, rank_processes(job, 0, job.runtime.free_port(), self.max_restarts()))
+
+    def max_restarts(self) -> int:
+        """Relaunches before giving up (the ranks' ``TORCHELASTIC_MAX_RESTARTS``): none here."""
+        return 0
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o: Any = self.options
@@ -117,7 +124,7 @@ class NoneFramework(Framework):
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o: Any = self.options
-        watchdog = self.watchdog()
+        watchdog = self.watchdog(job)
         if watchdog is not None:
             control.follower.subscribe(watchdog)
         incarnation, attempts = 0, 0
@@ -152,10 +159,10 @@ class NoneFramework(Framework):
             control.timeline.emit("detect", src="framework", framework=self.label, reason=failure.reason,
                                   via=failure.via, **blame)  # fmt: skip
             control.runtime.terminate(handles, o.teardown_grace_s)
-            if attempts >= o.max_restarts:
+            if attempts >= self.max_restarts():
                 control.timeline.emit(
                     "give_up", src="framework", framework=self.label,
-                    reason=f"retry limit reached ({o.max_restarts} restarts): {failure.reason}",
+                    reason=f"retry limit reached ({self.max_restarts()} restarts): {failure.reason}",
                 )  # fmt: skip
                 return JobResult("gave_up", failure.reason)
             attempts += 1
@@ -165,8 +172,8 @@ class NoneFramework(Framework):
             )
             if o.restart_delay_s:
                 control.sleep(o.restart_delay_s)
-            specs = rank_processes(job, incarnation, job.runtime.free_port())
+            specs = rank_processes(job, incarnation, job.runtime.free_port(), self.max_restarts())
 
-    def watchdog(self) -> Watchdog | None:
+    def watchdog(self, job: JobContext) -> Watchdog | None:
         """What watches the ranks' liveness beyond their exits (``restart``: a step heartbeat); none here."""
         return None

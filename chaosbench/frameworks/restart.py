@@ -17,13 +17,15 @@ from chaosbench.timeline import Event, now_ns
 class StepWatchdog:
     """Last sign of life of each rank of the current incarnation, fed from the timeline: a rank that has
     stepped and then shows nothing for ``heartbeat_timeout_s`` is hung; no step at all within
-    ``startup_timeout_s`` of the launch is a failed start."""
+    ``startup_timeout_s`` of the launch is a failed start. A rank past its ``train_end``, or past the workload's
+    last step (``total_steps``: a script that prints nothing at the end), is done: a slow exit is no hang."""
 
     BEATS = ("rank_start", "step", "ckpt_save_begin", "ckpt_save_end", "ckpt_load_begin", "ckpt_load_end")
 
-    def __init__(self, heartbeat_timeout_s: float, startup_timeout_s: float) -> None:
+    def __init__(self, heartbeat_timeout_s: float, startup_timeout_s: float, total_steps: int | None = None) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.total_steps = total_steps  # a rank that reached it is done (a script with no closing line)
         self.incarnation = 0
         self.last_ns: dict[int, int] = {}
         self.stepped: set[int] = set()
@@ -50,6 +52,8 @@ class StepWatchdog:
             self.last_ns[rank] = max(self.last_ns.get(rank, 0), ev.t_ns)
             if ev.kind == "step":
                 self.stepped.add(rank)
+                if self.total_steps is not None and int(ev.get("step", 0)) >= self.total_steps:
+                    self.finished.add(rank)
 
     def stale(self, ranks: int, timeout_s: float, now: int) -> tuple[int, float] | None:
         """The rank whose heartbeat is oldest, when older than ``timeout_s`` (armed after its first step)."""
@@ -123,6 +127,10 @@ class RestartFramework(NoneFramework):
                     "first, so the heartbeat never decides and a survivor is blamed"]  # fmt: skip
         return []
 
-    def watchdog(self) -> StepWatchdog:
+    def max_restarts(self) -> int:
         o: Any = self.options
-        return StepWatchdog(o.heartbeat_timeout_s, o.startup_timeout_s)
+        return int(o.max_restarts)
+
+    def watchdog(self, job: JobContext) -> StepWatchdog:
+        o: Any = self.options
+        return StepWatchdog(o.heartbeat_timeout_s, o.startup_timeout_s, job.workload.total_steps)

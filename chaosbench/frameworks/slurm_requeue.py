@@ -28,6 +28,7 @@ Requires the ``slurm`` runtime.
 
 from __future__ import annotations
 
+import os
 import shlex
 import threading
 from collections.abc import Sequence
@@ -44,22 +45,23 @@ from chaosbench.frameworks.base import (
     Prediction,
     RunControl,
     chain,
+    torchrun_worker_env,
 )
 from chaosbench.runtimes.base import ProcessSpec
 from chaosbench.timeline import Event
 
-#: Rank environment computed inside the job rather than fixed at submission.
-_PER_TASK = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "CHAOSBENCH_NODE",
-    "CHAOSBENCH_INCARNATION",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
+#: Job environment (of :meth:`~chaosbench.frameworks.base.JobContext.rank_env`) the batch script sets itself.
+_PER_JOB = ("CHAOSBENCH_NODE", "CHAOSBENCH_INCARNATION")
+
+#: What only the job knows, as the shell expressions that give it: srun's per-task variables, and what the batch
+#: script computes before it starts the tasks.
+_TASK_RANK = "$SLURM_PROCID"
+_TASK_LOCAL_RANK = "$SLURM_LOCALID"
+_TASK_NODE = "$SLURM_NODEID"
+_JOB_MASTER_ADDR = "$MASTER_ADDR"
+_JOB_MASTER_PORT = "$MASTER_PORT"
+_JOB_INCARNATION = "$CHAOSBENCH_INCARNATION"
+_EXPANDED = (_TASK_RANK, _TASK_LOCAL_RANK, _TASK_NODE, _JOB_MASTER_ADDR, _JOB_MASTER_PORT, _JOB_INCARNATION)
 
 
 class SlurmRequeueOptions(BaseModel):
@@ -101,14 +103,21 @@ class SlurmRequeueFramework(Framework):
         """The batch script (plain text; the same script runs again after every requeue)."""
         o: Any = self.options
         rt = self._runtime(job)
-        env = {k: v for k, v in job.rank_env(0).items() if k not in _PER_TASK}
+        env = {k: v for k, v in job.rank_env(0).items() if k not in _PER_JOB}
         argv = rt.node_argv(job.workload_argv())
         logs = job.run_dir / "logs"
         rpn = job.ranks_per_node
-        task = (
-            "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS "
-            f'LOCAL_WORLD_SIZE={rpn} GROUP_RANK=$SLURM_NODEID CHAOSBENCH_NODE=node$SLURM_NODEID; exec "$@"'
-        )
+        # torchrun's worker environment: the task's own values expanded by its shell, the rest fixed here
+        worker = torchrun_worker_env(
+            rank=_TASK_RANK, local_rank=_TASK_LOCAL_RANK, group_rank=_TASK_NODE, world_size=job.ranks,
+            local_world_size=rpn, group_world_size=job.nodes, master_addr=_JOB_MASTER_ADDR,
+            master_port=_JOB_MASTER_PORT, run_id=job.run_id, restart_count=_JOB_INCARNATION,
+            max_restarts=o.max_restarts, inherited={**os.environ, **env},
+        )  # fmt: skip
+        per_task = {k: v for k, v in worker.items() if v in _EXPANDED and v != f"${k}"}
+        env.update({k: v for k, v in worker.items() if v not in _EXPANDED})
+        assigned = " ".join(f'{k}="{v}"' for k, v in per_task.items())
+        task = f'export {assigned} CHAOSBENCH_NODE="node{_TASK_NODE}"; exec "$@"'
         port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
         lines = [
             "#!/bin/bash",
