@@ -9,9 +9,10 @@ substituted here, in the rank's own process, so that per-rank values (``{rank}``
 (``{ckpt_dir}``, ``{run_dir}``, ``{work_dir}``, ``{seed}``, ``{project_dir}``, ``{suite_dir}``). ``{{`` and ``}}``
 are literal braces. The child starts in ``--cwd`` (created if missing).
 
-The child's stdout and stderr are merged and forwarded line by line to this process's stdout. Matching
-lines become timeline events stamped when the child wrote them (the kernel's stamp of the write:
-:mod:`chaosbench.runtimes.capture`; ``CHAOSBENCH_OUTPUT_CAPTURE=pipe``: when read). SIGTERM, SIGINT and SIGHUP
+The child's stdout and stderr are merged and forwarded as written to this process's stdout. Its lines (and
+progress-bar redraws) become timeline events as :mod:`chaosbench.launchers.output_parser` reads them, stamped
+when the child wrote them (the kernel's stamp of the write: :mod:`chaosbench.runtimes.capture`;
+``CHAOSBENCH_OUTPUT_CAPTURE=pipe``: when read). SIGTERM, SIGINT and SIGHUP
 are forwarded to the child. When the child dies of a signal, the shim dies of the same signal, so a launcher
 above it (torchrun, the harness) sees the same exit as without the shim.
 """
@@ -21,14 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import string
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 
-from chaosbench.probe import Probe, incarnation_from_env
+from chaosbench.launchers.output_parser import OutputParser, Parsed, earlier_step_base
+from chaosbench.probe import ENV_EVENTS, Probe, incarnation_from_env
 from chaosbench.runtimes.capture import ENV_OUTPUT_CAPTURE, Capture
 
 #: Placeholders whose values differ per rank: resolved from the rank's environment.
@@ -66,11 +68,13 @@ def rank_values(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def _num(v: str | None) -> float | None:
-    try:
-        return None if v is None else float(v)
-    except ValueError:
-        return None
+def emit(probe: Probe, parsed: list[Parsed]) -> None:
+    """Put what the parser read on the timeline, each event with the stamp of the write it came in."""
+    for p in parsed:
+        if p.kind == "step":
+            probe.step(int(p.fields["step"]), p.fields.get("loss"), t_ns=p.t_ns)
+        else:
+            probe.emit(p.kind, t_ns=p.t_ns, **p.fields)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,12 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subst", default="{}", help="JSON object: the run's placeholder values")
     ap.add_argument("--env", default="{}", help="JSON object: environment of the command (values are templates)")
     ap.add_argument("--cwd", default=None, help="working directory of the command (a template; created if missing)")
+    ap.add_argument("--step-base", default="auto", choices=["auto", "0", "1"],
+                    help="how the script counts steps: from 0, from 1, or detected from the first step it prints")
+    ap.add_argument("--step-every", type=int, default=None,
+                    help="a step pattern without a step number: the cadence of its lines, in steps")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         ap.error("no command given")
-    patterns = {k: re.compile(v) for k, v in json.loads(args.patterns).items()}
+    patterns = dict(json.loads(args.patterns))
     values = {**json.loads(args.subst), **rank_values(os.environ)}
     try:
         cmd = [substitute(part, values) for part in cmd]
@@ -95,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaosbench: bad placeholder in the command: {exc}", file=sys.stderr, flush=True)
         return 2
     probe = Probe.from_env()
+    step_base = None if args.step_base == "auto" else int(args.step_base)
+    earlier = earlier_step_base(os.environ.get(ENV_EVENTS)) if step_base is None and probe.incarnation else None
+    parser = OutputParser(patterns, step_base, args.step_every, earlier_base=earlier)
+    last_ns = time.time_ns()
     capture = Capture("pipe" if os.environ.get(ENV_OUTPUT_CAPTURE) == "pipe" else "socket")
     try:
         if cwd:
@@ -119,27 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(s, forward)
 
     out = sys.stdout.buffer
-    for raw, t_ns in capture.lines():
-        out.write(raw)
+    for data, t_ns in capture.records():
+        out.write(data)
         out.flush()
-        line = raw.decode(errors="replace")
-        for kind, rx in patterns.items():
-            m = rx.search(line)
-            if not m:
-                continue
-            g = m.groupdict()
-            step = int(g["step"]) if g.get("step") else None
-            if kind == "step" and step is not None:
-                probe.step(step, _num(g.get("loss")), t_ns=t_ns)
-            elif kind == "train_end":
-                # No step in the line: the metrics take the last step this incarnation completed.
-                digest = g.get("digest") or ""
-                probe.emit("train_end", t_ns=t_ns, step=step, loss=_num(g.get("loss")), digest=digest)
-            elif kind != "step":
-                data: dict[str, object] = {"step": step, "path": None}
-                if kind == "ckpt_save_end":
-                    data["complete"] = True  # the script said it saved
-                probe.emit(kind, t_ns=t_ns, **data)
+        emit(probe, parser.feed(data, t_ns))
+        last_ns = t_ns
+    emit(probe, parser.end(last_ns))
     capture.close()
     rc = child.wait()
     probe.emit("rank_exit", pid=child.pid, returncode=rc)

@@ -126,11 +126,16 @@ class Capture:
             os.close(self._read_fd)
             self._read_fd = -1
 
+    def records(self) -> Iterator[tuple[bytes, int]]:
+        """What the child writes as it arrives, with its stamp: one item per ``write(2)`` through a socket (its
+        kernel stamp), per read through a pipe (the read's), until every writer has closed the stream."""
+        return self._records() if self._sock is not None else self._reads()
+
     def lines(self) -> Iterator[tuple[bytes, int]]:
         """Every line the child writes, with its ``\\n``, and its stamp (wall-clock ns: :attr:`stamp` says
         whether of the write that completed it or of its read), until every writer has closed the stream; a
         last line without a newline comes as it is."""
-        records = self._records() if self._sock is not None else self._reads()
+        records = self.records()
         pending = bytearray()
         t_ns = 0
         for data, t_ns in records:
