@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.errors import ChaosbenchError, Unsupported
@@ -39,6 +39,9 @@ from chaosbench.runtimes.base import RunInfo, Runtime
 from chaosbench.specs import FaultSpec, Scenario, Suite
 from chaosbench.timeline import Event, TimelineFollower, TimelineWriter
 from chaosbench.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from chaosbench.workloads.checkpoint_watch import CheckpointWatcher
 
 SUITE_MARKER = SuiteDir.MARKER
 #: Allowance per run for setting it up and tearing it down, beyond its deadline, in the suite's wall-time bound.
@@ -468,6 +471,8 @@ class Runner:
         controllers: list[FaultController] = []
         injectors: list[Injector] = []
         control: RunControl | None = None
+        watcher: CheckpointWatcher | None = None
+        job: JobContext | None = None
         result = JobResult("error", "not started")
         leftovers: list[int] = []
         try:
@@ -504,6 +509,7 @@ class Runner:
             runtime.provision(sc.workload.nodes)  # container nodes: now, after the faults' prepare, all at once
             for controller in controllers:
                 follower.subscribe(controller)
+            watcher = _checkpoint_watcher(job, timeline, follower)
             control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
             with self._lock:
                 self._controls.add(control)
@@ -530,6 +536,10 @@ class Runner:
                 except Exception as exc:  # noqa: BLE001 - recorded; the harness goes on
                     timeline.emit("fault_revert", src="injector", fault=injector.fault_name, reason="cleanup",
                                   error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            if watcher is not None:
+                watcher.stop()  # after the teardown: the last writes are in
+            if job is not None and (artifact := job.workload.final_artifact(job.paths)) is not None:
+                _digest_artifact(artifact, timeline)
             leftovers = runtime.leftovers()
             objects = runtime.leftover_objects()
             timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers,
@@ -538,6 +548,51 @@ class Runner:
             follower.stop()
             timeline.close()
         return RunRecord(sc, run_dir, result, leftovers=leftovers)
+
+
+class _LatestStep:
+    """The job's step now (a follower's subscriber), for checkpoints whose names carry none: in the newest
+    incarnation that reported steps, the step every stepping rank has reached (a rank ahead of the one saving
+    does not make the save newer than it is)."""
+
+    def __init__(self) -> None:
+        self._reach: dict[int, dict[int, int]] = {}  # incarnation -> rank -> the highest step it reported
+
+    def __call__(self, ev: Event) -> None:
+        if ev.kind == "step" and ev.src == "rank":
+            reach = self._reach.setdefault(int(ev.get("incarnation", 0)), {})
+            rank = int(ev.get("rank", 0))
+            reach[rank] = max(reach.get(rank, 0), int(ev.get("step", 0)))
+
+    def latest(self) -> int | None:
+        if not self._reach:
+            return None
+        return min(self._reach[max(self._reach)].values())
+
+
+def _checkpoint_watcher(job: JobContext, timeline: TimelineWriter, follower: TimelineFollower) -> CheckpointWatcher | None:
+    """The run's filesystem watch of checkpoint saves, started, when its workload asks for one."""
+    dirs = job.workload.watched_dirs(job.paths)
+    if not dirs:
+        return None
+    from chaosbench.workloads.checkpoint_watch import CheckpointWatcher
+
+    latest = _LatestStep()
+    follower.subscribe(latest)
+    watcher = CheckpointWatcher(dirs, timeline, current_step=latest.latest)
+    watcher.start()
+    return watcher
+
+
+def _digest_artifact(path: str, timeline: TimelineWriter) -> None:
+    """The ``artifact_digest`` event of the run's final artifact (its processes have all ended)."""
+    from chaosbench.workloads.artifact import digest_artifact
+
+    try:
+        record = digest_artifact(path)
+    except Exception as exc:  # noqa: BLE001 - a digest that cannot be taken is a missing figure, not a crash
+        record = {"path": path, "error": f"{type(exc).__name__}: {exc}"}
+    timeline.emit("artifact_digest", **record)
 
 
 def _teardown_reason(result: JobResult) -> str:

@@ -32,14 +32,25 @@ EVENT_KINDS: dict[str, str] = {
     "over all ranks, when the workload reports it)",
     "rank_exit": "rank, pid, returncode, incarnation (written by the command shim)",
     "step": "rank, step (1-based count of completed optimizer steps), loss, incarnation",
-    "ckpt_save_begin": "rank, step, path, incarnation",
-    "ckpt_save_end": "rank, step, path, incarnation, complete (bool: every rank finished and it was marked)",
-    "ckpt_load_begin": "rank, step, path, incarnation",
-    "ckpt_load_end": "rank, step, path, incarnation",
+    "ckpt_save_begin": "rank, step, path, incarnation; or, seen on the filesystem (src watcher, no rank: "
+    "chaosbench.workloads.checkpoint_watch): path (relative to dir), dir (the watched directory), step, step_from "
+    "(name|timeline|null: where the step came from), via (filesystem); t_ns is the first write seen",
+    "ckpt_save_end": "rank, step, path, incarnation, complete (bool: every rank finished and it was marked); or, "
+    "seen on the filesystem (src watcher, no rank): path, dir, step, step_from, via (filesystem), complete (bool: "
+    "whole by its format), files (how many), bytes, incomplete (why not complete); t_ns is the last write, close "
+    "or rename seen (the event may be written up to quiet_s or more later)",
+    "ckpt_load_begin": "rank, step, path, incarnation; or, read on the filesystem (src watcher, no rank): path, dir, "
+    "step, step_from (name|save|null), via (filesystem); t_ns is the first open of its files",
+    "ckpt_load_end": "rank, step, path, incarnation; or, read on the filesystem (src watcher): path, dir, step, "
+    "step_from, via, files (how many were read); t_ns is the last close",
     "ckpt_load_failed": "rank, step, path, error, incarnation (the workload rejected a checkpoint, tries an older one)",
     "preempt_save": "rank, step, noticed (bool: this rank got the SIGTERM), saved_already, incarnation "
     "(save_on_sigterm: the ranks agreed to save at this step's end after a preemption notice)",
     "train_end": "rank, step, loss, digest (sha256 of the final parameters), incarnation",
+    "step_counting": "rank, base (0|1), how (declared, detected from the first step printed, or as an earlier "
+    "incarnation counted), incarnation (the command shim: how the script's step numbers count)",
+    "artifact_digest": "path, files[], tensors, bytes, digest (sha256 of the tensors of the final artifact the suite "
+    "names, fidelity_from), skipped{file: why}, or error (written by the harness once the run's processes ended)",
     "fault_inject": "fault, injector, target{}, params{}, details{}, trigger, trigger_step (a step trigger's step), "
     "effect_t_ns (when it took effect, harness clock), effect (what that moment is), injection_latency_s; t_ns is "
     "when the injector began to act",

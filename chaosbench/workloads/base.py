@@ -65,6 +65,16 @@ class Workload(ABC):
     def total_steps(self) -> int | None:
         return None
 
+    def watched_dirs(self, run: RunPaths) -> list[Path]:
+        """Directories whose new checkpoint files the harness reports as saves (the program prints none of its
+        own): :mod:`chaosbench.workloads.checkpoint_watch`. Built-in programs report their saves themselves."""
+        return []
+
+    def final_artifact(self, run: RunPaths) -> str | None:
+        """A file, directory or glob holding the program's final state, digested when the run ends (for
+        fidelity, when the program prints no digest of its own); None: its ``train_end`` carries the digest."""
+        return None
+
 
 class ProgramWorkload(Workload):
     """A built-in training program run as ``python -m <program>``: its argv comes from its Options model (see

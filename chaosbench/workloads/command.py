@@ -8,20 +8,28 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaosbench.launchers.command import PLACEHOLDERS, placeholders
+from chaosbench.launchers.command import PLACEHOLDERS, RANK_PLACEHOLDERS, placeholders, substitute
+from chaosbench.launchers.output_parser import resolve_pattern
 from chaosbench.workloads.base import RunPaths, Workload
 
 
 class LogPatterns(BaseModel):
-    """Regexes over the script's output lines. ``step`` needs a named group ``step`` (optionally ``loss``);
-    checkpoint patterns may have ``step``; ``train_end`` may have ``digest``, ``loss`` and ``step``."""
+    """Regexes over the script's output lines and progress-bar redraws (how they are read:
+    :mod:`chaosbench.launchers.output_parser`). ``step`` needs a named group ``step`` (optionally ``loss``),
+    unless the workload declares ``step_every``; ``progress`` is a progress bar's count of completed steps
+    (``tqdm`` stands for tqdm's bar); checkpoint patterns may have ``step``; ``train_end`` may have ``digest``,
+    ``loss`` and ``step``."""
 
     model_config = ConfigDict(extra="forbid")
     step: str | None = None
+    progress: str | None = Field(
+        default=None, description="a progress bar's completed-step count, (?P<step>...); 'tqdm' for tqdm's bar"
+    )
     ckpt_save_begin: str | None = None
     ckpt_save_end: str | None = None
     ckpt_load_begin: str | None = None
@@ -34,11 +42,11 @@ class LogPatterns(BaseModel):
             if rx is None:
                 continue
             try:
-                compiled = re.compile(rx)
+                compiled = re.compile(resolve_pattern(rx))
             except re.error as exc:
                 raise ValueError(f"pattern '{name}' is not a valid regex: {exc}") from None
-            if name == "step" and "step" not in compiled.groupindex:
-                raise ValueError("pattern 'step' needs a named group (?P<step>\\d+)")
+            if name == "progress" and "step" not in compiled.groupindex:
+                raise ValueError("pattern 'progress' needs a named group (?P<step>\\d+) (or is 'tqdm')")
         return self
 
 
@@ -60,6 +68,29 @@ class CommandOptions(BaseModel):
     pg_timeout_s: float | None = Field(
         default=None, gt=0, description="the script's process-group timeout, when it sets one (else torch's default)"
     )
+    step_base: Literal[0, 1] | None = Field(
+        default=None,
+        description="how the step pattern's numbers count: 0 (the first step is 0: a line inside or at the start of "
+        "each step, like Lightning's global_step or an epoch header) or 1; default: detected from the first step "
+        "the run prints (0 means 0-based)",
+    )
+    step_every: int | None = Field(
+        default=None, ge=1,
+        description="a step pattern without a (?P<step>...) group: its lines come every this many steps (e.g. a "
+        "loss line every logging_steps), and are numbered by counting",
+    )  # fmt: skip
+    watch_checkpoints: bool | None = Field(
+        default=None,
+        description="take checkpoint saves from the filesystem (new checkpoint files and directories under the "
+        "checkpoint and working directories, stamped by the watcher): default when no ckpt_save_end pattern is "
+        "given",
+    )
+    fidelity_from: str | None = Field(
+        default=None,
+        description="the final artifact whose tensors are the run's final state, a file, a directory or a glob "
+        "(placeholders allowed, e.g. '{ckpt_dir}/final'): digested when the run ends, for fidelity against the "
+        "control",
+    )
 
     @field_validator("command", mode="before")
     @classmethod
@@ -71,9 +102,18 @@ class CommandOptions(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _counting(self) -> CommandOptions:
+        step = self.patterns.step
+        if step is not None and "step" not in re.compile(step).groupindex and self.step_every is None:
+            raise ValueError("pattern 'step' needs a named group (?P<step>\\d+), or step_every: N (its lines come "
+                             "every N steps)")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
     def _placeholders(self) -> CommandOptions:
         strings = [("command", s) for s in self.command] + [(f"env.{k}", v) for k, v in self.env.items()]
         strings += [("cwd", self.cwd)] if self.cwd is not None else []
+        strings += [("fidelity_from", self.fidelity_from)] if self.fidelity_from is not None else []
         for where, text in strings:
             try:
                 names = placeholders(text)
@@ -84,6 +124,9 @@ class CommandOptions(BaseModel):
                 raise ValueError(
                     f"{where}: unknown placeholder {{{unknown[0]}}} (known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"
                 )
+        if self.fidelity_from is not None and (per_rank := set(placeholders(self.fidelity_from)) & set(RANK_PLACEHOLDERS)):
+            raise ValueError(f"fidelity_from: {{{sorted(per_rank)[0]}}} differs per rank; the final artifact is the "
+                             "run's (use {ckpt_dir}, {work_dir}, {run_dir})")  # fmt: skip
         if self.cwd is None:
             for arg in self.command:
                 if "{" in arg or os.path.isabs(arg) or arg.startswith("-") or not os.path.isfile(arg):
@@ -126,18 +169,41 @@ class CommandWorkload(Workload):
             "-m",
             "chaosbench.launchers.command",
             "--patterns",
-            o.patterns.model_dump_json(exclude_none=True),
+            json.dumps({k: resolve_pattern(v, o.steps) for k, v in o.patterns.model_dump(exclude_none=True).items()}),
             "--subst",
             json.dumps(self.substitutions(run), sort_keys=True),
             *(["--env", json.dumps(o.env, sort_keys=True)] if o.env else []),
             "--cwd",
             o.cwd if o.cwd is not None else "{work_dir}",
+            "--step-base",
+            "auto" if o.step_base is None else str(o.step_base),
+            *(["--step-every", str(o.step_every)] if o.step_every else []),
             "--",
             *o.command,
         ]
 
     def env(self, run: RunPaths) -> dict[str, str]:
         return {"CHAOSBENCH_CKPT_DIR": str(run.ckpt_dir)}
+
+    def work_dir(self, run: RunPaths) -> Path:
+        """The script's working directory."""
+        o: Any = self.options
+        if o.cwd is None:
+            return run.run_dir / "work"
+        rank0 = {"rank": "0", "local_rank": "0", "world_size": str(self.spec.ranks), "node": "node0", "incarnation": "0"}
+        return Path(substitute(o.cwd, {**self.substitutions(run), **rank0}))  # rank 0's, when it differs per rank
+
+    def watched_dirs(self, run: RunPaths) -> list[Path]:
+        """Where the script's checkpoint saves are taken from the filesystem (``watch_checkpoints``): its checkpoint
+        and working directories; none when its own log lines report the saves."""
+        o: Any = self.options
+        watch = o.watch_checkpoints if o.watch_checkpoints is not None else o.patterns.ckpt_save_end is None
+        return [run.ckpt_dir, self.work_dir(run)] if watch else []
+
+    def final_artifact(self, run: RunPaths) -> str | None:
+        """``fidelity_from`` with the run's placeholders substituted (a path or a glob), or None."""
+        o: Any = self.options
+        return None if o.fidelity_from is None else substitute(o.fidelity_from, self.substitutions(run))
 
     @property
     def pg_timeout_s(self) -> float | None:

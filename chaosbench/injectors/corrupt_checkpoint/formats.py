@@ -40,7 +40,7 @@ import zipfile
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, BinaryIO, Literal, NamedTuple
 
 METADATA_FILE = ".metadata"
 COMPLETE_MARKER = "COMPLETE"
@@ -130,8 +130,9 @@ def _dcp_checkpoint(d: Path, markers_used: bool) -> Checkpoint:
     )  # fmt: skip
 
 
-def torch_save_complete(path: str | os.PathLike[str]) -> bool:
-    """Whether a torch.save file was written to the end (its zip end record and central directory parse)."""
+def torch_save_complete(path: str | os.PathLike[str] | BinaryIO) -> bool:
+    """Whether a torch.save file (a path, or a file open for reading) was written to the end (its zip end record
+    and central directory parse)."""
     try:
         with zipfile.ZipFile(path) as z:
             return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
