@@ -41,9 +41,8 @@ class FaultController:
         self._active: list[FaultContext] = []
         self._timers: list[threading.Timer] = []
         self._fired_keys: set[Any] = set()
-        self._stepping: dict[int, set[int]] = {}
-        self._step_reports: dict[tuple[int, int], set[int]] = {}
-        self._completed: set[tuple[int, int]] = set()
+        self._reach: dict[int, dict[int, int]] = {}  # incarnation -> rank -> the highest step it reported
+        self._job_step: dict[int, int] = {}  # incarnation -> the highest step every stepping rank reached
         self._started = False
         self._recovering = False  # on_phase: another fault of the run has fired
         self._stop = threading.Event()
@@ -89,31 +88,36 @@ class FaultController:
             elif trig.on_phase is not None:
                 self._phase(ev, trig.on_phase)
             elif ev.kind == "step" and (trig.at_step is not None or trig.every_steps is not None):
-                if not self._job_step_complete(ev):
+                reached = self._job_step_reached(ev)
+                if reached is None:
                     return
-                step = int(ev.get("step", 0))
+                before, step = reached
                 if trig.at_step is not None and step >= trig.at_step:
                     key = ("inc", int(ev.get("incarnation", 0)))  # at most once per incarnation
                     if key not in self._fired_keys:
                         self._fired_keys.add(key)
                         self._schedule(f"step {step} completed", step)
-                elif trig.every_steps is not None and step % trig.every_steps == 0:
-                    if ("step", step) not in self._fired_keys:
-                        self._fired_keys.add(("step", step))
+                elif trig.every_steps is not None and step // trig.every_steps > before // trig.every_steps:
+                    passed = step // trig.every_steps * trig.every_steps  # the newest multiple the job got past
+                    if ("step", passed) not in self._fired_keys:
+                        self._fired_keys.add(("step", passed))
                         self._schedule(f"step {step} completed (every {trig.every_steps})", step)
 
-    def _job_step_complete(self, ev: Event) -> bool:
-        """Step triggers act on job steps, as the metrics count them: a step is complete once every rank
-        that reports steps in this incarnation has reported it (so a kill "at step N" never lands between
-        two ranks' reports of step N)."""
+    def _job_step_reached(self, ev: Event) -> tuple[int, int] | None:
+        """Step triggers act on job steps, as the metrics count them (:class:`~chaosbench.analysis.timeline_index.
+        JobSteps`): the job has done step N once every rank that reports steps in this incarnation has reported
+        N or a later one (so a kill "at step N" never lands between two ranks' reports of step N, and a rank
+        that logs every 5th step, or not at all, holds nothing up). (the job's step before this report, after
+        it) when the report moved it on, else None."""
         inc, rank, step = int(ev.get("incarnation", 0)), int(ev.get("rank", 0)), int(ev.get("step", 0))
-        self._stepping.setdefault(inc, set()).add(rank)
-        done = self._step_reports.setdefault((inc, step), set())
-        done.add(rank)
-        if self._stepping[inc] <= done and (inc, step) not in self._completed:
-            self._completed.add((inc, step))
-            return True
-        return False
+        reach = self._reach.setdefault(inc, {})
+        reach[rank] = max(reach.get(rank, 0), step)
+        before = self._job_step.get(inc, 0)
+        job = min(reach.values())
+        if job <= before:
+            return None
+        self._job_step[inc] = job
+        return before, job
 
     def _phase(self, ev: Event, phase: str) -> None:
         """``on_phase``: the first event of ``phase`` (:data:`~chaosbench.specs.RECOVERY_PHASES`) after another

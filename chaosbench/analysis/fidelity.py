@@ -6,16 +6,74 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaosbench.analysis.timeline_index import JobSteps, TimelineIndex, incarnation
+from chaosbench.analysis.timeline_index import TimelineIndex, incarnation
 from chaosbench.timeline import Event
 
 
-def final_step(final: Event, steps: JobSteps) -> int | None:
-    """The step training ended at: the ``train_end``'s own, else the last step its incarnation completed."""
-    if final.get("step") is not None:
-        return int(final["step"])
-    done = steps.indices_of(incarnation(final))
-    return max(done) if done else None
+@dataclass(frozen=True)
+class FinalState:
+    """Where training ended and the state it ended in.
+
+    ``step``: the ``train_end``'s own step, else the last step its incarnation completed; without a ``train_end``
+    (a script that prints nothing at the end), the last step the newest stepping incarnation completed, when the
+    job ended by itself with every rank exiting 0 (``run_end`` ``completed``). ``ended``: how the end is known
+    (``train_end``, ``exit``; None: training did not end). ``digest``: the final artifact's (``artifact_digest``,
+    the suite's ``fidelity_from``) when the run has one, else the ``train_end``'s; ``digest_from`` says which and
+    ``no_digest`` why there is none. ``loss``: the ``train_end``'s, else the last loss a step of the final
+    incarnation reported."""
+
+    step: int | None = None
+    ended: str | None = None
+    incarnation: int | None = None
+    loss: float | None = None
+    digest: str | None = None
+    digest_from: str | None = None
+    no_digest: str | None = None
+
+    def finished(self, total_steps: int | None) -> bool:
+        """Training ended, at the configured total when there is one."""
+        return self.ended is not None and self.step is not None and (total_steps is None or self.step >= total_steps)
+
+    def short_of(self, total_steps: int | None) -> int | None:
+        """How many steps short of ``total_steps`` a job that ended by itself stopped (None: it did not, or
+        reached it)."""
+        if self.ended is None or self.step is None or total_steps is None or self.step >= total_steps:
+            return None
+        return total_steps - self.step
+
+
+def final_state(ix: TimelineIndex, run_end: Event | None) -> FinalState:
+    """The run's :class:`FinalState` from its timeline (``run_end``: its ``run_end`` event, or None)."""
+    steps = ix.steps
+    final = ix.final
+    inc: int | None
+    if final is not None:
+        inc = incarnation(final)
+        done = steps.indices_of(inc)
+        step = int(final["step"]) if final.get("step") is not None else (max(done) if done else None)
+        ended: str | None = "train_end"
+        loss = final.get("loss")
+    else:
+        inc = max((i for i, _ in steps.t), default=None)
+        done = steps.indices_of(inc) if inc is not None else []
+        exited = run_end is not None and run_end.get("outcome") == "completed"
+        step = max(done) if done and exited else None
+        ended = "exit" if step is not None else None
+        loss = None
+    if inc is not None and loss is None:
+        losses = [e for e in ix.of("step") if incarnation(e) == inc and e.get("loss") is not None]
+        loss = losses[-1].get("loss") if losses else None
+    artifact = ix.last("artifact_digest")
+    if artifact is not None:
+        digest = artifact.get("digest") or None
+        why = None if digest else f"its final artifact could not be digested: {artifact.get('error')}"
+        return FinalState(step, ended, inc, loss, digest, "artifact" if digest else None, why)
+    digest = (final.get("digest") or None) if final is not None else None
+    if digest is not None:
+        return FinalState(step, ended, inc, loss, digest, "train_end")
+    why = ("its train_end carried no digest" if final is not None else "it printed no final line") + (
+        " and the suite names no final artifact (fidelity_from)")
+    return FinalState(step, ended, inc, loss, no_digest=why)
 
 
 @dataclass(frozen=True)
@@ -71,24 +129,33 @@ def world_change(run: TimelineIndex, control: TimelineIndex) -> str | None:
     return None
 
 
-def fidelity(final: Event | None, control: TimelineIndex | None, run: TimelineIndex | None = None) -> Fidelity:
-    """The run's final ``train_end`` (``final``) against the control run's (``control``: its timeline); with the
-    run's timeline (``run``), a divergence after a change of world or batch says so in ``reason``."""
+def fidelity(final: FinalState, control: FinalState | None, total_steps: int | None,
+             run: TimelineIndex | None = None, control_ix: TimelineIndex | None = None) -> Fidelity:  # fmt: skip
+    """The run's final state (``final``) against the control run's (``control``): ``exact`` when their digests
+    are equal, ``diverged`` when they differ or training ended at another step; missing when either did not
+    finish training or either has no digest (a missing digest equals nothing). With both timelines, a divergence
+    after a change of world or batch says so in ``reason``."""
     if control is None:
         return Fidelity(missing="no control run")
-    c_final = control.final
-    if c_final is None:
+    if not control.finished(total_steps):
         return Fidelity(missing="the control run did not finish training")
-    if final is None:
+    if not final.finished(total_steps):
         return Fidelity(missing="this run did not finish training")
-    if final.get("step") != c_final.get("step"):
-        verdict = "diverged"
-    else:
-        verdict = "exact" if final.get("digest") == c_final.get("digest") else "diverged"
     loss_diff = None
-    if final.get("loss") is not None and c_final.get("loss") is not None:
-        loss_diff = float(final["loss"]) - float(c_final["loss"])
-    reason = world_change(run, control) if verdict == "diverged" and run is not None else None
+    if final.loss is not None and control.loss is not None:
+        loss_diff = float(final.loss) - float(control.loss)
+    if final.step != control.step:
+        verdict = "diverged"
+    elif final.digest is None or control.digest is None:
+        whose = [f"this run: {final.no_digest}"] if final.digest is None else []
+        whose += [f"its control: {control.no_digest}"] if control.digest is None else []
+        return Fidelity(loss_diff=loss_diff, missing="no final digest to compare (" + "; ".join(whose) + ")")
+    elif final.digest_from != control.digest_from:
+        return Fidelity(loss_diff=loss_diff, missing=f"the digests are of different things (this run's from its "
+                        f"{final.digest_from}, the control's from its {control.digest_from})")  # fmt: skip
+    else:
+        verdict = "exact" if final.digest == control.digest else "diverged"
+    reason = world_change(run, control_ix) if verdict == "diverged" and run is not None and control_ix is not None else None
     return Fidelity(verdict, loss_diff, reason=reason)
 
 
@@ -124,10 +191,12 @@ def contamination(ix: TimelineIndex) -> str | None:
         return None
     idx = sorted(ix.steps.indices_of(first_inc))
     if len(idx) >= 2:
-        spacing = min(b - a for a, b in zip(idx, idx[1:], strict=False) if b > a) if idx[-1] > idx[0] else 1
+        # the widest gap between the steps it reported: a progress bar redraws every ~0.1 s, so its first count
+        # may be a few steps in, as far as its later counts are apart; a resume from elsewhere starts far beyond
+        spacing = max(b - a for a, b in zip(idx, idx[1:], strict=False)) if idx[-1] > idx[0] else 1
         if idx[0] > max(1, spacing):
-            return (f"its first incarnation's first step was {idx[0]} (steps every {spacing}): it resumed from "
-                    "state this run did not write")  # fmt: skip
+            return (f"its first incarnation's first step was {idx[0]} (steps at most {spacing} apart): it resumed "
+                    "from state this run did not write")  # fmt: skip
     elif not idx:
         end = next((e for e in ix.of("train_end") if incarnation(e) == first_inc), None)
         if end is not None and (end.get("step") or 0) > 0:

@@ -4,6 +4,8 @@ that survived into the final state (productive time, goodput), checkpoint save c
 
 from __future__ import annotations
 
+from typing import Any
+
 from chaosbench.analysis.timeline_index import JobSteps, TimelineIndex, ns_to_s
 
 
@@ -25,13 +27,21 @@ def productive_s(steps: JobSteps) -> float | None:
 
 
 def checkpoint_save_durations(ix: TimelineIndex) -> list[float]:
-    """Seconds from ``ckpt_save_begin`` to a complete ``ckpt_save_end``, per (incarnation, rank, step)."""
-    begins: dict[tuple[int, int, int], int] = {}
+    """Seconds from ``ckpt_save_begin`` to a complete ``ckpt_save_end``, per (incarnation, rank, step) of a rank's
+    own saves, per path of the saves the checkpoint watcher saw on the filesystem (``src`` ``watcher``: from the
+    first write seen to the last, so a serialization into memory before it is not in it; a file renamed into place
+    from outside the watched directories shows no writing at all and no duration)."""
+    begins: dict[tuple[Any, ...], int] = {}
     out = []
     for ev in ix.of("ckpt_save_begin", "ckpt_save_end"):
-        key = (int(ev.get("incarnation", 0)), int(ev.get("rank", 0)), int(ev.get("step") or 0))
+        if ev.src == "watcher":
+            key: tuple[Any, ...] = ("watcher", ev.get("dir"), ev.get("path"))
+        else:
+            key = (int(ev.get("incarnation", 0)), int(ev.get("rank", 0)), int(ev.get("step") or 0))
         if ev.kind == "ckpt_save_begin":
             begins[key] = ev.t_ns
         elif ev.get("complete") and key in begins:
+            if ev.src == "watcher" and ev.t_ns == begins[key]:
+                continue  # renamed into place from elsewhere (Lightning's fsspec transaction): no write was seen
             out.append(ns_to_s(ev.t_ns - begins[key]))
     return out

@@ -86,9 +86,11 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   restored); a stage whose end is not on the timeline is missing (with the reason) and the next one is measured
   from the end before it (undetected: reschedule from the fault); an end stamped before the previous one counts
   as that one (0, noted).
-- ``fidelity``: ``exact`` when the final parameter digest (``train_end`` of rank 0 in the last
-  incarnation) equals the control's, ``diverged`` otherwise (``loss_diff`` = final loss - control's);
-  missing when either run did not finish training. ``fidelity_reason``: why a divergence was expected: the run
+- ``fidelity``: ``exact`` when the final digest equals the control's, ``diverged`` when it differs or training
+  ended at another step (``loss_diff`` = final loss - control's). The digest is the final artifact's
+  (``artifact_digest``: the tensors of the suite's ``fidelity_from``) when the run has one, else the final
+  ``train_end``'s (rank 0 in the last incarnation). Missing when either run did not finish training, or either
+  has no digest (a digest missing on both sides is not a match), with the reason. ``fidelity_reason``: why a divergence was expected: the run
   trained on another world size and global batch than the control (``world size 4 -> 2: global batch 32 -> 16``:
   a shrunken job trains on another batch, data split and schedule); still ``diverged`` (an SLO
   ``fidelity == exact`` fails), and the verdict says it was expected. A world size that changed while the global
@@ -114,7 +116,9 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   gave up, crash loop, diverged silently, ...), derived from the fields above.
 - ``outcome``: ``completed`` (control finished), ``recovered`` (the fault fired and training finished),
   ``not_recovered`` (the fault fired and training did not finish before the run ended), ``fault_not_fired``,
-  ``failed`` (a control that did not finish).
+  ``failed`` (a control that did not finish). A run that did not recover has no figure of a recovery
+  (:data:`RECOVERY_METRICS`: resume, catch-up, rejoin, lost work, badput after detection, the stages after
+  detection, world after): each is missing with the reason.
 
 - ``scheduler_delay_s``: for the first ``restart`` at or after the fault, seconds until the scheduler ran the
   job again (the next ``sched_state`` event with state ``running``): the scheduler's share of
@@ -135,7 +139,14 @@ Attribution, truth and detection quality:
   injection; ``fault_step`` = the highest job step completed when it took effect; ``trigger_step`` = the step a
   step trigger fired at (a fault that landed later says so in the verdict).
 - ``final_step``: the step of the final ``train_end``; when the line has none, the last step its incarnation
-  completed.
+  completed. Without a ``train_end`` (a script with no closing line) training ended when the job ended by
+  itself with every rank exiting 0 (``run_end`` ``completed``), at the last step its newest stepping incarnation
+  completed. Training finished when it ended at the workload's total (``total_steps``) or beyond;
+  ``steps_short``: how many steps short of it a job that ended by itself stopped (the verdict says so, with
+  the step counting in force, ``notes["steps"]``: a 0-based counter read as 1-based ends one short).
+- Steps: a job step is done once every rank that reports steps in its incarnation has reported it or a later
+  one (ranks that log at other cadences, or only the main process logging, hold nothing up:
+  :class:`~chaosbench.analysis.timeline_index.JobSteps`); step triggers count the same way.
 - ``contaminated``: the run started from state it did not write: a rank loaded a checkpoint before this run had
   saved any, or the first incarnation's first step is beyond the start of training. Such a run is not measured
   (outcome ``contaminated``, the reason in ``verdict``).
@@ -247,6 +258,8 @@ class RunMetrics:
     global_batch_after: int | None = None
     global_batch_final: int | None = None
     final_step: int | None = None
+    total_steps: int | None = None
+    steps_short: int | None = None
     final_loss: float | None = None
     digest: str | None = None
     slo_ok: bool | None = None
@@ -309,7 +322,7 @@ class RunMetrics:
 #: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
 BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",
                          "notes", "versions", "timeouts", "timeout_problems", "workload", "strategy",
-                         "serving", "capture_limit"})  # fmt: skip
+                         "serving", "capture_limit", "total_steps"})  # fmt: skip
 
 
 def metric_names() -> list[str]:
@@ -324,6 +337,14 @@ FAULT_METRICS = (
     "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s", "scheduler_delay_s",
     "injection_latency_s", "fault_step", "predicted_detect_s", "blame", "stage_detect_s", "stage_reschedule_s",
     "stage_reschedule_runtime_s", "stage_reshard_or_replace_s", "stage_resume_s", "time_to_recover_s",
+)  # fmt: skip
+
+#: Figures of a recovery: a run that did not recover has none of them (missing, with the reason).
+RECOVERY_METRICS = (
+    "time_to_resume_s", "time_to_catch_up_s", "time_to_rejoin_s", "lost_steps", "lost_work_s", "skipped_steps",
+    "badput_restart_init_s", "badput_restore_s", "badput_recompute_s", "stage_reschedule_s",
+    "stage_reschedule_runtime_s", "stage_reshard_or_replace_s", "stage_resume_s", "time_to_recover_s",
+    "world_size_after", "global_batch_after",
 )  # fmt: skip
 
 #: The four stages of a recovery, in order: they add up to ``time_to_recover_s``.
@@ -354,7 +375,7 @@ def _training_verdict(m: RunMetrics) -> str:
         return f"contaminated: {m.missing.get('contaminated', 'started from state it did not write')}"
     if m.control:
         if m.outcome != "completed":
-            return f"control failed ({m.run_end_outcome})"
+            return f"control failed: {_short(m)}" if m.steps_short else f"control failed ({m.run_end_outcome})"
         text = "completed"
         if m.clean is False:
             text += f", but not clean: {m.restart_count or 0} restarts and {m.false_detections or 0} detections without a fault"
@@ -378,6 +399,8 @@ def _training_verdict(m: RunMetrics) -> str:
             text += f"; training finished but the job ended {m.run_end_outcome}"
     elif m.gave_up:
         text = f"gave up after {restarts} {plural}"
+    elif m.steps_short:
+        text = f"{'detected' if m.detected else 'not detected'}, not recovered: {_short(m)}"
     elif m.detected:
         text = f"detected, not recovered ({m.run_end_outcome})"
     else:
@@ -402,6 +425,13 @@ def _training_verdict(m: RunMetrics) -> str:
         if m.injection_latency_s is not None:
             text += f", injection latency {m.injection_latency_s * 1e3:.0f} ms"
     return text + _restart_claim_note(m)
+
+
+def _short(m: RunMetrics) -> str:
+    """A job that exited 0 before its last step, in words, with what to check."""
+    counted = m.notes.get("steps")
+    return (f"the job exited 0 at step {m.final_step} of {m.total_steps} ({m.steps_short} short); check the "
+            f"workload's steps and how the step pattern counts (step_base{': ' + counted if counted else ''})")
 
 
 def serving_verdict(m: RunMetrics) -> str:
@@ -492,21 +522,26 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     ctl = attribution.harness_cut(TimelineIndex(control))[0] if control is not None else None
 
     steps = ix.steps
-    final = ix.final
-    if final is not None:
-        m.final_step = fidelity.final_step(final, steps)
-        m.final_loss = final.get("loss")
-        m.digest = final.get("digest") or None
-    finished = final is not None and m.final_step is not None and (total_steps is None or m.final_step >= total_steps)
-    if final is not None and m.final_step is None:
-        miss["final_step"] = "train_end names no step and no step was reported"
+    final = fidelity.final_state(ix, end)
+    m.final_step, m.final_loss, m.digest = final.step, final.loss, final.digest
+    m.total_steps = total_steps
+    m.steps_short = final.short_of(total_steps)
+    finished = final.finished(total_steps)
+    counting = ix.first("step_counting")
+    if counting is not None:
+        m.notes["steps"] = f"counted from {counting.get('base')} ({counting.get('how')})"
+    if m.final_step is None:
+        miss["final_step"] = ("train_end names no step and no step was reported" if final.ended
+                              else "training did not end (no train_end, and the job did not exit 0 by itself)")  # fmt: skip
+    if m.digest is None and final.no_digest:
+        miss["digest"] = final.no_digest
     m.restart_count = ix.max_incarnation
     if ix.has("restart"):
         m.restarts_claimed = attribution.restarts_claimed(ix.of("restart"))
     else:
         miss["restarts_claimed"] = "the framework reported no restart (no restart line of it was recognised)"
-    if final is not None:
-        m.world_size_final, m.global_batch_final = ix.world(int(final.get("incarnation", 0)))
+    if final.incarnation is not None:
+        m.world_size_final, m.global_batch_final = ix.world(final.incarnation)
     if whole.has("load_start"):
         _serving_run(m, whole, ix, ctl, end, harness_reactions)
         return m
@@ -515,7 +550,10 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     if saves:
         m.checkpoint_save_s = statistics.median(saves)
     else:
-        miss["checkpoint_save_s"] = "no complete checkpoint save with its begin and end on the timeline"
+        renamed = any(e.src == "watcher" and e.get("complete") for e in ix.of("ckpt_save_end"))
+        miss["checkpoint_save_s"] = ("the checkpoint saves were seen on the filesystem only as whole files renamed "
+                                     "into place: their writing, and so their cost, was not seen" if renamed else
+                                     "no complete checkpoint save with its begin and end on the timeline")  # fmt: skip
     m.productive_s = goodput.productive_s(steps)
     if m.productive_s is not None:
         if m.wall_s:
@@ -533,7 +571,8 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         return m
 
     if not m.control:
-        fid = fidelity.fidelity(final, ctl, ix)
+        ctl_final = fidelity.final_state(ctl, ctl.last("run_end")) if ctl is not None else None
+        fid = fidelity.fidelity(final, ctl_final, total_steps, ix, ctl)
         m.fidelity, m.loss_diff, m.fidelity_reason = fid.fidelity, fid.loss_diff, fid.reason
         if fid.missing is not None:
             miss["fidelity"] = fid.missing
@@ -721,23 +760,30 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
 
     per_step_commit = ix.per_step_commit
     m.world_size_before, m.global_batch_before = ix.world(fp.incarnation)
+    resume = timing.resume_point(steps, fp, per_step_commit)
+    m.recovered = bool(finished and resume is not None)
+    m.outcome = "recovered" if m.recovered else "not_recovered"
+    m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
+    if not m.recovered:  # no partial figure of a recovery that did not happen (it would feed medians and projections)
+        if resume is None:
+            reason = f"not recovered: no training step completed after the fault (run ended: {m.run_end_outcome})"
+        elif m.steps_short:
+            reason = f"not recovered: training ended {m.steps_short} step(s) short of {m.total_steps}"
+        else:
+            reason = f"not recovered: training did not finish (run ended: {m.run_end_outcome})"
+        for k in RECOVERY_METRICS:
+            miss[k] = reason
+        m.stage_detect_s = m.time_to_detect_s
+        if m.stage_detect_s is None:
+            miss["stage_detect_s"] = miss["time_to_detect_s"]
+        return
+    _stages(m, ix, fp, detect, resume)
+    assert resume is not None  # recovered
     rejoin = timing.rejoin_ns(steps, fp)
     if rejoin is not None:
         m.time_to_rejoin_s = ns_to_s(rejoin - tf)
     else:
         miss["time_to_rejoin_s"] = "nothing restarted after the fault"
-    resume = timing.resume_point(steps, fp, per_step_commit)
-    m.recovered = bool(finished and resume is not None)
-    m.outcome = "recovered" if m.recovered else "not_recovered"
-    m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
-    _stages(m, ix, fp, detect, resume)
-    if resume is None:
-        reason = f"no training step completed after the fault (run ended: {m.run_end_outcome})"
-        for k in ("time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s"):
-            miss[k] = reason
-        for k in ("badput_restart_init_s", "badput_restore_s", "badput_recompute_s"):
-            miss[k] = reason
-        return
     resume_t, resume_key = resume
     m.time_to_resume_s = ns_to_s(resume_t - tf)
     m.world_size_after, m.global_batch_after = ix.world(resume_key[0], ix.step_event(resume_t, resume_key[0]))

@@ -34,11 +34,14 @@ def incarnation(ev: Event) -> int:
 class JobSteps:
     """Job step completions per (incarnation, step index).
 
-    A step of the job is complete when every rank that reports steps in that incarnation has reported it;
-    its stamp is the last of those reports (a step one rank finished while another was killed or stopped is
-    not a completed job step). Its duration is the shortest of the ranks' own ``duration_s`` (a rank that
-    waited in a collective for a stopped peer reports the wait; the fastest rank's time is the compute),
-    else the interval since that rank's previous event of the incarnation.
+    A step of the job is complete once every rank that reports steps in that incarnation has reported it or a
+    later one (ranks may log at different cadences, or only the main process logs: a rank that reported step 10
+    has done step 7 too); its stamp is the moment the last of those ranks got there. The steps are the indices
+    some rank reported, each rank's first report of an index counting (a bar redrawn, a loss line beside it).
+    A step one rank finished while another was killed or stopped before it is not a completed job step. Its
+    duration is the shortest of the reporting ranks' own ``duration_s`` (a rank that waited in a collective for
+    a stopped peer reports the wait; the fastest rank's time is the compute), else the interval since that
+    rank's previous event of the incarnation.
 
     Per-step commit (TorchFT: steps reported ``committed``, each replica group its own incarnation): the job is
     whoever took part in the step's commit, not every rank ever seen. A committed step that names its quorum
@@ -55,8 +58,9 @@ class JobSteps:
     def from_events(cls, events: Sequence[Event]) -> JobSteps:
         out = cls()
         prev: dict[tuple[int, int], int] = {}  # (incarnation, rank) -> last event stamp
-        reports: dict[tuple[int, int], dict[int, tuple[int, float | None]]] = {}
-        stepping: dict[int, set[int]] = {}
+        # incarnation -> rank -> (stamp, step) of every step report, in timeline order
+        reports: dict[int, dict[int, list[tuple[int, int]]]] = {}
+        first: dict[tuple[int, int], dict[int, tuple[int, float | None]]] = {}  # (inc, step) -> rank -> 1st report
         committed: set[tuple[int, int]] = set()  # per-step commit without quorum information
         group_size: dict[int, int] = {}  # rank -> ranks in its replica group
         quorum: dict[tuple[Any, int], list[tuple[int, int, int, float | None]]] = {}  # (quorum, step) -> reports
@@ -85,19 +89,21 @@ class JobSteps:
                         if ds:
                             out.duration[key] = min(ds)
                 else:
-                    reports.setdefault((inc, step), {})[rank] = (ev.t_ns, dur)
-                    stepping.setdefault(inc, set()).add(rank)
+                    reports.setdefault(inc, {}).setdefault(rank, []).append((ev.t_ns, step))
+                    first.setdefault((inc, step), {}).setdefault(rank, (ev.t_ns, dur))
                     if data.get("committed"):
                         committed.add((inc, step))
             if kind in ("rank_start", "step", "ckpt_save_end", "ckpt_load_end"):
                 prev[(inc, rank)] = ev.t_ns
-        for key, by_rank in reports.items():
+        reached = {inc: {rank: _reach(items) for rank, items in by_rank.items()} for inc, by_rank in reports.items()}
+        for key, by_rank in first.items():
             if key in committed:
                 out.t[key] = min(t for t, _ in by_rank.values())
-            elif stepping[key[0]] <= set(by_rank):
-                out.t[key] = max(t for t, _ in by_rank.values())
             else:
-                continue
+                stamps = [_first_at_or_beyond(r, key[1]) for r in reached[key[0]].values()]
+                if any(t is None for t in stamps):
+                    continue
+                out.t[key] = max(t for t in stamps if t is not None)
             ds = [d for _, d in by_rank.values() if d is not None]
             if ds:
                 out.duration[key] = min(ds)
@@ -129,6 +135,24 @@ class JobSteps:
     def indices_of(self, inc: int) -> list[int]:
         """Step indices incarnation ``inc`` completed."""
         return [idx for (n, idx) in self.t if n == inc]
+
+
+def _reach(items: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """A rank's step reports (stamp, step) in timeline order as (stamps, highest step reported by then)."""
+    stamps, highest = [], []
+    top = 0
+    for t, step in items:
+        top = max(top, step)
+        stamps.append(t)
+        highest.append(top)
+    return stamps, highest
+
+
+def _first_at_or_beyond(reach: tuple[list[int], list[int]], step: int) -> int | None:
+    """When a rank had first reported ``step`` or a later one (None: never)."""
+    stamps, highest = reach
+    i = bisect.bisect_left(highest, step)
+    return stamps[i] if i < len(highest) else None
 
 
 class TimelineIndex:

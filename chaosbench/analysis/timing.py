@@ -92,7 +92,7 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -
     before ``resume_step``), the seconds they had taken, and under per-step commit the steps computed but not
     committed after the fault."""
     steps = ix.steps
-    restored = resume_step[1] - 1
+    restored = restored_step(ix, resume_step)
     lost_steps = max(0, fp.last_step_before - restored)
     skipped_steps = None
     skipped_s = 0.0
@@ -109,13 +109,45 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -
     if lost_steps == 0:
         return LostWork(total, skipped_s, skipped_steps)
     t_hi = steps.t.get((fp.incarnation, fp.last_step_before))
-    t_lo = steps.t.get((fp.incarnation, restored))
+    t_lo = _step_done_ns(ix, fp.incarnation, restored)
     if t_lo is None:  # restarted from scratch: from the faulted incarnation's first rank event
         first = ix.first("rank_start", incarnation=fp.incarnation)
         t_lo = first.t_ns if first else None
     if t_hi is not None and t_lo is not None:
         return LostWork(total, ns_to_s(t_hi - t_lo) + skipped_s, skipped_steps)
     return LostWork(total, None, skipped_steps, "the lost steps are not on the timeline")
+
+
+def restored_step(ix: TimelineIndex, resume_step: tuple[int, int]) -> int:
+    """The step recovery restarted from, for an incarnation that resumed at ``resume_step`` (incarnation, step):
+    the step before its first step, or the step of the checkpoint it loaded when that is earlier (a script that
+    resumes at the epoch its snapshot had finished trains it again; a progress bar's first count after a resume
+    may skip a step or two: the load says where it restarted). Its loads: its own ``ckpt_load_end`` events, else
+    the checkpoint reads the watcher saw between its first ``rank_start`` and its first step."""
+    inc, first = resume_step
+    loaded = [e for e in ix.of("ckpt_load_end") if e.src == "rank" and incarnation(e) == inc and e.get("step") is not None]
+    if not loaded:
+        starts = [e.t_ns for e in ix.rank_starts_of(inc)]
+        first_t = ix.steps.by_incarnation.get(inc, [(0, None)])[0][1]
+        if starts and first_t is not None:
+            loaded = [e for e in ix.of("ckpt_load_end") if e.src == "watcher" and e.get("step") is not None
+                      and min(starts) <= e.t_ns <= first_t]  # fmt: skip
+    restored = first - 1
+    return min(restored, int(loaded[-1]["step"])) if loaded else restored
+
+
+def _step_done_ns(ix: TimelineIndex, inc: int, step: int) -> int | None:
+    """When incarnation ``inc`` had done ``step``: that step's completion; where the logs skipped it (a sparse
+    progress bar), the start of its checkpoint's save, else the last step the logs show before it."""
+    steps = ix.steps
+    done = steps.t.get((inc, step))
+    if done is not None:
+        return done
+    save = next((e.t_ns for e in ix.of("ckpt_save_begin") if e.get("step") == step), None)
+    if save is not None:
+        return save
+    earlier = [t for idx, t in steps.by_incarnation.get(inc, []) if idx < step]
+    return max(earlier) if earlier else None
 
 
 def restore_window(ix: TimelineIndex, resume: tuple[int, tuple[int, int]]) -> tuple[int, int, bool]:
@@ -157,7 +189,8 @@ def badput(ix: TimelineIndex, fp: FaultPoint, detect: Event | None, resume: tupl
     restore_b, restore_e, _ = restore_window(ix, resume)
     restore_s = ns_to_s(restore_e - restore_b)
     restart_init_s = ns_to_s(restore_b - react)
-    redo = steps.t.get((new_inc, fp.last_step_before))
+    # the new incarnation got back to the step reached at the fault (or past it, where its logs skipped that one)
+    redo = next((t for idx, t in steps.by_incarnation.get(new_inc, []) if idx >= fp.last_step_before), None)
     if lost_steps == 0:
         return Badput(restart_init_s, restore_s, 0.0)
     if redo is not None:

@@ -274,6 +274,9 @@ def young_daly_table(rows: Sequence[dict[str, Any]], checkpoint_every: int | Non
             out.append([fw, f"unusable: {unusable[fw]}", MISSING, MISSING, MISSING])
             continue
         cost = statistics.median(saves)
+        if cost <= 0:  # a save whose duration the timeline shows as 0: no interval follows from it
+            out.append([fw, _s(cost), MISSING, MISSING, "checkpoint cost measured as 0 s: no optimum"])
+            continue
         steps = _values([r for r in rs if (as_bool(r.get("control")) is True)], "step_time_s")
         interval = checkpoint_every * statistics.median(steps) if checkpoint_every and steps else None
         opt = young_daly_interval_s(cost, scale.job_mtbf_s)

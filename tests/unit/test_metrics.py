@@ -152,7 +152,7 @@ def test_not_recovered_is_an_outcome_with_reasons() -> None:
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
     assert m.outcome == "not_recovered" and m.recovered is False and m.detected is False
     assert m.time_to_resume_s is None
-    assert m.missing["time_to_resume_s"].startswith("no training step completed after the fault")
+    assert m.missing["time_to_resume_s"] == "not recovered: no training step completed after the fault (run ended: failed)"
     assert m.missing["fidelity"] == "this run did not finish training"
     assert m.run_end_outcome == "failed"
     assert m.verdict == "not detected, not recovered (failed)"
@@ -308,7 +308,8 @@ def test_stages_missing_when_not_recovered() -> None:
     m = compute_metrics(tl.sorted(), total_steps=30)
     assert m.stage_detect_s == pytest.approx(0.2, abs=1e-6)
     for k in STAGES[1:]:
-        assert getattr(m, k) is None and m.missing[k] == "no training step completed after the fault"
+        assert getattr(m, k) is None
+        assert m.missing[k] == "not recovered: no training step completed after the fault (run ended: failed)"
     assert m.time_to_recover_s is None and m.missing["time_to_recover_s"]
 
 
