@@ -50,7 +50,8 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   counts all of them (``run_end``'s ``concurrent_runs`` says how many; the share is then missing).
 - ``productive_s``: for every step index, the compute time of its last execution (the one that survived
   into the final state): the step's own ``duration_s`` when the workload reports it, else the interval
-  since the rank's previous event of that incarnation. ``goodput`` = productive_s / wall_s.
+  since the rank's previous step or checkpoint event of that incarnation (an incarnation's first step after
+  its ranks' start has none: start-up is not compute). ``goodput`` = productive_s / wall_s.
 - ``extra_wall_s``: wall_s minus the control run's wall_s (same framework, no fault).
 - badput by stage (after the fault): ``badput_detect_s`` = time to detect; ``badput_restart_init_s`` =
   detection (the fault, if undetected) to the start of the restore in the new incarnation (its first

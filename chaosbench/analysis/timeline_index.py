@@ -41,7 +41,8 @@ class JobSteps:
     A step one rank finished while another was killed or stopped before it is not a completed job step. Its
     duration is the shortest of the reporting ranks' own ``duration_s`` (a rank that waited in a collective for
     a stopped peer reports the wait; the fastest rank's time is the compute), else the interval since that
-    rank's previous event of the incarnation.
+    rank's previous step or checkpoint event of the incarnation (none for a rank's first step after its start:
+    a script's imports and set-up are no step's compute).
 
     Per-step commit (TorchFT: steps reported ``committed``, each replica group its own incarnation): the job is
     whoever took part in the step's commit, not every rank ever seen. A committed step that names its quorum
@@ -93,7 +94,7 @@ class JobSteps:
                     first.setdefault((inc, step), {}).setdefault(rank, (ev.t_ns, dur))
                     if data.get("committed"):
                         committed.add((inc, step))
-            if kind in ("rank_start", "step", "ckpt_save_end", "ckpt_load_end"):
+            if kind in ("step", "ckpt_save_end", "ckpt_load_end"):  # not rank_start: start-up is no compute
                 prev[(inc, rank)] = ev.t_ns
         reached = {inc: {rank: _reach(items) for rank, items in by_rank.items()} for inc, by_rank in reports.items()}
         for key, by_rank in first.items():
