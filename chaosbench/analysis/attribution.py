@@ -43,6 +43,29 @@ def detection_episodes(ix: TimelineIndex, before_ns: int | None = None) -> int:
     return episodes + current
 
 
+def false_detections(ix: TimelineIndex, recoveries: Sequence[tuple[int, int | None]]) -> int:
+    """Detection episodes (``detect`` events not separated by a ``restart`` or ``give_up``) that no fault
+    explains: begun before the first fault took effect, or after a fault's job had resumed and before the next
+    one (a flap after the recovery). ``recoveries``: each fault's (effect, resume) stamps in order, the resume
+    None when its job never resumed (then everything up to the next fault is its recovery)."""
+    windows = []
+    for i, (tf, resumed) in enumerate(recoveries):
+        nxt = recoveries[i + 1][0] if i + 1 < len(recoveries) else None
+        windows.append((tf, resumed if resumed is not None else nxt))
+    episodes = 0
+    current = False
+    for e in ix.of("detect", "restart", "give_up"):
+        if e.kind != "detect":
+            current = False
+            continue
+        if current:
+            continue
+        current = True
+        if not any(tf <= e.t_ns and (end is None or e.t_ns <= end) for tf, end in windows):
+            episodes += 1
+    return episodes
+
+
 def blamed_ranks(ev: Event, events: Sequence[Event]) -> set[int] | None:
     """The ranks a detection names as failed, resolved through the ``rank_start`` events (of ``events``) written
     before it; None when it names nobody."""
@@ -86,6 +109,20 @@ def fault_targets(fault: Event) -> set[int]:
     return {int(t["rank"]) for t in targets if isinstance(t, dict) and t.get("rank") is not None}
 
 
+#: What a framework's blame was worth (``blame``): exactly the faulted ranks, or some of them (``correct``); the
+#: faulted ones and others as well, say a whole node or every rank for one rank's fault (``imprecise``: named,
+#: but not singled out); none of them (``wrong``); nobody named (``none``).
+BLAME_VALUES = ("correct", "imprecise", "wrong", "none")
+
+
+def blame_of(blamed: set[int], targets: set[int]) -> str:
+    """``correct`` when every blamed rank is a target, ``imprecise`` when the targets are among more, else
+    ``wrong`` (:data:`BLAME_VALUES`)."""
+    if blamed and blamed <= targets:
+        return "correct"
+    return "imprecise" if blamed & targets else "wrong"
+
+
 @dataclass(frozen=True)
 class Blame:
     """Whom the framework named in its first reaction: ``blamed`` (the ranks, in words), ``blame`` (``correct``,
@@ -110,7 +147,7 @@ def first_blame(ix: TimelineIndex, fault: Event, tf: int) -> Blame:
         targets = fault_targets(fault)
         if not targets:
             return Blame(named, None, "the fault names no target rank")
-        return Blame(named, "correct" if blamed & targets else "wrong")
+        return Blame(named, blame_of(blamed, targets))
     return Blame(blame="none")
 
 

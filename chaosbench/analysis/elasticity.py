@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaosbench.analysis.faults import FIRED_OUTCOMES
 from chaosbench.analysis.fleet import (
     DEFAULT_NODE_REPAIR_S,
     DEFAULT_SPARE_POOLS,
@@ -45,7 +46,7 @@ from chaosbench.analysis.values import as_bool, as_float, is_missing
 #: The strategies of the elasticity suite, in the order the report lists them.
 STRATEGIES = ("restart-in-place", "hot-spare", "shrink", "continue")
 #: Outcomes of a fault run whose fault fired.
-FIRED = ("recovered", "not_recovered")
+FIRED = FIRED_OUTCOMES
 
 
 def _text(value: Any) -> str | None:

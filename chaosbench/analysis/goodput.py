@@ -4,6 +4,7 @@ that survived into the final state (productive time, goodput), checkpoint save c
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from chaosbench.analysis.timeline_index import JobSteps, TimelineIndex, ns_to_s
@@ -45,3 +46,24 @@ def checkpoint_save_durations(ix: TimelineIndex) -> list[float]:
                 continue  # renamed into place from elsewhere (Lightning's fsspec transaction): no write was seen
             out.append(ns_to_s(ev.t_ns - begins[key]))
     return out
+
+
+def checkpoint_interval_s(ix: TimelineIndex) -> float | None:
+    """Median seconds between consecutive complete checkpoints of one incarnation: the end of the first complete
+    save of each step (several ranks, or a file and its ``last.ckpt`` copy, saving the same step are one
+    checkpoint) to the next one's; None with fewer than two."""
+    starts = sorted((e.t_ns, int(e.get("incarnation", 0))) for e in ix.of("rank_start"))
+    first: dict[tuple[int, int], int] = {}
+    for ev in ix.of("ckpt_save_end"):
+        if not ev.get("complete") or ev.get("step") is None:
+            continue
+        if ev.src == "rank":
+            inc = int(ev.get("incarnation", 0))
+        else:  # the watcher's: the incarnation running when it was written
+            inc = max((i for t, i in starts if t <= ev.t_ns), default=0)
+        first.setdefault((inc, int(ev["step"])), ev.t_ns)
+    by_inc: dict[int, list[int]] = {}
+    for (inc, _), t in first.items():
+        by_inc.setdefault(inc, []).append(t)
+    gaps = [ns_to_s(b - a) for ts in by_inc.values() for a, b in zip(sorted(ts), sorted(ts)[1:], strict=False)]
+    return statistics.median(gaps) if gaps else None

@@ -8,7 +8,8 @@ claimed restarts, predictions, crash loops), :mod:`~chaosbench.analysis.goodput`
 checkpoint cost) and :mod:`~chaosbench.analysis.checkpoint_outcome`.
 
 Definitions (normative; all times in seconds on the timeline's one clock, ``fault`` = the first
-``fault_inject`` event's stamp, taken just before the injector acted):
+``fault_inject`` event's stamp, taken just before the injector acted; each fault of a run is also measured on its
+own, ``faults`` below):
 
 - ``time_to_detect_s``: first framework reaction (a ``detect`` event) at or after the fault, minus the
   fault time. No ``detect`` event before the run ended: missing, and ``detected`` is False.
@@ -19,7 +20,9 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   completed before the fault.
   Per-step commit (the timeline has ``step_skipped`` events or steps marked ``committed``: TorchFT): nothing
   is rolled back and survivors that keep committing are the job, so it is the first committed step, by any
-  incarnation, with an index beyond every step completed before the fault.
+  incarnation, with an index beyond every step completed before the fault, completed after the framework's
+  first reaction to it (a survivor's step in flight at the fault commits at once: that is no recovery; the
+  same holds for ``time_to_catch_up_s``).
 - ``time_to_rejoin_s``: first completed step of an incarnation newer than the faulted one (the restarted rank,
   replica group or node is training again), minus the fault time; missing when nothing restarted.
 - ``time_to_catch_up_s``: first completion, after the fault, of a step index beyond every step completed
@@ -39,10 +42,14 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   ``global_batch`` or else that incarnation's ``rank_start``, when the workload reports it. An elastic job that
   shrank trains on a different batch, data split and schedule afterwards; fidelity compares against a control
   that never did.
-- ``restart_count``: highest incarnation seen in ``rank_start`` events (0: never restarted).
+- ``restart_count``: restarts the ranks show over the whole run: per replica group (TorchFT's restart on their
+  own; a job without groups is one), the incarnations it started in beyond its first, summed. Each fault's own
+  (incarnations begun from it to its resume) are its ``faults[].restarts``.
 - ``checkpoint_age_s``: fault time minus the newest complete checkpoint save (``ckpt_save_end`` with
   ``complete``) before it. Missing when no checkpoint had completed.
 - ``checkpoint_save_s``: median duration of complete checkpoint saves (begin to end, per rank).
+- ``checkpoint_interval_s``: median seconds between consecutive complete checkpoints of one incarnation (the
+  first complete save of each step: ranks saving the same step, or a file and its copy, are one).
 - ``wall_s``: ``run_end`` minus ``run_start``.
 - ``harness_cpu_s`` / ``harness_cpu_share``: CPU seconds the harness process itself used during the run (all its
   threads: timeline follower, log readers, fault controllers; not the ranks or the container engine), and that
@@ -115,9 +122,17 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
   the control's).
 - ``verdict``: one line saying what the framework did (recovered after N restarts / in place, not detected,
   gave up, crash loop, diverged silently, ...), derived from the fields above.
-- ``outcome``: ``completed`` (control finished), ``recovered`` (the fault fired and training finished),
-  ``not_recovered`` (the fault fired and training did not finish before the run ended), ``fault_not_fired``,
-  ``failed`` (a control that did not finish). A run that did not recover has no figure of a recovery
+- ``faults``: every fault of the run (each ``fault_inject``, in the order they took effect) measured on its
+  own (:mod:`chaosbench.analysis.faults`): its detection, blame, resume, lost work and restarts within its window
+  (to the next fault), and how it ended: ``recovered``, ``outlasted`` (the job went on with no framework
+  reaction), ``interrupted`` (the next fault hit before its job resumed; that recovery is the next one's) or
+  ``not_recovered``. The run-level fault figures (fault time, detection, resume, lost work, stages, badput, ...)
+  are the first fault's; ``fault_count`` is how many there were.
+- ``outcome``: ``completed`` (control finished), ``recovered`` (the faults fired, the framework reacted and
+  training finished), ``outlasted`` (training finished and no fault drew any framework reaction: a hang that
+  ended by itself, a held GIL, an ignored signal; its cost is its stall, not a recovery), ``not_recovered`` (a
+  fault fired and training did not finish before the run ended), ``fault_not_fired``, ``failed`` (a control
+  that did not finish). A run that did not recover has no figure of a recovery
   (:data:`RECOVERY_METRICS`: resume, catch-up, rejoin, lost work, badput after detection, the stages after
   detection, world after): each is missing with the reason.
 
@@ -154,10 +169,12 @@ Attribution, truth and detection quality:
 - ``blamed`` / ``blame``: the ranks the framework named as failed in its first reaction to the fault (the
   ``detect`` events from the fault to its first ``restart``: a ``blame_rank``, a torchrun ``local_rank`` on a
   node, a ``blame_node`` or TorchFT ``blame_groups``, resolved to ranks through the ``rank_start`` events);
-  ``correct`` when they include a target of the fault, ``wrong`` when they do not, ``none`` when the framework
+  ``correct`` when every rank named is a target of the fault, ``imprecise`` when the targets are among more
+  (a whole node or every rank named for one rank's fault), ``wrong`` when none is, ``none`` when the framework
   detected the fault without naming anyone. Missing when nothing was detected.
-- ``false_detections``: detection episodes (``detect`` events not separated by a ``restart``) in a control run,
-  or before the fault in a fault run. ``clean`` (controls): completed with no restart and no detection.
+- ``false_detections``: detection episodes (``detect`` events not separated by a ``restart``) in a control run
+  or a run whose fault never fired, or, in a fault run, episodes no fault explains: begun before the first fault,
+  or after a fault's job had resumed and before the next fault (flaps after the recovery). ``clean`` (controls): completed with no restart and no detection.
 - ``restarts_claimed``: restarts the framework itself reported (``restart`` events, most by any one process: an
   agent, a replica group's launcher, the scheduler); ``restart_count`` is what the ranks' incarnations show. A
   difference is named in the verdict.
@@ -188,11 +205,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaosbench.analysis import attribution, fidelity, goodput, serving, timing
+from chaosbench.analysis import faults as per_fault
 from chaosbench.analysis.checkpoint_outcome import MODEL_LOADS, classify_checkpoint_outcome
 from chaosbench.analysis.fleet import fault_class
 from chaosbench.analysis.timeline_index import TimelineIndex, ns_to_s
 from chaosbench.timeline import Event
-from chaosbench.timeline.clocks import offset_bound_s
+from chaosbench.timeline.clocks import offset_bound_s, uncorrected_hosts
 
 
 @dataclass
@@ -220,6 +238,7 @@ class RunMetrics:
     restart_count: int | None = None
     checkpoint_age_s: float | None = None
     checkpoint_save_s: float | None = None
+    checkpoint_interval_s: float | None = None
     wall_s: float | None = None
     harness_cpu_s: float | None = None
     harness_cpu_share: float | None = None
@@ -309,6 +328,8 @@ class RunMetrics:
     capacity_lost_replica_s: float | None = None
     capacity_lost_share: float | None = None
     throughput_during_share: float | None = None
+    # Every fault of the run, each measured on its own (chaosbench.analysis.faults.FaultFigures as dicts).
+    faults: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -366,6 +387,8 @@ def compute_metrics(
 def verdict(m: RunMetrics) -> str:
     """One line on what happened, from the metrics alone."""
     text = serving_verdict(m) if m.serving else _training_verdict(m)
+    if "clocks" in m.notes:
+        text += f"; {m.notes['clocks']}"
     if m.capture_limit:
         text += f"; a process's write was refused for its size ({m.capture_limit})"
     return text
@@ -390,6 +413,11 @@ def _training_verdict(m: RunMetrics) -> str:
             text = f"crash loop: gave up after {restarts} {plural}"
         else:
             text = f"crash loop until the run ended ({restarts} {plural})"
+    elif m.outcome == "outlasted":
+        stall = "" if m.time_to_resume_s is None else f" a {m.time_to_resume_s:.2f} s stall,"
+        text = f"outlasted: the job went on after{stall} with no framework reaction"
+        if m.run_end_outcome not in (None, "completed"):
+            text += f"; training finished but the job ended {m.run_end_outcome}"
     elif m.recovered:
         text = f"recovered after {restarts} {plural}" if restarts else "recovered in place"
         if not m.detected:
@@ -410,6 +438,8 @@ def _training_verdict(m: RunMetrics) -> str:
         text += f"; detected by {m.detected_via}"
     if m.blame == "wrong":
         text += f"; blamed {m.blamed}, not the faulted rank"
+    elif m.blame == "imprecise":
+        text += f"; blamed {m.blamed}: the faulted rank among others"
     if m.false_detections:
         text += f"; {m.false_detections} detection(s) before the fault"
     if m.fidelity == "diverged":
@@ -419,6 +449,8 @@ def _training_verdict(m: RunMetrics) -> str:
         text += "; replicas disagree"
     if m.checkpoint_outcome:
         text += f"; checkpoint: {m.checkpoint_outcome.replace('_', ' ')}"
+    if len(m.faults) > 1:
+        text += "; faults: " + ", ".join(_fault_words(f) for f in m.faults)
     if m.trigger_step is not None and m.fault_step is not None and m.fault_step > m.trigger_step:
         late = m.fault_step - m.trigger_step
         text += (f"; fault landed at step {m.fault_step}, {late} step{'s' if late > 1 else ''} after its trigger "
@@ -426,6 +458,16 @@ def _training_verdict(m: RunMetrics) -> str:
         if m.injection_latency_s is not None:
             text += f", injection latency {m.injection_latency_s * 1e3:.0f} ms"
     return text + _restart_claim_note(m)
+
+
+def _fault_words(f: dict[str, Any]) -> str:
+    """One fault of several, in words: ``kill interrupted by kill-2``, ``kill-2 recovered in 1.50 s``."""
+    status = str(f.get("status"))
+    if status == "interrupted":
+        return f"{f.get('fault')} interrupted by {f.get('interrupted_by')}"
+    resume = f.get("time_to_resume_s")
+    tail = f" in {resume:.2f} s" if isinstance(resume, float) and status in ("recovered", "outlasted") else ""
+    return f"{f.get('fault')} {status.replace('_', ' ')}{tail}"
 
 
 def _short(m: RunMetrics) -> str:
@@ -536,7 +578,7 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
                               else "training did not end (no train_end, and the job did not exit 0 by itself)")  # fmt: skip
     if m.digest is None and final.no_digest:
         miss["digest"] = final.no_digest
-    m.restart_count = ix.max_incarnation
+    m.restart_count = ix.restart_count
     if ix.has("restart"):
         m.restarts_claimed = attribution.restarts_claimed(ix.of("restart"))
     else:
@@ -555,6 +597,9 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         miss["checkpoint_save_s"] = ("the checkpoint saves were seen on the filesystem only as whole files renamed "
                                      "into place: their writing, and so their cost, was not seen" if renamed else
                                      "no complete checkpoint save with its begin and end on the timeline")  # fmt: skip
+    m.checkpoint_interval_s = goodput.checkpoint_interval_s(ix)
+    if m.checkpoint_interval_s is None:
+        miss["checkpoint_interval_s"] = "fewer than two complete checkpoints in one incarnation"
     m.productive_s = goodput.productive_s(steps)
     if m.productive_s is not None:
         if m.wall_s:
@@ -582,9 +627,7 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         miss["ranks_agree"] = why
     m.step_time_s = timing.median_step_interval(steps, None, None)
     m.gave_up = ix.has("give_up")
-    m.clock_offset_bound_s = offset_bound_s(ix.of("clock_offset"))
-    if m.clock_offset_bound_s is None:
-        miss["clock_offset_bound_s"] = "no clock_offset events (one host, one clock)"
+    _clocks(m, ix)
     m.crash_loop = attribution.crash_loop(ix)
     if ctl is not None:
         control_wall_s = goodput.wall_s(ctl)
@@ -606,13 +649,31 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         return m
     if fault is None:
         m.outcome = "fault_not_fired"
+        m.false_detections = attribution.detection_episodes(ix)  # no fault to explain any (one may end the run)
         skipped = ix.first("fault_skipped")
         why = f"fault skipped: {skipped.get('reason')}" if skipped else "the trigger never fired"
         for k in ("time_to_detect_s", "time_to_resume_s", "lost_steps"):
             miss[k] = why
         return m
-    _fault_run(m, ix, ctl, fault, start.t_ns, end, finished, harness_reactions)
+    _fault_run(m, ix, ctl, ix.of("fault_inject"), start.t_ns, end, finished, harness_reactions)
     return m
+
+
+def _clocks(m: RunMetrics, ix: TimelineIndex) -> None:
+    """``clock_offset_bound_s``, or why there is none: one host and one clock, or a node whose clock could not
+    be measured (a ``clock_offset`` with an ``error``: its stamps stay uncorrected, and the verdict says so)."""
+    failed = [e for e in ix.of("clock_offset") if e.get("error")]
+    uncorrected = uncorrected_hosts(ix.events)
+    if failed or uncorrected:
+        nodes = sorted({str(e.get("node") or e.get("slurm_node") or e.host) for e in failed} | set(uncorrected))
+        first = failed[0].get("error") if failed else "no clock measurement"
+        m.missing["clock_offset_bound_s"] = (f"the clock of {', '.join(nodes)} could not be measured ({first}): "
+                                             "its stamps are uncorrected")  # fmt: skip
+        m.notes["clocks"] = m.missing["clock_offset_bound_s"]
+        return
+    m.clock_offset_bound_s = offset_bound_s(ix.of("clock_offset"))
+    if m.clock_offset_bound_s is None:
+        m.missing["clock_offset_bound_s"] = "no clock_offset events (one host, one clock)"
 
 
 #: Training metrics a serving run does not have.
@@ -632,9 +693,7 @@ def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: Ti
     for k in TRAINING_METRICS:
         miss[k] = "serving run (no training)"
     m.gave_up = ix.has("give_up")
-    m.clock_offset_bound_s = offset_bound_s(ix.of("clock_offset"))
-    if m.clock_offset_bound_s is None:
-        miss["clock_offset_bound_s"] = "no clock_offset events (one host, one clock)"
+    _clocks(m, ix)
     m.crash_loop = serving.crash_loop(ix)
     m.checkpoint_outcome = classify_checkpoint_outcome(ix.events, control=m.control, load_kinds=MODEL_LOADS)
     if ctl is not None:
@@ -693,22 +752,28 @@ def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: Ti
         m.time_burned_s = ns_to_s(end.t_ns - tf)
 
 
-def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, fault: Event, t0: int,
+def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faults: list[Event], t0: int,
                end: Event | None, finished: bool, harness_reactions: int) -> None:  # fmt: skip
-    """The metrics of a run whose fault fired (``fault``, the first ``fault_inject``), in ``m``."""
+    """The metrics of a run whose faults fired (``faults``: its ``fault_inject`` events), in ``m``: every fault's
+    own figures in ``m.faults``, the run's figures from its first fault, its outcome from all of them."""
     miss = m.missing
     steps = ix.steps
-    tf = timing.fault_effect_ns(ix, fault)
+    measured = per_fault.measure_all(ix, faults, finished, t0, m.framework)
+    m.faults = [x.figures.to_dict() for x in measured]
+    first = measured[0]
+    fault, tf, fp, detect, resume = first.event, first.t_ns, first.point, first.detect, first.resume
+    fig = first.figures
     if fault.get("effect_t_ns") is not None:
         m.injection_latency_s = ns_to_s(tf - fault.t_ns)
     else:
         miss["injection_latency_s"] = "the injector recorded no moment of effect"
     if fault.get("trigger_step") is not None:
         m.trigger_step = int(fault["trigger_step"])
-    m.fault_class = fault_class(fault.get("injector"), fault.get("params"))
-    m.fault_t_s = ns_to_s(tf - t0)
-    m.fault_count = ix.count("fault_inject")
-    m.false_detections = attribution.detection_episodes(ix, before_ns=fault.t_ns)
+    m.fault_class = fig.fault_class
+    m.fault_t_s = fig.fault_t_s
+    m.fault_count = len(measured)
+    m.false_detections = attribution.false_detections(ix, [(x.t_ns, x.resume[0] if x.resume else None)
+                                                           for x in measured])  # fmt: skip
     revert = ix.first("fault_revert", after_ns=tf)
     t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else ix.events[-1].t_ns)
     in_window = timing.window_intervals(steps, tf, t_win_end)
@@ -723,7 +788,6 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
             miss["slowdown"] = "the control run did not take the fault window's steps"
     if end is not None and not finished:
         m.time_burned_s = ns_to_s(end.t_ns - tf)
-    fp = timing.fault_point(ix, tf)
     m.checkpoint_age_s = timing.checkpoint_age(ix.of("ckpt_save_end"), tf)
     if m.checkpoint_age_s is None:
         miss["checkpoint_age_s"] = "no checkpoint had completed before the fault"
@@ -734,23 +798,19 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     if prediction.missing is not None:
         miss["predicted_detect_s"] = prediction.missing
 
-    detect = ix.first("detect", after_ns=tf)
     m.detected = detect is not None
     if detect is not None:
         m.detected_by = str(detect.get("framework") or detect.src)
-        mechanism = attribution.detection_mechanism(ix, detect, tf)
-        m.detected_via = mechanism.name
-        if mechanism.missing is not None:
-            miss["detected_via"] = mechanism.missing
-        m.time_to_detect_s = ns_to_s(detect.t_ns - tf)
+        m.detected_via, m.time_to_detect_s = fig.detected_via, fig.time_to_detect_s
+        if "detected_via" in fig.missing:
+            miss["detected_via"] = fig.missing["detected_via"]
         m.detect_t_s = ns_to_s(detect.t_ns - t0)
         m.badput_detect_s = m.time_to_detect_s
-        blame = attribution.first_blame(ix, fault, tf)
-        m.blamed, m.blame = blame.blamed, blame.blame
-        if blame.missing is not None:
-            miss["blame"] = blame.missing
+        m.blamed, m.blame = fig.blamed, fig.blame
+        if "blame" in fig.missing:
+            miss["blame"] = fig.missing["blame"]
     else:
-        why = f"no detection by framework '{m.framework}' before the run ended"
+        why = fig.missing["time_to_detect_s"]
         if harness_reactions:
             why += f" (it reacted {harness_reactions} time(s) only after the harness began tearing the run down)"
         miss["time_to_detect_s"] = miss["blame"] = miss["detected_via"] = why
@@ -761,12 +821,14 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
 
     per_step_commit = ix.per_step_commit
     m.world_size_before, m.global_batch_before = ix.world(fp.incarnation)
-    resume = timing.resume_point(steps, fp, per_step_commit)
-    m.recovered = bool(finished and resume is not None)
-    m.outcome = "recovered" if m.recovered else "not_recovered"
+    m.outcome = per_fault.run_outcome(measured, finished)
+    m.recovered = m.outcome == "recovered"
     m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
-    if not m.recovered:  # no partial figure of a recovery that did not happen (it would feed medians and projections)
-        if resume is None:
+    if m.outcome == "not_recovered" or fig.status in ("interrupted", "not_recovered"):
+        # no partial figure of a recovery that did not happen (it would feed medians and projections)
+        if fig.status == "interrupted":
+            reason = fig.missing["time_to_resume_s"]
+        elif resume is None:
             reason = f"not recovered: no training step completed after the fault (run ended: {m.run_end_outcome})"
         elif m.steps_short:
             reason = f"not recovered: training ended {m.steps_short} step(s) short of {m.total_steps}"
@@ -778,18 +840,19 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
         if m.stage_detect_s is None:
             miss["stage_detect_s"] = miss["time_to_detect_s"]
         return
+    assert resume is not None  # the first fault resumed
     _stages(m, ix, fp, detect, resume)
-    assert resume is not None  # recovered
     rejoin = timing.rejoin_ns(steps, fp)
     if rejoin is not None:
         m.time_to_rejoin_s = ns_to_s(rejoin - tf)
     else:
         miss["time_to_rejoin_s"] = "nothing restarted after the fault"
     resume_t, resume_key = resume
-    m.time_to_resume_s = ns_to_s(resume_t - tf)
+    m.time_to_resume_s = fig.time_to_resume_s
     m.world_size_after, m.global_batch_after = ix.world(resume_key[0], ix.step_event(resume_t, resume_key[0]))
     m.resume_t_s = ns_to_s(resume_t - t0)
-    catch = timing.catch_up_ns(steps, fp)
+    after = detect.t_ns if detect is not None and per_step_commit else None
+    catch = timing.catch_up_ns(steps, fp, after)
     if catch is not None:
         m.time_to_catch_up_s = ns_to_s(catch - tf)
     else:
@@ -799,7 +862,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     m.lost_steps, m.lost_work_s, m.skipped_steps = lost.lost_steps, lost.lost_work_s, lost.skipped_steps
     if lost.missing is not None:
         miss["lost_work_s"] = lost.missing
-    m.rollback = not per_step_commit and resume_key[0] != fp.incarnation
+    m.rollback = fig.rollback
     stages = timing.badput(ix, fp, detect, resume, m.lost_steps)
     m.badput_restart_init_s, m.badput_restore_s = stages.restart_init_s, stages.restore_s
     m.badput_recompute_s = stages.recompute_s

@@ -75,7 +75,7 @@ def to_frame(metrics: list[RunMetrics]) -> Any:
     rows = []
     for m in metrics:
         d = m.to_dict()
-        for k in ("missing", "notes", "versions", "timeouts", "slo_failures", "timeout_problems"):
+        for k in ("missing", "notes", "versions", "timeouts", "slo_failures", "timeout_problems", "faults"):
             d[k] = json.dumps(d[k], sort_keys=True, default=str)
         rows.append(d)
     return pd.DataFrame(rows)

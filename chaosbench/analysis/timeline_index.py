@@ -233,6 +233,20 @@ class TimelineIndex:
         return max(self._rank_starts_by_incarnation, default=0)
 
     @cached_property
+    def restart_count(self) -> int:
+        """Restarts the ranks show: per unit that restarts on its own, the incarnations it started in beyond its
+        first, summed. A unit is a replica group (TorchFT's groups number their incarnations each from 0), a
+        serving replica (a timeline with ``load_start``: each replica is restarted alone), else the whole job."""
+        serving = self.has("load_start")
+        by_group: dict[Any, set[int]] = {}
+        for e in self.of("rank_start"):
+            unit = e.get("replica_group")
+            if unit is None and serving:
+                unit = ("replica", int(e.get("rank", 0)))
+            by_group.setdefault(unit, set()).add(incarnation(e))
+        return sum(len(incs) - 1 for incs in by_group.values())
+
+    @cached_property
     def final(self) -> Event | None:
         """``train_end`` of the highest incarnation that reached it: rank 0's, else the first rank's that wrote
         one."""

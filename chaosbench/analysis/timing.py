@@ -39,19 +39,49 @@ class FaultPoint:
     restarted: bool
 
 
-def fault_point(ix: TimelineIndex, tf: int) -> FaultPoint:
+def fault_point(ix: TimelineIndex, tf: int, until_ns: int | None = None, revert_ns: int | None = None) -> FaultPoint:
+    """Where the job stood when the fault at ``tf`` took effect. Per-step commit: the highest step any group had
+    committed. Otherwise the faulted incarnation's own: its highest completed step, or, before its first, the
+    step it restored (0 from scratch): steps an earlier incarnation had done and a rollback undid were lost to
+    the fault that caused that rollback, not to this one. Whether it restarted looks only up to ``until_ns``
+    (the next fault: a restart after that one is that one's); a fault that ended by itself (``revert_ns``) after
+    which the faulted incarnation went on beyond where it stood was outlasted in place, whatever restarted the
+    job later (a false detection, say)."""
     steps = ix.steps
     fault_inc = max((incarnation(e) for e in ix.of("rank_start") if e.t_ns <= tf), default=0)
     before = steps.before(tf)
-    max_before = max((idx for _, idx in before), default=0)
-    fault_step = max((idx for inc, idx in before if inc == fault_inc), default=max_before)
-    restarted = [e.t_ns for e in ix.of("rank_start") if e.t_ns > tf and incarnation(e) > fault_inc]
+    own = [idx for inc, idx in before if inc == fault_inc]
+    if ix.per_step_commit:
+        reached = max((idx for _, idx in before), default=0)
+    elif own:
+        reached = max(own)
+    else:
+        reached = _restored_before(ix, fault_inc, tf)
+    fault_step = max(own) if own else reached
+    restarted = [e.t_ns for e in ix.of("rank_start") if e.t_ns > tf and (until_ns is None or e.t_ns < until_ns)
+                 and incarnation(e) > fault_inc]  # fmt: skip
     # Steps the faulted incarnation still completed after the fault (in flight when it hit) were lost too; under
     # per-step commit nothing rolls back: a survivor's step after the fault is progress, not in-flight work.
+    if restarted and revert_ns is not None and revert_ns < min(restarted):
+        first_new = min(restarted)
+        if any(n == fault_inc and i > reached and revert_ns <= t < first_new for (n, i), t in steps.t.items()):
+            restarted = []  # it went on after the fault ended: that restart is not this fault's
     if restarted and not ix.per_step_commit:
         first_new = min(restarted)
-        max_before = max([max_before] + [i for (n, i), t in steps.t.items() if n == fault_inc and t < first_new])
-    return FaultPoint(tf, fault_inc, fault_step, max_before, bool(restarted))
+        reached = max([reached] + [i for (n, i), t in steps.t.items() if n == fault_inc and t < first_new])
+    return FaultPoint(tf, fault_inc, fault_step, reached, bool(restarted))
+
+
+def _restored_before(ix: TimelineIndex, inc: int, tf: int) -> int:
+    """The step incarnation ``inc`` had restored by ``tf`` before completing one: its last checkpoint load by
+    then (its ranks' own, else one the watcher saw after its start), else 0."""
+    own = [e for e in ix.of("ckpt_load_end") if e.src == "rank" and incarnation(e) == inc and e.t_ns <= tf
+           and e.get("step") is not None]  # fmt: skip
+    if not own:
+        starts = [e.t_ns for e in ix.rank_starts_of(inc)]
+        own = [e for e in ix.of("ckpt_load_end") if e.src == "watcher" and e.get("step") is not None and starts
+               and min(starts) <= e.t_ns <= tf]  # fmt: skip
+    return int(own[-1]["step"]) if own else 0
 
 
 def rejoin_ns(steps: JobSteps, fp: FaultPoint) -> int | None:
@@ -59,9 +89,11 @@ def rejoin_ns(steps: JobSteps, fp: FaultPoint) -> int | None:
     return next((t for t, (inc, _) in steps.after(fp.t_ns) if inc > fp.incarnation), None)
 
 
-def resume_point(steps: JobSteps, fp: FaultPoint, per_step_commit: bool) -> tuple[int, tuple[int, int]] | None:
-    """(stamp, (incarnation, step)) of the first completed step after recovery, or None."""
-    for t, (inc, idx) in steps.after(fp.t_ns):
+def resume_point(steps: JobSteps, fp: FaultPoint, per_step_commit: bool,
+                 after_ns: int | None = None) -> tuple[int, tuple[int, int]] | None:  # fmt: skip
+    """(stamp, (incarnation, step)) of the first completed step after recovery (completed after ``after_ns`` too,
+    when given: per-step commit, the framework's reaction), or None."""
+    for t, (inc, idx) in steps.after(max(fp.t_ns, after_ns or fp.t_ns)):
         if per_step_commit:
             resumed = idx > fp.last_step_before
         else:
@@ -71,9 +103,10 @@ def resume_point(steps: JobSteps, fp: FaultPoint, per_step_commit: bool) -> tupl
     return None
 
 
-def catch_up_ns(steps: JobSteps, fp: FaultPoint) -> int | None:
-    """The first completion after the fault of a step beyond every step completed before it."""
-    return next((t for t, k in steps.after(fp.t_ns) if k[1] > fp.last_step_before), None)
+def catch_up_ns(steps: JobSteps, fp: FaultPoint, after_ns: int | None = None) -> int | None:
+    """The first completion after the fault (and after ``after_ns``, when given) of a step beyond every step
+    completed before it."""
+    return next((t for t, k in steps.after(max(fp.t_ns, after_ns or fp.t_ns)) if k[1] > fp.last_step_before), None)
 
 
 @dataclass(frozen=True)
@@ -92,7 +125,7 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -
     before ``resume_step``), the seconds they had taken, and under per-step commit the steps computed but not
     committed after the fault."""
     steps = ix.steps
-    restored = restored_step(ix, resume_step)
+    restored = restored_step(ix, resume_step, fp.t_ns)
     lost_steps = max(0, fp.last_step_before - restored)
     skipped_steps = None
     skipped_s = 0.0
@@ -118,20 +151,22 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -
     return LostWork(total, None, skipped_steps, "the lost steps are not on the timeline")
 
 
-def restored_step(ix: TimelineIndex, resume_step: tuple[int, int]) -> int:
+def restored_step(ix: TimelineIndex, resume_step: tuple[int, int], after_ns: int) -> int:
     """The step recovery restarted from, for an incarnation that resumed at ``resume_step`` (incarnation, step):
-    the step before its first step, or the step of the checkpoint it loaded when that is earlier (a script that
-    resumes at the epoch its snapshot had finished trains it again; a progress bar's first count after a resume
-    may skip a step or two: the load says where it restarted). Its loads: its own ``ckpt_load_end`` events, else
-    the checkpoint reads the watcher saw between its first ``rank_start`` and its first step."""
+    the step before its first step, or the step of the checkpoint it loaded after the fault (``after_ns``) when
+    that is earlier (a script that resumes at the epoch its snapshot had finished trains it again; a progress
+    bar's first count after a resume may skip a step or two: the load says where it restarted). Its loads: its
+    own ``ckpt_load_end`` events, else the checkpoint reads the watcher saw between its first ``rank_start`` and
+    its first step. A recovery in place loaded nothing after the fault: the step before its first step."""
     inc, first = resume_step
-    loaded = [e for e in ix.of("ckpt_load_end") if e.src == "rank" and incarnation(e) == inc and e.get("step") is not None]
+    loaded = [e for e in ix.of("ckpt_load_end") if e.src == "rank" and incarnation(e) == inc and e.get("step") is not None
+              and e.t_ns >= after_ns]  # fmt: skip
     if not loaded:
         starts = [e.t_ns for e in ix.rank_starts_of(inc)]
         first_t = ix.steps.by_incarnation.get(inc, [(0, None)])[0][1]
         if starts and first_t is not None:
             loaded = [e for e in ix.of("ckpt_load_end") if e.src == "watcher" and e.get("step") is not None
-                      and min(starts) <= e.t_ns <= first_t]  # fmt: skip
+                      and max(min(starts), after_ns) <= e.t_ns <= first_t]  # fmt: skip
     restored = first - 1
     return min(restored, int(loaded[-1]["step"])) if loaded else restored
 
@@ -288,7 +323,7 @@ def _per_step_commit_ends(ix: TimelineIndex, fp: FaultPoint, ends: dict[str, int
         notes["reschedule"] = notes["reshard_or_replace"] = (
             "continued without the lost replica: no replacement joined before the run ended, nothing was "
             "rescheduled or restored")  # fmt: skip
-        ends["resume"] = catch_up_ns(ix.steps, fp)
+        ends["resume"] = catch_up_ns(ix.steps, fp, ends["detect"])  # a step in flight at the fault is no resume
         return
     inc = incarnation(replacement)
     joined = [e for e in ix.rank_starts_of(inc) if e.t_ns > fp.t_ns]

@@ -50,3 +50,28 @@ def as_bool(value: Any) -> bool | None:
         return bool(value)
     except (TypeError, ValueError):
         return None
+
+
+#: The run-level fields a fault's own figures share (chaosbench.analysis.faults.FaultFigures).
+_FAULT_FIELDS = ("fault", "fault_class", "detected", "time_to_detect_s", "detected_via", "blame", "blamed",
+                 "time_to_resume_s", "lost_steps", "lost_work_s", "rollback")  # fmt: skip
+
+
+def fault_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The faults of one result row, each measured on its own (its ``faults`` column: a list, or its JSON); a row
+    of an older chaosbench without one stands for its single fault (its run-level figures, its outcome as the
+    fault's status). Controls and runs whose fault did not fire have none."""
+    value = row.get("faults")
+    if isinstance(value, str) and not is_missing(value):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if isinstance(value, list) and value:
+        return [dict(f) for f in value if isinstance(f, dict)]
+    outcome = row.get("outcome")
+    if as_bool(row.get("control")) is True or outcome not in ("recovered", "not_recovered", "outlasted"):
+        return []
+    return [{**{k: row.get(k) for k in _FAULT_FIELDS}, "status": outcome}]

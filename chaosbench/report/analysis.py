@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from chaosbench.analysis.faults import FIRED_OUTCOMES
 from chaosbench.analysis.fleet import (
     DEFAULT_CHECKPOINT_COST_S,
     DEFAULT_MANUAL_RECOVERY_S,
@@ -23,6 +24,7 @@ from chaosbench.analysis.fleet import (
 )
 from chaosbench.analysis.metrics import STAGE_METRICS
 from chaosbench.analysis.stats import median_ci, wilson, young_daly_interval_s
+from chaosbench.analysis.values import fault_rows
 from chaosbench.report.document import Block, Cell, Heading, Image, Paragraph, Table
 from chaosbench.report.elasticity import elasticity_blocks
 from chaosbench.report.fmt import MISSING, as_bool, as_float, parse_json_object
@@ -82,26 +84,49 @@ def _unusable_row(fault: str, fw: str, why: str, width: int) -> list[Cell]:
 
 
 def stats_table(rows: Sequence[dict[str, Any]]) -> Table:
-    """Per fault x framework: success rate (Wilson 95 %) and medians with bootstrap 95 % intervals."""
+    """Per fault x framework: success rate (Wilson 95 %) and medians with bootstrap 95 % intervals; a schedule of
+    several faults gets a row per fault too (``kill+kill-during-restore › kill-during-restore``), from each
+    fault's own figures. Medians of resume and lost work are over the recovered faults only (a run that did not
+    recover has no such figure; an outlasted fault's stall is no recovery), of detection over the detected."""
     out: list[list[Cell]] = []
     unusable = unusable_frameworks(rows)
     for (fault, fw), rs in _cells(rows).items():
         if fw in unusable:
             out.append(_unusable_row(fault, fw, unusable[fw], 7))
             continue
-        ok = sum(1 for r in rs if r.get("outcome") == "recovered")
-        p, lo, hi = wilson(ok, len(rs))
-        rate = MISSING if p is None else f"{ok}/{len(rs)} ({p:.0%}; {lo:.0%}-{hi:.0%})"
-        out.append([fault, fw, rate, _ci_text(_values(rs, "time_to_detect_s")),
-                    _ci_text(_values(rs, "time_to_resume_s")), _ci_text(_values(rs, "lost_steps")),
-                    _ci_text(_values(rs, "extra_wall_s"))])  # fmt: skip
+        per_run = [fault_rows(r) for r in rs]
+        out.append(_stats_row(fault, fw, [fs[-1] for fs in per_run if fs], rs, _values(rs, "extra_wall_s")))
+        width = max((len(fs) for fs in per_run), default=0)
+        for i in range(width if width > 1 else 0):
+            nth = [fs[i] for fs in per_run if len(fs) > i]
+            name = next((str(f.get("fault")) for f in nth if f.get("fault")), str(i + 1))
+            out.append(_stats_row(f"{fault} › {name}", fw, nth, None, []))
     return Table(
         ["fault", "framework", "recovered (95 % CI)", "time_to_detect_s median [95 % CI]",
          "time_to_resume_s median [95 % CI]", "lost_steps median [95 % CI]", "extra_wall_s median [95 % CI]"],
         out,
-        caption="Medians with percentile-bootstrap 95 % intervals over repeats; success rates with Wilson intervals. "
-                "A framework whose fault-free control did not run clean is unusable, not ranked.",
+        caption="Medians with percentile-bootstrap 95 % intervals over repeats (resume and lost work over the "
+                "recovered faults); success rates with Wilson intervals; an outlasted fault (the job went on with "
+                "no framework reaction) is counted apart. A framework whose fault-free control did not run clean "
+                "is unusable, not ranked.",
     )  # fmt: skip
+
+
+def _stats_row(fault: str, fw: str, faults: list[dict[str, Any]], runs: list[dict[str, Any]] | None,
+               extra_wall: list[float]) -> list[Cell]:  # fmt: skip
+    """One row of :func:`stats_table`: over whole runs (``runs``: the run's outcome; ``faults`` their last
+    faults) or over the n-th fault of each run (``runs`` None: that fault's status)."""
+    outcomes = [str(r.get("outcome")) for r in runs] if runs is not None else [str(f.get("status")) for f in faults]
+    ok = sum(1 for o in outcomes if o == "recovered")
+    outlasted = sum(1 for o in outcomes if o == "outlasted")
+    p, lo, hi = wilson(ok, len(outcomes))
+    rate = MISSING if p is None else f"{ok}/{len(outcomes)} ({p:.0%}; {lo:.0%}-{hi:.0%})"
+    if outlasted:
+        rate += f"; {outlasted} outlasted"
+    recovered = [f for f in faults if f.get("status") == "recovered"]
+    return [fault, fw, rate, _ci_text(_values(faults, "time_to_detect_s")),
+            _ci_text(_values(recovered, "time_to_resume_s")), _ci_text(_values(recovered, "lost_steps")),
+            _ci_text(extra_wall)]  # fmt: skip
 
 
 def _rate(k: int, n: int) -> str:
@@ -119,9 +144,9 @@ def scorecard_table(rows: Sequence[dict[str, Any]]) -> Table:
         by_fw.setdefault(str(r.get("framework")), []).append(r)
     out: list[list[Cell]] = []
     for fw, rs in sorted(by_fw.items()):
-        fired = [r for r in rs if as_bool(r.get("control")) is not True and r.get("outcome") in ("recovered", "not_recovered")]
+        fired = [r for r in rs if as_bool(r.get("control")) is not True and r.get("outcome") in FIRED_OUTCOMES]
         detected = [r for r in fired if (as_bool(r.get("detected")) is True)]
-        named = [r for r in detected if r.get("blame") in ("correct", "wrong")]
+        named = [r for r in detected if r.get("blame") in ("correct", "imprecise", "wrong")]
         correct = sum(1 for r in named if r.get("blame") == "correct")
         judged = [r for r in rs if as_float(r.get("false_detections")) is not None]
         false = sum(1 for r in judged if (as_float(r.get("false_detections")) or 0) > 0)
@@ -255,12 +280,13 @@ def _scale(projection: dict[str, Any] | None) -> tuple[FleetScale, str]:
                        float(projection["node_mtbf_h"])),
             "the suite's projection settings",
         )  # fmt: skip
-    return LLAMA3, "Llama 3's reported scale (16,384 GPUs, 466 interruptions in 54 days), for orientation"
+    return LLAMA3, ("Llama 3's reported scale (16,384 GPUs, 419 unexpected interruptions in 54 days), for "
+                    "orientation")  # fmt: skip
 
 
-def young_daly_table(rows: Sequence[dict[str, Any]], checkpoint_every: int | None, scale: FleetScale) -> Table:
-    """This workload's measured checkpoint cost, its configured interval, and the Young/Daly optimum for that
-    cost at the fleet's job MTBF (what this checkpoint would need at that scale)."""
+def young_daly_table(rows: Sequence[dict[str, Any]], scale: FleetScale) -> Table:
+    """This workload's measured checkpoint cost, its interval as its fault-free controls measured it, and the
+    Young/Daly optimum for that cost at the fleet's job MTBF (what this checkpoint would need at that scale)."""
     out: list[list[Cell]] = []
     unusable = unusable_frameworks(rows)
     by_fw: dict[str, list[dict[str, Any]]] = {}
@@ -277,13 +303,13 @@ def young_daly_table(rows: Sequence[dict[str, Any]], checkpoint_every: int | Non
         if cost <= 0:  # a save whose duration the timeline shows as 0: no interval follows from it
             out.append([fw, _s(cost), MISSING, MISSING, "checkpoint cost measured as 0 s: no optimum"])
             continue
-        steps = _values([r for r in rs if (as_bool(r.get("control")) is True)], "step_time_s")
-        interval = checkpoint_every * statistics.median(steps) if checkpoint_every and steps else None
+        intervals = _values([r for r in rs if (as_bool(r.get("control")) is True)], "checkpoint_interval_s")
+        interval = statistics.median(intervals) if intervals else None
         opt = young_daly_interval_s(cost, scale.job_mtbf_s)
         out.append([fw, _s(cost), _s(interval), _s(opt, 1),
                     f"{interval / opt:.3g}x" if interval is not None else MISSING])  # fmt: skip
-    return Table(["framework", "checkpoint cost C (s, measured)", "configured interval (s, this suite)",
-                  "Young/Daly optimum at the fleet's MTBF (s)", "configured / optimum"], out,
+    return Table(["framework", "checkpoint cost C (s, measured)", "interval (s, measured in the controls)",
+                  "Young/Daly optimum at the fleet's MTBF (s)", "measured / optimum"], out,
                  caption=f"Job MTBF M = {scale.job_mtbf_s:.0f} s; optimum = sqrt(2CM) with Daly's correction.")  # fmt: skip
 
 
@@ -291,22 +317,25 @@ def assumptions_from(projection: dict[str, Any] | None) -> tuple[Assumptions, li
     """The projection's assumptions (the suite's ``projection`` settings over the defaults), and one line on each
     saying where it comes from."""
     o = projection or {}
+    def given(key: str) -> bool:  # set in the suite (an explicit 0 is a value, not "use the default")
+        return o.get(key) is not None
+
     a = Assumptions(
-        checkpoint_cost_s=float(o.get("checkpoint_cost_s") or DEFAULT_CHECKPOINT_COST_S),
-        checkpoint_interval_s=float(o["checkpoint_interval_s"]) if o.get("checkpoint_interval_s") else None,
-        manual_recovery_s=float(o.get("manual_recovery_s") or DEFAULT_MANUAL_RECOVERY_S),
-        recovery_scale=float(o.get("recovery_scale") or 1.0),
+        checkpoint_cost_s=float(o["checkpoint_cost_s"]) if given("checkpoint_cost_s") else DEFAULT_CHECKPOINT_COST_S,
+        checkpoint_interval_s=float(o["checkpoint_interval_s"]) if given("checkpoint_interval_s") else None,
+        manual_recovery_s=float(o["manual_recovery_s"]) if given("manual_recovery_s") else DEFAULT_MANUAL_RECOVERY_S,
+        recovery_scale=float(o["recovery_scale"]) if given("recovery_scale") else 1.0,
         mix=FaultMix(dict(o["fault_mix"]), "the suite's projection.fault_mix") if o.get("fault_mix") else LLAMA3_MIX,
     )
     said = "the suite's projection settings"
     notes = [
         f"checkpoint cost C = {a.checkpoint_cost_s:g} s (assumed: "
-        + (said if o.get("checkpoint_cost_s") else "a blocking sharded save of a ~1 TB state; set "
+        + (said if given("checkpoint_cost_s") else "a blocking sharded save of a ~1 TB state; set "
            "projection.checkpoint_cost_s") + ")",
-        "checkpoint interval = " + (f"{a.checkpoint_interval_s:g} s ({said})" if a.checkpoint_interval_s
+        "checkpoint interval = " + (f"{a.checkpoint_interval_s:g} s ({said})" if a.checkpoint_interval_s is not None
                                     else "the Young/Daly optimum for C at the job MTBF"),
         f"a failure the framework did not recover from costs {a.manual_recovery_s:g} s (assumed: "
-        + (said if o.get("manual_recovery_s") else "an operator restarts the job") + ")",
+        + (said if given("manual_recovery_s") else "an operator restarts the job") + ")",
         f"measured recovery x {a.recovery_scale:g} (projection.recovery_scale)",
         "fault mix: " + a.mix.source + " = " + ", ".join(f"{k} {a.mix.share(k):.1%}" for k in a.mix.weights),
     ]  # fmt: skip
@@ -395,12 +424,10 @@ def analysis_blocks(
             "injection_latency_s): their recovery is measured from when the fault took effect."
         ))  # fmt: skip
     definition = definition or {}
-    wl = (definition.get("defaults") or {}).get("workload") or {}
-    checkpoint_every = wl.get("checkpoint_every", 10 if wl.get("name", "ddp-mlp") == "ddp-mlp" else None)
     projection = definition.get("projection")
     scale, source = _scale(projection)
     blocks.append(Heading(3, "Checkpoint interval (Young/Daly)"))
-    yd = young_daly_table(rows, checkpoint_every, scale)
+    yd = young_daly_table(rows, scale)
     blocks.append(yd if yd.rows else Paragraph(f"{MISSING} (no checkpoint saves measured)"))
     blocks.append(Heading(3, f"Fleet projection: {scale.nodes} nodes x {scale.gpus_per_node} GPUs, "
                              f"node MTBF {scale.node_mtbf_h:.0f} h"))  # fmt: skip

@@ -76,7 +76,8 @@ METRICS: list[tuple[str, str]] = [
 ]
 
 #: Outcomes in the order the summary lists them; unknown ones follow, then runs with no outcome.
-OUTCOMES = ["completed", "recovered", "not_recovered", "fault_not_fired", "contaminated", "failed", "error"]
+OUTCOMES = ["completed", "recovered", "outlasted", "not_recovered", "fault_not_fired", "contaminated", "failed",
+            "error"]  # fmt: skip
 #: How outcome counts name runs whose outcome is missing.
 NO_OUTCOME = "no outcome"
 #: Suites of at most this many runs show every run's timeline plot in the report (by relative path, loaded

@@ -115,7 +115,9 @@ def test_diverged_final_state() -> None:
     assert m.verdict == "recovered after 1 restart; final state diverged"
 
 
-def test_hang_recovered_in_place_without_detection() -> None:
+def test_hang_outlasted_without_detection() -> None:
+    """A hang that ended by itself with no framework reaction is outlasted, not recovered: its cost is its stall
+    (before: "recovered in place, not detected", and it ranked as a recovery)."""
     tl = TL(fault="hang").incarnation(0, 0.1, 1, 12, ckpt_every=0)
     tf = tl.t_last + 0.02
     tl.add(tf, "fault_inject", src="injector", fault="hang", injector="hang")
@@ -130,8 +132,9 @@ def test_hang_recovered_in_place_without_detection() -> None:
         tl.rank(t + 0.01, "train_end", r, 0, step=20, loss=0.1, digest="d")
     tl.add(t + 0.1, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), total_steps=20)
-    assert m.outcome == "recovered" and m.detected is False
-    assert m.verdict == "recovered in place, not detected"
+    assert m.outcome == "outlasted" and m.detected is False and m.recovered is False
+    assert m.verdict == "outlasted: the job went on after a 3.10 s stall, with no framework reaction"
+    assert [f["status"] for f in m.faults] == ["outlasted"]
     # the window of the fault (inject to revert) holds the one 3.1 s gap: the job stood still
     assert m.fault_step_time_s == pytest.approx(3.12, abs=1e-6)
     assert m.time_to_detect_s is None and "no detection" in m.missing["time_to_detect_s"]

@@ -154,7 +154,8 @@ def test_young_daly() -> None:
 
 
 def test_fleet_scale_and_projection() -> None:
-    assert LLAMA3.interruptions_per_day == pytest.approx(466 / 54, rel=1e-9)
+    # the 419 unexpected interruptions the fault mix counts too (466 with the 47 planned: case 11 of issue 24)
+    assert LLAMA3.interruptions_per_day == pytest.approx(419 / 54, rel=1e-9)
     scale = FleetScale(nodes=100, gpus_per_node=8, node_mtbf_h=1000)
     assert scale.job_mtbf_s == pytest.approx(36_000)
     costs = RecoveryCosts("x", {"crash": [Sample(60.0), Sample(60.0)]})
