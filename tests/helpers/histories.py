@@ -1,0 +1,437 @@
+"""Run histories built from a known ground truth, for holding ``compute_metrics`` to the metrics' definitions.
+
+A :class:`Plan` says what happens in a run: its ranks on hosts (with clock offsets), which ranks log their steps
+and how often, the step time, checkpoints (some torn), the faults (each a kind at a step), the final digests.
+:func:`simulate` plays it through step by step and writes, side by side, the events the harness, the framework
+and the ranks would write (each on its host's clock) and what happened: every fault's moment, where the job
+stood, what each restart restored and when each incarnation's ranks logged what. :func:`expected` then gives the
+figures the definitions (chaosbench.analysis.metrics and .faults) name, from those records, written as plainly
+as the definitions read, never from the events or the engine's code.
+
+The one convention both share is how a job step shows in logs: it is the job's once every rank that logs steps
+in its incarnation has logged it or a later one (a rank logging every 5th step makes the job's logged steps lag
+the truth, as in a real run), stamped when the last of them did.
+
+Kinds of fault, each landing 1 ms after the job's step ``at_step`` (every rank done with it):
+
+- ``crash``: a rank dies: nothing more is logged by its incarnation; the framework detects it ``detect_us`` later,
+  restarts every rank ``restart_us`` after that; they load the newest complete checkpoint (none: from scratch);
+- ``fatal``: a rank dies, the framework detects it and gives up: the run ends failed;
+- ``outlast``: a rank stops for ``hold_us``, then the job goes on in place; nothing reacts;
+- ``false``: no fault at all: the framework detects a failure that is not there and restarts (a false detection);
+- a ``crash`` with ``during_restore`` lands while the previous crash's restart is under way (1 ms after the new
+  ranks started, before they load or step): that previous fault is interrupted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+from chaosbench.timeline import Event
+
+T0_NS = 1_800_000_000 * 1_000_000_000
+HARNESS_HOST = "harness"
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    kind: str  # crash | fatal | outlast | false
+    at_step: int
+    detect_us: int = 50_000
+    restart_us: int = 500_000
+    hold_us: int = 2_000_000
+    during_restore: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    ranks: int
+    hosts: int
+    offsets_us: tuple[int, ...]  # per host: its clock minus the harness's (host 0 is the harness's)
+    every: tuple[int | None, ...]  # per rank: it logs every k-th step (None: none)
+    steps: int
+    step_us: int
+    init_us: int
+    ckpt_every: int  # 0: never
+    torn: frozenset[int]  # checkpoint steps whose save is torn
+    faults: tuple[FaultPlan, ...]
+    digest: str | None  # the run's final digest (None: it prints none)
+    control_digest: str | None
+    cut: float | None = None  # the run's deadline, as a share of how long it would take: torn down then
+
+
+@dataclass
+class Fault:
+    """One fault as it happened (not a false detection)."""
+
+    name: str
+    kind: str
+    t_us: int
+    inc: int  # the incarnation it hit
+    detect_us: int | None  # when the framework detected it (absolute), None: never
+    ended_us: int | None = None  # when a fault that ends by itself ended (outlast)
+    interrupted: bool = False
+    restart_inc: int | None = None  # the incarnation its restart started
+
+
+@dataclass
+class Record:
+    """What the simulation did: the logs per incarnation, the loads, the saves, the faults, the detections."""
+
+    plan: Plan
+    control: bool
+    logs: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)  # inc -> rank -> (t, step)
+    loads: dict[int, tuple[int, int]] = field(default_factory=dict)  # inc -> (t of its load end, step)
+    starts: dict[int, int] = field(default_factory=dict)  # inc -> its first rank_start
+    saves: list[tuple[int, int]] = field(default_factory=list)  # (t of the save's end, step), complete ones
+    faults: list[Fault] = field(default_factory=list)
+    detections: list[tuple[int, str | None]] = field(default_factory=list)  # (t, fault name or None: false)
+    restarts: list[int] = field(default_factory=list)  # times of the framework's restart events
+    ended: str = "completed"
+    incarnations: int = 1
+    train_end_us: int | None = None  # when the ranks printed their closing line (with the digest)
+
+
+class _Writer:
+    """The events, each with the moment it really happened (us, the harness's clock)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.events: list[tuple[int, Event]] = []
+
+    def harness(self, t_us: int, kind: str, src: str = "harness", **data: object) -> None:
+        self.events.append((t_us, Event(T0_NS + t_us * 1000, kind, src, HARNESS_HOST, dict(data))))
+
+    def rank(self, t_us: int, kind: str, rank: int, inc: int, **data: object) -> None:
+        h = rank % self.plan.hosts
+        host = HARNESS_HOST if h == 0 else f"h{h}"
+        t_ns = T0_NS + (t_us + self.plan.offsets_us[h]) * 1000  # written on the rank's own clock
+        self.events.append((t_us, Event(t_ns, kind, "rank", host, {"rank": rank, "incarnation": inc, **data})))
+
+
+def simulate(plan: Plan, control: bool = False) -> tuple[list[Event], Record]:
+    """The events of a run of ``plan`` (``control``: without its faults), unsorted, and its :class:`Record`."""
+    w = _Writer(plan)
+    rec = Record(plan, control)
+    w.harness(0, "run_start", scenario="fw/x", framework="fw", fault=None if control else "f", repeat=0,
+              control=control)  # fmt: skip
+    for h in range(1, plan.hosts):
+        w.harness(1, "clock_offset", node=f"node{h}", node_host=f"h{h}", offset_ns=plan.offsets_us[h] * 1000,
+                  bound_ns=20_000, rtt_ns=40_000, samples=5)  # fmt: skip
+    pending = [] if control else list(plan.faults)
+    inc = 0
+
+    def start(t_us: int, load: bool = True) -> tuple[int, int]:
+        """Incarnation ``inc`` starts at ``t_us``: (the time it is ready to step, the step it restored)."""
+        rec.starts[inc] = t_us
+        for r in range(plan.ranks):
+            w.rank(t_us + r * 10, "rank_start", r, inc, pid=1000 + 10 * inc + r, world_size=plan.ranks)
+        t_us += plan.init_us
+        step = max((s for _, s in rec.saves), default=0) if load else 0
+        if step:
+            for r in range(plan.ranks):
+                w.rank(t_us, "ckpt_load_begin", r, inc, step=step)
+                w.rank(t_us + 100_000, "ckpt_load_end", r, inc, step=step)
+            rec.loads[inc] = (t_us + 100_000, step)
+            t_us += 100_000
+        return t_us, step
+
+    t, pos = start(10_000)
+    while True:
+        fault = pending[0] if pending else None
+        if pos >= plan.steps:
+            break
+        if fault is not None and pos == fault.at_step:
+            pending.pop(0)
+            tf = t + 1_000
+            name = f"f{len(rec.faults)}"
+            if fault.kind == "false":
+                td = tf + fault.detect_us
+                w.harness(td, "detect", src="framework", framework="fw", reason="heartbeat", blame_rank=0)
+                rec.detections.append((td, None))
+                w.harness(td + 1_000, "restart", src="framework", framework="fw")
+                rec.restarts.append(td + 1_000)
+                inc += 1
+                t, pos = start(td + fault.restart_us)
+                continue
+            w.harness(tf, "fault_inject", src="injector", fault=name, injector="hang" if fault.kind == "outlast"
+                      else "kill", target=[{"rank": plan.ranks - 1}], effect_t_ns=T0_NS + tf * 1000)  # fmt: skip
+            if fault.kind == "outlast":
+                rec.faults.append(Fault(name, "outlast", tf, inc, None, ended_us=tf + fault.hold_us))
+                w.harness(tf + fault.hold_us, "fault_revert", src="injector", fault=name)
+                t = tf + fault.hold_us
+                continue
+            td = tf + fault.detect_us
+            rec.faults.append(Fault(name, fault.kind, tf, inc, td))
+            w.harness(td, "detect", src="framework", framework="fw", reason="exited", blame_rank=plan.ranks - 1)
+            rec.detections.append((td, name))
+            if fault.kind == "fatal":
+                w.harness(td + 1_000, "give_up", src="framework", framework="fw")
+                rec.ended = "failed"
+                t = td + 2_000
+                break
+            w.harness(td + 1_000, "restart", src="framework", framework="fw")
+            rec.restarts.append(td + 1_000)
+            inc += 1
+            rec.faults[-1].restart_inc = inc
+            nxt = pending[0] if pending else None
+            if nxt is not None and nxt.during_restore:  # hit again 1 ms after the new ranks started
+                pending.pop(0)
+                rec.faults[-1].interrupted = True
+                t0 = td + fault.restart_us
+                rec.starts[inc] = t0
+                for r in range(plan.ranks):
+                    w.rank(t0 + r * 10, "rank_start", r, inc, pid=1000 + 10 * inc + r, world_size=plan.ranks)
+                t2 = t0 + 1_000
+                name2 = f"f{len(rec.faults)}"
+                w.harness(t2, "fault_inject", src="injector", fault=name2, injector="kill",
+                          target=[{"rank": 0}], effect_t_ns=T0_NS + t2 * 1000)  # fmt: skip
+                td2 = t2 + nxt.detect_us
+                rec.faults.append(Fault(name2, "crash", t2, inc, td2))
+                w.harness(td2, "detect", src="framework", framework="fw", reason="exited", blame_rank=0)
+                rec.detections.append((td2, name2))
+                w.harness(td2 + 1_000, "restart", src="framework", framework="fw")
+                rec.restarts.append(td2 + 1_000)
+                inc += 1
+                rec.faults[-1].restart_inc = inc
+                t, pos = start(td2 + nxt.restart_us)
+            else:
+                t, pos = start(td + fault.restart_us)
+            continue
+        t += plan.step_us
+        pos += 1
+        for i, r in enumerate(range(plan.ranks)):
+            k = plan.every[r]
+            if k is not None and pos % k == 0:
+                tr = t + i * 3
+                w.rank(tr, "step", r, inc, step=pos, loss=1.0 / pos, duration_s=plan.step_us / 1e6)
+                rec.logs.setdefault(inc, {}).setdefault(r, []).append((tr, pos))
+        if plan.ckpt_every and pos % plan.ckpt_every == 0:
+            complete = pos not in plan.torn
+            for r in range(plan.ranks):
+                w.rank(t + 50, "ckpt_save_begin", r, inc, step=pos)
+                w.rank(t + 2_000 + r, "ckpt_save_end", r, inc, step=pos, complete=complete)
+            if complete:  # complete once the last rank's save ended
+                rec.saves.append((t + 2_000 + plan.ranks - 1, pos))
+            t += 2_500
+    rec.incarnations = inc + 1
+    if rec.ended == "completed":
+        digest = plan.control_digest if control else plan.digest
+        if digest is not None:
+            rec.train_end_us = t + 1_000
+            for r in range(plan.ranks):
+                w.rank(t + 1_000, "train_end", r, inc, step=plan.steps, loss=1.0 / plan.steps, digest=digest)
+    end = t + 20_000
+    if plan.cut is not None and not control:  # the deadline: torn down then, whatever was under way
+        deadline = int(end * plan.cut)
+        if deadline < end:
+            _cut(w, rec, deadline)
+            w.harness(deadline, "teardown_begin", reason="deadline")
+            w.harness(deadline + 1_000, "run_end", outcome="deadline")
+            return [e for _, e in w.events], rec
+    w.harness(end - 1_000, "teardown_begin", reason="end")
+    w.harness(end, "run_end", outcome=rec.ended)
+    return [e for _, e in w.events], rec
+
+
+def _cut(w: _Writer, rec: Record, deadline: int) -> None:
+    """Everything after ``deadline`` did not happen: the run was torn down then."""
+    w.events = [(t, e) for t, e in w.events if t < deadline]
+    rec.ended = "deadline"
+    rec.logs = {i: {r: [x for x in lines if x[0] < deadline] for r, lines in by_rank.items()}
+                for i, by_rank in rec.logs.items()}  # fmt: skip
+    rec.logs = {i: {r: lines for r, lines in by_rank.items() if lines} for i, by_rank in rec.logs.items()}
+    rec.logs = {i: by_rank for i, by_rank in rec.logs.items() if by_rank}
+    rec.loads = {i: x for i, x in rec.loads.items() if x[0] < deadline}
+    rec.starts = {i: t for i, t in rec.starts.items() if t < deadline}
+    rec.saves = [x for x in rec.saves if x[0] < deadline]
+    rec.faults = [f for f in rec.faults if f.t_us < deadline]
+    for f in rec.faults:
+        if f.detect_us is not None and f.detect_us >= deadline:
+            f.detect_us = None
+    rec.detections = [x for x in rec.detections if x[0] < deadline]
+    if rec.train_end_us is not None and rec.train_end_us >= deadline:
+        rec.train_end_us = None
+    rec.incarnations = max(rec.starts, default=0) + 1
+
+
+# --------------------------------------------------------------------------------- the figures, by definition
+def completion(logs: dict[int, list[tuple[int, int]]], step: int) -> int | None:
+    """When the job had logged ``step`` in one incarnation (``logs``: rank -> its (t, step) lines): once every
+    rank that logs in it had logged it or a later one (None: some never did)."""
+    firsts = []
+    for lines in logs.values():
+        t = next((t for t, s in lines if s >= step), None)
+        if t is None:
+            return None
+        firsts.append(t)
+    return max(firsts) if firsts else None
+
+
+def logged_steps(logs: dict[int, list[tuple[int, int]]]) -> list[int]:
+    return sorted({s for lines in logs.values() for _, s in lines})
+
+
+@dataclass
+class Expected:
+    outcome: str
+    statuses: list[str]
+    time_to_detect_us: list[int | None]
+    time_to_resume_us: list[int | None]
+    lost_steps: list[int | None]
+    restarts: list[int]
+    restart_count: int
+    false_detections: int
+    final_step: int | None
+    fidelity: str | None
+    checkpoint_age_us: int | None
+
+
+def final_step(rec: Record) -> int | None:
+    """Where training ended: the closing line's step when the script printed one (with its digest; whether the job
+    then exited before the deadline or not), else, when the job exited 0 by itself, the last job step its newest
+    logging incarnation logged (a script that logs every 5th step and prints nothing at the end shows no later
+    one)."""
+    if rec.train_end_us is not None:  # training finished, whether or not the job then exited in time
+        return rec.plan.steps
+    if rec.ended != "completed":
+        return None
+    logs = rec.logs[max(rec.logs)]
+    done = [s for s in logged_steps(logs) if completion(logs, s) is not None]
+    return max(done) if done else None
+
+
+def expected(rec: Record, control: Record) -> Expected:
+    """The figures of a run (``rec``) against its control, as the definitions give them."""
+    plan = rec.plan
+    final = final_step(rec)
+    finished = final is not None and final >= plan.steps
+    n = len(rec.faults)
+    statuses, detects, resumes, losts, restarts = [], [], [], [], []
+    resumed_at: list[int | None] = []  # when each fault's job resumed within its window (whatever its status)
+    for i, f in enumerate(rec.faults):
+        until = rec.faults[i + 1].t_us if i + 1 < n else None
+        # the framework's first reaction after it, in its window (whatever it meant: a false detection there is
+        # a reaction all the same)
+        det = min((t for t, _ in rec.detections if t >= f.t_us and (until is None or t < until)), default=None)
+        own = rec.logs.get(f.inc, {})  # every rank that logs in the incarnation (a late first line holds it up)
+        reached = [s for s in logged_steps(own) if completion(own, s) is not None and completion(own, s) <= f.t_us]
+        if reached:
+            position = max(reached)
+        else:  # nothing done by this incarnation yet: the step it restored
+            position = rec.loads[f.inc][1] if f.inc in rec.loads and rec.loads[f.inc][0] <= f.t_us else 0
+        # the first job step logged after recovery: when a newer incarnation started after the fault (before the
+        # next one), the first step a newer incarnation logged; else (in place) the first beyond the position.
+        # A fault that ended by itself after which its incarnation logged progress was outlasted in place,
+        # whatever restarted the job afterwards.
+        newer = sorted(k for k, t in rec.starts.items() if k > f.inc and t > f.t_us and (until is None or t < until))
+        in_place = [(t, s) for s in logged_steps(own) if s > position
+                    for t in [completion(own, s)] if t is not None and t > f.t_us]  # fmt: skip
+        if newer and f.ended_us is not None:
+            if any(f.ended_us <= t < rec.starts[newer[0]] for t, _ in in_place):
+                newer = []
+        if newer:
+            inc2 = newer[0]
+            while inc2 not in rec.logs and inc2 + 1 < rec.incarnations:
+                inc2 += 1  # restarted again before it logged a step: the next one
+            logs = rec.logs.get(inc2, {})
+            done = [(t, s) for s in logged_steps(logs) for t in [completion(logs, s)] if t is not None]
+            resumed = min(done) if done else None
+            restored = None
+            if resumed is not None:
+                restored = resumed[1] - 1
+                if inc2 in rec.loads and rec.loads[inc2][0] >= f.t_us:
+                    restored = min(restored, rec.loads[inc2][1])
+        else:
+            resumed = min(in_place) if in_place else None
+            restored = resumed[1] - 1 if resumed else None
+        in_window = resumed is not None and (until is None or resumed[0] < until)
+        # a detection after the job resumed is no reaction to this fault (it is a false one, counted as such)
+        if det is not None and in_window and det > resumed[0]:  # type: ignore[index]
+            det = None
+        detects.append(None if det is None else det - f.t_us)
+        incs_after = [k for k, t in rec.starts.items() if k > f.inc and t >= f.t_us
+                      and (t <= (resumed[0] if in_window else until or 10**18))]  # fmt: skip
+        restarts.append(len(incs_after))
+        resumed_at.append(resumed[0] if in_window else None)  # type: ignore[index]
+        lost = None if resumed is None else max(0, position - restored)  # type: ignore[operator]
+        if not in_window:
+            statuses.append("interrupted" if until is not None else "not_recovered")
+            resumes.append(None)
+            # an interrupted restart's rollback is its loss all the same (to where the job finally restarted
+            # from); one that rolled nothing back lost nothing (the next fault's loss is the next fault's)
+            losts.append((lost if newer else 0) if until is not None else None)
+            continue
+        if until is None and not finished:
+            statuses.append("not_recovered")
+            resumes.append(None)
+            losts.append(None)
+            continue
+        reacted = det is not None or bool(incs_after)
+        statuses.append("recovered" if reacted else "outlasted")
+        resumes.append(resumed[0] - f.t_us)  # type: ignore[index]
+        losts.append(lost)
+    if not rec.faults:
+        outcome = "fault_not_fired"
+    elif not finished or statuses[-1] == "not_recovered":
+        outcome = "not_recovered"
+    elif set(statuses) <= {"outlasted", "interrupted"} and "outlasted" in statuses:
+        outcome = "outlasted"
+    else:
+        outcome = "recovered"
+    # false detections: detections that no fault's recovery explains (before the first fault, or after a fault's
+    # job resumed and before the next one); each detection here is an episode of its own (a restart follows it)
+    windows = []
+    for i, f in enumerate(rec.faults):
+        end = resumed_at[i]
+        if end is None and i + 1 < n:
+            end = rec.faults[i + 1].t_us
+        windows.append((f.t_us, end))
+    false = sum(1 for t, _ in rec.detections if not any(a <= t and (b is None or t <= b) for a, b in windows))
+    # the final state: both finished, both with a digest
+    fidelity = None
+    c_final = final_step(control)
+    if finished and c_final is not None and c_final >= plan.steps and plan.digest and plan.control_digest:
+        fidelity = "exact" if plan.digest == plan.control_digest else "diverged"
+    age = None
+    if rec.faults:
+        done = [t for t, _ in rec.saves if t <= rec.faults[0].t_us]
+        age = rec.faults[0].t_us - max(done) if done else None
+    return Expected(outcome, statuses, detects, resumes, losts, restarts, rec.incarnations - 1, false, final,
+                    fidelity, age)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- strategies
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    """A run: 1-6 ranks on 1-3 hosts with clock offsets, per-rank log cadence (every step, every 2nd or 5th, none;
+    rank 0 always logs), 10-40 steps, checkpoints every 3/5/10 steps or none (some torn), 0-3 faults of every
+    kind (a false detection, a crash with a restart, one during the previous one's restart, an outlasted hang, a
+    fatal crash), digests equal, different or absent."""
+    ranks = draw(st.integers(1, 6))
+    hosts = draw(st.integers(1, min(3, ranks)))
+    offsets = (0, *[draw(st.integers(-50_000, 50_000)) for _ in range(hosts - 1)])
+    every: list[int | None] = [draw(st.sampled_from([1, 1, 2, 5]))]
+    every += [draw(st.sampled_from([1, 1, 2, 5, None])) for _ in range(ranks - 1)]
+    steps = draw(st.integers(10, 40))
+    ckpt_every = draw(st.sampled_from([0, 3, 5, 10]))
+    saves = range(ckpt_every, steps + 1, ckpt_every) if ckpt_every else range(0)
+    torn = frozenset(s for s in saves if draw(st.integers(0, 4)) == 0)
+    faults: list[FaultPlan] = []
+    at = 0
+    for kind in draw(st.lists(st.sampled_from(["crash", "crash", "fatal", "outlast", "false"]), max_size=3)):
+        at = draw(st.integers(at + 1, at + max(2, steps // 3)))
+        if at >= steps:
+            break
+        during = kind == "crash" and bool(faults) and faults[-1].kind == "crash" and not faults[-1].during_restore \
+            and draw(st.booleans())  # fmt: skip
+        faults.append(FaultPlan(kind, at, draw(st.integers(1_000, 300_000)), draw(st.integers(100_000, 2_000_000)),
+                                draw(st.integers(10_000, 3_000_000)), during))  # fmt: skip
+        if kind == "fatal":
+            break
+    cut = draw(st.one_of(st.none(), st.none(), st.floats(0.3, 0.99)))
+    return Plan(ranks, hosts, offsets, tuple(every), steps, draw(st.integers(2_000, 50_000)),
+                draw(st.integers(50_000, 2_000_000)), ckpt_every, torn, tuple(faults),
+                draw(st.sampled_from(["a", "b", None])), draw(st.sampled_from(["a", None])), cut)  # fmt: skip

@@ -1,0 +1,91 @@
+"""compute_metrics held to the metrics' definitions on generated runs (tests/helpers/histories.py): 1-6 ranks on
+1-3 hosts with clock offsets, per-rank log cadences, checkpoints (some torn), 0-3 faults of every kind, false
+detections, restarts during a restart, digests present, absent, equal and different. Each run's expected
+figures come from what the simulation did, not from its events; counts must be equal, times within 1 us (the
+timeline's stamps are ns, the simulation's us).
+
+The bounded profile runs in the unit tier; the long one by hand:
+``CHAOSBENCH_PROPERTY_EXAMPLES=10000 python -m pytest tests/unit/test_reference_model.py``. Every failure
+hypothesis shrank to is kept below as an explicit example."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, example, given, settings
+
+from chaosbench.analysis.metrics import compute_metrics
+from chaosbench.timeline.clocks import correct
+from tests.helpers.histories import FaultPlan, Plan, expected, plans, simulate
+
+EXAMPLES = int(os.environ.get("CHAOSBENCH_PROPERTY_EXAMPLES", "150"))
+US = 1e-6
+
+
+def _close(a: float | None, b: int | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b * US) <= 1e-6
+
+
+def _plan(faults: tuple[FaultPlan, ...], ranks: int = 1, every: tuple[int | None, ...] = (1,), steps: int = 10,
+          ckpt_every: int = 0, torn: frozenset[int] = frozenset(), cut: float | None = None) -> Plan:
+    return Plan(ranks, 1, (0,), every, steps, 2000, 50000, ckpt_every, torn, faults, "a", "a", cut)
+
+
+def _f(kind: str, at: int) -> FaultPlan:
+    return FaultPlan(kind, at, 1000, 100000, 10000)
+
+
+#: Every failure hypothesis shrank to while the engine was held to the model (issue 24), kept as examples.
+SHRUNK = [
+    # a checkpoint is complete when its last rank's save ended, not its first's
+    _plan((_f("false", 9), _f("crash", 18)), ranks=2, every=(1, 1), steps=27, ckpt_every=3,
+          torn=frozenset({3, 6, 9, 12, 15, 21, 24, 27})),
+    # a restart after the next fault is that fault's: the first was outlasted in place, not interrupted
+    _plan((_f("outlast", 1), _f("crash", 2))),
+    # an in-place fault interrupted before its job logged progress rolled nothing back: it lost nothing
+    _plan((_f("crash", 1), _f("outlast", 2), _f("crash", 3)), every=(2,)),
+    # a false restart after an outlasted fault's in-place progress is not its recovery
+    _plan((_f("crash", 1), _f("outlast", 2), _f("false", 3))),
+    # ...but without logged progress the job resumed through that restart: a reaction in its window
+    _plan((_f("crash", 1), _f("outlast", 2), _f("false", 3)), every=(2,)),
+    # a rank whose first line comes later still holds the incarnation's job steps up
+    _plan((_f("crash", 1), _f("outlast", 4)), ranks=2, every=(5, 1)),
+    # a detection after the job resumed in place is no detection of the fault (a false one)
+    _plan((_f("outlast", 1), _f("false", 2))),
+    # training finished (the closing line) before the deadline, the exit did not come in time
+    _plan((_f("crash", 1),), cut=0.9375),
+]
+
+
+def _examples(fn):  # type: ignore[no-untyped-def]
+    for plan in reversed(SHRUNK):
+        fn = example(plan)(fn)
+    return fn
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans())
+@_examples
+def test_compute_metrics_equals_the_definitions(plan: Plan) -> None:
+    events, rec = simulate(plan)
+    ctl_events, ctl = simulate(plan, control=True)
+    want = expected(rec, ctl)
+    m = compute_metrics(correct(sorted(events, key=lambda e: e.t_ns)),
+                        control=correct(sorted(ctl_events, key=lambda e: e.t_ns)), total_steps=plan.steps)  # fmt: skip
+    assert m.outcome == want.outcome, (m.verdict, want)
+    assert m.fault_count == (len(want.statuses) or None), m.fault_count
+    assert [f["status"] for f in m.faults] == want.statuses, (m.faults, want)
+    for f, ttd, ttr, lost, restarts in zip(m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps,
+                                           want.restarts, strict=True):  # fmt: skip
+        assert _close(f["time_to_detect_s"], ttd), (f, ttd)
+        assert _close(f["time_to_resume_s"], ttr), (f, ttr)
+        assert f["lost_steps"] == lost, (f, lost, m.faults)
+        assert f["restarts"] == restarts, (f, restarts)
+    assert m.restart_count == want.restart_count
+    if want.statuses:
+        assert m.false_detections == want.false_detections, (m.false_detections, want)
+        assert _close(m.checkpoint_age_s, want.checkpoint_age_us), (m.checkpoint_age_s, want.checkpoint_age_us)
+    assert m.final_step == want.final_step
+    assert m.fidelity == want.fidelity, (m.fidelity, m.missing.get("fidelity"))
