@@ -37,7 +37,9 @@ def test_2_per_step_commit_resume_comes_after_the_frameworks_reaction() -> None:
         t += 0.03
         for r in (0, 1):
             tl.rank(t, "step", r, 0, step=step, duration_s=0.02, committed=True, participants=2, quorum_id=1)
-    tf = t + 0.01
+    tf = t + 0.03
+    # step 26 was in flight: group 1 committed it just before it was killed, group 0 5 ms after
+    tl.rank(tf - 0.001, "step", 1, 0, step=26, duration_s=0.02, committed=True, participants=2, quorum_id=1)
     tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
     tl.rank(tf + 0.005, "step", 0, 0, step=26, duration_s=0.02, committed=True, participants=2, quorum_id=1)
     tl.add(tf + 5.0, "detect", src="framework", framework="fw", via="lighthouse", blame_groups=["1"])
