@@ -265,7 +265,13 @@ def suite_schema() -> dict[str, Any]:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    text = json.dumps(suite_schema(), indent=2, sort_keys=True) + "\n"
+    if args.events:
+        from chaosbench.timeline.schema import events_json_schema
+
+        schema = events_json_schema()
+    else:
+        schema = suite_schema()
+    text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     if args.out:
         Path(args.out).write_text(text)
         _progress(f"wrote {args.out}")
@@ -373,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Print (or write) the JSON schema of a suite file, generated from the typed "
                                      "models; suites/suite.schema.json is this, kept fresh by a test.")  # fmt: skip
     sch.add_argument("--out", metavar="FILE", help="write it to FILE instead of standard output")
+    sch.add_argument("--events", action="store_true",
+                     help="the JSON schema of a timeline line (events.jsonl: one model per event kind) instead")  # fmt: skip
     sch.set_defaults(fn=cmd_schema)
     img = sub.add_parser("image", help="the docker runtime's default node image")
     isub = img.add_subparsers(dest="image_cmd", required=True)

@@ -3,6 +3,11 @@
 Standard-library only, so any training script can import it cheaply. Outside a chaosbench run (no
 ``CHAOSBENCH_EVENTS`` in the environment) every call is a no-op, so a script keeps working unchanged.
 
+Every event is checked before it is written against its kind's model (the standard-library table
+:data:`chaosbench.timeline.kinds.FIELDS`, generated from :mod:`chaosbench.timeline.schema`; the README's table of
+events lists every kind and field): an unknown kind, an undeclared field, a required field missing or a value of
+the wrong type raises :class:`~chaosbench.errors.InvalidEvent` in the caller and nothing is written.
+
 Environment read (set by the harness or the framework adapter):
 
 - ``CHAOSBENCH_EVENTS``: path of the run's ``events.jsonl``.
@@ -91,7 +96,9 @@ class Probe:
         return self._writer is not None
 
     def emit(self, kind: str, **data: Any) -> None:
-        """One event of this rank, stamped now, or at ``t_ns=`` (wall-clock ns: when it happened, if earlier)."""
+        """One event of this rank, stamped now, or at ``t_ns=`` (wall-clock ns: when it happened, if earlier), with
+        ``rank`` and ``incarnation`` added. Raises :class:`~chaosbench.errors.InvalidEvent` for an event its kind's
+        model refuses (module docstring)."""
         if self._writer is None:
             return
         t_ns = data.pop("t_ns", None)
@@ -101,7 +108,8 @@ class Probe:
 
     def rank_start(self, pid: int | None = None, **extra: Any) -> None:
         """Call first thing: gives the harness this rank's pid so injectors can target it. ``extra`` fields
-        (e.g. ``global_batch``: samples per optimizer step over all ranks) go into the event as they are."""
+        (e.g. ``global_batch``: samples per optimizer step over all ranks) go into the event as they are; each
+        must be a field the ``rank_start`` model declares."""
         pid = os.getpid() if pid is None else pid
         self.emit(
             "rank_start",

@@ -37,7 +37,8 @@ from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 from chaosbench.runtimes.base import RunInfo, Runtime
 from chaosbench.specs import FaultSpec, Scenario, Suite
-from chaosbench.timeline import Event, TimelineFollower, TimelineWriter
+from chaosbench.timeline import TIMELINE_VERSION, Event, TimelineFollower, TimelineWriter
+from chaosbench.timeline.schema import harness_writer
 from chaosbench.workloads.base import Workload
 
 if TYPE_CHECKING:
@@ -220,7 +221,7 @@ class Runner:
 
         out = []
         with tempfile.TemporaryDirectory(prefix="chaosbench-dry-") as tmp:
-            writer = TimelineWriter(Path(tmp) / "events.jsonl")
+            writer = harness_writer(Path(tmp) / "events.jsonl")
             for sc in self.suite.iter_scenarios():
                 run_dir = self._run_dir(sc)
                 runtime = _runtime(sc, RunInfo(f"dry-{sc.dirname}-{sc.repeat}", Path(tmp), writer))
@@ -237,7 +238,7 @@ class Runner:
         recs: list[dict[str, Any]] = []
         problems: dict[str, list[str]] = {}
         with tempfile.TemporaryDirectory(prefix="chaosbench-outlook-") as tmp:
-            writer = TimelineWriter(Path(tmp) / "events.jsonl")
+            writer = harness_writer(Path(tmp) / "events.jsonl")
             for fw, names, _ in self.suite.cells():  # first repeats only: a huge matrix is not built
                 sc = self.suite.scenario(fw, names, 0)
                 if sc.control and sc.framework_label in problems:
@@ -331,7 +332,7 @@ class Runner:
         files = sorted(p for d in rd.checkpoint_dirs() for p in d.rglob("*") if p.is_file())
         listing = [{"path": str(p.relative_to(rd.path)), "bytes": p.stat().st_size} for p in files]
         policy = self.suite.keep_checkpoints
-        failed = m.outcome not in ("completed", "recovered") or m.fidelity == "diverged"
+        failed = m.outcome not in ("completed", "recovered", "outlasted") or m.fidelity == "diverged"
         keep = policy == "all" or (policy == "failed" and failed)
         write_atomic(rd.checkpoint_list, json.dumps(
             {"policy": policy, "kept": keep, "files": len(listing), "bytes": sum(f["bytes"] for f in listing),
@@ -461,7 +462,7 @@ class Runner:
         run_dir.mkdir(parents=True)
         run_id = f"{self.suite.name}-{sc.dirname}-{sc.repeat}-{uuid.uuid4().hex[:8]}"
         cpu_start_s = time.process_time()  # the harness's own CPU (every thread; not its children, the ranks)
-        timeline = TimelineWriter(RunDir(run_dir).events)
+        timeline = harness_writer(RunDir(run_dir).events)  # every event validated with its kind's model
         follower = TimelineFollower(RunDir(run_dir).events)
         if follow:
             follower.subscribe(self.progress.on_event)
@@ -499,6 +500,7 @@ class Runner:
                 "run_start", suite=sc.suite, scenario=sc.id, framework=sc.framework_label, adapter=sc.adapter,
                 fault=sc.fault_name, repeat=sc.repeat, control=sc.control, seed=sc.seed, run_id=run_id,
                 runtime=sc.runtime, ranks=sc.workload.ranks, nodes=sc.workload.nodes,
+                timeline_version=TIMELINE_VERSION,
             )  # fmt: skip
             timeline.emit(
                 "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,

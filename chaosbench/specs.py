@@ -192,10 +192,11 @@ class EventMatch(_Strict):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, v: str) -> str:
-        from chaosbench.timeline import EVENT_KINDS
+        from chaosbench.timeline import EventKind
 
-        if v not in EVENT_KINDS:
-            raise ValueError(f"unknown event kind '{v}' (known: {', '.join(sorted(EVENT_KINDS))})")
+        known = {k.value for k in EventKind}
+        if v not in known:
+            raise ValueError(f"unknown event kind '{v}' (known: {', '.join(sorted(known))})")
         return v
 
 

@@ -26,6 +26,7 @@ from chaosbench.probe import ENV_RESTART_COUNT_COUNTED
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
 from chaosbench.signatures import AGENT_ONLY, rank_error
 from chaosbench.timeline import TimelineFollower, TimelineWriter
+from chaosbench.timeline.schema import check_fields_declared, typed_fields
 from chaosbench.workloads.base import RunPaths
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ def pg_timeout(timeouts: dict[str, Any]) -> tuple[str, float]:
 @dataclass
 class LogPattern:
     """A log line of the framework that means something: ``kind`` is the event written when ``regex``
-    matches a line of a process with role ``role`` (named groups become event fields)."""
+    matches a line of a process with role ``role`` (named groups become event fields: each must be a field of the
+    kind's model, :mod:`chaosbench.timeline.schema`, and is converted to its type)."""
 
     kind: str  # detect | restart | give_up | log
     regex: str
@@ -298,12 +300,19 @@ def process_context(handle: ProcHandle) -> dict[str, Any]:
 class LogWatcher:
     """Turns matching log lines into timeline events, stamped when the line was read. Each event also carries
     the emitting process's context (:func:`process_context`), so a ``local_rank`` it names can be resolved to the
-    global rank the framework blamed."""
+    global rank the framework blamed.
+
+    A pattern's named groups become fields of its kind's model (:mod:`chaosbench.timeline.schema`), converted to
+    the types it declares (``(?P<local_rank>\\d+)`` gives an int): a pattern whose kind is unknown or whose groups
+    its kind does not declare is refused here, when the watcher is made (:class:`~chaosbench.errors.InvalidEvent`),
+    not at the first line it matches."""
 
     def __init__(self, framework: str, patterns: list[LogPattern], timeline: TimelineWriter) -> None:
         self.framework = framework
         self.timeline = timeline
         self._patterns = [(p, p.compiled()) for p in patterns]
+        for p, rx in self._patterns:
+            check_fields_declared(p.kind, rx.groupindex, f"(a named group of the pattern {p.regex!r})")
 
     def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
         for pat, rx in self._patterns:
@@ -311,7 +320,8 @@ class LogWatcher:
                 continue
             m = rx.search(line)
             if m:
-                fields = {**process_context(handle), **{k: v for k, v in m.groupdict().items() if v is not None}}
+                groups = typed_fields(pat.kind, {k: v for k, v in m.groupdict().items() if v is not None})
+                fields = {**process_context(handle), **groups}
                 if pat.via:
                     fields["via"] = pat.via
                 self.timeline.emit(

@@ -15,13 +15,28 @@ Writers open the file with ``O_APPEND`` and write each event with a single ``wri
 kernel does not interleave with other appends on a local filesystem. Readers must therefore sort by ``t_ns``:
 the file order is the order of the writes, not of the stamps.
 
-The package: :mod:`~chaosbench.timeline.events` (kinds, records, writer; standard-library only, the probe imports
-it inside training processes), :mod:`~chaosbench.timeline.reader`, :mod:`~chaosbench.timeline.follower` and
+The timeline is a typed contract: each kind (:class:`EventKind`) has one model in
+:mod:`~chaosbench.timeline.schema` (its fields, their types and units), and events are validated when written
+and when read (an unknown kind or a malformed field is an error naming the file and the line).
+
+The package: :mod:`~chaosbench.timeline.events` (kinds, records, writer, the standard-library check against
+:mod:`~chaosbench.timeline.kinds`, the table generated from the models; standard-library only, the probe imports
+it inside training processes), :mod:`~chaosbench.timeline.schema` (the models; pydantic, the harness's side,
+imported lazily), :mod:`~chaosbench.timeline.reader`, :mod:`~chaosbench.timeline.follower` and
 :mod:`~chaosbench.timeline.clocks` (clock offsets and correction).
 """
 
-from chaosbench.timeline.events import EVENT_KINDS, Event, TimelineWriter, now_ns, parse_lines
+from chaosbench.timeline.events import (
+    TIMELINE_VERSION,
+    Event,
+    EventKind,
+    EventSource,
+    TimelineWriter,
+    now_ns,
+    parse_lines,
+)
 from chaosbench.timeline.follower import TimelineFollower
 from chaosbench.timeline.reader import read_events
 
-__all__ = ["EVENT_KINDS", "Event", "TimelineFollower", "TimelineWriter", "now_ns", "parse_lines", "read_events"]
+__all__ = ["TIMELINE_VERSION", "Event", "EventKind", "EventSource", "TimelineFollower", "TimelineWriter", "now_ns",
+           "parse_lines", "read_events"]  # fmt: skip

@@ -1,6 +1,15 @@
 """Timeline events: the event kinds, the :class:`Event` record, appending to a run's ``events.jsonl``
 (:class:`TimelineWriter`) and parsing its lines. Standard-library only: the probe imports it inside training
-processes."""
+processes (and the command shim inside users' containers).
+
+Each kind has one model in :mod:`chaosbench.timeline.schema` (pydantic: the harness's side), which says what its
+fields are, their types and units. Inside ranks the models are not importable, so the writer checks each event
+against :data:`chaosbench.timeline.kinds.FIELDS`, a standard-library table generated from the models (every
+field with whether it is required and its JSON types; a unit test keeps it equal to the models): an unknown kind,
+an unknown field, a required field missing or a field of the wrong JSON type is refused with
+:class:`~chaosbench.errors.InvalidEvent` before anything is written. The harness's own writer checks with the full
+models (:func:`chaosbench.timeline.schema.harness_writer`: value sets, nested types). How a timeline is read, and
+what happens to one written by an older chaosbench: :mod:`chaosbench.timeline.reader`."""
 
 
 from __future__ import annotations
@@ -10,94 +19,96 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-#: Event kinds and the fields each carries besides ``t_ns``, ``kind``, ``src`` and ``host``.
-EVENT_KINDS: dict[str, str] = {
-    "run_start": "suite, scenario, repeat, framework, fault, control, seed",
-    "run_end": "outcome (completed|failed|deadline|interrupted|error), reason",
-    "teardown_begin": "reason (end|deadline|interrupted|error): the harness starts tearing the run down; nothing a "
-    "framework does after it counts as its own reaction",
-    "framework_info": "framework, versions{}, timeouts{} (seconds), options{}, timeout_problems[] (one line each)",
-    "detection_prediction": "fault, injector, mode (crash|hang), framework, expected_s (when the timeouts in force let "
-    "the framework detect it, seconds after the fault; null: never), decided_by, resume_floor_s, note, problems[]",
-    "proc_start": "proc, pid, role (rank|agent|job|watchdog), node, incarnation",
-    "proc_exit": "proc, pid, returncode (negative: killed by that signal), incarnation",
-    "helper_start": "proc, pid, pid_ticks, role, node, rank, incarnation (a helper process a framework's own "
-    "launcher started, e.g. nvrx's bridge, announcing itself for a role target)",
-    "rank_start": "rank, world_size, pid, node, incarnation, local_rank, global_batch (samples per optimizer step "
-    "over all ranks, when the workload reports it)",
-    "rank_exit": "rank, pid, returncode, incarnation (written by the command shim)",
-    "step": "rank, step (1-based count of completed optimizer steps), loss, incarnation",
-    "ckpt_save_begin": "rank, step, path, incarnation; or, seen on the filesystem (src watcher, no rank: "
-    "chaosbench.workloads.checkpoint_watch): path (relative to dir), dir (the watched directory), step, step_from "
-    "(name|timeline|null: where the step came from), via (filesystem); t_ns is the first write seen",
-    "ckpt_save_end": "rank, step, path, incarnation, complete (bool: every rank finished and it was marked); or, "
-    "seen on the filesystem (src watcher, no rank): path, dir, step, step_from, via (filesystem), complete (bool: "
-    "whole by its format), files (how many), bytes, incomplete (why not complete); t_ns is the last write, close "
-    "or rename seen (the event may be written up to quiet_s or more later)",
-    "ckpt_load_begin": "rank, step, path, incarnation; or, read on the filesystem (src watcher, no rank): path, dir, "
-    "step, step_from (name|save|null), via (filesystem); t_ns is the first open of its files",
-    "ckpt_load_end": "rank, step, path, incarnation; or, read on the filesystem (src watcher): path, dir, step, "
-    "step_from, via, files (how many were read); t_ns is the last close",
-    "ckpt_load_failed": "rank, step, path, error, incarnation (the workload rejected a checkpoint, tries an older one)",
-    "preempt_save": "rank, step, noticed (bool: this rank got the SIGTERM), saved_already, incarnation "
-    "(save_on_sigterm: the ranks agreed to save at this step's end after a preemption notice)",
-    "train_end": "rank, step, loss, digest (sha256 of the final parameters), incarnation",
-    "step_counting": "rank, base (0|1), how (declared, detected from the first step printed, or as an earlier "
-    "incarnation counted), incarnation (the command shim: how the script's step numbers count)",
-    "artifact_digest": "path, files[], tensors, bytes, digest (sha256 of the tensors of the final artifact the suite "
-    "names, fidelity_from), skipped{file: why}, or error (written by the harness once the run's processes ended)",
-    "fault_inject": "fault, injector, target{}, params{}, details{}, trigger, trigger_step (a step trigger's step), "
-    "effect_t_ns (when it took effect, harness clock), effect (what that moment is), injection_latency_s; t_ns is "
-    "when the injector began to act",
-    "fault_revert": "fault, injector, reason",
-    "fault_skipped": "fault, injector, reason (the trigger fired but the fault could not be applied)",
-    "detect": "framework, reason, line, via (what noticed it, where the source says: exit, heartbeat, step watchdog, "
-    "lighthouse, manager, loss guard) (the framework noticed a failure)",
-    "capture_limit": "proc, pid, stream, line: a process printed that a write was refused for its size (EMSGSIZE, "
-    "ENOBUFS) while its output went through a socket (output_capture: socket): perhaps its own output",
-    "rank_error": "proc, pid, role, rank, signature (collective_timeout|collective_mismatch|rendezvous_lost|"
-    "peer_lost), line: the first such line in a process's output (the harness watches every process)",
-    "restart": "framework, attempt, reason (the framework relaunches the job or worker group)",
-    "give_up": "framework, reason (the framework stopped trying)",
-    "log": "proc, line, pattern (a user-defined pattern matched a log line)",
-    "node_start": "node, container, spare (bool), reason (provision|reboot|takeover|spare), replaces (takeover)",
-    "node_exit": "node, container, exit_code, reason (node-kill|cleanup|died): a node's container stopped",
-    "node_pause": "node, container (docker pause: every process of the node frozen)",
-    "node_unpause": "node, container",
-    "step_skipped": "rank, step (the index attempted), reason, duration_s (compute thrown away), collective_s, "
-    "participants, quorum_id, incarnation (per-step commit: a step computed but not committed; no rollback)",
-    "quorum": "quorum_id, participants, previous_participants, then replica_rank, step, rank, incarnation (a "
-    "rank's Manager joined a new quorum) or framework, via=lighthouse, replica_groups (the Lighthouse issued it)",
-    "heal_begin": "rank, step, src_replica_rank, incarnation (a replica group fetches the live state from a peer)",
-    "heal_end": "rank, step, duration_s, incarnation (the fetched state is applied)",
-    "heal_send": "rank, step, dst_replica_ranks, incarnation (this rank serves its live state to healing peers)",
-    "rendezvous": "framework, proc, world_size (an elastic agent completed a rendezvous round)",
-    "clock_offset": "node, slurm_node, node_host, offset_ns (node clock - harness clock), bound_ns, rtt_ns, samples"
-    " (or error)",
-    "node_map": "node, slurm_node, previous, reason (a workload node placed on, or moved to, a Slurm node)",
-    "signal_sent": "pid, signal, node, slurm_node, node_t_ns, stamp (node|harness): a signal delivered on the node",
-    "sched_submit": "framework, job_id, script, slurm_version (a batch job handed to the scheduler)",
-    "sched_state": "framework, job_id, slurm_state, state, reason, restarts, slurm_nodes, exit_code (a scheduler"
-    " state transition, stamped when polled)",
+from chaosbench.errors import MalformedEvent, UnknownEventKind
+from chaosbench.timeline import kinds
+
+#: The version of the timeline contract a harness writes into its ``run_start`` (``timeline_version``): 1 is the
+#: first typed one (every event valid against its model). A timeline whose ``run_start`` has none was written
+#: by an older chaosbench (:mod:`chaosbench.timeline.reader`).
+TIMELINE_VERSION = 1
+
+
+class EventKind(str, Enum):
+    """Every kind of timeline event; each has one model in :mod:`chaosbench.timeline.schema` (its fields, their
+    types and units, who writes it), and the README's table of events is generated from those models."""
+
+    RUN_START = "run_start"
+    RUN_END = "run_end"
+    TEARDOWN_BEGIN = "teardown_begin"
+    FRAMEWORK_INFO = "framework_info"
+    DETECTION_PREDICTION = "detection_prediction"
+    PROC_START = "proc_start"
+    PROC_EXIT = "proc_exit"
+    HELPER_START = "helper_start"
+    RANK_START = "rank_start"
+    RANK_EXIT = "rank_exit"
+    STEP = "step"
+    CKPT_SAVE_BEGIN = "ckpt_save_begin"
+    CKPT_SAVE_END = "ckpt_save_end"
+    CKPT_LOAD_BEGIN = "ckpt_load_begin"
+    CKPT_LOAD_END = "ckpt_load_end"
+    CKPT_LOAD_FAILED = "ckpt_load_failed"
+    PREEMPT_SAVE = "preempt_save"
+    TRAIN_END = "train_end"
+    STEP_COUNTING = "step_counting"
+    ARTIFACT_DIGEST = "artifact_digest"
+    FAULT_INJECT = "fault_inject"
+    FAULT_REVERT = "fault_revert"
+    FAULT_SKIPPED = "fault_skipped"
+    DETECT = "detect"
+    CAPTURE_LIMIT = "capture_limit"
+    RANK_ERROR = "rank_error"
+    RESTART = "restart"
+    GIVE_UP = "give_up"
+    LOG = "log"
+    NODE_START = "node_start"
+    NODE_EXIT = "node_exit"
+    NODE_PAUSE = "node_pause"
+    NODE_UNPAUSE = "node_unpause"
+    STEP_SKIPPED = "step_skipped"
+    QUORUM = "quorum"
+    HEAL_BEGIN = "heal_begin"
+    HEAL_END = "heal_end"
+    HEAL_SEND = "heal_send"
+    RENDEZVOUS = "rendezvous"
+    CLOCK_OFFSET = "clock_offset"
+    NODE_MAP = "node_map"
+    SIGNAL_SENT = "signal_sent"
+    SCHED_SUBMIT = "sched_submit"
+    SCHED_STATE = "sched_state"
     # serving runs (workload ``serve``, framework ``balancer``)
-    "model_load_begin": "rank, path, incarnation (a replica starts loading its model file)",
-    "model_load_end": "rank, path, bytes, duration_s, incarnation",
-    "replica_ready": "rank, address, port, url, incarnation (a replica listens with its model loaded)",
-    "load_start": "target, users, spawn_rate, duration_s, window_s, slo{} (the load process starts its traffic)",
-    "load_window": "window_s, requests, failures, errors{kind: n}, latency_hist[] (successes, over the load's "
-    "latency edges), p50_ms, p99_ms, max_ms; t_ns is the window's start, a request counts where it completed",
-    "load_end": "requests, failures, duration_s",
-    "balancer_down": "framework, rank, server, reason, line (the balancer took a replica out of rotation)",
-    "balancer_up": "framework, rank, server, line (the balancer put a replica back)",
-    "balancer_stats": "framework, retries, redispatches, requests, servers{name: {status, check_failures, "
-    "went_down, downtime_s, ...}} (the balancer's counters at the end of the load; or missing: why not read)",
-    "balancer_exit": "framework, reason (the balancer process died)",
-}
+    MODEL_LOAD_BEGIN = "model_load_begin"
+    MODEL_LOAD_END = "model_load_end"
+    REPLICA_READY = "replica_ready"
+    LOAD_START = "load_start"
+    LOAD_WINDOW = "load_window"
+    LOAD_END = "load_end"
+    BALANCER_DOWN = "balancer_down"
+    BALANCER_UP = "balancer_up"
+    BALANCER_STATS = "balancer_stats"
+    BALANCER_EXIT = "balancer_exit"
+
+
+class EventSource(str, Enum):
+    """Who wrote an event (its ``src``)."""
+
+    HARNESS = "harness"  # the harness itself: the runner and the runtime's process records
+    RANK = "rank"  # a training or serving process, through the probe (or the command shim)
+    FRAMEWORK = "framework"  # a framework adapter: its supervision loop or a log line of the framework's
+    INJECTOR = "injector"  # a fault's controller or injector
+    RUNTIME = "runtime"  # a runtime's own observations (container engine events, signals on Slurm nodes)
+    WATCHER = "watcher"  # the filesystem watch of a user's checkpoints (chaosbench.workloads.checkpoint_watch)
+    LOAD = "load"  # the load generator of a serving run
+
+
+#: The fields every event has, beside its kind-specific ones (see :class:`Event`).
+COMMON_FIELDS = ("t_ns", "kind", "src", "host")
 
 
 def now_ns() -> int:
@@ -110,7 +121,10 @@ _HOST = socket.gethostname()
 
 @dataclass(frozen=True)
 class Event:
-    """One timeline event. ``data`` holds the kind-specific fields (see :data:`EVENT_KINDS`)."""
+    """One timeline event: ``t_ns`` (wall-clock ns of the writer's host when it happened), ``kind`` (an
+    :class:`EventKind` value), ``src`` (an :class:`EventSource` value), ``host`` (the host whose clock stamped
+    it) and ``data``, the kind-specific fields (their model: :mod:`chaosbench.timeline.schema`). A plain record:
+    constructing one checks nothing; writing and reading do."""
 
     t_ns: int
     kind: str
@@ -128,13 +142,19 @@ class Event:
     def t_s(self) -> float:
         return self.t_ns / 1e9
 
-    def to_json(self) -> str:
-        obj = {"t_ns": self.t_ns, "kind": self.kind, "src": self.src, "host": self.host}
+    def to_obj(self) -> dict[str, Any]:
+        """The event as the JSON object of its line (common fields first)."""
+        obj: dict[str, Any] = {"t_ns": self.t_ns, "kind": self.kind, "src": self.src, "host": self.host}
         obj.update(self.data)
-        return json.dumps(obj, separators=(",", ":"), default=str)
+        return obj
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_obj(), separators=(",", ":"), default=str)
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any]) -> Event:
+        """The event of a decoded line (checks nothing; ``src`` defaults to ``harness``, ``host`` to "").
+        Raises KeyError without ``t_ns`` or ``kind``, ValueError when ``t_ns`` is not a number."""
         obj = dict(obj)
         t_ns = int(obj.pop("t_ns"))
         kind = str(obj.pop("kind"))
@@ -143,20 +163,131 @@ class Event:
         return cls(t_ns=t_ns, kind=kind, src=src, host=host, data=obj)
 
 
-class TimelineWriter:
-    """Appends events to an ``events.jsonl`` file; safe to share between threads and processes."""
+# ------------------------------------------------------------------------------------- the standard-library check
+_SOURCES = frozenset(s.value for s in EventSource)
 
-    def __init__(self, path: str | os.PathLike[str], src: str = "harness") -> None:
+
+def json_type(value: Any) -> str:
+    """The JSON type ``value`` is written as (``json.dumps(..., default=str)``): ``null``, ``bool``, ``int``,
+    ``float``, ``str``, ``list``, ``dict``; anything else is written as its ``str``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, dict):
+        return "dict"
+    return "str"
+
+
+_EXACT = {type(None): "null", bool: "bool", int: "int", float: "float", str: "str", list: "list", tuple: "list",
+          dict: "dict"}  # fmt: skip
+
+
+def _accepted(types: tuple[str, ...]) -> frozenset[str]:
+    out = set(types)
+    if "float" in out:
+        out.add("int")  # an integer is a valid float
+    if "any" in out:
+        out |= set(_EXACT.values())
+    return frozenset(out)
+
+
+#: kind -> (field -> the JSON types accepted, the required fields): :data:`kinds.FIELDS`, ready for checking.
+_CHECKS: dict[str, tuple[dict[str, frozenset[str]], tuple[str, ...]]] = {
+    kind: ({name: _accepted(types) for name, (_, types) in spec.items()},
+           tuple(name for name, (required, _) in spec.items() if required))
+    for kind, spec in kinds.FIELDS.items()
+}  # fmt: skip
+
+
+def check_fields(kind: str, src: Any, t_ns: Any, fields: Mapping[str, Any], path: str | None = None,
+                 line: int | None = None) -> None:  # fmt: skip
+    """Check one event against :data:`chaosbench.timeline.kinds.FIELDS` (standard library: what ranks can do).
+    Raises :class:`~chaosbench.errors.UnknownEventKind` for a kind that is not an :class:`EventKind`, and
+    :class:`~chaosbench.errors.MalformedEvent` for a ``t_ns`` that is not an integer, an unknown ``src``, an
+    unknown field, a required field missing or a field of another JSON type than its model's."""
+    check = _CHECKS.get(kind)
+    if check is None:
+        raise UnknownEventKind(kind, "unknown kind", path=path, line=line)
+    accepted, required = check
+    if type(t_ns) is not int and json_type(t_ns) != "int":
+        raise MalformedEvent(kind, f"t_ns must be an integer (ns), not {t_ns!r}", path=path, line=line, field="t_ns")
+    if src not in _SOURCES:
+        raise MalformedEvent(kind, f"unknown src {src!r} (known: {', '.join(sorted(_SOURCES))})", path=path,
+                             line=line, field="src")  # fmt: skip
+    for name, value in fields.items():
+        ok = accepted.get(name)
+        if ok is None:
+            raise MalformedEvent(kind, f"unknown field '{name}' (known: {', '.join(accepted)})", path=path,
+                                 line=line, field=name)  # fmt: skip
+        t = _EXACT.get(type(value)) or json_type(value)
+        if t not in ok:
+            raise MalformedEvent(kind, f"field '{name}' must be {' or '.join(kinds.FIELDS[kind][name][1])}, not {t} "
+                                 f"{value!r:.80}", path=path, line=line, field=name)  # fmt: skip
+    for name in required:
+        if name not in fields:
+            raise MalformedEvent(kind, f"required field '{name}' is missing", path=path, line=line, field=name)
+
+
+def check_event(ev: Event, line: str | None = None, path: str | None = None) -> None:
+    """:func:`check_fields` for an event about to be written (``line``: its JSON line, unused here)."""
+    check_fields(ev.kind, ev.src, ev.t_ns, ev.data, path=path)
+
+
+def check_obj(obj: Mapping[str, Any], path: str | None = None, line: int | None = None) -> None:
+    """:func:`check_fields` for a decoded line of a timeline."""
+    fields = {k: v for k, v in obj.items() if k not in COMMON_FIELDS}
+    kind = obj.get("kind")
+    if not isinstance(kind, str):
+        raise MalformedEvent(str(kind), "no kind", path=path, line=line, field="kind")
+    if "host" in obj and not isinstance(obj["host"], str):
+        raise MalformedEvent(kind, "host must be a string", path=path, line=line, field="host")
+    check_fields(kind, obj.get("src", "harness"), obj.get("t_ns"), fields, path=path, line=line)
+
+
+#: Checks an event about to be written (the event and its JSON line); raises InvalidEvent.
+WriteCheck = Callable[[Event, str, str], None]
+#: Checks a decoded line of a timeline (the object, the file, the 1-based line); raises InvalidEvent.
+ReadCheck = Callable[[Mapping[str, Any], str | None, int | None], None]
+
+
+def _check_written(ev: Event, line: str, path: str) -> None:
+    check_fields(ev.kind, ev.src, ev.t_ns, ev.data, path)
+
+
+class TimelineWriter:
+    """Appends events to an ``events.jsonl`` file; safe to share between threads and processes.
+
+    Every event is checked before it is written (``check``: by default against the standard-library table,
+    :func:`check_event`; the harness's writer, :func:`chaosbench.timeline.schema.harness_writer`, against the
+    full models): an invalid one raises :class:`~chaosbench.errors.InvalidEvent` and nothing is written."""
+
+    def __init__(self, path: str | os.PathLike[str], src: str = "harness", check: WriteCheck | None = None) -> None:
         self.path = Path(path)
         self.src = src
+        self._check = check or _check_written
+        self._where = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
 
     def emit(self, kind: str, t_ns: int | None = None, src: str | None = None, **data: Any) -> Event:
-        """Write one event and return it. ``t_ns`` defaults to now."""
+        """Write one event and return it. ``t_ns`` defaults to now. Raises InvalidEvent for an event its kind's
+        model refuses, ValueError once the writer is closed."""
+        if isinstance(kind, EventKind):
+            kind = kind.value
         ev = Event(t_ns=now_ns() if t_ns is None else t_ns, kind=kind, src=src or self.src, data=data)
-        line = (ev.to_json() + "\n").encode()
+        text = ev.to_json()
+        self._check(ev, text, self._where)
+        line = (text + "\n").encode()
         with self._lock:
             if self._fd < 0:
                 raise ValueError(f"timeline {self.path} is closed")
@@ -176,15 +307,42 @@ class TimelineWriter:
         self.close()
 
 
-def parse_lines(lines: Iterator[str] | list[str]) -> list[Event]:
-    """Parse JSONL lines; a torn last line (a writer killed mid-write) is skipped."""
+def parse_lines(lines: Iterable[str], path: str | os.PathLike[str] | None = None, *, strict: bool = True,
+                check: ReadCheck | None = None, first_line: int = 1) -> list[Event]:  # fmt: skip
+    """Parse JSONL lines (as read, with or without their newlines) into events, in file order.
+
+    ``strict`` (the default): every line must be an event valid against its kind's model (``check``: by default
+    the standard-library table, :func:`check_obj`; :func:`chaosbench.timeline.read_events` passes the full
+    models); a blank line is skipped, anything else raises :class:`~chaosbench.errors.UnknownEventKind` or
+    :class:`~chaosbench.errors.MalformedEvent` with ``path`` and ``line`` (1-based, counted from
+    ``first_line``). One exception: a torn last line (its writer was killed mid-write: no newline and not
+    valid JSON) is skipped. Not ``strict``: lines that do not parse as events are skipped and nothing is checked
+    (how timelines of older versions were read)."""
+    where = None if path is None else str(path)
+    checker = check or check_obj
+    items = list(lines)
     out = []
-    for raw in lines:
-        raw = raw.strip()
-        if not raw:
+    for i, raw in enumerate(items):
+        n = first_line + i
+        text = raw.strip()
+        if not text:
             continue
         try:
-            out.append(Event.from_obj(json.loads(raw)))
-        except (ValueError, KeyError):
+            obj = json.loads(text)
+        except ValueError:
+            if not strict or (i == len(items) - 1 and not raw.endswith("\n")):
+                continue  # torn last line
+            raise MalformedEvent("?", f"not JSON: {text[:80]!r}", path=where, line=n) from None
+        if not isinstance(obj, dict):
+            if not strict:
+                continue
+            raise MalformedEvent("?", f"not a JSON object: {text[:80]!r}", path=where, line=n)
+        if strict:
+            checker(obj, where, n)
+        try:
+            out.append(Event.from_obj(obj))
+        except (ValueError, KeyError, TypeError, OverflowError):
+            if strict:
+                raise MalformedEvent(str(obj.get("kind")), "no t_ns or kind", path=where, line=n) from None
             continue
     return out

@@ -3,12 +3,23 @@ heartbeat monitors)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from chaosbench.errors import InvalidEvent
 from chaosbench.timeline.events import Event, parse_lines
+
+logger = logging.getLogger("chaosbench.timeline")
+
+
+def _check(obj: Mapping[str, Any], path: str | None, line: int | None) -> None:
+    from chaosbench.timeline.schema import check_obj
+
+    check_obj(obj, path, line)
 
 
 class TimelineFollower:
@@ -17,6 +28,10 @@ class TimelineFollower:
     Subscribers are called from the follower thread, in file order, with every complete line written
     after the follower started reading (it reads the file from the beginning). ``poll_s`` bounds how late
     a subscriber sees an event; triggers and heartbeat monitors rely on it being small.
+
+    Each line is validated against its kind's model (:mod:`chaosbench.timeline.schema`): a line that is not a
+    valid event is handed to no subscriber; its :class:`~chaosbench.errors.InvalidEvent` (with the file and the
+    line) is kept in :attr:`errors` and logged.
     """
 
     def __init__(self, path: str | os.PathLike[str], poll_s: float = 0.005) -> None:
@@ -64,6 +79,7 @@ class TimelineFollower:
 
     _pos = 0
     _buf = b""
+    _line = 0  # complete lines read so far
 
     def _read_new(self) -> None:
         try:
@@ -78,7 +94,15 @@ class TimelineFollower:
         data = self._buf + chunk
         *complete, self._buf = data.split(b"\n")
         for raw in complete:
-            for ev in parse_lines([raw.decode(errors="replace")]):
+            self._line += 1
+            try:
+                events = parse_lines([raw.decode(errors="replace") + "\n"], self.path, check=_check,
+                                     first_line=self._line)  # fmt: skip
+            except InvalidEvent as exc:
+                self._errors.append(exc)
+                logger.warning("%s", exc)
+                continue
+            for ev in events:
                 self._dispatch(ev)
 
     def _drain_once_more(self) -> None:

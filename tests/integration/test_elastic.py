@@ -87,7 +87,7 @@ def test_spare_node_grows_the_world_back(run_suite) -> None:
     starts = {int(e.get("incarnation", 0)): e for e in ev if e.kind == "rank_start" and e.get("rank") == 0}
     assert [int(starts[i]["global_batch"]) for i, _, _ in incs] == [2 * BATCH, BATCH, 2 * BATCH]
     # growth is a membership change: the agents restart the worker group (not counted against max_restarts)
-    assert any(e.kind == "restart" and e.get("waiting_nodes") == "1" for e in ev)
+    assert any(e.kind == "restart" and e.get("waiting_nodes") == 1 for e in ev)
     grown = incs[-1][0]
     loads = [e for e in ev if e.kind == "ckpt_load_end" and e.get("incarnation") == grown]
     assert {int(e["rank"]) for e in loads} == {0, 1}  # rank 1 loaded a checkpoint written by 1 rank

@@ -68,7 +68,7 @@ def restart_run(digest: str = "d") -> TL:
     """Steps 1..25 (checkpoint at 10, 20), kill at 25+0.05 s, detect +0.08, restart from 20, finish 30."""
     tl = TL().incarnation(0, 0.1, 1, 25)
     t_fault = tl.t_last + 0.05
-    tl.add(t_fault, "fault_inject", src="injector", fault="kill", injector="kill", target={"rank": 1})
+    tl.add(t_fault, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
     tl.add(t_fault + 0.08, "detect", src="framework", framework="fw", reason="rank1 exited")
     tl.add(t_fault + 0.3, "restart", src="framework", framework="fw", attempt=1)
     tl.incarnation(1, t_fault + 0.5, 21, 30, load_from=20, end=True, digest=digest)
@@ -416,7 +416,7 @@ def _shrunk(global_batch: int | None) -> TL:
     """Two ranks (global batch 32); after the kill only one (16) resumes from the checkpoint."""
     tl = TL().incarnation(0, 0.1, 1, 25)
     tf = tl.t_last + 0.05
-    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="node-kill", target={"node": 1})
+    tl.add(tf, "fault_inject", src="injector", fault="kill", injector="node-kill", target=[{"node": "node1"}])
     tl.add(tf + 0.1, "detect", src="framework", framework="fw")
     tl.incarnation(1, tf + 0.5, 21, 30, load_from=20, end=True, digest="shrunk", ranks=1)
     tl.add(tl.t_last + 0.5, "run_end", outcome="completed")

@@ -103,6 +103,7 @@ def test_a_line_split_over_writes_and_utf8_split_over_writes() -> None:
 def test_the_run_counting_is_found_on_the_timeline(tmp_path: Path, first: int) -> None:
     events = tmp_path / "events.jsonl"
     assert earlier_step_base(str(events)) is None  # no timeline yet
-    events.write_text(json.dumps({"t_ns": 1, "kind": "step", "step": 3}) + "\n"
-                      + json.dumps({"t_ns": 2, "kind": "step_counting", "base": first, "how": "x"}) + "\n")  # fmt: skip
+    events.write_text(json.dumps({"t_ns": 1, "kind": "step", "src": "rank", "rank": 0, "step": 3}) + "\n"
+                      + json.dumps({"t_ns": 2, "kind": "step_counting", "src": "rank", "rank": 0, "base": first,
+                                    "how": "x"}) + "\n")  # fmt: skip
     assert earlier_step_base(str(events)) == first

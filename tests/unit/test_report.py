@@ -73,7 +73,7 @@ def _fake_run(run_dir: Path, *, fault: bool) -> None:
                 t_ns=T0 + 2 * S + S // 5,
                 fault="kill-rank1",
                 injector="kill",
-                target={"rank": 1},
+                target=[{"rank": 1}],
                 params={"signal": "SIGKILL"},
             )
             tl.emit("proc_exit", t_ns=T0 + 2 * S + S // 2, proc="job", pid=100, returncode=-9, incarnation=0)

@@ -33,6 +33,11 @@ def _hist(fast: int = 0, slow: int = 0) -> list[int]:
     return h
 
 
+def _server(rank: int) -> dict[str, Any]:
+    """A ``balancer_down``/``balancer_up`` event's fields for replica ``rank``."""
+    return {"framework": "balancer", "rank": rank, "server": f"r{rank}"}
+
+
 def _window(k: int, requests: int = 100, failures: int = 0, slow: bool = False) -> Event:
     ok = requests - failures
     return Event(LOAD + k * S, "load_window", src="load", data={
@@ -53,7 +58,8 @@ def _timeline(windows: dict[int, tuple[int, bool]], *, control: bool = False, fa
                                        "fault": None if control else scenario.split("/")[1], "repeat": 0,
                                        "control": control})]  # fmt: skip
     for r in range(3):
-        ev.append(Event(T0 + S // 10, "rank_start", src="rank", data={"rank": r, "world_size": 3, "incarnation": 0}))
+        ev.append(Event(T0 + S // 10, "rank_start", src="rank", data={"rank": r, "world_size": 3, "incarnation": 0,
+                                                                          "pid": 100 + r}))  # fmt: skip
         ev.append(Event(T0 + S, "replica_ready", src="rank", data={"rank": r, "incarnation": 0, "port": 9000 + r}))
     ev.append(Event(LOAD, "load_start", src="load", data={"target": "http://127.0.0.1:8000", "users": 10,
                                                           "window_s": 1.0, "slo": SLO}))  # fmt: skip
@@ -62,18 +68,19 @@ def _timeline(windows: dict[int, tuple[int, bool]], *, control: bool = False, fa
         ev.append(_window(k, failures=failures, slow=slow))
     if not control and fault_at_s is not None:
         ev.append(Event(LOAD + int(fault_at_s * S), "fault_inject", src="injector",
-                        data={"fault": "kill-replica", "injector": "kill", "target": {"rank": 1}}))  # fmt: skip
+                        data={"fault": "kill-replica", "injector": "kill", "target": [{"rank": 1}]}))  # fmt: skip
     if back_at_s is not None:
         ev.append(Event(LOAD + int(back_at_s * S), "replica_ready", src="rank", data={"rank": 1, "incarnation": 1}))
     for down, up in downs or []:
-        ev.append(Event(LOAD + int(down * S), "balancer_down", src="balancer", data={"rank": 1, "server": "r1"}))
+        ev.append(Event(LOAD + int(down * S), "balancer_down", src="framework", data=_server(1)))
         if up is not None:
-            ev.append(Event(LOAD + int(up * S), "balancer_up", src="balancer", data={"rank": 1, "server": "r1"}))
+            ev.append(Event(LOAD + int(up * S), "balancer_up", src="framework", data=_server(1)))
     failed = sum(f for f, _ in windows.values())
     ev.append(Event(LOAD + n_windows * S, "load_end", src="load", data={"requests": 100 * n_windows,
                                                                       "failures": failed, "duration_s": n_windows}))  # fmt: skip
     if stats is not None:
-        ev.append(Event(LOAD + n_windows * S + S // 10, "balancer_stats", src="balancer", data=stats))
+        ev.append(Event(LOAD + n_windows * S + S // 10, "balancer_stats", src="framework",
+                        data={"framework": "balancer", **stats}))  # fmt: skip)
     ev.append(Event(LOAD + n_windows * S + S // 2, "run_end", data={"outcome": "completed"}))
     return sorted(ev, key=lambda e: e.t_ns)
 
@@ -198,7 +205,7 @@ def test_balancer_detects_first() -> None:
 
 def test_down_of_another_replica_is_no_detection() -> None:
     ev = fault_run(downs=[])
-    ev.append(Event(LOAD + int(5.6 * S), "balancer_down", src="balancer", data={"rank": 2, "server": "r2"}))
+    ev.append(Event(LOAD + int(5.6 * S), "balancer_down", src="framework", data=_server(2)))
     m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
     assert m.detected_via == "failed request" and m.time_to_detect_s == pytest.approx(0.5)
 
@@ -261,7 +268,7 @@ def test_teardown_is_no_incident() -> None:
     """The harness stopping the replicas: balancer_down and failed windows after teardown_begin do not count."""
     ev = _timeline({}, fault_at_s=5.5, n_windows=20)
     ev.append(Event(LOAD + 20 * S + S // 4, "teardown_begin", data={"reason": "end"}))
-    ev.append(Event(LOAD + 20 * S + S // 3, "balancer_down", src="balancer", data={"rank": 1, "server": "r1"}))
+    ev.append(Event(LOAD + 20 * S + S // 3, "balancer_down", src="framework", data=_server(1)))
     ev.append(_window(21, failures=100))
     m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
     assert m.failed_requests == 0 and m.detected is False
@@ -276,7 +283,7 @@ def test_crash_loop_on_load() -> None:
     ev = fault_run(back_at_s=None)
     for inc in (1, 2, 3):
         ev.append(Event(LOAD + (6 + inc) * S, "rank_start", src="rank", data={"rank": 1, "world_size": 3,
-                                                                                "incarnation": inc}))  # fmt: skip
+                                                                                "incarnation": inc, "pid": 200 + inc}))  # fmt: skip
     m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
     assert m.crash_loop is True and m.failure_class == "deterministic" and m.restart_count == 3
 
@@ -300,7 +307,7 @@ def test_per_second_series() -> None:
 
 
 def test_training_runs_have_no_serving_metrics() -> None:
-    m = compute_metrics([Event(T0, "run_start", data={"control": True}), Event(T0 + S, "run_end")])
+    m = compute_metrics([Event(T0, "run_start", data={"control": True}), Event(T0 + S, "run_end", data={"outcome": "completed"})])
     assert not m.serving and m.requests is None and m.failed_requests is None
 
 

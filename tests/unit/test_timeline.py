@@ -13,7 +13,7 @@ from chaosbench.timeline import TimelineFollower, TimelineWriter, read_events
 def _writer(path: str, rank: int, n: int) -> None:
     w = TimelineWriter(path, src="rank")
     for i in range(n):
-        w.emit("step", rank=rank, step=i, pad="x" * 200)
+        w.emit("step_skipped", rank=rank, step=i, reason="x" * 200)  # a long line
     w.close()
 
 
@@ -38,13 +38,14 @@ def test_follower_dispatches_new_events_in_order(tmp_path: Path) -> None:
     f = TimelineFollower(p, poll_s=0.002)
     f.subscribe(lambda e: seen.append(e.kind))
     f.start()
-    for k in ("a", "b", "c"):
-        w.emit(k)
+    w.emit("step", src="rank", rank=0, step=1)
+    w.emit("restart", src="framework", framework="restart", attempt=1)
+    w.emit("run_end", outcome="completed")
     t = time.monotonic()
     while len(seen) < 4 and time.monotonic() - t < 2:
         time.sleep(0.005)
     f.stop()
-    assert seen == ["run_start", "a", "b", "c"]
+    assert seen == ["run_start", "step", "restart", "run_end"]
 
 
 def test_registry_adds_but_never_replaces() -> None:

@@ -171,9 +171,8 @@ def test_8_runs_that_did_not_recover_feed_no_median() -> None:
 
 def test_9_naming_a_whole_node_for_one_ranks_fault_is_imprecise() -> None:
     tl = TL().incarnation(0, 0.1, 1, 25, ranks=4)
-    for r in range(4):  # two ranks on each of two nodes
-        tl.events = [e if not (e.kind == "rank_start") else type(e)(e.t_ns, e.kind, e.src, e.host,
-                     {**e.data, "node": f"node{int(e.data['rank']) // 2}"}) for e in tl.events]  # fmt: skip
+    tl.events = [e if e.kind != "rank_start" else type(e)(e.t_ns, e.kind, e.src, e.host,
+                 {**e.data, "node": f"node{int(e.data['rank']) // 2}"}) for e in tl.events]  # two ranks a node
     t = tl.t_last + 0.05
     tl.add(t, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
     tl.add(t + 0.1, "detect", src="framework", framework="fw", blame_node="node0")

@@ -40,7 +40,7 @@ def killed_and_restarted(resume_from: int, last_before: int = 25, total: int = 3
     """Rank 0 alone logs steps; killed after ``last_before``, restarted, first step ``resume_from + 1``."""
     tl = TL()
     t = shim_run(tl, 0, 0.1, list(range(1, last_before + 1)))
-    tl.add(t + 0.05, "fault_inject", src="injector", fault="kill", injector="kill", target={"rank": 1})
+    tl.add(t + 0.05, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
     tl.add(t + 0.1, "detect", src="framework", framework="fw", reason="rank1 exited")
     tl.add(t + 0.3, "restart", src="framework", framework="fw", attempt=1)
     t = shim_run(tl, 1, t + 0.5, list(range(resume_from + 1, total + 1, bar_gap)) + [total])
@@ -152,7 +152,7 @@ def test_a_run_that_did_not_recover_has_no_resume_or_lost_work_figure() -> None:
     """Before: an undetected hang that never ended still had time_to_resume_s 0.046 s (its in-flight step)."""
     tl = TL()
     t = shim_run(tl, 0, 0.1, list(range(1, 16)), ranks=(0, 1))
-    tl.add(t + 0.02, "fault_inject", src="injector", fault="hang", injector="hang", target={"rank": 1})
+    tl.add(t + 0.02, "fault_inject", src="injector", fault="hang", injector="hang", target=[{"rank": 1}])
     for r in (0, 1):  # the step in flight when rank 1 was stopped: 46 ms after the fault
         tl.rank(t + 0.066, "step", r, 0, step=16, loss=0.1)
     tl.add(t + 30, "teardown_begin", reason="deadline")

@@ -221,7 +221,8 @@ def cleanup_stale_mounts(results_dir: str | os.PathLike[str]) -> list[dict[str, 
             owner_alive = procutil.alive(int(m.get("owner_pid") or 0), m.get("owner_ticks")) if m.get(
                 "owner_pid") else False  # fmt: skip
             if ended is None:
-                ended = any(e.kind == "run_end" for e in read_events(run_dir / "events.jsonl"))
+                # leniently: a crashed run's mounts are removed even when a line of its timeline is not valid
+                ended = any(e.kind == "run_end" for e in read_events(run_dir / "events.jsonl", strict=False))
             if owner_alive and not ended:
                 continue
             rec: dict[str, Any] = {"mountpoint": mp, "run_dir": str(run_dir), "owner_alive": owner_alive,
