@@ -53,7 +53,8 @@ def test_straggler_gates_the_whole_job(results, fault) -> None:
     if fault == "slow-cgroup" and not cgroup_v1_cpu_available():
         require("cgroup", "the cgroup v1 cpu controller is not writable here")
     m, ctl = results[f"restart/{fault}"], results["restart/control"]
-    assert m.outcome == "recovered" and m.fidelity == "exact"
+    # nothing reacts to a slow rank: the job outlasted it (its cost is the slowdown, not a recovery)
+    assert m.outcome == "outlasted" and m.fidelity == "exact"
     # every step of both ranks waits for the slow one: the job's step time grows several times
     assert m.slowdown is not None and m.slowdown > 2.5, (m.fault_step_time_s, ctl.step_time_s)
     assert m.detected is False  # the restart framework's heartbeat (8 s) does not notice a slow rank
@@ -79,6 +80,6 @@ def test_sdc_nan_caught_by_loss_check_and_recovered(results) -> None:
 def test_sdc_scaled_params_propagate_silently(results) -> None:
     m = results["restart/sdc-scale"]
     assert m.detected is False and m.restart_count == 0
-    assert m.outcome == "recovered"  # nothing noticed: training "finished"
+    assert m.outcome == "outlasted"  # nothing noticed: training "finished", nothing reacted
     assert m.fidelity == "diverged"
     assert m.ranks_agree is False  # rank 1's replica no longer matches rank 0's

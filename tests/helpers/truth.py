@@ -1,0 +1,75 @@
+"""What a real run's own records say happened, read directly in the integration tests (not through the metrics):
+the steps a restart made the job do again and the boundaries of a recovery's four stages, so the tests can
+assert exact values instead of ranges or sums that hold by construction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaosbench.timeline import Event
+from tests.helpers import events_of
+
+
+def _inc(e: Event) -> int:
+    return int(e.get("incarnation", 0))
+
+
+def lost_steps_by_the_logs(m: Any) -> int:
+    """Steps done before the first fault and done again after it, from the ranks' own step and checkpoint-load
+    lines: the faulted incarnation's last step that every rank logging steps had logged (a step one rank still
+    finished after the fault while its peer was dead is no job step; one both finished, in flight, is), less the
+    step the incarnation that resumed loaded (or started from: its first step less one)."""
+    events = events_of(m)
+    fault = next(e for e in events if e.kind == "fault_inject")
+    fault_inc = max((_inc(e) for e in events if e.kind == "rank_start" and e.t_ns <= fault.t_ns), default=0)
+    new = next(e for e in events if e.kind == "rank_start" and e.t_ns > fault.t_ns and _inc(e) > fault_inc)
+    last: dict[int, int] = {}
+    for e in events:
+        if e.kind == "step" and e.src == "rank" and _inc(e) == fault_inc and e.t_ns < new.t_ns:
+            last[int(e["rank"])] = max(last.get(int(e["rank"]), 0), int(e["step"]))
+    done = min(last.values())
+    loads = [int(e["step"]) for e in events if e.kind == "ckpt_load_end" and e.src == "rank" and _inc(e) == _inc(new)]
+    first = min(int(e["step"]) for e in events if e.kind == "step" and e.src == "rank" and _inc(e) == _inc(new))
+    restored = min([first - 1, *loads[-1:]])
+    return max(0, done - restored)
+
+
+def stage_ends_by_the_timeline(m: Any) -> dict[str, float]:
+    """The four stages' boundaries (seconds after the fault took effect) of a recovery by restart, read from the
+    timeline: the first detection, the last rank start of the incarnation that resumed, the end of its checkpoint
+    load, and its first step beyond the step reached at the fault."""
+    events = events_of(m)
+    fault = next(e for e in events if e.kind == "fault_inject")
+    tf = int(fault.get("effect_t_ns") or fault.t_ns)
+    fault_inc = max((_inc(e) for e in events if e.kind == "rank_start" and e.t_ns <= tf), default=0)
+    detect = next(e for e in events if e.kind == "detect" and e.t_ns >= tf)
+    new_inc = min(_inc(e) for e in events if e.kind == "rank_start" and e.t_ns > tf and _inc(e) > fault_inc)
+    starts = [e.t_ns for e in events if e.kind == "rank_start" and _inc(e) == new_inc]
+    loads = [e.t_ns for e in events if e.kind == "ckpt_load_end" and _inc(e) == new_inc]
+    reached = 0
+    for r in {int(e["rank"]) for e in events if e.kind == "step" and _inc(e) == fault_inc}:
+        mine = [int(e["step"]) for e in events if e.kind == "step" and _inc(e) == fault_inc and int(e["rank"]) == r
+                and e.t_ns < min(starts)]  # fmt: skip
+        reached = min(reached, max(mine)) if reached else max(mine)
+    beyond: dict[int, int] = {}
+    for e in events:
+        if e.kind == "step" and _inc(e) == new_inc and int(e["step"]) > reached:
+            beyond.setdefault(int(e["rank"]), e.t_ns)
+    return {
+        "detect": (detect.t_ns - tf) / 1e9,
+        "reschedule": (max(starts) - tf) / 1e9,
+        "reshard_or_replace": (max(loads) - tf) / 1e9,
+        "resume": (max(beyond.values()) - tf) / 1e9,
+    }
+
+
+def assert_stages_match_the_timeline(m: Any) -> None:
+    """The metrics' four stages, each ending where the timeline says it does (not only adding up)."""
+    ends = stage_ends_by_the_timeline(m)
+    got = [m.stage_detect_s, m.stage_reschedule_s, m.stage_reshard_or_replace_s, m.stage_resume_s]
+    assert all(v is not None for v in got), (got, m.missing)
+    cumulative = 0.0
+    for name, value in zip(("detect", "reschedule", "reshard_or_replace", "resume"), got, strict=True):
+        cumulative += value
+        assert abs(cumulative - ends[name]) < 1e-6, (name, cumulative, ends)
+    assert abs(m.time_to_recover_s - ends["resume"]) < 1e-6
