@@ -126,12 +126,14 @@ TRAINING: tuple[MetricRow, ...] = (
     MetricRow(
         "`blame`, `blamed`",
         "whom the framework named in its first reaction (restart's watchdog, torchrun's `local_rank`, "
-        "nvrx's rank monitor, TorchFT's quorum, ...), judged against the injector's target: `correct`, "
-        "`wrong`, `none` (detected without naming anyone)",
+        "nvrx's rank monitor, TorchFT's quorum, ...), judged against the injector's target: `correct` "
+        "(only faulted ranks), `imprecise` (the faulted among others: a whole node or every rank for one "
+        "rank's fault), `wrong`, `none` (detected without naming anyone)",
     ),
     MetricRow(
         "`false_detections`, `clean`",
-        "detections in a fault-free control or before the fault; a control is clean when it completed "
+        "detections no fault explains: in a fault-free control or a run whose fault never fired, before "
+        "the first fault, or after a fault's job resumed (a flap); a control is clean when it completed "
         "with no restart and no detection",
     ),
     MetricRow(
@@ -167,7 +169,9 @@ TRAINING: tuple[MetricRow, ...] = (
     ),
     MetricRow(
         "`outcome`, `verdict`",
-        "`recovered`, `not_recovered`, `fault_not_fired` (fault runs); `completed`, `failed` (controls); "
+        "`recovered`, `outlasted` (training finished and no fault drew a framework reaction: a hang that "
+        "ended by itself, a held GIL, a slowed rank; its cost is its stall, not a recovery), "
+        "`not_recovered`, `fault_not_fired` (fault runs); `completed`, `failed` (controls); "
         "`contaminated`; one line on what happened. A run that did not recover has no figure of a "
         "recovery (resume, catch-up, rejoin, lost work, the stages after detection): each is missing with"
         " the reason",
