@@ -394,6 +394,15 @@ def verdict(m: RunMetrics) -> str:
     return text
 
 
+def _ended_after_training(m: RunMetrics) -> str:
+    """How a job whose training finished ended, where that was not a clean exit."""
+    if m.run_end_outcome == "deadline":  # wall_s and extra_wall_s then include the wait for the deadline
+        return "; training finished but the job did not exit before the deadline"
+    if m.run_end_outcome not in (None, "completed"):
+        return f"; training finished but the job ended {m.run_end_outcome}"
+    return ""
+
+
 def _training_verdict(m: RunMetrics) -> str:
     if m.outcome == "contaminated":
         return f"contaminated: {m.missing.get('contaminated', 'started from state it did not write')}"
@@ -415,17 +424,12 @@ def _training_verdict(m: RunMetrics) -> str:
             text = f"crash loop until the run ended ({restarts} {plural})"
     elif m.outcome == "outlasted":
         stall = "" if m.time_to_resume_s is None else f" a {m.time_to_resume_s:.2f} s stall,"
-        text = f"outlasted: the job went on after{stall} with no framework reaction"
-        if m.run_end_outcome not in (None, "completed"):
-            text += f"; training finished but the job ended {m.run_end_outcome}"
+        text = f"outlasted: the job went on after{stall} with no framework reaction" + _ended_after_training(m)
     elif m.recovered:
         text = f"recovered after {restarts} {plural}" if restarts else "recovered in place"
         if not m.detected:
             text += ", not detected"
-        if m.run_end_outcome == "deadline":  # wall_s and extra_wall_s then include the wait for the deadline
-            text += "; training finished but the job did not exit before the deadline"
-        elif m.run_end_outcome not in (None, "completed"):
-            text += f"; training finished but the job ended {m.run_end_outcome}"
+        text += _ended_after_training(m)
     elif m.gave_up:
         text = f"gave up after {restarts} {plural}"
     elif m.steps_short:

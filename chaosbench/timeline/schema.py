@@ -922,7 +922,9 @@ def typed(ev: Event) -> EventModel:
 # ------------------------------------------------------------------------------------- fields from log patterns
 @functools.cache
 def _adapter(kind: str, name: str) -> TypeAdapter[Any]:
-    return TypeAdapter(_BY_NAME[kind].model_fields[name].annotation)
+    annotation = _BY_NAME[kind].model_fields[name].annotation
+    assert annotation is not None, f"{kind}.{name} has no annotation"  # every field of the models is annotated
+    return TypeAdapter(annotation)
 
 
 def check_fields_declared(kind: str, names: Iterable[str], what: str = "") -> None:

@@ -65,7 +65,7 @@ def test_blocked_rank_is_alive_and_the_step_watchdog_finds_it(restart) -> None:
 
 def test_a_short_block_passes_unnoticed(restart) -> None:
     m = restart["restart/block-2s"]
-    assert m.outcome == "recovered" and not m.detected and m.restart_count == 0 and m.fidelity == "exact"
+    assert m.outcome == "outlasted" and not m.detected and m.restart_count == 0 and m.fidelity == "exact"
     reverts = [e for e in kinds(events_of(m), "fault_revert") if e.get("injector") == "collective-hang"]
     inject = kinds(events_of(m), "fault_inject")[0]
     assert len(reverts) == 1 and 1.9 < (reverts[0].t_ns - inject.t_ns) / 1e9 < 3.5
@@ -94,7 +94,7 @@ def test_op_mismatch_is_silent_and_wrong(restart) -> None:
     m = restart["restart/op"]
     assert kinds(events_of(m), "fault_inject")[0].get("desync") == "op"
     # nothing notices: the step's gradients are a mix of sums and maxima, and the run ends with another model
-    assert m.outcome == "recovered" and not m.detected and m.restart_count == 0, m.verdict
+    assert m.outcome == "outlasted" and not m.detected and m.restart_count == 0, m.verdict
     assert m.fidelity == "diverged" and "final state diverged" in (m.verdict or "")
 
 

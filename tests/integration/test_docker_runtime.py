@@ -235,6 +235,6 @@ def test_storage_faults_on_the_shared_volume(run_suite) -> None:
     assert flip.fidelity == "diverged"
     if "slow" in names:
         slow = res["restart/slow#0"]
-        assert slow.outcome == "recovered" and slow.fidelity == "exact"
+        assert slow.outcome == "outlasted" and slow.fidelity == "exact"  # slowed, nothing reacts to it
         assert slow.checkpoint_save_s is not None and ctl.checkpoint_save_s is not None
         assert slow.checkpoint_save_s > 3 * ctl.checkpoint_save_s

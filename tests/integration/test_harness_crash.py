@@ -198,7 +198,9 @@ def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docke
     assert sorted((r["scenario"], r["repeat"]) for r in rows) == sorted({(r["scenario"], r["repeat"]) for r in rows})
     assert len(rows) == suite.runs
     for r in rows:
-        assert r["outcome"] == ("completed" if r["control"] == "True" else "recovered"), r
+        # a kill is recovered from; a slowed rank, filesystem or network only slows the job: nothing reacts to it
+        expected = "completed" if r["control"] == "True" else "recovered" if r["fault"] == "kill" else "outlasted"
+        assert r["outcome"] == expected, r
         assert r["control"] == "True" or r["fidelity"] == "exact", r
     assert (suite.dir / "report.html").is_file()
     # the manifest written at the end of the resumed suite holds for every file of it
