@@ -3,6 +3,7 @@ run's events, and launching a built-in program's ranks directly (without the run
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
@@ -61,6 +62,29 @@ def serve_problem() -> str | None:
     if missing:
         return f"{', '.join(missing)} not installed (pip install -e '.[serve]')"
     return None
+
+
+# the module a framework's engine is, and how to install it
+ENGINE_MODULES = {
+    "torchft": ("torchft", "pip install --no-deps torchft==0.2.0 and its opentelemetry deps"),
+    "nvrx": ("nvidia_resiliency_ext.fault_tolerance", "pip install -e '.[nvrx]'"),
+}
+
+
+def engine_problem(engine: str) -> str | None:
+    """Why ``engine`` (a key of :data:`ENGINE_MODULES`) cannot be imported here, or None."""
+    module, install = ENGINE_MODULES[engine]
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available here"
+        return f"{module} not importable ({exc}); {install}"
+    return None
+
+
+def require_engines(*engines: str) -> None:
+    """:func:`require` for each framework engine named (keys of :data:`ENGINE_MODULES`)."""
+    for engine in engines:
+        require(engine, engine_problem(engine))
 
 
 def run_suite_text(text: str, out: Path, name: str = "test.yaml") -> dict[str, Any]:

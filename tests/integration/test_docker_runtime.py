@@ -25,6 +25,7 @@ from chaosbench.runtimes import process  # noqa: E402
 from chaosbench.runtimes.base import ProcessSpec, RunInfo  # noqa: E402
 from chaosbench.runtimes.docker import DockerRuntime, remove_run_objects  # noqa: E402
 from chaosbench.timeline import TimelineWriter, read_events  # noqa: E402
+from tests.helpers import required  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -225,7 +226,10 @@ def test_storage_faults_on_the_shared_volume(run_suite) -> None:
               "params: {mode: bitflip, bits: 8, tensors: 'model.*', kill_after: true}}, "
               "slow: {injector: stall-fs, target: all, trigger: {at_step: 5}, "
               "params: {write_delay_s: 0.05, fsync_delay_s: 0.05, duration_s: 20}}}")  # fmt: skip
-    names = "torn, flip" + (", slow" if fuse_available() is None else "")
+    no_fuse = fuse_available()
+    if no_fuse is not None and required("fuse"):
+        pytest.fail(f"CHAOSBENCH_REQUIRE names fuse but it is unusable: {no_fuse}", pytrace=False)
+    names = "torn, flip" + (", slow" if no_fuse is None else "")  # the FUSE case only where FUSE works
     res = run_suite(_suite("docker", "{restart: {heartbeat_timeout_s: 15}}", faults, "restart", names)
                     .replace("control: false", "control: true"))  # fmt: skip
     ctl = res["restart/control#0"]

@@ -25,9 +25,11 @@ import pytest
 from docker_support import events_of, kinds, require_docker, run_objects
 
 from chaosbench.analysis.metrics import RunMetrics
+from tests.helpers import require_engines
 from tests.helpers.truth import lost_steps_by_the_logs
 
 require_docker()
+require_engines("torchft")  # the continue strategy
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import events_of, kinds, run_suite_text
+from tests.helpers import events_of, kinds, require_engines, run_suite_text
 
 pytestmark = pytest.mark.integration
+require_engines("torchft")  # its TorchFT case; the module's results come from one suite run
 
 SUITE = """
 name: phase-faults

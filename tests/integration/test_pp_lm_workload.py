@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from chaosbench.timeline import Event
-from tests.helpers import events_of, kinds
+from tests.helpers import events_of, kinds, require_engines
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def test_torchft_heals_a_lost_pipeline_replica_exactly(run_suite) -> None:
     g); each stage's gradients are summed with the same stage of the other group through the Manager. Killing
     stage 1 of group 1: group 0 trains on alone on the whole global batch, group 1's torchrun restarts both its
     stages, each heals from group 0's same stage, and the run ends bit-identical to the control."""
-    pytest.importorskip("torchft")
+    require_engines("torchft")
     from chaosbench.registry import FRAMEWORKS
 
     if "torchft" not in FRAMEWORKS.names():

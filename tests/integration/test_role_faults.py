@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import events_of, kinds, run_suite_text
+from tests.helpers import events_of, kinds, require_engines, run_suite_text
 
 pytestmark = pytest.mark.integration
+require_engines("torchft", "nvrx")  # the suite kills their Lighthouse and bridge
 
 SUITE = """
 name: role-faults

@@ -177,9 +177,14 @@ def test_kill_under_slurm_requeue(tmp_path: Path, restart_runs: dict[str, RunMet
 def test_node_down_requeued_by_the_scheduler(tmp_path: Path, restart_runs: dict[str, RunMetrics]) -> None:
     from chaosbench.runtimes.slurm import NodeState, node_state
 
-    idle = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True, text=True)
-    if len(set(idle.stdout.split())) < 3:
-        pytest.skip("needs a third idle Slurm node for the requeued job")
+    # the earlier tests' jobs may still be completing on their nodes: wait for the three to be idle again
+    deadline, idle = time.monotonic() + 60, set()
+    while len(idle) < 3 and time.monotonic() < deadline:
+        res = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True, text=True)
+        idle = set(res.stdout.split())
+        time.sleep(0 if len(idle) >= 3 else 1)
+    problem = f"needs a third idle Slurm node for the requeued job (idle: {sorted(idle)})"
+    require("slurm", None if len(idle) >= 3 else problem)
     res = _run(
         tmp_path,
         "{slurm-requeue: {max_restarts: 2}}",
