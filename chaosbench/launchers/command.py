@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     probe = Probe.from_env()
     step_base = None if args.step_base == "auto" else int(args.step_base)
     earlier = earlier_step_base(os.environ.get(ENV_EVENTS)) if step_base is None and probe.incarnation else None
-    parser = OutputParser(patterns, step_base, args.step_every, earlier_base=earlier)
+    parser = OutputParser(patterns, step_base, args.step_every, earlier_base=earlier, resumed=probe.incarnation > 0)
     last_ns = time.time_ns()
     capture = Capture("pipe" if os.environ.get(ENV_OUTPUT_CAPTURE) == "pipe" else "socket")
     try:

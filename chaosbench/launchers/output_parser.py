@@ -15,7 +15,10 @@ The contract, for one process of the script (one rank of one incarnation):
   event). A 0-based ``N`` is step ``N + 1`` of the timeline, whose steps are 1-based. A ``step`` pattern without a
   ``step`` group counts: with ``step_every: K`` each match is the next multiple of K after the previous match
   of this process, and not below the latest step another pattern reported (a loss line logged every K steps,
-  beside a progress bar that lags); it starts from the position a ``ckpt_load_end`` line named. Within one
+  beside a progress bar that lags); it starts from the position a ``ckpt_load_end`` line named. In a resumed
+  process (a later incarnation) beside a progress bar, the bar says where training resumed: a counted line
+  before the bar's first count and without such a line is no step (a resumed Hugging Face bar draws 0 and
+  jumps to the restored step only at its next redraw, which can come after the first loss line). Within one
   process a step is reported once: a value not above the last one reported by the same pattern is skipped.
 - **Progress bars.** ``progress`` lines carry a count of completed steps (``N/total``: the tqdm bar's ``n``,
   pattern alias ``tqdm``): 0 is no step, and a redraw of a count already shown (a bar redrawn in place, or a
@@ -76,12 +79,15 @@ class OutputParser:
     """Reads one process's output (:meth:`feed` each write as it comes, :meth:`end` once it ends) and returns the
     events it implies (module docstring). ``step_base``: 0 or 1 as declared, None to detect it (or to take
     ``earlier_base``, the run's counting as an earlier incarnation found it); ``step_every``: the cadence of a
-    ``step`` pattern that has no ``step`` group."""
+    ``step`` pattern that has no ``step`` group; ``resumed``: the process is a later incarnation (where its
+    counted lines start is then not known before a bar or a resume line says it)."""
 
     def __init__(self, patterns: dict[str, str], step_base: int | None = None, step_every: int | None = None,
-                 earlier_base: int | None = None) -> None:  # fmt: skip
+                 earlier_base: int | None = None, resumed: bool = False) -> None:  # fmt: skip
         self.patterns = [(k, re.compile(resolve_pattern(patterns[k]))) for k in PATTERN_KINDS if patterns.get(k)]
         self.step_every = step_every
+        # where a resumed process's counted lines start is the bar's to say (or a ckpt_load_end line's)
+        self._position_unknown = resumed and any(k == "progress" for k, _ in self.patterns)
         self.base = step_base if step_base is not None else earlier_base
         if step_base is not None:
             self._base_how = "declared"
@@ -139,7 +145,7 @@ class OutputParser:
                 out.append(Parsed(kind, t_ns, {"step": raw, "loss": _num(g.get("loss")), "digest": g.get("digest") or ""}))
             else:
                 if kind == "ckpt_load_end" and raw is not None:
-                    self._position = raw
+                    self._position, self._position_unknown = raw, False
                 fields: dict[str, Any] = {"step": raw, "path": None}
                 if kind == "ckpt_save_end":
                     fields["complete"] = True  # the script said it saved
@@ -165,8 +171,8 @@ class OutputParser:
     def _counted_step(self) -> int | None:
         """The step a ``step`` line without a step number stands for (``step_every``)."""
         k = self.step_every
-        if not k:
-            return None
+        if not k or (self._position_unknown and not self._last.get("progress")):
+            return None  # no cadence, or a resumed process whose bar has not shown where it is yet
         floor = max(self._counted, self._position)  # above the previous count and the resumed position
         seen = max(self._last.values(), default=0)  # and not below what another pattern showed
         step = max(floor // k + 1, -(-seen // k)) * k

@@ -76,6 +76,20 @@ def test_loss_lines_without_a_step_are_counted_beside_a_lagging_bar() -> None:
         (8, None), (10, 5.0), (20, None), (20, 4.0), (30, 3.0)]  # fmt: skip
 
 
+def test_a_resumed_process_counts_its_loss_lines_from_where_its_bar_says_it_is() -> None:
+    """HF resumed from checkpoint-50: the new bar draws 0/600, the first loss line (step 60) can come before the
+    bar's next redraw, which jumps to the restored position: that loss line is no step 10 (seen in CI: lost 61
+    instead of 20), the counting goes on from the bar's count."""
+    rx = {"progress": "tqdm", "step": r"\{'loss': '(?P<loss>[\d.]+)'"}
+    writes = [(BAR.format(pct=0, n=0).encode(), 1), (b"\n{'loss': '5.0'}\n", 2),  # step 60's line, bar still at 0
+              (BAR.format(pct=10, n=62).encode(), 3), (b"\n{'loss': '4.0'}\n", 4)]  # fmt: skip
+    resumed = parse_all(OutputParser(rx, step_every=10, resumed=True), writes)
+    assert [(p.fields["step"], p.fields["loss"]) for p in resumed if p.kind == "step"] == [(62, None), (70, 4.0)]
+    # the first incarnation starts at 0: its first loss line is step 10 whatever the bar shows
+    first = parse_all(OutputParser(rx, step_every=10), writes)
+    assert [p.fields["step"] for p in first if p.kind == "step"] == [10, 62, 70]
+
+
 def test_counted_lines_start_after_the_position_a_resume_line_names() -> None:
     rx = {"step": r"loss (?P<loss>[\d.]+)", "ckpt_load_end": r"resumed at step (?P<step>\d+)"}
     out = parse_all(OutputParser(rx, step_every=10), [(b"resumed at step 300\nloss 1.0\nloss 0.9\n", 1)])
