@@ -145,7 +145,7 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
             fig.status, fig.interrupted_by = "interrupted", str(nxt[1].get("fault"))
             miss["time_to_resume_s"] = f"interrupted: fault '{fig.interrupted_by}' took effect before the job resumed"
             if fp.restarted and eventually is not None:  # the rollback it began is its loss all the same: to
-                _lost(ix, fp, eventually, fig)  # where the job finally restarted from
+                _lost(ix, fp, eventually, fig, until)  # where the job finally restarted from
             elif not fp.restarted:  # nothing rolled back before the next fault hit: whatever was redone is its
                 fig.lost_steps, fig.lost_work_s = 0, 0.0
             else:
@@ -161,13 +161,15 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
         return Measured(fig, fault, tf, until, fp, detect, resume)
     fig.status = "recovered" if reaction_in(ix, tf, resume_t) else "outlasted"
     fig.time_to_resume_s = ns_to_s(resume_t - tf)
-    _lost(ix, fp, resume, fig)
+    _lost(ix, fp, resume, fig, until)
     return Measured(fig, fault, tf, until, fp, detect, resume)
 
 
-def _lost(ix: TimelineIndex, fp: timing.FaultPoint, resume: tuple[int, tuple[int, int]], fig: FaultFigures) -> None:
-    """The work the fault at ``fp`` lost, to the point the job resumed from at ``resume``, into ``fig``."""
-    lost = timing.lost_work(ix, fp, resume[1])
+def _lost(ix: TimelineIndex, fp: timing.FaultPoint, resume: tuple[int, tuple[int, int]], fig: FaultFigures,
+          until: int | None) -> None:  # fmt: skip
+    """The work the fault at ``fp`` lost, to the point the job resumed from at ``resume`` (and, per-step commit,
+    the steps skipped before the next fault at ``until``), into ``fig``."""
+    lost = timing.lost_work(ix, fp, resume[1], until)
     fig.lost_steps, fig.lost_work_s = lost.lost_steps, lost.lost_work_s
     if lost.missing is not None:
         fig.missing["lost_work_s"] = lost.missing

@@ -30,7 +30,8 @@ own, ``faults`` below):
 - ``lost_steps``: steps completed before the fault that had to be recomputed: (highest step completed
   before the fault, in-flight ones included) - (step the recovered job restarted from; the first step after
   recovery minus one). Per-step commit: plus ``skipped_steps``, the distinct step indices computed but not
-  committed after the fault (``step_skipped``): their work was discarded although nothing rolled back.
+  committed after the fault and before the next one (``step_skipped``): their work was discarded although
+  nothing rolled back.
 - ``lost_work_s``: the seconds those lost steps had taken the first time: stamp of the highest step
   completed before the fault minus the stamp of the step recovery restarted from (in the faulted
   incarnation; its first event when it restarted from scratch). Per-step commit: plus, for each skipped step
@@ -862,7 +863,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     else:
         miss["time_to_catch_up_s"] = "the job never got beyond the step reached at the fault"
 
-    lost = timing.lost_work(ix, fp, resume_key)
+    lost = timing.lost_work(ix, fp, resume_key, first.until_ns)
     m.lost_steps, m.lost_work_s, m.skipped_steps = lost.lost_steps, lost.lost_work_s, lost.skipped_steps
     if lost.missing is not None:
         miss["lost_work_s"] = lost.missing

@@ -120,10 +120,11 @@ class LostWork:
     missing: str | None = None
 
 
-def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -> LostWork:
+def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int], until_ns: int | None = None) -> LostWork:
     """The steps completed before the fault that were done again after it (recovery restarted from the step
     before ``resume_step``), the seconds they had taken, and under per-step commit the steps computed but not
-    committed after the fault."""
+    committed after the fault and before ``until_ns`` (the next fault: the steps skipped from then on are that
+    fault's)."""
     steps = ix.steps
     restored = restored_step(ix, resume_step, fp.t_ns)
     lost_steps = max(0, fp.last_step_before - restored)
@@ -132,7 +133,7 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -
     if ix.per_step_commit:
         skipped_by_index: dict[int, float] = {}
         for e in ix.of("step_skipped"):
-            if e.t_ns >= fp.t_ns:
+            if e.t_ns >= fp.t_ns and (until_ns is None or e.t_ns < until_ns):
                 i = int(e["step"])
                 d = float(e.get("duration_s") or 0.0)
                 skipped_by_index[i] = min(skipped_by_index[i], d) if i in skipped_by_index else d
