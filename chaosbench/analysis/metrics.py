@@ -24,7 +24,9 @@ own, ``faults`` below):
   first reaction to it (a survivor's step in flight at the fault commits at once: that is no recovery; the
   same holds for ``time_to_catch_up_s``).
 - ``time_to_rejoin_s``: first completed step of an incarnation newer than the faulted one (the restarted rank,
-  replica group or node is training again), minus the fault time; missing when nothing restarted.
+  replica group or node is training again), minus the fault time; missing when nothing restarted. Per-step
+  commit (each replica group numbers its incarnations): the first step in whose quorum a rank of an incarnation
+  begun after the fault took part.
 - ``time_to_catch_up_s``: first completion, after the fault, of a step index beyond every step completed
   before the fault (new progress), minus the fault time.
 - ``lost_steps``: steps completed before the fault that had to be recomputed: (highest step completed
@@ -165,7 +167,8 @@ Attribution, truth and detection quality:
   one (ranks that log at other cadences, or only the main process logging, hold nothing up:
   :class:`~chaosbench.analysis.timeline_index.JobSteps`); step triggers count the same way.
 - ``contaminated``: the run started from state it did not write: a rank loaded a checkpoint before this run had
-  saved any, or the first incarnation's first step is beyond the start of training. Such a run is not measured
+  saved any, or the first incarnation's first step (per-step commit: the job's first committed step) is beyond
+  the start of training. Such a run is not measured
   (outcome ``contaminated``, the reason in ``verdict``).
 - ``blamed`` / ``blame``: the ranks the framework named as failed in its first reaction to the fault (the
   ``detect`` events from the fault to its first ``restart``: a ``blame_rank``, a torchrun ``local_rank`` on a
@@ -847,7 +850,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
         return
     assert resume is not None  # the first fault resumed
     _stages(m, ix, fp, detect, resume)
-    rejoin = timing.rejoin_ns(steps, fp)
+    rejoin = timing.rejoin_ns(ix, fp)
     if rejoin is not None:
         m.time_to_rejoin_s = ns_to_s(rejoin - tf)
     else:

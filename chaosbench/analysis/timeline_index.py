@@ -54,6 +54,9 @@ class JobSteps:
 
     t: dict[tuple[int, int], int] = field(default_factory=dict)
     duration: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: (rank, incarnation) of every rank in the quorum that committed a step (per-step commit with quorum
+    #: information: the key names only the newest incarnation among them)
+    committers: dict[tuple[int, int], frozenset[tuple[int, int]]] = field(default_factory=dict)
 
     @classmethod
     def from_events(cls, events: Sequence[Event]) -> JobSteps:
@@ -88,6 +91,7 @@ class JobSteps:
                     if len({r for _, _, r, _ in got}) == expected and step not in by_quorum:
                         by_quorum.add(step)
                         out.t[key] = ev.t_ns
+                        out.committers[key] = frozenset((r, i) for _, i, r, _ in got)
                         ds = [x for *_, x in got if x is not None]
                         if ds:
                             out.duration[key] = min(ds)

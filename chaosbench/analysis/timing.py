@@ -84,9 +84,21 @@ def _restored_before(ix: TimelineIndex, inc: int, tf: int) -> int:
     return int(own[-1]["step"]) if own else 0
 
 
-def rejoin_ns(steps: JobSteps, fp: FaultPoint) -> int | None:
-    """The first step completed by an incarnation newer than the faulted one."""
-    return next((t for t, (inc, _) in steps.after(fp.t_ns) if inc > fp.incarnation), None)
+def rejoin_ns(ix: TimelineIndex, fp: FaultPoint) -> int | None:
+    """The first step completed by an incarnation newer than the faulted one; per-step commit, also a step whose
+    quorum had a rank of an incarnation begun after the fault (each replica group numbers its incarnations from
+    0: a step is keyed by the newest incarnation in its quorum, which may be another group's older restart)."""
+    steps = ix.steps
+    running: dict[int, int] = {}  # rank -> its incarnation when the fault hit
+    newer: set[tuple[int, int]] = set()
+    for e in ix.of("rank_start"):
+        rank = int(e.get("rank", 0))
+        if e.t_ns <= fp.t_ns:
+            running[rank] = max(running.get(rank, 0), incarnation(e))
+        elif incarnation(e) > running.get(rank, -1):
+            newer.add((rank, incarnation(e)))
+    return next((t for t, key in steps.after(fp.t_ns)
+                 if key[0] > fp.incarnation or steps.committers.get(key, frozenset()) & newer), None)  # fmt: skip
 
 
 def resume_point(steps: JobSteps, fp: FaultPoint, per_step_commit: bool,
