@@ -452,11 +452,12 @@ class FtFaultPlan:
     """A fault of a per-step-commit run, landing 1 ms after the job committed step ``at_step``: ``kill`` (a
     replica group dies; its launcher restarts it and the replacement heals from a peer and rejoins), ``stale``
     (the same, but the replacement comes back with stale state and commits ``stale_steps`` old steps alone
-    before it joins), ``lost`` (the launcher gives up: the job goes on without that group). ``group`` picks the
+    before it joins), ``lost`` (the launcher gives up: the job goes on without that group); ``flap`` is no fault:
+    the lighthouse reports a failure that is not there (a false detection). ``group`` picks the
     victim among the quorum's groups (modulo their count); a fault that lands when fewer than two groups are in
     the quorum (nobody would survive it) does not happen."""
 
-    kind: str  # kill | stale | lost
+    kind: str  # kill | stale | lost | flap
     at_step: int
     group: int = 0
     manager_us: int = 5_000  # kill -> the survivors' in-flight step fails (step_skipped) and their manager detects
@@ -505,6 +506,7 @@ class FtRecord:
     stale: list[tuple[int, int]] = field(default_factory=list)  # a stale group's commits of old steps: (t, step)
     skips: list[tuple[int, int]] = field(default_factory=list)  # (t, step) of each step_skipped
     detections: list[int] = field(default_factory=list)  # every detect
+    separators: list[int] = field(default_factory=list)  # every restart and give_up (a detection episode ends)
     starts: list[tuple[int, int, int]] = field(default_factory=list)  # (t, group, incarnation) of each group start
     faults: list[int] = field(default_factory=list)  # when each fault took effect
     ended: str = "completed"
@@ -546,6 +548,7 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             w.harness(15_000 + g * 1_000, "detect", src="framework", framework="fw", via="exit", replica_group=g,
                       exitcode=1)  # fmt: skip
             w.harness(16_000 + g * 1_000, "restart", src="framework", framework="fw", replica_group=g)
+            rec.separators.append(16_000 + g * 1_000)
             inc[g] += 1
             start_group(17_000 + g * 1_000, g)
     t = 10_000 + G * 1_000 + plan.init_us
@@ -586,6 +589,11 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
         fault = todo[0] if todo else None
         if fault is not None and pos >= fault.at_step:
             todo.pop(0)
+            if fault.kind == "flap":  # the lighthouse reports a failure that is not there; nothing else happens
+                rec.detections.append(t + 1_000)
+                w.harness(t + 1_000, "detect", src="framework", framework="fw", via="lighthouse",
+                          mechanism="framework heartbeat", reason="lighthouse: a heartbeat late")  # fmt: skip
+                continue
             if len(members) < 2:
                 continue  # nobody would survive it: it does not happen
             tf = t + 1_000
@@ -616,8 +624,10 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             w.harness(td, "detect", src="framework", framework="fw", via="exit", replica_group=g, exitcode=-9)
             if fault.kind == "lost":
                 w.harness(td + 1_000, "give_up", src="framework", framework="fw", replica_group=g)
+                rec.separators.append(td + 1_000)
             else:
                 w.harness(td + 1_000, "restart", src="framework", framework="fw", replica_group=g)
+                rec.separators.append(td + 1_000)
                 inc[g] += 1
                 t_rs = td + 1_000 + fault.restart_us
                 start_group(t_rs, g)
@@ -686,6 +696,7 @@ def _cut_ft(w: _Writer, rec: FtRecord, at_us: int) -> None:
     rec.stale = [c for c in rec.stale if c[0] < at_us]
     rec.skips = [c for c in rec.skips if c[0] < at_us]
     rec.detections = [x for x in rec.detections if x < at_us]
+    rec.separators = [x for x in rec.separators if x < at_us]
     rec.starts = [c for c in rec.starts if c[0] < at_us]
     rec.faults = [x for x in rec.faults if x < at_us]
     if rec.train_end_us is not None and rec.train_end_us >= at_us:
@@ -749,7 +760,16 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         outcome = "recovered"
     windows = [(tf, resumed_at[i] if resumed_at[i] is not None else (rec.faults[i + 1] if i + 1 < n else None))
                for i, tf in enumerate(rec.faults)]  # fmt: skip
-    false = sum(1 for t in rec.detections if not any(a <= t and (b is None or t <= b) for a, b in windows))
+    # false detections: detection episodes (detections not separated by a restart or a give-up) no fault explains:
+    # begun outside every fault's window (from it to its job's resume, or to the next fault)
+    episodes, current = [], False
+    for t, is_detect in sorted([(t, True) for t in rec.detections] + [(t, False) for t in rec.separators]):
+        if not is_detect:
+            current = False
+        elif not current:
+            current = True
+            episodes.append(t)
+    false = sum(1 for t in episodes if not any(a <= t and (b is None or t <= b) for a, b in windows))
     fidelity = None
     if finished and control.train_end_us is not None and plan.digest and plan.control_digest:
         fidelity = "exact" if plan.digest == plan.control_digest else "diverged"
@@ -773,8 +793,8 @@ def ft_plans(draw: st.DrawFn) -> FtPlan:
     """A per-step-commit run: 2-3 replica groups of 1-2 ranks on 1-3 hosts with clock offsets (one group maybe
     restarted at its start, before any fault), 6-30 steps, 0-3 faults (a killed group whose replacement heals and
     rejoins, before or after the lighthouse notices; one that returns with stale state and commits old steps
-    alone first; one whose launcher gives up), the survivors' in-flight step skipped (and tried again) until the
-    new quorum, a deadline mid-run, digests equal, different or absent."""
+    alone first; one whose launcher gives up; a false detection by the lighthouse), the survivors' in-flight step
+    skipped (and tried again) until the new quorum, a deadline mid-run, digests equal, different or absent."""
     groups = draw(st.integers(2, 3))
     per_group = draw(st.integers(1, 2))
     hosts = draw(st.integers(1, min(3, groups * per_group)))
@@ -783,7 +803,7 @@ def ft_plans(draw: st.DrawFn) -> FtPlan:
     step_us = draw(st.integers(2_000, 50_000))
     faults: list[FtFaultPlan] = []
     at = 0
-    kinds = draw(st.lists(st.sampled_from(["kill", "kill", "stale", "lost"]), min_size=1, max_size=3))
+    kinds = draw(st.lists(st.sampled_from(["kill", "kill", "stale", "lost", "flap"]), min_size=1, max_size=3))
     for kind in kinds if draw(st.integers(0, 9)) != 5 else []:  # a run without a fault now and then
         at = draw(st.integers(at + 1, at + max(2, steps // 3)))
         if at >= steps:
