@@ -88,7 +88,7 @@ own, ``faults`` below):
     commit, of the replacement's heal (its latest ``heal_end``);
   - ``stage_resume_s``: to the first completion of a step beyond the step reached at the fault (catch-up: the
     recomputed steps and one more); per-step commit with a replacement, the replacement's first committed such
-    step.
+    step of the job (a step it committed alone from stale state is not).
 
   Identity: the stages present add up to ``time_to_recover_s`` (fault to the end of ``stage_resume_s``). It equals
   ``time_to_catch_up_s`` unless, under per-step commit, a replacement joined: then the job caught up without
@@ -849,7 +849,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
             miss["stage_detect_s"] = miss["time_to_detect_s"]
         return
     assert resume is not None  # the first fault resumed
-    _stages(m, ix, fp, detect, resume)
+    _stages(m, ix, fp, detect, resume, fault)
     rejoin = timing.rejoin_ns(ix, fp)
     if rejoin is not None:
         m.time_to_rejoin_s = ns_to_s(rejoin - tf)
@@ -879,9 +879,9 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
 
 
 def _stages(m: RunMetrics, ix: TimelineIndex, fp: timing.FaultPoint, detect: Event | None,
-            resume: tuple[int, tuple[int, int]] | None) -> None:  # fmt: skip
+            resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None) -> None:  # fmt: skip
     """The four stages of the recovery, their total and the runtime's share of rescheduling, in ``m``."""
-    st = timing.recovery_stages(ix, fp, detect, resume)
+    st = timing.recovery_stages(ix, fp, detect, resume, fault)
     for name, metric in zip(timing.STAGE_NAMES, STAGE_METRICS, strict=True):
         setattr(m, metric, st.seconds[name])
         if name in st.missing:
