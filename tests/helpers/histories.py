@@ -509,6 +509,9 @@ class FtRecord:
     separators: list[int] = field(default_factory=list)  # every restart and give_up (a detection episode ends)
     starts: list[tuple[int, int, int]] = field(default_factory=list)  # (t, group, incarnation) of each group start
     faults: list[int] = field(default_factory=list)  # when each fault took effect
+    victims: list[tuple[int, int | None]] = field(default_factory=list)  # each fault's group, its replacement's inc
+    heals: dict[tuple[int, int], int] = field(default_factory=dict)  # (group, inc) -> when its ranks healed
+    reports: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # step -> (t, group, inc) reports
     ended: str = "completed"
     train_end_us: int | None = None
     end_us: int = 0  # run_end
@@ -583,6 +586,7 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             for r in plan.ranks_of(g):
                 w.rank(tb + 200, "heal_begin", r, inc[g], step=pos, src_replica_rank=groups.index(heal_from[0]))
                 w.rank(tb + plan.heal_us, "heal_end", r, inc[g], step=pos, duration_s=(plan.heal_us - 200) / 1e6)
+            rec.heals[(g, inc[g])] = tb + plan.heal_us
         return tb + plan.heal_us
 
     while pos < plan.steps:
@@ -625,10 +629,12 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             if fault.kind == "lost":
                 w.harness(td + 1_000, "give_up", src="framework", framework="fw", replica_group=g)
                 rec.separators.append(td + 1_000)
+                rec.victims.append((g, None))
             else:
                 w.harness(td + 1_000, "restart", src="framework", framework="fw", replica_group=g)
                 rec.separators.append(td + 1_000)
                 inc[g] += 1
+                rec.victims.append((g, inc[g]))
                 t_rs = td + 1_000 + fault.restart_us
                 start_group(t_rs, g)
                 ready = t_rs + plan.init_us
@@ -662,6 +668,7 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             w.rank(t + plan.step_us + 3 * j, "step", r, inc[r // K], step=pos, loss=1.0 / pos,
                    duration_s=(plan.step_us - 10 * r) / 1e6, participants=len(members), quorum_id=qid,
                    committed=True, global_batch=32)  # fmt: skip
+            rec.reports.setdefault(pos, []).append((t + plan.step_us + 3 * j, r // K, inc[r // K]))
         done = t + plan.step_us + 3 * (len(ranks) - 1)
         rec.commits.append((done, pos, plan.step_us - 10 * max(ranks)))
         rec.committers[pos] = tuple((g, inc[g]) for g in members)
@@ -698,7 +705,10 @@ def _cut_ft(w: _Writer, rec: FtRecord, at_us: int) -> None:
     rec.detections = [x for x in rec.detections if x < at_us]
     rec.separators = [x for x in rec.separators if x < at_us]
     rec.starts = [c for c in rec.starts if c[0] < at_us]
+    rec.victims = [v for x, v in zip(rec.faults, rec.victims, strict=True) if x < at_us]
     rec.faults = [x for x in rec.faults if x < at_us]
+    rec.heals = {k: x for k, x in rec.heals.items() if x < at_us}
+    rec.reports = {s: [x for x in xs if x[0] < at_us] for s, xs in rec.reports.items()}
     if rec.train_end_us is not None and rec.train_end_us >= at_us:
         rec.train_end_us = None
 
@@ -707,6 +717,8 @@ def _cut_ft(w: _Writer, rec: FtRecord, at_us: int) -> None:
 class FtExpected(Expected):
     skipped_steps: int | None = None  # the first fault's, when the run recovered
     rejoin_us: int | None = None  # the first fault's: the first commit with a group incarnation begun after it
+    stages_us: tuple[int | None, ...] | None = None  # the first fault's detect, reschedule, reshard_or_replace, resume
+    recover_us: int | None = None  # their total: the fault to the end of the last one
     productive_us: int | None = None
     wall_us: int = 0
 
@@ -783,9 +795,44 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         tf = rec.faults[0]
         new = {(g, i) for t, g, i in rec.starts if t >= tf}
         rejoin = min((t - tf for t, s, _ in rec.commits if t > tf and new & set(rec.committers[s])), default=None)
+    stages, recover = _ft_stages(rec, first_recovered)
     return FtExpected(outcome, statuses, detects, resumes, losts, restarts, sum(c - 1 for c in by_group.values()),
                       false, final, fidelity, None, skipped_steps=skipped[0] if first_recovered else None,
-                      rejoin_us=rejoin, productive_us=productive, wall_us=rec.end_us)  # fmt: skip
+                      rejoin_us=rejoin, productive_us=productive, wall_us=rec.end_us, stages_us=stages,
+                      recover_us=recover)  # fmt: skip
+
+
+def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] | None, int | None]:
+    """The first fault's four stages (us) and their total, by the definitions: the detection; the last
+    ``rank_start`` of the lost group's replacement; the end of its heal; its first report of a committed step
+    beyond the ones committed before the fault, after its heal. Without a replacement (the launcher gave up, or
+    it never started) nothing was rescheduled or restored (0) and the resume is the job's first such step after
+    the detection. A stage whose end never came is missing (None), the next measured from the end before it."""
+    if not recovered:
+        return None, None
+    tf = rec.faults[0]
+    det = min(t for t in rec.detections if t >= tf and (len(rec.faults) < 2 or t < rec.faults[1]))
+    position = max((s for t, s, _ in rec.commits if t <= tf), default=0)
+    group, new_inc = rec.victims[0]
+    started = [t for t, g, i in rec.starts if (g, i) == (group, new_inc)]
+    ends: list[int | None]
+    if not started:  # continued without it
+        resume = min(t for t, s, _ in rec.commits if t > det and s > position)
+        ends = [det, det, det, resume]
+    else:
+        healed = rec.heals.get((group, new_inc))  # type: ignore[arg-type]
+        mine = sorted(t for s, xs in rec.reports.items() if s > position for t, g, i in xs
+                      if (g, i) == (group, new_inc) and healed is not None and t >= healed)  # fmt: skip
+        ends = [det, started[0] + (rec.plan.per_group - 1) * 10, healed, mine[0] if mine else None]
+    seconds: list[int | None] = []
+    prev = tf
+    for end in ends:
+        if end is None:
+            seconds.append(None)
+            continue
+        seconds.append(max(0, end - prev))
+        prev = max(prev, end)
+    return tuple(seconds), (prev - tf if ends[-1] is not None else None)
 
 
 @st.composite

@@ -121,9 +121,11 @@ def _kill(at: int, kind: str = "kill", group: int = 0) -> FtFaultPlan:
 SHRUNK_FT = [
     # a fault's skipped steps are those of its window: the next fault's skipped step is the next fault's
     _ft((_kill(1), _kill(8)), groups=3, steps=10),
-    # restarts are counted per replica group: group 1's first restart while group 0 is in its second incarnation
+    # restarts are counted per replica group: group 1's first restart while group 0 is in its second incarnation;
+    # and the first fault's stages follow its own group's replacement, not group 1's of the same number
     _ft((_kill(1), _kill(2)), groups=3, steps=6),
-    # a stale group's second commit of an old step (alone, in a quorum of its own) is not the job's
+    # a stale group's second commit of an old step (alone, in a quorum of its own) is not the job's, nor the end of
+    # its replacement's reshard_or_replace stage (it never healed before the run ended)
     _ft((_kill(1, "stale"),), steps=6),
     # a group restarted at its start (incarnation 1) and then killed: the survivor's steps alone are keyed by its
     # incarnation 0, which is no first incarnation that resumed from elsewhere (was: contaminated)
@@ -131,6 +133,8 @@ SHRUNK_FT = [
     # the killed group's replacement (its incarnation 1) rejoins a quorum keyed by the other group's restart at
     # its start (also 1): it rejoined all the same (was: time_to_rejoin_s missing)
     _ft((_kill(1),), steps=10, early=1),
+    # the stages follow the lost group's replacement: not the next fault's, where the first group's launcher gave up
+    _ft((_kill(1, "lost"), _kill(3)), groups=3, steps=12),
 ]
 
 
@@ -176,6 +180,9 @@ def test_per_step_commit_equals_the_definitions(plan: FtPlan) -> None:
         assert m.lost_steps == want.lost_steps[0] and m.skipped_steps == want.skipped_steps, (m.lost_steps, want)
         assert m.rollback is False
         assert _close(m.time_to_rejoin_s, want.rejoin_us), (m.time_to_rejoin_s, want.rejoin_us)
+        got = (m.stage_detect_s, m.stage_reschedule_s, m.stage_reshard_or_replace_s, m.stage_resume_s)
+        assert all(_close(a, b) for a, b in zip(got, want.stages_us or (), strict=True)), (got, want.stages_us)
+        assert _close(m.time_to_recover_s, want.recover_us), (m.time_to_recover_s, want.recover_us)
     assert _close(m.productive_s, want.productive_us), (m.productive_s, want.productive_us)
     assert _close(m.wall_s, want.wall_us)
     if want.productive_us is not None:
