@@ -719,6 +719,9 @@ class FtExpected(Expected):
     rejoin_us: int | None = None  # the first fault's: the first commit with a group incarnation begun after it
     stages_us: tuple[int | None, ...] | None = None  # the first fault's detect, reschedule, reshard_or_replace, resume
     recover_us: int | None = None  # their total: the fault to the end of the last one
+    fault_step: int | None = None  # the highest job step committed when the first fault took effect
+    restart_init_us: int | None = None  # the first fault's detection to the start of its resumed step
+    burned_us: int | None = None  # the run's end minus the first fault, when training did not finish
     productive_us: int | None = None
     wall_us: int = 0
 
@@ -796,10 +799,21 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         new = {(g, i) for t, g, i in rec.starts if t >= tf}
         rejoin = min((t - tf for t, s, _ in rec.commits if t > tf and new & set(rec.committers[s])), default=None)
     stages, recover = _ft_stages(rec, first_recovered)
+    fault_step = restart_init = burned = None
+    if rec.faults:
+        tf = rec.faults[0]
+        fault_step = max((s for t, s, _ in rec.commits if t <= tf), default=0)
+        if first_recovered:  # the wait for a new quorum: from the detection to when the resumed step began
+            resumed_t = tf + resumes[0]  # type: ignore[operator]
+            compute = next(d for t, _, d in rec.commits if t == resumed_t)
+            restart_init = max(0, resumed_t - compute - (tf + detects[0]))  # type: ignore[operator]
+        if not finished:
+            burned = rec.end_us - tf
     return FtExpected(outcome, statuses, detects, resumes, losts, restarts, sum(c - 1 for c in by_group.values()),
                       false, final, fidelity, None, skipped_steps=skipped[0] if first_recovered else None,
                       rejoin_us=rejoin, productive_us=productive, wall_us=rec.end_us, stages_us=stages,
-                      recover_us=recover)  # fmt: skip
+                      recover_us=recover, fault_step=fault_step, restart_init_us=restart_init,
+                      burned_us=burned)  # fmt: skip
 
 
 def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] | None, int | None]:

@@ -183,6 +183,10 @@ def test_per_step_commit_equals_the_definitions(plan: FtPlan) -> None:
         got = (m.stage_detect_s, m.stage_reschedule_s, m.stage_reshard_or_replace_s, m.stage_resume_s)
         assert all(_close(a, b) for a, b in zip(got, want.stages_us or (), strict=True)), (got, want.stages_us)
         assert _close(m.time_to_recover_s, want.recover_us), (m.time_to_recover_s, want.recover_us)
+        assert _close(m.badput_restart_init_s, want.restart_init_us), (m.badput_restart_init_s, want)
+        assert m.badput_restore_s == 0.0 and m.badput_recompute_s == 0.0, m
+    assert m.fault_step == want.fault_step, (m.fault_step, want.fault_step)
+    assert _close(m.time_burned_s, want.burned_us), (m.time_burned_s, want.burned_us)
     assert _close(m.productive_s, want.productive_us), (m.productive_s, want.productive_us)
     assert _close(m.wall_s, want.wall_us)
     if want.productive_us is not None:
