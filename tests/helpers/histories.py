@@ -452,12 +452,14 @@ class FtFaultPlan:
     """A fault of a per-step-commit run, landing 1 ms after the job committed step ``at_step``: ``kill`` (a
     replica group dies; its launcher restarts it and the replacement heals from a peer and rejoins), ``stale``
     (the same, but the replacement comes back with stale state and commits ``stale_steps`` old steps alone
-    before it joins), ``lost`` (the launcher gives up: the job goes on without that group); ``flap`` is no fault:
-    the lighthouse reports a failure that is not there (a false detection). ``group`` picks the
+    before it joins), ``lost`` (the launcher gives up: the job goes on without that group), ``hang`` (a group
+    stops for ``hold_us`` inside the step in flight, under every timeout: nothing reacts, the step commits late);
+    ``flap`` is no fault: the lighthouse reports a failure that is not there (a false detection). ``group`` picks
+    the
     victim among the quorum's groups (modulo their count); a fault that lands when fewer than two groups are in
     the quorum (nobody would survive it) does not happen."""
 
-    kind: str  # kill | stale | lost | flap
+    kind: str  # kill | stale | lost | flap | hang
     at_step: int
     group: int = 0
     manager_us: int = 5_000  # kill -> the survivors' in-flight step fails (step_skipped) and their manager detects
@@ -466,6 +468,7 @@ class FtFaultPlan:
     restart_us: int = 400_000  # the restart -> the replacement's rank_start
     heartbeat_us: int = 2_000_000  # kill -> the lighthouse notices (detect) and issues a new quorum
     stale_steps: int = 2
+    hold_us: int = 100_000  # hang: how long the group stops
 
 
 @dataclass(frozen=True)
@@ -507,6 +510,7 @@ class FtRecord:
     skips: list[tuple[int, int]] = field(default_factory=list)  # (t, step) of each step_skipped
     detections: list[int] = field(default_factory=list)  # every detect
     separators: list[int] = field(default_factory=list)  # every restart and give_up (a detection episode ends)
+    quorums: list[int] = field(default_factory=list)  # every new quorum the lighthouse issued
     starts: list[tuple[int, int, int]] = field(default_factory=list)  # (t, group, incarnation) of each group start
     faults: list[int] = field(default_factory=list)  # when each fault took effect
     victims: list[tuple[int, int | None]] = field(default_factory=list)  # each fault's group, its replacement's inc
@@ -568,6 +572,7 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
         start."""
         nonlocal qid, members
         qid += 1
+        rec.quorums.append(tb)
         w.harness(tb, "quorum", src="framework", framework="fw", via="lighthouse", quorum_id=qid,
                   participants=len(groups), previous_participants=len(members),
                   replica_groups=list(groups))  # fmt: skip
@@ -605,8 +610,14 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             g = members[fault.group % len(members)]
             survivors = tuple(x for x in members if x != g)
             name = f"f{len(rec.faults) - 1}"
-            w.harness(tf, "fault_inject", src="injector", fault=name, injector="kill",
-                      target=[{"rank": r} for r in plan.ranks_of(g)], effect_t_ns=T0_NS + tf * 1000)  # fmt: skip
+            w.harness(tf, "fault_inject", src="injector", fault=name, injector="hang" if fault.kind == "hang"
+                      else "kill", target=[{"rank": r} for r in plan.ranks_of(g)],
+                      effect_t_ns=T0_NS + tf * 1000)  # fmt: skip
+            if fault.kind == "hang":  # the step in flight waits for it: it commits hold_us late, in place
+                rec.victims.append((g, None))
+                w.harness(tf + fault.hold_us, "fault_revert", src="injector", fault=name, injector="hang")
+                t += fault.hold_us
+                continue
             t_q = tf + fault.heartbeat_us
             # the survivors' in-flight step fails (and is tried again, failing again, until the new quorum)
             gap = (fault.heartbeat_us - fault.manager_us) // (fault.retries + 1)
@@ -704,6 +715,7 @@ def _cut_ft(w: _Writer, rec: FtRecord, at_us: int) -> None:
     rec.skips = [c for c in rec.skips if c[0] < at_us]
     rec.detections = [x for x in rec.detections if x < at_us]
     rec.separators = [x for x in rec.separators if x < at_us]
+    rec.quorums = [x for x in rec.quorums if x < at_us]
     rec.starts = [c for c in rec.starts if c[0] < at_us]
     rec.victims = [v for x, v in zip(rec.faults, rec.victims, strict=True) if x < at_us]
     rec.faults = [x for x in rec.faults if x < at_us]
@@ -763,7 +775,9 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
             losts.append(None)
             skipped.append(None)
             continue
-        statuses.append("recovered" if det is not None or restarts[-1] else "outlasted")
+        # a reaction: a detection, a new incarnation, or a new quorum, from the fault to the resume
+        quorum = any(tf <= t <= resumed[0] for t in rec.quorums)  # type: ignore[index]
+        statuses.append("recovered" if det is not None or restarts[-1] or quorum else "outlasted")
         resumes.append(resumed[0] - tf)  # type: ignore[index]
         losts.append(max(0, position - (resumed[1] - 1)) + len(skips))  # type: ignore[index]
         skipped.append(len(skips))
@@ -771,6 +785,8 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         outcome = "fault_not_fired"
     elif not finished or statuses[-1] == "not_recovered":
         outcome = "not_recovered"
+    elif set(statuses) <= {"outlasted", "interrupted"} and "outlasted" in statuses:
+        outcome = "outlasted"
     else:
         outcome = "recovered"
     windows = [(tf, resumed_at[i] if resumed_at[i] is not None else (rec.faults[i + 1] if i + 1 < n else None))
@@ -792,13 +808,14 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
     for _, g, _ in rec.starts:
         by_group[g] = by_group.get(g, 0) + 1
     productive = sum(d for _, _, d in rec.commits) if rec.commits else None
-    first_recovered = outcome == "recovered" and bool(statuses) and statuses[0] == "recovered"
+    # the run's recovery figures are its first fault's, where the run recovered and that fault was not interrupted
+    first_recovered = outcome == "recovered" and bool(statuses) and statuses[0] in ("recovered", "outlasted")
     rejoin = None
     if first_recovered:
         tf = rec.faults[0]
         new = {(g, i) for t, g, i in rec.starts if t >= tf}
         rejoin = min((t - tf for t, s, _ in rec.commits if t > tf and new & set(rec.committers[s])), default=None)
-    stages, recover = _ft_stages(rec, first_recovered)
+    stages, recover = _ft_stages(rec, first_recovered and statuses[0] == "recovered")
     fault_step = restart_init = burned = None
     if rec.faults:
         tf = rec.faults[0]
@@ -806,7 +823,8 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         if first_recovered:  # the wait for a new quorum: from the detection to when the resumed step began
             resumed_t = tf + resumes[0]  # type: ignore[operator]
             compute = next(d for t, _, d in rec.commits if t == resumed_t)
-            restart_init = max(0, resumed_t - compute - (tf + detects[0]))  # type: ignore[operator]
+            reacted = tf + (detects[0] or 0)  # undetected: from the fault
+            restart_init = max(0, resumed_t - compute - reacted)
         if not finished:
             burned = rec.end_us - tf
     return FtExpected(outcome, statuses, detects, resumes, losts, restarts, sum(c - 1 for c in by_group.values()),
@@ -825,14 +843,14 @@ def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] |
     if not recovered:
         return None, None
     tf = rec.faults[0]
-    det = min(t for t in rec.detections if t >= tf and (len(rec.faults) < 2 or t < rec.faults[1]))
+    det = min((t for t in rec.detections if t >= tf and (len(rec.faults) < 2 or t < rec.faults[1])), default=None)
     position = max((s for t, s, _ in rec.commits if t <= tf), default=0)
     group, new_inc = rec.victims[0]
     started = [t for t, g, i in rec.starts if (g, i) == (group, new_inc)]
     ends: list[int | None]
     if not started:  # continued without it
-        resume = min(t for t, s, _ in rec.commits if t > det and s > position)
-        ends = [det, det, det, resume]
+        resume = min(t for t, s, _ in rec.commits if t > (det or tf) and s > position)
+        ends = [det, det or tf, det or tf, resume]
     else:
         healed = rec.heals.get((group, new_inc))  # type: ignore[arg-type]
         mine = sorted(t for s, xs in rec.reports.items() if s > position for t, g, i in xs
@@ -854,8 +872,9 @@ def ft_plans(draw: st.DrawFn) -> FtPlan:
     """A per-step-commit run: 2-3 replica groups of 1-2 ranks on 1-3 hosts with clock offsets (one group maybe
     restarted at its start, before any fault), 6-30 steps, 0-3 faults (a killed group whose replacement heals and
     rejoins, before or after the lighthouse notices; one that returns with stale state and commits old steps
-    alone first; one whose launcher gives up; a false detection by the lighthouse), the survivors' in-flight step
-    skipped (and tried again) until the new quorum, a deadline mid-run, digests equal, different or absent."""
+    alone first; one whose launcher gives up; a hang nothing reacts to; a false detection by the lighthouse), the
+    survivors' in-flight step skipped (and tried again) until the new quorum, a deadline mid-run, digests equal,
+    different or absent."""
     groups = draw(st.integers(2, 3))
     per_group = draw(st.integers(1, 2))
     hosts = draw(st.integers(1, min(3, groups * per_group)))
@@ -864,7 +883,8 @@ def ft_plans(draw: st.DrawFn) -> FtPlan:
     step_us = draw(st.integers(2_000, 50_000))
     faults: list[FtFaultPlan] = []
     at = 0
-    kinds = draw(st.lists(st.sampled_from(["kill", "kill", "stale", "lost", "flap"]), min_size=1, max_size=3))
+    kinds = draw(st.lists(st.sampled_from(["kill", "kill", "stale", "lost", "flap", "hang"]), min_size=1,
+                          max_size=3))  # fmt: skip
     for kind in kinds if draw(st.integers(0, 9)) != 5 else []:  # a run without a fault now and then
         at = draw(st.integers(at + 1, at + max(2, steps // 3)))
         if at >= steps:
@@ -873,7 +893,7 @@ def ft_plans(draw: st.DrawFn) -> FtPlan:
         faults.append(FtFaultPlan(kind, at, draw(st.integers(0, 2)), draw(st.integers(1_000, heartbeat - 10_000)),
                                   draw(st.integers(0, 2)), draw(st.integers(1_000, heartbeat - 2_000)),
                                   draw(st.integers(10_000, 2_000_000)), heartbeat,
-                                  draw(st.integers(1, 3))))  # fmt: skip
+                                  draw(st.integers(1, 3)), draw(st.integers(10_000, 3_000_000))))  # fmt: skip
     cut = draw(st.one_of(st.none(), st.none(), st.floats(0.3, 0.99)))
     return FtPlan(groups, per_group, hosts, offsets, steps, step_us, draw(st.integers(10_000, 500_000)),
                   draw(st.integers(1_000, 100_000)), tuple(faults), draw(st.sampled_from(["a", "b", None])),
