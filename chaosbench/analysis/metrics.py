@@ -77,7 +77,8 @@ own, ``faults`` below):
   - ``stage_detect_s``: to the detection (= ``time_to_detect_s``);
   - ``stage_reschedule_s``: to the replacement capacity being there: the last ``rank_start`` of the incarnation
     that resumed training, every rank of the new world placed (whether on a rebooted node, a spare or fewer
-    nodes); per-step commit (TorchFT), the last ``rank_start`` of the lost replica group's replacement.
+    nodes); per-step commit (TorchFT), the last ``rank_start`` of the lost replica group's replacement (started
+    before the next fault: a later one is that fault's restart).
     ``stage_reschedule_runtime_s`` is the share of it the runtime measured (it may start before the detection):
     the scheduler's ``scheduler_delay_s`` (Slurm), else the node replacement (``node_exit`` of a node to the
     ``node_start`` of its reboot, of the spare that took it over, or of a framework's spare node: docker), else
@@ -849,7 +850,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
             miss["stage_detect_s"] = miss["time_to_detect_s"]
         return
     assert resume is not None  # the first fault resumed
-    _stages(m, ix, fp, detect, resume, fault)
+    _stages(m, ix, fp, detect, resume, fault, first.until_ns)
     rejoin = timing.rejoin_ns(ix, fp)
     if rejoin is not None:
         m.time_to_rejoin_s = ns_to_s(rejoin - tf)
@@ -879,9 +880,10 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
 
 
 def _stages(m: RunMetrics, ix: TimelineIndex, fp: timing.FaultPoint, detect: Event | None,
-            resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None) -> None:  # fmt: skip
+            resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None,
+            until_ns: int | None = None) -> None:  # fmt: skip
     """The four stages of the recovery, their total and the runtime's share of rescheduling, in ``m``."""
-    st = timing.recovery_stages(ix, fp, detect, resume, fault)
+    st = timing.recovery_stages(ix, fp, detect, resume, fault, until_ns)
     for name, metric in zip(timing.STAGE_NAMES, STAGE_METRICS, strict=True):
         setattr(m, metric, st.seconds[name])
         if name in st.missing:

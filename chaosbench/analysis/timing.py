@@ -264,10 +264,12 @@ class Stages:
 
 
 def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
-                    resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None) -> Stages:  # fmt: skip
+                    resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None,
+                    until_ns: int | None = None) -> Stages:  # fmt: skip
     """Detect, reschedule, reshard-or-replace and resume of the recovery from the fault at ``fp`` (``detect``:
     the first detection after it; ``resume``: :func:`resume_point`'s answer; ``fault``: its ``fault_inject``,
-    whose targets say which replica group was lost under per-step commit).
+    whose targets say which replica group was lost under per-step commit; ``until_ns``: the next fault, whose
+    restarts are its own).
 
     Each stage runs from one boundary to the next: the fault, the detection, the replacement capacity in place
     (the last ``rank_start`` of the recovering incarnation: every rank of the new world placed), the end of its restore (or heal), the first step beyond the step reached at the fault (by
@@ -283,7 +285,8 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
     else:
         missing["detect"] = "not detected: the next stage is measured from the fault"
     if ix.per_step_commit:
-        _per_step_commit_ends(ix, fp, ends, missing, notes, _lost_group(ix, fault, fp.t_ns) if fault else None)
+        lost = _lost_group(ix, fault, fp.t_ns) if fault is not None else None
+        _per_step_commit_ends(ix, fp, ends, missing, notes, lost, until_ns)
     elif resume is None:
         for n in names[1:]:
             missing[n] = "no training step completed after the fault"
@@ -340,18 +343,21 @@ def _lost_group(ix: TimelineIndex, fault: Event, tf: int) -> set[int] | None:
 
 
 def _per_step_commit_ends(ix: TimelineIndex, fp: FaultPoint, ends: dict[str, int | None], missing: dict[str, str],
-                          notes: dict[str, str], lost: set[int] | None = None) -> None:  # fmt: skip
+                          notes: dict[str, str], lost: set[int] | None = None,
+                          until_ns: int | None = None) -> None:  # fmt: skip
     """Stage ends under per-step commit (TorchFT): the survivors never stopped, so the stages follow the lost
-    replica group's replacement (``lost``: its ranks; None: whichever ranks start first after the fault): its
+    replica group's replacement, started before the next fault (``until_ns``: a later start is the next fault's
+    restart; ``lost``: the group's ranks; None: whichever ranks start first after the fault): its
     ``rank_start``, its ``heal_end``, its first committed step of the job beyond the step reached at the fault (a
     step it committed alone from stale state is not the job's); without a replacement the job continued without
     the replica (nothing rescheduled or restored) and resumed at the survivors' first step beyond it."""
-    replacement = next((e for e in ix.of("rank_start") if e.t_ns > fp.t_ns
+    replacement = next((e for e in ix.of("rank_start") if e.t_ns > fp.t_ns and (until_ns is None or e.t_ns < until_ns)
                         and (lost is None or int(e.get("rank", 0)) in lost)), None)  # fmt: skip
     if replacement is None:
         notes["reschedule"] = notes["reshard_or_replace"] = (
-            "continued without the lost replica: no replacement joined before the run ended, nothing was "
-            "rescheduled or restored")  # fmt: skip
+            "continued without the lost replica: no replacement started before "
+            f"{'the next fault' if until_ns is not None else 'the run ended'}, nothing was rescheduled or "
+            "restored")  # fmt: skip
         ends["resume"] = catch_up_ns(ix.steps, fp, ends["detect"])  # a step in flight at the fault is no resume
         return
     inc = incarnation(replacement)
