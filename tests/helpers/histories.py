@@ -823,7 +823,7 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         if first_recovered:  # the wait for a new quorum: from the detection to when the resumed step began
             resumed_t = tf + resumes[0]  # type: ignore[operator]
             compute = next(d for t, _, d in rec.commits if t == resumed_t)
-            reacted = tf + (detects[0] or 0)  # undetected: from the fault
+            reacted = tf if detects[0] is None else tf + detects[0]  # undetected: from the fault
             restart_init = max(0, resumed_t - compute - reacted)
         if not finished:
             burned = rec.end_us - tf
@@ -837,16 +837,17 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
 def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] | None, int | None]:
     """The first fault's four stages (us) and their total, by the definitions: the detection; the last
     ``rank_start`` of the lost group's replacement; the end of its heal; its first report of a committed step
-    beyond the ones committed before the fault, after its heal. Without a replacement (the launcher gave up, or
-    it never started) nothing was rescheduled or restored (0) and the resume is the job's first such step after
-    the detection. A stage whose end never came is missing (None), the next measured from the end before it."""
+    beyond the ones committed before the fault, after its heal. Without a replacement started before the next
+    fault (the launcher gave up, it never started, or the fault lost no group) nothing was rescheduled or
+    restored (0) and the resume is the job's first such step after the detection. A stage whose end never came is missing (None), the next measured from the end before it."""
     if not recovered:
         return None, None
     tf = rec.faults[0]
     det = min((t for t in rec.detections if t >= tf and (len(rec.faults) < 2 or t < rec.faults[1])), default=None)
     position = max((s for t, s, _ in rec.commits if t <= tf), default=0)
-    group, new_inc = rec.victims[0]
-    started = [t for t, g, i in rec.starts if (g, i) == (group, new_inc)]
+    group, new_inc = rec.victims[0]  # its replacement: started before the next fault (a later one is its restart)
+    until = rec.faults[1] if len(rec.faults) > 1 else None
+    started = [t for t, g, i in rec.starts if (g, i) == (group, new_inc) and (until is None or t < until)]
     ends: list[int | None]
     if not started:  # continued without it
         resume = min(t for t, s, _ in rec.commits if t > (det or tf) and s > position)

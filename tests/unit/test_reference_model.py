@@ -135,6 +135,10 @@ SHRUNK_FT = [
     _ft((_kill(1),), steps=10, early=1),
     # the stages follow the lost group's replacement: not the next fault's, where the first group's launcher gave up
     _ft((_kill(1, "lost"), _kill(3)), groups=3, steps=12),
+    # ...and not the next fault's restart of the same group: a hang loses no group (the lighthouse's false
+    # detection after it is its reaction: per-step commit takes the first in its window)
+    FtPlan(2, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("hang", 1, hold_us=10000), _kill(2, "flap"), _kill(3)),
+           "a", "a"),
 ]
 
 
