@@ -138,14 +138,13 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
         miss["time_to_detect_s"] = miss["blame"] = (f"no detection by framework '{framework}' before "
                                                     + ("the next fault" if until is not None else "the run ended"))  # fmt: skip
     upto = resume[0] if resume is not None else until  # the restarts of its recovery: to its resume, or the next fault
-    fig.restarts = len({incarnation(e) for e in ix.of("rank_start") if e.t_ns >= tf and (upto is None or e.t_ns <= upto)
-                        and incarnation(e) > fp.incarnation})  # fmt: skip
+    fig.restarts = _restarts(ix, fp, upto)
     if resume is None:
         if nxt is not None:
             fig.status, fig.interrupted_by = "interrupted", str(nxt[1].get("fault"))
             miss["time_to_resume_s"] = f"interrupted: fault '{fig.interrupted_by}' took effect before the job resumed"
             if fp.restarted and eventually is not None:  # the rollback it began is its loss all the same: to
-                _lost(ix, fp, eventually, fig)  # where the job finally restarted from
+                _lost(ix, fp, eventually, fig, until)  # where the job finally restarted from
             elif not fp.restarted:  # nothing rolled back before the next fault hit: whatever was redone is its
                 fig.lost_steps, fig.lost_work_s = 0, 0.0
             else:
@@ -161,13 +160,30 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
         return Measured(fig, fault, tf, until, fp, detect, resume)
     fig.status = "recovered" if reaction_in(ix, tf, resume_t) else "outlasted"
     fig.time_to_resume_s = ns_to_s(resume_t - tf)
-    _lost(ix, fp, resume, fig)
+    _lost(ix, fp, resume, fig, until)
     return Measured(fig, fault, tf, until, fp, detect, resume)
 
 
-def _lost(ix: TimelineIndex, fp: timing.FaultPoint, resume: tuple[int, tuple[int, int]], fig: FaultFigures) -> None:
-    """The work the fault at ``fp`` lost, to the point the job resumed from at ``resume``, into ``fig``."""
-    lost = timing.lost_work(ix, fp, resume[1])
+def _restarts(ix: TimelineIndex, fp: timing.FaultPoint, upto: int | None) -> int:
+    """The incarnations begun from the fault at ``fp`` to ``upto`` (None: the run's end), per unit that restarts
+    on its own (a replica group: TorchFT's number their incarnations each from 0; a job without groups is one),
+    each newer than the one that unit was running when the fault hit."""
+    running: dict[Any, int] = {}
+    for e in ix.of("rank_start"):
+        if e.t_ns <= fp.t_ns:
+            unit = e.get("replica_group")
+            running[unit] = max(running.get(unit, 0), incarnation(e))
+    begun = {(e.get("replica_group"), incarnation(e)) for e in ix.of("rank_start")
+             if e.t_ns >= fp.t_ns and (upto is None or e.t_ns <= upto)
+             and incarnation(e) > running.get(e.get("replica_group"), fp.incarnation)}  # fmt: skip
+    return len(begun)
+
+
+def _lost(ix: TimelineIndex, fp: timing.FaultPoint, resume: tuple[int, tuple[int, int]], fig: FaultFigures,
+          until: int | None) -> None:  # fmt: skip
+    """The work the fault at ``fp`` lost, to the point the job resumed from at ``resume`` (and, per-step commit,
+    the steps skipped before the next fault at ``until``), into ``fig``."""
+    lost = timing.lost_work(ix, fp, resume[1], until)
     fig.lost_steps, fig.lost_work_s = lost.lost_steps, lost.lost_work_s
     if lost.missing is not None:
         fig.missing["lost_work_s"] = lost.missing

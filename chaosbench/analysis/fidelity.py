@@ -189,7 +189,10 @@ def contamination(ix: TimelineIndex) -> str | None:
                 "state from outside the run")  # fmt: skip
     if not incs:
         return None
-    idx = sorted(ix.steps.indices_of(first_inc))
+    if ix.per_step_commit:  # each replica group numbers its incarnations: a step is keyed by its quorum's newest
+        idx = sorted({i for _, i in ix.steps.t})  # so the job's first steps are every step it committed
+    else:
+        idx = sorted(ix.steps.indices_of(first_inc))
     if len(idx) >= 2:
         # the widest gap between the steps it reported: a progress bar redraws every ~0.1 s, so its first count
         # may be a few steps in, as far as its later counts are apart; a resume from elsewhere starts far beyond

@@ -24,13 +24,16 @@ own, ``faults`` below):
   first reaction to it (a survivor's step in flight at the fault commits at once: that is no recovery; the
   same holds for ``time_to_catch_up_s``).
 - ``time_to_rejoin_s``: first completed step of an incarnation newer than the faulted one (the restarted rank,
-  replica group or node is training again), minus the fault time; missing when nothing restarted.
+  replica group or node is training again), minus the fault time; missing when nothing restarted. Per-step
+  commit (each replica group numbers its incarnations): the first step in whose quorum a rank of an incarnation
+  begun after the fault took part.
 - ``time_to_catch_up_s``: first completion, after the fault, of a step index beyond every step completed
   before the fault (new progress), minus the fault time.
 - ``lost_steps``: steps completed before the fault that had to be recomputed: (highest step completed
   before the fault, in-flight ones included) - (step the recovered job restarted from; the first step after
   recovery minus one). Per-step commit: plus ``skipped_steps``, the distinct step indices computed but not
-  committed after the fault (``step_skipped``): their work was discarded although nothing rolled back.
+  committed after the fault and before the next one (``step_skipped``): their work was discarded although
+  nothing rolled back.
 - ``lost_work_s``: the seconds those lost steps had taken the first time: stamp of the highest step
   completed before the fault minus the stamp of the step recovery restarted from (in the faulted
   incarnation; its first event when it restarted from scratch). Per-step commit: plus, for each skipped step
@@ -74,7 +77,8 @@ own, ``faults`` below):
   - ``stage_detect_s``: to the detection (= ``time_to_detect_s``);
   - ``stage_reschedule_s``: to the replacement capacity being there: the last ``rank_start`` of the incarnation
     that resumed training, every rank of the new world placed (whether on a rebooted node, a spare or fewer
-    nodes); per-step commit (TorchFT), the last ``rank_start`` of the lost replica group's replacement.
+    nodes); per-step commit (TorchFT), the last ``rank_start`` of the lost replica group's replacement (started
+    before the next fault: a later one is that fault's restart).
     ``stage_reschedule_runtime_s`` is the share of it the runtime measured (it may start before the detection):
     the scheduler's ``scheduler_delay_s`` (Slurm), else the node replacement (``node_exit`` of a node to the
     ``node_start`` of its reboot, of the spare that took it over, or of a framework's spare node: docker), else
@@ -85,7 +89,7 @@ own, ``faults`` below):
     commit, of the replacement's heal (its latest ``heal_end``);
   - ``stage_resume_s``: to the first completion of a step beyond the step reached at the fault (catch-up: the
     recomputed steps and one more); per-step commit with a replacement, the replacement's first committed such
-    step.
+    step of the job (a step it committed alone from stale state is not).
 
   Identity: the stages present add up to ``time_to_recover_s`` (fault to the end of ``stage_resume_s``). It equals
   ``time_to_catch_up_s`` unless, under per-step commit, a replacement joined: then the job caught up without
@@ -164,7 +168,8 @@ Attribution, truth and detection quality:
   one (ranks that log at other cadences, or only the main process logging, hold nothing up:
   :class:`~chaosbench.analysis.timeline_index.JobSteps`); step triggers count the same way.
 - ``contaminated``: the run started from state it did not write: a rank loaded a checkpoint before this run had
-  saved any, or the first incarnation's first step is beyond the start of training. Such a run is not measured
+  saved any, or the first incarnation's first step (per-step commit: the job's first committed step) is beyond
+  the start of training. Such a run is not measured
   (outcome ``contaminated``, the reason in ``verdict``).
 - ``blamed`` / ``blame``: the ranks the framework named as failed in its first reaction to the fault (the
   ``detect`` events from the fault to its first ``restart``: a ``blame_rank``, a torchrun ``local_rank`` on a
@@ -845,8 +850,8 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
             miss["stage_detect_s"] = miss["time_to_detect_s"]
         return
     assert resume is not None  # the first fault resumed
-    _stages(m, ix, fp, detect, resume)
-    rejoin = timing.rejoin_ns(steps, fp)
+    _stages(m, ix, fp, detect, resume, fault, first.until_ns)
+    rejoin = timing.rejoin_ns(ix, fp)
     if rejoin is not None:
         m.time_to_rejoin_s = ns_to_s(rejoin - tf)
     else:
@@ -862,7 +867,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     else:
         miss["time_to_catch_up_s"] = "the job never got beyond the step reached at the fault"
 
-    lost = timing.lost_work(ix, fp, resume_key)
+    lost = timing.lost_work(ix, fp, resume_key, first.until_ns)
     m.lost_steps, m.lost_work_s, m.skipped_steps = lost.lost_steps, lost.lost_work_s, lost.skipped_steps
     if lost.missing is not None:
         miss["lost_work_s"] = lost.missing
@@ -875,9 +880,10 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
 
 
 def _stages(m: RunMetrics, ix: TimelineIndex, fp: timing.FaultPoint, detect: Event | None,
-            resume: tuple[int, tuple[int, int]] | None) -> None:  # fmt: skip
+            resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None,
+            until_ns: int | None = None) -> None:  # fmt: skip
     """The four stages of the recovery, their total and the runtime's share of rescheduling, in ``m``."""
-    st = timing.recovery_stages(ix, fp, detect, resume)
+    st = timing.recovery_stages(ix, fp, detect, resume, fault, until_ns)
     for name, metric in zip(timing.STAGE_NAMES, STAGE_METRICS, strict=True):
         setattr(m, metric, st.seconds[name])
         if name in st.missing:

@@ -54,6 +54,9 @@ class JobSteps:
 
     t: dict[tuple[int, int], int] = field(default_factory=dict)
     duration: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: (rank, incarnation) of every rank in the quorum that committed a step (per-step commit with quorum
+    #: information: the key names only the newest incarnation among them)
+    committers: dict[tuple[int, int], frozenset[tuple[int, int]]] = field(default_factory=dict)
 
     @classmethod
     def from_events(cls, events: Sequence[Event]) -> JobSteps:
@@ -65,6 +68,7 @@ class JobSteps:
         committed: set[tuple[int, int]] = set()  # per-step commit without quorum information
         group_size: dict[int, int] = {}  # rank -> ranks in its replica group
         quorum: dict[tuple[Any, int], list[tuple[int, int, int, float | None]]] = {}  # (quorum, step) -> reports
+        by_quorum: set[int] = set()  # step indices a quorum completed: another quorum's later commit is not the job's
         for ev in events:
             if ev.src != "rank":
                 continue
@@ -84,8 +88,10 @@ class JobSteps:
                     got = quorum.setdefault((data.get("quorum_id"), step), [])
                     got.append((ev.t_ns, inc, rank, dur))
                     key = (max(i for _, i, _, _ in got), step)
-                    if len({r for _, _, r, _ in got}) == expected and key not in out.t:
+                    if len({r for _, _, r, _ in got}) == expected and step not in by_quorum:
+                        by_quorum.add(step)
                         out.t[key] = ev.t_ns
+                        out.committers[key] = frozenset((r, i) for _, i, r, _ in got)
                         ds = [x for *_, x in got if x is not None]
                         if ds:
                             out.duration[key] = min(ds)

@@ -84,9 +84,21 @@ def _restored_before(ix: TimelineIndex, inc: int, tf: int) -> int:
     return int(own[-1]["step"]) if own else 0
 
 
-def rejoin_ns(steps: JobSteps, fp: FaultPoint) -> int | None:
-    """The first step completed by an incarnation newer than the faulted one."""
-    return next((t for t, (inc, _) in steps.after(fp.t_ns) if inc > fp.incarnation), None)
+def rejoin_ns(ix: TimelineIndex, fp: FaultPoint) -> int | None:
+    """The first step completed by an incarnation newer than the faulted one; per-step commit, also a step whose
+    quorum had a rank of an incarnation begun after the fault (each replica group numbers its incarnations from
+    0: a step is keyed by the newest incarnation in its quorum, which may be another group's older restart)."""
+    steps = ix.steps
+    running: dict[int, int] = {}  # rank -> its incarnation when the fault hit
+    newer: set[tuple[int, int]] = set()
+    for e in ix.of("rank_start"):
+        rank = int(e.get("rank", 0))
+        if e.t_ns <= fp.t_ns:
+            running[rank] = max(running.get(rank, 0), incarnation(e))
+        elif incarnation(e) > running.get(rank, -1):
+            newer.add((rank, incarnation(e)))
+    return next((t for t, key in steps.after(fp.t_ns)
+                 if key[0] > fp.incarnation or steps.committers.get(key, frozenset()) & newer), None)  # fmt: skip
 
 
 def resume_point(steps: JobSteps, fp: FaultPoint, per_step_commit: bool,
@@ -120,10 +132,11 @@ class LostWork:
     missing: str | None = None
 
 
-def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -> LostWork:
+def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int], until_ns: int | None = None) -> LostWork:
     """The steps completed before the fault that were done again after it (recovery restarted from the step
     before ``resume_step``), the seconds they had taken, and under per-step commit the steps computed but not
-    committed after the fault."""
+    committed after the fault and before ``until_ns`` (the next fault: the steps skipped from then on are that
+    fault's)."""
     steps = ix.steps
     restored = restored_step(ix, resume_step, fp.t_ns)
     lost_steps = max(0, fp.last_step_before - restored)
@@ -132,7 +145,7 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int]) -
     if ix.per_step_commit:
         skipped_by_index: dict[int, float] = {}
         for e in ix.of("step_skipped"):
-            if e.t_ns >= fp.t_ns:
+            if e.t_ns >= fp.t_ns and (until_ns is None or e.t_ns < until_ns):
                 i = int(e["step"])
                 d = float(e.get("duration_s") or 0.0)
                 skipped_by_index[i] = min(skipped_by_index[i], d) if i in skipped_by_index else d
@@ -251,9 +264,12 @@ class Stages:
 
 
 def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
-                    resume: tuple[int, tuple[int, int]] | None) -> Stages:  # fmt: skip
+                    resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None,
+                    until_ns: int | None = None) -> Stages:  # fmt: skip
     """Detect, reschedule, reshard-or-replace and resume of the recovery from the fault at ``fp`` (``detect``:
-    the first detection after it; ``resume``: :func:`resume_point`'s answer).
+    the first detection after it; ``resume``: :func:`resume_point`'s answer; ``fault``: its ``fault_inject``,
+    whose targets say which replica group was lost under per-step commit; ``until_ns``: the next fault, whose
+    restarts are its own).
 
     Each stage runs from one boundary to the next: the fault, the detection, the replacement capacity in place
     (the last ``rank_start`` of the recovering incarnation: every rank of the new world placed), the end of its restore (or heal), the first step beyond the step reached at the fault (by
@@ -269,7 +285,8 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
     else:
         missing["detect"] = "not detected: the next stage is measured from the fault"
     if ix.per_step_commit:
-        _per_step_commit_ends(ix, fp, ends, missing, notes)
+        lost = _lost_group(ix, fault, fp.t_ns) if fault is not None else None
+        _per_step_commit_ends(ix, fp, ends, missing, notes, lost, until_ns)
     elif resume is None:
         for n in names[1:]:
             missing[n] = "no training step completed after the fault"
@@ -312,27 +329,48 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
     return Stages(seconds, total, missing, notes)
 
 
+def _lost_group(ix: TimelineIndex, fault: Event, tf: int) -> set[int] | None:
+    """The ranks of the replica groups whose ranks ``fault`` targeted (as they ran at ``tf``); the targets
+    themselves in a job without groups; None when it names no rank."""
+    targets = {int(t["rank"]) for t in fault.get("target") or [] if isinstance(t, dict) and t.get("rank") is not None}
+    if not targets:
+        return None
+    group_of = {int(e.get("rank", 0)): e.get("replica_group") for e in ix.of("rank_start") if e.t_ns <= tf}
+    groups = {group_of.get(r) for r in targets}
+    if None in groups:
+        return targets
+    return {r for r, g in group_of.items() if g in groups}
+
+
 def _per_step_commit_ends(ix: TimelineIndex, fp: FaultPoint, ends: dict[str, int | None], missing: dict[str, str],
-                          notes: dict[str, str]) -> None:  # fmt: skip
+                          notes: dict[str, str], lost: set[int] | None = None,
+                          until_ns: int | None = None) -> None:  # fmt: skip
     """Stage ends under per-step commit (TorchFT): the survivors never stopped, so the stages follow the lost
-    replica group's replacement (its ``rank_start``, its ``heal_end``, its first committed step beyond the step
-    reached at the fault); without a replacement the job continued without the replica (nothing rescheduled or
-    restored) and resumed at the survivors' first step beyond it."""
-    replacement = next((e for e in ix.of("rank_start") if e.t_ns > fp.t_ns), None)
+    replica group's replacement, started before the next fault (``until_ns``: a later start is the next fault's
+    restart; ``lost``: the group's ranks; None: whichever ranks start first after the fault): its
+    ``rank_start``, its ``heal_end``, its first committed step of the job beyond the step reached at the fault (a
+    step it committed alone from stale state is not the job's); without a replacement the job continued without
+    the replica (nothing rescheduled or restored) and resumed at the survivors' first step beyond it."""
+    replacement = next((e for e in ix.of("rank_start") if e.t_ns > fp.t_ns and (until_ns is None or e.t_ns < until_ns)
+                        and (lost is None or int(e.get("rank", 0)) in lost)), None)  # fmt: skip
     if replacement is None:
         notes["reschedule"] = notes["reshard_or_replace"] = (
-            "continued without the lost replica: no replacement joined before the run ended, nothing was "
-            "rescheduled or restored")  # fmt: skip
+            "continued without the lost replica: no replacement started before "
+            f"{'the next fault' if until_ns is not None else 'the run ended'}, nothing was rescheduled or "
+            "restored")  # fmt: skip
         ends["resume"] = catch_up_ns(ix.steps, fp, ends["detect"])  # a step in flight at the fault is no resume
         return
     inc = incarnation(replacement)
-    joined = [e for e in ix.rank_starts_of(inc) if e.t_ns > fp.t_ns]
+    group = replacement.get("replica_group")  # each group numbers its incarnations: only its own
+    joined = [e for e in ix.rank_starts_of(inc) if e.t_ns > fp.t_ns and e.get("replica_group") == group]
     ranks = {int(e.get("rank", 0)) for e in joined}
     ends["reschedule"] = max(e.t_ns for e in joined) if joined else replacement.t_ns  # every rank of the group
     healed = [e.t_ns for e in ix.of("heal_end") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks
               and e.t_ns >= replacement.t_ns]  # fmt: skip
+    in_job = {(r, i, key[1]) for key, who in ix.steps.committers.items() for r, i in who}
     mine = [e for e in ix.of("step") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks
-            and e.t_ns > replacement.t_ns and e.get("committed")]  # fmt: skip
+            and e.t_ns > replacement.t_ns and e.get("committed")
+            and (not in_job or (int(e.get("rank", 0)), inc, int(e["step"])) in in_job)]  # fmt: skip
     if healed:
         ends["reshard_or_replace"] = max(healed)
     elif mine:

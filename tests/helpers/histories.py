@@ -21,6 +21,15 @@ Kinds of fault, each landing 1 ms after the job's step ``at_step`` (every rank d
 - ``false``: no fault at all: the framework detects a failure that is not there and restarts (a false detection);
 - a ``crash`` with ``during_restore`` lands while the previous crash's restart is under way (1 ms after the new
   ranks started, before they load or step): that previous fault is interrupted.
+
+Per-step commit (TorchFT) is a family of its own (:class:`FtPlan`, :func:`simulate_ft`, :func:`expected_ft`):
+replica groups of ranks, each group numbering its own incarnations, commit every step in a quorum (every rank of
+the quorum reports it); a killed group's survivors skip their in-flight step (``step_skipped``, tried again until
+the new quorum), their manager and the group's launcher detect it, the quorum stalls until the lighthouse
+notices; the launcher restarts the group (a ``rank_start`` of its next incarnation), whose replacement heals
+from a peer and rejoins (participants back to full) at the lighthouse's quorum or a later step, or first commits
+old steps alone from stale state, or never comes (the launcher gives up). A group may also restart at its start,
+before any fault.
 """
 
 from __future__ import annotations
@@ -435,3 +444,458 @@ def plans(draw: st.DrawFn) -> Plan:
     return Plan(ranks, hosts, offsets, tuple(every), steps, draw(st.integers(2_000, 50_000)),
                 draw(st.integers(50_000, 2_000_000)), ckpt_every, torn, tuple(faults),
                 draw(st.sampled_from(["a", "b", None])), draw(st.sampled_from(["a", None])), cut)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ per-step commit (TorchFT)
+@dataclass(frozen=True)
+class FtFaultPlan:
+    """A fault of a per-step-commit run, landing 1 ms after the job committed step ``at_step``: ``kill`` (a
+    replica group dies; its launcher restarts it and the replacement heals from a peer and rejoins), ``stale``
+    (the same, but the replacement comes back with stale state and commits ``stale_steps`` old steps alone
+    before it joins), ``lost`` (the launcher gives up: the job goes on without that group), ``hang`` (a group
+    stops for ``hold_us`` inside the step in flight, under every timeout: nothing reacts, the step commits late);
+    ``flap`` is no fault: the lighthouse reports a failure that is not there (a false detection). ``group`` picks
+    the
+    victim among the quorum's groups (modulo their count); a fault that lands when fewer than two groups are in
+    the quorum (nobody would survive it) does not happen."""
+
+    kind: str  # kill | stale | lost | flap | hang
+    at_step: int
+    group: int = 0
+    manager_us: int = 5_000  # kill -> the survivors' in-flight step fails (step_skipped) and their manager detects
+    retries: int = 0  # the survivors try the step again (skipped again) this often before the new quorum
+    exit_us: int = 50_000  # kill -> the group's launcher sees its worker exit (detect) and restarts it 1 ms later
+    restart_us: int = 400_000  # the restart -> the replacement's rank_start
+    heartbeat_us: int = 2_000_000  # kill -> the lighthouse notices (detect) and issues a new quorum
+    stale_steps: int = 2
+    hold_us: int = 100_000  # hang: how long the group stops
+
+
+@dataclass(frozen=True)
+class FtPlan:
+    """A per-step-commit run: ``groups`` replica groups of ``per_group`` ranks each (rank ``g * per_group + i``,
+    on host ``rank % hosts``), every rank reporting every committed step; no checkpoints (a replacement heals
+    from a live peer in ``heal_us``)."""
+
+    groups: int
+    per_group: int
+    hosts: int
+    offsets_us: tuple[int, ...]
+    steps: int
+    step_us: int
+    init_us: int
+    heal_us: int
+    faults: tuple[FtFaultPlan, ...]
+    digest: str | None
+    control_digest: str | None
+    cut: float | None = None
+    early: int | None = None  # a group whose first worker exits at its start: its launcher restarts it at once
+
+    @property
+    def ranks(self) -> int:
+        return self.groups * self.per_group
+
+    def ranks_of(self, g: int) -> list[int]:
+        return [g * self.per_group + i for i in range(self.per_group)]
+
+
+@dataclass
+class FtRecord:
+    """What a per-step-commit run did, each fact with its moment (us, the harness's clock)."""
+
+    plan: FtPlan
+    commits: list[tuple[int, int, int]] = field(default_factory=list)  # the job's: (t complete, step, min duration us)
+    committers: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # step -> (group, inc) in it
+    stale: list[tuple[int, int]] = field(default_factory=list)  # a stale group's commits of old steps: (t, step)
+    skips: list[tuple[int, int]] = field(default_factory=list)  # (t, step) of each step_skipped
+    detections: list[int] = field(default_factory=list)  # every detect
+    separators: list[int] = field(default_factory=list)  # every restart and give_up (a detection episode ends)
+    quorums: list[int] = field(default_factory=list)  # every new quorum the lighthouse issued
+    starts: list[tuple[int, int, int]] = field(default_factory=list)  # (t, group, incarnation) of each group start
+    faults: list[int] = field(default_factory=list)  # when each fault took effect
+    victims: list[tuple[int, int | None]] = field(default_factory=list)  # each fault's group, its replacement's inc
+    heals: dict[tuple[int, int], int] = field(default_factory=dict)  # (group, inc) -> when its ranks healed
+    reports: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # step -> (t, group, inc) reports
+    ended: str = "completed"
+    train_end_us: int | None = None
+    end_us: int = 0  # run_end
+    cut_us: int | None = None
+
+
+def _ft_writer(plan: FtPlan) -> _Writer:
+    # the writer places rank r on host r % hosts, as the plan says
+    return _Writer(Plan(plan.ranks, plan.hosts, plan.offsets_us, (1,) * plan.ranks, plan.steps, plan.step_us,
+                        plan.init_us, 0, frozenset(), (), plan.digest, plan.control_digest))  # fmt: skip
+
+
+def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRecord]:
+    """The events of a per-step-commit run of ``plan`` (``control``: without its faults), unsorted, and its
+    :class:`FtRecord`. Each step the quorum's ranks compute and commit (each reports it, 3 us apart, its
+    ``duration_s`` 10 us shorter per rank index); a quorum change is issued at a step boundary."""
+    w = _ft_writer(plan)
+    rec = FtRecord(plan)
+    K, G = plan.per_group, plan.groups
+    w.harness(0, "run_start", scenario="fw/x", framework="fw", fault=None if control else "f", repeat=0,
+              control=control)  # fmt: skip
+    for h in range(1, plan.hosts):
+        w.harness(1, "clock_offset", node=f"node{h}", node_host=f"h{h}", offset_ns=plan.offsets_us[h] * 1000,
+                  bound_ns=20_000, rtt_ns=40_000, samples=5)  # fmt: skip
+    inc = [0] * G
+
+    def start_group(t_us: int, g: int) -> None:
+        rec.starts.append((t_us, g, inc[g]))
+        for i, r in enumerate(plan.ranks_of(g)):
+            w.rank(t_us + i * 10, "rank_start", r, inc[g], pid=1000 + 100 * inc[g] + r, world_size=plan.ranks,
+                   replica_group=g, group_rank=i, group_world_size=K)  # fmt: skip
+
+    for g in range(G):
+        start_group(10_000 + g * 1_000, g)
+        if g == plan.early:  # a restart before any fault (and before training): a detection no fault explains
+            rec.detections.append(15_000 + g * 1_000)
+            w.harness(15_000 + g * 1_000, "detect", src="framework", framework="fw", via="exit", replica_group=g,
+                      exitcode=1)  # fmt: skip
+            w.harness(16_000 + g * 1_000, "restart", src="framework", framework="fw", replica_group=g)
+            rec.separators.append(16_000 + g * 1_000)
+            inc[g] += 1
+            start_group(17_000 + g * 1_000, g)
+    t = 10_000 + G * 1_000 + plan.init_us
+    members = tuple(range(G))
+    qid = 1
+    w.harness(t, "quorum", src="framework", framework="fw", via="lighthouse", quorum_id=qid, participants=G,
+              replica_groups=list(members))  # fmt: skip
+    pos = 0
+    pending: list[tuple[int, int]] = []  # (ready to join, group) of replacements not in the quorum yet
+    todo = [] if control else list(plan.faults)
+
+    def requorum(tb: int, groups: tuple[int, ...], heal_from: tuple[int, ...]) -> int:
+        """A new quorum of ``groups`` at ``tb``; the ones not in ``heal_from`` heal from it: the first step's
+        start."""
+        nonlocal qid, members
+        qid += 1
+        rec.quorums.append(tb)
+        w.harness(tb, "quorum", src="framework", framework="fw", via="lighthouse", quorum_id=qid,
+                  participants=len(groups), previous_participants=len(members),
+                  replica_groups=list(groups))  # fmt: skip
+        if len(groups) < len(members):  # the manager of a group left in a smaller quorum says so
+            survivor = plan.ranks_of(heal_from[0])[0]
+            rec.detections.append(tb + 50)
+            w.rank(tb + 50, "detect", survivor, inc[heal_from[0]], framework="fw", via="manager",
+                   mechanism="quorum change", reason=f"quorum {qid}: {len(groups)} of {len(members)} replica groups")
+        joiners = [g for g in groups if g not in heal_from]
+        members = groups
+        if not joiners:
+            return tb
+        w.rank(tb + 100, "heal_send", plan.ranks_of(heal_from[0])[0], inc[heal_from[0]], step=pos,
+               dst_replica_ranks=[groups.index(g) for g in joiners])  # fmt: skip
+        for g in joiners:
+            for r in plan.ranks_of(g):
+                w.rank(tb + 200, "heal_begin", r, inc[g], step=pos, src_replica_rank=groups.index(heal_from[0]))
+                w.rank(tb + plan.heal_us, "heal_end", r, inc[g], step=pos, duration_s=(plan.heal_us - 200) / 1e6)
+            rec.heals[(g, inc[g])] = tb + plan.heal_us
+        return tb + plan.heal_us
+
+    while pos < plan.steps:
+        fault = todo[0] if todo else None
+        if fault is not None and pos >= fault.at_step:
+            todo.pop(0)
+            if fault.kind == "flap":  # the lighthouse reports a failure that is not there; nothing else happens
+                rec.detections.append(t + 1_000)
+                w.harness(t + 1_000, "detect", src="framework", framework="fw", via="lighthouse",
+                          mechanism="framework heartbeat", reason="lighthouse: a heartbeat late")  # fmt: skip
+                continue
+            if len(members) < 2:
+                continue  # nobody would survive it: it does not happen
+            tf = t + 1_000
+            rec.faults.append(tf)
+            g = members[fault.group % len(members)]
+            survivors = tuple(x for x in members if x != g)
+            name = f"f{len(rec.faults) - 1}"
+            w.harness(tf, "fault_inject", src="injector", fault=name, injector="hang" if fault.kind == "hang"
+                      else "kill", target=[{"rank": r} for r in plan.ranks_of(g)],
+                      effect_t_ns=T0_NS + tf * 1000)  # fmt: skip
+            if fault.kind == "hang":  # the step in flight waits for it: it commits hold_us late, in place
+                rec.victims.append((g, None))
+                w.harness(tf + fault.hold_us, "fault_revert", src="injector", fault=name, injector="hang")
+                t += fault.hold_us
+                continue
+            t_q = tf + fault.heartbeat_us
+            # the survivors' in-flight step fails (and is tried again, failing again, until the new quorum)
+            gap = (fault.heartbeat_us - fault.manager_us) // (fault.retries + 1)
+            for k in range(fault.retries + 1):
+                ts = tf + fault.manager_us + k * gap
+                for j, r in enumerate(r for s in survivors for r in plan.ranks_of(s)):
+                    w.rank(ts + 3 * j, "step_skipped", r, inc[r // K], step=pos + 1, reason="peer lost",
+                           duration_s=(plan.step_us - 10 * r) / 1e6, collective_s=0.001, participants=len(members),
+                           quorum_id=qid)  # fmt: skip
+                    rec.skips.append((ts + 3 * j, pos + 1))
+                if k == 0:
+                    first = plan.ranks_of(survivors[0])[0]
+                    rec.detections.append(ts + 1)
+                    w.rank(ts + 1, "detect", first, inc[survivors[0]], framework="fw", via="manager",
+                           reason=f"step {pos + 1} not committed: peer lost")  # fmt: skip
+            # the group's launcher sees its worker exit and restarts it (or gives up)
+            td = tf + fault.exit_us
+            rec.detections.append(td)
+            w.harness(td, "detect", src="framework", framework="fw", via="exit", replica_group=g, exitcode=-9)
+            if fault.kind == "lost":
+                w.harness(td + 1_000, "give_up", src="framework", framework="fw", replica_group=g)
+                rec.separators.append(td + 1_000)
+                rec.victims.append((g, None))
+            else:
+                w.harness(td + 1_000, "restart", src="framework", framework="fw", replica_group=g)
+                rec.separators.append(td + 1_000)
+                inc[g] += 1
+                rec.victims.append((g, inc[g]))
+                t_rs = td + 1_000 + fault.restart_us
+                start_group(t_rs, g)
+                ready = t_rs + plan.init_us
+                if fault.kind == "stale":  # it restored an old state and commits old steps alone, then joins
+                    n = min(fault.stale_steps, pos)
+                    for i in range(n):
+                        tc = ready + (i + 1) * plan.step_us
+                        for j, r in enumerate(plan.ranks_of(g)):
+                            w.rank(tc + 3 * j, "step", r, inc[g], step=pos - n + i + 1, loss=0.5,
+                                   duration_s=(2 * plan.step_us - 10 * r) / 1e6, participants=1,
+                                   quorum_id=1000 + len(rec.faults), committed=True)  # fmt: skip
+                        rec.stale.append((tc + 3 * (K - 1), pos - n + i + 1))
+                    ready += n * plan.step_us + 1_000
+                pending.append((ready, g))
+            # the lighthouse notices and issues a quorum of the survivors and every replacement ready by then
+            rec.detections.append(t_q)
+            w.harness(t_q, "detect", src="framework", framework="fw", via="lighthouse",
+                      mechanism="framework heartbeat", blame_groups=[g],
+                      reason=f"lighthouse: {len(members)} -> {len(members) - 1} replica groups")  # fmt: skip
+            back = tuple(x for r_t, x in pending if r_t <= t_q)
+            pending = [(r_t, x) for r_t, x in pending if r_t > t_q]
+            t = requorum(t_q, tuple(sorted(survivors + back)), survivors)
+            continue
+        back = tuple(x for r_t, x in pending if r_t <= t)
+        if back:  # replacements ready by this step's start join the quorum and heal
+            pending = [(r_t, x) for r_t, x in pending if r_t > t]
+            t = requorum(t, tuple(sorted(members + back)), members)
+        pos += 1
+        ranks = [r for g in members for r in plan.ranks_of(g)]
+        for j, r in enumerate(ranks):
+            w.rank(t + plan.step_us + 3 * j, "step", r, inc[r // K], step=pos, loss=1.0 / pos,
+                   duration_s=(plan.step_us - 10 * r) / 1e6, participants=len(members), quorum_id=qid,
+                   committed=True, global_batch=32)  # fmt: skip
+            rec.reports.setdefault(pos, []).append((t + plan.step_us + 3 * j, r // K, inc[r // K]))
+        done = t + plan.step_us + 3 * (len(ranks) - 1)
+        rec.commits.append((done, pos, plan.step_us - 10 * max(ranks)))
+        rec.committers[pos] = tuple((g, inc[g]) for g in members)
+        t = done
+    digest = plan.control_digest if control else plan.digest
+    rec.train_end_us = t + 1_000
+    for g in members:
+        for r in plan.ranks_of(g):
+            w.rank(t + 1_000, "train_end", r, inc[g], step=plan.steps, loss=1.0 / plan.steps, digest=digest)
+    end = t + 20_000
+    deadline = int(end * plan.cut) if plan.cut is not None and not control else end
+    if deadline < end:  # the deadline: torn down then, whatever was under way
+        _cut_ft(w, rec, deadline)
+        w.harness(deadline, "teardown_begin", reason="deadline")
+        w.harness(deadline + 1_000, "run_end", outcome="deadline")
+        rec.end_us = deadline + 1_000
+    else:  # torn down at the end: a replacement still on its way (or a stale group) is stopped there
+        _cut_ft(w, rec, end - 1_000)
+        rec.ended = "completed"
+        w.harness(end - 1_000, "teardown_begin", reason="end")
+        w.harness(end, "run_end", outcome="completed")
+        rec.end_us = end
+    return [e for _, e in w.events], rec
+
+
+def _cut_ft(w: _Writer, rec: FtRecord, at_us: int) -> None:
+    """Everything from ``at_us`` on did not happen: the run was torn down then."""
+    w.events = [(x, e) for x, e in w.events if x < at_us]
+    rec.cut_us = at_us
+    rec.ended = "deadline"
+    rec.commits = [c for c in rec.commits if c[0] < at_us]
+    rec.stale = [c for c in rec.stale if c[0] < at_us]
+    rec.skips = [c for c in rec.skips if c[0] < at_us]
+    rec.detections = [x for x in rec.detections if x < at_us]
+    rec.separators = [x for x in rec.separators if x < at_us]
+    rec.quorums = [x for x in rec.quorums if x < at_us]
+    rec.starts = [c for c in rec.starts if c[0] < at_us]
+    rec.victims = [v for x, v in zip(rec.faults, rec.victims, strict=True) if x < at_us]
+    rec.faults = [x for x in rec.faults if x < at_us]
+    rec.heals = {k: x for k, x in rec.heals.items() if x < at_us}
+    rec.reports = {s: [x for x in xs if x[0] < at_us] for s, xs in rec.reports.items()}
+    if rec.train_end_us is not None and rec.train_end_us >= at_us:
+        rec.train_end_us = None
+
+
+@dataclass
+class FtExpected(Expected):
+    skipped_steps: int | None = None  # the first fault's, when the run recovered
+    rejoin_us: int | None = None  # the first fault's: the first commit with a group incarnation begun after it
+    stages_us: tuple[int | None, ...] | None = None  # the first fault's detect, reschedule, reshard_or_replace, resume
+    recover_us: int | None = None  # their total: the fault to the end of the last one
+    fault_step: int | None = None  # the highest job step committed when the first fault took effect
+    restart_init_us: int | None = None  # the first fault's detection to the start of its resumed step
+    burned_us: int | None = None  # the run's end minus the first fault, when training did not finish
+    productive_us: int | None = None
+    wall_us: int = 0
+
+
+def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
+    """The figures of a per-step-commit run against its control, as the definitions give them: nothing rolls
+    back; a fault's resume is the job's first commit of a step beyond the ones committed before it, after the
+    framework's first reaction in its window; its lost steps are the distinct steps skipped in its window; its
+    restarts the replica groups' new incarnations begun from it to its resume; the run's restarts every group's
+    incarnations beyond its first; productive time every step's one commit by the job (a stale group's second
+    commit of an old step is not the job's)."""
+    plan = rec.plan
+    final = plan.steps if rec.train_end_us is not None else None
+    finished = final is not None
+    n = len(rec.faults)
+    statuses, detects, resumes, losts, restarts, skipped = [], [], [], [], [], []
+    resumed_at: list[int | None] = []
+    for i, tf in enumerate(rec.faults):
+        until = rec.faults[i + 1] if i + 1 < n else None
+        det = min((t for t in rec.detections if t >= tf and (until is None or t < until)), default=None)
+        position = max((s for t, s, _ in rec.commits if t <= tf), default=0)
+        after = tf if det is None else max(tf, det)
+        resumed = min(((t, s) for t, s, _ in rec.commits if t > after and s > position), default=None)
+        in_window = resumed is not None and (until is None or resumed[0] < until)
+        detects.append(None if det is None else det - tf)
+        upto = resumed[0] if in_window else (until if until is not None else 10**18)  # type: ignore[index]
+        restarts.append(sum(1 for t, _, _ in rec.starts if tf <= t <= upto))
+        resumed_at.append(resumed[0] if in_window else None)  # type: ignore[index]
+        skips = {s for t, s in rec.skips if t >= tf and (until is None or t < until)}
+        if not in_window:
+            statuses.append("interrupted" if until is not None else "not_recovered")
+            resumes.append(None)
+            losts.append(None)
+            skipped.append(None)
+            continue
+        if until is None and not finished:
+            statuses.append("not_recovered")
+            resumes.append(None)
+            losts.append(None)
+            skipped.append(None)
+            continue
+        # a reaction: a detection, a new incarnation, or a new quorum, from the fault to the resume
+        quorum = any(tf <= t <= resumed[0] for t in rec.quorums)  # type: ignore[index]
+        statuses.append("recovered" if det is not None or restarts[-1] or quorum else "outlasted")
+        resumes.append(resumed[0] - tf)  # type: ignore[index]
+        losts.append(max(0, position - (resumed[1] - 1)) + len(skips))  # type: ignore[index]
+        skipped.append(len(skips))
+    if not rec.faults:
+        outcome = "fault_not_fired"
+    elif not finished or statuses[-1] == "not_recovered":
+        outcome = "not_recovered"
+    elif set(statuses) <= {"outlasted", "interrupted"} and "outlasted" in statuses:
+        outcome = "outlasted"
+    else:
+        outcome = "recovered"
+    windows = [(tf, resumed_at[i] if resumed_at[i] is not None else (rec.faults[i + 1] if i + 1 < n else None))
+               for i, tf in enumerate(rec.faults)]  # fmt: skip
+    # false detections: detection episodes (detections not separated by a restart or a give-up) no fault explains:
+    # begun outside every fault's window (from it to its job's resume, or to the next fault)
+    episodes, current = [], False
+    for t, is_detect in sorted([(t, True) for t in rec.detections] + [(t, False) for t in rec.separators]):
+        if not is_detect:
+            current = False
+        elif not current:
+            current = True
+            episodes.append(t)
+    false = sum(1 for t in episodes if not any(a <= t and (b is None or t <= b) for a, b in windows))
+    fidelity = None
+    if finished and control.train_end_us is not None and plan.digest and plan.control_digest:
+        fidelity = "exact" if plan.digest == plan.control_digest else "diverged"
+    by_group: dict[int, int] = {}
+    for _, g, _ in rec.starts:
+        by_group[g] = by_group.get(g, 0) + 1
+    productive = sum(d for _, _, d in rec.commits) if rec.commits else None
+    # the run's recovery figures are its first fault's, where the run recovered and that fault was not interrupted
+    first_recovered = outcome == "recovered" and bool(statuses) and statuses[0] in ("recovered", "outlasted")
+    rejoin = None
+    if first_recovered:
+        tf = rec.faults[0]
+        new = {(g, i) for t, g, i in rec.starts if t >= tf}
+        rejoin = min((t - tf for t, s, _ in rec.commits if t > tf and new & set(rec.committers[s])), default=None)
+    stages, recover = _ft_stages(rec, first_recovered and statuses[0] == "recovered")
+    fault_step = restart_init = burned = None
+    if rec.faults:
+        tf = rec.faults[0]
+        fault_step = max((s for t, s, _ in rec.commits if t <= tf), default=0)
+        if first_recovered:  # the wait for a new quorum: from the detection to when the resumed step began
+            resumed_t = tf + resumes[0]  # type: ignore[operator]
+            compute = next(d for t, _, d in rec.commits if t == resumed_t)
+            reacted = tf if detects[0] is None else tf + detects[0]  # undetected: from the fault
+            restart_init = max(0, resumed_t - compute - reacted)
+        if not finished:
+            burned = rec.end_us - tf
+    return FtExpected(outcome, statuses, detects, resumes, losts, restarts, sum(c - 1 for c in by_group.values()),
+                      false, final, fidelity, None, skipped_steps=skipped[0] if first_recovered else None,
+                      rejoin_us=rejoin, productive_us=productive, wall_us=rec.end_us, stages_us=stages,
+                      recover_us=recover, fault_step=fault_step, restart_init_us=restart_init,
+                      burned_us=burned)  # fmt: skip
+
+
+def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] | None, int | None]:
+    """The first fault's four stages (us) and their total, by the definitions: the detection; the last
+    ``rank_start`` of the lost group's replacement; the end of its heal; its first report of a committed step
+    beyond the ones committed before the fault, after its heal. Without a replacement started before the next
+    fault (the launcher gave up, it never started, or the fault lost no group) nothing was rescheduled or
+    restored (0) and the resume is the job's first such step after the detection. A stage whose end never came is missing (None), the next measured from the end before it."""
+    if not recovered:
+        return None, None
+    tf = rec.faults[0]
+    det = min((t for t in rec.detections if t >= tf and (len(rec.faults) < 2 or t < rec.faults[1])), default=None)
+    position = max((s for t, s, _ in rec.commits if t <= tf), default=0)
+    group, new_inc = rec.victims[0]  # its replacement: started before the next fault (a later one is its restart)
+    until = rec.faults[1] if len(rec.faults) > 1 else None
+    started = [t for t, g, i in rec.starts if (g, i) == (group, new_inc) and (until is None or t < until)]
+    ends: list[int | None]
+    if not started:  # continued without it
+        resume = min(t for t, s, _ in rec.commits if t > (det or tf) and s > position)
+        ends = [det, det or tf, det or tf, resume]
+    else:
+        healed = rec.heals.get((group, new_inc))  # type: ignore[arg-type]
+        mine = sorted(t for s, xs in rec.reports.items() if s > position for t, g, i in xs
+                      if (g, i) == (group, new_inc) and healed is not None and t >= healed)  # fmt: skip
+        ends = [det, started[0] + (rec.plan.per_group - 1) * 10, healed, mine[0] if mine else None]
+    seconds: list[int | None] = []
+    prev = tf
+    for end in ends:
+        if end is None:
+            seconds.append(None)
+            continue
+        seconds.append(max(0, end - prev))
+        prev = max(prev, end)
+    return tuple(seconds), (prev - tf if ends[-1] is not None else None)
+
+
+@st.composite
+def ft_plans(draw: st.DrawFn) -> FtPlan:
+    """A per-step-commit run: 2-3 replica groups of 1-2 ranks on 1-3 hosts with clock offsets (one group maybe
+    restarted at its start, before any fault), 6-30 steps, 0-3 faults (a killed group whose replacement heals and
+    rejoins, before or after the lighthouse notices; one that returns with stale state and commits old steps
+    alone first; one whose launcher gives up; a hang nothing reacts to; a false detection by the lighthouse), the
+    survivors' in-flight step skipped (and tried again) until the new quorum, a deadline mid-run, digests equal,
+    different or absent."""
+    groups = draw(st.integers(2, 3))
+    per_group = draw(st.integers(1, 2))
+    hosts = draw(st.integers(1, min(3, groups * per_group)))
+    offsets = (0, *[draw(st.integers(-50_000, 50_000)) for _ in range(hosts - 1)])
+    steps = draw(st.integers(6, 30))
+    step_us = draw(st.integers(2_000, 50_000))
+    faults: list[FtFaultPlan] = []
+    at = 0
+    kinds = draw(st.lists(st.sampled_from(["kill", "kill", "stale", "lost", "flap", "hang"]), min_size=1,
+                          max_size=3))  # fmt: skip
+    for kind in kinds if draw(st.integers(0, 9)) != 5 else []:  # a run without a fault now and then
+        at = draw(st.integers(at + 1, at + max(2, steps // 3)))
+        if at >= steps:
+            break
+        heartbeat = draw(st.integers(20_000, 3_000_000))
+        faults.append(FtFaultPlan(kind, at, draw(st.integers(0, 2)), draw(st.integers(1_000, heartbeat - 10_000)),
+                                  draw(st.integers(0, 2)), draw(st.integers(1_000, heartbeat - 2_000)),
+                                  draw(st.integers(10_000, 2_000_000)), heartbeat,
+                                  draw(st.integers(1, 3)), draw(st.integers(10_000, 3_000_000))))  # fmt: skip
+    cut = draw(st.one_of(st.none(), st.none(), st.floats(0.3, 0.99)))
+    return FtPlan(groups, per_group, hosts, offsets, steps, step_us, draw(st.integers(10_000, 500_000)),
+                  draw(st.integers(1_000, 100_000)), tuple(faults), draw(st.sampled_from(["a", "b", None])),
+                  draw(st.sampled_from(["a", None])), cut, draw(st.sampled_from([None, None, 0, 1])))  # fmt: skip

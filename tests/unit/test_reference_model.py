@@ -1,8 +1,11 @@
 """compute_metrics held to the metrics' definitions on generated runs (tests/helpers/histories.py): 1-6 ranks on
 1-3 hosts with clock offsets, per-rank log cadences, checkpoints (some torn), 0-3 faults of every kind, false
-detections, restarts during a restart, digests present, absent, equal and different. Each run's expected
-figures come from what the simulation did, not from its events; counts must be equal, times within 1 us (the
-timeline's stamps are ns, the simulation's us).
+detections, restarts during a restart, digests present, absent, equal and different; and per-step commit
+(TorchFT): replica groups each with its own incarnations, a killed group's survivors' in-flight step skipped, the
+quorum stalled until the lighthouse reacts, the replacement healing and rejoining (or back with stale state first,
+or never), a group restarted before any fault. Every generated event is valid against its kind's model. Each
+run's expected figures come from what the simulation did, not from its events; counts must be equal, times within
+1 us (the timeline's stamps are ns, the simulation's us).
 
 The bounded profile runs in the unit tier; the long one by hand:
 ``CHAOSBENCH_PROPERTY_EXAMPLES=10000 python -m pytest tests/unit/test_reference_model.py``. Every failure
@@ -16,7 +19,19 @@ from hypothesis import HealthCheck, example, given, settings
 
 from chaosbench.analysis.metrics import compute_metrics
 from chaosbench.timeline.clocks import correct
-from tests.helpers.histories import FaultPlan, Plan, expected, plans, simulate
+from chaosbench.timeline.schema import typed
+from tests.helpers.histories import (
+    FaultPlan,
+    FtFaultPlan,
+    FtPlan,
+    Plan,
+    expected,
+    expected_ft,
+    ft_plans,
+    plans,
+    simulate,
+    simulate_ft,
+)
 
 EXAMPLES = int(os.environ.get("CHAOSBENCH_PROPERTY_EXAMPLES", "150"))
 US = 1e-6
@@ -71,6 +86,8 @@ def _examples(fn):  # type: ignore[no-untyped-def]
 def test_compute_metrics_equals_the_definitions(plan: Plan) -> None:
     events, rec = simulate(plan)
     ctl_events, ctl = simulate(plan, control=True)
+    for e in events:
+        typed(e)  # every generated event is a valid one of its kind
     want = expected(rec, ctl)
     m = compute_metrics(correct(sorted(events, key=lambda e: e.t_ns)),
                         control=correct(sorted(ctl_events, key=lambda e: e.t_ns)), total_steps=plan.steps)  # fmt: skip
@@ -87,5 +104,97 @@ def test_compute_metrics_equals_the_definitions(plan: Plan) -> None:
     if want.statuses:
         assert m.false_detections == want.false_detections, (m.false_detections, want)
         assert _close(m.checkpoint_age_s, want.checkpoint_age_us), (m.checkpoint_age_s, want.checkpoint_age_us)
+    assert m.final_step == want.final_step
+    assert m.fidelity == want.fidelity, (m.fidelity, m.missing.get("fidelity"))
+
+
+def _ft(faults: tuple[FtFaultPlan, ...], groups: int = 2, per_group: int = 1, steps: int = 8,
+        cut: float | None = None, early: int | None = None) -> FtPlan:  # fmt: skip
+    return FtPlan(groups, per_group, 1, (0,), steps, 10_000, 50_000, 5_000, faults, "a", "a", cut, early)
+
+
+def _kill(at: int, kind: str = "kill", group: int = 0) -> FtFaultPlan:
+    return FtFaultPlan(kind, at, group, 1000, 0, 1000, 10000, 20000, 1)
+
+
+#: Per-step commit: every failure hypothesis shrank to, kept as examples.
+SHRUNK_FT = [
+    # a fault's skipped steps are those of its window: the next fault's skipped step is the next fault's
+    _ft((_kill(1), _kill(8)), groups=3, steps=10),
+    # restarts are counted per replica group: group 1's first restart while group 0 is in its second incarnation;
+    # and the first fault's stages follow its own group's replacement, not group 1's of the same number
+    _ft((_kill(1), _kill(2)), groups=3, steps=6),
+    # a stale group's second commit of an old step (alone, in a quorum of its own) is not the job's, nor the end of
+    # its replacement's reshard_or_replace stage (it never healed before the run ended)
+    _ft((_kill(1, "stale"),), steps=6),
+    # a group restarted at its start (incarnation 1) and then killed: the survivor's steps alone are keyed by its
+    # incarnation 0, which is no first incarnation that resumed from elsewhere (was: contaminated)
+    _ft((_kill(1),), steps=6, early=0),
+    # the killed group's replacement (its incarnation 1) rejoins a quorum keyed by the other group's restart at
+    # its start (also 1): it rejoined all the same (was: time_to_rejoin_s missing)
+    _ft((_kill(1),), steps=10, early=1),
+    # the stages follow the lost group's replacement: not the next fault's, where the first group's launcher gave up
+    _ft((_kill(1, "lost"), _kill(3)), groups=3, steps=12),
+    # ...and not the next fault's restart of the same group: a hang loses no group (the lighthouse's false
+    # detection after it is its reaction: per-step commit takes the first in its window)
+    FtPlan(2, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("hang", 1, hold_us=10000), _kill(2, "flap"), _kill(3)),
+           "a", "a"),
+]
+
+
+def _ft_examples(fn):  # type: ignore[no-untyped-def]
+    for plan in reversed(SHRUNK_FT):
+        fn = example(plan)(fn)
+    return fn
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ft_plans())
+@_ft_examples
+def test_per_step_commit_equals_the_definitions(plan: FtPlan) -> None:
+    """TorchFT's per-step commit: replica groups each their own incarnation, a killed group's survivors' in-flight
+    step skipped, the quorum stalled until the lighthouse reacts, the replacement healing and rejoining (or
+    returning with stale state first, or never), held to the definitions."""
+    events, rec = simulate_ft(plan)
+    ctl_events, ctl = simulate_ft(plan, control=True)
+    for e in events:
+        typed(e)  # every generated event is a valid one of its kind
+    want = expected_ft(rec, ctl)
+    m = compute_metrics(correct(sorted(events, key=lambda e: e.t_ns)),
+                        control=correct(sorted(ctl_events, key=lambda e: e.t_ns)), total_steps=plan.steps)  # fmt: skip
+    assert m.outcome == want.outcome, (m.verdict, want)
+    assert m.fault_count == (len(want.statuses) or None), m.fault_count
+    assert [f["status"] for f in m.faults] == want.statuses, (m.faults, want)
+    for f, ttd, ttr, lost, restarts in zip(m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps,
+                                           want.restarts, strict=True):  # fmt: skip
+        assert _close(f["time_to_detect_s"], ttd), (f, ttd)
+        assert f["detected"] == (ttd is not None), f
+        assert _close(f["time_to_resume_s"], ttr), (f, ttr)
+        assert f["lost_steps"] == lost, (f, lost, m.faults)
+        assert f["restarts"] == restarts, (f, restarts, m.faults)
+        assert f["rollback"] is (None if lost is None else False), f
+    assert m.restart_count == want.restart_count, (m.restart_count, want)
+    if want.statuses:
+        assert m.detected == (want.time_to_detect_us[0] is not None)
+        assert _close(m.time_to_detect_s, want.time_to_detect_us[0])
+        assert m.false_detections == want.false_detections, (m.false_detections, want)
+    if want.outcome == "recovered" and want.statuses[0] != "interrupted":  # the run's recovery: its first fault's
+        assert _close(m.time_to_resume_s, want.time_to_resume_us[0])
+        assert _close(m.time_to_catch_up_s, want.time_to_resume_us[0])
+        assert m.lost_steps == want.lost_steps[0] and m.skipped_steps == want.skipped_steps, (m.lost_steps, want)
+        assert m.rollback is False
+        assert _close(m.time_to_rejoin_s, want.rejoin_us), (m.time_to_rejoin_s, want.rejoin_us)
+        if want.stages_us is not None:  # (stated for a recovered first fault)
+            got = (m.stage_detect_s, m.stage_reschedule_s, m.stage_reshard_or_replace_s, m.stage_resume_s)
+            assert all(_close(a, b) for a, b in zip(got, want.stages_us, strict=True)), (got, want.stages_us)
+            assert _close(m.time_to_recover_s, want.recover_us), (m.time_to_recover_s, want.recover_us)
+        assert _close(m.badput_restart_init_s, want.restart_init_us), (m.badput_restart_init_s, want)
+        assert m.badput_restore_s == 0.0 and m.badput_recompute_s == 0.0, m
+    assert m.fault_step == want.fault_step, (m.fault_step, want.fault_step)
+    assert _close(m.time_burned_s, want.burned_us), (m.time_burned_s, want.burned_us)
+    assert _close(m.productive_s, want.productive_us), (m.productive_s, want.productive_us)
+    assert _close(m.wall_s, want.wall_us)
+    if want.productive_us is not None:
+        assert m.goodput is not None and abs(m.goodput - want.productive_us / want.wall_us) <= 1e-9
     assert m.final_step == want.final_step
     assert m.fidelity == want.fidelity, (m.fidelity, m.missing.get("fidelity"))
