@@ -112,8 +112,11 @@ class Power:
             if at_most(best, self.level):
                 t = f"a change beyond its noise floor is detectable when every new run is worse (p = {best:.2g})"
             else:
+                each = next((n for n in range(max(a, b) + 1, 1001) if at_most(1 / math.comb(2 * n, n), self.level)),
+                            None)  # fmt: skip
                 t = (f"not detectable (smallest p = 1/C({a + b},{a}) = {best:.2g} > {self.level:.2g}): needs "
-                     f"{_timing_needs(a, b, self.level)} new repeats against the baseline's {a}")  # fmt: skip
+                     f"{_timing_needs(a, b, self.level)} new repeats against the baseline's {a}, or {each} on "
+                     "both sides")  # fmt: skip
             out.append(f"  {a} vs {b}: timings: {t}")
         by_metric: dict[str, list[TimingFloor]] = {}
         for f in self.floors:

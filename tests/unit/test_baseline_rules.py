@@ -203,7 +203,7 @@ def test_the_power_line_for_the_ci_suite() -> None:
     assert lines[1].endswith("not even 100 % -> 0 % of 3 is detectable (p = 0.05 > 0.00074): needs 19 new repeats "
                              "against the baseline's 3, or 7 on both sides")  # fmt: skip
     assert lines[2] == ("  3 vs 3: timings: not detectable (smallest p = 1/C(6,3) = 0.05 > 0.00074): needs 19 new "
-                        "repeats against the baseline's 3")  # fmt: skip
+                        "repeats against the baseline's 3, or 7 on both sides")  # fmt: skip
     assert "time_to_detect_s +20% to +38%" in lines[3]  # torchrun's 0.07 .. 0.10 s: a range of 0.03 / 0.08
     assert lines[4] == "  a figure measured in every baseline run and in none now fails without statistics"
 
@@ -216,3 +216,13 @@ def test_power_with_enough_repeats_says_what_is_detectable() -> None:
     k = next(k for k in range(10, -1, -1) if _fisher_p(10, 10, k, 10) <= level)
     assert f"100 % -> {k / 10:.0%} of 10 detectable" in lines[1] and f"100 % -> {(k + 1) / 10:.0%} is not" in lines[1]
     assert "timings: a change beyond its noise floor is detectable when every new run is worse" in lines[2]
+
+
+def test_run_with_a_baseline_states_the_power_before_it_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from chaosbench.cli import main
+
+    argv = ["run", str(ROOT / "suites/ci.yaml"), "--dry-run", "--out", str(tmp_path), "--baseline", str(CI_BASELINE)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "gate power: 3 baseline vs 3 new repeats per scenario" in err
+    assert err.index("gate power:") < err.index("a figure measured in every baseline run and in none now fails")
