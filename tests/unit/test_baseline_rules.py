@@ -38,7 +38,7 @@ def failed(base: list[dict[str, Any]], now: list[dict[str, Any]]) -> dict[str, A
 
 
 # ------------------------------------------------------------------------------------------- blind spots
-def test_recovered_2_of_3_style_drop_is_a_regression_when_the_baseline_was_not_perfect() -> None:
+def test_a_recovery_drop_from_an_imperfect_baseline_is_a_regression() -> None:
     """8 of 10 recovered before, 0 of 10 now: the old gate compared recovery only after a perfect baseline."""
     base = [row(time_to_resume_s=3.0 + i / 10) for i in range(8)] + [row(outcome="not_recovered", fidelity=None)] * 2
     now = [row(outcome="not_recovered", fidelity=None)] * 10
