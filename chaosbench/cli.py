@@ -3,7 +3,10 @@
 Exit codes: 0 the suite ran and met its SLOs (a suite without SLOs: whatever the recovery outcomes were),
 1 a harness error or an interrupted run, 2 bad input (a malformed suite, an unknown fault, a missing file),
 3 an SLO was missed, 4 a regression against the baseline (``--baseline``); defined, and decided for a suite's
-results, in :mod:`chaosbench.gate`.
+results, in :mod:`chaosbench.gate`. A comparison with the baseline that the repeats cannot decide ("not decidable
+with 3 vs 3 repeats: needs N") is not a regression: it leaves the exit code as it is (0, or 3 with an SLO miss),
+and is printed as a note and counted in the summary and the JUnit XML (skipped). ``run --baseline`` prints what
+the gate can detect with the suite's repeats and the baseline's before the first run.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = Runner(suite, args.out)
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
+    if args.baseline:
+        _print_power(args, suite)
     if args.dry_run:
         plans = [{"scenario": sc.id, "repeat": sc.repeat, "deadline_s": sc.deadline_s,
                   "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
@@ -110,6 +115,17 @@ def _print_outlook(outlook: list[dict[str, Any]], problems: dict[str, list[str]]
             _progress(f"  warning: {fw}: {p}")
 
 
+def _print_power(args: argparse.Namespace, suite: Any) -> None:
+    """Before a suite runs against a baseline: what the gate can detect with its repeats and the baseline's
+    (:mod:`chaosbench.analysis.power`), so that a green gate is read for what it is."""
+    from chaosbench.analysis.baseline import load_rows
+    from chaosbench.analysis.power import power, suite_repeats
+
+    p = power(load_rows(args.baseline), suite_repeats(suite), alpha=args.alpha, threshold=args.threshold)
+    for line in p.lines():
+        _progress(line)
+
+
 def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], metrics: list[Any],
           interrupted: bool) -> int:  # fmt: skip
     """CI outputs and the exit code, from the gate (:mod:`chaosbench.gate`); here only what is printed."""
@@ -130,6 +146,8 @@ def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[A
         _progress(f"SLO missed: {m.scenario} #{m.repeat}: {'; '.join(m.slo_failures)} ({m.run_dir})")
     for d in gate.regressions:
         _progress(f"regression: {d.describe()}")
+    if comparison is not None:
+        _progress(f"baseline: {comparison.verdict()}")
     if interrupted:
         _err("interrupted; finished runs are kept and reported")
     return gate.exit_code()
@@ -313,9 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a suite above the limits (10,000 runs, or 24 h when every run reaches its deadline)")  # fmt: skip
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per run; SLO misses fail)")
     r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
-    r.add_argument("--baseline", metavar="CSV|DIR", help="fail (exit 4) on regressions against this result set")
-    r.add_argument("--threshold", type=float, default=0.2, help="relative change that counts (default 0.2)")
-    r.add_argument("--alpha", type=float, default=0.05, help="rank-test significance level (default 0.05)")
+    r.add_argument("--baseline", metavar="CSV|DIR",
+                   help="fail (exit 4) on regressions against this result set; prints first what its repeats and "
+                        "the suite's can detect")  # fmt: skip
+    r.add_argument("--threshold", type=float, default=0.2,
+                   help="relative change of a timing that counts, besides the baseline's own range (default 0.2)")
+    r.add_argument("--alpha", type=float, default=0.05,
+                   help="false-alarm rate of the whole verdict (Holm over every comparison; default 0.05)")
     r.set_defaults(fn=cmd_run)
     rep = sub.add_parser("report", help="recompute metrics and reports from run directories",
                          description="Recompute every metric from the runs' timelines and rewrite the "
@@ -327,13 +349,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(fn=cmd_report)
     cmp = sub.add_parser("compare", help="two result sets side by side, with the significance of each difference",
                          description="Compare result set B against A (suite directories or results CSVs): "
-                                     "medians, relative change, Mann-Whitney p, regressions.")  # fmt: skip
+                                     "shares of outcomes (Fisher's exact p), medians (Mann-Whitney p), Holm-adjusted "
+                                     "p over every comparison, regressions and what the repeats cannot decide.")  # fmt: skip
     cmp.add_argument("a", help="result set A (e.g. reports/compare or a baseline CSV)")
     cmp.add_argument("b", help="result set B")
     cmp.add_argument("--by", choices=["scenario", "fault"], default="scenario",
                      help="match runs by scenario (framework/fault) or by fault only (two frameworks)")  # fmt: skip
-    cmp.add_argument("--threshold", type=float, default=0.2, help="relative change that counts (default 0.2)")
-    cmp.add_argument("--alpha", type=float, default=0.05, help="rank-test significance level (default 0.05)")
+    cmp.add_argument("--threshold", type=float, default=0.2,
+                     help="relative change of a timing that counts, besides A's own range (default 0.2)")
+    cmp.add_argument("--alpha", type=float, default=0.05,
+                     help="false-alarm rate of the whole comparison (Holm over every comparison; default 0.05)")
     cmp.add_argument("--out", metavar="FILE", help="also write the Markdown table to FILE")
     cmp.set_defaults(fn=cmd_compare)
     fz = sub.add_parser("fuzz", help="search fault schedules for a recovery bug and shrink it to a reproducer",

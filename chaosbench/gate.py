@@ -10,7 +10,15 @@ then an SLO miss.
 
 A run's SLO verdict (``slo_ok``, ``slo_failures``) is computed with its metrics
 (:func:`chaosbench.analysis.results.run_metrics`, by :func:`chaosbench.analysis.slo.evaluate`); the gate only
-reads it. A regression is as :func:`chaosbench.analysis.baseline.compare` defines it.
+reads it. A regression is as :func:`chaosbench.analysis.baseline.compare` defines it: over every figure x
+scenario compared, with Holm's correction so that a clean rerun fails with chance at most ``alpha``.
+
+A comparison the repeats cannot decide (it moved the bad way beyond its noise floor, and even complete separation
+with these repeats could not reach the corrected level: "not decidable with 3 vs 3 repeats: needs 15 new
+repeats") is no regression: it does not change the exit code (0, or 3 with an SLO miss). It is printed as a
+note, counted in the summary ("2 comparisons undecidable"), listed in ``baseline-comparison.md`` and is a
+skipped testcase in the JUnit XML, so the CI page shows that the gate did not decide it. Exit 4 stays a
+regression the gate is confident of.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
-from chaosbench.analysis.baseline import Difference, compare, load_rows, markdown
+from chaosbench.analysis.baseline import Difference, Status, compare, family, load_rows, markdown
+from chaosbench.analysis.power import Power, power
 
 if TYPE_CHECKING:
     from chaosbench.analysis.metrics import RunMetrics
@@ -49,11 +58,16 @@ def missed_slos(m: RunMetrics) -> list[str]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Result set B against result set A (``chaosbench compare A B``, or a suite against its baseline)."""
+    """Result set B against result set A (``chaosbench compare A B``, or a suite against its baseline):
+    every figure x key compared (``diffs``), the family the Holm correction covered (``family_size``) and what
+    the repeats compared could detect (``power``)."""
 
     title: str
     diffs: list[Difference]
     threshold: float
+    alpha: float = 0.05
+    family_size: int = 0
+    power: Power | None = None
 
     @classmethod
     def of(
@@ -68,21 +82,91 @@ class Comparison:
     ) -> Comparison:
         """Load both result sets (suite directories or results CSVs) and compare them per ``by`` (``scenario``
         or ``fault``). Raises :class:`~chaosbench.errors.ChaosbenchError` when one cannot be read."""
-        diffs = compare(load_rows(a), load_rows(b), by=by, threshold=threshold, alpha=alpha)
-        return cls(title or f"{b} against {a}", diffs, threshold)
+        a_rows, b_rows = load_rows(a), load_rows(b)
+        return cls.between(a_rows, b_rows, by=by, threshold=threshold, alpha=alpha, title=title or f"{b} against {a}")
+
+    @classmethod
+    def between(
+        cls,
+        a_rows: Sequence[dict[str, Any]],
+        b_rows: Sequence[dict[str, Any]],
+        *,
+        by: str = "scenario",
+        threshold: float = 0.2,
+        alpha: float = 0.05,
+        title: str = "B against A",
+    ) -> Comparison:
+        """:meth:`of` on rows already loaded."""
+        from chaosbench.analysis.baseline import groups
+
+        diffs = compare(a_rows, b_rows, by=by, threshold=threshold, alpha=alpha)
+        m = len(family(diffs, alpha))
+        new = {k: len(v) for k, v in groups(b_rows, by).items()}
+        stated = power(a_rows, new, alpha=alpha, threshold=threshold, by=by, family_size=m)
+        return cls(title, diffs, threshold, alpha, m, stated)
 
     @property
     def regressions(self) -> list[Difference]:
         return [d for d in self.diffs if d.regression]
 
     @property
+    def undecided(self) -> list[Difference]:
+        """Comparisons that moved the bad way beyond their noise floor which these repeats cannot decide."""
+        return [d for d in self.diffs if d.status is Status.UNDECIDED]
+
+    @property
     def notes(self) -> list[Difference]:
-        """Changes beyond the threshold that do not fail, with their reason (too few repeats for confidence)."""
-        return [d for d in self.diffs if d.note and not d.regression and d.change is not None
-                and abs(d.change) > self.threshold]  # fmt: skip
+        """What does not fail but needs saying: the undecided comparisons, and the figures not compared with a
+        reason (measured in some baseline runs and in none now)."""
+        return [d for d in self.diffs if not d.regression and d.note
+                and d.status in (Status.UNDECIDED, Status.NOT_COMPARED)]  # fmt: skip
+
+    def verdict(self) -> str:
+        """One line: regressions, undecidable comparisons and the family they were corrected over."""
+        return (f"{len(self.regressions)} regressions, {len(self.undecided)} comparisons undecidable with these "
+                f"repeats; Holm over a family of {self.family_size} comparisons at alpha {self.alpha:g} "
+                f"(the whole verdict's false-alarm rate <= {self.alpha:g})")  # fmt: skip
 
     def markdown(self) -> str:
-        return markdown(self.diffs, self.title)
+        pre = [self.verdict()]
+        if self.power is not None:
+            pre += ["", "```", *self.power.lines(), "```"]
+        return markdown(self.diffs, self.title, pre)
+
+    def junit_cases(self, suite: str) -> tuple[list[ET.Element], int, int]:
+        """One testcase per comparison that was tested (in the family), failed (no longer measured) or left
+        undecided: what changed, by how much, with what p (raw and Holm-adjusted), as properties and in the
+        message. A regression is a failure, an undecided one skipped. Returns the cases, failures, skipped."""
+        cases, failures, skipped = [], 0, 0
+        for d in self.diffs:
+            if not (d.in_family or d.regression or d.status is Status.UNDECIDED):
+                continue
+            case = ET.Element("testcase", classname=f"{suite}.baseline.{d.key}", name=d.metric, time="0")
+            props = ET.SubElement(case, "properties")
+            values = {"finding": d.status.value, "baseline": _text(d.a_count, d.n_a, d.a_median, d.kind),
+                      "now": _text(d.b_count, d.n_b, d.b_median, d.kind), "change": _num(d.change),
+                      "p": _num(d.p_worse), "p_holm": _num(d.p_holm), "family": str(self.family_size),
+                      "alpha": f"{self.alpha:g}", "baseline_noise": _num(d.noise), "repeats": f"{d.n_a} vs {d.n_b}"}  # fmt: skip
+            for name, value in values.items():
+                ET.SubElement(props, "property", name=name, value=value)
+            if d.regression:
+                failures += 1
+                ET.SubElement(case, "failure", message=d.describe()[:500]).text = d.describe()
+            elif d.status is Status.UNDECIDED:
+                skipped += 1
+                ET.SubElement(case, "skipped", message=d.describe()[:500])
+            cases.append(case)
+        return cases, failures, skipped
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+def _text(count: int | None, n: int, value: float | None, kind: str) -> str:
+    if kind == "share":
+        return "" if count is None else f"{count}/{n}"
+    return _num(value)
 
 
 class Gate:
@@ -121,6 +205,10 @@ class Gate:
     def notes(self) -> list[Difference]:
         return self.comparison.notes if self.comparison is not None else []
 
+    @property
+    def undecided(self) -> list[Difference]:
+        return self.comparison.undecided if self.comparison is not None else []
+
     def exit_code(self) -> int:
         if self.interrupted or self.errors:
             return EXIT_HARNESS
@@ -142,7 +230,9 @@ class Gate:
             Path(summary).write_text(text)
 
     def write_junit(self, path: Path) -> None:
-        """One testcase per run: failure = an SLO missed, error = the harness failed the run."""
+        """One testcase per run: failure = an SLO missed, error = the harness failed the run; with a comparison,
+        one per baseline comparison tested (:meth:`Comparison.junit_cases`): failure = a regression, skipped =
+        undecidable with these repeats."""
         cases = []
         failures = errs = 0
         for m in self.metrics:
@@ -165,8 +255,13 @@ class Gate:
                 text = "\n".join(missed) + f"\nrun directory: {m.run_dir}"
                 ET.SubElement(case, "failure", message="; ".join(missed)[:500]).text = text
             cases.append(case)
+        skipped = 0
+        if self.comparison is not None:
+            extra, failed, skipped = self.comparison.junit_cases(self.suite)
+            cases += extra
+            failures += failed
         root = ET.Element("testsuite", name=self.suite, tests=str(len(cases)), failures=str(failures),
-                          errors=str(errs))  # fmt: skip
+                          errors=str(errs), skipped=str(skipped))  # fmt: skip
         root.extend(cases)
         ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
@@ -185,6 +280,13 @@ class Gate:
             slo = "—" if m.slo_ok is None else ("ok" if m.slo_ok else "MISSED: " + "; ".join(m.slo_failures))
             lines.append(f"| {m.scenario} #{m.repeat} | {html.escape(m.verdict or '—')} | {f(m.time_to_detect_s)} | "
                          f"{f(m.time_to_resume_s)} | {f(m.lost_steps)} | {f(m.fidelity)} | {html.escape(slo)} |")  # fmt: skip
+        if self.comparison is not None:
+            lines += ["", "### Against the baseline", "", self.comparison.verdict()]
+            if self.comparison.power is not None:
+                lines += ["", "```", *self.comparison.power.lines(), "```"]
         if regressions:
             lines += ["", "### Regressions against the baseline", ""] + [f"- {r}" for r in regressions]
+        undecided = [d.describe() for d in self.undecided]
+        if undecided:
+            lines += ["", "### Undecidable with these repeats (not failed)", ""] + [f"- {r}" for r in undecided]
         return "\n".join(lines) + "\n"

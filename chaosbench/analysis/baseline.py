@@ -1,25 +1,54 @@
 """Comparing two result sets: ``chaosbench compare A B`` and the regression gate against a saved baseline.
 
-A difference is a *regression* when the median moved the bad way by more than ``threshold`` (relative) and a
-one-sided Mann-Whitney rank test over the repeats gives p <= ``alpha`` (in the spirit of pytest-benchmark's
-``--benchmark-compare-fail``). With too few repeats the rank test cannot reach ``alpha`` (its smallest
-possible p is 1 / C(n_a + n_b, n_a)); such a difference is reported, with that note, and does not fail.
-Broken recovery needs no statistics: a scenario that recovered in every baseline run but not in every new
-one, or whose fidelity went from exact to diverged, is always a regression.
+Per key (``scenario``, or ``fault`` for two frameworks) present in both sets, every figure is compared
+(:func:`compare`); control runs are left out (one per framework: nothing to test). Rules:
+
+- **Shares** (:data:`SHARES`: the fault fired, recovered, detected, fidelity exact, culprit correct (``blame``),
+  runs with a false detection, gave up, contaminated), each counted over the runs where it applies: one-sided
+  Fisher's exact test that the new share is worse (:func:`~chaosbench.analysis.stats.fisher_worse`). Recovered
+  counts the runs whose fault fired (outcome ``recovered``, ``outlasted``, ``not_recovered``): an
+  ``outlasted`` run (the job finished, nothing reacted to the fault) is *not* recovered, a run whose fault did
+  not fire is in no share but "the fault fired". No relative threshold: a significant worse share counts.
+- **Timings and counts** (:data:`LOWER_IS_BETTER`, :data:`HIGHER_IS_BETTER`): the one-sided Mann-Whitney rank
+  test over the repeats (:func:`~chaosbench.analysis.stats.mann_whitney`). The median must also move the bad
+  way by more than the **noise floor**: both ``threshold`` relative to the baseline's median and the
+  baseline's own *noise*, defined as the range (max - min) of the baseline's repeats of that figure in that
+  key (0 with one repeat). A move inside either is ``within noise`` whatever its p.
+- **No longer measured**: a figure the baseline measured in every one of its runs of a key and the new set in
+  none is a regression, without statistics. (Measured in only some baseline runs and in no new one: not
+  compared, with a note; the share that explains it, e.g. recovered, is tested.)
+
+**The whole verdict's false-alarm rate is at most ``alpha``**: the p-values of every comparison in the
+*family* are Holm-adjusted together (:func:`~chaosbench.analysis.stats.holm`), and a comparison is a
+regression only when its adjusted p is <= ``alpha``. The family is every figure x key compared whose
+smallest attainable p (given the pooled values, as the exact tests condition on them) is <= ``alpha``; a
+comparison that cannot reach ``alpha`` even on its own (a share that is 3/3 on both sides, a figure with the
+same value in every run) can never be rejected, and leaving it out keeps the guarantee (Tarone 1990) while
+not diluting the others. ``Comparison.family`` states its size.
+
+With few repeats even complete separation may not reach Holm's level (3 vs 3 repeats: the smallest
+one-sided p of either test is 1 / C(6, 3) = 0.05; over a family of m the first Holm level is 0.05 / m). A
+comparison that moved the bad way beyond its noise floor and whose smallest attainable p times the family
+size exceeds ``alpha`` is ``undecided``: "not decidable with 3 vs 3 repeats: needs N new repeats", N the
+fewest new repeats (against the same baseline) that could reach ``alpha / m``. Undecided comparisons do not
+fail the gate (:mod:`chaosbench.gate`); the verdict counts them. :func:`decide` classifies one key's
+comparisons at a given level, for callers that add repeats until a key is decided.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import shutil
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaosbench.analysis.stats import mann_whitney
-from chaosbench.analysis.values import as_bool, as_float
+from chaosbench.analysis.faults import FIRED_OUTCOMES
+from chaosbench.analysis.stats import fisher_worse, holm, mann_whitney, rank_min_p
+from chaosbench.analysis.values import as_bool, as_float, is_missing
 from chaosbench.errors import ChaosbenchError
 
 LOWER_IS_BETTER = (
@@ -28,29 +57,153 @@ LOWER_IS_BETTER = (
 )  # fmt: skip
 HIGHER_IS_BETTER = ("goodput",)
 
+#: p-values are compared with a level with this relative slack: 3 vs 3 repeats give 1/20 as 0.05000000000000001.
+_SLACK = 1e-9
+
+
+def at_most(p: float, level: float) -> bool:
+    """``p <= level``, forgiving floating-point noise (1/20 computed as 0.05000000000000001 is 0.05)."""
+    return p <= level * (1 + _SLACK)
+
+
+@dataclass(frozen=True)
+class Share:
+    """An outcome-level figure: the share of a key's runs with some property. ``applies``: whether a result row
+    is counted at all (None: not, e.g. detection in a run whose fault did not fire); ``holds``: whether it has
+    the property (None: not measured in that row). ``good``: the property is the good side (recovered) rather
+    than the bad one (gave up)."""
+
+    name: str
+    holds: Callable[[dict[str, Any]], bool | None]
+    good: bool = True
+
+
+def _fired(r: dict[str, Any]) -> bool:
+    return r.get("outcome") in FIRED_OUTCOMES
+
+
+def _when_fired(f: Callable[[dict[str, Any]], bool | None]) -> Callable[[dict[str, Any]], bool | None]:
+    return lambda r: f(r) if _fired(r) else None
+
+
+def _fidelity_exact(r: dict[str, Any]) -> bool | None:
+    v = r.get("fidelity")
+    return None if is_missing(v) else v == "exact"
+
+
+def _blame_correct(r: dict[str, Any]) -> bool | None:
+    v = r.get("blame")
+    return None if is_missing(v) else v == "correct"
+
+
+def _false_detection(r: dict[str, Any]) -> bool | None:
+    v = as_float(r.get("false_detections"))
+    return None if v is None else v > 0
+
+
+def _contaminated(r: dict[str, Any]) -> bool | None:
+    if r.get("outcome") == "contaminated":
+        return True
+    flag = as_bool(r.get("contaminated"))
+    if flag is not None:
+        return flag
+    return False if r.get("outcome") in (*FIRED_OUTCOMES, "fault_not_fired") else None
+
+
+#: The outcome-level figures, each a share of a key's runs (controls left out).
+SHARES = (
+    Share("fault fired", lambda r: _fired(r) if r.get("outcome") in (*FIRED_OUTCOMES, "fault_not_fired") else None),
+    Share("recovered", _when_fired(lambda r: r.get("outcome") == "recovered")),
+    Share("detected", _when_fired(lambda r: as_bool(r.get("detected")))),
+    Share("fidelity exact", _fidelity_exact),
+    Share("blame correct", _blame_correct),
+    Share("false detection", _false_detection, good=False),
+    Share("gave up", _when_fired(lambda r: as_bool(r.get("gave_up"))), good=False),
+    Share("contaminated", _contaminated, good=False),
+)  # fmt: skip
+
+
+class Status(enum.StrEnum):
+    """What a comparison found. ``REGRESSION`` and ``NO_LONGER_MEASURED`` fail the gate; ``UNDECIDED``: moved
+    the bad way beyond its noise floor, but these repeats cannot reach the corrected level; ``NOT_SIGNIFICANT``:
+    moved the bad way, could have been significant, was not; ``WITHIN_NOISE``: a move the bad way inside the
+    threshold or the baseline's noise; ``UNCHANGED`` / ``IMPROVED``; ``NOT_COMPARED``: nothing to test (no
+    value on one side, or the same value in every run: out of the family)."""
+
+    REGRESSION = "regression"
+    NO_LONGER_MEASURED = "no longer measured"
+    UNDECIDED = "undecided"
+    NOT_SIGNIFICANT = "not significant"
+    WITHIN_NOISE = "within noise"
+    UNCHANGED = "unchanged"
+    IMPROVED = "improved"
+    NOT_COMPARED = "not compared"
+
+    @property
+    def fails(self) -> bool:
+        return self in (Status.REGRESSION, Status.NO_LONGER_MEASURED)
+
 
 @dataclass
 class Difference:
+    """One figure of one key, B against A. For a timing, ``a_median``/``b_median`` are medians and ``noise``
+    the baseline's range; for a share they are the share of runs with the property (``a_count`` of ``n_a``).
+    ``p_worse``: the raw one-sided p that B is worse; ``p_min``: the smallest p these repeats (and pooled values)
+    allow; ``p_holm``: Holm-adjusted over the family (None: not in it); ``needs``: new repeats that could decide
+    an undecided comparison."""
+
     key: str
     metric: str
     a_median: float | None
     b_median: float | None
-    change: float | None  # relative: (b - a) / |a|
+    change: float | None  # relative: (b - a) / |a|; a share: b - a (percentage points as a fraction)
     p_two_sided: float | None
     p_worse: float | None  # one-sided: b is worse than a
     n_a: int
     n_b: int
-    regression: bool
+    regression: bool = False
     note: str = ""
+    kind: str = "timing"  # or "share"
+    a_count: int | None = None
+    b_count: int | None = None
+    noise: float | None = None
+    p_min: float | None = None
+    p_holm: float | None = None
+    adverse: bool = False  # moved the bad way beyond its noise floor
+    status: Status = Status.NOT_COMPARED
+    needs: int | None = None
+
+    @property
+    def in_family(self) -> bool:
+        return self.p_holm is not None
+
+    def values_text(self) -> str:
+        if self.kind == "share":
+            return (f"{self.a_count}/{self.n_a} ({_pct(self.a_median)}) -> {self.b_count}/{self.n_b} "
+                    f"({_pct(self.b_median)})")  # fmt: skip
+        ch = "" if self.change is None or math.isinf(self.change) else f" ({self.change:+.0%})"
+        return f"{_f(self.a_median)} -> {_f(self.b_median)}{ch}"
+
+    def p_text(self) -> str:
+        if self.p_worse is None:
+            return ""
+        holm_p = "" if self.p_holm is None else f", Holm p={self.p_holm:.3g}"
+        return f"p={self.p_worse:.3g}{holm_p}"
 
     def describe(self) -> str:
-        ch = "" if self.change is None else f" ({self.change:+.0%})"
-        p = "" if self.p_worse is None else f", p={self.p_worse:.3g}"
-        return f"{self.key}: {self.metric} {_f(self.a_median)} -> {_f(self.b_median)}{ch}{p}{'; ' + self.note if self.note else ''}"
+        """One line: what changed, by how much, with what p (raw and Holm-adjusted), and the finding."""
+        p = self.p_text()
+        tail = f"; {self.note}" if self.note else ""
+        values = "" if self.p_worse is None and self.a_median is None else f" {self.values_text()}"
+        return f"{self.key}: {self.metric}{values}{', ' + p if p else ''}: {self.status.value}{tail}"
 
 
 def _f(v: float | None) -> str:
     return "—" if v is None else f"{v:.3g}"
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:.0%}"
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -81,13 +234,69 @@ def save_baseline(suite_dir: str | Path, to: str | Path) -> Path:
 
 
 
-def _groups(rows: Sequence[dict[str, Any]], by: str) -> dict[str, list[dict[str, Any]]]:
+def groups(rows: Sequence[dict[str, Any]], by: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if (as_bool(r.get("control")) is True):
+        if as_bool(r.get("control")) is True:
             continue
         out.setdefault(str(r.get(by)), []).append(r)
     return out
+
+
+def _share_difference(key: str, share: Share, ra: Sequence[dict[str, Any]],
+                      rb: Sequence[dict[str, Any]]) -> Difference | None:  # fmt: skip
+    """``share`` of B's runs against A's, with its raw test; None when the baseline never measured it."""
+    ha = [h for r in ra if (h := share.holds(r)) is not None]
+    hb = [h for r in rb if (h := share.holds(r)) is not None]
+    if not ha:
+        return None
+    if not hb:
+        return _unmeasured(key, share.name, len(ha), len(ra), len(rb), "share")
+    ka, kb = sum(ha), sum(hb)
+    good_a, good_b = (ka, kb) if share.good else (len(ha) - ka, len(hb) - kb)
+    worse = fisher_worse(good_a, len(ha), good_b, len(hb))
+    better = fisher_worse(good_b, len(hb), good_a, len(ha))
+    sa, sb = ka / len(ha), kb / len(hb)
+    d = Difference(key, share.name, sa, sb, sb - sa, min(1.0, 2 * min(worse.p, better.p)), worse.p, len(ha),
+                   len(hb), kind="share", a_count=ka, b_count=kb, p_min=worse.p_min)  # fmt: skip
+    d.adverse = good_b / len(hb) < good_a / len(ha)
+    return d
+
+
+def _unmeasured(key: str, metric: str, measured_a: int, runs_a: int, n_b: int, kind: str) -> Difference:
+    d = Difference(key, metric, None, None, None, None, None, measured_a, 0, kind=kind)
+    if measured_a == runs_a:
+        d.status = Status.NO_LONGER_MEASURED
+        d.note = f"measured in {measured_a}/{runs_a} baseline runs, in none of {n_b} now"
+    else:
+        d.note = f"measured in {measured_a}/{runs_a} baseline runs, in none of {n_b} now: not compared"
+    return d
+
+
+def _timing_difference(key: str, metric: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]],
+                       threshold: float) -> Difference | None:  # fmt: skip
+    """A timing or count of B's runs against A's, with its raw rank test and its noise floor; None when the
+    baseline never measured it."""
+    va = [v for r in ra if (v := as_float(r.get(metric))) is not None]
+    vb = [v for r in rb if (v := as_float(r.get(metric))) is not None]
+    if not va:
+        return None
+    if not vb:
+        return _unmeasured(key, metric, len(va), len(ra), len(rb), "timing")
+    ma, mb = statistics.median(va), statistics.median(vb)
+    change = (mb - ma) / abs(ma) if ma else (0.0 if mb == ma else math.copysign(math.inf, mb - ma))
+    test = mann_whitney(vb, va)
+    assert test is not None
+    lower = metric in LOWER_IS_BETTER
+    noise = max(va) - min(va)
+    floor = max(threshold * abs(ma), noise)
+    bad_move = (mb - ma) if lower else (ma - mb)
+    d = Difference(key, metric, ma, mb, change, test.p_two_sided, test.p_greater if lower else test.p_less,
+                   len(va), len(vb), noise=noise, p_min=rank_min_p(va, vb, b_greater=lower))  # fmt: skip
+    d.adverse = bad_move > floor
+    if bad_move > 0 and not d.adverse:
+        d.note = f"within the noise floor ({_f(floor)}: threshold {threshold:.0%} of the median, baseline range {_f(noise)})"
+    return d
 
 
 def compare(
@@ -97,48 +306,129 @@ def compare(
     threshold: float = 0.2,
     alpha: float = 0.05,
 ) -> list[Difference]:
-    """Differences of B against A for every key (``scenario`` or ``fault``) present in both."""
-    ga, gb = _groups(a_rows, by), _groups(b_rows, by)
+    """Every figure of B against A for every key (``scenario`` or ``fault``) present in both, each classified
+    (``status``, ``regression``) with the family-wise correction over all of them (:func:`assess`): the rules
+    of this module's docstring. Keys in only one set are not compared."""
+    ga, gb = groups(a_rows, by), groups(b_rows, by)
     out: list[Difference] = []
     for key in sorted(set(ga) & set(gb)):
         ra, rb = ga[key], gb[key]
-        rec_a = sum(1 for r in ra if r.get("outcome") == "recovered")
-        rec_b = sum(1 for r in rb if r.get("outcome") == "recovered")
-        if rec_a == len(ra) and rec_b < len(rb):
-            out.append(Difference(key, "recovered", 1.0, rec_b / len(rb), None, None, None, len(ra), len(rb), True,
-                                  f"recovered {rec_a}/{len(ra)} before, {rec_b}/{len(rb)} now"))  # fmt: skip
-        fid_a = {str(r.get("fidelity")) for r in ra}
-        fid_b = {str(r.get("fidelity")) for r in rb}
-        if fid_a == {"exact"} and "diverged" in fid_b:
-            out.append(Difference(key, "fidelity", None, None, None, None, None, len(ra), len(rb), True,
-                                  "exact before, diverged now"))  # fmt: skip
+        for share in SHARES:
+            if (d := _share_difference(key, share, ra, rb)) is not None:
+                out.append(d)
         for metric in LOWER_IS_BETTER + HIGHER_IS_BETTER:
-            va = [v for r in ra if (v := as_float(r.get(metric))) is not None]
-            vb = [v for r in rb if (v := as_float(r.get(metric))) is not None]
-            if not va or not vb:
-                continue
-            ma, mb = statistics.median(va), statistics.median(vb)
-            change = (mb - ma) / abs(ma) if ma else (0.0 if mb == ma else math.inf)
-            test = mann_whitney(vb, va)
-            assert test is not None
-            lower = metric in LOWER_IS_BETTER
-            p_worse = test.p_greater if lower else test.p_less
-            worse = change > threshold if lower else change < -threshold
-            min_p = 1 / math.comb(len(va) + len(vb), len(va))
-            note = ""
-            if worse and min_p > alpha:
-                note = f"too few repeats for p <= {alpha} (smallest possible p = {min_p:.3g})"
-            out.append(Difference(key, metric, ma, mb, change, test.p_two_sided, p_worse, len(va), len(vb),
-                                  bool(worse and p_worse <= alpha), note))  # fmt: skip
+            if (t := _timing_difference(key, metric, ra, rb, threshold)) is not None:
+                out.append(t)
+    assess(out, alpha)
     return out
 
 
-def markdown(diffs: Sequence[Difference], title: str) -> str:
-    lines = [f"## {title}", "", "| key | metric | A median | B median | change | p (two-sided) | regression | note |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]  # fmt: skip
+def family(diffs: Sequence[Difference], alpha: float) -> list[Difference]:
+    """The comparisons the correction covers: every tested one whose smallest attainable p is <= ``alpha``
+    (one that cannot reach ``alpha`` alone is never rejected, so leaving it out keeps the guarantee)."""
+    return [d for d in diffs if d.p_worse is not None and d.p_min is not None and at_most(d.p_min, alpha)]
+
+
+def assess(diffs: Sequence[Difference], alpha: float) -> int:
+    """Holm-adjust the family's p-values together (``p_holm``) and classify every comparison (``status``,
+    ``regression``, ``needs``), in place. Returns the family size m."""
+    fam = family(diffs, alpha)
+    for d, adjusted in zip(fam, holm([d.p_worse or 1.0 for d in fam]), strict=True):
+        d.p_holm = adjusted
     for d in diffs:
-        ch = "—" if d.change is None or math.isinf(d.change) else f"{d.change:+.1%}"
-        p = "—" if d.p_two_sided is None else f"{d.p_two_sided:.3g}"
-        lines.append(f"| {d.key} | {d.metric} | {_f(d.a_median)} | {_f(d.b_median)} | {ch} | {p} | "
-                     f"{'**yes**' if d.regression else 'no'} | {d.note} |")  # fmt: skip
+        classify(d, alpha, len(fam))
+    return len(fam)
+
+
+def _good_a(d: Difference) -> int:
+    """The baseline's count of the good side of a share (its runs recovered; its runs that did not give up)."""
+    share = next(s for s in SHARES if s.name == d.metric)
+    count = d.a_count or 0
+    return count if share.good else d.n_a - count
+
+
+def best_p(d: Difference, n_b: int | None = None) -> float:
+    """The smallest one-sided p that ``n_b`` new repeats (default: as many as ``d`` has) could give against
+    the baseline's repeats of ``d``, whatever they turn out to be: complete separation, ``1 / C(n_a + n_b,
+    n_a)`` for a timing (assuming no ties), B good in none of its runs for a share (Fisher's p with the
+    baseline's good count). 1 for a share with no good baseline run (it cannot get worse)."""
+    n = d.n_b if n_b is None else n_b
+    if d.kind == "share":
+        good_a = _good_a(d)
+        return fisher_worse(good_a, d.n_a, 0, n).p if good_a and n else 1.0
+    return 1 / math.comb(d.n_a + n, d.n_a) if n else 1.0
+
+
+def needed_repeats(d: Difference, level: float, most: int = 1000) -> int | None:
+    """The fewest new repeats, more than ``d`` has, against the same baseline repeats, that could give a
+    one-sided p <= ``level`` (:func:`best_p`). None when no number up to ``most`` would."""
+    for n in range(d.n_b + 1, most + 1):
+        if at_most(best_p(d, n), level):
+            return n
+    return None
+
+
+def classify(d: Difference, alpha: float, family_size: int) -> Status:
+    """Set ``d.status`` (and ``regression``, ``needs``) for a family of ``family_size`` at ``alpha``: a
+    regression when its Holm-adjusted p is <= ``alpha`` and it moved the bad way beyond its noise floor;
+    undecided when it so moved but even complete separation with these repeats (:func:`best_p`) could not
+    reach the first Holm level ``alpha / family_size``; not significant when it could have and did not. A key whose comparisons include no undecided one is decided at these
+    repeats (:func:`decided`)."""
+    if d.p_worse is None:  # not tested: no longer measured, or not compared
+        d.regression = d.status.fails
+        return d.status
+    m = max(family_size, 1)
+    if not d.adverse:
+        if d.p_min is not None and d.p_min >= 1:
+            d.status = Status.NOT_COMPARED  # the same value in every run of both sets: nothing to test
+        elif d.note.startswith("within the noise floor"):
+            d.status = Status.WITHIN_NOISE
+        elif d.change == 0:
+            d.status = Status.UNCHANGED
+        else:
+            d.status = Status.IMPROVED
+    elif d.p_holm is not None and at_most(d.p_holm, alpha):
+        d.status = Status.REGRESSION
+    elif not at_most(best := best_p(d), alpha / m):
+        d.status = Status.UNDECIDED
+        d.needs = needed_repeats(d, alpha / m)
+        smallest = f" (smallest possible p {best:.3g} > {alpha / m:.2g})"
+        more = f": needs {d.needs} new repeats against the baseline's {d.n_a}" if d.needs else ""
+        d.note = f"not decidable with {d.n_a} vs {d.n_b} repeats{smallest}{more}"
+    else:
+        d.status = Status.NOT_SIGNIFICANT
+    d.regression = d.status.fails
+    return d.status
+
+
+def decided(diffs: Sequence[Difference]) -> bool:
+    """Whether these comparisons (one key's, say) are decided: none is :attr:`Status.UNDECIDED`. A caller that
+    repeats a scenario until it is decided asks this after each repeat (with :func:`compare` or
+    :func:`classify` at the level it spends)."""
+    return not any(d.status is Status.UNDECIDED for d in diffs)
+
+
+def markdown(diffs: Sequence[Difference], title: str, preamble: Sequence[str] = ()) -> str:
+    """The comparison as a Markdown table, one row per comparison that was tested or noted (a figure with the
+    same value in every run of both sets is left out), after ``preamble`` lines."""
+    lines = [f"## {title}", ""]
+    if preamble:
+        lines += [*preamble, ""]
+    lines += ["| key | metric | A | B | change | noise (A range) | p (one-sided) | Holm p | finding | note |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]  # fmt: skip
+    for d in diffs:
+        if d.status is Status.NOT_COMPARED and not d.note:
+            continue
+        if d.kind == "share":
+            a = "—" if d.a_count is None else f"{d.a_count}/{d.n_a}"
+            b = "—" if d.b_count is None else f"{d.b_count}/{d.n_b}"
+            ch = "—" if d.change is None else f"{d.change * 100:+.0f} pp"
+        else:
+            a, b = _f(d.a_median), _f(d.b_median)
+            ch = "—" if d.change is None or math.isinf(d.change) else f"{d.change:+.1%}"
+        noise = "—" if d.noise is None else _f(d.noise)
+        p = "—" if d.p_worse is None else f"{d.p_worse:.3g}"
+        ph = "—" if d.p_holm is None else f"{d.p_holm:.3g}"
+        finding = f"**{d.status.value}**" if d.regression else d.status.value
+        lines.append(f"| {d.key} | {d.metric} | {a} | {b} | {ch} | {noise} | {p} | {ph} | {finding} | {d.note} |")
     return "\n".join(lines) + "\n"

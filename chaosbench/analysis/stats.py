@@ -7,6 +7,7 @@ and are deterministic for a seed.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -104,7 +105,10 @@ def mann_whitney(a: Sequence[float], b: Sequence[float], exact_limit: int = 20) 
     ties = distinct < len(pooled)
     method: str | scipy_stats.PermutationMethod = "asymptotic"
     if small and not ties:
-        method = "exact"
+        # without ties the exact p depends only on U and the sample sizes: computed once per (n1, n2, U)
+        u = float(sum(1 for x in xs for y in ys if x > y))
+        pg, pl = _exact_no_ties(n1, n2, u, tuple(xs), tuple(ys))
+        return RankTest(u, pg, pl, min(1.0, 2 * min(pg, pl)), True)
     elif small and min(n1, n2) == 1:
         return _one_observation_test(xs, ys)
     elif small:
@@ -113,6 +117,21 @@ def mann_whitney(a: Sequence[float], b: Sequence[float], exact_limit: int = 20) 
     less = scipy_stats.mannwhitneyu(xs, ys, alternative="less", method=method)
     pg, pl = float(greater.pvalue), float(less.pvalue)
     return RankTest(float(greater.statistic), pg, pl, min(1.0, 2 * min(pg, pl)), method != "asymptotic")
+
+
+_exact_cache: dict[tuple[int, int, float], tuple[float, float]] = {}
+
+
+def _exact_no_ties(n1: int, n2: int, u: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> tuple[float, float]:
+    """scipy's exact one-sided p-values (greater, less) for samples without ties, cached by ``(n1, n2, U)``: any
+    samples of these sizes with this U have these p-values (the exact null distribution of U)."""
+    key = (n1, n2, u)
+    if key not in _exact_cache:
+        greater = scipy_stats.mannwhitneyu(xs, ys, alternative="greater", method="exact")
+        less = scipy_stats.mannwhitneyu(xs, ys, alternative="less", method="exact")
+        assert float(greater.statistic) == u
+        _exact_cache[key] = (float(greater.pvalue), float(less.pvalue))
+    return _exact_cache[key]
 
 
 def _one_observation_test(xs: list[float], ys: list[float]) -> RankTest:
@@ -160,3 +179,60 @@ def median_difference_ci(a: Sequence[float], b: Sequence[float], confidence: flo
                                 rng=np.random.default_rng(seed))  # fmt: skip
     ci = res.confidence_interval
     return Estimate(diff, float(ci.low), float(ci.high), n, confidence)
+
+
+@dataclass(frozen=True)
+class ShareTest:
+    """Fisher's exact test, one-sided, that B's share of good runs is lower than A's (``p``), and the smallest
+    p any table with the same margins could give (``p_min``: B good in as few runs as the pooled good count
+    allows). Conditional on the margins (the pooled good count), as Fisher's test is: a share that is the same
+    in every run of both sets (3/3 and 3/3) has ``p_min`` 1, so it cannot be a finding at any level."""
+
+    p: float
+    p_min: float
+
+
+@functools.lru_cache(maxsize=4096)
+def fisher_worse(good_a: int, n_a: int, good_b: int, n_b: int) -> ShareTest:
+    """One-sided Fisher's exact test that B's rate of good runs (``good_b`` of ``n_b``) is lower than A's
+    (``good_a`` of ``n_a``): ``scipy.stats.fisher_exact([[good_a, n_a - good_a], [good_b, n_b - good_b]],
+    alternative="greater")``, and the smallest p the margins allow (:class:`ShareTest`). ValueError when a count
+    is outside ``[0, n]`` or a side has no run."""
+    if n_a <= 0 or n_b <= 0 or not (0 <= good_a <= n_a and 0 <= good_b <= n_b):
+        raise ValueError(f"bad counts {good_a}/{n_a}, {good_b}/{n_b}")
+    table = [[good_a, n_a - good_a], [good_b, n_b - good_b]]
+    p = float(scipy_stats.fisher_exact(table, alternative="greater").pvalue)
+    pooled = good_a + good_b
+    # the most extreme table with these margins: A holds as many of the good runs as it can
+    p_min = float(scipy_stats.hypergeom.pmf(min(n_a, pooled), n_a + n_b, pooled, n_a))
+    return ShareTest(min(1.0, p), min(1.0, p_min))
+
+
+def rank_min_p(a: Sequence[float], b: Sequence[float], b_greater: bool = True) -> float:
+    """The smallest one-sided p (b greater than a, or less with ``b_greater`` False) that :func:`mann_whitney`
+    can give for these pooled values split into samples of these sizes: the split where b holds the largest
+    (smallest) values. 1 when every value is the same or a sample is empty. Without ties and in the exact range
+    it is ``1 / C(n_a + n_b, n_a)``."""
+    xs, ys = _present(a), _present(b)
+    if not xs or not ys:
+        return 1.0
+    pooled = sorted(xs + ys, reverse=b_greater)
+    top, rest = pooled[: len(ys)], pooled[len(ys):]
+    test = mann_whitney(top, rest)
+    assert test is not None
+    return test.p_greater if b_greater else test.p_less
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the i-th smallest p times the number of p-values
+    not smaller in rank (m - i + 1), made non-decreasing in rank, at most 1. Rejecting every hypothesis whose
+    adjusted p is <= alpha keeps the chance of any false rejection among them <= alpha, whatever their
+    dependence (Holm 1979)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out

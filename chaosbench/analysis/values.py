@@ -12,6 +12,10 @@ def is_missing(value: Any) -> bool:
     """True for ``None``, NaN, ``pd.NA``/``NaT`` and empty or null-like strings."""
     if value is None:
         return True
+    if isinstance(value, (bool, int)):  # the common cases, without asking pandas
+        return False
+    if isinstance(value, float):
+        return math.isnan(value)
     if isinstance(value, str):
         return value.strip().lower() in _MISSING_TEXT
     if isinstance(value, (list, tuple, dict, set)):

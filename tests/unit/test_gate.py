@@ -106,11 +106,24 @@ def test_a_harness_error_or_an_interruption_is_exit_1_and_beats_everything(regre
     assert Gate("ci", [missed_run()], comparison=regressed, interrupted=True).exit_code() == EXIT_HARNESS
 
 
-def test_too_few_repeats_is_a_note_not_a_regression(tmp_path: Path) -> None:
+def test_too_few_repeats_is_undecided_not_a_regression(tmp_path: Path) -> None:
     cmp = Comparison.of(result_set(tmp_path / "base.csv", BASE[:2]), result_set(tmp_path / "now", SLOWER[:2]))
     assert cmp.regressions == []
-    assert [d.metric for d in cmp.notes] == ["time_to_resume_s"] and "too few repeats" in cmp.notes[0].note
+    assert [d.metric for d in cmp.notes] == [d.metric for d in cmp.undecided] == ["time_to_resume_s"]
+    assert cmp.notes[0].note.startswith("not decidable with 2 vs 2 repeats")
+    assert cmp.verdict().startswith("0 regressions, 1 comparisons undecidable with these repeats; Holm over a "
+                                    "family of 0 comparisons at alpha 0.05")  # fmt: skip
+    # undecided is not a regression: the exit code is what the SLOs say
     assert Gate("ci", [ok_run()], comparison=cmp).exit_code() == EXIT_OK
+    assert Gate("ci", [missed_run()], comparison=cmp).exit_code() == EXIT_SLO
+    gate = Gate("ci", [ok_run()], comparison=cmp)
+    gate.write_junit(tmp_path / "j.xml")
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("2", "0", "1")
+    skipped = root.findall("testcase")[1].find("skipped")
+    assert skipped is not None and "not decidable with 2 vs 2 repeats" in (skipped.get("message") or "")
+    md = gate.summary_markdown()
+    assert "### Undecidable with these repeats (not failed)" in md and "1 comparisons undecidable" in md
 
 
 def test_harness_errors_are_the_runs_with_status_error() -> None:
@@ -133,8 +146,17 @@ def test_junit_and_summary(tmp_path: Path, regressed: Comparison) -> None:
     gate = Gate("ci", [a, b, c], {"/r/2": "harness exploded"}, comparison=regressed)
     gate.write_junit(tmp_path / "j.xml")
     root = ET.parse(tmp_path / "j.xml").getroot()
-    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "1", "1")
+    # 3 runs and the one comparison tested (time_to_resume_s: a regression)
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("4", "2", "1")
     cases = root.findall("testcase")
+    reg = cases[3]
+    assert (reg.get("classname"), reg.get("name")) == ("ci.baseline.restart/kill", "time_to_resume_s")
+    props = {p.get("name"): p.get("value") for p in reg.iter("property")}
+    assert props == {"finding": "regression", "baseline": "3.1", "now": "5.1", "change": "0.6452", "p": "0.05",
+                     "p_holm": "0.05", "family": "1", "alpha": "0.05", "baseline_noise": "0.2", "repeats": "3 vs 3"}
+    failure = reg.find("failure")
+    assert failure is not None and failure.get("message") == (
+        "restart/kill: time_to_resume_s 3.1 -> 5.1 (+65%), p=0.05, Holm p=0.05: regression")
     fail = cases[1].find("failure")
     assert fail is not None and MISS in (fail.text or "") and "run directory: /r/1" in (fail.text or "")
     err = cases[2].find("error")
@@ -143,6 +165,8 @@ def test_junit_and_summary(tmp_path: Path, regressed: Comparison) -> None:
     md = Gate("ci", [a, b], comparison=regressed).summary_markdown()
     assert "2 runs, 1 missed an SLO, 1 regressions." in md and "MISSED: lost_steps = 12 (want &lt;= 10.0)" in md
     assert "### Regressions against the baseline" in md and "- restart/kill: time_to_resume_s 3.1 -> 5.1" in md
+    assert "1 regressions, 0 comparisons undecidable with these repeats; Holm over a family of 1" in md
+    assert "gate power: 3 baseline vs 3 new repeats per scenario" in md
 
 
 def test_an_error_wins_over_a_miss_in_junit(tmp_path: Path) -> None:
@@ -162,7 +186,7 @@ def test_write_puts_each_file_where_ci_reads_it(tmp_path: Path, regressed: Compa
         ["baseline-comparison.md", "summary.md"]  # fmt: skip
     assert (tmp_path / "s.md").read_text() == (suite_dir / SUMMARY_FILE).read_text()
     assert "| restart/kill | time_to_resume_s |" in (suite_dir / COMPARISON_FILE).read_text()
-    assert ET.parse(tmp_path / "j.xml").getroot().get("tests") == "1"
+    assert ET.parse(tmp_path / "j.xml").getroot().get("tests") == "2"  # the run and the comparison
 
 
 # ------------------------------------------------------------------------------------------------ callers
@@ -185,9 +209,10 @@ def test_cli_prints_what_it_gates_on(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert code == EXIT_HARNESS
     assert "chaosbench: error: /r/2: harness exploded" in err
     assert f"SLO missed: restart/kill #1: {MISS} (/r/1)" in err
-    assert "regression: restart/kill: time_to_resume_s 3.1 -> 5.1 (+65%), p=0.05" in err
+    assert "regression: restart/kill: time_to_resume_s 3.1 -> 5.1 (+65%), p=0.05, Holm p=0.05: regression" in err
+    assert "baseline: 1 regressions, 0 comparisons undecidable" in err
     assert (tmp_path / "now" / "baseline-comparison.md").is_file() and (tmp_path / "now" / "summary.md").is_file()
-    assert ET.parse(tmp_path / "ci.xml").getroot().get("failures") == "1"
+    assert ET.parse(tmp_path / "ci.xml").getroot().get("failures") == "2"  # the SLO miss and the regression
     assert cli_gate(tmp_path, monkeypatch, [ok_run(0), missed_run(1)], baseline=base) == EXIT_REGRESSION
     assert cli_gate(tmp_path, monkeypatch, [ok_run(0), missed_run(1)]) == EXIT_SLO
     assert cli_gate(tmp_path, monkeypatch, [ok_run(0)]) == EXIT_OK
@@ -200,7 +225,7 @@ def test_cli_compare_uses_the_same_comparison(tmp_path: Path, capsys) -> None:
     assert cli.main(["compare", str(base), str(now), "--out", str(tmp_path / "cmp.md")]) == EXIT_OK
     out = capsys.readouterr().out
     assert out.strip() == Comparison.of(base, now).markdown().strip() == (tmp_path / "cmp.md").read_text().strip()
-    assert f"## {now} against {base}" in out and "| **yes** |" in out
+    assert f"## {now} against {base}" in out and "| **regression** |" in out
     other = tmp_path / "other.csv"
     pd.DataFrame([{"scenario": "torchrun/hang", "control": False, "time_to_resume_s": 1.0}]).to_csv(other)
     assert cli.main(["compare", str(base), str(other)]) == EXIT_HARNESS
@@ -277,4 +302,5 @@ def test_cli_and_the_plugins_baseline_item_agree(now: str, tmp_path: Path, monke
     assert code == (EXIT_REGRESSION if now == "slower" else EXIT_OK)
     assert (failure is None) == (code == EXIT_OK)
     if failure is not None:
-        assert failure == f"regressions against {base}:\n  restart/kill: time_to_resume_s 3.1 -> 5.1 (+65%), p=0.05"
+        assert failure == (f"regressions against {base}:\n  restart/kill: time_to_resume_s 3.1 -> 5.1 (+65%), p=0.05, "
+                           "Holm p=0.05: regression")

@@ -220,3 +220,29 @@ def test_fault_classes() -> None:
     assert fault_class("local-node-kill") == "node"
     assert fault_class("straggler") is None
     assert sum(LLAMA3_MIX.weights.values()) == 419
+
+
+def test_holm_adjusted_p_values() -> None:
+    from chaosbench.analysis.stats import holm
+
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, 2 x 0.03, then kept non-decreasing: 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+def test_exact_rank_test_without_ties_matches_scipy_and_its_smallest_p() -> None:
+    from scipy import stats as scipy_stats
+
+    from chaosbench.analysis.stats import rank_min_p
+
+    rng = random.Random(3)
+    for _ in range(20):
+        a = [rng.random() for _ in range(rng.randint(1, 6))]
+        b = [rng.random() for _ in range(rng.randint(2, 6))]
+        t = mann_whitney(a, b)
+        assert t is not None
+        ref = scipy_stats.mannwhitneyu(a, b, alternative="greater", method="exact")
+        assert (t.u, t.p_greater) == (pytest.approx(float(ref.statistic)), pytest.approx(float(ref.pvalue)))
+        assert rank_min_p(b, a) == pytest.approx(1 / math.comb(len(a) + len(b), len(a)))
+    assert rank_min_p([1.0, 1.0], [1.0, 1.0]) == 1.0
