@@ -6,7 +6,9 @@ Exit codes: 0 the suite ran and met its SLOs (a suite without SLOs: whatever the
 results, in :mod:`chaosbench.gate`. A comparison with the baseline that the repeats cannot decide ("not decidable
 with 3 vs 3 repeats: needs N") is not a regression: it leaves the exit code as it is (0, or 3 with an SLO miss),
 and is printed as a note and counted in the summary and the JUnit XML (skipped). ``run --baseline`` prints what
-the gate can detect with the suite's repeats and the baseline's before the first run.
+the gate can detect with the suite's repeats and the baseline's before the first run. A scenario with
+``repeats: {max: N, until: decided}`` stops once its verdict can no longer change
+(:mod:`chaosbench.analysis.sequential`); each stop is printed, with how many repeats ran and why.
 """
 
 from __future__ import annotations
@@ -367,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
     r.add_argument("--baseline", metavar="CSV|DIR",
                    help="fail (exit 4) on regressions against this result set; prints first what its repeats and "
-                        "the suite's can detect")  # fmt: skip
+                        "the suite's can detect; scenarios with repeats: {max: N, until: decided} stop once their "
+                        "verdict against it (and their SLOs) can no longer change")  # fmt: skip
     r.add_argument("--threshold", type=float, default=0.2,
                    help="relative change of a timing that counts, besides the baseline's own range (default 0.2)")
     r.add_argument("--alpha", type=float, default=0.05,
