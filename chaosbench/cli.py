@@ -59,9 +59,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
                   "slos": sc.to_dict()["slos"], "plan": plan.to_dict()}
                  for sc, plan in runner.plans()]  # fmt: skip
+        until = {key: {"min": d.min_repeats, "max": d.max, "looks": d.looks} for key, d in suite.until_decided().items()}
         print(json.dumps({"suite": suite.name, "runs_total": n, "wall_bound_s": bound_s,
-                          "detection_outlook": outlook, "timeout_problems": problems, "runs": plans},
-                         indent=2, default=str))  # fmt: skip
+                          "detection_outlook": outlook, "timeout_problems": problems, "runs": plans,
+                          "repeats_until_decided": until}, indent=2, default=str))  # fmt: skip
         return EXIT_OK
 
     from chaosbench.errors import Unsupported

@@ -265,3 +265,24 @@ def test_a_resumed_suite_goes_on_where_an_undecided_scenario_was_left(monkeypatc
     ran.clear()
     Runner(_suite(slos=SLOS), tmp_path)._run(True, None)
     assert ran == [f"restart/kill#{i}" for i in range(1, 5)] + ["none/control#0"] + [f"none/kill#{i}" for i in range(5)]
+
+
+def test_a_dry_run_states_each_scenario_repeated_until_decided(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    from chaosbench.analysis.baseline import load_rows
+    from chaosbench.cli import main
+    from tests.unit.test_baseline_rules import CI_BASELINE, ROOT
+
+    text = (ROOT / "suites/ci.yaml").read_text().replace("  repeats: 3", "  repeats: {max: 8, until: decided}")
+    suite = tmp_path / "ci.yaml"
+    suite.write_text(text)
+    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o"), "--baseline", str(CI_BASELINE)]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["runs_total"] == 2 + 4 * 8
+    assert doc["repeats_until_decided"]["restart/kill-rank1"] == {"min": 2, "max": 8, "looks": 7}
+    assert "suite 'ci': at most 34 runs" in err
+    assert ("  restart/kill-rank1: 2 to 8 repeats, 7 looks; its SLOs are settled only by a miss (while every run "
+            "meets them it runs max)") in err  # fmt: skip
+    rule = StoppingRule.for_suite(make_suite(text), load_rows(CI_BASELINE))
+    assert rule.family_bound == 68  # the power statement's bound: 4 scenarios x 17 figures the baseline measured
