@@ -6,7 +6,9 @@ Exit codes: 0 the suite ran and met its SLOs (a suite without SLOs: whatever the
 results, in :mod:`chaosbench.gate`. A comparison with the baseline that the repeats cannot decide ("not decidable
 with 3 vs 3 repeats: needs N") is not a regression: it leaves the exit code as it is (0, or 3 with an SLO miss),
 and is printed as a note and counted in the summary and the JUnit XML (skipped). ``run --baseline`` prints what
-the gate can detect with the suite's repeats and the baseline's before the first run.
+the gate can detect with the suite's repeats and the baseline's before the first run. A scenario with
+``repeats: {max: N, until: decided}`` stops once its verdict can no longer change
+(:mod:`chaosbench.analysis.sequential`); each stop is printed, with how many repeats ran and why.
 """
 
 from __future__ import annotations
@@ -41,24 +43,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpecError(f"--jobs {args.jobs}: give 1 or more runs at once")
     n, bound_s, over = suite_limits(suite, args.jobs)
     at_once = f", {args.jobs} at once" if args.jobs > 1 else ""
-    _progress(f"suite '{suite.name}': {n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
+    _progress(f"suite '{suite.name}': {'at most ' if suite.until_decided() else ''}{n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
               f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})")  # fmt: skip
     if over and not args.yes:
         raise SpecError(f"{args.suite}: suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats "
                         f"and defaults.deadline_s); pass --yes to run it anyway")  # fmt: skip
-    runner = Runner(suite, args.out)
+    runner = Runner(suite, args.out, stopping=_stopping(args, suite))
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
     if args.baseline:
         _print_power(args, suite)
+    _print_until_decided(args, suite)
     if args.dry_run:
         plans = [{"scenario": sc.id, "repeat": sc.repeat, "deadline_s": sc.deadline_s,
                   "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
                   "slos": sc.to_dict()["slos"], "plan": plan.to_dict()}
                  for sc, plan in runner.plans()]  # fmt: skip
+        until = {key: {"min": d.min_repeats, "max": d.max, "looks": d.looks} for key, d in suite.until_decided().items()}
         print(json.dumps({"suite": suite.name, "runs_total": n, "wall_bound_s": bound_s,
-                          "detection_outlook": outlook, "timeout_problems": problems, "runs": plans},
-                         indent=2, default=str))  # fmt: skip
+                          "detection_outlook": outlook, "timeout_problems": problems, "runs": plans,
+                          "repeats_until_decided": until}, indent=2, default=str))  # fmt: skip
         return EXIT_OK
 
     from chaosbench.errors import Unsupported
@@ -92,7 +96,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if paths:
         _progress(f"report: {paths.get('report.html')}  (also {paths.get('report.md')})")
     metrics = [r.metrics for r in records if r.metrics is not None]
-    code = _gate(args, runner.suite_dir, suite.name, records, metrics, interrupted=runner.stop_requested.is_set())
+    repeats = [s.describe() for s in runner.settlements.values()]
+    code = _gate(args, runner.suite_dir, suite.name, records, metrics, interrupted=runner.stop_requested.is_set(),
+                 repeats=repeats)  # fmt: skip
     from chaosbench.manifest import write_manifest
 
     _progress(f"manifest: {write_manifest(runner.suite_dir, args.argv, Path(args.suite))}")
@@ -126,8 +132,39 @@ def _print_power(args: argparse.Namespace, suite: Any) -> None:
         _progress(line)
 
 
+def _stopping(args: argparse.Namespace, suite: Any) -> Any:
+    """When scenarios repeated until decided stop (:mod:`chaosbench.analysis.sequential`): against the
+    baseline when given, else on their SLOs alone; None when the suite has none."""
+    if not suite.until_decided():
+        return None
+    from chaosbench.analysis.baseline import load_rows
+    from chaosbench.analysis.sequential import StoppingRule
+
+    rows = load_rows(args.baseline) if args.baseline else None
+    return StoppingRule.for_suite(suite, rows, alpha=args.alpha, threshold=args.threshold)
+
+
+def _print_until_decided(args: argparse.Namespace, suite: Any) -> None:
+    """Before a suite runs: each scenario repeated until decided, its repeats and looks, and what can decide it."""
+    designs = suite.until_decided()
+    if not designs:
+        return
+    against = "the baseline and its SLOs" if args.baseline else "its SLOs (no --baseline)"
+    spent = "; the power line's levels divided by its looks" if args.baseline else ""
+    _progress(f"repeated until decided (stops once its verdict against {against} can no longer change; alpha "
+              f"spent over the looks: every p x its looks{spent}):")  # fmt: skip
+    for fw, names, _ in suite.cells():
+        sc = suite.scenario(fw, names, 0)
+        if (d := designs.get(sc.id)) is None:
+            continue
+        tail = "" if args.baseline or sc.slos else ": nothing to decide without a baseline or SLOs, runs max"
+        if sc.slos:
+            tail = "; its SLOs are settled only by a miss (while every run meets them it runs max)"
+        _progress(f"  {sc.id}: {d.min_repeats} to {d.max} repeats, {d.looks} looks{tail}")
+
+
 def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], metrics: list[Any],
-          interrupted: bool) -> int:  # fmt: skip
+          interrupted: bool, repeats: list[str] | None = None) -> int:  # fmt: skip
     """CI outputs and the exit code, from the gate (:mod:`chaosbench.gate`); here only what is printed."""
     from chaosbench.gate import Comparison, Gate, harness_errors
 
@@ -136,7 +173,7 @@ def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[A
         comparison = Comparison.of(args.baseline, suite_dir, threshold=args.threshold, alpha=args.alpha,
                                    title=f"{suite} against {args.baseline}")  # fmt: skip
     gate = Gate(suite, metrics, harness_errors(records), comparison=comparison,
-                interrupted=interrupted)  # fmt: skip
+                interrupted=interrupted, repeats=repeats or [])  # fmt: skip
     for d in gate.notes:
         _progress(f"note: {d.describe()}")
     gate.write(suite_dir, junit=args.junit, summary=args.summary)
@@ -333,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
     r.add_argument("--baseline", metavar="CSV|DIR",
                    help="fail (exit 4) on regressions against this result set; prints first what its repeats and "
-                        "the suite's can detect")  # fmt: skip
+                        "the suite's can detect; scenarios with repeats: {max: N, until: decided} stop once their "
+                        "verdict against it (and their SLOs) can no longer change")  # fmt: skip
     r.add_argument("--threshold", type=float, default=0.2,
                    help="relative change of a timing that counts, besides the baseline's own range (default 0.2)")
     r.add_argument("--alpha", type=float, default=0.05,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
@@ -68,6 +68,7 @@ class Comparison:
     alpha: float = 0.05
     family_size: int = 0
     power: Power | None = None
+    looks: dict[str, int] = field(default_factory=dict)  # keys repeated until decided: their looks
 
     @classmethod
     def of(
@@ -81,9 +82,15 @@ class Comparison:
         title: str | None = None,
     ) -> Comparison:
         """Load both result sets (suite directories or results CSVs) and compare them per ``by`` (``scenario``
-        or ``fault``). Raises :class:`~chaosbench.errors.ChaosbenchError` when one cannot be read."""
+        or ``fault``). Raises :class:`~chaosbench.errors.ChaosbenchError` when one cannot be read. A suite
+        directory B whose scenarios were repeated until decided (``repeats.json``) has their p-values multiplied
+        by their looks (:mod:`chaosbench.analysis.sequential`)."""
+        from chaosbench.analysis.sequential import recorded_looks
+
         a_rows, b_rows = load_rows(a), load_rows(b)
-        return cls.between(a_rows, b_rows, by=by, threshold=threshold, alpha=alpha, title=title or f"{b} against {a}")
+        looks = recorded_looks(b) if by == "scenario" else {}
+        return cls.between(a_rows, b_rows, by=by, threshold=threshold, alpha=alpha, title=title or f"{b} against {a}",
+                           looks=looks)  # fmt: skip
 
     @classmethod
     def between(
@@ -95,15 +102,16 @@ class Comparison:
         threshold: float = 0.2,
         alpha: float = 0.05,
         title: str = "B against A",
+        looks: Mapping[str, int] | None = None,
     ) -> Comparison:
-        """:meth:`of` on rows already loaded."""
+        """:meth:`of` on rows already loaded; ``looks``: key -> looks of a key repeated until decided."""
         from chaosbench.analysis.baseline import groups
 
-        diffs = compare(a_rows, b_rows, by=by, threshold=threshold, alpha=alpha)
+        diffs = compare(a_rows, b_rows, by=by, threshold=threshold, alpha=alpha, looks=looks)
         m = len(family(diffs, alpha))
         new = {k: len(v) for k, v in groups(b_rows, by).items()}
         stated = power(a_rows, new, alpha=alpha, threshold=threshold, by=by, family_size=m)
-        return cls(title, diffs, threshold, alpha, m, stated)
+        return cls(title, diffs, threshold, alpha, m, stated, dict(looks or {}))
 
     @property
     def regressions(self) -> list[Difference]:
@@ -123,9 +131,12 @@ class Comparison:
 
     def verdict(self) -> str:
         """One line: regressions, undecidable comparisons and the family they were corrected over."""
+        spent = {v for v in self.looks.values() if v > 1}
+        looks = "" if not spent else (f"; {len(self.looks)} scenarios repeated until decided: their p x their "
+                                      f"looks ({', '.join(str(v) for v in sorted(spent))})")  # fmt: skip
         return (f"{len(self.regressions)} regressions, {len(self.undecided)} comparisons undecidable with these "
                 f"repeats; Holm over a family of {self.family_size} comparisons at alpha {self.alpha:g} "
-                f"(the whole verdict's false-alarm rate <= {self.alpha:g})")  # fmt: skip
+                f"(the whole verdict's false-alarm rate <= {self.alpha:g}){looks}")  # fmt: skip
 
     def markdown(self) -> str:
         pre = [self.verdict()]
@@ -174,7 +185,8 @@ class Gate:
 
     ``metrics``: every run's metrics (SLO verdicts included); ``errors``: run directory -> reason for the runs
     the harness failed (:func:`harness_errors`); ``comparison``: against the baseline, if any; ``interrupted``:
-    the harness was stopped before the suite finished.
+    the harness was stopped before the suite finished; ``repeats``: one line per scenario repeated until
+    decided (how many repeats ran, why it stopped), for the summary.
     """
 
     def __init__(
@@ -185,8 +197,10 @@ class Gate:
         *,
         comparison: Comparison | None = None,
         interrupted: bool = False,
+        repeats: Sequence[str] = (),
     ) -> None:
         self.suite = suite
+        self.repeats = list(repeats)  # per scenario repeated until decided: how many ran and why it stopped
         self.metrics = list(metrics)
         self.errors = dict(errors or {})
         self.comparison = comparison
@@ -286,6 +300,8 @@ class Gate:
                 lines += ["", "```", *self.comparison.power.lines(), "```"]
         if regressions:
             lines += ["", "### Regressions against the baseline", ""] + [f"- {r}" for r in regressions]
+        if self.repeats:
+            lines += ["", "### Repeated until decided", ""] + [f"- {r}" for r in self.repeats]
         undecided = [d.describe() for d in self.undecided]
         if undecided:
             lines += ["", "### Undecidable with these repeats (not failed)", ""] + [f"- {r}" for r in undecided]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from chaosbench.analysis.metrics import RunMetrics
+from chaosbench.analysis.sequential import REPEATS_FILE, Settlement, StoppingRule
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.fault_control import FaultController
 from chaosbench.frameworks.base import (
@@ -36,7 +37,7 @@ from chaosbench.injectors.base import Injector, RunSetup
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 from chaosbench.runtimes.base import RunInfo, Runtime
-from chaosbench.specs import FaultSpec, Scenario, Suite
+from chaosbench.specs import FaultSpec, Scenario, Suite, UntilDecided
 from chaosbench.timeline import TIMELINE_VERSION, Event, TimelineFollower, TimelineWriter
 from chaosbench.timeline.schema import harness_writer
 from chaosbench.workloads.base import Workload
@@ -175,6 +176,23 @@ def describe_outlook(rec: dict[str, Any]) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class _Cell:
+    """A framework x fault schedule of the suite and its repeats: ``bound`` runs at most, from suite index
+    ``first_index``; ``design`` when repeated until decided; ``has_slos``: its runs carry SLOs."""
+
+    framework: str
+    faults: list[str]
+    bound: int
+    first_index: int
+    design: UntilDecided | None
+    has_slos: bool
+
+    @property
+    def id(self) -> str:
+        return f"{self.framework}/{'+'.join(self.faults) or 'control'}"
+
+
 @dataclass
 class RunRecord:
     scenario: Scenario
@@ -197,8 +215,14 @@ class Runner:
         suite: Suite,
         out_dir: str | Path,
         progress: Progress | Callable[[str], None] | None = None,
+        stopping: StoppingRule | None = None,
     ) -> None:
+        """``stopping``: when a scenario repeated until decided stops (:mod:`chaosbench.analysis.sequential`;
+        default: without a baseline, on its SLOs alone)."""
         self.suite = suite
+        self.stopping = stopping or StoppingRule(None)
+        #: Scenario id -> why it stopped, for each scenario repeated until decided that has.
+        self.settlements: dict[str, Settlement] = {}
         self.out_dir = Path(out_dir).resolve()
         self.suite_dir = self.out_dir / suite.name
         self.progress: Progress = progress if progress is not None and not callable(progress) else _Lines(progress)
@@ -390,28 +414,106 @@ class Runner:
 
         self.prepare(resume)
         total = self.suite.run_count()
-        pending: list[tuple[int, Scenario]] = []
-        for i, sc in enumerate(self.suite.iter_scenarios(), 1):
-            label = f"{sc.id} #{sc.repeat}"
-            if resume and (done := self._finished(sc)) is not None:
-                done.index = i
-                self.records.append(done)
-                self.progress.skipped(label, f"finished earlier ({done.metrics.outcome if done.metrics else '?'})")
-                continue
-            if slots is not None:
-                pending.append((i, sc))
-                continue
-            if self.stop_requested.is_set():
-                self.progress.message(f"stopped: {total - i + 1} runs not started")
-                break
-            self._run_in_slot(i, sc, {}, follow=True)
-        if slots is not None:
-            self._run_concurrently(pending, slots)
+        cells = self._cells()
+        if slots is None:
+            for cell in cells:
+                if not self._run_cell(cell, resume, total):
+                    break
+        else:
+            self._run_cells_concurrently(cells, resume, slots)
         self.records.sort(key=lambda r: r.index)
+        self._write_settlements()
         metrics = [r.metrics for r in self.records if r.metrics is not None]
         if metrics:
             write_table(self.suite_dir, metrics)
         return self.records
+
+    def _cells(self) -> list[_Cell]:
+        """Every cell of the suite in run order, with the 1-based index of its first run (a cell repeated until
+        decided takes the places of its ``max`` runs: the indices stay those of the suite's order)."""
+        designs = self.suite.until_decided()
+        out, first = [], 1
+        for fw, names, bound in self.suite.cells():
+            sc = self.suite.scenario(fw, names, 0)
+            out.append(_Cell(fw, names, bound, first, designs.get(sc.id), bool(sc.slos) and not sc.control))
+            first += bound
+        return out
+
+    def _take(self, cell: _Cell, rep: int, resume: bool) -> tuple[int, Scenario] | None:
+        """Repeat ``rep`` of ``cell``: None when an earlier harness finished it (``resume``: its record kept),
+        else its index and scenario, to run."""
+        sc = self.suite.scenario(cell.framework, cell.faults, rep)
+        i = cell.first_index + rep
+        if resume and (done := self._finished(sc)) is not None:
+            done.index = i
+            self.records.append(done)
+            self.progress.skipped(f"{sc.id} #{sc.repeat}", f"finished earlier ({done.metrics.outcome if done.metrics else '?'})")
+            return None
+        return i, sc
+
+    def _settled(self, cell: _Cell) -> bool:
+        """Whether a cell repeated until decided stops now (decided, or ``max`` reached); says so once when it
+        does. Always False for a cell of fixed repeats."""
+        if cell.design is None or cell.id in self.settlements:
+            return cell.id in self.settlements
+        rows = [r.metrics.to_dict() for r in self.records if r.scenario.id == cell.id and r.metrics is not None]
+        done = sum(1 for r in self.records if r.scenario.id == cell.id)
+        if done < cell.design.min_repeats:
+            return False
+        settlement = self.stopping.settle(cell.id, cell.design, rows, cell.has_slos)
+        if settlement.stops or done >= cell.design.max:
+            self.settlements[cell.id] = settlement
+            self.progress.message(f"repeats: {settlement.describe()}")
+            return True
+        return False
+
+    def _run_cell(self, cell: _Cell, resume: bool, total: int) -> bool:
+        """Every repeat of ``cell`` in turn (until decided, for such a cell); False when a stop was requested."""
+        for rep in range(cell.bound):
+            if self._settled(cell):
+                return True
+            if (todo := self._take(cell, rep, resume)) is None:
+                continue
+            i, sc = todo
+            if self.stop_requested.is_set():
+                self.progress.message(f"stopped: at most {total - i + 1} runs not started")
+                return False
+            self._run_in_slot(i, sc, {}, follow=True)
+        self._settled(cell)
+        return True
+
+    def _run_cells_concurrently(self, cells: list[_Cell], resume: bool, slots: list[dict[str, Any]]) -> None:
+        """With ``--jobs``: every run of the fixed cells and the first ``min`` repeats of the cells repeated until
+        decided at once (controls first), then rounds of one more repeat of each cell not yet decided."""
+        pending = []
+        for cell in cells:
+            first = cell.bound if cell.design is None else cell.design.min_repeats
+            pending += [t for rep in range(first) if (t := self._take(cell, rep, resume)) is not None]
+        next_rep = {c.id: c.design.min_repeats for c in cells if c.design is not None}
+        while True:
+            if pending:
+                self._run_concurrently(pending, slots)
+            if self.stop_requested.is_set():
+                return
+            pending = []
+            for cell in cells:
+                while cell.id in next_rep and not self._settled(cell) and next_rep[cell.id] < cell.bound:
+                    rep = next_rep[cell.id]
+                    next_rep[cell.id] += 1
+                    if (todo := self._take(cell, rep, resume)) is not None:
+                        pending.append(todo)
+                        break
+            if not pending:
+                break
+        for cell in cells:
+            self._settled(cell)
+
+    def _write_settlements(self) -> None:
+        """``repeats.json`` in the suite directory: per scenario repeated until decided, how many repeats ran,
+        its looks and why it stopped (the gate multiplies its p-values by its looks)."""
+        if self.settlements:
+            write_atomic(self.suite_dir / REPEATS_FILE, json.dumps(
+                {key: s.to_dict() for key, s in self.settlements.items()}, indent=2))  # fmt: skip
 
     def _run_in_slot(self, index: int, sc: Scenario, slot: dict[str, Any], follow: bool) -> None:
         label = f"{sc.id} #{sc.repeat}"

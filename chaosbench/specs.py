@@ -35,8 +35,10 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -383,13 +385,58 @@ def _schedules(faults: list[str | list[str]]) -> list[list[str]]:
     return [[f] if isinstance(f, str) else list(f) for f in faults]
 
 
+class UntilDecided(_Strict):
+    """``repeats: {max: N, until: decided}``: repeat a scenario until its verdict can no longer change, at most
+    ``max`` times and at least ``min`` (default 2, or ``max`` when smaller). The stopping rule and how alpha is
+    spent over the looks: :mod:`chaosbench.analysis.sequential`. Without a baseline (``--baseline``) and without
+    SLOs nothing can be decided: the scenario runs ``max`` repeats."""
+
+    max: int = Field(ge=1, description="the most repeats")
+    until: Literal["decided"] = Field(description="stop once the verdict against the baseline and the SLOs is settled")
+    min: int | None = Field(default=None, ge=1, description="the fewest repeats (default 2, at most max)")
+
+    @model_validator(mode="after")
+    def _min_at_most_max(self) -> UntilDecided:
+        if self.min is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+    @property
+    def min_repeats(self) -> int:
+        return self.min if self.min is not None else min(2, self.max)
+
+    @property
+    def looks(self) -> int:
+        """How many times the verdict is looked at: after each repeat from ``min`` to ``max``."""
+        return self.max - self.min_repeats + 1
+
+
+def _repeats_kind(v: Any) -> str:
+    return "until-decided" if isinstance(v, dict | UntilDecided) else "fixed-repeats"
+
+
+#: A cell's repeats: a fixed number, or until decided (:class:`UntilDecided`); a mapping is read as the latter
+#: (its errors name its own fields, not the number's).
+Repeats = Annotated[
+    Annotated[int, Field(ge=1), Tag("fixed-repeats")] | Annotated[UntilDecided, Tag("until-decided")],
+    Discriminator(_repeats_kind),
+]
+#: Tags of a tagged union (:data:`Repeats`), left out of a field's path in an error.
+_UNION_TAGS = ("fixed-repeats", "until-decided")
+
+
+def repeats_bound(repeats: Repeats) -> int:
+    """The most runs ``repeats`` can make: the number, or ``max``."""
+    return repeats if isinstance(repeats, int) else repeats.max
+
+
 class MatrixPart(_Strict):
     """More runs beside the cross product: these frameworks x these faults (faults that only some frameworks
     have a use for: a kill during TorchFT's heal, the Lighthouse's loss)."""
 
     frameworks: list[str] = Field(min_length=1)
     faults: list[str | list[str]] = Field(min_length=1)
-    repeats: int | None = Field(default=None, ge=1, description="default: the matrix's")
+    repeats: Repeats | None = Field(default=None, description="default: the matrix's")
 
 
 class Matrix(_Strict):
@@ -398,7 +445,7 @@ class Matrix(_Strict):
 
     frameworks: list[str] = Field(min_length=1)
     faults: list[str | list[str]] = Field(default_factory=list)
-    repeats: int = Field(default=1, ge=1)
+    repeats: Repeats = Field(default=1, description="a number, or {max: N, until: decided} (and min)")
     include: list[MatrixPart] = Field(default_factory=list)
 
     def fault_names(self) -> list[list[str]]:
@@ -415,9 +462,11 @@ class Matrix(_Strict):
             out += [fw for fw in part.frameworks if fw not in out]
         return out
 
-    def cells(self, framework: str) -> list[tuple[list[str], int]]:
+    def cells(self, framework: str) -> list[tuple[list[str], Repeats]]:
         """The fault schedules ``framework`` runs, each with its repeats."""
-        out = [(names, self.repeats) for names in _schedules(self.faults)] if framework in self.frameworks else []
+        out: list[tuple[list[str], Repeats]] = []
+        if framework in self.frameworks:
+            out += [(names, self.repeats) for names in _schedules(self.faults)]
         for part in self.include:
             if framework in part.frameworks:
                 out += [(names, part.repeats or self.repeats) for names in _schedules(part.faults)]
@@ -516,16 +565,27 @@ class Suite(_Strict):
                 yield self.scenario(fw, names, rep)
 
     def cells(self) -> list[tuple[str, list[str], int]]:
-        """Every (framework, fault schedule, repeats) of the suite in run order; a control is ``(fw, [], 1)``."""
+        """Every (framework, fault schedule, repeats) of the suite in run order; a control is ``(fw, [], 1)``.
+        A cell repeated until decided counts its ``max`` (:meth:`until_decided` says which)."""
         out: list[tuple[str, list[str], int]] = []
         for fw in self.matrix.all_frameworks():
             if self.control:
                 out.append((fw, [], 1))
-            out += [(fw, names, repeats) for names, repeats in self.matrix.cells(fw)]
+            out += [(fw, names, repeats_bound(repeats)) for names, repeats in self.matrix.cells(fw)]
+        return out
+
+    def until_decided(self) -> dict[str, UntilDecided]:
+        """Scenario id (``framework/fault``) -> its design, for every cell repeated until decided."""
+        out: dict[str, UntilDecided] = {}
+        for fw in self.matrix.all_frameworks():
+            for names, repeats in self.matrix.cells(fw):
+                if isinstance(repeats, UntilDecided):
+                    out[f"{fw}/{'+'.join(names)}"] = repeats
         return out
 
     def run_count(self) -> int:
-        """How many runs the suite makes (without building them)."""
+        """How many runs the suite makes at most (without building them): a cell repeated until decided counts
+        its ``max``."""
         return sum(repeats for _, _, repeats in self.cells())
 
     def wall_bound_s(self, per_run_overhead_s: float, jobs: int = 1) -> float:
@@ -654,7 +714,8 @@ def _what(loc: Path_) -> str:
 
 
 def _field_path(loc: Path_, skip: int) -> str:
-    rest = [str(p) for p in loc[skip:] if not (isinstance(p, str) and p in ("function-after", "function-before"))]
+    rest = [str(p) for p in loc[skip:]
+            if not (isinstance(p, str) and p in ("function-after", "function-before", *_UNION_TAGS))]  # fmt: skip
     return ".".join(rest)
 
 

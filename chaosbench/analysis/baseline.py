@@ -41,7 +41,7 @@ import enum
 import math
 import shutil
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,10 @@ class Share:
     name: str
     holds: Callable[[dict[str, Any]], bool | None]
     good: bool = True
+    #: The fields of a run on the good side and of one on the bad side of this figure (a run recovered, one
+    #: not): the extreme continuations of :mod:`chaosbench.analysis.sequential`.
+    good_run: tuple[tuple[str, Any], ...] = ()
+    bad_run: tuple[tuple[str, Any], ...] = ()
 
 
 def _fired(r: dict[str, Any]) -> bool:
@@ -112,14 +116,22 @@ def _contaminated(r: dict[str, Any]) -> bool | None:
 
 #: The outcome-level figures, each a share of a key's runs (controls left out).
 SHARES = (
-    Share("fault fired", lambda r: _fired(r) if r.get("outcome") in (*FIRED_OUTCOMES, "fault_not_fired") else None),
-    Share("recovered", _when_fired(lambda r: r.get("outcome") == "recovered")),
-    Share("detected", _when_fired(lambda r: as_bool(r.get("detected")))),
-    Share("fidelity exact", _fidelity_exact),
-    Share("blame correct", _blame_correct),
-    Share("false detection", _false_detection, good=False),
-    Share("gave up", _when_fired(lambda r: as_bool(r.get("gave_up"))), good=False),
-    Share("contaminated", _contaminated, good=False),
+    Share("fault fired", lambda r: _fired(r) if r.get("outcome") in (*FIRED_OUTCOMES, "fault_not_fired") else None,
+          good_run=(("outcome", "recovered"),), bad_run=(("outcome", "fault_not_fired"),)),
+    Share("recovered", _when_fired(lambda r: r.get("outcome") == "recovered"),
+          good_run=(("outcome", "recovered"),), bad_run=(("outcome", "not_recovered"),)),
+    Share("detected", _when_fired(lambda r: as_bool(r.get("detected"))),
+          good_run=(("outcome", "recovered"), ("detected", True)),
+          bad_run=(("outcome", "not_recovered"), ("detected", False))),
+    Share("fidelity exact", _fidelity_exact, good_run=(("fidelity", "exact"),), bad_run=(("fidelity", "diverged"),)),
+    Share("blame correct", _blame_correct, good_run=(("blame", "correct"),), bad_run=(("blame", "wrong"),)),
+    Share("false detection", _false_detection, good=False,
+          good_run=(("false_detections", 0),), bad_run=(("false_detections", 1),)),
+    Share("gave up", _when_fired(lambda r: as_bool(r.get("gave_up"))), good=False,
+          good_run=(("outcome", "recovered"), ("gave_up", False)),
+          bad_run=(("outcome", "not_recovered"), ("gave_up", True))),
+    Share("contaminated", _contaminated, good=False,
+          good_run=(("outcome", "recovered"), ("contaminated", False)), bad_run=(("outcome", "contaminated"),)),
 )  # fmt: skip
 
 
@@ -172,10 +184,23 @@ class Difference:
     adverse: bool = False  # moved the bad way beyond its noise floor
     status: Status = Status.NOT_COMPARED
     needs: int | None = None
+    #: Looks at this key's verdict (repeats until decided: :mod:`chaosbench.analysis.sequential`); every p of
+    #: the comparison is multiplied by it before the family and Holm see it (Bonferroni over the looks).
+    looks: int = 1
 
     @property
     def in_family(self) -> bool:
         return self.p_holm is not None
+
+    @property
+    def p_spent(self) -> float | None:
+        """``p_worse`` times :attr:`looks` (at most 1): the p the family and Holm see."""
+        return None if self.p_worse is None else min(1.0, self.p_worse * self.looks)
+
+    @property
+    def p_min_spent(self) -> float | None:
+        """``p_min`` times :attr:`looks` (at most 1)."""
+        return None if self.p_min is None else min(1.0, self.p_min * self.looks)
 
     def values_text(self) -> str:
         if self.kind == "share":
@@ -188,7 +213,8 @@ class Difference:
         if self.p_worse is None:
             return ""
         holm_p = "" if self.p_holm is None else f", Holm p={self.p_holm:.3g}"
-        return f"p={self.p_worse:.3g}{holm_p}"
+        looks = "" if self.looks == 1 else f" x {self.looks} looks"
+        return f"p={self.p_worse:.3g}{looks}{holm_p}"
 
     def describe(self) -> str:
         """One line: what changed, by how much, with what p (raw and Holm-adjusted), and the finding."""
@@ -243,7 +269,7 @@ def groups(rows: Sequence[dict[str, Any]], by: str) -> dict[str, list[dict[str, 
     return out
 
 
-def _share_difference(key: str, share: Share, ra: Sequence[dict[str, Any]],
+def share_difference(key: str, share: Share, ra: Sequence[dict[str, Any]],
                       rb: Sequence[dict[str, Any]]) -> Difference | None:  # fmt: skip
     """``share`` of B's runs against A's, with its raw test; None when the baseline never measured it."""
     ha = [h for r in ra if (h := share.holds(r)) is not None]
@@ -273,7 +299,7 @@ def _unmeasured(key: str, metric: str, measured_a: int, runs_a: int, n_b: int, k
     return d
 
 
-def _timing_difference(key: str, metric: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]],
+def timing_difference(key: str, metric: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]],
                        threshold: float) -> Difference | None:  # fmt: skip
     """A timing or count of B's runs against A's, with its raw rank test and its noise floor; None when the
     baseline never measured it."""
@@ -305,35 +331,38 @@ def compare(
     by: str = "scenario",
     threshold: float = 0.2,
     alpha: float = 0.05,
+    looks: Mapping[str, int] | None = None,
 ) -> list[Difference]:
     """Every figure of B against A for every key (``scenario`` or ``fault``) present in both, each classified
     (``status``, ``regression``) with the family-wise correction over all of them (:func:`assess`): the rules
-    of this module's docstring. Keys in only one set are not compared."""
+    of this module's docstring. Keys in only one set are not compared. ``looks``: key -> how many times its
+    verdict was looked at while it was repeated until decided (:attr:`Difference.looks`; default 1)."""
     ga, gb = groups(a_rows, by), groups(b_rows, by)
     out: list[Difference] = []
     for key in sorted(set(ga) & set(gb)):
         ra, rb = ga[key], gb[key]
-        for share in SHARES:
-            if (d := _share_difference(key, share, ra, rb)) is not None:
-                out.append(d)
-        for metric in LOWER_IS_BETTER + HIGHER_IS_BETTER:
-            if (t := _timing_difference(key, metric, ra, rb, threshold)) is not None:
-                out.append(t)
+        diffs = [d for share in SHARES if (d := share_difference(key, share, ra, rb)) is not None]
+        diffs += [t for metric in LOWER_IS_BETTER + HIGHER_IS_BETTER
+                  if (t := timing_difference(key, metric, ra, rb, threshold)) is not None]  # fmt: skip
+        for d in diffs:
+            d.looks = (looks or {}).get(key, 1)
+        out += diffs
     assess(out, alpha)
     return out
 
 
 def family(diffs: Sequence[Difference], alpha: float) -> list[Difference]:
     """The comparisons the correction covers: every tested one whose smallest attainable p is <= ``alpha``
-    (one that cannot reach ``alpha`` alone is never rejected, so leaving it out keeps the guarantee)."""
-    return [d for d in diffs if d.p_worse is not None and d.p_min is not None and at_most(d.p_min, alpha)]
+    (one that cannot reach ``alpha`` alone is never rejected, so leaving it out keeps the guarantee); p times
+    its looks (:attr:`Difference.p_min_spent`)."""
+    return [d for d in diffs if d.p_worse is not None and (p := d.p_min_spent) is not None and at_most(p, alpha)]
 
 
 def assess(diffs: Sequence[Difference], alpha: float) -> int:
     """Holm-adjust the family's p-values together (``p_holm``) and classify every comparison (``status``,
     ``regression``, ``needs``), in place. Returns the family size m."""
     fam = family(diffs, alpha)
-    for d, adjusted in zip(fam, holm([d.p_worse or 1.0 for d in fam]), strict=True):
+    for d, adjusted in zip(fam, holm([d.p_spent or 1.0 for d in fam]), strict=True):
         d.p_holm = adjusted
     for d in diffs:
         classify(d, alpha, len(fam))
@@ -389,10 +418,11 @@ def classify(d: Difference, alpha: float, family_size: int) -> Status:
             d.status = Status.IMPROVED
     elif d.p_holm is not None and at_most(d.p_holm, alpha):
         d.status = Status.REGRESSION
-    elif not at_most(best := best_p(d), alpha / m):
+    elif not at_most(best := best_p(d), alpha / m / d.looks):
         d.status = Status.UNDECIDED
-        d.needs = needed_repeats(d, alpha / m)
-        smallest = f" (smallest possible p {best:.3g} > {alpha / m:.2g})"
+        d.needs = needed_repeats(d, alpha / m / d.looks)
+        looks = "" if d.looks == 1 else f" over {d.looks} looks"
+        smallest = f" (smallest possible p {best:.3g} > {alpha / m / d.looks:.2g}{looks})"
         more = f": needs {d.needs} new repeats against the baseline's {d.n_a}" if d.needs else ""
         d.note = f"not decidable with {d.n_a} vs {d.n_b} repeats{smallest}{more}"
     else:

@@ -3,6 +3,7 @@ JUnit, the pytest plugin) and are found and shrunk by fuzzing; a correct workloa
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from chaosbench.fuzz import Fuzzer
+from chaosbench.rundir import RunDir
 from chaosbench.specs import load_suite
 from tests.conftest import make_suite
 
@@ -97,3 +99,21 @@ def test_fuzzing_finds_and_shrinks_a_non_atomic_checkpoint(tmp_path: Path) -> No
     replay = subprocess.run([*CLI, "run", str(repro), "--out", str(tmp_path / "replay")], capture_output=True,
                             text=True)  # fmt: skip
     assert replay.returncode == 3, replay.stderr
+
+
+def test_cli_repeats_until_decided_stops_once_an_slo_is_missed(tmp_path: Path) -> None:
+    """A forgetful workload misses the fidelity SLO in every run: with ``repeats: {max: 3, until: decided}`` its
+    SLO verdict is settled by the first miss, and without a baseline nothing else is to decide, so it stops at
+    min (2 repeats), says so on stderr, in repeats.json and in the summary, and the gate exits 3."""
+    suite = tmp_path / "gate-until.yaml"
+    suite.write_text(GATE.replace("BUG", ", bug: forget-rng").replace("repeats: 1}", "repeats: {max: 3, until: decided}}"))
+    res = subprocess.run([*CLI, "run", str(suite), "--out", str(tmp_path / "out"), "--summary", str(tmp_path / "s.md")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 3, res.stderr
+    why = "restart/kill: decided after 2 of at most 3 repeats (an SLO missed)"
+    assert f"repeats: {why}" in res.stderr
+    assert "restart/kill: 2 to 3 repeats, 2 looks" in res.stderr
+    doc = json.loads((tmp_path / "out" / "gate" / "repeats.json").read_text())
+    assert doc["restart/kill"]["repeats"] == 2 and doc["restart/kill"]["decided"] and doc["restart/kill"]["why"] == why
+    assert not RunDir.at(tmp_path / "out" / "gate", "restart/kill", 2).path.exists()  # the third was not made
+    assert why in (tmp_path / "s.md").read_text()
