@@ -75,15 +75,21 @@ class Measured:
 
 def reaction_in(ix: TimelineIndex, t_from: int, t_to: int | None) -> bool:
     """Whether the framework reacted between ``t_from`` and ``t_to``: a detection, a restart, a give-up, a new
-    incarnation of the ranks, or (per-step commit) a new quorum (a ``quorum`` event, or a step committed by a
-    quorum other than the last one before ``t_from``)."""
+    incarnation of a unit that restarts on its own (a replica group under per-step commit: TorchFT's number their
+    incarnations each from 0; a job without groups is one), or (per-step commit) a new quorum (a ``quorum``
+    event, or a step committed by a quorum other than the last one before ``t_from``)."""
     def inside(e: Event) -> bool:
         return e.t_ns >= t_from and (t_to is None or e.t_ns <= t_to)
 
     if any(inside(e) for e in ix.of("detect", "restart", "give_up", "quorum")):
         return True
-    before = max((incarnation(e) for e in ix.of("rank_start") if e.t_ns < t_from), default=0)
-    if any(inside(e) and incarnation(e) > before for e in ix.of("rank_start")):
+    # new for its own group: another group's number, as high or higher, says nothing of it
+    running: dict[Any, int] = {}
+    for e in ix.of("rank_start"):
+        if e.t_ns < t_from:
+            unit = e.get("replica_group")
+            running[unit] = max(running.get(unit, 0), incarnation(e))
+    if any(inside(e) and incarnation(e) > running.get(e.get("replica_group"), 0) for e in ix.of("rank_start")):
         return True
     quorums = [e.get("quorum_id") for e in ix.of("step") if e.get("committed") and e.t_ns < t_from]
     last = quorums[-1] if quorums else None

@@ -139,6 +139,11 @@ SHRUNK_FT = [
     # detection after it is its reaction: per-step commit takes the first in its window)
     FtPlan(2, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("hang", 1, hold_us=10000), _kill(2, "flap"), _kill(3)),
            "a", "a"),
+    # a hang of a group in the quorum while another group's replacement is on its way: that replacement's start
+    # (its group's incarnation 1, the number of the group restarted at its start) is a new incarnation in the hang's
+    # window, a reaction (was: outlasted, with 1 restart)
+    FtPlan(3, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("kill", 1, 0, 1000, 0, 1000, 79378, 20000, 1),
+                                                 FtFaultPlan("hang", 2, hold_us=57854), _kill(3)), "a", "a", early=1),
 ]
 
 
