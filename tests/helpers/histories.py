@@ -312,6 +312,18 @@ def final_step(rec: Record) -> int | None:
     return max(done) if done else None
 
 
+def run_outcome(fired: bool, finished: bool, statuses: list[str]) -> str:
+    """The run's outcome from its faults' statuses (the definitions': the last fault decides whether the job
+    recovered; a run whose every fault was outlasted or interrupted, one at least outlasted, was outlasted)."""
+    if not fired:
+        return "fault_not_fired"
+    if not finished or statuses[-1] == "not_recovered":
+        return "not_recovered"
+    if set(statuses) <= {"outlasted", "interrupted"} and "outlasted" in statuses:
+        return "outlasted"
+    return "recovered"
+
+
 def expected(rec: Record, control: Record) -> Expected:
     """The figures of a run (``rec``) against its control, as the definitions give them."""
     plan = rec.plan
@@ -382,14 +394,7 @@ def expected(rec: Record, control: Record) -> Expected:
         statuses.append("recovered" if reacted else "outlasted")
         resumes.append(resumed[0] - f.t_us)  # type: ignore[index]
         losts.append(lost)
-    if not rec.faults:
-        outcome = "fault_not_fired"
-    elif not finished or statuses[-1] == "not_recovered":
-        outcome = "not_recovered"
-    elif set(statuses) <= {"outlasted", "interrupted"} and "outlasted" in statuses:
-        outcome = "outlasted"
-    else:
-        outcome = "recovered"
+    outcome = run_outcome(bool(rec.faults), finished, statuses)
     # false detections: detections that no fault's recovery explains (before the first fault, or after a fault's
     # job resumed and before the next one); each detection here is an episode of its own (a restart follows it)
     windows = []
@@ -781,14 +786,7 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         resumes.append(resumed[0] - tf)  # type: ignore[index]
         losts.append(max(0, position - (resumed[1] - 1)) + len(skips))  # type: ignore[index]
         skipped.append(len(skips))
-    if not rec.faults:
-        outcome = "fault_not_fired"
-    elif not finished or statuses[-1] == "not_recovered":
-        outcome = "not_recovered"
-    elif set(statuses) <= {"outlasted", "interrupted"} and "outlasted" in statuses:
-        outcome = "outlasted"
-    else:
-        outcome = "recovered"
+    outcome = run_outcome(bool(rec.faults), finished, statuses)
     windows = [(tf, resumed_at[i] if resumed_at[i] is not None else (rec.faults[i + 1] if i + 1 < n else None))
                for i, tf in enumerate(rec.faults)]  # fmt: skip
     # false detections: detection episodes (detections not separated by a restart or a give-up) no fault explains:

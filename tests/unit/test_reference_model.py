@@ -14,6 +14,7 @@ hypothesis shrank to is kept below as an explicit example."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 
@@ -80,20 +81,27 @@ def _examples(fn):  # type: ignore[no-untyped-def]
     return fn
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plans())
-@_examples
-def test_compute_metrics_equals_the_definitions(plan: Plan) -> None:
-    events, rec = simulate(plan)
-    ctl_events, ctl = simulate(plan, control=True)
+def _measured(sim: Any, model: Any, plan: Any) -> tuple[Any, Any]:
+    """compute_metrics on the plan's run (and its control) as ``sim`` plays it, beside the figures ``model``
+    states; every generated event valid, and the outcome and each fault's status already equal."""
+    events, rec = sim(plan)
+    ctl_events, ctl = sim(plan, control=True)
     for e in events:
         typed(e)  # every generated event is a valid one of its kind
-    want = expected(rec, ctl)
+    want = model(rec, ctl)
     m = compute_metrics(correct(sorted(events, key=lambda e: e.t_ns)),
                         control=correct(sorted(ctl_events, key=lambda e: e.t_ns)), total_steps=plan.steps)  # fmt: skip
     assert m.outcome == want.outcome, (m.verdict, want)
     assert m.fault_count == (len(want.statuses) or None), m.fault_count
     assert [f["status"] for f in m.faults] == want.statuses, (m.faults, want)
+    return m, want
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans())
+@_examples
+def test_compute_metrics_equals_the_definitions(plan: Plan) -> None:
+    m, want = _measured(simulate, expected, plan)
     for f, ttd, ttr, lost, restarts in zip(m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps,
                                            want.restarts, strict=True):  # fmt: skip
         assert _close(f["time_to_detect_s"], ttd), (f, ttd)
@@ -160,16 +168,7 @@ def test_per_step_commit_equals_the_definitions(plan: FtPlan) -> None:
     """TorchFT's per-step commit: replica groups each their own incarnation, a killed group's survivors' in-flight
     step skipped, the quorum stalled until the lighthouse reacts, the replacement healing and rejoining (or
     returning with stale state first, or never), held to the definitions."""
-    events, rec = simulate_ft(plan)
-    ctl_events, ctl = simulate_ft(plan, control=True)
-    for e in events:
-        typed(e)  # every generated event is a valid one of its kind
-    want = expected_ft(rec, ctl)
-    m = compute_metrics(correct(sorted(events, key=lambda e: e.t_ns)),
-                        control=correct(sorted(ctl_events, key=lambda e: e.t_ns)), total_steps=plan.steps)  # fmt: skip
-    assert m.outcome == want.outcome, (m.verdict, want)
-    assert m.fault_count == (len(want.statuses) or None), m.fault_count
-    assert [f["status"] for f in m.faults] == want.statuses, (m.faults, want)
+    m, want = _measured(simulate_ft, expected_ft, plan)
     for f, ttd, ttr, lost, restarts in zip(m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps,
                                            want.restarts, strict=True):  # fmt: skip
         assert _close(f["time_to_detect_s"], ttd), (f, ttd)
