@@ -200,8 +200,9 @@ class ExitWatch:
             return None
         return self._status
 
-    def _finish(self, t_ns: int) -> None:
-        """Called by the poller with the moment epoll returned: reap a child, record the status."""
+    def settle(self, t_ns: int) -> None:
+        """The process has exited at ``t_ns`` (the moment the poller's epoll returned, or the moment its exit was
+        found): reap a child, record the status, wake :meth:`wait`. Called once, by :class:`ExitPoller`."""
         rc: int | None = None
         try:
             if self._child is not None:
@@ -249,7 +250,7 @@ class ExitPoller:
         if ticks is not None and start_ticks(pid) != ticks:
             os.close(fd)
             watch = ExitWatch(pid, late=True)
-            watch._finish(now_ns())
+            watch.settle(now_ns())
             return watch
         return self._add(fd, ExitWatch(pid, late=_readable(fd)))
 
@@ -282,7 +283,7 @@ class ExitPoller:
                         done.append(entry)
             for fd, watch in done:
                 try:
-                    watch._finish(t_ns)
+                    watch.settle(t_ns)
                 except Exception:  # noqa: BLE001, S110 - the poller must outlive any one process's reaping
                     pass
                 finally:

@@ -767,6 +767,7 @@ class DockerRuntime(Runtime):
             return info if done else None
 
         info = wait_until(started, 10, interval_s=0.005) or {}
+        t_start = now_ns()  # proc_start's moment: the process runs (the handover below takes its launcher's start-up)
         pid = int(info.get("Pid") or 0)
         handle.pid = pid
         handle.ticks = process.start_ticks(pid) if pid else None
@@ -791,8 +792,8 @@ class DockerRuntime(Runtime):
             else:
                 close_captures(offer.captures)
                 stamp["output_stamp_reason"] = offer.reason
-        record_start(self.run.timeline, handle, container=node.container.name, container_pid=handle.container_pid,
-                     rerun=rerun, **stamp)  # fmt: skip
+        record_start(self.run.timeline, handle, t_ns=t_start, container=node.container.name,
+                     container_pid=handle.container_pid, rerun=rerun, **stamp)  # fmt: skip
         if offer is not None and offer.handed:
             self._threads += start_pumps(handle, offer.captures, self.logs_dir, on_line)
 

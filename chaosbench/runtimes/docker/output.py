@@ -70,14 +70,19 @@ class Offer:
             self.reason = reason
             self._settled.set()
 
-    def _begin_sending(self) -> bool:
+    def hand_over(self, conn: socket.socket) -> None:
+        """Send the two captures' writing ends to the launcher at the other end of ``conn`` (``SCM_RIGHTS``),
+        unless the offer is settled already (the launcher then gets none and falls back); settles it."""
         with self._lock:
             if self._settled.is_set():
-                return False
-            self._sending = True
-            return True
-
-    def _sent(self, error: str | None) -> None:
+                return
+            self._sending = True  # fail() must not settle it while the descriptors are on their way
+        fds = [self.captures["stdout"].child_fd, self.captures["stderr"].child_fd]
+        error: str | None = None
+        try:
+            socket.send_fds(conn, [b"ok"], fds)
+        except OSError as exc:
+            error = f"cannot hand the output sockets over: {exc}"
         with self._lock:
             self._sending = False
             self.handed = error is None
@@ -143,15 +148,8 @@ class OutputHandover:
             return
         with self._lock:
             offer = self._offers.pop(token, None)
-        if offer is None or not offer._begin_sending():
-            return  # unknown or settled already: the launcher gets no descriptors and falls back
-        fds = [offer.captures["stdout"].child_fd, offer.captures["stderr"].child_fd]
-        try:
-            socket.send_fds(conn, [b"ok"], fds)
-        except OSError as exc:
-            offer._sent(f"cannot hand the output sockets over: {exc}")
-            return
-        offer._sent(None)
+        if offer is not None:  # an unknown token gets no descriptors: that launcher falls back
+            offer.hand_over(conn)
 
     def close(self) -> None:
         """Stop handing over (pending offers fail) and remove the directory. Idempotent."""
