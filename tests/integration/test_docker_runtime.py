@@ -23,7 +23,7 @@ from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # 
 from chaosbench.injectors.node_cpu import NodeCpuInjector  # noqa: E402
 from chaosbench.runtimes import process  # noqa: E402
 from chaosbench.runtimes.base import ProcessSpec, RunInfo  # noqa: E402
-from chaosbench.runtimes.docker import DockerRuntime, remove_run_objects  # noqa: E402
+from chaosbench.runtimes.docker import DockerOptions, DockerRuntime, remove_run_objects  # noqa: E402
 from chaosbench.timeline import TimelineWriter, read_events  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -183,6 +183,44 @@ def test_node_pause_and_spare_takeover(run_suite) -> None:
     assert pause.injection_latency_s is not None and 0 <= pause.injection_latency_s < 2.0
     for m in (kill, pause):
         assert run_objects(m.run_dir) == []
+
+
+#: Reports the moments around one write of a line to stdout (on stderr), then its last reading before _exit(3).
+STAMPED = ("import os, time; b = time.time_ns(); os.write(1, b'hello\\n'); a = time.time_ns(); "
+           "os.write(2, f'{b} {a}\\n'.encode()); time.sleep(0.3); last = time.time_ns(); "
+           "os.write(2, f'last {last}\\n'.encode()); os._exit(3)")  # fmt: skip
+
+
+@pytest.mark.parametrize("capture", ["socket", "pipe"])
+def test_output_stamped_at_the_write_inside_the_container_and_the_exit_at_its_pidfd(tmp_path: Path,
+                                                                                     capture: str) -> None:  # fmt: skip
+    timeline = TimelineWriter(tmp_path / "events.jsonl")
+    rt = DockerRuntime(RunInfo("dk-stamp-" + os.urandom(4).hex(), tmp_path, timeline),
+                       DockerOptions(output_capture=capture))  # fmt: skip
+    lines: list[tuple[str, str, int]] = []
+    try:
+        rt.provision(1)
+        h = rt.start(ProcessSpec("p", [sys.executable, "-c", STAMPED]), on_line=lambda _, s, ln, t: lines.append(
+            (s, ln, t)))  # fmt: skip
+        assert h.exited.wait(30)
+    finally:
+        rt.cleanup()
+        timeline.close()
+    events = read_events(tmp_path / "events.jsonl")
+    start, end = kinds(events, "proc_start", proc="p")[0], kinds(events, "proc_exit", proc="p")[0]
+    hello = next(t for s, ln, t in lines if (s, ln) == ("stdout", "hello"))
+    around, last = (ln for s, ln, _ in lines if s == "stderr")
+    before, after = (int(x) for x in around.split())
+    if capture == "socket":
+        # the launcher took the harness's sockets: the kernel stamped the line inside the process's write(2)
+        assert (start["output_stamp"], start.get("output_stamp_reason")) == ("write", None)
+        assert before <= hello <= after
+    else:
+        assert (start["output_stamp"], start["output_stamp_reason"]) == ("read", "output_capture: pipe")
+        assert hello >= before
+    # the exit: stamped when the kernel made the exec'd process's pidfd readable, its code from the engine
+    assert (end["returncode"], end["exit_stamp"], h.returncode) == (3, "pidfd", 3)
+    assert int(last.split()[1]) <= end.t_ns == h.t_exit_ns
 
 
 def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
