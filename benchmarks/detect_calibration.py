@@ -25,6 +25,7 @@ test (tests/integration/test_recovery.py, ``test_calibration_time_to_detect_with
   stamp minus the watchdog's last clock reading right before its ``os._exit(0)`` (``exit_ms``: the kernel's
   teardown of the process, its exit notification and the harness's wake-up to it; ``exit_stamp`` counts how the
   stamps were taken: ``pidfd``, or ``wait`` where the exit was only seen after the fact);
+- ``detect exit``: both from the same runs;
 - ``docker``: both, on the ``docker`` runtime (ranks and watchdog in one node container, ``nodes: 1``): the
   detection line through the output capture handed into the container, the exit through the exec'd process's
   pidfd on the host.
@@ -38,7 +39,7 @@ stamps each write; ``pipe``: stamped when read), to compare the two in one comma
 linearly between the measured values, so with fewer than 100 runs p99 is close to the largest one.
 Usage::
 
-    python benchmarks/detect_calibration.py [--mode detect|exit|docker] [--repeats 4] [--delays 0.1 0.5 1.0]
+    python benchmarks/detect_calibration.py [--mode {detect,exit}... | docker] [--repeats 4] [--delays 0.1 0.5 1.0]
         [--load [N]] [--capture pipe] [--switch-interval-ms MS]
 """
 
@@ -125,9 +126,10 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=MODES, default="detect",
+    ap.add_argument("--mode", choices=MODES, nargs="+", default=["detect"],
                     help="detect: the detection line's split (local runtime); exit: the proc_exit stamp (local "
-                    "runtime); docker: both, on the docker runtime")  # fmt: skip
+                    "runtime); both from the same runs when both are named; docker: both, on the docker "
+                    "runtime")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=4, help="runs per delay")
     ap.add_argument("--delays", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="known delays (s)")
     ap.add_argument("--load", type=int, nargs="?", const=2, default=0, metavar="N",
@@ -137,11 +139,14 @@ def main() -> None:
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="set the harness's GIL switch interval (sys.setswitchinterval; Python's default: 5 ms)")  # fmt: skip
     args = ap.parse_args()
+    if "docker" in args.mode and len(set(args.mode)) > 1:
+        ap.error("--mode docker measures both on the docker runtime: name it alone")
+    mode = "docker" if "docker" in args.mode else "local"
     if args.switch_interval_ms is not None:
         # the harness runs in this process: how long a woken reader thread may wait for the GIL
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     FRAMEWORKS.register("delayed-detect", DelayedDetectFramework)
-    data, smap = load_yaml_text(suite_text(args.delays, args.repeats, args.capture, args.mode), "<calibration>")
+    data, smap = load_yaml_text(suite_text(args.delays, args.repeats, args.capture, mode), "<calibration>")
     suite = suite_from_data(data, smap)
     with tempfile.TemporaryDirectory() as out:
         burners = start_burners(args.load)
@@ -151,11 +156,11 @@ def main() -> None:
             stop_burners(burners)
         measured = measure(collect(Runner(suite, out).suite_dir, write=False), args.delays)
     switch_ms = min(sys.getswitchinterval(), SWITCH_INTERVAL_S) * 1000
-    print(f"mode {args.mode}; load: {args.load} busy processes on {len(os.sched_getaffinity(0))} cores; output "
-          f"capture {args.capture}; GIL switch interval {switch_ms:g} ms")  # fmt: skip
-    if args.mode in ("detect", "docker"):
+    print(f"mode {' '.join(args.mode)} ({mode} runtime); load: {args.load} busy processes on "
+          f"{len(os.sched_getaffinity(0))} cores; output capture {args.capture}; GIL switch interval {switch_ms:g} ms")  # fmt: skip
+    if {"detect", "docker"} & set(args.mode):
         report_detect(measured, args.load, args.capture)
-    if args.mode in ("exit", "docker"):
+    if {"exit", "docker"} & set(args.mode):
         report_exit(measured, args.load)
 
 
