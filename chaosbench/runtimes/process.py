@@ -250,6 +250,11 @@ class ExitPoller:
     every runtime of the process."""
 
     def __init__(self) -> None:
+        self._reset()
+        # a forked child has no poller thread, and its parent's processes are not its children: start afresh
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._epoll: Any = None
         self._kernel: ProcEvents | None = None
