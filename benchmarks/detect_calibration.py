@@ -7,8 +7,8 @@ fault's ``effect_t_ns``) into:
 
 - ``kill_ms``: the kill's own latency (SIGKILL queued to the process gone, as the watchdog's pidfd saw it);
 - the known delay;
-- ``oversleep_ms``: the watchdog's own lateness after its wait (``printed_ns - dead_ns - delay``: the
-  calibrator's error, not the harness's; it sleeps but for the last 2 ms, which it spins);
+- ``oversleep_ms``: the watchdog's own lateness after its sleep (``printed_ns - dead_ns - delay``: the
+  calibrator's error, not the harness's);
 - ``write_ms``: the watchdog's ``write(2)`` of its line (``written_ns - printed_ns``; long when the watchdog is
   preempted there: the calibrator's too);
 - ``harness_ms``: the harness's own error, how much later than the write returned it stamped the line

@@ -1,16 +1,15 @@
 """A test-only framework whose detection delay is known, to calibrate time-to-detect.
 
 ``delayed-detect`` launches the ranks like ``none`` plus a watchdog process. The watchdog waits on the ranks
-themselves (a pidfd per rank, polled together: the kernel wakes it when one has exited; the ranks are the harness's
-children, not the watchdog's, so it cannot ``waitpid`` them); once one has died it waits ``delay_s`` (asleep but
-for the last 2 ms, which it spins, so that its own wake-up on a loaded machine is not added to the delay) and
-writes ``CALIBRATION DETECT`` with the moment it saw the death (``dead_ns``) and the moment right before its
+themselves (a pidfd per rank, polled together: the kernel wakes it when one has exited; the ranks are the
+harness's children, not the watchdog's, so it cannot ``waitpid`` them); once one has died it sleeps ``delay_s``
+and writes ``CALIBRATION DETECT`` with the moment it saw the death (``dead_ns``) and the moment right before its
 ``write(2)`` of the line (``printed_ns``), which becomes a ``detect`` event through the same log-pattern path real
-adapters use; then a second line with the moment that write had returned (``written_ns``, read back from its log by
-:func:`written_ns`); last, it writes the moment right before its own ``os._exit(0)`` to a file (:func:`exit_ns`),
-against which the harness's ``proc_exit`` stamp of it is measured. Where the kernel has no pidfds it falls back to
-reading the ranks' /proc entries every millisecond. On the docker runtime the ranks and the watchdog share node0
-(``nodes: 1``): it waits on the ranks' pids in that node's pid namespace.
+adapters use; then a second line with the moment that write had returned (``written_ns``, read back from its log
+by :func:`written_ns`); last, it writes the moment right before its own ``os._exit(0)`` to a file
+(:func:`exit_ns`), against which the harness's ``proc_exit`` stamp of it is measured. Where the kernel has no
+pidfds it falls back to reading the ranks' /proc entries every millisecond. On the docker runtime the ranks and
+the watchdog share node0 (``nodes: 1``): it waits on the ranks' pids in that node's pid namespace.
 
 The measured time-to-detect is therefore the kill's own latency (the signal delivered to the process gone: the
 kernel tears down a large multi-threaded process, 1-25 ms on a loaded 2-core machine; up to ``dead_ns``), plus
@@ -68,11 +67,7 @@ elif not gone:
         waiter.register(fd, select.POLLIN)
     gone = [fds[fd] for fd, _ in waiter.poll()]  # readable: that process has exited (a zombie counts)
 dead_ns = time.time_ns()
-until_ns = dead_ns + int(delay * 1e9)
-if delay > 0.002:  # sleep to 2 ms before the end, spin the rest: its own wake-up is not the known delay's
-    time.sleep(delay - 0.002)
-while time.time_ns() < until_ns:
-    pass
+time.sleep(delay)
 head = f"CALIBRATION DETECT pid={gone[0]} dead_ns={dead_ns} printed_ns="
 printed_ns = time.time_ns()
 os.write(1, f"{head}{printed_ns}\n".encode())  # one write(2), right after the stamp it carries
