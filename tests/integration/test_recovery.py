@@ -117,7 +117,8 @@ def test_calibration_time_to_detect_within_20ms(run_suite, delayed_detect) -> No
     assert delay <= waited <= delay + 0.1
     assert abs(m.time_to_detect_s - kill_latency - waited) <= 0.020, (m.time_to_detect_s, kill_latency, waited)
     # the watchdog's own exit: the kernel's stamp of it (or the poller's wake-up to its pidfd), after its last
-    # clock reading before _exit(0); the 20 ms bound is the detection's, for the wake-up on a loaded machine
+    # clock reading before _exit(0); bound: its own way out (file write, _exit, teardown, preemption) measured at
+    # most 7.6 ms under 2 busy processes (benchmarks/detect_calibration.py), 20 ms as the detection's bound
     dog_exit = next(e for e in ev if e.kind == "proc_exit" and e["proc"] == "watchdog")
     assert (dog_exit["returncode"], dog_exit["exit_stamp"]) == (0, exit_stamp_here())
     last = exit_ns(str(m.run_dir))
