@@ -250,6 +250,11 @@ def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
         assert any("container" in a for a in actions) and any("network" in a for a in actions)
         assert run_objects(runs["crashed"][1]) == []
         assert len(run_objects(runs["finished"][1])) == 2  # its container and network are untouched
+        # the crashed run's output handover directory (its containers mounted it) goes too; the other stays
+        crashed_dir, finished_dir = (runs[n][0].capture_dir for n in ("crashed", "finished"))
+        assert crashed_dir is not None and finished_dir is not None
+        assert f"remove capture directory {crashed_dir} of {runs['crashed'][1]}" in actions
+        assert not Path(crashed_dir).exists() and Path(finished_dir).exists()
     finally:
         for rt, _, timeline in runs.values():
             rt.cleanup()

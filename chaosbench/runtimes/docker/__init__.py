@@ -54,6 +54,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -69,7 +70,7 @@ from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime, engine_effect
 from chaosbench.runtimes.capture import OutputCapture
 from chaosbench.runtimes.docker.launcher import FALLBACK
-from chaosbench.runtimes.docker.output import NODE_DIR, Offer, OutputHandover
+from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX, NODE_DIR, Offer, OutputHandover
 from chaosbench.runtimes.process import (
     CaptureLimitWatcher,
     ProcessTrees,
@@ -797,6 +798,11 @@ class DockerRuntime(Runtime):
         if offer is not None and offer.handed:
             self._threads += start_pumps(handle, offer.captures, self.logs_dir, on_line)
 
+    @property
+    def capture_dir(self) -> str | None:
+        """The host directory of the output handover's socket (mounted in every node), while it exists."""
+        return self._handover.host_dir if self._handover is not None else None
+
     def _launcher_python(self) -> str | None:
         """The node's interpreter that runs the output launcher: the harness's own in the default image, the
         ``python`` option in a user's image; None when a user's image names none."""
@@ -1056,7 +1062,7 @@ class DockerRuntime(Runtime):
 def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = False) -> list[str]:
     """``chaosbench cleanup`` for docker: remove the containers and networks labelled with the run id of a
     crashed run below ``results_dir`` (and only those; qdiscs and iptables rules live in the containers'
-    network namespaces and go with them). Returns one line per action; nothing when no engine answers."""
+    network namespaces and go with them), and the output handover's host directory their containers mounted. Returns one line per action; nothing when no engine answers."""
     runs = crashed_run_ids(results_dir)
     if not runs:
         return []
@@ -1071,13 +1077,22 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
     actions: list[str] = []
     for run_id, run_dir in runs.items():
         flt = {"label": f"{RUN_LABEL}={run_id}"}
+        capture_dirs: set[str] = set()
         for c in client.containers.list(all=True, filters=flt):
+            capture_dirs |= {m.get("Source", "") for m in c.attrs.get("Mounts") or []
+                             if m.get("Destination") == NODE_DIR
+                             and os.path.basename(m.get("Source", "")).startswith(CAPTURE_DIR_PREFIX)}  # fmt: skip
             actions.append(f"remove container {c.name} of {run_dir}")
             if not dry_run:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     if c.status == "paused":
                         c.unpause()
                     c.remove(force=True, v=True)
+        # the output handover's host directory, known from the run's own containers' mounts
+        for d in sorted(capture_dirs):
+            actions.append(f"remove capture directory {d} of {run_dir}")
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
         for n in client.networks.list(filters=flt):
             actions.append(f"remove network {n.name} of {run_dir}")
             if not dry_run:

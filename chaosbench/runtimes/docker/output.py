@@ -33,6 +33,8 @@ from chaosbench.runtimes.docker import launcher
 
 #: Where the harness's capture directory is mounted in every node container.
 NODE_DIR = "/run/chaosbench-capture"
+#: How the host directory's name starts (``chaosbench cleanup`` removes a crashed run's, found by its mounts).
+CAPTURE_DIR_PREFIX = "chaosbench-capture-"
 #: The listening socket's name in that directory.
 SOCKET_NAME = "capture.sock"
 #: The launcher's source, given to the node's interpreter with ``-c`` (nothing to install in an image).
@@ -96,7 +98,7 @@ class OutputHandover:
     :meth:`close` removes it. Raises OSError when the socket cannot be made here."""
 
     def __init__(self) -> None:
-        self.host_dir = tempfile.mkdtemp(prefix="chaosbench-capture-")
+        self.host_dir = tempfile.mkdtemp(prefix=CAPTURE_DIR_PREFIX)
         try:
             os.chmod(self.host_dir, 0o711)  # a node's process of any user may reach the socket, not list the directory
             path = os.path.join(self.host_dir, SOCKET_NAME)
