@@ -434,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts, "
                                                  "containers, networks)",
                        description="End the recorded processes of runs that never ended (pid and start time "
-                                   "must both match) and remove their cgroups and mounts; nothing else.")  # fmt: skip
+                                   "must both match) and remove their cgroups, mounts, containers, networks and "
+                                   "docker output handover directories; nothing else.")  # fmt: skip
     c.add_argument("dir", nargs="?", default="reports", help="results directory (default: reports)")
     c.add_argument("--dry-run", action="store_true", help="only print what would be done")
     c.set_defaults(fn=cmd_cleanup)

@@ -59,6 +59,12 @@ class ProcHandle:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def pid_on_node(self) -> int | None:
+        """The process's pid as the other processes of its node see it (in the node's pid namespace): ``pid``
+        where nodes share the harness's; None while not known."""
+        return self.pid
+
     def poll(self) -> int | None:
         return self.returncode if self.exited.is_set() else None
 

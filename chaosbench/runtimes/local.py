@@ -41,7 +41,6 @@ from chaosbench.runtimes.process import (
     record_start,
     start_pumps,
 )
-from chaosbench.timeline import now_ns
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,7 +64,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 class LocalRuntime(Runtime):
     """Processes on this machine. Output is captured per process, each line stamped when it was written
-    (:mod:`chaosbench.runtimes.capture`); teardown escalates SIGTERM -> SIGKILL.
+    (:mod:`chaosbench.runtimes.capture`); each exit stamped when the kernel reported it (the pidfd poller:
+    :class:`~chaosbench.runtimes.process.ExitPoller`); teardown escalates SIGTERM -> SIGKILL.
 
     Processes started from the main thread get PR_SET_PDEATHSIG=SIGKILL, so a harness that is killed
     outright takes its direct children with it; their own children are found as descendants at teardown.
@@ -121,22 +121,24 @@ class LocalRuntime(Runtime):
         except OSError as exc:
             close_captures(captures)
             raise ChaosbenchError(f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}") from None
+        exit_watch = process.EXITS.watch_child(popen)  # at once: nothing else may reap it before its pidfd is open
         handle = ProcHandle(spec, popen.pid, process.start_ticks(popen.pid))
         with self._lock:
             self._handles.append(handle)
         self._trees.add(handle.pid, handle.ticks)
         record_start(self.run.timeline, handle, output_stamp=captures["stdout"].stamp)
         self._threads += start_pumps(handle, captures, self.logs_dir, on_line)
-        w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
+        w = threading.Thread(target=self._wait, args=(handle, exit_watch), daemon=True, name=f"wait-{spec.name}")
         w.start()
         self._threads.append(w)
         return handle
 
-    def _wait(self, handle: ProcHandle, popen: subprocess.Popen[bytes]) -> None:
-        rc = popen.wait()
-        handle.t_exit_ns = now_ns()
-        handle.returncode = rc
-        record_exit(self.run.timeline, handle, rc, handle.t_exit_ns)
+    def _wait(self, handle: ProcHandle, exit_watch: process.ExitWatch) -> None:
+        status = exit_watch.wait()
+        assert status is not None and status.returncode is not None  # a child's watch reaps it: never None
+        handle.t_exit_ns = status.t_ns
+        handle.returncode = status.returncode
+        record_exit(self.run.timeline, handle, status.returncode, status.t_ns, status.stamp)
         handle.exited.set()
 
     def _ours(self, proc: psutil.Process) -> bool:

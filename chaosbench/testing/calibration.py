@@ -6,8 +6,10 @@ harness's children, not the watchdog's, so it cannot ``waitpid`` them); once one
 and writes ``CALIBRATION DETECT`` with the moment it saw the death (``dead_ns``) and the moment right before its
 ``write(2)`` of the line (``printed_ns``), which becomes a ``detect`` event through the same log-pattern path real
 adapters use; then a second line with the moment that write had returned (``written_ns``, read back from its log
-by :func:`written_ns`). Where the kernel has no pidfds it falls back to reading the ranks' /proc entries every
-millisecond.
+by :func:`written_ns`); last, it writes the moment right before its own ``os._exit(0)`` to a file
+(:func:`exit_ns`), against which the harness's ``proc_exit`` stamp of it is measured. Where the kernel has no
+pidfds it falls back to reading the ranks' /proc entries every millisecond. On the docker runtime the ranks and
+the watchdog share node0 (``nodes: 1``): it waits on the ranks' pids in that node's pid namespace.
 
 The measured time-to-detect is therefore the kill's own latency (the signal delivered to the process gone: the
 kernel tears down a large multi-threaded process, 1-25 ms on a loaded 2-core machine; up to ``dead_ns``), plus
@@ -37,7 +39,8 @@ from chaosbench.runtimes.base import ProcessSpec
 
 WATCHDOG = r"""
 import os, select, sys, time
-delay = float(sys.argv[1]); pids = [int(p) for p in sys.argv[2:]]
+exit_fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+delay = float(sys.argv[2]); pids = [int(p) for p in sys.argv[3:]]
 def dead(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -70,8 +73,13 @@ printed_ns = time.time_ns()
 os.write(1, f"{head}{printed_ns}\n".encode())  # one write(2), right after the stamp it carries
 written_ns = time.time_ns()
 os.write(1, f"CALIBRATION WRITTEN written_ns={written_ns}\n".encode())
+exit_ns = time.time_ns()
+os.write(exit_fd, str(exit_ns).encode())  # a file: this write wakes nobody who could preempt the exit
+os._exit(0)
 """
 _WRITTEN = re.compile(r"CALIBRATION WRITTEN written_ns=(\d+)")
+#: Where the watchdog leaves its last stamp, taken right before its ``_exit`` (below the run directory).
+EXIT_FILE = "logs/watchdog.exit"
 
 
 def written_ns(run_dir: str | Path) -> int | None:
@@ -81,6 +89,15 @@ def written_ns(run_dir: str | Path) -> int | None:
     except OSError:
         return None
     return int(m.group(1)) if m else None
+
+
+def exit_ns(run_dir: str | Path) -> int | None:
+    """The watchdog's last clock reading, right before its ``os._exit(0)`` (one ``write(2)`` to a file between
+    them), or None (it died before)."""
+    try:
+        return int((Path(run_dir) / EXIT_FILE).read_text() or "x")
+    except (OSError, ValueError):
+        return None
 
 
 class DelayedDetectOptions(NoneOptions):
@@ -103,8 +120,12 @@ class DelayedDetectFramework(NoneFramework):
         o: Any = self.options
         ranks = [control.runtime.start(s) for s in plan.processes]
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
+        exit_file = Path(job.run_dir) / EXIT_FILE
+        exit_file.parent.mkdir(parents=True, exist_ok=True)
+        # the ranks' pids as the watchdog sees them: it runs on node0, beside them (a docker node's pid namespace)
+        pids = [str(h.pid_on_node) for h in ranks]
         dog = control.runtime.start(
-            ProcessSpec("watchdog", [sys.executable, "-c", WATCHDOG, str(o.delay_s), *(str(h.pid) for h in ranks)],
+            ProcessSpec("watchdog", [sys.executable, "-c", WATCHDOG, str(exit_file), str(o.delay_s), *pids],
                         role="watchdog"),
             on_line=watcher,
         )  # fmt: skip

@@ -215,8 +215,9 @@ class ProcExit(EventModel):
     proc: str = Field(description="the process's name in the run")
     pid: int = Field(description="its pid")
     returncode: int = Field(description="its exit status (negative: killed by that signal)")
-    exit_stamp: Literal["pidfd", "wait"] | None = Field(None, description="how `t_ns` was taken: `pidfd`: when the "
-                                                        "kernel reported the exit; `wait`: when a wait returned")  # fmt: skip
+    exit_stamp: Literal["kernel", "pidfd", "wait"] | None = Field(
+        None, description="how `t_ns` was taken: `kernel`: the kernel's own stamp of the exit (its proc connector); "
+        "`pidfd`: when the harness woke to the process's pidfd; `wait`: when a wait returned, or seen after the fact")
     role: str | None = Field(None, description="its role")
     node: str | None = Field(None, description="its node")
     incarnation: int | None = Field(None, description="its incarnation")

@@ -111,6 +111,18 @@ def kinds(events: list[Event], kind: str, **match: Any) -> list[Event]:
     return [e for e in events if e.kind == kind and all(e.get(k) == v for k, v in match.items())]
 
 
+def exit_stamp_here() -> str:
+    """How this host's harness stamps a process's exit: ``kernel`` where it may listen to the proc connector (root
+    on the host), else ``pidfd`` (the poller's wake-up)."""
+    from chaosbench.runtimes.proc_events import open_listener
+
+    listener = open_listener()
+    if listener is None:
+        return "pidfd"
+    listener.close()
+    return "kernel"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -1,8 +1,9 @@
 """The harness SIGKILLed again and again at chosen moments of a suite (before its first step, during a fault,
 with a rank's cgroup in place, with the FUSE checkpoint mount up, with docker nodes up and a network fault's
 userspace delayer running, while the report is written): after each kill `chaosbench cleanup` leaves no
-process, container, network, mount, cgroup, iptables rule or qdisc of chaosbench, no finished run's result is
-lost, and `chaosbench run --resume` goes on; the last one completes the suite with every run once.
+process, container, network, mount, cgroup, iptables rule, qdisc or output handover directory of chaosbench, no
+finished run's result is lost, and `chaosbench run --resume` goes on; the last one completes the suite with every
+run once.
 
 Ten kills over two suites (six on the local runtime, four on docker); the moments are drawn from a seeded
 random generator (a delay after the moment's condition holds), the conditions are what makes each kill land
@@ -16,6 +17,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ import pytest
 
 from chaosbench.injectors.straggler import CPU_ROOT, cgroup_v1_cpu_available
 from chaosbench.rundir import RunDir, SuiteDir
+from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX
 from tests.helpers import require
 
 pytestmark = pytest.mark.integration
@@ -132,6 +135,11 @@ def _host_net_state() -> set[str]:
     }
 
 
+def _capture_dirs() -> set[str]:
+    """The docker runtime's output handover directories on the host (a crashed run's would have leaked)."""
+    return {f"capture directory {d}" for d in Path(tempfile.gettempdir()).glob(f"{CAPTURE_DIR_PREFIX}*")}
+
+
 def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool) -> list[str]:
     """Everything of chaosbench the killed harness (and its runs) could have left."""
     out = []
@@ -148,14 +156,14 @@ def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool) -> list[s
     if (CPU_ROOT / "chaosbench").is_dir():
         out += [f"cgroup {g}" for g in (CPU_ROOT / "chaosbench").glob("crash-*")]
     if docker:
-        out += _docker_objects(suite.out)
+        out += _docker_objects(suite.out) + sorted(_capture_dirs())
     return out + sorted(_host_net_state())
 
 
 def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docker: bool) -> None:
     rng = random.Random(seed)
     log = tmp / f"{suite.dir.name}.log"
-    net_before = _host_net_state()
+    net_before = _host_net_state() | _capture_dirs()  # what was there before is not this test's
     for i, kill in enumerate(plan):
         done_before = len(suite.finished())
         harness = suite.harness(resume=i > 0, log=log)

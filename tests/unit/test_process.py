@@ -209,3 +209,93 @@ def test_code_that_runs_in_ranks_and_users_containers_needs_no_psutil() -> None:
                "chaosbench.injectors.stall_fs.server"]  # fmt: skip
     code = f"import sys; import {', '.join(modules)}; sys.exit('psutil' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+#: A child that says on stdout the moment right before its ``_exit(int(argv[1]))``, after ``argv[2]`` seconds.
+EXITER = "import os, sys, time; time.sleep(float(sys.argv[2])); os.write(1, str(time.time_ns()).encode()); " \
+         "os._exit(int(sys.argv[1]))"  # fmt: skip
+
+
+def _exiter(code: int, after_s: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", EXITER, str(code), str(after_s)], stdout=subprocess.PIPE)
+
+
+def test_exit_poller_stamps_a_childs_exit_at_the_kernels_notification_and_reaps_it() -> None:
+    children = [_exiter(code, after) for code, after in ((3, 0.3), (0, 0.1), (-signal.SIGKILL, 30))]
+    watches = [process.EXITS.watch_child(c) for c in children]
+    assert watches[2].wait(timeout=0.2) is None  # still running: nothing settled
+    children[2].kill()
+    statuses = [w.wait(timeout=10) for w in watches]
+    returned_ns = time.time_ns()
+    # the kernel's own stamp where the harness may listen to the proc connector (root on the host), else the
+    # poller's wake-up to the pidfd
+    stamp = "kernel" if process.EXITS.kernel_stamps else "pidfd"
+    assert [(s.returncode, s.stamp) for s in statuses if s is not None] == [(3, stamp), (0, stamp),
+                                                                           (-signal.SIGKILL, stamp)]  # fmt: skip
+    for child, status in zip(children[:2], statuses[:2], strict=True):
+        assert child.stdout is not None and status is not None
+        before_exit_ns = int(child.stdout.read())
+        # after the child's last clock reading (its _exit came later), before the wait here returned
+        assert before_exit_ns <= status.t_ns <= returned_ns
+    # reaped through its Popen, which has the status, so a reused pid can never be waited for
+    assert [c.returncode for c in children] == [3, 0, -signal.SIGKILL]
+    for c in children:
+        assert c.stdout is not None
+        c.stdout.close()
+
+
+def test_exit_poller_says_when_the_exit_was_only_seen_after_the_fact() -> None:
+    child = _exiter(5, 0)
+    assert wait_until(lambda: process.state(child.pid) == psutil.STATUS_ZOMBIE, 10, interval_s=0.01)
+    status = process.EXITS.watch_child(child).wait(timeout=10)
+    # exited before its watch began: the poller's wake-up is not the exit, so the stamp says `wait`
+    assert status is not None and (status.returncode, status.stamp) == (5, "wait")
+    assert child.returncode == 5
+    assert child.stdout is not None
+    child.stdout.close()
+
+
+def test_exit_poller_watches_a_process_it_must_not_reap(spawn: list[subprocess.Popen[bytes]]) -> None:
+    p = _start(spawn, "sleep 0.2")
+    ticks = procutil.start_ticks(p.pid)
+    status = process.EXITS.watch_pid(p.pid, ticks).wait(timeout=10)
+    stamp = "kernel" if process.EXITS.kernel_stamps else "pidfd"
+    assert status is not None and (status.returncode, status.stamp) == (None, stamp)
+    assert process.state(p.pid) == psutil.STATUS_ZOMBIE  # not reaped: its status is still its parent's
+    assert p.wait(timeout=5) == 0
+    # a pid that does not name that process any more: settled at once, stamped when found (`wait`)
+    q = _start(spawn, "sleep 30")
+    gone = process.EXITS.watch_pid(q.pid, (procutil.start_ticks(q.pid) or 0) + 1).wait(timeout=0)
+    assert gone is not None and gone.stamp == "wait" and q.poll() is None
+
+
+#: A process of five threads that one of them, not the main one, ends with ``_exit(0)`` after ``argv[1]`` s.
+THREADED = """
+import os, sys, threading, time
+def last():
+    time.sleep(float(sys.argv[1])); os.write(1, str(time.time_ns()).encode()); os._exit(0)
+threading.Thread(target=last).start()
+for _ in range(3):
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+"""
+
+
+def test_a_multithreaded_process_ended_by_another_thread_is_stamped_at_its_exit() -> None:
+    # every thread's exit is a kernel event: the process's is the last of them, after the reading before _exit
+    child = subprocess.Popen([sys.executable, "-c", THREADED, "0.3"], stdout=subprocess.PIPE)
+    status = process.EXITS.watch_child(child).wait(timeout=10)
+    returned_ns = time.time_ns()
+    assert child.stdout is not None
+    before_exit_ns = int(child.stdout.read())
+    child.stdout.close()
+    assert status is not None and status.returncode == 0
+    assert before_exit_ns <= status.t_ns <= returned_ns
+
+
+def test_proc_events_convert_the_kernels_clock_to_the_wall_clock() -> None:
+    from chaosbench.runtimes.proc_events import monotonic_to_wall_ns
+
+    before = time.time_ns()
+    converted = monotonic_to_wall_ns(time.monotonic_ns())
+    after = time.time_ns()
+    assert before <= converted <= after

@@ -7,10 +7,16 @@ aliases, so ``MASTER_ADDR=node0`` works) and ``spare_nodes`` hot spares (``spare
 and memory limits of the options. The run directory is bind-mounted read-write at the same path into every
 node: it is the shared checkpoint storage, and every process appends to the same ``events.jsonl``.
 
-Processes are started with ``docker exec`` (the Engine API through the Docker SDK); stdout and stderr are
-read frame by frame, split into lines, stamped when read (the exec stream carries no stamp of the write:
-``proc_start``'s ``output_stamp`` is ``read``) and written to ``logs/<name>.out|.err`` as the
-``local`` runtime does. A process is identified by its host pid (from the exec's inspect data): the harness
+Processes are started with ``docker exec`` (the Engine API through the Docker SDK). Their stdout and stderr
+are the local runtime's captures (:mod:`chaosbench.runtimes.capture`), handed into the container: the exec
+runs a small launcher first, which takes the two sockets from the harness through a Unix socket in a
+bind-mounted host directory and execs the command on them (:mod:`chaosbench.runtimes.docker.output`), so the
+kernel stamps every line in the writer's own ``write(2)`` (``proc_start``'s ``output_stamp: write``) and lines go
+to ``logs/<name>.out|.err`` as on ``local``. Where that cannot be done (``output_capture: pipe``, a user's image
+without ``python``, a launcher that could not connect) the exec's own stream is read frame by frame, split into
+lines and stamped when read (``output_stamp: read``, with ``output_stamp_reason``). Exits are stamped when
+the kernel made the process's pidfd readable (:class:`~chaosbench.runtimes.process.ExitPoller`; the exit code
+then comes from the engine). A process is identified by its host pid (from the exec's inspect data): the harness
 runs on the engine's host, so teardown signals the exec'd process and its descendants directly (SIGTERM,
 SIGCONT, grace, SIGKILL), which really ends them; killing a ``docker exec`` client would not.
 ``signal_pid`` takes the pid a rank reported in its ``rank_start`` (in the container's pid namespace) and
@@ -48,6 +54,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -61,7 +68,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime, engine_effect
-from chaosbench.runtimes.process import ProcessTrees, record_exit, record_start
+from chaosbench.runtimes.capture import OutputCapture
+from chaosbench.runtimes.docker.launcher import FALLBACK
+from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX, NODE_DIR, Offer, OutputHandover
+from chaosbench.runtimes.process import (
+    CaptureLimitWatcher,
+    ProcessTrees,
+    close_captures,
+    open_captures,
+    record_exit,
+    record_start,
+    start_pumps,
+)
 from chaosbench.timeline import now_ns
 from chaosbench.timeline.reader import crashed_run_ids
 from chaosbench.waiting import wait_until
@@ -73,6 +91,11 @@ RUN_DIR_LABEL = "chaosbench.run_dir"
 PASS_ENV_PREFIXES = ("TORCH_", "TORCHELASTIC_", "NCCL_", "GLOO_", "OMP_", "MKL_", "PYTHON", "LC_", "LANG", "TZ")
 FIRST_PORT = 29500
 PF_EXITING = 0x4  # task flag in /proc/<pid>/stat field 9
+#: How the launcher's line saying it could not take the capture sockets starts (on the exec's stderr).
+LAUNCHER_FALLBACK = FALLBACK.encode()
+#: Longest wait for a started process's launcher to take its capture sockets (seconds; Python's start-up, a
+#: frozen node): then its lines are stamped when read, and the launcher, connecting later, falls back.
+HANDOVER_WAIT_S = 10.0
 #: Exit codes of ``docker exec`` above 128 mean "killed by signal (code - 128)"; reported like Popen does.
 SIGNAL_EXIT_BASE = 128
 #: Docker container states -> what the runtime makes of them.
@@ -119,6 +142,12 @@ class DockerOptions(BaseModel):
     mounts: list[str] = Field(default_factory=list, description="extra bind mounts, 'SRC:DST[:ro|rw]'")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of every process")
     node_wait_s: float = Field(default=120.0, gt=0, description="longest wait for a paused or booting node")
+    output_capture: OutputCapture = Field(
+        default="socket",
+        description="socket: each output line stamped by the kernel when the process wrote it (its stdout and "
+        "stderr are the harness's sockets, handed into the container; one write(2) is limited to ~4 MiB); pipe: "
+        "the exec's own stream, lines stamped when the harness reads them",
+    )
 
     @field_validator("memory_per_node", mode="before")
     @classmethod
@@ -175,7 +204,12 @@ class ExecHandle(ProcHandle):
         self.exec_id = ""
         self.container_id = ""
         self.container_pid: int | None = None
+        self.exit_watch: process.ExitWatch | None = None
         self.runs = 0
+
+    @property
+    def pid_on_node(self) -> int | None:
+        return self.container_pid
 
 
 def _decode_exit(code: int | None) -> int:
@@ -261,6 +295,16 @@ class DockerRuntime(Runtime):
         self._provisioned = False
         self._closed = False
         self.image: str | None = None
+        # the output capture's handover into the nodes (made at provision), or why lines are stamped when read
+        self._handover: OutputHandover | None = None
+        self._read_stamp_reason: str | None = None
+        if self.opts.output_capture == "pipe":
+            self._read_stamp_reason = "output_capture: pipe"
+        elif self._launcher_python() is None:
+            self._read_stamp_reason = (f"image {self.opts.image} without runtime_options.python: no interpreter known "
+                                       "there to run the capture launcher")  # fmt: skip
+        else:
+            self.line_observers.append(CaptureLimitWatcher(self.run.timeline))
 
     # ------------------------------------------------------------------ plain data
     @property
@@ -317,6 +361,11 @@ class DockerRuntime(Runtime):
                 raise ChaosbenchError("the docker runtime of this run has been cleaned up")
             nodes = self._expected_nodes() if nodes is None else nodes
             self.logs_dir.mkdir(parents=True, exist_ok=True)
+            if self._read_stamp_reason is None:
+                try:
+                    self._handover = OutputHandover()
+                except OSError as exc:
+                    self._read_stamp_reason = f"no capture socket on this host: {exc}"
             self._start_events()
             self._network = self.client.networks.create(
                 self.network_name, driver="bridge", internal=True, labels=self._labels(), check_duplicate=True
@@ -365,6 +414,9 @@ class DockerRuntime(Runtime):
             src, dst, *mode = m.split(":")
             mounts.append(Mount(target=dst, source=src, type="bind", read_only=(mode or ["rw"])[0] == "ro"))
         mounts.append(Mount(target=run_dir, source=run_dir, type="bind", read_only=False))
+        if self._handover is not None:
+            # read-only: connecting to a Unix socket needs no write access to its file system
+            mounts.append(Mount(target=NODE_DIR, source=self._handover.host_dir, type="bind", read_only=True))
         spec: dict[str, Any] = {
             "image": self.image, "command": command, "init": init, "detach": True, "mounts": mounts,
             "tmpfs": {"/tmp": "rw,nosuid,nodev,size=1g"}, "network": self.network_name,
@@ -694,11 +746,20 @@ class DockerRuntime(Runtime):
         env = self._env(spec, iface)
         if rerun:  # the node's entrypoint again: a new incarnation of whatever it runs
             env["CHAOSBENCH_INCARNATION"] = str(spec.incarnation + handle.runs)
+        argv = self._argv(spec.argv)
+        offer: Offer | None = None
+        launcher_python = self._launcher_python()
+        if self._handover is not None and launcher_python is not None:
+            offer = self._handover.offer(open_captures("socket", env))
+            argv = self._handover.launcher_argv(launcher_python, offer, argv)
         try:
-            ex = api.exec_create(node.cid, self._argv(spec.argv), stdout=True, stderr=True, stdin=False,
-                                 environment=env, workdir=spec.cwd)  # fmt: skip
+            ex = api.exec_create(node.cid, argv, stdout=True, stderr=True, stdin=False, environment=env,
+                                 workdir=spec.cwd)  # fmt: skip
             stream = api.exec_start(ex["Id"], stream=True, demux=True)
         except Exception as exc:  # noqa: BLE001 - the engine's refusal, as one line
+            if offer is not None:
+                offer.fail("the exec did not start")
+                close_captures(offer.captures)
             raise ChaosbenchError(f"cannot start '{spec.name}' on {spec.node}: {exc}") from None
 
         def started() -> dict[str, Any] | None:  # the exec's inspect data once it has a pid, or an exit code
@@ -707,9 +768,12 @@ class DockerRuntime(Runtime):
             return info if done else None
 
         info = wait_until(started, 10, interval_s=0.005) or {}
+        t_start = now_ns()  # proc_start's moment: the process runs (the handover below takes its launcher's start-up)
         pid = int(info.get("Pid") or 0)
         handle.pid = pid
         handle.ticks = process.start_ticks(pid) if pid else None
+        # the launcher execs the command in its own process: this pid and these ticks are the command's
+        handle.exit_watch = process.EXITS.watch_pid(pid, handle.ticks) if pid else None
         handle.exec_id = ex["Id"]
         handle.container_id = node.cid
         ns = _nspid(pid) if pid else []
@@ -717,14 +781,38 @@ class DockerRuntime(Runtime):
         handle.runs += 1
         if pid:
             self._trees.add(pid, handle.ticks)
-        record_start(self.run.timeline, handle, container=node.container.name, container_pid=handle.container_pid,
-                     rerun=rerun, output_stamp="read")  # fmt: skip
-        t = threading.Thread(target=self._pump, args=(handle, stream, on_line), daemon=True,
+        # the exec's own stream: everything before the launcher took the sockets, or all of it when it could not
+        t = threading.Thread(target=self._pump, args=(handle, stream, on_line, offer), daemon=True,
                              name=f"pump-{spec.name}")  # fmt: skip
         t.start()
         self._threads.append(t)
+        stamp: dict[str, Any] = {"output_stamp": "read", "output_stamp_reason": self._read_stamp_reason}
+        if offer is not None:
+            if offer.wait(HANDOVER_WAIT_S):
+                stamp = {"output_stamp": offer.captures["stdout"].stamp}
+            else:
+                close_captures(offer.captures)
+                stamp["output_stamp_reason"] = offer.reason
+        record_start(self.run.timeline, handle, t_ns=t_start, container=node.container.name,
+                     container_pid=handle.container_pid, rerun=rerun, **stamp)  # fmt: skip
+        if offer is not None and offer.handed:
+            self._threads += start_pumps(handle, offer.captures, self.logs_dir, on_line)
 
-    def _pump(self, handle: ExecHandle, stream: Any, on_line: LineCallback | None) -> None:
+    @property
+    def capture_dir(self) -> str | None:
+        """The host directory of the output handover's socket (mounted in every node), while it exists."""
+        return self._handover.host_dir if self._handover is not None else None
+
+    def _launcher_python(self) -> str | None:
+        """The node's interpreter that runs the output launcher: the harness's own in the default image, the
+        ``python`` option in a user's image; None when a user's image names none."""
+        if self.opts.python:
+            return self.opts.python
+        return sys.executable if self.opts.image is None else None
+
+    def _pump(self, handle: ExecHandle, stream: Any, on_line: LineCallback | None, offer: Offer | None) -> None:
+        """The exec's own stream, stamped when read. With an ``offer``, the launcher's line saying it could not
+        take the capture sockets, or the stream's end before they were taken, settles the offer as failed."""
         paths = {"stdout": self.logs_dir / f"{handle.name}.out", "stderr": self.logs_dir / f"{handle.name}.err"}
         files = {k: p.open("ab") for k, p in paths.items()}
         bufs = {"stdout": b"", "stderr": b""}
@@ -738,11 +826,15 @@ class DockerRuntime(Runtime):
                         data = bufs[name] + chunk
                         *lines, bufs[name] = data.split(b"\n")
                         for raw in lines:
+                            if offer is not None and name == "stderr" and raw.startswith(LAUNCHER_FALLBACK):
+                                offer.fail(raw[len(LAUNCHER_FALLBACK) :].decode(errors="replace"))
                             self._line(handle, name, raw + b"\n", files[name], on_line, t)
             for name, rest in bufs.items():
                 if rest:
                     self._line(handle, name, rest, files[name], on_line, now_ns())
         finally:
+            if offer is not None:
+                offer.fail("the process's exec stream ended before it took the capture sockets")
             for f in files.values():
                 f.close()
 
@@ -799,14 +891,13 @@ class DockerRuntime(Runtime):
 
     def _wait(self, handle: ExecHandle, on_line: LineCallback | None) -> None:
         while True:
-            proc = process.find(handle.pid, handle.ticks) if handle.pid else None
-            if proc is not None:  # not the harness's child: waiting never reaps it
-                process.wait_exit(proc)
+            # not the harness's child: the watch never reaps it; the exit code comes from the engine
+            status = handle.exit_watch.wait() if handle.exit_watch is not None else None
+            t_exit, exit_stamp = (status.t_ns, status.stamp) if status is not None else (now_ns(), "wait")
             rc, node_lost = self._exit_code(handle)
-            t_exit = now_ns()
             rerun = (node_lost and handle.spec.role in self.opts.rerun_roles and self.opts.lost_node != "none"
                      and not self._closing.is_set())  # fmt: skip
-            record_exit(self.run.timeline, handle, rc, t_exit, node_lost=node_lost)
+            record_exit(self.run.timeline, handle, rc, t_exit, exit_stamp, node_lost=node_lost)
             if rerun:
                 try:
                     self._exec(handle, on_line, rerun=True)
@@ -927,6 +1018,8 @@ class DockerRuntime(Runtime):
                 self._events_stream.close()
             if self._events_thread is not None:
                 self._events_thread.join(timeout=5)
+        if self._handover is not None:
+            self._handover.close()
         with self._lock:
             self._closed = True
         for c in (self._stream_client, self._client):
@@ -969,7 +1062,7 @@ class DockerRuntime(Runtime):
 def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = False) -> list[str]:
     """``chaosbench cleanup`` for docker: remove the containers and networks labelled with the run id of a
     crashed run below ``results_dir`` (and only those; qdiscs and iptables rules live in the containers'
-    network namespaces and go with them). Returns one line per action; nothing when no engine answers."""
+    network namespaces and go with them), and the output handover's host directory their containers mounted. Returns one line per action; nothing when no engine answers."""
     runs = crashed_run_ids(results_dir)
     if not runs:
         return []
@@ -984,13 +1077,22 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
     actions: list[str] = []
     for run_id, run_dir in runs.items():
         flt = {"label": f"{RUN_LABEL}={run_id}"}
+        capture_dirs: set[str] = set()
         for c in client.containers.list(all=True, filters=flt):
+            capture_dirs |= {m.get("Source", "") for m in c.attrs.get("Mounts") or []
+                             if m.get("Destination") == NODE_DIR
+                             and os.path.basename(m.get("Source", "")).startswith(CAPTURE_DIR_PREFIX)}  # fmt: skip
             actions.append(f"remove container {c.name} of {run_dir}")
             if not dry_run:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     if c.status == "paused":
                         c.unpause()
                     c.remove(force=True, v=True)
+        # the output handover's host directory, known from the run's own containers' mounts
+        for d in sorted(capture_dirs):
+            actions.append(f"remove capture directory {d} of {run_dir}")
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
         for n in client.networks.list(filters=flt):
             actions.append(f"remove network {n.name} of {run_dir}")
             if not dry_run:

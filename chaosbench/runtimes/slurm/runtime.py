@@ -83,7 +83,9 @@ from chaosbench.errors import ChaosbenchError, MissingEngine, Unsupported
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
 from chaosbench.runtimes.process import (
+    EXITS,
     CaptureLimitWatcher,
+    ExitWatch,
     close_captures,
     open_captures,
     record_exit,
@@ -499,6 +501,7 @@ class SlurmRuntime(Runtime):
         except OSError as exc:
             close_captures(captures)
             raise MissingEngine(f"cannot run srun for '{spec.name}': {exc.strerror}") from None
+        exit_watch = EXITS.watch_child(popen)  # at once: nothing else may reap it before its pidfd is open
         handle = SlurmHandle(spec, popen.pid, start_ticks(popen.pid), job_name, snode)
         handle.popen = popen
         with self._lock:
@@ -507,14 +510,16 @@ class SlurmRuntime(Runtime):
                      output_stamp=captures["stdout"].stamp)  # fmt: skip
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._threads += start_pumps(handle, captures, self.logs_dir, on_line)
-        w = threading.Thread(target=self._wait, args=(handle, popen), daemon=True, name=f"wait-{spec.name}")
+        w = threading.Thread(target=self._wait, args=(handle, exit_watch), daemon=True, name=f"wait-{spec.name}")
         w.start()
         self._threads.append(w)
         return handle
 
-    def _wait(self, handle: SlurmHandle, popen: subprocess.Popen[bytes]) -> None:
-        srun_rc = rc = popen.wait()
-        handle.t_exit_ns = now_ns()
+    def _wait(self, handle: SlurmHandle, exit_watch: ExitWatch) -> None:
+        status = exit_watch.wait()
+        assert status is not None and status.returncode is not None  # a child's watch reaps it: never None
+        srun_rc = rc = status.returncode
+        handle.t_exit_ns = status.t_ns
         if rc > SIGNAL_EXIT_BASE and rc - SIGNAL_EXIT_BASE in {int(s) for s in signal.Signals}:
             rc = -(rc - SIGNAL_EXIT_BASE)
         extra: dict[str, Any] = {}
@@ -529,8 +534,8 @@ class SlurmRuntime(Runtime):
                 extra = {"srun_returncode": srun_rc, "slurm_state": info.slurm_state, "reason": info.reason}
         handle.returncode = rc
         assert handle.t_exit_ns is not None
-        record_exit(self.run.timeline, handle, rc, handle.t_exit_ns, slurm_node=handle.slurm_node, job_id=job_id,
-                    **extra)  # fmt: skip
+        record_exit(self.run.timeline, handle, rc, handle.t_exit_ns, status.stamp, slurm_node=handle.slurm_node,
+                    job_id=job_id, **extra)  # fmt: skip
         handle.exited.set()
 
     def job_id(self, handle: SlurmHandle) -> int | None:
