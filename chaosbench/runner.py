@@ -7,6 +7,7 @@ suite's table is written once, at the end (or by ``chaosbench report``), from th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import queue
@@ -577,7 +578,6 @@ class Runner:
         watcher: CheckpointWatcher | None = None
         job: JobContext | None = None
         result = JobResult("error", "not started")
-        leftovers: list[int] = []
         try:
             job = self._job(sc, run_dir, runtime, run_id)
             framework = _framework(sc)
@@ -631,27 +631,48 @@ class Runner:
             # From here on every process exit, log line and reaction is caused by the harness, not by the fault:
             # the metrics credit nothing after this event to the framework (see chaosbench.analysis.metrics).
             timeline.emit("teardown_begin", reason=_teardown_reason(result))
-            for controller in controllers:
-                controller.close()
-            runtime.cleanup()
-            for injector in injectors:
-                try:
-                    injector.cleanup()
-                except Exception as exc:  # noqa: BLE001 - recorded; the harness goes on
-                    timeline.emit("fault_revert", src="injector", fault=injector.fault_name, reason="cleanup",
-                                  error=f"{type(exc).__name__}: {exc}")  # fmt: skip
-            if watcher is not None:
-                watcher.stop()  # after the teardown: the last writes are in
-            if job is not None and (artifact := job.workload.final_artifact(job.paths)) is not None:
-                _digest_artifact(artifact, timeline)
-            leftovers = runtime.leftovers()
-            objects = runtime.leftover_objects()
-            timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=leftovers,
-                          leftover_objects=objects, harness_cpu_s=round(time.process_time() - cpu_start_s, 4),
-                          concurrent_runs=len(self._controls) + 1)  # fmt: skip
-            follower.stop()
-            timeline.close()
+            ended: dict[str, list[Any]] = {}
+
+            def run_end() -> None:
+                ended["pids"], ended["objects"] = runtime.leftovers(), runtime.leftover_objects()
+                timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=ended["pids"],
+                              leftover_objects=ended["objects"], concurrent_runs=len(self._controls) + 1,
+                              harness_cpu_s=round(time.process_time() - cpu_start_s, 4))  # fmt: skip
+
+            # Every step runs even when one before it raised (a failing runtime cleanup must not leave the
+            # injectors' mounts, rules and cgroups behind, nor the timeline unclosed): registered last-first, the
+            # stack runs them in the order below and raises a failure once all have run.
+            with contextlib.ExitStack() as teardown:
+                teardown.callback(timeline.close)
+                teardown.callback(follower.stop)
+                teardown.callback(run_end)
+                if job is not None:
+                    teardown.callback(_digest_final_artifact, job, timeline)
+                if watcher is not None:
+                    teardown.callback(watcher.stop)  # after the teardown: the last writes are in
+                for injector in reversed(injectors):
+                    teardown.callback(_cleanup_injector, injector, timeline)
+                teardown.callback(runtime.cleanup)
+                for controller in reversed(controllers):
+                    teardown.callback(controller.close)
+            leftovers: list[int] = ended.get("pids", [])
         return RunRecord(sc, run_dir, result, leftovers=leftovers)
+
+
+def _cleanup_injector(injector: Injector, timeline: TimelineWriter) -> None:
+    """An injector's cleanup at teardown; its failure is recorded as the fault's revert, and the harness goes on."""
+    try:
+        injector.cleanup()
+    except Exception as exc:  # noqa: BLE001 - recorded; the harness goes on
+        timeline.emit("fault_revert", src="injector", fault=injector.fault_name, reason="cleanup",
+                      error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+
+def _digest_final_artifact(job: JobContext, timeline: TimelineWriter) -> None:
+    """The workload's final artifact digested into the timeline (``fidelity_from``), where it names one."""
+    artifact = job.workload.final_artifact(job.paths)
+    if artifact is not None:
+        _digest_artifact(artifact, timeline)
 
 
 class _LatestStep:
