@@ -71,6 +71,8 @@ class Measured:
     point: timing.FaultPoint
     detect: Event | None
     resume: tuple[int, tuple[int, int]] | None
+    #: The job went on in place while the fault was still in effect, then failed: steps after it, no resume.
+    went_on: bool = False
 
 
 def reaction_in(ix: TimelineIndex, t_from: int, t_to: int | None) -> bool:
@@ -127,6 +129,17 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
     else:
         eventually = timing.resume_point(steps, fp, False)  # maybe after the next fault
     resume = eventually if eventually is not None and (until is None or eventually[0] < until) else None
+    if (resume is not None and nxt is None and not finished and (revert is None or revert > resume[0])
+            and not ix.per_step_commit and not fp.restarted and resume[1][0] == fp.incarnation):  # fmt: skip
+        # a fault still in effect (a kill: nothing brings the process back) while its job went on in place, and
+        # the job then failed, the run's last fault: those steps were the fault not having bitten yet (a killed
+        # rendezvous host is missed at the next store call), no resume from it; the framework's reaction after
+        # them is this fault's detection, not a flap (under per-step commit the survivors going on is the
+        # recovery; a fault that ended before the job went on, a hang's duration, was outlasted)
+        resume = eventually = None
+        went_on = True
+    else:
+        went_on = False
     if not ix.per_step_commit:
         detect = next((e for e in detects if resume is None or e.t_ns <= resume[0]), None)
     if detect is not None:
@@ -156,8 +169,9 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
             else:
                 miss["lost_steps"] = miss["time_to_resume_s"]
         else:
-            miss["time_to_resume_s"] = miss["lost_steps"] = "not recovered: no training step completed after the fault"
-        return Measured(fig, fault, tf, until, fp, detect, None)
+            miss["time_to_resume_s"] = miss["lost_steps"] = ("not recovered: training did not finish" if went_on else
+                                                             "not recovered: no training step completed after the fault")  # fmt: skip
+        return Measured(fig, fault, tf, until, fp, detect, None, went_on)
     resume_t, resume_key = resume
     if nxt is None and not finished:
         fig.status = "not_recovered"

@@ -837,7 +837,7 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
         # no partial figure of a recovery that did not happen (it would feed medians and projections)
         if fig.status == "interrupted":
             reason = fig.missing["time_to_resume_s"]
-        elif resume is None:
+        elif resume is None and not first.went_on:
             reason = f"not recovered: no training step completed after the fault (run ended: {m.run_end_outcome})"
         elif m.steps_short:
             reason = f"not recovered: training ended {m.steps_short} step(s) short of {m.total_steps}"

@@ -204,3 +204,19 @@ def test_11_projection_inputs_are_what_was_given_and_measured() -> None:
     rows = [{"framework": "fw", "fault": "k", "control": False, "outcome": "recovered", "fault_class": "crash",
              "time_to_resume_s": 3.0, "rollback": False, "lost_work_s": None}]  # fmt: skip
     assert costs_from_rows(rows) == []  # a missing lost work is no 0 s of it
+
+
+def test_a_kill_that_bites_late_is_detected_not_a_false_detection() -> None:
+    """A real run (test_role_faults, CI): the rendezvous host's agent killed after step 10; both ranks go on
+    for two steps until node1's agent next calls the store, finds it gone (a rendezvous_lost line, +0.97 s) and
+    stops its worker (the detection, +0.98 s); the job fails. Those two steps were the kill not having bitten yet,
+    no resume from it: the detection is the kill's (before: '1 detection(s) before the fault', not detected)."""
+    from pathlib import Path
+
+    from chaosbench.timeline import read_events
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "timelines" / "torchrun_kill_rendezvous_host.jsonl"
+    m = compute_metrics(read_events(fixture, strict=True))
+    assert m.outcome == "not_recovered" and m.run_end_outcome == "failed", m.verdict
+    assert m.detected and m.detected_via == "rendezvous store lost" and m.false_detections == 0, m.verdict
+    assert m.time_to_detect_s == pytest.approx(0.974484883, abs=1e-9)  # the detect line less the kill's effect
