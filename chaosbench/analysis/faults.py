@@ -129,17 +129,15 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
     else:
         eventually = timing.resume_point(steps, fp, False)  # maybe after the next fault
     resume = eventually if eventually is not None and (until is None or eventually[0] < until) else None
-    if (resume is not None and nxt is None and not finished and (revert is None or revert > resume[0])
-            and not ix.per_step_commit and not fp.restarted and resume[1][0] == fp.incarnation):  # fmt: skip
+    went_on = (resume is not None and nxt is None and not finished and (revert is None or revert > resume[0])
+               and not ix.per_step_commit and not fp.restarted and resume[1][0] == fp.incarnation)  # fmt: skip
+    if went_on:
         # a fault still in effect (a kill: nothing brings the process back) while its job went on in place, and
         # the job then failed, the run's last fault: those steps were the fault not having bitten yet (a killed
         # rendezvous host is missed at the next store call), no resume from it; the framework's reaction after
         # them is this fault's detection, not a flap (under per-step commit the survivors going on is the
         # recovery; a fault that ended before the job went on, a hang's duration, was outlasted)
         resume = eventually = None
-        went_on = True
-    else:
-        went_on = False
     if not ix.per_step_commit:
         detect = next((e for e in detects if resume is None or e.t_ns <= resume[0]), None)
     if detect is not None:
