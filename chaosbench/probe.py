@@ -122,14 +122,17 @@ class Probe:
         )
 
     def step(self, step: int, loss: float | None = None, duration_s: float | None = None,
-             t_ns: int | None = None) -> None:  # fmt: skip
+             t_ns: int | None = None, every: int | None = None) -> None:  # fmt: skip
         """Step ``step`` (1-based count of completed optimizer steps) has completed (now, or at ``t_ns``).
 
         ``duration_s``: the seconds this step's own compute took (forward, backward, optimizer), measured
-        by the caller; metrics fall back to the interval between events when it is not given."""
+        by the caller; metrics fall back to the interval between events when it is not given. ``every``: the
+        step was counted from a line printed every ``every`` steps without its number."""
         data: dict[str, Any] = {"step": int(step), "loss": None if loss is None else float(loss)}
         if duration_s is not None:
             data["duration_s"] = float(duration_s)
+        if every is not None:
+            data["every"] = int(every)
         self.emit("step", t_ns=t_ns, **data)
 
     @contextlib.contextmanager

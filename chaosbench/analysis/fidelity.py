@@ -197,6 +197,8 @@ def contamination(ix: TimelineIndex) -> str | None:
         # the widest gap between the steps it reported: a progress bar redraws every ~0.1 s, so its first count
         # may be a few steps in, as far as its later counts are apart; a resume from elsewhere starts far beyond
         spacing = max(b - a for a, b in zip(idx, idx[1:], strict=False)) if idx[-1] > idx[0] else 1
+        # a line counted every K steps (step_every) stands for K steps: its first may be step K
+        spacing = max([spacing] + [int(e.get("every") or 0) for e in ix.of("step") if incarnation(e) == first_inc])
         if idx[0] > max(1, spacing):
             return (f"its first incarnation's first step was {idx[0]} (steps at most {spacing} apart): it resumed "
                     "from state this run did not write")  # fmt: skip

@@ -156,7 +156,8 @@ TRAINING: tuple[MetricRow, ...] = (
     MetricRow(
         "`contaminated`",
         "the run started from state it did not write (a checkpoint loaded before it saved one, or a first"
-        " step far beyond 1): outcome `contaminated`, not measured",
+        " step further in than its steps are apart, a counted line's cadence included): outcome"
+        " `contaminated`, not measured",
     ),
     MetricRow(
         "`fault_class`, `rollback`",

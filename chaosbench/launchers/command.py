@@ -72,7 +72,7 @@ def emit(probe: Probe, parsed: list[Parsed]) -> None:
     """Put what the parser read on the timeline, each event with the stamp of the write it came in."""
     for p in parsed:
         if p.kind == "step":
-            probe.step(int(p.fields["step"]), p.fields.get("loss"), t_ns=p.t_ns)
+            probe.step(int(p.fields["step"]), p.fields.get("loss"), t_ns=p.t_ns, every=p.fields.get("every"))
         else:
             probe.emit(p.kind, t_ns=p.t_ns, **p.fields)
 

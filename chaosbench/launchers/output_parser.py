@@ -140,7 +140,10 @@ class OutputParser:
             if kind == "progress":
                 out += self._step(kind, raw, g, t_ns) if raw else []  # a count of 0 is no step
             elif kind == "step":
-                out += self._step(kind, self._counted_step() if raw is None else self._index(raw, out, t_ns), g, t_ns)
+                if raw is None:  # a counted line: it stands for the step_every steps up to it
+                    out += self._step(kind, self._counted_step(), g, t_ns, every=self.step_every)
+                else:
+                    out += self._step(kind, self._index(raw, out, t_ns), g, t_ns)
             elif kind == "train_end":
                 out.append(Parsed(kind, t_ns, {"step": raw, "loss": _num(g.get("loss")), "digest": g.get("digest") or ""}))
             else:
@@ -152,11 +155,15 @@ class OutputParser:
                 out.append(Parsed(kind, t_ns, fields))
         return out
 
-    def _step(self, kind: str, step: int | None, g: dict[str, Any], t_ns: int) -> list[Parsed]:
+    def _step(self, kind: str, step: int | None, g: dict[str, Any], t_ns: int,
+              every: int | None = None) -> list[Parsed]:  # fmt: skip
         if step is None or step <= self._last.get(kind, 0):
             return []  # a redraw, or a step this pattern reported already
         self._last[kind] = step
-        return [Parsed("step", t_ns, {"step": step, "loss": _num(g.get("loss"))})]
+        fields: dict[str, Any] = {"step": step, "loss": _num(g.get("loss"))}
+        if every:
+            fields["every"] = every
+        return [Parsed("step", t_ns, fields)]
 
     def _index(self, raw: int, out: list[Parsed], t_ns: int) -> int:
         """The 1-based step a ``step`` line's counter names (the counting decided on the first one)."""

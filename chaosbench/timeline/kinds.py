@@ -126,6 +126,7 @@ FIELDS: dict[str, dict[str, tuple[bool, tuple[str, ...]]]] = {
         "quorum_id": (False, ("null", "int")),
         "committed": (False, ("null", "bool")),
         "global_batch": (False, ("null", "int")),
+        "every": (False, ("null", "int")),
     },
     "ckpt_save_begin": {
         "rank": (False, ("null", "int")),

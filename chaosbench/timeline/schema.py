@@ -335,6 +335,9 @@ class Step(_Rank):
     quorum_id: int | None = Field(None, description="that quorum's id (TorchFT)")
     committed: bool | None = Field(None, description="committed by a per-step vote (TorchFT)")
     global_batch: int | None = Field(None, description="samples in this step over all ranks")
+    every: int | None = Field(None, description="a counted line's cadence (the command workload's `step_every`): "
+                              "the script prints every K-th step without its number, so this step stands for "
+                              "the K steps up to it")  # fmt: skip
 
 
 class CkptSaveBegin(_CkptRank):

@@ -76,6 +76,16 @@ def test_loss_lines_without_a_step_are_counted_beside_a_lagging_bar() -> None:
         (8, None), (10, 5.0), (20, None), (20, 4.0), (30, 3.0)]  # fmt: skip
 
 
+def test_a_counted_line_says_its_cadence_and_a_bar_or_numbered_line_does_not() -> None:
+    """A counted loss line stands for the step_every steps up to it (the contamination check needs that: the
+    first loss line of a fresh run is step 10, further in than the bar's redraws are apart)."""
+    rx = {"progress": "tqdm", "step": r"\{'loss': '(?P<loss>[\d.]+)'"}
+    out = parse_all(OutputParser(rx, step_every=10), [(b"{'loss': '5.0'}\n", 1), (BAR.format(pct=2, n=11).encode(), 2)])
+    assert [(p.fields["step"], p.fields.get("every")) for p in out if p.kind == "step"] == [(10, 10), (11, None)]
+    numbered = parse_all(OutputParser({"step": r"step (?P<step>\d+)"}, step_every=10), [(b"step 1\n", 1)])
+    assert [p.fields.get("every") for p in numbered if p.kind == "step"] == [None]
+
+
 def test_a_resumed_process_counts_its_loss_lines_from_where_its_bar_says_it_is() -> None:
     """HF resumed from checkpoint-50: the new bar draws 0/600, the first loss line (step 60) can come before the
     bar's next redraw, which jumps to the restored position: that loss line is no step 10 (seen in CI: lost 61

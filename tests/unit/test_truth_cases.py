@@ -220,3 +220,25 @@ def test_a_kill_that_bites_late_is_detected_not_a_false_detection() -> None:
     assert m.outcome == "not_recovered" and m.run_end_outcome == "failed", m.verdict
     assert m.detected and m.detected_via == "rendezvous store lost" and m.false_detections == 0, m.verdict
     assert m.time_to_detect_s == pytest.approx(0.974484883, abs=1e-9)  # the detect line less the kill's effect
+
+
+def test_a_fresh_run_whose_first_step_is_a_counted_loss_line_is_not_contaminated() -> None:
+    """A real run (test_real_trainers[hf], restart, kill rank 1 at step 70, CI on a busy machine): the Trainer's
+    first loss line (step 10, counted by step_every: 10) came before the tqdm bar's first redraw, so the first
+    incarnation's first step was 10 while its steps were at most 9 apart (the bar's redraws); it was reported
+    'contaminated'. A counted line stands for the 10 steps up to it (its step events say every: 10), so a first
+    step of 10 is a fresh start. The logs: checkpoint-50 saved, killed at 70, resumed from checkpoint-50
+    (the watcher's load), finished at 150: 20 steps lost, one restart."""
+    import dataclasses
+    from pathlib import Path
+
+    from chaosbench.timeline import read_events
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "timelines" / "hf_trainer_restart_kill_first_step_10.jsonl"
+    events = read_events(fixture, strict=True)
+    m = compute_metrics(events)
+    assert m.outcome == "recovered" and not m.contaminated, m.verdict
+    assert m.lost_steps == 20 and m.restart_count == 1 and m.final_step == 150, m.verdict
+    # without the cadence the same steps read as a resume from elsewhere (what the run was reported as)
+    bare = [dataclasses.replace(e, data={k: v for k, v in e.data.items() if k != "every"}) for e in events]
+    assert compute_metrics(bare).outcome == "contaminated"
