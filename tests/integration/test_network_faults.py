@@ -148,9 +148,9 @@ def test_network_faults_on_a_training_job(run_suite) -> None:
     faults = ("{partition: {injector: partition, trigger: {at_step: 15}, params: {groups: [[node0], [node1]], "
               "duration_s: 12}}, "
               "delay: {injector: net-delay, target: {node: node1}, trigger: {at_step: 15}, "
-              "params: {delay_ms: 50, jitter_ms: 0, duration_s: 4}}, "
+              "params: {delay_ms: 50, jitter_ms: 0, duration_s: 6}}, "
               "bandwidth: {injector: net-bandwidth, target: {node: node1}, trigger: {at_step: 15}, "
-              "params: {rate: 8mbit, duration_s: 4}}}")  # fmt: skip
+              "params: {rate: 8mbit, duration_s: 6}}}")  # fmt: skip
     res = run_suite(f"""
     name: nf
     seed: 5
@@ -158,7 +158,9 @@ def test_network_faults_on_a_training_job(run_suite) -> None:
     defaults:
       runtime: docker
       deadline_s: 150
-      workload: {{name: ddp-mlp, ranks: 2, nodes: 2, steps: 60, checkpoint_every: 10, step_sleep_s: 0.02,
+      # 200 steps: the 185 after the trigger take ~4.5 s undelayed, so the job is still stepping when a delay
+      # that took seconds to take effect on a busy machine bites (with 60 the job once ended before it did)
+      workload: {{name: ddp-mlp, ranks: 2, nodes: 2, steps: 200, checkpoint_every: 10, step_sleep_s: 0.02,
                  pg_timeout_s: 5}}
     # heartbeat well above pg_timeout_s: detection comes from the survivor's timed-out collective, and a
     # rank that takes a few seconds to exit after its last step is not mistaken for a hung one
@@ -180,7 +182,9 @@ def test_network_faults_on_a_training_job(run_suite) -> None:
         after = step_interval_ms(ev, revert.t_ns, revert.t_ns + 10_000_000_000)
         step_ms[name] = (before, during, after)
         assert m.outcome == "outlasted" and m.restart_count == 0  # slower, not broken: nothing reacts to it
-        assert before is not None and during is not None
+        last_step_ns = max(e.t_ns for e in ev if e.kind == "step")
+        assert before is not None and during is not None, (name, before, during, effect_ns - fault.t_ns,
+                                                           revert.t_ns - effect_ns, last_step_ns - effect_ns)
         assert after is None or after < during / 2, (name, before, during, after, fault["injection_latency_s"])
     d_before, d_during, _ = step_ms["delay"]
     assert d_during > d_before + 50  # each allreduce waits at least once for node1's delayed packets
