@@ -25,6 +25,7 @@ Register it with ``FRAMEWORKS.register("delayed-detect", DelayedDetectFramework)
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -100,8 +101,33 @@ def exit_ns(run_dir: str | Path) -> int | None:
         return None
 
 
+#: The root of cgroup v1's cpu hierarchy: its tasks may run real-time (the kernel's whole budget is its own).
+CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
+
+
+def realtime(pid: int, priority: int) -> None:
+    """Put process ``pid`` under ``SCHED_FIFO`` at ``priority``. Where its cgroup v1 cpu group has no real-time
+    runtime (docker's: ``cpu.rt_runtime_us`` 0, so the kernel refuses with EPERM), the process moves to the root
+    cpu group first: its namespaces stay its container's, only its CPU accounting leaves it. Raises OSError
+    when it still cannot (no root, no cgroup v1 cpu hierarchy)."""
+    param = os.sched_param(priority)
+    try:
+        os.sched_setscheduler(pid, os.SCHED_FIFO, param)
+    except PermissionError:
+        if not (CPU_CGROUP_ROOT / "tasks").exists():
+            raise
+        (CPU_CGROUP_ROOT / "tasks").write_text(str(pid))
+        os.sched_setscheduler(pid, os.SCHED_FIFO, param)
+
+
 class DelayedDetectOptions(NoneOptions):
     delay_s: float = Field(default=0.5, ge=0, description="known delay between a rank's death and detection")
+    realtime_priority: int | None = Field(
+        default=None, ge=1, le=99,
+        description="run the watchdog under SCHED_FIFO at this priority (root), so that its own wake-up after "
+                    "the delay and its exit are not preempted by a loaded machine's other processes: the "
+                    "calibrator's own error then leaves the measurement, the harness's stays in it",
+    )  # fmt: skip
 
 
 class DelayedDetectFramework(NoneFramework):
@@ -129,6 +155,11 @@ class DelayedDetectFramework(NoneFramework):
                         role="watchdog"),
             on_line=watcher,
         )  # fmt: skip
+        if o.realtime_priority is not None:
+            # by its host pid, from the harness (root): a docker node's process gets it too; before any rank
+            # can die (the watchdog waits on them), so its sleep and write already run at this priority.
+            # A refusal (no CAP_SYS_NICE, a cgroup without real-time runtime) is this run's error.
+            realtime(dog.pid, o.realtime_priority)
         while True:
             if control.stop_reason():
                 return JobResult(control.stop_reason() or "deadline")
