@@ -79,7 +79,8 @@ def reaction_in(ix: TimelineIndex, t_from: int, t_to: int | None) -> bool:
     """Whether the framework reacted between ``t_from`` and ``t_to``: a detection, a restart, a give-up, a new
     incarnation of a unit that restarts on its own (a replica group under per-step commit: TorchFT's number their
     incarnations each from 0; a job without groups is one), or (per-step commit) a new quorum (a ``quorum``
-    event, or a step committed by a quorum other than the last one before ``t_from``)."""
+    event, or a step of the job's committed by a quorum other than the last one before ``t_from``; a stale
+    group's commit of an index the job had completed already is not the job's)."""
     def inside(e: Event) -> bool:
         return e.t_ns >= t_from and (t_to is None or e.t_ns <= t_to)
 
@@ -93,9 +94,18 @@ def reaction_in(ix: TimelineIndex, t_from: int, t_to: int | None) -> bool:
             running[unit] = max(running.get(unit, 0), incarnation(e))
     if any(inside(e) and incarnation(e) > running.get(e.get("replica_group"), 0) for e in ix.of("rank_start")):
         return True
-    quorums = [e.get("quorum_id") for e in ix.of("step") if e.get("committed") and e.t_ns < t_from]
+    # the job's commits only: a group back with stale state that commits an index the job had completed already,
+    # alone in a quorum of its own, changes no quorum of the job's
+    done: dict[int, int] = {}  # step index -> when the job completed it
+    for (_, step), t in ix.steps.t.items():
+        done[step] = min(t, done.get(step, t))
+
+    def jobs(e: Event) -> bool:
+        return bool(e.get("committed")) and not done.get(int(e["step"]), e.t_ns) < e.t_ns
+
+    quorums = [e.get("quorum_id") for e in ix.of("step") if jobs(e) and e.t_ns < t_from]
     last = quorums[-1] if quorums else None
-    return any(inside(e) and e.get("committed") and e.get("quorum_id") not in (None, last) for e in ix.of("step"))
+    return any(inside(e) and jobs(e) and e.get("quorum_id") not in (None, last) for e in ix.of("step"))
 
 
 def measure_all(ix: TimelineIndex, faults: list[Event], finished: bool, t0: int, framework: str | None) -> list[Measured]:

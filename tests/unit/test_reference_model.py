@@ -152,6 +152,10 @@ SHRUNK_FT = [
     # window, a reaction (was: outlasted, with 1 restart)
     FtPlan(3, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("kill", 1, 0, 1000, 0, 1000, 79378, 20000, 1),
                                                  FtFaultPlan("hang", 2, hold_us=57854), _kill(3)), "a", "a", early=1),
+    # a stale group's commit of an index the job had completed (alone, in a quorum of its own) inside another
+    # group's hang is no new quorum of the job's: the hang was outlasted (was: recovered, undetected, 0 restarts)
+    FtPlan(3, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("stale", 1, 0, 1000, 0, 1000, 17004, 20000, 1),
+                                                 FtFaultPlan("hang", 2, hold_us=10000), _kill(3)), "a", "a"),
 ]
 
 
