@@ -31,6 +31,7 @@ from chaosbench.frameworks.base import (
     JobContext,
     JobResult,
     LaunchPlan,
+    ProcErrorWatcher,
     RankErrorWatcher,
     RunControl,
 )
@@ -572,6 +573,7 @@ class Runner:
         follower.start()
         runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
         runtime.line_observers.append(RankErrorWatcher(timeline))
+        runtime.line_observers.append(ProcErrorWatcher(timeline))
         controllers: list[FaultController] = []
         injectors: list[Injector] = []
         control: RunControl | None = None
