@@ -8,10 +8,11 @@ its timeline events (:func:`next_phase`), handed over by the timeline follower's
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
@@ -63,6 +64,75 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+#: The ``fault`` of a control run in a plan.
+CONTROL = "control"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a suite as planned, in the order ``chaosbench run`` runs them: its 1-based ``index``, ``label``
+    (``framework/fault #repeat``, as the runner names it to the progress), ``framework`` entry, ``fault`` schedule
+    (``control`` for a control run), ``bound_s``, its wall bound (its deadline plus set-up and teardown), and
+    ``floor_s``: the seconds its faults cost at least beyond a control's wall, from the timeouts in force (the
+    detection outlook's resume floor, else its expected detection; 0 when not modelled)."""
+
+    index: int
+    label: str
+    framework: str
+    fault: str
+    bound_s: float
+    floor_s: float = 0.0
+
+
+def estimate_run_s(run: PlannedRun, finished: Sequence[tuple[PlannedRun, float]]) -> float | None:
+    """Seconds ``run`` will take, from the walls of the ``finished`` runs (None when nothing finished yet).
+
+    The median wall of its own cell (same framework and fault) when one of them finished; else its framework's
+    level times its fault's factor, and at least the level plus the run's ``floor_s``: a fault's factor is the
+    median, over the frameworks that ran it and their control, of the cell's median wall over the control's (a
+    control: 1); a framework's level is its control's median wall, else the median of its runs' walls each over
+    its fault's factor, else (a framework not begun) the median level of the others. A fault no framework ran
+    yet stands at the median of the walls of the framework's finished runs, else at the fault's under the other
+    frameworks, else at the run's bound scaled by how much of their bounds the finished runs took."""
+    if not finished:
+        return None
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r, wall_s in finished:
+        cells.setdefault((r.framework, r.fault), []).append(wall_s)
+    if (own := cells.get((run.framework, run.fault))) is not None:
+        return statistics.median(own)
+    medians = {key: statistics.median(walls) for key, walls in cells.items()}
+    controls = {fw: m for (fw, fault), m in medians.items() if fault == CONTROL}
+
+    def factor(fault: str) -> float | None:
+        if fault == CONTROL:
+            return 1.0
+        ratios = [m / controls[fw] for (fw, f), m in medians.items() if f == fault and controls.get(fw)]
+        return statistics.median(ratios) if ratios else None
+
+    def level(fw: str) -> float | None:
+        if fw in controls:
+            return controls[fw]
+        scaled = [m / k for (f_fw, fault), m in medians.items() if f_fw == fw and (k := factor(fault))]
+        return statistics.median(scaled) if scaled else None
+
+    run_factor = factor(run.fault)
+    run_level = level(run.framework)
+    if run_level is None:
+        levels = [x for fw in {f for f, _ in cells} if (x := level(fw)) is not None]
+        run_level = statistics.median(levels) if levels else None
+    floor_s = 0.0 if run_level is None else run_level + run.floor_s
+    if run_factor is not None and run_level is not None:
+        return max(run_level * run_factor, floor_s)
+    for same in ((run.framework, None), (None, run.fault)):
+        walls = [s for r, s in finished if same[0] in (None, r.framework) and same[1] in (None, r.fault)]
+        if walls:
+            return max(statistics.median(walls), floor_s)
+    bounds = sum(r.bound_s for r, _ in finished)
+    walls_s = sum(s for _, s in finished)
+    return max(run.bound_s * walls_s / bounds if bounds > 0 else walls_s / len(finished), floor_s)
+
+
 @dataclass
 class _Run:
     index: int
@@ -79,13 +149,15 @@ class SuiteProgress:
 
     ``live`` None draws a rich live bar when ``stream.isatty()`` (and ``TERM`` is not ``dumb``), else writes
     plain lines. ``bound_s``: the suite's upper bound of wall time from its deadlines, shown once at start and
-    used as the ETA (labelled a bound) until a run has finished. ``clock``: seconds, for tests. Every method is safe to call from any thread;
+    used as the ETA (labelled a bound) until a run has finished. ``plan``: every run of the suite in order
+    (:class:`PlannedRun`): the ETA then sums each run's own estimate (:func:`estimate_run_s`); without it, the
+    mean of the finished runs' walls stands for every run left. ``clock``: seconds, for tests. Every method is safe to call from any thread;
     :meth:`on_event` never raises, and a stream that cannot be written to loses the line, never fails the suite.
     """
 
     def __init__(self, suite: str, total_runs: int, bound_s: float | None, stream: TextIO = sys.stderr,
                  live: bool | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 header: bool = True) -> None:  # fmt: skip
+                 header: bool = True, plan: Sequence[PlannedRun] | None = None) -> None:  # fmt: skip
         self.suite = suite
         self.total_runs = total_runs
         self.bound_s = bound_s
@@ -96,6 +168,10 @@ class SuiteProgress:
         self._started = clock()
         self._lock = threading.Lock()
         self._walls_s: list[float] = []  # finished runs only: a skipped run took no time here
+        self._plan = None if plan is None else {p.label: p for p in plan}
+        self._finished: list[tuple[PlannedRun, float]] = []  # with a plan: each finished run and its wall
+        self._gone: set[str] = set()  # labels of the runs finished or skipped
+        self._running: dict[str, float] = {}  # label -> when it started (several at once with --jobs)
         self._done = 0
         self._last_index = 0
         self._current: _Run | None = None
@@ -116,6 +192,7 @@ class SuiteProgress:
         with self._lock:
             self._done += 1
             self._last_index += 1
+            self._gone.add(label)
             line = f"{self._prefix(self._last_index)} {label} skipped: {reason}"
         self._print(line)
 
@@ -125,6 +202,7 @@ class SuiteProgress:
             self._last_index = index
             self._current = _Run(index, label, deadline_s, control, self._clock())
             self._indices[label] = index
+            self._running[label] = self._current.started
             line = f"{self._prefix(index)} {label} ..."
         if self._live is None:
             self._print(line)
@@ -158,6 +236,11 @@ class SuiteProgress:
             self._current = None
             self._done += 1
             self._walls_s.append(elapsed_s)
+            self._running.pop(label, None)
+            self._gone.add(label)
+            if self._plan is not None:
+                planned = self._plan.get(label) or PlannedRun(index, label, "", "", 0.0)
+                self._finished.append((planned, elapsed_s))
             eta = self._eta_text() if self._done < self.total_runs else ""
             line = f"{self._prefix(index)} {label} {summary} ({elapsed_s:.1f} s{'; ' + eta if eta else ''})"
         self._print(line)
@@ -184,9 +267,12 @@ class SuiteProgress:
 
     # ------------------------------------------------------------------ figures
     def eta_s(self) -> tuple[float | None, bool]:
-        """Seconds until the suite ends and whether that is the deadline bound: remaining runs x the mean wall
-        of finished runs, plus the current run's remaining share of that mean; before any run finished, the
-        bound less the time elapsed ((None, False) without a bound)."""
+        """Seconds until the suite ends and whether that is the deadline bound. With a plan: the estimates of
+        the runs not started (:func:`estimate_run_s`: their cell's median wall, else their framework's, else
+        their fault's, else their scaled bound), shared among ``concurrency`` slots, plus each running run's
+        estimate less its time so far (never negative). Without: remaining runs x the mean wall of finished runs,
+        plus the current run's remaining share of that mean. Before any run finished: the bound less the time
+        elapsed ((None, False) without a bound)."""
         with self._lock:
             return self._eta()
 
@@ -196,11 +282,26 @@ class SuiteProgress:
             if self.bound_s is None:
                 return None, False
             return max(self.bound_s - (now - self._started), 0.0), True
+        if self._plan is not None:
+            return self._planned_eta(now), False
         mean_s = sum(self._walls_s) / len(self._walls_s)
         run = self._current
         waiting = self.total_runs - self._done - (1 if run is not None else 0)
         current_s = max(mean_s - (now - run.started), 0.0) if run is not None else 0.0
         return max(waiting, 0) * mean_s / self.concurrency + current_s, False
+
+    def _planned_eta(self, now: float) -> float:
+        assert self._plan is not None
+        waiting_s = running_s = 0.0
+        for label, planned in self._plan.items():
+            if label in self._gone:
+                continue
+            estimate_s = estimate_run_s(planned, self._finished) or 0.0
+            if label in self._running:
+                running_s += max(estimate_s - (now - self._running[label]), 0.0)
+            else:
+                waiting_s += estimate_s
+        return waiting_s / self.concurrency + running_s
 
     def _eta_text(self) -> str:
         eta_s, is_bound = self._eta()
