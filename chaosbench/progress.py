@@ -84,53 +84,78 @@ class PlannedRun:
     floor_s: float = 0.0
 
 
-def estimate_run_s(run: PlannedRun, finished: Sequence[tuple[PlannedRun, float]]) -> float | None:
-    """Seconds ``run`` will take, from the walls of the ``finished`` runs (None when nothing finished yet).
+class RunWallModel:
+    """How long runs of a suite take, from the walls of its ``finished`` runs (each with its plan entry); built
+    once per finished run, asked for every run left (:meth:`estimate_s`).
 
-    The median wall of its own cell (same framework and fault) when one of them finished; else its framework's
-    level times its fault's factor, and at least the level plus the run's ``floor_s``: a fault's factor is the
-    median, over the frameworks that ran it and their control, of the cell's median wall over the control's (a
-    control: 1); a framework's level is its control's median wall, else the median of its runs' walls each over
-    its fault's factor, else (a framework not begun) the median level of the others. A fault no framework ran
-    yet stands at the median of the walls of the framework's finished runs, else at the fault's under the other
-    frameworks, else at the run's bound scaled by how much of their bounds the finished runs took."""
-    if not finished:
-        return None
-    cells: dict[tuple[str, str], list[float]] = {}
-    for r, wall_s in finished:
-        cells.setdefault((r.framework, r.fault), []).append(wall_s)
-    if (own := cells.get((run.framework, run.fault))) is not None:
-        return statistics.median(own)
-    medians = {key: statistics.median(walls) for key, walls in cells.items()}
-    controls = {fw: m for (fw, fault), m in medians.items() if fault == CONTROL}
+    A run's estimate is the median wall of its own cell (same framework and fault) when one of them finished;
+    else its framework's level times its fault's factor, and at least the level plus the run's ``floor_s``: a
+    fault's factor is the median, over the frameworks that ran it and their control, of the cell's median wall
+    over the control's (a control: 1); a framework's level is its control's median wall, else the median of its
+    runs' walls each over its fault's factor, else (a framework not begun) the median level of the others. A
+    fault no framework ran yet stands at the median wall of the framework's finished runs, else of the fault's
+    under the other frameworks, else at the run's bound scaled by how much of their bounds the finished runs
+    took (each also at least the level plus the floor)."""
 
-    def factor(fault: str) -> float | None:
+    def __init__(self, finished: Sequence[tuple[PlannedRun, float]]) -> None:
+        self.finished = list(finished)
+        cells: dict[tuple[str, str], list[float]] = {}
+        for r, wall_s in self.finished:
+            cells.setdefault((r.framework, r.fault), []).append(wall_s)
+        self.cells = {key: statistics.median(walls) for key, walls in cells.items()}
+        self.controls = {fw: m for (fw, fault), m in self.cells.items() if fault == CONTROL}
+        faults = {fault for _, fault in self.cells}
+        self.factors = {f: k for f in faults if (k := self._factor(f)) is not None}
+        frameworks = {fw for fw, _ in self.cells}
+        self.levels = {fw: x for fw in frameworks if (x := self._level(fw)) is not None}
+        self.median_level = statistics.median(self.levels.values()) if self.levels else None
+        bounds_s = sum(r.bound_s for r, _ in self.finished)
+        walls_s = sum(s for _, s in self.finished)
+        self._per_bound = walls_s / bounds_s if bounds_s > 0 else None
+        self._mean_s = walls_s / len(self.finished) if self.finished else None
+        self._by_cell: dict[tuple[str, str, float, float], float | None] = {}
+
+    def _factor(self, fault: str) -> float | None:
         if fault == CONTROL:
             return 1.0
-        ratios = [m / controls[fw] for (fw, f), m in medians.items() if f == fault and controls.get(fw)]
+        ratios = [m / self.controls[fw] for (fw, f), m in self.cells.items() if f == fault and self.controls.get(fw)]
         return statistics.median(ratios) if ratios else None
 
-    def level(fw: str) -> float | None:
-        if fw in controls:
-            return controls[fw]
-        scaled = [m / k for (f_fw, fault), m in medians.items() if f_fw == fw and (k := factor(fault))]
+    def _level(self, fw: str) -> float | None:
+        if fw in self.controls:
+            return self.controls[fw]
+        scaled = [m / k for (f_fw, fault), m in self.cells.items() if f_fw == fw and (k := self.factors.get(fault))]
         return statistics.median(scaled) if scaled else None
 
-    run_factor = factor(run.fault)
-    run_level = level(run.framework)
-    if run_level is None:
-        levels = [x for fw in {f for f, _ in cells} if (x := level(fw)) is not None]
-        run_level = statistics.median(levels) if levels else None
-    floor_s = 0.0 if run_level is None else run_level + run.floor_s
-    if run_factor is not None and run_level is not None:
-        return max(run_level * run_factor, floor_s)
-    for same in ((run.framework, None), (None, run.fault)):
-        walls = [s for r, s in finished if same[0] in (None, r.framework) and same[1] in (None, r.fault)]
-        if walls:
-            return max(statistics.median(walls), floor_s)
-    bounds = sum(r.bound_s for r, _ in finished)
-    walls_s = sum(s for _, s in finished)
-    return max(run.bound_s * walls_s / bounds if bounds > 0 else walls_s / len(finished), floor_s)
+    def estimate_s(self, run: PlannedRun) -> float | None:
+        """Seconds ``run`` will take (see the class); None when no run finished."""
+        key = (run.framework, run.fault, run.bound_s, run.floor_s)
+        if key not in self._by_cell:
+            self._by_cell[key] = self._estimate_s(run)
+        return self._by_cell[key]
+
+    def _estimate_s(self, run: PlannedRun) -> float | None:
+        if not self.finished:
+            return None
+        if (own := self.cells.get((run.framework, run.fault))) is not None:
+            return own
+        level = self.levels.get(run.framework, self.median_level)
+        floor_s = 0.0 if level is None else level + run.floor_s
+        factor = self.factors.get(run.fault)
+        if factor is not None and level is not None:
+            return max(level * factor, floor_s)
+        for same in ((run.framework, None), (None, run.fault)):
+            walls = [s for r, s in self.finished if same[0] in (None, r.framework) and same[1] in (None, r.fault)]
+            if walls:
+                return max(statistics.median(walls), floor_s)
+        scaled = run.bound_s * self._per_bound if self._per_bound is not None else self._mean_s
+        return max(scaled or 0.0, floor_s)
+
+
+def estimate_run_s(run: PlannedRun, finished: Sequence[tuple[PlannedRun, float]]) -> float | None:
+    """Seconds ``run`` will take, from the walls of the ``finished`` runs (:class:`RunWallModel`); None when
+    nothing finished yet."""
+    return RunWallModel(finished).estimate_s(run)
 
 
 @dataclass
@@ -150,7 +175,7 @@ class SuiteProgress:
     ``live`` None draws a rich live bar when ``stream.isatty()`` (and ``TERM`` is not ``dumb``), else writes
     plain lines. ``bound_s``: the suite's upper bound of wall time from its deadlines, shown once at start and
     used as the ETA (labelled a bound) until a run has finished. ``plan``: every run of the suite in order
-    (:class:`PlannedRun`): the ETA then sums each run's own estimate (:func:`estimate_run_s`); without it, the
+    (:class:`PlannedRun`): the ETA then sums each run's own estimate (:class:`RunWallModel`); without it, the
     mean of the finished runs' walls stands for every run left. ``clock``: seconds, for tests. Every method is safe to call from any thread;
     :meth:`on_event` never raises, and a stream that cannot be written to loses the line, never fails the suite.
     """
@@ -170,6 +195,7 @@ class SuiteProgress:
         self._walls_s: list[float] = []  # finished runs only: a skipped run took no time here
         self._plan = None if plan is None else {p.label: p for p in plan}
         self._finished: list[tuple[PlannedRun, float]] = []  # with a plan: each finished run and its wall
+        self._model: RunWallModel | None = None  # of the finished runs, until the next one finishes
         self._gone: set[str] = set()  # labels of the runs finished or skipped
         self._running: dict[str, float] = {}  # label -> when it started (several at once with --jobs)
         self._done = 0
@@ -241,6 +267,7 @@ class SuiteProgress:
             if self._plan is not None:
                 planned = self._plan.get(label) or PlannedRun(index, label, "", "", 0.0)
                 self._finished.append((planned, elapsed_s))
+                self._model = None
             eta = self._eta_text() if self._done < self.total_runs else ""
             line = f"{self._prefix(index)} {label} {summary} ({elapsed_s:.1f} s{'; ' + eta if eta else ''})"
         self._print(line)
@@ -268,8 +295,8 @@ class SuiteProgress:
     # ------------------------------------------------------------------ figures
     def eta_s(self) -> tuple[float | None, bool]:
         """Seconds until the suite ends and whether that is the deadline bound. With a plan: the estimates of
-        the runs not started (:func:`estimate_run_s`: their cell's median wall, else their framework's, else
-        their fault's, else their scaled bound), shared among ``concurrency`` slots, plus each running run's
+        the runs not started (:class:`RunWallModel`: their cell's median wall, else their framework's level
+        times their fault's factor, at least the level plus their floor), shared among ``concurrency`` slots, plus each running run's
         estimate less its time so far (never negative). Without: remaining runs x the mean wall of finished runs,
         plus the current run's remaining share of that mean. Before any run finished: the bound less the time
         elapsed ((None, False) without a bound)."""
@@ -292,11 +319,13 @@ class SuiteProgress:
 
     def _planned_eta(self, now: float) -> float:
         assert self._plan is not None
+        if self._model is None:
+            self._model = RunWallModel(self._finished)
         waiting_s = running_s = 0.0
         for label, planned in self._plan.items():
             if label in self._gone:
                 continue
-            estimate_s = estimate_run_s(planned, self._finished) or 0.0
+            estimate_s = self._model.estimate_s(planned) or 0.0
             if label in self._running:
                 running_s += max(estimate_s - (now - self._running[label]), 0.0)
             else:

@@ -106,7 +106,8 @@ def check_page(page: Path, work: Path, width: int = 1280, height: int = 800, tim
     assert head is not None, f"{page}: no <head>"
     probed = page.with_name(page.stem + ".browser-check.html")
     probed.write_text(html[: head.end()] + PROBE + html[head.end() :])
-    common = [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+    common = [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--hide-scrollbars", "--no-first-run",
               "--virtual-time-budget=10000", f"--window-size={width},{height}"]  # fmt: skip
     try:
         dumped = _run([*common, f"--user-data-dir={work / 'profile-dom'}", "--dump-dom", probed.as_uri()], timeout_s)
