@@ -338,7 +338,18 @@ class SuiteProgress:
             return "ETA unknown"
         if is_bound:
             return f"ETA at most {format_duration(eta_s)} (deadline bound)"
+        unseen = self._frameworks_not_begun()
+        if unseen:
+            return f"ETA {format_duration(eta_s)} (guessed for {unseen} framework{'s' if unseen > 1 else ''} not begun)"
         return f"ETA {format_duration(eta_s)}"
+
+    def _frameworks_not_begun(self) -> int:
+        """With a plan: how many frameworks of the runs left have no level of their own yet (no finished run to
+        take it from): their runs are taken at the other frameworks' median level, a guess."""
+        if self._plan is None or self._model is None:
+            return 0
+        left = {p.framework for label, p in self._plan.items() if label not in self._gone}
+        return len(left - set(self._model.levels))
 
     def _prefix(self, index: int) -> str:
         return f"[{index:>{len(str(self.total_runs))}}/{self.total_runs}]"

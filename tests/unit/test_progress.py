@@ -239,6 +239,7 @@ def test_the_eta_of_a_suite_whose_first_framework_is_fast() -> None:
     _replay(new, new_clock, plan, walls_s)
     assert old.eta_s() == (32.0, False)  # -56 %
     assert new.eta_s() == (72.0, False)  # b's level 30 s x kill's factor 1.2, twice
+    assert new._eta_text() == "ETA 1m12s"
     new.run_started(5, "b/kill #0", 60, control=False)
     new_clock.now += 6.0
     assert new.eta_s() == (66.0, False)  # the running run's 36 - 6 s, and 36 s waiting
@@ -280,3 +281,15 @@ def test_suite_plan_of_the_compare_suite() -> None:
     assert plan[0] == PlannedRun(1, "none/control #0", "none", "control", 150 + RUN_OVERHEAD_S, 0.0)
     assert plan[14] == PlannedRun(15, "restart/kill-rank #0", "restart", "kill-rank", 150 + RUN_OVERHEAD_S, 0.05)
     assert [p.floor_s for p in plan if p.label.startswith("torchrun/hang-rank")] == [40.1] * 3
+
+
+def test_the_eta_says_when_a_framework_left_has_not_begun() -> None:
+    plan = _plan(("a", "control", 1), ("a", "kill", 1), ("b", "control", 1), ("c", "control", 1))
+    out, clock = io.StringIO(), FakeClock()
+    p = SuiteProgress("s", 4, bound_s=400, stream=out, clock=clock, plan=plan)
+    _replay(p, clock, plan, [10.0, 14.0, 30.0])
+    assert [line for line in out.getvalue().splitlines() if " ok " in line] == [
+        "[1/4] a/control #0 ok (10.0 s; ETA 30s (guessed for 2 frameworks not begun))",  # a's level for a's kill
+        "[2/4] a/kill #0 ok (14.0 s; ETA 20s (guessed for 2 frameworks not begun))",  # and for b's and c's
+        "[3/4] b/control #0 ok (30.0 s; ETA 20s (guessed for 1 framework not begun))",  # c: median(10, 30)
+    ]  # fmt: skip
