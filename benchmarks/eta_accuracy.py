@@ -10,8 +10,11 @@ run left estimated from its cell, framework and fault, and the floor its timeout
 ..., 90 % of the runs finished it prints each ETA against the time that was in fact left, and its error::
 
     python benchmarks/eta_accuracy.py reports/compare    # a suite directory (the one holding suite.json)
+    python benchmarks/eta_accuracy.py reports/compare --controls-first
 
-A run of ``--jobs 1`` only: with several runs at once the walls overlap and the replay does not hold.
+``--controls-first`` replays the same walls with every control first (the order ``--jobs`` runs them in): an
+order the runs did not run in, taking each run's wall as independent of its place. A result set of ``--jobs 1``
+only: with several runs at once the walls overlap and the replay does not hold.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import argparse
 import io
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chaosbench.progress import PlannedRun, SuiteProgress
@@ -92,13 +95,19 @@ def replay(runs: list[Replayed], with_plan: bool) -> dict[int, float | None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suite_dir", type=Path, help="a suite's result directory (holding its run directories)")
+    ap.add_argument("--controls-first", action="store_true", help="replay every control first (see above)")
     args = ap.parse_args()
     runs = runs_of(args.suite_dir)
+    if args.controls_first:
+        runs = sorted(runs, key=lambda r: r.planned.fault != "control")  # stable: otherwise in the order run
+        for i, r in enumerate(runs):
+            r.planned = replace(r.planned, index=i + 1)
     if len(runs) < 2:
         sys.exit(f"{args.suite_dir}: {len(runs)} runs with a timeline; need 2 or more")
     total_s = sum(r.wall_s for r in runs)
     old, new = replay(runs, with_plan=False), replay(runs, with_plan=True)
-    print(f"{args.suite_dir}: {len(runs)} runs, {total_s:.0f} s of runs")
+    order = ", every control first" if args.controls_first else ""
+    print(f"{args.suite_dir}: {len(runs)} runs, {total_s:.0f} s of runs{order}")
     print(f"{'done':>5} {'runs':>5} {'left_s':>8} {'old_eta_s':>10} {'old_err':>8} {'new_eta_s':>10} {'new_err':>8}")
     worst = {"old": 0.0, "new": 0.0}
     for pct in range(10, 100, 10):
