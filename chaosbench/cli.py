@@ -35,7 +35,7 @@ def _progress(msg: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from chaosbench.progress import format_duration
-    from chaosbench.runner import RUN_OVERHEAD_S, Runner, suite_limits
+    from chaosbench.runner import RUN_OVERHEAD_S, Runner, suite_limits, suite_plan
     from chaosbench.specs import load_suite
 
     suite = load_suite(args.suite)
@@ -85,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with SuiteProgress(suite.name, n, bound_s, header=False) as progress:
+        with SuiteProgress(suite.name, n, bound_s, header=False, plan=suite_plan(suite, outlook)) as progress:
             runner.progress = progress
             progress.message(f"results -> {runner.suite_dir}" + (" (resuming)" if args.resume else ""))
             records = runner.run(resume=args.resume, jobs=args.jobs, timings_may_interfere=args.timings_may_interfere)

@@ -8,10 +8,11 @@ its timeline events (:func:`next_phase`), handed over by the timeline follower's
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
@@ -63,6 +64,100 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+#: The ``fault`` of a control run in a plan.
+CONTROL = "control"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a suite as planned, in the order ``chaosbench run`` runs them: its 1-based ``index``, ``label``
+    (``framework/fault #repeat``, as the runner names it to the progress), ``framework`` entry, ``fault`` schedule
+    (``control`` for a control run), ``bound_s``, its wall bound (its deadline plus set-up and teardown), and
+    ``floor_s``: the seconds its faults cost at least beyond a control's wall, from the timeouts in force (the
+    detection outlook's resume floor, else its expected detection; 0 when not modelled)."""
+
+    index: int
+    label: str
+    framework: str
+    fault: str
+    bound_s: float
+    floor_s: float = 0.0
+
+
+class RunWallModel:
+    """How long runs of a suite take, from the walls of its ``finished`` runs (each with its plan entry); built
+    once per finished run, asked for every run left (:meth:`estimate_s`).
+
+    A run's estimate is the median wall of its own cell (same framework and fault) when one of them finished;
+    else its framework's level times its fault's factor, and at least the level plus the run's ``floor_s``: a
+    fault's factor is the median, over the frameworks that ran it and their control, of the cell's median wall
+    over the control's (a control: 1); a framework's level is its control's median wall, else the median of its
+    runs' walls each over its fault's factor, else (a framework not begun) the median level of the others. A
+    fault no framework ran yet stands at the median wall of the framework's finished runs, else of the fault's
+    under the other frameworks, else at the run's bound scaled by how much of their bounds the finished runs
+    took (each also at least the level plus the floor)."""
+
+    def __init__(self, finished: Sequence[tuple[PlannedRun, float]]) -> None:
+        self.finished = list(finished)
+        cells: dict[tuple[str, str], list[float]] = {}
+        for r, wall_s in self.finished:
+            cells.setdefault((r.framework, r.fault), []).append(wall_s)
+        self.cells = {key: statistics.median(walls) for key, walls in cells.items()}
+        self.controls = {fw: m for (fw, fault), m in self.cells.items() if fault == CONTROL}
+        faults = {fault for _, fault in self.cells}
+        self.factors = {f: k for f in faults if (k := self._factor(f)) is not None}
+        frameworks = {fw for fw, _ in self.cells}
+        self.levels = {fw: x for fw in frameworks if (x := self._level(fw)) is not None}
+        self.median_level = statistics.median(self.levels.values()) if self.levels else None
+        bounds_s = sum(r.bound_s for r, _ in self.finished)
+        walls_s = sum(s for _, s in self.finished)
+        self._per_bound = walls_s / bounds_s if bounds_s > 0 else None
+        self._mean_s = walls_s / len(self.finished) if self.finished else None
+        self._by_cell: dict[tuple[str, str, float, float], float | None] = {}
+
+    def _factor(self, fault: str) -> float | None:
+        if fault == CONTROL:
+            return 1.0
+        ratios = [m / self.controls[fw] for (fw, f), m in self.cells.items() if f == fault and self.controls.get(fw)]
+        return statistics.median(ratios) if ratios else None
+
+    def _level(self, fw: str) -> float | None:
+        if fw in self.controls:
+            return self.controls[fw]
+        scaled = [m / k for (f_fw, fault), m in self.cells.items() if f_fw == fw and (k := self.factors.get(fault))]
+        return statistics.median(scaled) if scaled else None
+
+    def estimate_s(self, run: PlannedRun) -> float | None:
+        """Seconds ``run`` will take (see the class); None when no run finished."""
+        key = (run.framework, run.fault, run.bound_s, run.floor_s)
+        if key not in self._by_cell:
+            self._by_cell[key] = self._estimate_s(run)
+        return self._by_cell[key]
+
+    def _estimate_s(self, run: PlannedRun) -> float | None:
+        if not self.finished:
+            return None
+        if (own := self.cells.get((run.framework, run.fault))) is not None:
+            return own
+        level = self.levels.get(run.framework, self.median_level)
+        floor_s = 0.0 if level is None else level + run.floor_s
+        factor = self.factors.get(run.fault)
+        if factor is not None and level is not None:
+            return max(level * factor, floor_s)
+        for same in ((run.framework, None), (None, run.fault)):
+            walls = [s for r, s in self.finished if same[0] in (None, r.framework) and same[1] in (None, r.fault)]
+            if walls:
+                return max(statistics.median(walls), floor_s)
+        scaled = run.bound_s * self._per_bound if self._per_bound is not None else self._mean_s
+        return max(scaled or 0.0, floor_s)
+
+
+def estimate_run_s(run: PlannedRun, finished: Sequence[tuple[PlannedRun, float]]) -> float | None:
+    """Seconds ``run`` will take, from the walls of the ``finished`` runs (:class:`RunWallModel`); None when
+    nothing finished yet."""
+    return RunWallModel(finished).estimate_s(run)
+
+
 @dataclass
 class _Run:
     index: int
@@ -79,13 +174,15 @@ class SuiteProgress:
 
     ``live`` None draws a rich live bar when ``stream.isatty()`` (and ``TERM`` is not ``dumb``), else writes
     plain lines. ``bound_s``: the suite's upper bound of wall time from its deadlines, shown once at start and
-    used as the ETA (labelled a bound) until a run has finished. ``clock``: seconds, for tests. Every method is safe to call from any thread;
+    used as the ETA (labelled a bound) until a run has finished. ``plan``: every run of the suite in order
+    (:class:`PlannedRun`): the ETA then sums each run's own estimate (:class:`RunWallModel`); without it, the
+    mean of the finished runs' walls stands for every run left. ``clock``: seconds, for tests. Every method is safe to call from any thread;
     :meth:`on_event` never raises, and a stream that cannot be written to loses the line, never fails the suite.
     """
 
     def __init__(self, suite: str, total_runs: int, bound_s: float | None, stream: TextIO = sys.stderr,
                  live: bool | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 header: bool = True) -> None:  # fmt: skip
+                 header: bool = True, plan: Sequence[PlannedRun] | None = None) -> None:  # fmt: skip
         self.suite = suite
         self.total_runs = total_runs
         self.bound_s = bound_s
@@ -96,6 +193,11 @@ class SuiteProgress:
         self._started = clock()
         self._lock = threading.Lock()
         self._walls_s: list[float] = []  # finished runs only: a skipped run took no time here
+        self._plan = None if plan is None else {p.label: p for p in plan}
+        self._finished: list[tuple[PlannedRun, float]] = []  # with a plan: each finished run and its wall
+        self._model: RunWallModel | None = None  # of the finished runs, until the next one finishes
+        self._gone: set[str] = set()  # labels of the runs finished or skipped
+        self._running: dict[str, float] = {}  # label -> when it started (several at once with --jobs)
         self._done = 0
         self._last_index = 0
         self._current: _Run | None = None
@@ -116,6 +218,7 @@ class SuiteProgress:
         with self._lock:
             self._done += 1
             self._last_index += 1
+            self._gone.add(label)
             line = f"{self._prefix(self._last_index)} {label} skipped: {reason}"
         self._print(line)
 
@@ -125,6 +228,7 @@ class SuiteProgress:
             self._last_index = index
             self._current = _Run(index, label, deadline_s, control, self._clock())
             self._indices[label] = index
+            self._running[label] = self._current.started
             line = f"{self._prefix(index)} {label} ..."
         if self._live is None:
             self._print(line)
@@ -158,6 +262,12 @@ class SuiteProgress:
             self._current = None
             self._done += 1
             self._walls_s.append(elapsed_s)
+            self._running.pop(label, None)
+            self._gone.add(label)
+            if self._plan is not None:
+                planned = self._plan.get(label) or PlannedRun(index, label, "", "", 0.0)
+                self._finished.append((planned, elapsed_s))
+                self._model = None
             eta = self._eta_text() if self._done < self.total_runs else ""
             line = f"{self._prefix(index)} {label} {summary} ({elapsed_s:.1f} s{'; ' + eta if eta else ''})"
         self._print(line)
@@ -184,9 +294,12 @@ class SuiteProgress:
 
     # ------------------------------------------------------------------ figures
     def eta_s(self) -> tuple[float | None, bool]:
-        """Seconds until the suite ends and whether that is the deadline bound: remaining runs x the mean wall
-        of finished runs, plus the current run's remaining share of that mean; before any run finished, the
-        bound less the time elapsed ((None, False) without a bound)."""
+        """Seconds until the suite ends and whether that is the deadline bound. With a plan: the estimates of
+        the runs not started (:class:`RunWallModel`: their cell's median wall, else their framework's level
+        times their fault's factor, at least the level plus their floor), shared among ``concurrency`` slots, plus each running run's
+        estimate less its time so far (never negative). Without: remaining runs x the mean wall of finished runs,
+        plus the current run's remaining share of that mean. Before any run finished: the bound less the time
+        elapsed ((None, False) without a bound)."""
         with self._lock:
             return self._eta()
 
@@ -196,11 +309,28 @@ class SuiteProgress:
             if self.bound_s is None:
                 return None, False
             return max(self.bound_s - (now - self._started), 0.0), True
+        if self._plan is not None:
+            return self._planned_eta(now), False
         mean_s = sum(self._walls_s) / len(self._walls_s)
         run = self._current
         waiting = self.total_runs - self._done - (1 if run is not None else 0)
         current_s = max(mean_s - (now - run.started), 0.0) if run is not None else 0.0
         return max(waiting, 0) * mean_s / self.concurrency + current_s, False
+
+    def _planned_eta(self, now: float) -> float:
+        assert self._plan is not None
+        if self._model is None:
+            self._model = RunWallModel(self._finished)
+        waiting_s = running_s = 0.0
+        for label, planned in self._plan.items():
+            if label in self._gone:
+                continue
+            estimate_s = self._model.estimate_s(planned) or 0.0
+            if label in self._running:
+                running_s += max(estimate_s - (now - self._running[label]), 0.0)
+            else:
+                waiting_s += estimate_s
+        return waiting_s / self.concurrency + running_s
 
     def _eta_text(self) -> str:
         eta_s, is_bound = self._eta()
@@ -208,7 +338,18 @@ class SuiteProgress:
             return "ETA unknown"
         if is_bound:
             return f"ETA at most {format_duration(eta_s)} (deadline bound)"
+        unseen = self._frameworks_not_begun()
+        if unseen:
+            return f"ETA {format_duration(eta_s)} (guessed for {unseen} framework{'s' if unseen > 1 else ''} not begun)"
         return f"ETA {format_duration(eta_s)}"
+
+    def _frameworks_not_begun(self) -> int:
+        """With a plan: how many frameworks of the runs left have no level of their own yet (no finished run to
+        take it from): their runs are taken at the other frameworks' median level, a guess."""
+        if self._plan is None or self._model is None:
+            return 0
+        left = {p.framework for label, p in self._plan.items() if label not in self._gone}
+        return len(left - set(self._model.levels))
 
     def _prefix(self, index: int) -> str:
         return f"[{index:>{len(str(self.total_runs))}}/{self.total_runs}]"

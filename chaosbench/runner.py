@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,10 +31,12 @@ from chaosbench.frameworks.base import (
     JobContext,
     JobResult,
     LaunchPlan,
+    ProcErrorWatcher,
     RankErrorWatcher,
     RunControl,
 )
 from chaosbench.injectors.base import Injector, RunSetup
+from chaosbench.progress import PlannedRun
 from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
 from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 from chaosbench.runtimes.base import RunInfo, Runtime
@@ -86,6 +88,26 @@ class _Lines:
 
     def message(self, text: str) -> None:
         self.out(text)
+
+
+def suite_plan(suite: Suite, outlook: Sequence[dict[str, Any]] = ()) -> list[PlannedRun]:
+    """Every run of the suite in run order, as the progress's ETA estimates them (:class:`PlannedRun`: a cell
+    repeated until decided counts its ``max``); each bounded by its deadline plus :data:`RUN_OVERHEAD_S`, with
+    the floor its faults' detection ``outlook`` (:meth:`Runner.outlook`) puts on its cost: per fault, its resume
+    floor, else its expected detection."""
+    floors: dict[tuple[str, str], float] = {}
+    for rec in outlook:
+        floor_s = rec.get("resume_floor_s") if rec.get("resume_floor_s") is not None else rec.get("expected_s")
+        if floor_s is not None:
+            floors[(str(rec.get("framework")), str(rec.get("fault")))] = float(floor_s)
+    out: list[PlannedRun] = []
+    for fw, names, bound in suite.cells():
+        floor_s = sum(floors.get((fw, name), 0.0) for name in names)
+        for rep in range(bound):
+            sc = suite.scenario(fw, names, rep)
+            out.append(PlannedRun(len(out) + 1, f"{sc.id} #{sc.repeat}", fw, sc.fault_name or "control",
+                                  sc.deadline_s + RUN_OVERHEAD_S, floor_s))  # fmt: skip
+    return out
 
 
 def suite_limits(suite: Suite, jobs: int = 1) -> tuple[int, float, list[str]]:
@@ -572,6 +594,7 @@ class Runner:
         follower.start()
         runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
         runtime.line_observers.append(RankErrorWatcher(timeline))
+        runtime.line_observers.append(ProcErrorWatcher(timeline))
         controllers: list[FaultController] = []
         injectors: list[Injector] = []
         control: RunControl | None = None

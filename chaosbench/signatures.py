@@ -35,3 +35,19 @@ def rank_error(line: str) -> str | None:
 
 #: Signatures that mean something only in an agent's own lines (a rank losing its store is a peer's doing).
 AGENT_ONLY = frozenset({"rendezvous_lost"})
+
+
+#: A line that states an error: a Python exception's line (``ModuleNotFoundError: No module named 'x'``; a bare
+#: ``KeyboardInterrupt``), ``error:``/``fatal:``/``panic:`` at the start of a line (any case, ``error[E0]:`` too)
+#: or a Rust panic, each also behind an agent's ``[rank<r>]:`` prefix.
+ERROR_LINE = re.compile(
+    r"^(?:\[(?:default)?rank\d+\]:\s*)?"
+    r"(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::\s|$)"
+    r"|(?i:error|fatal|panic)(?:\[\w+\])?:\s"
+    r"|thread '[^']*' panicked at)"
+)
+
+
+def error_line(line: str) -> bool:
+    """Whether ``line`` states an error (:data:`ERROR_LINE`)."""
+    return ERROR_LINE.match(line) is not None

@@ -1,6 +1,6 @@
 """Who did what: which reactions count as the framework's (not the harness's), whom the framework blamed against
-whom the fault hit, its detection episodes, the restarts it claimed, what its timeouts predicted, and whether it
-looped on a deterministic failure. Definitions: :mod:`chaosbench.analysis.metrics`."""
+whom the fault hit, its detection episodes, the restarts it claimed, what its timeouts predicted, whether it
+looped on a deterministic failure, and which process died before the job began (outside the system under test). Definitions: :mod:`chaosbench.analysis.metrics`."""
 
 from __future__ import annotations
 
@@ -232,3 +232,25 @@ def detection_mechanism(ix: TimelineIndex, detect: Event, tf: int) -> Mechanism:
     if via in DETECTION_MECHANISMS:
         return Mechanism(DETECTION_MECHANISMS[str(via)])
     return Mechanism(None, f"the detection's source does not say what noticed the failure (via: {via or 'none'})")
+
+
+def startup_failure(ix: TimelineIndex) -> str | None:
+    """The first process that exited by itself with an error (``proc_exit`` with a positive ``returncode``; a
+    signal's exit is a kill) before the job's first ``step``, before any fault and before the harness's teardown,
+    in words: its name, its exit status and its first error line (``proc_error``), or that its output had none.
+    Such a process (a framework's helper, a rank that failed at import) failed before the system under test was
+    tried at all; None when there is none."""
+    bounds = [e.t_ns for e in (ix.first("step"), ix.first("fault_inject"), ix.first("teardown_begin")) if e is not None]
+    before_ns = min(bounds, default=None)
+    for e in ix.of("proc_exit"):
+        if before_ns is not None and e.t_ns >= before_ns:
+            break
+        if int(e.get("returncode") or 0) <= 0:
+            continue
+        said = next((p for p in ix.of("proc_error") if p.get("pid") == e.get("pid") and p.get("proc") == e.get("proc")),
+                    None)  # fmt: skip
+        head = f"'{e.get('proc')}' exited {e.get('returncode')} before the job's first step"
+        if said is None:
+            return f"{head}, with no error line in its output (logs/{e.get('proc')}.err)"
+        return f"{head}: {str(said.get('line')).strip()[:300]}"
+    return None

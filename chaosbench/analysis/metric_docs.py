@@ -280,6 +280,12 @@ RECORDED: tuple[MetricRow, ...] = (
         "(`capture_limit`): perhaps its own output was lost",
     ),
     MetricRow(
+        "`startup_failure`",
+        "a process that exited by itself with an error before the job's first step (and before any fault): its "
+        "name, exit status and first error line (`proc_error`): a failure outside the system under test (a "
+        "framework's helper, a rank that failed at import); the verdict ends with it",
+    ),
+    MetricRow(
         "`serving`, `replicas`",
         "a serving run (workload `serve`); how many replicas served it",
     ),

@@ -309,6 +309,7 @@ class RunMetrics:
     predicted_by: str | None = None
     timeout_problems: list[str] = field(default_factory=list)
     capture_limit: str | None = None
+    startup_failure: str | None = None
     missing: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
@@ -349,7 +350,7 @@ class RunMetrics:
 #: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
 BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",
                          "notes", "versions", "timeouts", "timeout_problems", "workload", "strategy",
-                         "serving", "capture_limit", "total_steps"})  # fmt: skip
+                         "serving", "capture_limit", "startup_failure", "total_steps"})  # fmt: skip
 
 
 def metric_names() -> list[str]:
@@ -396,6 +397,8 @@ def verdict(m: RunMetrics) -> str:
         text += f"; {m.notes['clocks']}"
     if m.capture_limit:
         text += f"; a process's write was refused for its size ({m.capture_limit})"
+    if m.startup_failure:
+        text += f"; {m.startup_failure}"
     return text
 
 
@@ -554,6 +557,7 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         m.capture_limit = (f"'{limit.get('proc')}' printed {str(limit.get('line'))[:120]!r}: if that was a write to "
                            "its own output, the run broke on the socket capture's limit of one write; rerun with "
                            "runtime option output_capture: pipe")  # fmt: skip
+    m.startup_failure = attribution.startup_failure(whole)
     end = whole.last("run_end")
     if end is not None:
         m.run_end_outcome = end.get("outcome")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from chaosbench.injectors.base import Role
 from chaosbench.probe import ENV_RESTART_COUNT_COUNTED
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
-from chaosbench.signatures import AGENT_ONLY, rank_error
+from chaosbench.signatures import AGENT_ONLY, error_line, rank_error
 from chaosbench.timeline import TimelineFollower, TimelineWriter
 from chaosbench.timeline.schema import check_fields_declared, typed_fields
 from chaosbench.workloads.base import RunPaths
@@ -366,6 +366,29 @@ class RankErrorWatcher:
         fields: dict[str, Any] = {**process_context(handle), **({"rank": int(rank)} if rank else {})}
         self.timeline.emit("rank_error", t_ns=t_ns, proc=handle.name, pid=handle.pid, role=handle.spec.role,
                            signature=signature, line=line[:400], **fields)  # fmt: skip
+
+
+class ProcErrorWatcher:
+    """The harness's own watch on every process's output (a runtime's line observer): the first line of each
+    process that states an error (:func:`~chaosbench.signatures.error_line`) becomes a ``proc_error`` event, so
+    a process that died before the job made progress (a framework's helper, a rank that failed at import) is
+    named with why in its run's verdict (``startup_failure``), whichever framework runs it."""
+
+    def __init__(self, timeline: TimelineWriter) -> None:
+        self.timeline = timeline
+        self._seen: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+        key = (handle.name, handle.pid)
+        if key in self._seen or not error_line(line):
+            return
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        self.timeline.emit("proc_error", t_ns=t_ns, proc=handle.name, pid=handle.pid, role=handle.spec.role,
+                           stream=stream, line=line[:400])  # fmt: skip
 
 
 class Framework(ABC):

@@ -64,6 +64,7 @@ class EventKind(str, Enum):
     DETECT = "detect"
     CAPTURE_LIMIT = "capture_limit"
     RANK_ERROR = "rank_error"
+    PROC_ERROR = "proc_error"
     RESTART = "restart"
     GIVE_UP = "give_up"
     LOG = "log"

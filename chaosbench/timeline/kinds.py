@@ -293,6 +293,13 @@ FIELDS: dict[str, dict[str, tuple[bool, tuple[str, ...]]]] = {
         "node": (False, ("null", "str")),
         "replica_group": (False, ("null", "int")),
     },
+    "proc_error": {
+        "proc": (True, ("str",)),
+        "pid": (True, ("int",)),
+        "role": (True, ("str",)),
+        "stream": (True, ("str",)),
+        "line": (True, ("str",)),
+    },
     "restart": {
         "framework": (True, ("str",)),
         "proc": (False, ("null", "str")),

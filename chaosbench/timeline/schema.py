@@ -262,6 +262,21 @@ class RankError(EventModel):
     replica_group: int | None = Field(None, description="its TorchFT replica group")
 
 
+class ProcError(EventModel):
+    """A process printed its first error line: an exception's line (`ModuleNotFoundError: No module named 'x'`,
+    also behind an agent's `[rank<r>]:` prefix), a line beginning `error:`, `fatal:` or `panic:`, or a Rust panic
+    (`chaosbench.signatures.error_line`). The harness watches every process's output, whatever the framework, so a
+    process that died before the job made progress says why (`startup_failure`)."""
+
+    KIND = EventKind.PROC_ERROR
+    WRITERS = "harness"
+    proc: str = Field(description="the process that printed it")
+    pid: int = Field(description="its pid")
+    role: str = Field(description="the process's role")
+    stream: str = Field(description="`stdout` or `stderr`")
+    line: str = Field(description="the line (at most 400 characters)")
+
+
 class CaptureLimit(EventModel):
     """A process printed that a write was refused for its size (EMSGSIZE, ENOBUFS) while its output went through
     a socket (`output_capture: socket`): perhaps its own output."""

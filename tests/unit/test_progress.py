@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from chaosbench.progress import SuiteProgress, format_duration, next_phase
+from chaosbench.progress import PlannedRun, SuiteProgress, estimate_run_s, format_duration, next_phase
 from chaosbench.timeline.events import Event
 
 
@@ -207,3 +207,89 @@ def test_live_mode_with_events_from_another_thread() -> None:
     assert "[3/3] restart/kill-rank1 #3 recovered (2.0 s)" in text
     # the cursor is shown again and the bar erased (transient): the terminal is left clean
     assert "\x1b[?25h" in text[-40:] and text.endswith("\x1b[2K")
+
+
+# ---------------------------------------------------------------------------------------- the ETA from a plan
+def _plan(*cells: tuple[str, str, int], floor_s: dict[str, float] | None = None) -> list[PlannedRun]:
+    """Runs in order: (framework, fault, repeats) each; every run bounded by 100 s."""
+    out: list[PlannedRun] = []
+    for fw, fault, repeats in cells:
+        for rep in range(repeats):
+            out.append(PlannedRun(len(out) + 1, f"{fw}/{fault} #{rep}", fw, fault, 100.0,
+                                  (floor_s or {}).get(f"{fw}/{fault}", 0.0)))  # fmt: skip
+    return out
+
+
+def _replay(p: SuiteProgress, clock: FakeClock, runs: list[PlannedRun], walls_s: list[float]) -> None:
+    for run, wall_s in zip(runs[: len(walls_s)], walls_s, strict=True):
+        p.run_started(run.index, run.label, 60, control=run.fault == "control")
+        clock.now += wall_s
+        p.run_finished(run.label, "ok", wall_s)
+
+
+def test_the_eta_of_a_suite_whose_first_framework_is_fast() -> None:
+    """Framework a's runs take 10-12 s, b's 30-36 s (its fault costs the same share: x1.2). Once a finished
+    and b's control ran, the mean of all runs so far says 2 x 16 s; b's runs left take 72 s."""
+    plan = _plan(("a", "control", 1), ("a", "kill", 2), ("b", "control", 1), ("b", "kill", 2))
+    walls_s = [10.0, 12.0, 12.0, 30.0]
+    old_clock, new_clock = FakeClock(), FakeClock()
+    old = SuiteProgress("s", 6, bound_s=600, stream=io.StringIO(), clock=old_clock)
+    new = SuiteProgress("s", 6, bound_s=600, stream=io.StringIO(), clock=new_clock, plan=plan)
+    _replay(old, old_clock, plan, walls_s)
+    _replay(new, new_clock, plan, walls_s)
+    assert old.eta_s() == (32.0, False)  # -56 %
+    assert new.eta_s() == (72.0, False)  # b's level 30 s x kill's factor 1.2, twice
+    assert new._eta_text() == "ETA 1m12s"
+    new.run_started(5, "b/kill #0", 60, control=False)
+    new_clock.now += 6.0
+    assert new.eta_s() == (66.0, False)  # the running run's 36 - 6 s, and 36 s waiting
+    new_clock.now += 100.0
+    assert new.eta_s() == (36.0, False)  # it overran its estimate: no share, never negative
+
+
+def test_estimate_run_s_from_cell_framework_fault_and_bound() -> None:
+    plan = _plan(("a", "control", 1), ("a", "kill", 2), ("a", "hang", 1), ("b", "control", 1), ("b", "kill", 1),
+                 ("b", "hang", 1), ("c", "control", 1), ("c", "lose-node", 1), floor_s={"c/lose-node": 40.0})  # fmt: skip
+    a_ctl, a_kill0, a_kill1, a_hang, b_ctl, b_kill, b_hang, c_ctl, c_lose = plan
+    assert estimate_run_s(a_kill0, []) is None
+    done = [(a_ctl, 10.0), (a_kill0, 12.0), (a_kill1, 17.0)]
+    assert estimate_run_s(a_kill1, done) == 14.5  # its cell's median
+    assert estimate_run_s(b_kill, done) == pytest.approx(14.5)  # b not begun: the median level (a's 10 s) x 1.45
+    assert estimate_run_s(a_hang, done) == 12.0  # a fault not seen: its framework's median
+    assert estimate_run_s(b_hang, done) == 13.0  # nor its framework: its bound x 39 / 300 s of the bounds
+    done += [(a_hang, 30.0), (b_ctl, 20.0)]
+    assert estimate_run_s(b_hang, done) == 60.0  # b's control x hang's factor 3
+    assert estimate_run_s(c_ctl, done) == 15.0  # c not begun: the median of a's and b's levels
+    # c's lose-node is not seen anywhere; its timeouts say it costs at least 40 s beyond a control
+    assert estimate_run_s(c_lose, done) == 55.0
+    # b's control has not finished: its level is its kill's wall over kill's factor
+    assert estimate_run_s(b_ctl, [(a_ctl, 10.0), (a_kill0, 12.0), (b_kill, 24.0)]) == pytest.approx(20.0)
+
+
+def test_suite_plan_of_the_compare_suite() -> None:
+    from chaosbench.runner import RUN_OVERHEAD_S, suite_plan
+    from chaosbench.specs import load_suite
+    from tests.conftest import ROOT
+
+    suite = load_suite(ROOT / "suites" / "compare.yaml")
+    outlook = [{"framework": "torchrun", "fault": "hang-rank", "expected_s": 10.1, "resume_floor_s": 40.1},
+               {"framework": "restart", "fault": "kill-rank", "expected_s": 0.05, "resume_floor_s": None},
+               {"framework": "none", "fault": "kill-rank", "expected_s": None, "resume_floor_s": None}]  # fmt: skip
+    plan = suite_plan(suite, outlook)
+    assert len(plan) == suite.run_count() == 78
+    assert [p.index for p in plan] == list(range(1, 79))
+    assert plan[0] == PlannedRun(1, "none/control #0", "none", "control", 150 + RUN_OVERHEAD_S, 0.0)
+    assert plan[14] == PlannedRun(15, "restart/kill-rank #0", "restart", "kill-rank", 150 + RUN_OVERHEAD_S, 0.05)
+    assert [p.floor_s for p in plan if p.label.startswith("torchrun/hang-rank")] == [40.1] * 3
+
+
+def test_the_eta_says_when_a_framework_left_has_not_begun() -> None:
+    plan = _plan(("a", "control", 1), ("a", "kill", 1), ("b", "control", 1), ("c", "control", 1))
+    out, clock = io.StringIO(), FakeClock()
+    p = SuiteProgress("s", 4, bound_s=400, stream=out, clock=clock, plan=plan)
+    _replay(p, clock, plan, [10.0, 14.0, 30.0])
+    assert [line for line in out.getvalue().splitlines() if " ok " in line] == [
+        "[1/4] a/control #0 ok (10.0 s; ETA 30s (guessed for 2 frameworks not begun))",  # a's level for a's kill
+        "[2/4] a/kill #0 ok (14.0 s; ETA 20s (guessed for 2 frameworks not begun))",  # and for b's and c's
+        "[3/4] b/control #0 ok (30.0 s; ETA 20s (guessed for 1 framework not begun))",  # c: median(10, 30)
+    ]  # fmt: skip
