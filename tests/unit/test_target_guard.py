@@ -333,3 +333,62 @@ def test_slurm_cleanup_of_a_crashed_run_cancels_only_that_runs_jobs(
     monkeypatch.setattr(SlurmCommands, "command", command)
     assert slurm_cleanup.cleanup_stale_jobs(tmp_path) == [f"scancel Slurm job 11 ({prefix}.rank0) of {tmp_path}"]
     assert cancelled == [["scancel", "11"]]
+
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def test_slurm_cleanup_of_crashed_runs_resumes_only_the_nodes_they_set_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # canned `scontrol show node -o`: n2 DOWN and n3 DRAIN by two crashed runs, n4 DOWN by a run that is not
+    # among them (another harness's, still running), n5 drained by an operator, n1 in use
+    canned = (FIXTURES / "slurm" / "scontrol_show_node_crashed.txt").read_text().splitlines()
+    lines = {line.split()[0].removeprefix("NodeName="): line for line in canned}
+    crashed = {"crash-slurm-restart__down-0-4f1c2a9e": tmp_path / "down", "crash-slurm-restart__drain-0-9b0d7c11": tmp_path / "drain"}
+    monkeypatch.setattr(slurm_cleanup, "crashed_run_ids", lambda d: crashed)
+    monkeypatch.setattr(slurm_cleanup.shutil, "which", lambda name: "/usr/bin/" + name)
+    commands: list[list[str]] = []
+
+    def command(self: SlurmCommands, argv: list[str], check: bool = True, **kw: Any) -> str:
+        commands.append(argv)
+        if argv[:4] == ["scontrol", "show", "node", "-o"]:
+            names = argv[4].split(",") if len(argv) > 4 else list(lines)
+            return "".join(lines[n] + "\n" for n in names)
+        if argv[:2] == ["scontrol", "update"]:
+            node = argv[2].removeprefix("nodename=")
+            lines[node] = lines[node].split(" Reason=")[0].replace("State=DOWN+NOT_RESPONDING", "State=IDLE")
+            return ""
+        if argv[0] == "squeue":
+            return ""  # no job of theirs left
+        raise AssertionError(f"unexpected command {argv}")
+
+    monkeypatch.setattr(SlurmCommands, "command", command)
+    actions = SlurmRuntime.cleanup_crashed(tmp_path)
+    assert actions == [
+        f"scontrol update nodename=n2 state=RESUME (was DOWN+NOT_RESPONDING) of {tmp_path / 'down'}",
+        f"scontrol update nodename=n3 state=RESUME (was MIXED+DRAIN) of {tmp_path / 'drain'}",
+    ]
+    updates = [c for c in commands if c[:2] == ["scontrol", "update"]]
+    assert updates == [["scontrol", "update", "nodename=n2", "state=RESUME"], ["scontrol", "update", "nodename=n3", "state=RESUME"]]
+    # resumed: nothing left to do the second time
+    assert SlurmRuntime.cleanup_crashed(tmp_path) == []
+
+
+def test_slurm_cleanup_leaves_a_node_whose_reason_changed_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator took over the node between the listing and the resume: it keeps its state."""
+    canned = (FIXTURES / "slurm" / "scontrol_show_node_crashed.txt").read_text().splitlines()
+    n2 = next(line for line in canned if line.startswith("NodeName=n2 "))
+    monkeypatch.setattr(slurm_cleanup, "crashed_run_ids", lambda d: {"crash-slurm-restart__down-0-4f1c2a9e": tmp_path})
+    monkeypatch.setattr(slurm_cleanup.shutil, "which", lambda name: "/usr/bin/" + name)
+    listings: list[str] = [n2, n2.split(" Reason=")[0] + " Reason=bad fan [root@2026-12-04T14:31:09]"]
+
+    def command(self: SlurmCommands, argv: list[str], check: bool = True, **kw: Any) -> str:
+        if argv[:4] == ["scontrol", "show", "node", "-o"]:
+            return listings.pop(0) + "\n"
+        raise AssertionError(f"unexpected command {argv}")
+
+    monkeypatch.setattr(SlurmCommands, "command", command)
+    assert slurm_cleanup.resume_stale_nodes(tmp_path) == [] and listings == []

@@ -8,12 +8,13 @@
   (:data:`SLURM_STATES`), :class:`JobInfo`;
 - :mod:`~chaosbench.runtimes.slurm.node_loss`: losing a node (DOWN/DRAIN, the run's tasks killed) and
   resuming it (the ``node-kill`` fault);
-- :mod:`~chaosbench.runtimes.slurm.cleanup`: the jobs a harness that died left behind (``chaosbench cleanup``).
+- :mod:`~chaosbench.runtimes.slurm.cleanup`: the jobs a harness that died left behind and the nodes
+  its runs had set DOWN/DRAIN (``chaosbench cleanup``).
 """
 
 from __future__ import annotations
 
-from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
+from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs, resume_stale_nodes
 from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix
 from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions
 from chaosbench.runtimes.slurm.runtime import SlurmHandle, SlurmOptions, SlurmRuntime
@@ -48,4 +49,5 @@ __all__ = [
     "job_state",
     "node_state",
     "parse_kv",
+    "resume_stale_nodes",
 ]

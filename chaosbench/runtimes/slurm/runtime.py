@@ -93,7 +93,7 @@ from chaosbench.runtimes.process import (
     start_pumps,
     start_ticks,
 )
-from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs
+from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs, resume_stale_nodes
 from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix, run_comment
 from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions, down_nodes, resume_nodes
 from chaosbench.runtimes.slurm.states import USABLE_NODE_STATES, JobState, node_state
@@ -213,7 +213,9 @@ class SlurmRuntime(Runtime):
 
     @classmethod
     def cleanup_crashed(cls, results_dir: Path) -> list[str]:
-        return cleanup_stale_jobs(results_dir)
+        """The crashed runs' jobs cancelled, then the nodes they had set DOWN/DRAIN resumed (a drained node's jobs
+        end first; see :mod:`~chaosbench.runtimes.slurm.cleanup`)."""
+        return cleanup_stale_jobs(results_dir) + resume_stale_nodes(results_dir)
 
     @classmethod
     def concurrent_slots(cls, options: dict[str, Any], jobs: int, nodes: int) -> list[dict[str, Any]]:
