@@ -1,13 +1,15 @@
 """The harness SIGKILLed again and again at chosen moments of a suite (before its first step, during a fault,
 with a rank's cgroup in place, with the FUSE checkpoint mount up, with docker nodes up and a network fault's
-userspace delayer running, while the report is written): after each kill `chaosbench cleanup` leaves no
-process, container, network, mount, cgroup, iptables rule, qdisc or output handover directory of chaosbench, no
-finished run's result is lost, and `chaosbench run --resume` goes on; the last one completes the suite with every
-run once.
+userspace delayer running, with a run's Slurm jobs allocated, with a Slurm node set DOWN by a fault, while the
+report is written): after each kill `chaosbench cleanup` leaves no process, container, network, mount, cgroup,
+iptables rule, qdisc, output handover directory or Slurm job of chaosbench, no Slurm node the suite set DOWN or
+DRAIN out of service, no finished run's result is lost, and `chaosbench run --resume` goes on; the last one
+completes the suite with every run once.
 
-Ten kills over two suites (six on the local runtime, four on docker); the moments are drawn from a seeded
-random generator (a delay after the moment's condition holds), the conditions are what makes each kill land
-where it is meant to (the test fails when the harness ended before it could be killed there)."""
+Thirteen kills over three suites (six on the local runtime, four on docker, three on Slurm); the moments are
+drawn from a seeded random generator (a delay after the moment's condition holds), the conditions are what makes
+each kill land where it is meant to (the test fails when the harness ended before it could be killed there).
+The Slurm test takes about 3 minutes on the local cluster (scripts/slurm-local up) of a loaded 2-core machine."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import pytest
 from chaosbench.injectors.straggler import CPU_ROOT, cgroup_v1_cpu_available
 from chaosbench.rundir import RunDir, SuiteDir
 from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX
-from tests.helpers import require
+from tests.helpers import require, slurm_problem
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +61,27 @@ faults:
 matrix: {frameworks: [restart], faults: [delay]}
 """
 
+SLURM = """
+name: crash-slurm
+seed: 5
+defaults:
+  runtime: slurm
+  deadline_s: 120
+  workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.03, pg_timeout_s: 5}
+frameworks: {restart: {heartbeat_timeout_s: 10}}
+faults:
+  kill: {injector: kill, target: {rank: 1}, trigger: {at_step: 12}}
+  down: {injector: slurm-node-down, target: {node: node1}, trigger: {at_step: 12}}
+matrix: {frameworks: [restart], faults: [kill, down]}
+"""
+
 
 @dataclass
 class Kill:
     """Kill the harness ``delay`` (drawn from ``[0, spread_s]``) after ``when`` holds, once ``after_progress``
     (a run finished since this harness started) when asked."""
 
-    when: str  # start | fault | cgroup | mount | docker | report
+    when: str  # start | fault | cgroup | mount | docker | slurm-job | node-down | report
     after_progress: bool = False
     spread_s: float = 0.3
 
@@ -78,6 +94,7 @@ class Suite:
         self.dir = self.out / name
         self.runs = runs
         self.kept: dict[Path, str] = {}  # finished runs: the digest of their result and metrics
+        self.downed: set[str] = set()  # Slurm nodes seen set down by one of the suite's runs
 
     def harness(self, resume: bool, log: Path) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "chaosbench.cli", "run", str(self.file), "--out", str(self.out)]
@@ -104,6 +121,12 @@ class Suite:
             return str(self.out) in Path("/proc/self/mountinfo").read_text()
         if when == "docker":
             return any(o.startswith("container") for o in _docker_objects(self.out))
+        if when == "slurm-job":
+            return any(state == "RUNNING" for _, state in _slurm_jobs(self.dir.name).values())
+        if when == "node-down":
+            down = _slurm_nodes_down(self.dir.name)
+            self.downed |= set(down)
+            return bool(down)
         raise AssertionError(when)
 
 
@@ -125,6 +148,55 @@ def _docker_objects(out: Path) -> list[str]:
         client.close()
 
 
+def _slurm_jobs(suite: str) -> dict[str, tuple[str, str]]:
+    """The Slurm jobs of the suite's runs the scheduler has not ended (commented with one of their run ids, which
+    begin with the suite's name): job id -> (name, state)."""
+    from chaosbench.runtimes.slurm.commands import run_comment
+
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T|%k"], capture_output=True, text=True, timeout=30).stdout
+    rows = [line.split("|", 3) for line in out.splitlines() if line.count("|") >= 3]
+    return {jid: (name, state) for jid, name, state, comment in rows if comment.startswith(run_comment(suite + "-"))}
+
+
+def _slurm_nodes_down(suite: str) -> dict[str, str]:
+    """Slurm nodes whose reason says one of the suite's runs set them down or drained them: node -> state."""
+    from chaosbench.runtimes.slurm import parse_kv
+    from chaosbench.runtimes.slurm.node_loss import reason
+
+    out = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=30).stdout
+    nodes = [parse_kv(line) for line in out.splitlines()]
+    return {kv["NodeName"]: kv.get("State", "") for kv in nodes if kv.get("Reason", "").startswith(reason(suite + "-"))}
+
+
+def _slurm_leftovers(suite: Suite) -> list[str]:
+    """The suite's Slurm jobs still with the scheduler, and nodes still down or drained by one of its runs. A job
+    cancelled by cleanup may be completing for a moment (its steps being killed): given up to 20 s to end."""
+    deadline = time.monotonic() + 20
+    while (jobs := _slurm_jobs(suite.dir.name)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    down = _slurm_nodes_down(suite.dir.name)
+    suite.downed |= set(down)
+    return [f"Slurm job {j} {name} {state}" for j, (name, state) in sorted(jobs.items())] + [
+        f"Slurm node {n} {state}, set down by the suite" for n, state in sorted(down.items())
+    ]
+
+
+def _wait_in_service(nodes: set[str], timeout_s: float = 60.0) -> dict[str, str]:
+    """Wait until every node in ``nodes`` takes jobs again (idle, mixed or allocated, responding); the states of
+    those that do not by then. A node resumed after DOWN shows idle* until its slurmd registers again."""
+    from chaosbench.runtimes.slurm import NodeState, node_state
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%T"], capture_output=True, text=True, timeout=30).stdout
+        states = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+        bad = {n: states.get(n, "missing") for n in nodes
+               if node_state(states.get(n, "UNKNOWN")) not in (NodeState.UP, NodeState.BUSY)}  # fmt: skip
+        if not bad or time.monotonic() > deadline:
+            return bad
+        time.sleep(1)
+
+
 def _host_net_state() -> set[str]:
     """iptables rules of chaosbench and netem/tbf qdiscs on the host (a fault's rules live in the nodes'
     namespaces and go with them; anything here would have leaked)."""
@@ -140,7 +212,7 @@ def _capture_dirs() -> set[str]:
     return {f"capture directory {d}" for d in Path(tempfile.gettempdir()).glob(f"{CAPTURE_DIR_PREFIX}*")}
 
 
-def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool) -> list[str]:
+def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool, slurm: bool = False) -> list[str]:
     """Everything of chaosbench the killed harness (and its runs) could have left."""
     out = []
     for p in procs:  # every descendant the harness had at the moment it was killed
@@ -157,10 +229,17 @@ def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool) -> list[s
         out += [f"cgroup {g}" for g in (CPU_ROOT / "chaosbench").glob("crash-*")]
     if docker:
         out += _docker_objects(suite.out) + sorted(_capture_dirs())
+    if slurm:
+        out = _slurm_leftovers(suite) + out  # first: a job still completing is waited for, its processes with it
     return out + sorted(_host_net_state())
 
 
-def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docker: bool) -> None:
+def crash_and_resume(
+    tmp: Path, suite: Suite, plan: list[Kill], seed: int, docker: bool, slurm: bool = False,
+    recovered: tuple[str, ...] = ("kill",),
+) -> None:
+    """Kill the harness at each moment of ``plan``, clean up and check, resume; finish with ``--resume``. Faults in
+    ``recovered`` end as ``recovered``, the others only slow the job (``outlasted``)."""
     rng = random.Random(seed)
     log = tmp / f"{suite.dir.name}.log"
     net_before = _host_net_state() | _capture_dirs()  # what was there before is not this test's
@@ -182,13 +261,20 @@ def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docke
             if harness.poll() is None:
                 harness.kill()
                 harness.wait()
+        down = _slurm_nodes_down(suite.dir.name) if slurm else {}  # left down by the killed harness
+        suite.downed |= set(down)
         with log.open("a") as f:
             f.write(f"\n=== test: SIGKILL {i} ({kill.when}); chaosbench cleanup\n")
         clean = subprocess.run([sys.executable, "-m", "chaosbench.cli", "cleanup", str(suite.out)],
                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        with log.open("a") as f:
+            f.write(clean.stdout + clean.stderr + f"=== test: cleanup done; nodes it found down: {down}\n")
         assert clean.returncode == 0, clean.stderr
+        for node in down:  # resumed by cleanup itself: nothing else runs that could have
+            assert f"scontrol update nodename={node} state=RESUME" in clean.stdout, clean.stdout
+        assert kill.when != "node-down" or down, f"kill {i}: no node was down any more when the harness died"
         time.sleep(0.5)  # processes signalled by cleanup: let them go
-        left = [x for x in leftovers(suite, procs, docker) if x not in net_before]
+        left = [x for x in leftovers(suite, procs, docker, slurm) if x not in net_before]
         assert left == [], f"after kill {i} ({kill.when}): {left}\n{clean.stdout}"
         # no finished result lost: every run finished so far is still there, byte for byte
         for rd, digest in suite.kept.items():
@@ -206,8 +292,8 @@ def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docke
     assert sorted((r["scenario"], r["repeat"]) for r in rows) == sorted({(r["scenario"], r["repeat"]) for r in rows})
     assert len(rows) == suite.runs
     for r in rows:
-        # a kill is recovered from; a slowed rank, filesystem or network only slows the job: nothing reacts to it
-        expected = "completed" if r["control"] == "True" else "recovered" if r["fault"] == "kill" else "outlasted"
+        # a kill or a lost node is recovered from; a slowed rank, filesystem or network only slows the job
+        expected = "completed" if r["control"] == "True" else "recovered" if r["fault"] in recovered else "outlasted"
         assert r["outcome"] == expected, r
         assert r["control"] == "True" or r["fidelity"] == "exact", r
     assert (suite.dir / "report.html").is_file()
@@ -215,7 +301,10 @@ def crash_and_resume(tmp: Path, suite: Suite, plan: list[Kill], seed: int, docke
     verify = subprocess.run([sys.executable, "-m", "chaosbench.cli", "verify", str(suite.dir)],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert verify.returncode == 0 and verify.stdout.startswith("verified:"), verify.stdout + verify.stderr
-    assert [x for x in leftovers(suite, [], docker) if x not in net_before] == []
+    assert [x for x in leftovers(suite, [], docker, slurm) if x not in net_before] == []
+    if slurm:  # every node the suite set down takes jobs again
+        assert suite.downed, "no kill landed while a node was down"
+        assert _wait_in_service(suite.downed) == {}
 
 
 def test_sigkilled_harness_local_runtime(tmp_path: Path) -> None:
@@ -245,3 +334,15 @@ def test_sigkilled_harness_docker_runtime(tmp_path: Path) -> None:
         Kill("report", spread_s=0.2),
     ]
     crash_and_resume(tmp_path, suite, plan, seed=14, docker=True)
+
+
+def test_sigkilled_harness_slurm_runtime(tmp_path: Path) -> None:
+    require("slurm", None if (problem := slurm_problem()) is None else f"no cluster answers: {problem} "
+            "(start one with scripts/slurm-local up)")  # fmt: skip
+    suite = Suite(tmp_path, "crash-slurm", SLURM, runs=3)
+    plan = [
+        Kill("slurm-job", spread_s=1.0),  # the control's jobs allocated and running
+        Kill("node-down", after_progress=True),  # node1's Slurm node set DOWN by the fault, the restart under way
+        Kill("report", spread_s=0.2),
+    ]
+    crash_and_resume(tmp_path, suite, plan, seed=15, docker=False, slurm=True, recovered=("kill", "down"))
