@@ -9,7 +9,8 @@ completes the suite with every run once.
 Thirteen kills over three suites (six on the local runtime, four on docker, three on Slurm); the moments are
 drawn from a seeded random generator (a delay after the moment's condition holds), the conditions are what makes
 each kill land where it is meant to (the test fails when the harness ended before it could be killed there).
-The Slurm test takes about 3 minutes on the local cluster (scripts/slurm-local up) of a loaded 2-core machine."""
+The Slurm test takes about 2 minutes (73-113 s measured) on the local cluster (scripts/slurm-local up) of a
+loaded 2-core machine."""
 
 from __future__ import annotations
 
