@@ -35,6 +35,12 @@ class SdcInjector(PlantedInjector):
     name: ClassVar[str] = "sdc"
     summary: ClassVar[str] = "silent data corruption in one rank's gradients or parameters at step N"
     Params = SdcParams  # type: ignore[assignment]
+    fault_class = "sdc"  # type: ignore[assignment]
+
+    @property
+    def damages_checkpoint(self) -> bool:
+        """``where: save`` poisons the checkpoint that recovery will load."""
+        return self.params.where == "save"  # type: ignore[attr-defined]
 
     @classmethod
     def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:

@@ -346,6 +346,7 @@ class PartitionInjector(_NetInjector):
 
     name: ClassVar[str] = "partition"
     failure_mode = "hang"  # type: ignore[assignment]
+    fault_class = "node"  # type: ignore[assignment]
     summary: ClassVar[str] = "cut the network between groups of nodes (iptables DROP/REJECT)"
     Params = PartitionParams  # type: ignore[assignment]
     needs_process: ClassVar[bool] = False
