@@ -1,5 +1,6 @@
-"""What an injector declares about its fault (fleet fault class, failure mode, checkpoint damage), and how it
-reaches the ``fault_inject`` event."""
+"""What an injector declares about its fault (fleet fault class, failure mode, checkpoint damage), how it reaches
+the ``fault_inject`` event, and how events written before the declarations are read
+(:mod:`chaosbench.injectors.legacy`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from typing import Any
 
 import pytest
 
+from chaosbench.analysis.checkpoint_outcome import corruption_fault
+from chaosbench.analysis.fleet import fault_class
 from chaosbench.fault_control import FaultController
 from chaosbench.injectors.base import RunSetup
 from chaosbench.injectors.kill import KillInjector, KillParams
+from chaosbench.injectors.legacy import DECLARED_FIELDS, declared, legacy_fault_class
 from chaosbench.probe import Probe
 from chaosbench.registry import INJECTORS
 from chaosbench.runtimes.base import RunInfo
@@ -34,6 +38,19 @@ def _injector(name: str, **params: Any) -> Any:
     return cls("f", cls.Params.model_validate({**PARAMS.get(name, {}), **params}))
 
 
+def _plugins() -> list[str]:
+    return [n for n in INJECTORS.names() if INJECTORS.alias_of(n) is None]
+
+
+@pytest.mark.parametrize("name", _plugins())
+def test_every_injector_declares_what_legacy_analysis_read_from_its_name(name: str) -> None:
+    """With its default options every built-in declares the class the name table gave it: old and new runs of
+    the same fault land in the same class of the fleet projection."""
+    inj = _injector(name)
+    assert inj.fault_class == legacy_fault_class(name, inj.params.model_dump())
+    assert set(inj.declared()) == set(DECLARED_FIELDS)
+
+
 @pytest.mark.parametrize(("sig", "mode", "cls"), [
     ("SIGKILL", "crash", "crash"), ("SIGTERM", "crash", "crash"), ("SIGSEGV", "crash", "crash"),
     ("SIGSTOP", "hang", "hang"), ("SIGTSTP", "hang", "hang"), ("SIGTTIN", "hang", "hang"),
@@ -42,6 +59,18 @@ def _injector(name: str, **params: Any) -> Any:
 def test_kill_declares_its_failure_mode_and_class_from_its_signal(sig: str, mode: str | None, cls: str | None) -> None:
     inj = KillInjector("f", KillParams(signal=sig))
     assert (inj.failure_mode, inj.fault_class) == (mode, cls)
+
+
+@pytest.mark.parametrize("sig", ["SIGTTIN", "SIGTTOU"])
+def test_a_stopping_signal_the_name_table_missed_is_a_hang_once_declared(sig: str) -> None:
+    """The drift this fixes: analysis re-implemented kill's failure mode by name and took SIGTTIN/SIGTTOU (which
+    stop a process, as the injector always said) for a crash. An event written now carries the hang; a legacy
+    event is still read as it was, so old runs' figures do not move."""
+    inj = KillInjector("f", KillParams(signal=sig))
+    event = {"injector": "kill", "params": inj.params.model_dump(), **inj.declared()}
+    assert fault_class(event) == "hang"
+    legacy = {"injector": "kill", "params": inj.params.model_dump()}
+    assert fault_class(legacy) == "crash"
 
 
 def test_thread_exception_stall_declares_a_hang_silent_none() -> None:
@@ -53,6 +82,30 @@ def test_thread_exception_stall_declares_a_hang_silent_none() -> None:
 def test_sdc_damages_a_checkpoint_only_where_save() -> None:
     assert _injector("sdc", where="save").damages_checkpoint and not _injector("sdc").damages_checkpoint
     assert _injector("corrupt-checkpoint").damages_checkpoint and not _injector("kill").damages_checkpoint
+
+
+def test_the_event_s_own_field_wins_over_the_name() -> None:
+    """A declared field, null included, is the event's; the name table is asked only when the field is absent."""
+    assert fault_class({"injector": "kill", "fault_class": None}) is None
+    assert fault_class({"injector": "someone-elses", "fault_class": "node"}) == "node"
+    assert fault_class(Event(0, "fault_inject", data={"injector": "hang"})) == "hang"
+    assert fault_class(Event(0, "fault_inject", data={"injector": "hang", "fault_class": "crash"})) == "crash"
+    assert declared({"injector": "hang"}, "failure_mode") is None
+    with pytest.raises(KeyError):
+        declared({"injector": "hang"}, "fault_klass")
+
+
+def test_corruption_fault_is_the_first_that_declares_checkpoint_damage() -> None:
+    def inject(t: int, **data: Any) -> Event:
+        return Event(t, "fault_inject", src="injector", data={"fault": f"f{t}", **data})
+
+    legacy = [inject(1, injector="kill"), inject(2, injector="sdc"), inject(3, injector="sdc", checkpoint_step=4),
+              inject(4, injector="corrupt-checkpoint")]  # fmt: skip
+    assert corruption_fault(legacy) is legacy[2]
+    assert corruption_fault(legacy[3:]) is legacy[3]
+    new = [inject(1, injector="corrupt-checkpoint", damages_checkpoint=False),
+           inject(2, injector="my-corrupter", damages_checkpoint=True)]  # fmt: skip
+    assert corruption_fault(new) is new[1]
 
 
 def test_the_controller_writes_the_declaration_into_fault_inject(tmp_path: Path) -> None:
