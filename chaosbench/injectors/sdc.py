@@ -45,6 +45,6 @@ class SdcInjector(PlantedInjector):
     @classmethod
     def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
         problem = super().check_workload(workload, params)
-        if problem is None and getattr(params, "where", None) == "save" and not getattr(workload, "checkpoints", False):
+        if problem is None and getattr(params, "where", None) == "save" and not workload.checkpoints:
             return f"sdc where: save poisons a checkpoint; workload '{workload.name}' writes none"
         return problem
