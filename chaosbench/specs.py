@@ -950,7 +950,10 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
 
 def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:
     """An ``on_phase`` fault needs another fault in the same run (a matrix entry listing both) whose recovery it
-    waits for; ``heal`` needs a framework whose groups heal (TorchFT)."""
+    waits for; ``heal`` needs a framework whose groups heal (:attr:`~chaosbench.frameworks.base.Framework.heals`:
+    TorchFT)."""
+    from chaosbench.registry import FRAMEWORKS
+
     for names in suite.matrix.fault_names():
         for name in names:
             trig = suite.faults[name].trigger
@@ -964,7 +967,7 @@ def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:
                 for fw in suite.matrix.all_frameworks():
                     if names not in [c for c, _ in suite.matrix.cells(fw)]:
                         continue
-                    if (suite.framework_spec(fw).adapter or fw) != "torchft":
+                    if not FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).heals:
                         raise SpecError(f"{where}: fault '{name}' fires on the heal phase, which framework '{fw}' "
                                         "does not have (only TorchFT's replica groups heal from a peer; run it "
                                         "under TorchFT alone with matrix.include)")  # fmt: skip

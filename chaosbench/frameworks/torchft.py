@@ -208,6 +208,7 @@ class TorchftFramework(Framework):
                            proc_role="lighthouse"),
     }
     Options = TorchftOptions  # type: ignore[assignment]
+    heals: ClassVar[bool] = True
 
     def groups(self, job: JobContext) -> int:
         declared = job.workload.replica_groups()

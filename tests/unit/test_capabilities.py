@@ -62,3 +62,18 @@ def test_torchft_takes_a_users_script_on_trust_and_refuses_a_built_in_without_re
     trainer = WORKLOADS.get("ddp-mlp")(None, WORKLOADS.get("ddp-mlp").Options())
     with pytest.raises(Unsupported, match="does not train through torchft's Manager"):
         fw.groups(SimpleNamespace(workload=trainer, nodes=2, ranks=4))
+
+
+def test_only_torchft_heals_and_a_heal_phase_fault_loads_under_it() -> None:
+    from tests.conftest import make_suite
+
+    assert {n for n in FRAMEWORKS.names() if FRAMEWORKS.get(n).heals} == {"torchft"}
+    make_suite("""\
+name: x
+defaults: {workload: {name: ft-mlp, ranks: 2}}
+frameworks: {ft: {adapter: torchft}}
+faults:
+  kill: {injector: kill, target: 1, trigger: {at_step: 5}}
+  again: {injector: kill, target: 1, trigger: {on_phase: heal}}
+matrix: {frameworks: [ft], faults: [[kill, again]]}
+""", "suites/x.yaml")
