@@ -77,3 +77,11 @@ faults:
   again: {injector: kill, target: 1, trigger: {on_phase: heal}}
 matrix: {frameworks: [ft], faults: [[kill, again]]}
 """, "suites/x.yaml")
+
+
+def test_only_the_slurm_runtime_hands_jobs_to_a_batch_scheduler() -> None:
+    from chaosbench.runtimes.base import BatchJobs
+
+    assert {n for n in RUNTIMES.names() if issubclass(RUNTIMES.get(n), BatchJobs)} == {"slurm"}
+    with pytest.raises(Unsupported, match="slurm-requeue needs the slurm runtime .*, not 'local'"):
+        FRAMEWORKS.get("slurm-requeue")._runtime(SimpleNamespace(runtime=SimpleNamespace(name="local")))
