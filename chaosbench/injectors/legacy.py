@@ -8,9 +8,9 @@ Each injector declares its fleet fault class, its failure mode and whether it da
 Timelines written before that (the kept fixtures, the ``reports/`` of earlier runs, a user's script that plants
 its faults from an older entry) lack those fields. For them, and only for them (an event that has the field,
 even as null, is never second-guessed), :func:`declared` falls back on the table below: the rules analysis used
-then, by injector name, kept exactly so that old runs' figures recompute as they were. In particular a legacy
-``kill`` with SIGTTIN or SIGTTOU stays a crash here and one with a harmless signal (SIGCONT) stays a crash,
-while the ``kill`` injector now declares the first a hang and the second no fleet fault; and a planted
+then, by injector name, kept exactly so that old runs' figures recompute as they were, drift included: a legacy
+``kill`` with SIGTTIN or SIGTTOU (which stop a process) or with a harmless signal (SIGCONT) is a crash here,
+while the ``kill`` injector now declares the first a hang and the second no fleet fault; and a legacy planted
 ``thread-exception`` (whose event never carried its ``params``) has no class here, while the injector now
 declares ``mode: stall`` a hang.
 """
