@@ -6,7 +6,8 @@ text; the message is built from them)::
     ChaosbenchError                     everything chaosbench raises on purpose (the CLI prints one line)
     ├── SpecError(problem, file, line, obj)
     │                                   a suite, fault definition or option is invalid, found when it loads
-    ├── UnknownPlugin                   no injector, framework, runtime or workload of that name
+    ├── UnknownPlugin(kind, name, known)
+    │                                   no injector, framework, runtime or workload of that name
     ├── Unsupported                     a combination that cannot work (a runtime that cannot do what a fault needs)
     ├── MissingEngine                   an engine a runtime needs (Docker, Slurm, FUSE) is not there
     ├── EngineCommandFailed(argv, rc, stderr)
@@ -45,7 +46,14 @@ class SpecError(ChaosbenchError):
 
 
 class UnknownPlugin(ChaosbenchError):
-    """No injector, framework, runtime or workload of that name is registered."""
+    """No injector, framework, runtime or workload of that name is registered. ``kind``: which registry
+    (``injector``, ...); ``name``: the name asked for; ``known``: every name it has."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.known = list(known)
+        super().__init__(f"unknown {kind} '{name}' (known: {', '.join(self.known)})")
 
 
 class Unsupported(ChaosbenchError):

@@ -101,3 +101,13 @@ def test_a_refused_load_target_carries_target_and_reason(url: str, cidrs: tuple[
     err = info.value
     assert err.target == target and err.reason.startswith(reason)
     assert isinstance(err, ChaosbenchError) and isinstance(err, ValueError)
+
+
+def test_an_unknown_plugin_carries_kind_name_and_known() -> None:
+    from chaosbench.errors import UnknownPlugin
+    from chaosbench.registry import RUNTIMES
+
+    with pytest.raises(UnknownPlugin) as info:
+        RUNTIMES.get("k8s")
+    assert (info.value.kind, info.value.name) == ("runtime", "k8s")
+    assert {"docker", "local", "slurm"} <= set(info.value.known) and info.value.known == RUNTIMES.names()
