@@ -46,8 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _progress(f"suite '{suite.name}': {'at most ' if suite.until_decided() else ''}{n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
               f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})")  # fmt: skip
     if over and not args.yes:
-        raise SpecError(f"{args.suite}: suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats "
-                        f"and defaults.deadline_s); pass --yes to run it anyway")  # fmt: skip
+        raise SpecError(f"suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats and "
+                        "defaults.deadline_s); pass --yes to run it anyway", file=args.suite)  # fmt: skip
     runner = Runner(suite, args.out, stopping=_stopping(args, suite))
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
@@ -295,7 +295,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                         kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))  # fmt: skip
         schedule_strategy_check(fuzzer)
     except ValueError as exc:
-        raise SpecError(f"{args.suite}: {exc}") from None
+        raise SpecError(str(exc), file=args.suite) from None
     res = fuzzer.fuzz()
     _progress(f"fuzz: {res.examples} examples, {res.runs} runs, {res.elapsed_s:.0f} s")
     if res.schedule is None:

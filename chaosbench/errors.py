@@ -1,4 +1,26 @@
-"""One exception root for everything chaosbench raises on purpose."""
+"""One exception root for everything chaosbench raises on purpose.
+
+The tree (an error that has a context carries it as fields, so that callers and tests read the fields, not the
+text; the message is built from them)::
+
+    ChaosbenchError                     everything chaosbench raises on purpose (the CLI prints one line)
+    ├── SpecError(problem, file, line, obj)
+    │                                   a suite, fault definition or option is invalid, found when it loads
+    ├── UnknownPlugin(kind, name, known)
+    │                                   no injector, framework, runtime or workload of that name
+    ├── Unsupported                     a combination that cannot work (a runtime that cannot do what a fault needs)
+    ├── MissingEngine                   an engine a runtime needs (Docker, Slurm, FUSE) is not there
+    ├── EngineCommandFailed(argv, rc, stderr)
+    │                                   an engine's command (a Slurm client, a tool in a node's namespace) failed
+    ├── TargetRefused(target, reason)   a load target outside the run's own addresses (also a ValueError)
+    ├── HarnessInterrupted              the harness was asked to stop; runs are torn down, results kept
+    └── InvalidEvent(kind, problem, path, line, field)
+        ├── UnknownEventKind            a timeline event of no known kind
+        └── MalformedEvent              a known kind with a field missing, unknown or of the wrong type
+
+Foreign exceptions are translated at the boundary where they arise (a pydantic ValidationError into a
+SpecError naming the YAML line, a failed ``subprocess`` into an EngineCommandFailed).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +30,30 @@ class ChaosbenchError(Exception):
 
 
 class SpecError(ChaosbenchError):
-    """A suite or fault definition is invalid. The message names the file, the line and the problem."""
+    """A suite or fault definition is invalid. ``problem``: what is wrong, in words; ``file`` and ``line``: where
+    (None when the error is not about a place in a file: a command-line option); ``obj``: the user's object it is
+    about (``fault 'kill-rank1'``, ``framework 'ft'``; None when none). The message is
+    ``file:line: obj: problem``, each part present when known."""
+
+    def __init__(self, problem: str, *, file: str | None = None, line: int | None = None,
+                 obj: str | None = None) -> None:  # fmt: skip
+        self.problem = problem
+        self.file = file
+        self.line = line
+        self.obj = obj
+        where = "" if file is None else (f"{file}:{line}: " if line is not None else f"{file}: ")
+        super().__init__(f"{where}{obj + ': ' if obj else ''}{problem}")
 
 
 class UnknownPlugin(ChaosbenchError):
-    """No injector, framework, runtime or workload of that name is registered."""
+    """No injector, framework, runtime or workload of that name is registered. ``kind``: which registry
+    (``injector``, ...); ``name``: the name asked for; ``known``: every name it has."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.known = list(known)
+        super().__init__(f"unknown {kind} '{name}' (known: {', '.join(self.known)})")
 
 
 class Unsupported(ChaosbenchError):
@@ -21,6 +62,33 @@ class Unsupported(ChaosbenchError):
 
 class MissingEngine(ChaosbenchError):
     """An engine a runtime needs (Docker daemon, Slurm cluster, FUSE) is not available."""
+
+
+class EngineCommandFailed(ChaosbenchError):
+    """A command of an engine chaosbench drives (a Slurm client command, a host tool run in a node's namespace)
+    exited non-zero. ``argv``: the command; ``rc``: its exit status; ``stderr``: what it said (stripped; its
+    stdout where it said nothing on stderr). ``message``: the one line shown, when the caller words it (default:
+    the command's first words and the last line it said)."""
+
+    def __init__(self, argv: list[str], rc: int, stderr: str, *, message: str | None = None) -> None:
+        self.argv = list(argv)
+        self.rc = rc
+        self.stderr = stderr
+        if message is None:
+            said = (stderr.splitlines() or [f"exit code {rc}"])[-1]
+            message = f"'{' '.join(self.argv[:3])}' failed: {said}"
+        super().__init__(message)
+
+
+class TargetRefused(ChaosbenchError, ValueError):
+    """A load generator's target that it refuses to send to (not loopback, not in an allowed network, not
+    ``http://host:port``), or an allowed network that is not one. ``target``: the URL (None when the problem is
+    the allowed networks); ``reason``: why, in words."""
+
+    def __init__(self, target: str | None, reason: str) -> None:
+        self.target = target
+        self.reason = reason
+        super().__init__(reason if target is None else f"target {target!r}: {reason}")
 
 
 class HarnessInterrupted(ChaosbenchError):

@@ -250,7 +250,7 @@ class FaultController:
                 params=self.injector.params.model_dump(), details=details,
                 effect_t_ns=int(effect_ns) if effect_ns is not None else returned_ns, effect=effect,
                 injection_latency_s=((int(effect_ns) if effect_ns is not None else returned_ns) - t_ns) / 1e9,
-                trigger_step=trigger_step, **base,
+                trigger_step=trigger_step, **self.injector.declared(), **base,
             )  # fmt: skip
             if self.injector.duration_s is not None:
                 t = threading.Timer(self.injector.duration_s, self._revert, args=(ctx, "duration elapsed"))

@@ -67,7 +67,7 @@ class Registry(Generic[T]):
         if name in self._loaded:
             return self._loaded[name]
         if name not in self._refs:
-            raise UnknownPlugin(f"unknown {self.kind} '{name}' (known: {', '.join(self.names())})")
+            raise UnknownPlugin(self.kind, name, self.names())
         ref = self._refs[name]
         if isinstance(ref, str):
             mod, _, attr = ref.partition(":")

@@ -59,7 +59,10 @@ SWITCH_INTERVAL_S = 0.001
 
 
 class Progress(Protocol):
-    """What the runner tells about its progress (:class:`chaosbench.progress.SuiteProgress` shows it)."""
+    """What the runner tells about its progress (:class:`chaosbench.progress.SuiteProgress` shows it).
+    ``concurrency``: how many runs go at once (set by the runner before a concurrent suite starts)."""
+
+    concurrency: int
 
     def skipped(self, label: str, reason: str) -> None: ...
     def run_started(self, index: int, label: str, deadline_s: float, control: bool) -> None: ...
@@ -73,6 +76,7 @@ class _Lines:
 
     def __init__(self, out: Callable[[str], None] | None = None) -> None:
         self.out = out or (lambda s: None)
+        self.concurrency = 1
 
     def skipped(self, label: str, reason: str) -> None:
         self.out(f"{label}: {reason}")
@@ -558,8 +562,7 @@ class Runner:
         free: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         for slot in slots:
             free.put(slot)
-        if hasattr(self.progress, "concurrency"):
-            self.progress.concurrency = len(slots)
+        self.progress.concurrency = len(slots)
 
         def one(index: int, sc: Scenario) -> None:
             if self.stop_requested.is_set():

@@ -85,6 +85,10 @@ class SourceMap:
     def where(self, path: Path_) -> str:
         return f"{self.file}:{self.line(path)}"
 
+    def error(self, path: Path_, problem: str, obj: str | None = None) -> SpecError:
+        """A :class:`SpecError` about ``obj`` (the user's object, e.g. ``fault 'kill-rank1'``) at ``path``'s line."""
+        return SpecError(problem, file=self.file, line=self.line(path), obj=obj)
+
 
 def load_yaml(path: str | Path) -> tuple[Any, SourceMap]:
     """Load a YAML file and map every path in it to its line. Syntax errors raise :class:`SpecError`."""
@@ -93,7 +97,7 @@ def load_yaml(path: str | Path) -> tuple[Any, SourceMap]:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise SpecError(f"{shown}: cannot read suite: {exc.strerror or exc}") from None
+        raise SpecError(f"cannot read suite: {exc.strerror or exc}", file=shown) from None
     return load_yaml_text(text, shown)
 
 
@@ -105,9 +109,9 @@ def load_yaml_text(text: str, shown: str) -> tuple[Any, SourceMap]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
-        raise SpecError(f"{shown}:{line}: invalid YAML: {exc.problem or exc}") from None
+        raise SpecError(f"invalid YAML: {exc.problem or exc}", file=shown, line=line) from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{shown}: invalid YAML: {exc}") from None
+        raise SpecError(f"invalid YAML: {exc}", file=shown) from None
     if node is not None:
         _index_lines(node, (), smap.lines)
     return data, smap
@@ -719,8 +723,9 @@ def _field_path(loc: Path_, skip: int) -> str:
     return ".".join(rest)
 
 
-def format_validation_error(exc: ValidationError, smap: SourceMap, base: Path_ = ()) -> str:
-    """First error of a pydantic ValidationError as ``file:line: object: field: message``."""
+def validation_error(exc: ValidationError, smap: SourceMap, base: Path_ = ()) -> SpecError:
+    """The first error of a pydantic ValidationError as a :class:`SpecError`: its line, the user's object it is
+    in (``obj``) and ``field: message`` (``problem``)."""
     err = exc.errors()[0]
     loc = base + tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
     what = _what(loc)
@@ -733,7 +738,7 @@ def format_validation_error(exc: ValidationError, smap: SourceMap, base: Path_ =
         msg = "required key is missing"
     msg = msg.removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else ""
-    return f"{smap.where(loc)}: {what}{fld + ': ' if fld else ''}{msg}{more}"
+    return smap.error(loc, f"{fld + ': ' if fld else ''}{msg}{more}", obj=what.removesuffix(": ") or None)
 
 
 def validate_plugin_options(
@@ -749,7 +754,7 @@ def validate_plugin_options(
         if err["type"] == "missing":
             msg = "required option is missing"
         fld = ".".join(str(p) for p in err["loc"])
-        raise SpecError(f"{smap.where(loc)}: {what}: {fld + ': ' if fld else ''}{msg}") from None
+        raise smap.error(loc, f"{fld + ': ' if fld else ''}{msg}", obj=what) from None
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -786,38 +791,35 @@ def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
         if not isinstance(entry, dict) or "use" not in entry:
             continue
         use = entry["use"]
-        where = smap.where(("faults", name, "use"))
+        at: Path_ = ("faults", name, "use")
         if not isinstance(use, str) or not use or "/" in use:
-            raise SpecError(f"{where}: fault '{name}': use: give the name of a fault definition in faults/")
+            raise smap.error(at, "use: give the name of a fault definition in faults/", obj=f"fault '{name}'")
         dirs = fault_search_path(smap.file)
         found = next((d / f"{use}.yaml" for d in dirs if (d / f"{use}.yaml").is_file()), None)
         if found is None:
             known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
-            raise SpecError(
-                f"{where}: fault '{name}': no fault definition '{use}' (known: {', '.join(known) or 'none'})"
-            )
+            raise smap.error(at, f"no fault definition '{use}' (known: {', '.join(known) or 'none'})",
+                             obj=f"fault '{name}'")  # fmt: skip
         base, bmap = load_yaml(found)
         if not isinstance(base, dict):
-            raise SpecError(f"{bmap.where(())}: a fault definition must be a YAML mapping")
+            raise bmap.error((), "a fault definition must be a YAML mapping")
         try:
             FaultSpec.model_validate(base)
         except ValidationError as exc:
             err = exc.errors()[0]
-            raise SpecError(
-                f"{bmap.where(tuple(err['loc']))}: fault definition '{use}': "
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-            ) from None
+            raise bmap.error(tuple(err["loc"]), f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}",
+                             obj=f"fault definition '{use}'") from None  # fmt: skip
         faults[name] = _merge(base, {k: v for k, v in entry.items() if k != "use"})
 
 
 def suite_from_data(data: Any, smap: SourceMap) -> Suite:
     if not isinstance(data, dict):
-        raise SpecError(f"{smap.where(())}: a suite must be a YAML mapping with at least 'name' and 'matrix'")
+        raise smap.error((), "a suite must be a YAML mapping with at least 'name' and 'matrix'")
     _resolve_fault_uses(data, smap)
     try:
         suite = Suite.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(format_validation_error(exc, smap)) from None
+        raise validation_error(exc, smap) from None
     suite.set_source(smap.file)
     _check_references(suite, smap)
     return suite
@@ -840,7 +842,7 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
                 if fw in suite.matrix.frameworks
                 else ("matrix", "include")
             )
-            raise SpecError(f"{smap.where(where)}: framework '{fw}': {exc}") from None
+            raise smap.error(where, str(exc), obj=f"framework '{fw}'") from None
         validate_plugin_options(
             cls.Options, suite.framework_spec(fw).options, smap, ("frameworks", fw), f"framework '{fw}'"
         )
@@ -853,61 +855,55 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         for name in names:
             if name not in suite.faults:
                 known = ", ".join(sorted(suite.faults)) or "none defined"
-                raise SpecError(f"{smap.where(where)}: matrix: unknown fault '{name}' (known: {known})")
+                raise smap.error(where, f"unknown fault '{name}' (known: {known})", obj="matrix")
     for name, fault in suite.faults.items():
         try:
             inj = INJECTORS.get(fault.injector)
         except UnknownPlugin as exc:
-            raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {exc}") from None
+            raise smap.error(('faults', name, 'injector'), str(exc), obj=f"fault '{name}'") from None
         validate_plugin_options(inj.Params, fault.params, smap, ("faults", name, "params"), f"fault '{name}'")
         ranks = suite.defaults.workload.ranks
         for r in fault.target.rank_numbers():
             if r >= ranks:
-                raise SpecError(
-                    f"{smap.where(('faults', name, 'target'))}: fault '{name}': target rank {r} "
-                    f"does not exist (the workload has {ranks} ranks)"
-                )
+                raise smap.error(("faults", name, "target"), f"target rank {r} does not exist (the workload has "
+                                 f"{ranks} ranks)", obj=f"fault '{name}'")  # fmt: skip
         node = fault.target.node
         if node is not None and node != "random":
             nodes = [f"node{i}" for i in range(suite.defaults.workload.nodes)]
             if node not in nodes:
-                raise SpecError(
-                    f"{smap.where(('faults', name, 'target'))}: fault '{name}': target node '{node}' "
-                    f"does not exist (nodes: {', '.join(nodes)})"
-                )
+                raise smap.error(("faults", name, "target"), f"target node '{node}' does not exist (nodes: "
+                                 f"{', '.join(nodes)})", obj=f"fault '{name}'")  # fmt: skip
         if fault.trigger is None and inj.requires_trigger:
-            raise SpecError(f"{smap.where(('faults', name))}: fault '{name}': trigger: required key is missing")
+            raise smap.error(('faults', name), "trigger: required key is missing", obj=f"fault '{name}'")
         if fault.trigger is not None and not inj.requires_trigger:
-            raise SpecError(
-                f"{smap.where(('faults', name, 'trigger'))}: fault '{name}': injector '{fault.injector}' fires "
-                f"from inside the workload (see its params); remove the trigger"
-            )
+            raise smap.error(("faults", name, "trigger"), f"injector '{fault.injector}' fires from inside the "
+                             "workload (see its params); remove the trigger", obj=f"fault '{name}'")  # fmt: skip
         problem = inj.role_problem(fault.target) or inj.check_target(fault.target, fault.trigger)
         if problem:
-            raise SpecError(f"{smap.where(('faults', name))}: fault '{name}': {problem}")
+            raise smap.error(('faults', name), problem, obj=f"fault '{name}'")
     try:
         rt_cls = RUNTIMES.get(suite.defaults.runtime)
     except UnknownPlugin as exc:
-        raise SpecError(f"{smap.where(('defaults', 'runtime'))}: defaults: {exc}") from None
+        raise smap.error(('defaults', 'runtime'), str(exc), obj="defaults") from None
     try:
         rt_cls.Options.model_validate(suite.defaults.runtime_options)
     except ValidationError as exc:
-        raise SpecError(format_validation_error(exc, smap, ("defaults", "runtime_options"))) from None
+        raise validation_error(exc, smap, ("defaults", "runtime_options")) from None
     for label, fspec in suite.frameworks.items():
         try:
             rt_cls.Options.model_validate({**suite.defaults.runtime_options, **(fspec.runtime_options or {})})
         except ValidationError as exc:
-            raise SpecError(format_validation_error(exc, smap, ("frameworks", label, "runtime_options"))) from None
+            raise validation_error(exc, smap, ("frameworks", label, "runtime_options")) from None
     for name, fault in suite.faults.items():
         inj = INJECTORS.get(fault.injector)
         problem = inj.check_runtime(rt_cls, inj.Params.model_validate(fault.params))
         if problem:
-            raise SpecError(f"{smap.where(('faults', name, 'params'))}: fault '{name}': {problem}")
+            raise smap.error(('faults', name, 'params'), problem, obj=f"fault '{name}'")
     wl = suite.defaults.workload
     try:
         wcls = WORKLOADS.get(wl.name)
     except UnknownPlugin as exc:
-        raise SpecError(f"{smap.where(('defaults', 'workload', 'name'))}: workload: {exc}") from None
+        raise smap.error(('defaults', 'workload', 'name'), str(exc), obj="workload") from None
     validate_plugin_options(wcls.Options, wl.options, smap, ("defaults", "workload"), f"workload '{wl.name}'")
     for fw, spec in suite.frameworks.items():
         if not spec.workload:
@@ -917,9 +913,9 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
             own = suite.workload_for(fw)
             ocls = WORKLOADS.get(own.name)
         except ValidationError as exc:
-            raise SpecError(format_validation_error(exc, smap, wl_at)) from None
+            raise validation_error(exc, smap, wl_at) from None
         except UnknownPlugin as exc:
-            raise SpecError(f"{smap.where(wl_at + ('name',))}: framework '{fw}': workload: {exc}") from None
+            raise smap.error(wl_at + ('name',), f"workload: {exc}", obj=f"framework '{fw}'") from None
         validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")
     _check_fault_workloads(suite, smap)
     _check_phase_triggers(suite, smap)
@@ -938,33 +934,35 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
             inj = INJECTORS.get(fault.injector)
             problem = inj.check_workload(wl, inj.Params.model_validate(fault.params))
             if problem is not None:
-                raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {problem} "
-                                f"(framework '{fw}')")  # fmt: skip
+                raise smap.error(("faults", name, "injector"), f"{problem} (framework '{fw}')", obj=f"fault '{name}'")
             role = fault.target.role
             roles = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).roles
             if role is not None and role not in roles:
-                raise SpecError(f"{smap.where(('faults', name, 'target', 'role'))}: fault '{name}': framework "
-                                f"'{fw}' has no {role} (its roles: {', '.join(sorted(roles)) or 'none'}); run "
-                                "it under the frameworks that have one (matrix.include)")  # fmt: skip
+                raise smap.error(("faults", name, "target", "role"), f"framework '{fw}' has no {role} (its roles: "
+                                 f"{', '.join(sorted(roles)) or 'none'}); run it under the frameworks that have one "
+                                 "(matrix.include)", obj=f"fault '{name}'")  # fmt: skip
 
 
 def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:
     """An ``on_phase`` fault needs another fault in the same run (a matrix entry listing both) whose recovery it
-    waits for; ``heal`` needs a framework whose groups heal (TorchFT)."""
+    waits for; ``heal`` needs a framework whose groups heal (:attr:`~chaosbench.frameworks.base.Framework.heals`:
+    TorchFT)."""
+    from chaosbench.registry import FRAMEWORKS
+
     for names in suite.matrix.fault_names():
         for name in names:
             trig = suite.faults[name].trigger
             if trig is None or trig.on_phase is None:
                 continue
-            where = smap.where(("faults", name, "trigger", "on_phase"))
+            at: Path_ = ("faults", name, "trigger", "on_phase")
             if not [n for n in names if n != name]:
-                raise SpecError(f"{where}: fault '{name}' fires on the {trig.on_phase} phase of another fault's "
-                                f"recovery; run it with one (a matrix entry such as [first-fault, {name}])")  # fmt: skip
+                raise smap.error(at, f"fault '{name}' fires on the {trig.on_phase} phase of another fault's recovery; "
+                                 f"run it with one (a matrix entry such as [first-fault, {name}])")  # fmt: skip
             if trig.on_phase == "heal":
                 for fw in suite.matrix.all_frameworks():
                     if names not in [c for c, _ in suite.matrix.cells(fw)]:
                         continue
-                    if (suite.framework_spec(fw).adapter or fw) != "torchft":
-                        raise SpecError(f"{where}: fault '{name}' fires on the heal phase, which framework '{fw}' "
-                                        "does not have (only TorchFT's replica groups heal from a peer; run it "
-                                        "under TorchFT alone with matrix.include)")  # fmt: skip
+                    if not FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).heals:
+                        raise smap.error(at, f"fault '{name}' fires on the heal phase, which framework '{fw}' does "
+                                         "not have (only TorchFT's replica groups heal from a peer; run it under "
+                                         "TorchFT alone with matrix.include)")  # fmt: skip

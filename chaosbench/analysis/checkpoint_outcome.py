@@ -26,17 +26,16 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from chaosbench.injectors.legacy import declared
 from chaosbench.timeline import Event
 
-INJECTOR = "corrupt-checkpoint"
 CHECKPOINT_OUTCOMES = ("fell_back", "crashed", "crash_looped", "loaded_silently", "not_loaded")
 
 
 def corruption_fault(events: list[Event]) -> Event | None:
-    """The first ``fault_inject`` event of a ``corrupt-checkpoint`` fault, or of an ``sdc`` that poisoned a
-    checkpoint (``where: save``: its ``checkpoint_step``), or None."""
-    return next((e for e in events if e.kind == "fault_inject" and (e.get("injector") == INJECTOR or (
-        e.get("injector") == "sdc" and e.get("checkpoint_step") is not None))), None)  # fmt: skip
+    """The first ``fault_inject`` event of a fault that damaged a checkpoint (its ``damages_checkpoint``, as its
+    injector declares it: a ``corrupt-checkpoint``, an ``sdc`` with ``where: save``), or None."""
+    return next((e for e in events if e.kind == "fault_inject" and declared(e, "damages_checkpoint")), None)
 
 
 def _incarnation(ev: Event) -> int:

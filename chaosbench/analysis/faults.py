@@ -125,7 +125,7 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
     revert = next((e.t_ns for e in ix.of("fault_revert") if e.t_ns >= tf and e.get("fault") == fault.get("fault")
                    and (until is None or e.t_ns < until)), None)  # fmt: skip
     fp = timing.fault_point(ix, tf, until, revert)
-    fig = FaultFigures(fault.get("fault"), fault.get("injector"), fault_class(fault.get("injector"), fault.get("params")),
+    fig = FaultFigures(fault.get("fault"), fault.get("injector"), fault_class(fault),
                        ns_to_s(tf - t0), "not_recovered")  # fmt: skip
     miss = fig.missing
     # Its detection is the framework's first reaction in its window, and before its job resumed (a detection

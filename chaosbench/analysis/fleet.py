@@ -2,7 +2,7 @@
 
 What is measured and what is assumed (the report says the same in every column):
 
-- Measured, per framework and per fault class (:data:`FAULT_CLASSES`: a crashed rank, a lost node, a hang,
+- Measured, per framework and per fault class (:func:`fault_class`: a crashed rank, a lost node, a hang,
   silent corruption): the recovery cost of each fault run, its ``time_to_resume_s`` (the fault to the first step
   after recovery: detection, teardown, restart, rendezvous, restore; or the stall of a recovery in place), times
   ``recovery_scale`` (fleet restarts usually cost more than test restarts); for a
@@ -44,36 +44,16 @@ from typing import Any
 
 from chaosbench.analysis.stats import young_daly_interval_s
 from chaosbench.analysis.values import as_bool, as_float, fault_rows
+from chaosbench.injectors.legacy import declared
+from chaosbench.timeline import Event
 
 DAY_S = 86_400.0
 
-#: The fault class of each injector, as the fleet's fault mix names them (None: not in a fleet's mix).
-FAULT_CLASSES: dict[str, str] = {
-    "kill": "crash",
-    "crash-loop": "crash",
-    "segfault": "crash",
-    "abort": "crash",
-    "oom": "crash",
-    "sigterm": "crash",
-    "local-node-kill": "node",
-    "node-kill": "node",
-    "slurm-node-down": "node",
-    "partition": "node",
-    "hang": "hang",
-    "node-pause": "hang",
-    "gil-hold": "hang",
-    "sdc": "sdc",
-}
-
-
-def fault_class(injector: str | None, params: Mapping[str, Any] | None = None) -> str | None:
-    """The fleet fault class of a fault (``kill`` with SIGSTOP is a hang; a thread exception that stalls the loop
-    is one, a silent one none)."""
-    if injector == "kill" and str((params or {}).get("signal", "")).upper() in ("SIGSTOP", "STOP", "SIGTSTP"):
-        return "hang"
-    if injector == "thread-exception":
-        return "hang" if (params or {}).get("mode") == "stall" else None
-    return FAULT_CLASSES.get(injector or "")
+def fault_class(fault: Event | Mapping[str, Any]) -> str | None:
+    """The fleet fault class of a ``fault_inject`` event (``crash``, ``node``, ``hang``, ``sdc``; None: not in a
+    fleet's mix), as its injector declared it in the event (:attr:`chaosbench.injectors.base.Injector.fault_class`;
+    an event written before injectors declared it: :mod:`chaosbench.injectors.legacy`)."""
+    return declared(fault, "fault_class")  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,7 @@ Attribution, truth and detection quality:
   agent, a replica group's launcher, the scheduler); ``restart_count`` is what the ranks' incarnations show. A
   difference is named in the verdict.
 - ``fault_class``: the fleet fault class of the first fault (``crash``, ``node``, ``hang``, ``sdc``; see
-  :data:`chaosbench.analysis.fleet.FAULT_CLASSES`), for the fleet projection. ``rollback``: the recovery restarted from
+  :func:`chaosbench.analysis.fleet.fault_class`), for the fleet projection. ``rollback``: the recovery restarted from
   a checkpoint (False: per-step commit, or recovered in place).
 - ``predicted_detect_s`` / ``predicted_by``: when the timeouts in force let the framework detect this fault
   (``detection_prediction`` event written before the run by the framework adapter: the deciding timeout plus the
@@ -739,7 +739,7 @@ def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: Ti
     t0 = start.t_ns if start is not None else whole.events[0].t_ns
     if fault.get("effect_t_ns") is not None:
         m.injection_latency_s = ns_to_s(tf - fault.t_ns)
-    m.fault_class = fault_class(fault.get("injector"), fault.get("params"))
+    m.fault_class = fault_class(fault)
     m.fault_t_s = ns_to_s(tf - t0)
     m.fault_count = ix.count("fault_inject")
     m.false_detections = attribution.detection_episodes(ix, before_ns=fault.t_ns)

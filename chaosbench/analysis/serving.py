@@ -250,10 +250,16 @@ def replica_count(ix: TimelineIndex) -> int | None:
 OUT_OF_SERVICE_CLASSES = ("crash", "hang", "node")
 
 
+def partition_groups(fault: Event) -> list[list[str]]:
+    """The groups of nodes a fault cut apart (a ``partition``'s ``groups``, from its params or details), or []
+    for a fault that cuts no groups apart."""
+    return list((fault.get("params") or {}).get("groups") or (fault.get("details") or {}).get("groups") or [])
+
+
 def cut_off_nodes(ix: TimelineIndex, fault: Event) -> set[str]:
     """The nodes a ``partition`` cut off from the balancer's node: those of every group but the balancer's (all
     the groups' nodes when the balancer's node is in none: it reaches them all, nothing is cut)."""
-    groups = (fault.get("params") or {}).get("groups") or (fault.get("details") or {}).get("groups") or []
+    groups = partition_groups(fault)
     lb = next((e.get("node") for e in ix.of("proc_start") if e.get("role") == "balancer"), None)
     mine = next((set(g) for g in groups if lb in g), None)
     if mine is None:
@@ -262,10 +268,11 @@ def cut_off_nodes(ix: TimelineIndex, fault: Event) -> set[str]:
 
 
 def replicas_hit(ix: TimelineIndex, fault: Event) -> set[int]:
-    """The replicas a ``fault_inject`` hit: its target ranks, and the replicas on its target nodes (a partition:
-    on the nodes it cut off from the balancer; its ``target`` is only the rank it resolved by default)."""
+    """The replicas a ``fault_inject`` hit: its target ranks, and the replicas on its target nodes (a fault that
+    cuts groups of nodes apart, a partition: on the nodes it cut off from the balancer; its ``target`` is only
+    the rank it resolved by default)."""
     targets = fault.get("target") or []
-    if fault.get("injector") == "partition":
+    if partition_groups(fault):
         ranks: set[int] = set()
         nodes = cut_off_nodes(ix, fault)
     else:
@@ -288,7 +295,7 @@ def out_of_service_s(ix: TimelineIndex, lo_ns: int, hi_ns: int) -> tuple[float, 
     changes: list[tuple[int, int, str, bool]] = []  # (t_ns, rank, "dead"|"held", out?)
     reverts = {e.get("fault"): e.t_ns for e in ix.of("fault_revert") if e.get("undone")}
     for f in ix.of("fault_inject"):
-        if fault_class(f.get("injector"), f.get("params")) not in OUT_OF_SERVICE_CLASSES:
+        if fault_class(f) not in OUT_OF_SERVICE_CLASSES:
             continue
         t = int(f.get("effect_t_ns") or f.t_ns)
         for rank in replicas_hit(ix, f):

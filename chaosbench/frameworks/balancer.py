@@ -224,7 +224,7 @@ class BalancerFramework(Framework):
 
     # -- planning
     def _serve(self, job: JobContext) -> Any:
-        if job.workload.name != "serve":
+        if not job.workload.serves:
             raise Unsupported(f"balancer adapter: workload '{job.workload.name}' is not a server (use workload 'serve')")
         return job.workload
 

@@ -397,6 +397,9 @@ class Framework(ABC):
     name: ClassVar[str]
     #: The processes a fault can target by role (``target: {role: ...}``), and how each is found.
     roles: ClassVar[dict[str, Role]] = {"rank0": Role("rank 0's process", rank=0)}
+    #: Whether a recovery under this framework heals a restarted replica group from a live peer (``heal_begin``
+    #: on the timeline), so that a fault can fire on the ``heal`` phase of another's recovery.
+    heals: ClassVar[bool] = False
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

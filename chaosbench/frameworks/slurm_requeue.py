@@ -47,7 +47,7 @@ from chaosbench.frameworks.base import (
     chain,
     torchrun_worker_env,
 )
-from chaosbench.runtimes.base import ProcessSpec
+from chaosbench.runtimes.base import BatchJobs, ProcessSpec
 from chaosbench.timeline import Event
 
 #: Job environment (of :meth:`~chaosbench.frameworks.base.JobContext.rank_env`) the batch script sets itself.
@@ -93,10 +93,9 @@ class SlurmRequeueFramework(Framework):
 
     @staticmethod
     def _runtime(job: JobContext) -> Any:
-        from chaosbench.runtimes.slurm import SlurmRuntime
-
-        if not isinstance(job.runtime, SlurmRuntime):
-            raise Unsupported(f"framework slurm-requeue needs the slurm runtime, not '{job.runtime.name}'")
+        if not isinstance(job.runtime, BatchJobs):
+            raise Unsupported(f"framework slurm-requeue needs the slurm runtime (a batch scheduler), not "
+                              f"'{job.runtime.name}'")  # fmt: skip
         return job.runtime
 
     def script(self, job: JobContext) -> str:

@@ -208,10 +208,11 @@ class TorchftFramework(Framework):
                            proc_role="lighthouse"),
     }
     Options = TorchftOptions  # type: ignore[assignment]
+    heals: ClassVar[bool] = True
 
     def groups(self, job: JobContext) -> int:
         declared = job.workload.replica_groups()
-        if declared is None and job.workload.name != "command":
+        if declared is None and not job.workload.users_script:
             raise Unsupported(
                 f"torchft adapter: workload '{job.workload.name}' does not train through torchft's Manager "
                 "(use ft-mlp, or a command workload whose script does)"
@@ -244,7 +245,8 @@ class TorchftFramework(Framework):
                 env=lh_env, role="lighthouse", node=job.node_name(0),
             )
         ]  # fmt: skip
-        advertise = o.advertise_host or (addr if job.runtime.name == "local" else "")
+        # ranks on the harness's host advertise the runtime's master address; on nodes of their own, the node's hostname
+        advertise = o.advertise_host or (addr if job.runtime.ranks_on_harness_host else "")
         for g in range(groups):
             node = group_node(job, g, groups)
             env = job.rank_env(0, node)

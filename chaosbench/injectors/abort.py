@@ -21,5 +21,6 @@ class AbortInjector(PlantedInjector):
 
     name: ClassVar[str] = "abort"
     failure_mode = "crash"  # type: ignore[assignment]
+    fault_class = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "a rank dies of SIGABRT (abort(3), as a failed native assertion) at step N"
     Params = AbortParams  # type: ignore[assignment]

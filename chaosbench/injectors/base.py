@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from chaosbench.runtimes.base import Runtime, node_control_problem
 from chaosbench.timeline import Event, TimelineWriter
+from chaosbench.timeline.schema import FailureMode, FaultClass
 from chaosbench.workloads.planted import ENV_PLANTED
 
 if TYPE_CHECKING:
@@ -87,13 +88,18 @@ class RunSetup:
     #: The framework's roles (:attr:`chaosbench.frameworks.base.Framework.roles`), for a ``role`` target.
     roles: dict[str, Role] = field(default_factory=dict)
 
-    def plant(self, injector: str, fault: str, at_step: int, **params: Any) -> None:
+    def plant(self, injector: str, fault: str, at_step: int, declared: dict[str, Any] | None = None,
+              **params: Any) -> None:  # fmt: skip
         """Add a planted fault's entry for the target ranks to the ranks' environment (read by
-        :class:`chaosbench.workloads.planted.Planted`)."""
+        :class:`chaosbench.workloads.planted.Planted`). ``declared``: what the injector declares about the fault
+        (:meth:`Injector.declared`), which the rank writes into its ``fault_inject`` event."""
         ranks = self.target_ranks()
         entries = json.loads(self.env.get(ENV_PLANTED) or "[]")
-        entries.append({"fault": fault, "injector": injector, "at_step": at_step,
-                        "ranks": "all" if ranks is None else ",".join(str(r) for r in ranks), **params})  # fmt: skip
+        entry = {"fault": fault, "injector": injector, "at_step": at_step,
+                 "ranks": "all" if ranks is None else ",".join(str(r) for r in ranks), **params}  # fmt: skip
+        if declared is not None:
+            entry["declared"] = declared
+        entries.append(entry)
         self.env[ENV_PLANTED] = json.dumps(entries)
 
     def target_ranks(self) -> list[int] | None:
@@ -194,12 +200,34 @@ class Injector(ABC):
         return None if value is None else float(value)
 
     @property
-    def failure_mode(self) -> str | None:
+    def failure_mode(self) -> FailureMode | None:
         """What the fault looks like to a detector: ``crash`` (the target's processes die), ``hang`` (they are
         frozen: no step, no heartbeat, collectives never complete), ``stall`` (alive and heartbeating, their
-        native threads running, but no step: the next collective never comes), or None (neither: slowdowns,
-        damaged files, silent corruption). Framework adapters predict their detection time from it."""
+        native threads running, but no step: the next collective never comes), ``desync`` (a collective that
+        goes wrong), or None (neither: slowdowns, damaged files, silent corruption). Framework adapters predict
+        their detection time from it; it is written into each ``fault_inject`` event."""
         return None
+
+    @property
+    def fault_class(self) -> FaultClass | None:
+        """The fleet fault class of this fault (:data:`chaosbench.timeline.schema.FaultClass`: ``crash``,
+        ``node``, ``hang``, ``sdc``), or None when a fleet's fault mix has no class for it (a slowdown, a damaged
+        file, a network delay). Written into each ``fault_inject`` event; the fleet projection and the serving
+        figures read it from there (never from the injector's name)."""
+        return None
+
+    @property
+    def damages_checkpoint(self) -> bool:
+        """Whether a firing damages a checkpoint that recovery may load (its outcome is then classified:
+        :mod:`chaosbench.analysis.checkpoint_outcome`). Written into each ``fault_inject`` event."""
+        return False
+
+    def declared(self) -> dict[str, Any]:
+        """What this fault declares about itself, as ``fault_inject`` event fields: ``fault_class``,
+        ``failure_mode`` and ``damages_checkpoint`` (always all three, None included: an event without them
+        was written before injectors declared them, :mod:`chaosbench.injectors.legacy`)."""
+        return {"fault_class": self.fault_class, "failure_mode": self.failure_mode,
+                "damages_checkpoint": self.damages_checkpoint}  # fmt: skip
 
     def prepare(self, setup: RunSetup) -> None:  # noqa: B027 - optional hook
         """Before launch. Default: nothing."""
@@ -242,7 +270,7 @@ class PlantedInjector(Injector):
                 f"'{workload.name}' does not call their hooks, so it cannot fire there")  # fmt: skip
 
     def prepare(self, setup: RunSetup) -> None:
-        setup.plant(self.name, self.fault_name, **self.params.model_dump(mode="json"))
+        setup.plant(self.name, self.fault_name, declared=self.declared(), **self.params.model_dump(mode="json"))
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:  # pragma: no cover - fires inside the workload
         return {}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chaosbench.injectors.base import PlantedInjector
+from chaosbench.timeline.schema import FailureMode
 from chaosbench.workloads.planted import desync_of
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class CollectiveHangInjector(PlantedInjector):
     Params = CollectiveHangParams  # type: ignore[assignment]
 
     @property
-    def failure_mode(self) -> str | None:
+    def failure_mode(self) -> FailureMode | None:
         # block: alive, heartbeating, no step. skip/mismatch: a desynchronised group, which may hang, fail or
         # compute on silently: no framework has a detection model for it.
         return "stall" if self.params.mode == "block" else "desync"  # type: ignore[attr-defined]

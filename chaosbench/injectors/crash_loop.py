@@ -27,5 +27,6 @@ class CrashLoopInjector(PlantedInjector):
 
     name: ClassVar[str] = "crash-loop"
     failure_mode = "crash"  # type: ignore[assignment]
+    fault_class = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "the workload raises at step N in every incarnation (a deterministic bug)"
     Params = CrashLoopParams  # type: ignore[assignment]

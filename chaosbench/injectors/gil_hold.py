@@ -23,6 +23,7 @@ class GilHoldInjector(PlantedInjector):
 
     name: ClassVar[str] = "gil-hold"
     failure_mode = "stall"  # type: ignore[assignment]
+    fault_class = "hang"  # type: ignore[assignment]
     summary: ClassVar[str] = "native code holds a rank's GIL for a while: its Python threads (heartbeats) starve"
     Params = GilHoldParams  # type: ignore[assignment]
 

@@ -26,6 +26,7 @@ class HangInjector(Injector):
     summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
     Params = HangParams  # type: ignore[assignment]
     failure_mode = "hang"  # type: ignore[assignment]
+    fault_class = "hang"  # type: ignore[assignment]
     role_targets: ClassVar[bool] = True
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.injectors.base import FaultContext, Injector, effect_of
+from chaosbench.timeline.schema import FailureMode, FaultClass
 
 
 def signal_number(name: str | int) -> int:
@@ -48,12 +49,21 @@ class KillInjector(Injector):
         """The signal sent, as ``SIGKILL``."""
         return str(self.params.signal)  # type: ignore[attr-defined]
 
+    #: Signals whose default action stops the process: it is frozen, not gone.
+    STOPPING: ClassVar[frozenset[str]] = frozenset({"SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"})
+
     @property
-    def failure_mode(self) -> str | None:
+    def failure_mode(self) -> FailureMode | None:
         sig = self.signal_name
-        if sig in ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"):
+        if sig in self.STOPPING:
             return "hang"
         return None if sig in self.HARMLESS else "crash"
+
+    @property
+    def fault_class(self) -> FaultClass | None:
+        """A stopping signal is a hang, a harmless one no fault of a fleet's, any other a crashed rank."""
+        mode = self.failure_mode
+        return "hang" if mode == "hang" else "crash" if mode == "crash" else None
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         sig = signal_number(self.signal_name)

@@ -80,6 +80,7 @@ class NodeKillInjector(Injector):
 
     name: ClassVar[str] = "node-kill"
     failure_mode = "crash"  # type: ignore[assignment]
+    fault_class = "node"  # type: ignore[assignment]
     summary: ClassVar[str] = (
         "lose a node the runtime's way: docker kills its container, local freezes and SIGKILLs its processes, "
         "slurm sets it DOWN|DRAIN (revert RESUME)"

@@ -22,6 +22,7 @@ class NodePauseInjector(Injector):
 
     name: ClassVar[str] = "node-pause"
     failure_mode = "hang"  # type: ignore[assignment]
+    fault_class = "hang"  # type: ignore[assignment]
     summary: ClassVar[str] = "freeze a node (docker pause) for a duration or for good; revert unpauses"
     needs_node_control: ClassVar[bool] = True
     Params = NodePauseParams  # type: ignore[assignment]

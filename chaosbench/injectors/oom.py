@@ -95,6 +95,7 @@ class OomInjector(PlantedInjector):
 
     name: ClassVar[str] = "oom"
     failure_mode = "crash"  # type: ignore[assignment]
+    fault_class = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "a rank grows inside a memory cgroup until the kernel's OOM killer ends it"
     Params = OomParams  # type: ignore[assignment]
 
@@ -114,7 +115,8 @@ class OomInjector(PlantedInjector):
             setup.timeline.emit("fault_skipped", src="injector", fault=self.fault_name, injector=self.name,
                                 reason=f"no memory cgroup for the fault: {exc}")  # fmt: skip
             return
-        setup.plant(self.name, self.fault_name, at_step=p.at_step, limit_mb=p.limit_mb, cgroup=str(self._group))
+        setup.plant(self.name, self.fault_name, at_step=p.at_step, declared=self.declared(), limit_mb=p.limit_mb,
+                    cgroup=str(self._group))
 
     def cleanup(self) -> None:
         group, self._group = getattr(self, "_group", None), None

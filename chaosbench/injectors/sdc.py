@@ -35,10 +35,16 @@ class SdcInjector(PlantedInjector):
     name: ClassVar[str] = "sdc"
     summary: ClassVar[str] = "silent data corruption in one rank's gradients or parameters at step N"
     Params = SdcParams  # type: ignore[assignment]
+    fault_class = "sdc"  # type: ignore[assignment]
+
+    @property
+    def damages_checkpoint(self) -> bool:
+        """``where: save`` poisons the checkpoint that recovery will load."""
+        return self.params.where == "save"  # type: ignore[attr-defined]
 
     @classmethod
     def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
         problem = super().check_workload(workload, params)
-        if problem is None and getattr(params, "where", None) == "save" and not getattr(workload, "checkpoints", False):
+        if problem is None and getattr(params, "where", None) == "save" and not workload.checkpoints:
             return f"sdc where: save poisons a checkpoint; workload '{workload.name}' writes none"
         return problem

@@ -21,5 +21,6 @@ class SegfaultInjector(PlantedInjector):
 
     name: ClassVar[str] = "segfault"
     failure_mode = "crash"  # type: ignore[assignment]
+    fault_class = "crash"  # type: ignore[assignment]
     summary: ClassVar[str] = "a real SIGSEGV from native code in a rank at step N"
     Params = SegfaultParams  # type: ignore[assignment]

@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.injectors.base import PlantedInjector
+from chaosbench.timeline.schema import FailureMode, FaultClass
 
 
 class ThreadExceptionParams(BaseModel):
@@ -29,5 +30,10 @@ class ThreadExceptionInjector(PlantedInjector):
     Params = ThreadExceptionParams  # type: ignore[assignment]
 
     @property
-    def failure_mode(self) -> str | None:
+    def failure_mode(self) -> FailureMode | None:
         return "stall" if self.params.mode == "stall" else None  # type: ignore[attr-defined]
+
+    @property
+    def fault_class(self) -> FaultClass | None:
+        """A stalled loop is a hang to a fleet; a silent thread death is no fault of a fleet's mix."""
+        return "hang" if self.params.mode == "stall" else None  # type: ignore[attr-defined]

@@ -238,6 +238,18 @@ def engine_effect(rt: NodeControl, containers: list[str], action: str, since_ns:
 
 
 @runtime_checkable
+class BatchJobs(Protocol):
+    """A runtime that hands whole jobs to a batch scheduler (``slurm``), so that a framework can let the scheduler
+    supervise the job (``slurm-requeue``): submit a batch script, hand a job back to the queue, end it. Declared
+    by implementing it; checked with ``isinstance``."""
+
+    def submit_batch(self, script: Path, name: str, nodes: int, ntasks_per_node: int, extra: list[str] | None = None,
+                     env: dict[str, str] | None = None) -> int: ...  # fmt: skip
+    def requeue_batch(self, job_id: int) -> None: ...
+    def cancel_batch(self, job_id: int) -> None: ...
+
+
+@runtime_checkable
 class NodeLoss(Protocol):
     """A runtime that can lose a whole node the way its platform loses one: the ``node-kill`` fault (also
     spelled ``local-node-kill`` and ``slurm-node-down``) asks it to. Declared by implementing it; checked with

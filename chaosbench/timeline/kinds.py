@@ -228,6 +228,9 @@ FIELDS: dict[str, dict[str, tuple[bool, tuple[str, ...]]]] = {
         "sdc_kind": (False, ("null", "str")),
         "where": (False, ("null", "str")),
         "checkpoint_step": (False, ("null", "int")),
+        "fault_class": (False, ("null", "str")),
+        "failure_mode": (False, ("null", "str")),
+        "damages_checkpoint": (False, ("null", "bool")),
     },
     "fault_revert": {
         "rank": (False, ("null", "int")),

@@ -15,6 +15,10 @@ once per file as a warning (logger ``chaosbench.timeline``), so the metrics of o
 without hiding that the file is not of the current contract. Every other timeline, one with a versioned
 ``run_start`` or with none at all (a live one, a partial one, a hand-written one), is read strictly.
 ``strict=True``/``False`` forces either reading.
+
+A ``fault_inject`` event written before injectors declared their fault class, failure mode and checkpoint
+damage lacks those fields (in a versioned timeline too: they are optional); what analysis makes of such an
+event is decided in one place, :func:`chaosbench.injectors.legacy.declared`.
 """
 
 from __future__ import annotations

@@ -36,8 +36,16 @@ from chaosbench.timeline.events import COMMON_FIELDS, Event, EventKind, EventSou
 
 __all__ = [
     "EventKind", "EventModel", "EventSource", "MODELS", "check_fields_declared", "check_obj", "check_written",
-    "events_json_schema", "harness_writer", "model_of", "stdlib_table", "typed", "typed_fields",
+    "events_json_schema", "harness_writer", "model_of", "stdlib_table", "typed", "typed_fields", "FaultClass",
+    "FailureMode",
 ]  # fmt: skip
+
+#: The fleet fault class of a fault, as a fleet's fault mix names them (:data:`chaosbench.analysis.fleet.LLAMA3_MIX`):
+#: a crashed rank, a lost node, a hang, silent data corruption. Declared by each injector
+#: (:attr:`chaosbench.injectors.base.Injector.fault_class`) and written into its ``fault_inject`` events.
+FaultClass = Literal["crash", "node", "hang", "sdc"]
+#: What a fault looks like to a detector (:attr:`chaosbench.injectors.base.Injector.failure_mode`).
+FailureMode = Literal["crash", "hang", "stall", "desync"]
 
 
 class EventModel(BaseModel):
@@ -504,6 +512,13 @@ class FaultInject(_MaybeRank):
     sdc_kind: str | None = Field(None, description="the corruption (`nan`, `scale`, `bitflip`)")
     where: str | None = Field(None, description="what it corrupts (`grad`, `param`, `save`)")
     checkpoint_step: int | None = Field(None, description="the step of the checkpoint it corrupts")
+    fault_class: FaultClass | None = Field(None, description="the fleet fault class its injector declares (`crash`, "
+                                           "`node`, `hang`, `sdc`; null: none). Absent from timelines written "
+                                           "before injectors declared it: see `chaosbench.injectors.legacy`")  # fmt: skip
+    failure_mode: FailureMode | None = Field(None, description="what it looks like to a detector, as its injector "
+                                             "declares it (`crash`, `hang`, `stall`, `desync`; null: none of them)")  # fmt: skip
+    damages_checkpoint: bool | None = Field(None, description="it damaged a checkpoint that recovery may load "
+                                            "(its injector says so; absent from older timelines)")  # fmt: skip
 
 
 class FaultRevert(_MaybeRank):

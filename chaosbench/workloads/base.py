@@ -36,6 +36,15 @@ class Workload(ABC):
     #: The changes the program can make to its own gradient collective for a planted ``collective-hang``
     #: (``skip``: leave it out, ``shape``: one element fewer, ``op``: MAX for SUM).
     desyncs: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the program checkpoints into the run's checkpoint directory (a fault that poisons a checkpoint
+    #: needs one).
+    checkpoints: ClassVar[bool] = False
+    #: Whether the program is a server (replicas answering requests), not a trainer: what a load-balancer
+    #: framework runs.
+    serves: ClassVar[bool] = False
+    #: Whether the program is the user's own script, whose inside chaosbench does not know (it may train through
+    #: TorchFT's Manager without declaring :meth:`replica_groups`).
+    users_script: ClassVar[bool] = False
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -150,6 +150,7 @@ class CommandWorkload(Workload):
 
     name: ClassVar[str] = "command"
     Options = CommandOptions  # type: ignore[assignment]
+    users_script: ClassVar[bool] = True
 
     def substitutions(self, run: RunPaths) -> dict[str, str]:
         """The run's placeholder values (the per-rank ones are filled in by the shim)."""

@@ -63,6 +63,9 @@ class Plant:
     ranks: set[int] | None  # None: all ranks
     at_step: int
     params: dict[str, Any] = field(default_factory=dict)
+    #: What the injector declares about the fault (``fault_class``, ``failure_mode``, ``damages_checkpoint``),
+    #: written into the ``fault_inject`` event as it is (empty for an entry written without it).
+    declared: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> Plant:
@@ -73,6 +76,7 @@ class Plant:
             injector=str(entry.pop("injector")),
             ranks=None if ranks == "all" else {int(r) for r in ranks.split(",") if r.strip()},
             at_step=int(entry.pop("at_step")),
+            declared=dict(entry.pop("declared", None) or {}),
             params=entry,
         )
 
@@ -124,7 +128,7 @@ class Planted:
         self.probe.emit(
             "fault_inject", fault=plant.fault, injector=plant.injector, step=step,
             target=[{"rank": self.rank, "pid": os.getpid(), "incarnation": self.probe.incarnation}],
-            trigger=trigger or f"planted {plant.injector} at step {step}", **details,
+            trigger=trigger or f"planted {plant.injector} at step {step}", **plant.declared, **details,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------ hooks

@@ -101,6 +101,7 @@ class Serve(Workload):
     Options = ServeOptions  # type: ignore[assignment]
     #: The replica calls the planted hooks around its model load (its "step 1"): see serve_replica.
     plants: ClassVar[bool] = True
+    serves: ClassVar[bool] = True
     options: ServeOptions
 
     def model_file(self, run: RunPaths) -> Path:

@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from chaosbench.analysis.latency import LATENCY_EDGES_MS
+from chaosbench.errors import TargetRefused
 from chaosbench.probe import ENV_EVENTS
 from chaosbench.timeline import TimelineWriter
 
@@ -57,10 +58,6 @@ PROGRAM = "chaosbench.workloads.serve_load"
 
 #: Exit code for a refused target or bad options (argparse's too).
 EXIT_USAGE = 2
-
-
-class TargetRefused(ValueError):
-    """The target address is neither loopback nor in an allowed network."""
 
 
 # ------------------------------------------------------------------------------------------------ the target
@@ -73,24 +70,24 @@ def check_target(url: str, allow_cidrs: Sequence[str] = (),
     ``resolve``: host name -> addresses (default: ``getaddrinfo``)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
-        raise TargetRefused(f"target {url!r}: expected http://host:port")
+        raise TargetRefused(url, "expected http://host:port")
     try:
         nets = [ipaddress.ip_network(c, strict=False) for c in allow_cidrs]
     except ValueError as exc:
-        raise TargetRefused(f"--allow-cidr: {exc}") from None
+        raise TargetRefused(None, f"--allow-cidr: {exc}") from None
     host = parts.hostname
     try:
         addrs = [str(ipaddress.ip_address(host))]
     except ValueError:
         addrs = (resolve or _resolve)(host)
         if not addrs:
-            raise TargetRefused(f"target {url!r}: host {host!r} does not resolve") from None
+            raise TargetRefused(url, f"host {host!r} does not resolve") from None
     for a in addrs:
         ip = ipaddress.ip_address(a)
         if not ip.is_loopback and not any(ip.version == n.version and ip in n for n in nets):
             allowed = "loopback" + "".join(f", {n}" for n in nets)
-            raise TargetRefused(f"target {url!r}: {a} is not in an allowed network ({allowed}); the load only "
-                                "goes to the run's own loopback addresses or its --allow-cidr network")  # fmt: skip
+            raise TargetRefused(url, f"{a} is not in an allowed network ({allowed}); the load only goes to the run's "
+                                "own loopback addresses or its --allow-cidr network")  # fmt: skip
     return addrs
 
 

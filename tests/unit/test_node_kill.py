@@ -50,7 +50,8 @@ def test_faults_listing_says_which_names_are_aliases(capsys: pytest.CaptureFixtu
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_name_of_a_lost_node_is_the_node_fault_class(name: str) -> None:
-    assert fault_class(name) == "node"
+    assert fault_class({"injector": name}) == "node"  # a legacy event, without its declared class
+    assert INJECTORS.get(name)("lose", NodeKillParams()).fault_class == "node"
 
 
 def test_an_alias_is_neither_replaced_nor_dangling() -> None:

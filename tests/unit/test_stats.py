@@ -215,10 +215,14 @@ def test_fleet_projection_marks_unusable_frameworks() -> None:
 
 
 def test_fault_classes() -> None:
-    assert fault_class("kill", {"signal": "SIGKILL"}) == "crash"
-    assert fault_class("kill", {"signal": "SIGSTOP"}) == "hang"
-    assert fault_class("local-node-kill") == "node"
-    assert fault_class("straggler") is None
+    # legacy events (no declared fault_class): read by their injector's name as before
+    assert fault_class({"injector": "kill", "params": {"signal": "SIGKILL"}}) == "crash"
+    assert fault_class({"injector": "kill", "params": {"signal": "SIGSTOP"}}) == "hang"
+    assert fault_class({"injector": "local-node-kill"}) == "node"
+    assert fault_class({"injector": "straggler"}) is None
+    # a declared class is the event's, whatever its injector is called
+    assert fault_class({"injector": "kill", "fault_class": None}) is None
+    assert fault_class({"injector": "my-plugin", "fault_class": "node"}) == "node"
     assert sum(LLAMA3_MIX.weights.values()) == 419
 
 

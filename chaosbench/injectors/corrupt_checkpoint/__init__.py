@@ -42,6 +42,7 @@ from chaosbench.errors import ChaosbenchError
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup, effect_of
 from chaosbench.injectors.corrupt_checkpoint import formats as cf
 from chaosbench.injectors.corrupt_checkpoint import state as damage
+from chaosbench.timeline.schema import FailureMode
 from chaosbench.waiting import wait_until
 
 if TYPE_CHECKING:
@@ -115,8 +116,10 @@ class CorruptCheckpointInjector(Injector):
     name: ClassVar[str] = "corrupt-checkpoint"
 
     @property
-    def failure_mode(self) -> str | None:
+    def failure_mode(self) -> FailureMode | None:
         return "crash" if self.params.mode == "torn-write" else None  # type: ignore[attr-defined]
+
+    damages_checkpoint = True  # type: ignore[assignment]
     summary: ClassVar[str] = (
         "corrupt a checkpoint on disk (bitflip in tensor data, truncate, delete shard/metadata, garble "
         "metadata) or kill a rank mid-save (torn-write)"

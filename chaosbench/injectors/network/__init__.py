@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaosbench import procutil
-from chaosbench.errors import ChaosbenchError, MissingEngine
+from chaosbench.errors import ChaosbenchError, EngineCommandFailed, MissingEngine
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup, target_nodes
 from chaosbench.runtimes.base import NodeControl, node_control
 
@@ -62,7 +62,8 @@ def nsexec(rt: NodeControl, node: str, argv: list[str], check: bool = True) -> s
     cmd = ["nsenter", "-t", str(rt.node_pid(node)), "-n", *argv]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if check and res.returncode != 0:
-        raise ChaosbenchError(f"{node}: {' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}")
+        said = res.stderr.strip() or res.stdout.strip()
+        raise EngineCommandFailed(cmd, res.returncode, said, message=f"{node}: {' '.join(argv)}: {said}")
     return res
 
 
@@ -346,6 +347,7 @@ class PartitionInjector(_NetInjector):
 
     name: ClassVar[str] = "partition"
     failure_mode = "hang"  # type: ignore[assignment]
+    fault_class = "node"  # type: ignore[assignment]
     summary: ClassVar[str] = "cut the network between groups of nodes (iptables DROP/REJECT)"
     Params = PartitionParams  # type: ignore[assignment]
     needs_process: ClassVar[bool] = False

@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError, MissingEngine
+from chaosbench.errors import ChaosbenchError, EngineCommandFailed, MissingEngine
 from chaosbench.runtimes.slurm.states import (
     ACTIVE_JOB_STATES,
     JobInfo,
@@ -90,8 +90,7 @@ class SlurmCommands:
         except subprocess.TimeoutExpired:
             raise ChaosbenchError(f"'{' '.join(argv[:3])}' gave no answer within the timeout") from None
         if check and res.returncode != 0:
-            err = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}").splitlines()[-1]
-            raise ChaosbenchError(f"'{' '.join(argv[:3])}' failed: {err}")
+            raise EngineCommandFailed(argv, res.returncode, res.stderr.strip() or res.stdout.strip())
         return res.stdout
 
     def partition_args(self) -> list[str]:
