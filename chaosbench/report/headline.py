@@ -95,12 +95,19 @@ def _failures_text(fired: Sequence[RunView]) -> str:
     return ", ".join(f"{counts[o]} {o.replace('_', ' ')}" for o in ("outlasted", "not_recovered") if counts[o])
 
 
+def _percent(share: float) -> str:
+    """A share as a whole percentage, with one decimal where rounding would hide that it is not 0 or 100 (the
+    upper bound of 0 in 909 is 0.4 %, not 0)."""
+    pct = share * 100
+    return f"{pct:.1f}" if 0 < pct < 1 or 99 < pct < 100 else f"{pct:.0f}"
+
+
 def _recovered_text(fired: Sequence[RunView]) -> str:
     """``recovered 4/5 (95 % CI 38-96 %; 1 not recovered)``."""
     ok = sum(1 for r in fired if r.outcome == "recovered")
     _, lo, hi = wilson(ok, len(fired))
     assert lo is not None and hi is not None
-    text = f"recovered {ok}/{len(fired)} (95 % CI {lo * 100:.0f}-{hi * 100:.0f} %"
+    text = f"recovered {ok}/{len(fired)} (95 % CI {_percent(lo)}-{_percent(hi)} %"
     failures = _failures_text(fired)
     return text + (f"; {failures})" if failures else ")")
 

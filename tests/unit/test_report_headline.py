@@ -130,6 +130,12 @@ def test_scorecard_cells(report: tuple[str, str]) -> None:
     assert cells[4].startswith('<td class="sc-empty">not run')
 
 
+def test_interval_bounds_keep_what_rounding_would_hide() -> None:
+    from chaosbench.report.headline import _percent
+
+    assert [_percent(x) for x in (0.0, 0.0042, 0.094, 0.9958, 1.0)] == ["0", "0.4", "9", "99.6", "100"]
+
+
 def test_time_scale() -> None:
     linear = _TimeScale([2.0, 4.0, 6.0])
     assert (linear.log, linear.frac(4.0), linear.at(0.5)) == (False, 0.5, 4.0)
@@ -137,3 +143,19 @@ def test_time_scale() -> None:
     assert log.log and log.frac(5.0) == pytest.approx(0.5) and log.at(0.5) == pytest.approx(5.0)
     assert _TimeScale([3.0]).frac(3.0) == 0.5
     assert (_colour(0.0), _colour(0.5), _colour(1.0)) == ("#c7e9c0", "#fee08b", "#fc8d59")
+
+
+def test_outlasted_and_not_recovered_cells_look_apart() -> None:
+    from chaosbench.report.document import ScoreCell
+    from chaosbench.report.html import _score_cell
+
+    scale = _TimeScale([1.0, 2.0])
+    some_out = _score_cell(ScoreCell(["1/2 recovered"], fired=2, recovered=1, outlasted=1, seconds=1.0), scale)
+    some_nr = _score_cell(ScoreCell(["1/2 recovered"], fired=2, recovered=1, not_recovered=1, seconds=2.0), scale)
+    all_out = _score_cell(ScoreCell(["0/2 recovered"], fired=2, outlasted=2), scale)
+    none_nr = _score_cell(ScoreCell(["0/2 recovered"], fired=2, outlasted=1, not_recovered=1), scale)
+    unfired = _score_cell(ScoreCell(["no fault fired"]), scale)
+    assert some_out.startswith(f'<td class="sc-out" style="background:{_colour(0.0)}">')
+    assert some_nr.startswith(f'<td class="sc-nr" style="background:{_colour(1.0)}">')
+    assert all_out.startswith('<td class="sc-none-out">') and none_nr.startswith('<td class="sc-none-nr">')
+    assert unfired.startswith('<td class="sc-unfired">')
