@@ -7,7 +7,7 @@ step each rank completed over time, a line per rank and incarnation (labelled ``
 ``rank_start`` names its node; a restart starts a new line from the step it restored, a rank that stalls or is
 lost leaves the others' lines), with complete checkpoint saves (black down-triangles) and loads (green
 up-triangles) at their step, and the first fault's recovery shaded phase by phase: fault -> detect -> restart ->
-restore -> resume (a serving run: fault -> detect -> recover), grey to the run's end when it never resumed. A
+restore -> resume (a serving run: fault -> detect -> recover), grey to the run's end when no step followed. A
 panel below holds lanes for the processes (``proc_start``/``proc_exit``) and nodes (and the ranks of a run
 without steps: a serving run's replicas). Thin vertical lines mark every fault (red), detection (orange), restart
 (purple), revert and the run's end, and the first step after recovery (green, from the results table since
@@ -115,8 +115,8 @@ def _incarnation_key(value: Any) -> tuple[int, int]:
 
 #: The recovery's phases, shaded between its milestones (each phase named by the milestones it spans, coloured as
 #: the line of the milestone that begins it): fault -> detect -> restart -> restore -> resume; a milestone the run
-#: lacks is skipped (a framework that recovers in place has no restart), and a fault not resumed by the run's end
-#: is shaded to it in grey.
+#: lacks is skipped (a framework that recovers in place has no restart), and from the last milestone of a fault
+#: not resumed to the run's end is shaded grey when no step followed it.
 _PHASE_COLORS = {"fault": "#d62728", "detect": "#ff7f0e", "restart": "#9467bd", "restore": "#2ca02c"}
 _NOT_RESUMED = "#999999"
 #: Up to this many ranks get a colour (and a legend entry) each; more are drawn in one colour. The colours avoid
@@ -317,10 +317,14 @@ def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | N
         handles[name] = Patch(color=_PHASE_COLORS[a], alpha=0.35)
     end = max((rel(ev) for ev in events), default=None)
     last = "recover" if markers.serving else "resume"
-    if stones and stones[-1][0] != last and end is not None and end > stones[-1][1]:
+    # grey only when nothing stepped after the last milestone: a first fault interrupted by a second one has no
+    # resume of its own, yet the job went on
+    stepped = stones and any(rel(ev) > stones[-1][1] for ev in step_events)
+    if stones and stones[-1][0] != last and not stepped and end is not None and end > stones[-1][1]:
         for ax in axes:
             ax.axvspan(stones[-1][1], end, color=_NOT_RESUMED, alpha=0.15, lw=0, hatch="//")
-        handles[f"not {last}ed by the run's end"] = Patch(color=_NOT_RESUMED, alpha=0.3)
+        name = f"not {'recovered' if markers.serving else 'resumed'} by the run's end"
+        handles[name] = Patch(color=_NOT_RESUMED, alpha=0.3)
     xs_all += [t for _, t in stones]
 
     # Vertical markers.

@@ -41,6 +41,12 @@ def test_milestones_of_a_restart_from_a_checkpoint() -> None:
 def test_milestones_of_runs_that_did_not_resume_or_serve() -> None:
     events, row = _kept("torchrun_kill_rendezvous_host")  # detected, never resumed
     assert [name for name, _ in _milestones(events, _rel(events), run_markers(row))] == ["fault", "detect"]
+    fig = timeline_figure(events, "torchrun/kill-rendezvous-host", run_markers(row))
+    # a rank still stepped after the detection: no claim that nothing resumed
+    assert "not resumed by the run's end" not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    events, row = _kept("calibration_kill")  # no step after the detection: grey to the run's end
+    fig = timeline_figure(events, "cal/kill", run_markers(row))
+    assert "not resumed by the run's end" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     events, row = _kept("serving_supervised_kill_replica")  # a serving run ends at its recovery
     stones = _milestones(events, _rel(events), run_markers(row))
     assert [name for name, _ in stones] == ["fault", "detect", "recover"]
@@ -65,7 +71,7 @@ def test_steps_are_a_line_per_rank_and_incarnation(tmp_path: Path) -> None:
     # the checkpoints: each complete save and each load at its step
     legend = [t.get_text() for t in steps_ax.get_legend().get_texts()]
     assert {"checkpoint saved", "checkpoint loaded", "fault → detect", "detect → restart", "restart → restore",
-            "restore → resume"} <= set(legend)  # fmt: skip
+            "restore → resume"} <= set(legend) and "not resumed by the run's end" not in legend  # fmt: skip
     saved = next(ln for ln in steps_ax.get_lines() if ln.get_marker() == "v")
     saves = [(rel(ev), ev.get("step")) for ev in events if ev.kind == "ckpt_save_end" and ev.get("complete")]
     assert list(zip(saved.get_xdata(), saved.get_ydata(), strict=True)) == saves
