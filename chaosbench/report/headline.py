@@ -122,7 +122,10 @@ def _detection_text(fired: Sequence[RunView]) -> str:
         if as_bool(run.row.get("detected")) is not True:
             undetected += 1
             continue
-        via = as_text(run.row.get("detected_via")) or "a mechanism not named"
+        via = as_text(run.row.get("detected_via"))
+        if via is None:
+            why = as_text(run.missing_reasons.get("detected_via"))
+            via = f"a mechanism not named ({why})" if why else "a mechanism not named"
         by = as_text(run.row.get("predicted_by"))
         if by is None:
             why = as_text(run.missing_reasons.get("predicted_detect_s"))

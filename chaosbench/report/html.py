@@ -33,6 +33,7 @@ th { background: #f3f3f3; text-align: left; }
 caption { text-align: left; font-style: italic; padding-bottom: 3px; }
 img { max-width: 100%; height: auto; display: block; margin: 0.3em 0 1em; }
 ul.kv { list-style: none; padding-left: 0; } ul.kv li b { display: inline-block; min-width: 8em; }
+ul.kv li { padding-left: 8em; text-indent: -8em; } ul.kv li b { text-indent: 0; } /* a long value wraps under itself */
 .missing { color: #a33; }
 table.sc { width: 100%; table-layout: fixed; } table.sc th:first-child { width: 7em; }
 table.sc th { overflow-wrap: anywhere; } table.sc td { font-size: 0.85em; border: 3px solid #fff; }

@@ -159,3 +159,16 @@ def test_outlasted_and_not_recovered_cells_look_apart() -> None:
     assert some_nr.startswith(f'<td class="sc-nr" style="background:{_colour(1.0)}">')
     assert all_out.startswith('<td class="sc-none-out">') and none_nr.startswith('<td class="sc-none-nr">')
     assert unfired.startswith('<td class="sc-unfired">')
+
+
+def test_a_detection_without_its_mechanism_says_why() -> None:
+    from chaosbench.analysis.results import to_frame
+    from chaosbench.report.headline import headline_items
+    from chaosbench.report.tables import RunView
+    from chaosbench.report.writer import _records
+
+    runs = [RunView(r) for r in _records(to_frame([compute_metrics(_kept("calibration_kill"))]))]
+    assert headline_items(runs) == [("cal", "recovered 0/1 (95 % CI 0-79 %; 1 not recovered); median time to resume — "
+                                     "(none recovered); detected by a mechanism not named (the detection's source "
+                                     "does not say what noticed the failure (via: none)) ×1 (timeout: — no detector: "
+                                     "a failed rank ends the job, a hung one stalls it)")]  # fmt: skip
