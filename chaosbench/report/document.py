@@ -63,4 +63,38 @@ class Image:
     embed: bool = True
 
 
-Block = Heading | Paragraph | KeyValues | Table | Image
+@dataclass
+class ScoreCell:
+    """One framework x fault cell of a :class:`Scorecard`, from its fault runs (controls are not in any cell).
+
+    ``fired``: runs whose fault fired; of them ``recovered``, ``outlasted`` (the job went on with no framework
+    reaction) and ``not_recovered``. ``seconds``: what the cell's colour shows (the median time to resume of the
+    recovered runs; None: none recovered, so no colour). ``unusable``: why the cell is not counted (its
+    framework's control did not run clean), else None. ``lines``: what it says, in both renderings; ``anchor``:
+    the HTML id of the section describing its runs; ``runs``: a link to each run's directory (or its label when
+    it has none), at most a few, ``more_runs`` counts the rest."""
+
+    lines: list[str]
+    fired: int = 0
+    recovered: int = 0
+    outlasted: int = 0
+    not_recovered: int = 0
+    seconds: float | None = None
+    unusable: str | None = None
+    anchor: str | None = None
+    runs: list[Cell] = field(default_factory=list)
+    more_runs: int = 0
+
+
+@dataclass
+class Scorecard:
+    """A grid: one row per framework, one column per fault; a cell is None where the framework ran no such fault.
+    HTML colours each cell by its ``seconds`` (a legend gives the scale, ``measure`` names it)."""
+
+    columns: list[str]
+    rows: list[tuple[str, list[ScoreCell | None]]]
+    measure: str
+    caption: str | None = None
+
+
+Block = Heading | Paragraph | KeyValues | Table | Image | Scorecard

@@ -7,7 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from chaosbench.report.document import Block, Cell, Heading, Image, KeyValues, Link, Paragraph, Table
+from chaosbench.report.document import (
+    Block,
+    Cell,
+    Heading,
+    Image,
+    KeyValues,
+    Link,
+    Paragraph,
+    Scorecard,
+    ScoreCell,
+    Table,
+)
 
 
 def _cell(cell: Cell) -> str:
@@ -35,6 +46,29 @@ def _table(table: Table) -> list[str]:
     return out
 
 
+def _score_cell(cell: ScoreCell | None) -> str:
+    if cell is None:
+        return "not run"
+    text = "; ".join(_escape(line) for line in cell.lines)
+    if cell.runs:
+        text += " · runs " + " ".join(_cell(r) for r in cell.runs)
+        if cell.more_runs:
+            text += f" … {cell.more_runs} more"
+    return text
+
+
+def _scorecard(card: Scorecard) -> list[str]:
+    """The grid as a table (the colours by time are HTML's only)."""
+    out = []
+    if card.caption:
+        out += [f"*{card.caption}*", ""]
+    out.append("| " + " | ".join(_escape(h) for h in ["framework", *card.columns]) + " |")
+    out.append("| " + " | ".join("---" for _ in range(len(card.columns) + 1)) + " |")
+    for fw, cells in card.rows:
+        out.append("| " + " | ".join([_escape(fw), *(_score_cell(c) for c in cells)]) + " |")
+    return out
+
+
 def render_markdown(blocks: Iterable[Block]) -> str:
     """The whole report as one Markdown string, blocks separated by blank lines."""
     parts: list[str] = []
@@ -47,6 +81,8 @@ def render_markdown(blocks: Iterable[Block]) -> str:
             parts.append("\n".join(f"- **{k}:** {v}" for k, v in block.items))
         elif isinstance(block, Table):
             parts.append("\n".join(_table(block)))
+        elif isinstance(block, Scorecard):
+            parts.append("\n".join(_scorecard(block)))
         elif isinstance(block, Image):
             alt = block.alt.replace("[", "(").replace("]", ")")
             parts.append(f"![{alt}]({block.rel_path})")

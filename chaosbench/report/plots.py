@@ -2,11 +2,16 @@
 (``<run_dir>/timeline.png``): once when the run ends (:func:`draw_run_timeline`, which never raises), and again
 only when ``chaosbench report`` is asked to; the report links them.
 
-x is seconds since the run's ``run_start`` event (the first event when there is none). One horizontal lane per
-rank (labelled ``node/rankN`` when the rank's ``rank_start`` names its node) carries a marker per ``step``
-event, coloured by incarnation; a separate "processes" lane carries ``proc_start``/``proc_exit``. Thin vertical
-lines mark the fault (red), detection (orange), restarts (purple) and the first step after recovery (green, from
-the results table since "recovery" is a metric, not an event); complete checkpoints are small ticks at the top.
+x is seconds since the run's ``run_start`` event (the first event when there is none). The top panel draws the
+step each rank completed over time, a line per rank and incarnation (labelled ``node/rankN`` when the rank's
+``rank_start`` names its node; a restart starts a new line from the step it restored, a rank that stalls or is
+lost leaves the others' lines), with complete checkpoint saves (black down-triangles) and loads (green
+up-triangles) at their step, and the first fault's recovery shaded phase by phase: fault -> detect -> restart ->
+restore -> resume (a serving run: fault -> detect -> recover), grey to the run's end when no step followed. A
+panel below holds lanes for the processes (``proc_start``/``proc_exit``) and nodes (and the ranks of a run
+without steps: a serving run's replicas). Thin vertical lines mark every fault (red), detection (orange), restart
+(purple), revert and the run's end, and the first step after recovery (green, from the results table since
+"recovery" is a metric, not an event).
 
 matplotlib is imported inside the functions and only its Agg canvas is used (no pyplot, no global backend
 switch), so the harness and its tests stay headless and importing this module costs nothing.
@@ -24,17 +29,19 @@ from chaosbench.rundir import RunDir, replace_atomic
 from chaosbench.timeline import Event, read_events
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from chaosbench.analysis.metrics import RunMetrics
 
 #: A run's timeline plot, in its own run directory (drawn once when the run ends; linked by the report).
 TIMELINE_PNG = RunDir.TIMELINE_PNG
 
-#: Figure size in inches and resolution: 9x3 in at 80 dpi is ~720x240 px, a few tens of kB per PNG.
+#: Figure size in inches and resolution: 9x3 in at 80 dpi is ~720x240 px, a few tens of kB per PNG (taller by the
+#: lanes panel below the steps when the run has one).
 FIGSIZE_IN = (9.0, 3.0)
 DPI = 80
 
-# Incarnation colours avoid red/orange/purple/green, which the vertical markers use.
-_INCARNATION_COLORS = ["#1f77b4", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22", "#393b79", "#637939"]
 _LINE_STYLES: dict[str, dict[str, Any]] = {
     "fault": {"color": "#d62728", "lw": 1.2, "ls": "-"},
     "fault revert": {"color": "#d62728", "lw": 0.9, "ls": ":"},
@@ -64,12 +71,14 @@ _RANK_KINDS = {"rank_start", "rank_exit", "step", "ckpt_save_begin", "ckpt_save_
 @dataclass(frozen=True)
 class RunMarkers:
     """Times (s since run_start) from the results table; fault/detect are used only when the timeline lacks them;
-    ``recover_t_s``: a serving run's recovery (its error rate back under the SLO)."""
+    ``recover_t_s``: a serving run's recovery (its error rate back under the SLO); ``serving``: a serving run (its
+    recovery ends there, not at a resume)."""
 
     resume_t_s: float | None = None
     recover_t_s: float | None = None
     fault_t_s: float | None = None
     detect_t_s: float | None = None
+    serving: bool = False
 
 
 def events_path(run_dir: str | Path) -> Path:
@@ -104,20 +113,78 @@ def _incarnation_key(value: Any) -> tuple[int, int]:
     return (1, 0) if inc is None else (0, inc)
 
 
+#: The recovery's phases, shaded between its milestones (each phase named by the milestones it spans, coloured as
+#: the line of the milestone that begins it): fault -> detect -> restart -> restore -> resume; a milestone the run
+#: lacks is skipped (a framework that recovers in place has no restart), and from the last milestone of a fault
+#: not resumed to the run's end is shaded grey when no step followed it.
+_PHASE_COLORS = {"fault": "#d62728", "detect": "#ff7f0e", "restart": "#9467bd", "restore": "#2ca02c"}
+_NOT_RESUMED = "#999999"
+#: Up to this many ranks get a colour (and a legend entry) each; more are drawn in one colour. The colours avoid
+#: red/orange/purple/green, which the vertical markers and phases use.
+_MAX_RANK_COLORS = 8
+_RANK_COLORS = ["#1f77b4", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22", "#393b79", "#637939"]
+
+
+def _milestones(events: Sequence[Event], rel: Any, markers: RunMarkers) -> list[tuple[str, float]]:
+    """The first fault's recovery milestones in time order (s since the origin): the fault and its detection
+    (from the results table, else the first such events), the first ``restart`` after them, the first
+    ``ckpt_load_end`` after that (the restore), and the resume (the first step after recovery, a metric); a
+    serving run's: the fault, its detection and its recovery (the error rate back under the SLO). A milestone
+    missing, or earlier than the one before it, is left out."""
+    def first(kind: str, after: float | None) -> float | None:
+        return next((rel(ev) for ev in events if ev.kind == kind and (after is None or rel(ev) >= after)), None)
+
+    fault = as_float(markers.fault_t_s)
+    if fault is None:
+        fault = first("fault_inject", None)
+    if fault is None:
+        return []
+    detect = as_float(markers.detect_t_s)
+    if detect is None:
+        detect = first("detect", fault)
+    if markers.serving:  # replicas restart on their own while the others serve: its end is the error rate's
+        later: tuple[tuple[str, float | None], ...] = (("detect", detect), ("recover", as_float(markers.recover_t_s)))
+    else:
+        restart = first("restart", detect if detect is not None else fault)
+        restore = first("ckpt_load_end", restart if restart is not None else fault)
+        later = (("detect", detect), ("restart", restart), ("restore", restore), ("resume", as_float(markers.resume_t_s)))
+    out = [("fault", fault)]
+    for name, t in later:
+        if t is not None and t >= out[-1][1]:
+            out.append((name, t))
+    return out
+
+
 def plot_timeline(
     events: Sequence[Event],
     out_path: str | Path,
     title: str,
     markers: RunMarkers | None = None,
 ) -> Path:
-    """Draw one run's timeline and save it as PNG at ``out_path``; returns the path.
+    """Draw one run's timeline (:func:`timeline_figure`) and save it as PNG at ``out_path``; returns the path.
+    Raises ``ValueError`` only when there are no events at all."""
+    fig = timeline_figure(events, title, markers)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, format="png", dpi=DPI, bbox_inches="tight")
+    return out_path
+
+
+def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | None = None) -> Figure:
+    """One run's timeline as a matplotlib figure (Agg canvas).
+
+    Top: the step each rank completed over time, a line per rank and incarnation (a restart starts a new line from
+    the step it restored); checkpoint saves (complete) and loads marked where they happened; the recovery's phases
+    shaded (fault -> detect -> restart -> restore -> resume, :func:`_milestones`). Below, lanes for the processes
+    and the nodes (and the ranks, in a run without steps: a serving run's replicas). Thin vertical lines mark every
+    fault, detection, restart, revert and the run's end.
 
     Works with any subset of event kinds (a run killed before its ranks started still gets a plot of what
     happened); raises ``ValueError`` only when there are no events at all.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     markers = markers or RunMarkers()
     t0 = time_origin_ns(events)
@@ -127,7 +194,8 @@ def plot_timeline(
     def rel(ev: Event) -> float:
         return (ev.t_ns - t0) / 1e9
 
-    # Lanes: one per rank seen in rank events, labelled with the node(s) from rank_start.
+    step_events = [ev for ev in events if ev.kind == "step" and as_int(ev.get("step")) is not None]
+    # Ranks and their nodes (from rank_start), for the step lines' legend or, without steps, the rank lanes.
     ranks: set[int | None] = set()
     nodes: dict[int | None, list[str]] = {}
     for ev in events:
@@ -140,43 +208,80 @@ def plot_timeline(
                 if str(node) not in seen:
                     seen.append(str(node))
     rank_order = sorted(r for r in ranks if r is not None) + ([None] if None in ranks else [])
-    lane = {r: i for i, r in enumerate(rank_order)}
-    labels = [_rank_label(r, nodes.get(r, [])) for r in rank_order]
+
+    # Lanes: ranks (only without steps), processes, nodes.
+    labels: list[str] = []
+    lane: dict[int | None, int] = {}
+    if not step_events:
+        lane = {r: i for i, r in enumerate(rank_order)}
+        labels = [_rank_label(r, nodes.get(r, [])) for r in rank_order]
     proc_events = [ev for ev in events if ev.kind in {"proc_start", "proc_exit"}]
-    proc_lane = len(rank_order) if proc_events else None
+    proc_lane = len(labels) if proc_events else None
     if proc_lane is not None:
         labels.append("processes")
-    # One lane per node whose container start/exit/pause is on the timeline (docker runtime).
     node_events = [ev for ev in events if ev.kind in _NODE_KINDS and ev.get("node")]
     node_names = sorted({str(ev.get("node")) for ev in node_events})
     node_lane = {n: len(labels) + i for i, n in enumerate(node_names)}
     labels += [f"node {n}" for n in node_names]
 
-    fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
+    two = bool(step_events) and bool(labels)
+    fig = Figure(figsize=(FIGSIZE_IN[0], FIGSIZE_IN[1] + (0.25 * len(labels) + 0.4 if two else 0)), dpi=DPI)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    step_ax: Axes | None
+    lane_ax: Axes | None
+    if two:
+        grid = fig.add_gridspec(2, 1, height_ratios=[3, max(0.6, 0.35 * len(labels))], hspace=0.08)
+        step_ax = fig.add_subplot(grid[0])
+        lane_ax = fig.add_subplot(grid[1], sharex=step_ax)
+        step_ax.tick_params(labelbottom=False)
+    else:
+        step_ax = fig.add_subplot() if step_events else None
+        lane_ax = fig.add_subplot() if step_ax is None else None
+    axes = [a for a in (step_ax, lane_ax) if a is not None]
     handles: dict[str, Any] = {}
     xs_all: list[float] = [0.0]
 
-    # Steps, coloured by incarnation.
-    steps: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
-    for ev in events:
-        if ev.kind == "step":
-            xs, ys = steps.setdefault(_incarnation_key(ev.get("incarnation")), ([], []))
+    # Steps: a line per rank and incarnation.
+    if step_ax is not None:
+        lines: dict[tuple[int | None, tuple[int, int]], tuple[list[float], list[int]]] = {}
+        for ev in step_events:
+            key = (as_int(ev.get("rank")), _incarnation_key(ev.get("incarnation")))
+            xs, ys = lines.setdefault(key, ([], []))
             xs.append(rel(ev))
-            ys.append(lane[as_int(ev.get("rank"))])
-    for i, key in enumerate(sorted(steps)):
-        xs, ys = steps[key]
-        xs_all += xs
-        name = f"steps, incarnation {key[1]}" if key[0] == 0 else "steps, incarnation ?"
-        color = _INCARNATION_COLORS[i % len(_INCARNATION_COLORS)]
-        ax.scatter(xs, ys, s=70, marker="|", linewidths=1.3, color=color)
-        # A proxy handle so the legend shows one tick, not a cloud of points.
-        handles[name] = Line2D([], [], ls="none", marker="|", ms=7, color=color)
+            ys.append(as_int(ev.get("step")) or 0)
+        each = len(rank_order) <= _MAX_RANK_COLORS
+        for (rank, inc), (xs, ys) in sorted(lines.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
+            xs_all += xs
+            i = rank_order.index(rank) if each else 0
+            color = _RANK_COLORS[i % len(_RANK_COLORS)]
+            name = _rank_label(rank, nodes.get(rank, [])) if each else f"steps of {len(rank_order)} ranks"
+            (h,) = step_ax.plot(xs, ys, lw=1.3, color=color, ms=4, marker="." if len(xs) < 3 else "",
+                                gid=f"steps rank {rank} incarnation {inc[1] if inc[0] == 0 else '?'}")  # fmt: skip
+            handles.setdefault(name, h)
+        step_ax.set_ylabel("step", fontsize=8)
+        # Checkpoints: saved (complete) and loaded, where they happened on the step axis.
+        ckpt_styles: tuple[tuple[str, str, dict[str, Any]], ...] = (
+            ("ckpt_save_end", "checkpoint saved", {"marker": "v", "color": "black", "ms": 5}),
+            ("ckpt_load_end", "checkpoint loaded", {"marker": "^", "color": "#2ca02c", "ms": 6, "mec": "black",
+                                                    "mew": 0.5}),
+        )  # fmt: skip
+        for kind, name, ckpt_style in ckpt_styles:
+            pts = [(rel(ev), as_int(ev.get("step"))) for ev in events if ev.kind == kind
+                   and (kind != "ckpt_save_end" or as_bool(ev.get("complete")))]  # fmt: skip
+            at = [(x, s) for x, s in pts if s is not None]
+            if at:
+                (h,) = step_ax.plot([x for x, _ in at], [s for _, s in at], ls="none", zorder=3, **ckpt_style)
+                handles[name] = h
+            if edge := [x for x, s in pts if s is None]:  # no step recorded: along the top edge
+                (h,) = step_ax.plot(edge, [1.0] * len(edge), ls="none", transform=step_ax.get_xaxis_transform(),
+                                    clip_on=False, **ckpt_style)  # fmt: skip
+                handles.setdefault(name, h)
+            xs_all += [x for x, _ in pts]
 
-    # Processes lane.
-    if proc_lane is not None:
+    # Lanes.
+    if lane_ax is not None:
         for ev in proc_events:
+            assert proc_lane is not None
             x = rel(ev)
             xs_all.append(x)
             style: dict[str, Any]
@@ -186,23 +291,49 @@ def plot_timeline(
                 name, style = "process exit (rc 0)", {"marker": "s", "color": "#444444"}
             else:
                 name, style = "process exit (failed)", {"marker": "X", "color": "#d62728"}
-            (h,) = ax.plot([x], [proc_lane], ls="none", ms=5, **style)
+            (h,) = lane_ax.plot([x], [proc_lane], ls="none", ms=5, **style)
             handles.setdefault(name, h)
+        for ev in node_events:
+            x = rel(ev)
+            xs_all.append(x)
+            name, style = _NODE_STYLES[ev.kind]
+            (h,) = lane_ax.plot([x], [node_lane[str(ev.get("node"))]], ls="none", ms=5, **style)
+            handles.setdefault(name, h)
+        for ev in events:  # serving replicas: ready (listening, model loaded), on their rank's lane
+            if ev.kind == "replica_ready" and as_int(ev.get("rank")) in lane:
+                xs_all.append(rel(ev))
+                (h,) = lane_ax.plot([rel(ev)], [lane[as_int(ev.get("rank"))]], ls="none", marker="o", ms=5,
+                                    color="#2ca02c")  # fmt: skip
+                handles.setdefault("replica ready", h)
+        lane_ax.set_yticks(range(len(labels)), labels)
+        lane_ax.set_ylim(len(labels) - 0.5, -0.5)  # first lane on top
 
-    # Nodes lanes: container start (reboot, spare takeover), exit (lost, cleanup), pause and unpause.
-    for ev in node_events:
-        x = rel(ev)
-        xs_all.append(x)
-        name, style = _NODE_STYLES[ev.kind]
-        (h,) = ax.plot([x], [node_lane[str(ev.get("node"))]], ls="none", ms=5, **style)
-        handles.setdefault(name, h)
+    # Phases of the first fault's recovery, shaded on every axis.
+    stones = _milestones(events, rel, markers)
+    for (a, ta), (b, tb) in zip(stones, stones[1:], strict=False):
+        name = f"{a} → {b}"
+        for ax in axes:
+            ax.axvspan(ta, tb, color=_PHASE_COLORS[a], alpha=0.18, lw=0)
+        handles[name] = Patch(color=_PHASE_COLORS[a], alpha=0.35)
+    end = max((rel(ev) for ev in events), default=None)
+    last = "recover" if markers.serving else "resume"
+    # grey only when nothing stepped after the last milestone: a first fault interrupted by a second one has no
+    # resume of its own, yet the job went on
+    stepped = stones and any(rel(ev) > stones[-1][1] for ev in step_events)
+    if stones and stones[-1][0] != last and not stepped and end is not None and end > stones[-1][1]:
+        for ax in axes:
+            ax.axvspan(stones[-1][1], end, color=_NOT_RESUMED, alpha=0.15, lw=0, hatch="//")
+        name = f"not {'recovered' if markers.serving else 'resumed'} by the run's end"
+        handles[name] = Patch(color=_NOT_RESUMED, alpha=0.3)
+    xs_all += [t for _, t in stones]
 
     # Vertical markers.
     def vline(x: float | None, name: str) -> None:
         if x is None:
             return
         xs_all.append(x)
-        h = ax.axvline(x, **_LINE_STYLES[name])
+        for ax in axes:
+            h = ax.axvline(x, **_LINE_STYLES[name])
         handles.setdefault(name, h)
 
     kinds_present = {ev.kind for ev in events}
@@ -216,59 +347,24 @@ def plot_timeline(
     vline(as_float(markers.resume_t_s), "resume (first step after recovery)")
     vline(as_float(markers.recover_t_s), "recovered (error rate back under the SLO)")
 
-    # Serving replicas: ready (listening, model loaded), on their rank's lane.
-    for ev in events:
-        if ev.kind == "replica_ready" and as_int(ev.get("rank")) in lane:
-            xs_all.append(rel(ev))
-            (h,) = ax.plot([rel(ev)], [lane[as_int(ev.get("rank"))]], ls="none", marker="o", ms=5, color="#2ca02c")
-            handles.setdefault("replica ready", h)
-
-    # Complete checkpoints: small ticks along the top edge.
-    ckpt_x = [rel(ev) for ev in events if ev.kind == "ckpt_save_end" and as_bool(ev.get("complete"))]
-    if ckpt_x:
-        xs_all += ckpt_x
-        (h,) = ax.plot(
-            ckpt_x,
-            [1.0] * len(ckpt_x),
-            ls="none",
-            marker="v",
-            ms=5,
-            color="black",
-            transform=ax.get_xaxis_transform(),
-            clip_on=False,
-        )
-        handles["checkpoint saved (complete)"] = h
-
     # Axes.
-    n_lanes = len(labels)
-    if n_lanes:
-        ax.set_yticks(range(n_lanes), labels)
-        ax.set_ylim(n_lanes - 0.5, -0.5)  # first rank on top
-    else:
-        ax.set_yticks([])
     lo, hi = min(xs_all), max(xs_all)
     pad = max((hi - lo) * 0.02, 0.05)
-    ax.set_xlim(lo - pad, hi + pad)
+    bottom = axes[-1]
+    bottom.set_xlim(lo - pad, hi + pad)
     has_start = any(ev.kind == "run_start" for ev in events)
-    ax.set_xlabel(f"time since {'run_start' if has_start else 'first event (no run_start)'} (s)", fontsize=8)
-    ax.set_title(title, fontsize=9, pad=8)  # room for the checkpoint ticks
-    ax.tick_params(labelsize=7)
-    ax.grid(axis="x", color="#eeeeee", lw=0.5)
-    ax.set_axisbelow(True)
+    bottom.set_xlabel(f"time since {'run_start' if has_start else 'first event (no run_start)'} (s)", fontsize=8)
+    axes[0].set_title(title, fontsize=9, pad=8)
+    for ax in axes:
+        ax.tick_params(labelsize=7)
+        ax.grid(axis="x", color="#eeeeee", lw=0.5)
+        ax.set_axisbelow(True)
+    if step_ax is not None:
+        step_ax.grid(axis="y", color="#f3f3f3", lw=0.5)
     if handles:
-        ax.legend(
-            list(handles.values()),
-            list(handles),
-            fontsize=6,
-            loc="upper left",
-            bbox_to_anchor=(1.005, 1.0),
-            frameon=False,
-            borderaxespad=0.0,
-        )
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, format="png", dpi=DPI, bbox_inches="tight")
-    return out_path
+        axes[0].legend(list(handles.values()), list(handles), fontsize=6, loc="upper left",
+                       bbox_to_anchor=(1.005, 1.0), frameon=False, borderaxespad=0.0)  # fmt: skip
+    return fig
 
 
 def run_title(row: Mapping[str, Any]) -> str:
@@ -289,6 +385,7 @@ def run_markers(row: Mapping[str, Any]) -> RunMarkers:
         recover_t_s=fault_t + recover if serving and fault_t is not None and recover is not None else None,
         fault_t_s=as_float(row.get("fault_t_s")),
         detect_t_s=as_float(row.get("detect_t_s")),
+        serving=serving,
     )
 
 

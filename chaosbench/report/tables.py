@@ -92,12 +92,14 @@ class RunView:
     """One results row plus what the report made of it (its plot, or why there is none).
 
     ``plot_rel``: the run's timeline PNG, as a URL path relative to the suite directory (``/``-separated,
-    percent-quoted). The row is not to be changed: what identifies the run is read from it once and cached.
+    percent-quoted); ``dir_rel``: its run directory so (ending in ``/``), None when it was not found. The row is
+    not to be changed: what identifies the run is read from it once and cached.
     """
 
     row: dict[str, Any]
     plot_rel: str | None = None
     plot_note: str | None = None
+    dir_rel: str | None = None
 
     @cached_property
     def scenario(self) -> str:
@@ -142,7 +144,12 @@ class Group:
 
     @property
     def anchor(self) -> str:
-        return "scenario-" + "".join(c if c.isalnum() else "-" for c in self.label).strip("-").lower()
+        return scenario_anchor(self.label)
+
+
+def scenario_anchor(label: str) -> str:
+    """The HTML id of a scenario's section (``label``: :attr:`Group.label`)."""
+    return "scenario-" + "".join(c if c.isalnum() else "-" for c in label).strip("-").lower()
 
 
 def group_runs(runs: Sequence[RunView]) -> list[Group]:
@@ -428,16 +435,23 @@ def scenario_blocks(group: Group, inline_timelines: bool = True) -> list[Block]:
 
 
 def build_document(
-    runs: Sequence[RunView], title: str, suite: str, generated: str, inline_timelines: bool | None = None
+    runs: Sequence[RunView],
+    title: str,
+    suite: str,
+    generated: str,
+    inline_timelines: bool | None = None,
+    lead: Sequence[Block] = (),
 ) -> list[Block]:
     """All blocks of the report, in reading order. ``inline_timelines``: show each run's timeline PNG below its
     scenario (default: when there are at most :data:`INLINE_TIMELINES_MAX_RUNS` runs); each run's row links
-    its PNG either way."""
+    its PNG either way. ``lead``: what the first screen shows, right below the title (the headline and the
+    scorecard: :mod:`chaosbench.report.headline`)."""
     groups = group_runs(runs)
     if inline_timelines is None:
         inline_timelines = len(runs) <= INLINE_TIMELINES_MAX_RUNS
     blocks: list[Block] = [
         Heading(1, title),
+        *lead,
         KeyValues(
             [
                 ("Suite", suite),

@@ -14,6 +14,7 @@ from chaosbench.errors import ChaosbenchError
 from chaosbench.report.analysis import analysis_blocks
 from chaosbench.report.document import Heading
 from chaosbench.report.fmt import as_text
+from chaosbench.report.headline import first_screen_blocks
 from chaosbench.report.html import render_html
 from chaosbench.report.markdown import render_markdown
 from chaosbench.report.plots import TIMELINE_PNG, draw_run_timeline
@@ -80,13 +81,17 @@ def _href(png: str, suite_dir: str) -> str:
 
 
 def _find_plot(suite_dir: str, run: RunView, redraw: bool) -> str | None:
-    """Link the run's existing timeline PNG (``plot_rel``), or say why there is none (``plot_note``); returns the
+    """Find the run's directory (``dir_rel``); link the run's existing timeline PNG (``plot_rel``), or say why
+    there is none (``plot_note``); returns the
     run directory to draw it in when it can be drawn (it has an ``events.jsonl``) and is absent or ``redraw``.
     ``suite_dir``: absolute."""
     candidates = _candidates(suite_dir, run)
     if not candidates:
         run.plot_note = "no timeline plot: no run_dir recorded"
         return None
+    found = next((c for c in candidates if os.path.isdir(c)), None)
+    if found is not None:
+        run.dir_rel = _href(found, suite_dir) + "/"
     if not redraw:
         for cand in candidates:
             if os.path.isfile(png := os.path.join(cand, TIMELINE_PNG)):
@@ -152,7 +157,7 @@ def write_report(
             run.plot_rel, run.plot_note = _href(os.path.abspath(png), suite_abs), None
             written[Path(os.path.relpath(png, suite_abs)).as_posix()] = png
 
-    blocks = build_document(runs, title, suite, generated)
+    blocks = build_document(runs, title, suite, generated, lead=first_screen_blocks(runs))
     if definition is None and (suite_dir / "suite.json").is_file():
         try:
             definition = json.loads((suite_dir / "suite.json").read_text()).get("definition")

@@ -138,3 +138,12 @@ def non_background_share(screenshot: Path) -> tuple[int, float]:
         total = rgb.size[0] * rgb.size[1]
     most = max((n for n, _ in colours), default=total)
     return len(colours), 1 - most / total
+
+
+def pixels_of(screenshot: Path, colour: str) -> int:
+    """How many pixels of the image are exactly ``colour`` (``#rrggbb``)."""
+    from PIL import Image
+
+    want = tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    with Image.open(screenshot) as im:
+        return sum(n for n, c in im.convert("RGB").getcolors(maxcolors=1 << 24) or [] if c == want)

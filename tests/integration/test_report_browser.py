@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from browser_support import check_page, non_background_share, require_chromium
+from browser_support import check_page, non_background_share, pixels_of, require_chromium
 
 from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.results import to_frame
@@ -44,8 +44,15 @@ def _img_count(html: str) -> int:
 
 
 def _assert_reads_well(page: Path, tmp: Path, images: int) -> str:
-    """The browser checks shared by both result sets; returns the page's DOM."""
+    """The browser checks shared by both result sets; returns the page's DOM. The first screen shows the headline
+    and the scorecard (issue 27, item 3): the headline comes first in the page, and every scorecard cell's colour
+    by time is in the first screen's screenshot."""
     seen = check_page(page, tmp / "browser")
+    html = page.read_text()
+    assert html.index("<h2") == html.index('<h2 id="headline"') < html.index('<h2 id="scorecard"')
+    grid = html.split('<table class="sc">', 1)[1].split("</table>", 1)[0]
+    colours = set(re.findall(r'style="background:(#[0-9a-f]{6})"', grid))
+    assert colours and all(pixels_of(seen.screenshot, c) > 500 for c in colours), colours
     assert seen.errors == [] and seen.console == []
     assert len(seen.images) == images == _img_count(page.read_text())
     broken = [i for i in seen.images if not (i["complete"] and i["width"] > 0 and i["height"] > 0)]

@@ -385,11 +385,12 @@ def test_report_has_the_serving_section(tmp_path: Path) -> None:
     assert "Serving: recovery policies under load" in html and "Fault: kill-replica" in html
     assert html.count('src="data:image/png;base64,') >= 2
     assert "Framework comparison" not in md  # no training runs: no training analysis
-    row = next(line for line in md.splitlines() if line.startswith("| health |") and "2/2" in line)
+    section = md.split("Serving: recovery policies under load", 1)[1]  # (the first screen's scorecard has rows too)
+    row = next(line for line in section.splitlines() if line.startswith("| health |") and "2/2" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "2" and cells[3].startswith("0.500") and cells[4] == "2 failed request"
     assert cells[5].startswith("2.500") and cells[6].startswith("71")
-    nocheck = next(line for line in md.splitlines() if line.startswith("| nocheck |") and "0/1" in line)
+    nocheck = next(line for line in section.splitlines() if line.startswith("| nocheck |") and "0/1" in line)
     assert "(n=1)" in nocheck
     assert "| failed_requests | 71 |" in md and "| error_budget_burn |" in md  # per-scenario metrics table
 
