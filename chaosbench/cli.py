@@ -233,7 +233,24 @@ def cmd_faults(args: argparse.Namespace) -> int:
         for pname, f in sorted(fields, key=lambda kv: not kv[1].is_required()):  # required first, then as declared
             default = "required" if f.is_required() else f"default {f.default!r}"
             print(f"    {pname} ({default}): {f.description or ''}")
+    _print_fault_definitions(args.suite)
     return EXIT_OK
+
+
+def _print_fault_definitions(suite: str | None) -> None:
+    """The definitions ``use: NAME`` finds from ``suite`` (default: a suite in the current directory), each with
+    its file and where it came from."""
+    from chaosbench.specs import fault_definitions
+
+    if suite is not None and not Path(suite).is_file():
+        raise SpecError(f"{suite}: no such suite file")
+    found = fault_definitions(suite or str(Path.cwd() / "suite.yaml"))
+    print(f"\nfault definitions for use: NAME{f' in {suite}' if suite else ''} (the suite's own faults/ folders "
+          "first, then those shipped with chaosbench):")  # fmt: skip
+    for d in found.values():
+        origin = "shipped with chaosbench" if d.builtin else "the suite's own" + (
+            "; overrides the one shipped with chaosbench" if d.shadows else "")
+        print(f"  {d.name}: {d.file} ({origin})")
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -335,6 +352,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from chaosbench.starter import write_starter
+
+    for p in write_starter(args.dir):
+        print(f"wrote {p}")
+    return EXIT_OK
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     from chaosbench.runtimes.docker.image import main_build
 
@@ -429,7 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("dir", help="a suite results directory, e.g. reports/smoke")
     vf.add_argument("--checkpoints", action="store_true", help="also check checkpoint file names and sizes")
     vf.set_defaults(fn=cmd_verify)
-    f = sub.add_parser("faults", help="list the injectors and their parameters")
+    f = sub.add_parser("faults", help="list the injectors, their parameters and the fault definitions",
+                       description="List every injector with its parameters, then every fault definition a "
+                                   "suite's `use: NAME` finds, with its file and where it came from: the suite's "
+                                   "own faults/ folders first, then the library shipped with chaosbench.")  # fmt: skip
+    f.add_argument("suite", nargs="?", help="the definitions as this suite sees them (default: a suite in the "
+                                            "current directory)")  # fmt: skip
     f.set_defaults(fn=cmd_faults)
     c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts, "
                                                  "containers, networks)",
@@ -446,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("--events", action="store_true",
                      help="the JSON schema of a timeline line (events.jsonl: one model per event kind) instead")  # fmt: skip
     sch.set_defaults(fn=cmd_schema)
+    ini = sub.add_parser("init", help="write a starter suite and a CI job into a repository",
+                         description="Write chaos/ci.yaml (a starter recovery suite using the fault library "
+                                     "shipped with chaosbench) and .github/workflows/chaos.yml (a CI job running "
+                                     "it) under DIR; an existing file is refused, nothing is overwritten.")  # fmt: skip
+    ini.add_argument("dir", nargs="?", default=".", help="the repository's root (default: the current directory)")
+    ini.set_defaults(fn=cmd_init)
     img = sub.add_parser("image", help="the docker runtime's default node image")
     isub = img.add_subparsers(dest="image_cmd", required=True)
     b = isub.add_parser("build", help="build the default node image from local files (no registry needed)",

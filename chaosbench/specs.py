@@ -758,15 +758,73 @@ def load_suite(path: str | Path) -> Suite:
     return suite_from_data(data, smap)
 
 
+#: The package the fault library ships in (``faults/*.yaml`` of the repository, as package data).
+FAULT_LIBRARY = "chaosbench.fault_library"
+#: The longest name ``use:`` takes (a file name must fit the filesystem's limit).
+MAX_FAULT_NAME = 200
+
+
 def fault_search_path(suite_file: str) -> list[Path]:
-    """Where ``use: NAME`` looks for ``NAME.yaml``: ``faults/`` beside the suite's folder (the repository
-    layout ``suites/x.yaml`` + ``faults/``), ``faults/`` inside it, then ``./faults``."""
+    """The suite's own folders ``use: NAME`` looks in for ``NAME.yaml``, in order: ``faults/`` beside the suite's
+    folder (the repository layout ``suites/x.yaml`` + ``faults/``), ``faults/`` inside it, then ``./faults``.
+    After them comes the fault library that ships with chaosbench (:func:`fault_library`)."""
     here = Path(suite_file).resolve().parent
     out = []
     for d in (here.parent / "faults", here / "faults", Path.cwd() / "faults"):
         if d not in out:
             out.append(d)
     return out
+
+
+def fault_library() -> dict[str, Path]:
+    """The fault definitions that ship inside the package: name -> file, read through importlib.resources
+    (:data:`FAULT_LIBRARY`; in a checkout, ``chaosbench/fault_library`` links to ``faults/``). Empty when the
+    package has none."""
+    import importlib.resources
+
+    try:
+        root = importlib.resources.files(FAULT_LIBRARY)
+    except ModuleNotFoundError:
+        return {}
+    return {e.name.removesuffix(".yaml"): Path(str(e)) for e in root.iterdir()
+            if e.name.endswith(".yaml") and e.is_file()}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FaultDefinition:
+    """A fault definition ``use: NAME`` finds: its file, and whether it is the suite's own or shipped with
+    chaosbench (``builtin``); ``shadows``: a built-in definition of the same name that it overrides."""
+
+    name: str
+    file: Path
+    builtin: bool
+    shadows: Path | None = None
+
+
+def fault_definitions(suite_file: str) -> dict[str, FaultDefinition]:
+    """Every definition ``use:`` can name from a suite at ``suite_file``: the first folder of
+    :func:`fault_search_path` that has ``NAME.yaml`` wins, then the shipped library (:func:`fault_library`)."""
+    library = fault_library()
+    out: dict[str, FaultDefinition] = {}
+    for d in fault_search_path(suite_file):
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.yaml")):
+            if p.stem not in out and p.is_file():
+                shadows = library.get(p.stem)
+                same = shadows is not None and shadows.resolve() == p.resolve()
+                out[p.stem] = FaultDefinition(p.stem, p, builtin=same, shadows=None if same else shadows)
+    for name, p in library.items():
+        out.setdefault(name, FaultDefinition(name, p, builtin=True))
+    return dict(sorted(out.items()))
+
+
+def _fault_definition_file(use: str, suite_file: str) -> Path | None:
+    """The file of fault definition ``use`` for a suite at ``suite_file`` (see :func:`fault_definitions`)."""
+    for d in fault_search_path(suite_file):
+        if (d / f"{use}.yaml").is_file():
+            return d / f"{use}.yaml"
+    return fault_library().get(use)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -777,8 +835,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
-    """Replace each fault's ``use: NAME`` by the definition in ``faults/NAME.yaml``, overridden by the keys
-    given beside ``use``."""
+    """Replace each fault's ``use: NAME`` by the definition in ``NAME.yaml`` (the suite's own ``faults/`` first,
+    then the library shipped with chaosbench: :func:`fault_definitions`), overridden by the keys given beside
+    ``use``."""
     faults = data.get("faults")
     if not isinstance(faults, dict):
         return
@@ -787,12 +846,14 @@ def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
             continue
         use = entry["use"]
         where = smap.where(("faults", name, "use"))
-        if not isinstance(use, str) or not use or "/" in use:
+        if not isinstance(use, str) or not use or "/" in use or "\0" in use:
             raise SpecError(f"{where}: fault '{name}': use: give the name of a fault definition in faults/")
-        dirs = fault_search_path(smap.file)
-        found = next((d / f"{use}.yaml" for d in dirs if (d / f"{use}.yaml").is_file()), None)
+        if len(use) > MAX_FAULT_NAME:
+            raise SpecError(f"{where}: fault '{name}': use: a fault definition's name has at most "
+                            f"{MAX_FAULT_NAME} characters (this one {len(use)})")  # fmt: skip
+        found = _fault_definition_file(use, smap.file)
         if found is None:
-            known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
+            known = sorted(fault_definitions(smap.file))
             raise SpecError(
                 f"{where}: fault '{name}': no fault definition '{use}' (known: {', '.join(known) or 'none'})"
             )

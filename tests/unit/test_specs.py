@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chaosbench.errors import SpecError
-from chaosbench.specs import load_suite
+from chaosbench.specs import fault_definitions, fault_library, load_suite
 from tests.conftest import ROOT, make_suite
 
 GOOD = """\
@@ -125,7 +125,7 @@ def test_fault_definitions_from_faults_folder(tmp_path, monkeypatch) -> None:
     )
     suite_file = tmp_path / "suites" / "s.yaml"
     suite_file.write_text(
-        "name: s\nfaults:\n  h: {use: stop, params: {duration_s: 9}}\n  k: {use: kill-rank}\n"
+        "name: s\nfaults:\n  h: {use: stop, params: {duration_s: 9}}\n  k: {use: kill-rnk}\n"
         "matrix: {frameworks: [none], faults: [h]}\n"
     )
     msg = ""
@@ -133,14 +133,61 @@ def test_fault_definitions_from_faults_folder(tmp_path, monkeypatch) -> None:
         load_suite(suite_file)
     except SpecError as exc:
         msg = str(exc)
-    assert msg.startswith(f"{suite_file}:4: fault 'k': no fault definition 'kill-rank' (known: stop)")
-    suite_file.write_text(suite_file.read_text().replace("  k: {use: kill-rank}\n", ""))
+    known = ", ".join(sorted({*fault_library(), "stop"}))  # the suite's own, then the shipped library
+    assert msg == f"{suite_file}:4: fault 'k': no fault definition 'kill-rnk' (known: {known})"
+    suite_file.write_text(suite_file.read_text().replace("  k: {use: kill-rnk}\n", ""))
     fault = load_suite(suite_file).faults["h"]
     assert fault.injector == "hang" and fault.target.rank == 0 and fault.trigger.at_step == 3
     assert fault.params == {"duration_s": 9}  # overridden beside `use`
     (tmp_path / "faults" / "stop.yaml").write_text("injector: hang\ntrigger: {at_stp: 3}\n")
     with pytest.raises(SpecError, match=r"stop\.yaml:2: fault definition 'stop': trigger\.at_stp"):
         load_suite(suite_file)
+
+
+SHIPPED_USE = "name: u\nfaults:\n  k: {use: kill-rank, target: {rank: 1}}\nmatrix: {frameworks: [none], faults: [k]}\n"
+
+
+def test_the_fault_library_ships_in_the_package_and_is_the_repositorys_faults_folder() -> None:
+    lib = fault_library()
+    assert sorted(lib) == sorted(p.stem for p in (ROOT / "faults").glob("*.yaml"))
+    assert all(lib[n].read_bytes() == (ROOT / "faults" / f"{n}.yaml").read_bytes() for n in lib)
+
+
+def test_use_finds_the_shipped_library_wherever_the_suite_lives(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # neither the suite's folders nor ./faults have a faults/ folder
+    suite_file = tmp_path / "chaos" / "ci.yaml"
+    suite_file.parent.mkdir()
+    suite_file.write_text(SHIPPED_USE)
+    fault = load_suite(suite_file).faults["k"]
+    assert (fault.injector, fault.params, fault.target.rank, fault.trigger.at_step) == ("kill", {"signal": "SIGKILL"}, 1, 25)
+    d = fault_definitions(str(suite_file))["kill-rank"]
+    assert d.builtin and d.file == fault_library()["kill-rank"] and d.shadows is None
+
+
+def test_a_suites_own_definition_wins_over_the_shipped_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    suite_file = tmp_path / "chaos" / "ci.yaml"
+    (tmp_path / "chaos" / "faults").mkdir(parents=True)
+    own = tmp_path / "chaos" / "faults" / "kill-rank.yaml"
+    own.write_text("injector: kill\ntrigger: {at_step: 7}\nparams: {signal: SIGTERM}\n")
+    suite_file.write_text(SHIPPED_USE)
+    fault = load_suite(suite_file).faults["k"]
+    assert (fault.params, fault.trigger.at_step) == ({"signal": "SIGTERM"}, 7)
+    d = fault_definitions(str(suite_file))["kill-rank"]
+    assert (d.file, d.builtin, d.shadows) == (own, False, fault_library()["kill-rank"])
+
+
+def test_the_repositorys_suites_resolve_use_from_its_own_faults_folder() -> None:
+    d = fault_definitions(str(ROOT / "suites" / "ci.yaml"))
+    assert d["kill-rank"].file == ROOT / "faults" / "kill-rank.yaml"
+    assert d["kill-rank"].builtin and d["kill-rank"].shadows is None  # the same file as the shipped one
+
+
+def test_a_use_name_too_long_for_a_file_is_a_clean_error() -> None:
+    name = "k" * 5000
+    with pytest.raises(SpecError) as exc:
+        make_suite(f"name: u\nfaults:\n  k:\n    use: {name}\nmatrix: {{frameworks: [none], faults: [k]}}\n", "s.yaml")
+    assert str(exc.value) == "s.yaml:4: fault 'k': use: a fault definition's name has at most 200 characters (this one 5000)"
 
 
 def test_shipped_fault_definitions_are_valid() -> None:
