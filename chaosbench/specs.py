@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,6 +312,37 @@ def _check_slo_names(v: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
+def _slo_kind(metric: str) -> str:
+    """What a metric's values are: ``bool``, ``str``, ``number`` or ``other`` (from RunMetrics' fields)."""
+    import typing
+
+    from chaosbench.analysis.metrics import RunMetrics
+
+    hint = str(typing.get_type_hints(RunMetrics).get(metric, ""))
+    return next((k for k, ts in (("bool", ("bool",)), ("str", ("str |",)), ("number", ("float", "int")))
+                 if hint.startswith(ts)), "other")  # fmt: skip
+
+
+def slo_problem(metric: str, spec: Any) -> str | None:
+    """What is wrong with an SLO's value for its metric's type: a boolean metric takes true or false, a text
+    metric a non-empty text, a numeric one a number or a bound (a boolean is not a number). None when fine."""
+    kind = _slo_kind(metric)
+    if kind == "bool" and not isinstance(spec, bool):
+        return f"{metric} is true or false: give true or false (got {_shown(spec)})"
+    if kind == "str" and not (isinstance(spec, str) and spec.strip()):
+        return f"{metric} is a text: give a non-empty value such as {_SLO_EXAMPLES.get(metric, 'a value')} (got {_shown(spec)})"
+    if kind == "number" and (isinstance(spec, bool | str)):
+        return f"{metric} is a number: give a number or a bound such as {{max: 30}} (got {_shown(spec)})"
+    return None
+
+
+_SLO_EXAMPLES = {"outcome": "recovered", "fidelity": "exact", "checkpoint_outcome": "fell_back"}
+
+
+def _shown(v: Any) -> str:
+    return repr(v.model_dump(exclude_none=True)) if isinstance(v, BaseModel) else repr(v)
+
+
 class FaultSpec(_Strict):
     """One fault: which injector, where, when, with which injector parameters."""
 
@@ -505,11 +537,16 @@ class Projection(_Strict):
     )
 
 
+#: A name that is also a directory name (a suite's results go to ``OUT/<name>/``).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 class Suite(_Strict):
     """A whole suite file. ``control``: run one fault-free control per framework (needed for fidelity and
-    extra wall time)."""
+    extra wall time). ``name`` is the results' directory name: letters, digits, ``.``, ``_``, ``-``, not
+    starting with ``.``/``_``/``-``, at most 100 characters."""
 
-    name: str
+    name: str = Field(json_schema_extra={"pattern": SAFE_NAME.pattern})
     description: str | None = None
     seed: int = 0
     control: bool = True
@@ -529,6 +566,22 @@ class Suite(_Strict):
     @classmethod
     def _slo_names(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _check_slo_names(v)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not SAFE_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not usable as a directory name (give letters, digits, '.', '_', '-', "
+                             "starting with a letter or digit, at most 100 characters)")  # fmt: skip
+        return v
+
+    @field_validator("frameworks", "faults")
+    @classmethod
+    def _named(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if not isinstance(key, str) or not key.strip():
+                raise ValueError(f"{key!r} is not a name (give a non-empty name)")
+        return v
 
     # Not part of the YAML: where the suite was loaded from (set by suite_from_data), and the directory chaosbench
     # was started in when it was loaded ({project_dir} of a command workload).
@@ -606,7 +659,7 @@ class Suite(_Strict):
             merged = {**base.model_dump(), **over}
         else:
             merged = {"ranks": base.ranks, "nodes": base.nodes, **over}
-        return WorkloadSpec.model_validate(merged)
+        return WorkloadSpec.model_validate(merged, strict=True)
 
     def scenario(self, fw: str, names: list[str], repeat: int) -> Scenario:
         """The run of framework ``fw`` with the faults ``names`` (none: the control), repeat ``repeat``."""
@@ -719,6 +772,18 @@ def _field_path(loc: Path_, skip: int) -> str:
     return ".".join(rest)
 
 
+#: Errors of a value of the wrong type (strict validation: a boolean is not a number, a float not an integer, a
+#: number not a boolean): their message shows the value given.
+_TYPE_ERRORS = ("int_type", "bool_type", "float_type", "string_type")
+
+
+def _message(err: Any) -> str:
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] in _TYPE_ERRORS:
+        msg += f" (got {err['input']!r})"
+    return msg
+
+
 def format_validation_error(exc: ValidationError, smap: SourceMap, base: Path_ = ()) -> str:
     """First error of a pydantic ValidationError as ``file:line: object: field: message``."""
     err = exc.errors()[0]
@@ -726,12 +791,11 @@ def format_validation_error(exc: ValidationError, smap: SourceMap, base: Path_ =
     what = _what(loc)
     skip = 2 if what.startswith(("fault ", "framework ")) else (1 if what else 0)
     fld = _field_path(loc, skip)
-    msg = err["msg"]
+    msg = _message(err)
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":
         msg = "required key is missing"
-    msg = msg.removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else ""
     return f"{smap.where(loc)}: {what}{fld + ': ' if fld else ''}{msg}{more}"
 
@@ -741,11 +805,11 @@ def validate_plugin_options(
 ) -> BaseModel:
     """Validate a plugin's own options; errors name the plugin object and the YAML line."""
     try:
-        return options_model.model_validate(options)
+        return options_model.model_validate(options, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = base + tuple(err["loc"])
-        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        msg = "unknown option" if err["type"] == "extra_forbidden" else _message(err)
         if err["type"] == "missing":
             msg = "required option is missing"
         fld = ".".join(str(p) for p in err["loc"])
@@ -861,7 +925,7 @@ def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
         if not isinstance(base, dict):
             raise SpecError(f"{bmap.where(())}: a fault definition must be a YAML mapping")
         try:
-            FaultSpec.model_validate(base)
+            FaultSpec.model_validate(base, strict=True)
         except ValidationError as exc:
             err = exc.errors()[0]
             raise SpecError(
@@ -876,7 +940,7 @@ def suite_from_data(data: Any, smap: SourceMap) -> Suite:
         raise SpecError(f"{smap.where(())}: a suite must be a YAML mapping with at least 'name' and 'matrix'")
     _resolve_fault_uses(data, smap)
     try:
-        suite = Suite.model_validate(data)
+        suite = Suite.model_validate(data, strict=True)
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, smap)) from None
     suite.set_source(smap.file)
@@ -951,12 +1015,13 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
     except UnknownPlugin as exc:
         raise SpecError(f"{smap.where(('defaults', 'runtime'))}: defaults: {exc}") from None
     try:
-        rt_cls.Options.model_validate(suite.defaults.runtime_options)
+        rt_cls.Options.model_validate(suite.defaults.runtime_options, strict=True)
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, smap, ("defaults", "runtime_options"))) from None
     for label, fspec in suite.frameworks.items():
         try:
-            rt_cls.Options.model_validate({**suite.defaults.runtime_options, **(fspec.runtime_options or {})})
+            rt_cls.Options.model_validate({**suite.defaults.runtime_options, **(fspec.runtime_options or {})},
+                                          strict=True)  # fmt: skip
         except ValidationError as exc:
             raise SpecError(format_validation_error(exc, smap, ("frameworks", label, "runtime_options"))) from None
     for name, fault in suite.faults.items():
@@ -984,6 +1049,18 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")
     _check_fault_workloads(suite, smap)
     _check_phase_triggers(suite, smap)
+    _check_slos(suite, smap)
+
+
+def _check_slos(suite: Suite, smap: SourceMap) -> None:
+    """Every SLO's value has its metric's type (:func:`slo_problem`)."""
+    at: list[tuple[Path_, str, Slos]] = [(("slos",), "", suite.slos)]
+    at += [(("faults", n, "slos"), f"fault '{n}': ", f.slos) for n, f in suite.faults.items()]
+    for base, what, slos in at:
+        for metric, spec in slos.items():
+            problem = slo_problem(metric, spec)
+            if problem:
+                raise SpecError(f"{smap.where(base + (metric,))}: {what}slos: {problem}")
 
 
 def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:

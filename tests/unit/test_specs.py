@@ -269,3 +269,55 @@ def test_framework_runtime_options_and_strategy() -> None:
     bad = "name: t\ndefaults: {runtime: docker}\nframeworks:\n  restart: {runtime_options: {spare_nodez: 1}}\n"
     assert "framework 'restart'" in _error(bad + "matrix: {frameworks: [restart]}\n")
     assert "strategy" in _error("name: t\nframeworks:\n  restart: {strategy: pray}\nmatrix: {frameworks: [restart]}\n")
+
+
+TYPED = """\
+name: t
+defaults:
+  deadline_s: 60
+  workload: {name: ddp-mlp, ranks: 2, steps: 30, pg_timeout_s: 10}
+frameworks:
+  restart: {max_restarts: 2}
+faults:
+  k: {injector: kill, target: 1, trigger: {at_step: 5}}
+slos: {detected: true}
+matrix: {frameworks: [restart], faults: [k], repeats: 1}
+"""
+_NOT_A_DIR = "is not usable as a directory name (give letters, digits, '.', '_', '-', starting with a letter or digit, at most 100 characters)"
+
+
+@pytest.mark.parametrize(
+    ("given", "wrong", "error"),
+    [
+        ("steps: 30", "steps: true", "s.yaml:4: workload 'ddp-mlp': steps: Input should be a valid integer (got True)"),
+        ("max_restarts: 2", "max_restarts: 1.0e+12",
+         "s.yaml:6: framework 'restart': max_restarts: Input should be a valid integer (got 1000000000000.0)"),
+        ("at_step: 5", "at_step: 5.0", "s.yaml:8: fault 'k': trigger.at_step: Input should be a valid integer (got 5.0)"),
+        ("repeats: 1", "repeats: true", "s.yaml:10: matrix: repeats: Input should be a valid integer (got True)"),
+        ("ranks: 2", "ranks: 2.0", "s.yaml:4: defaults: workload.ranks: Input should be a valid integer (got 2.0)"),
+        ("pg_timeout_s: 10", "pg_timeout_s: true",
+         "s.yaml:4: workload 'ddp-mlp': pg_timeout_s: Input should be a valid number (got True)"),
+        ("deadline_s: 60", "deadline_s: true", "s.yaml:3: defaults: deadline_s: Input should be a valid number (got True)"),
+        ("name: t\n", "name: t\ncontrol: 1\n", "s.yaml:2: control: Input should be a valid boolean (got 1)"),
+        ("detected: true", "detected: ''", "s.yaml:9: slos: detected is true or false: give true or false (got '')"),
+        ("detected: true", "detected: 1", "s.yaml:9: slos: detected is true or false: give true or false (got 1.0)"),
+        ("{detected: true}", "{time_to_resume_s: true}",
+         "s.yaml:9: slos: time_to_resume_s is a number: give a number or a bound such as {max: 30} (got True)"),
+        ("{detected: true}", "{outcome: ''}",
+         "s.yaml:9: slos: outcome is a text: give a non-empty value such as recovered (got '')"),
+        ("  k: {injector: kill, target: 1, trigger: {at_step: 5}}\n",
+         "  k: {injector: kill, target: 1, trigger: {at_step: 5}, slos: {fidelity: ''}}\n",
+         "s.yaml:8: fault 'k': slos: fidelity is a text: give a non-empty value such as exact (got '')"),
+        ("name: t", "name: ''", f"s.yaml:1: name: '' {_NOT_A_DIR}"),
+        ("name: t", "name: ../up", f"s.yaml:1: name: '../up' {_NOT_A_DIR}"),
+        ("name: t", "name: a b", f"s.yaml:1: name: 'a b' {_NOT_A_DIR}"),
+        ("  k: {inj", "  '': {inj", "s.yaml:7: faults: '' is not a name (give a non-empty name)"),
+    ],
+)
+def test_types_mean_what_they_say(given: str, wrong: str, error: str) -> None:
+    """A boolean is not a number, a float not an integer, an empty text not a name or a boolean."""
+    assert make_suite(TYPED, "s.yaml").name == "t"  # an integer is a fine float (deadline_s: 60)
+    assert given in TYPED
+    with pytest.raises(SpecError) as exc:
+        make_suite(TYPED.replace(given, wrong), "s.yaml")
+    assert str(exc.value) == error
