@@ -46,8 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _progress(f"suite '{suite.name}': {'at most ' if suite.until_decided() else ''}{n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
               f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})")  # fmt: skip
     if over and not args.yes:
-        raise SpecError(f"{args.suite}: suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats "
-                        f"and defaults.deadline_s); pass --yes to run it anyway")  # fmt: skip
+        raise SpecError(f"{args.suite}: suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats, "
+                        f"defaults.deadline_s and the workloads' ranks, nodes and steps); pass --yes to run it anyway")  # fmt: skip
     runner = Runner(suite, args.out, stopping=_stopping(args, suite))
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
@@ -390,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow --jobs on the local runtime, whose runs share this machine's CPUs: outcomes are "
                         "checked, timings taken this way are not comparable")  # fmt: skip
     r.add_argument("--yes", action="store_true",
-                   help="run a suite above the limits (10,000 runs, or 24 h when every run reaches its deadline)")  # fmt: skip
+                   help="run a suite above the limits (10,000 runs, 24 h when every run reaches its deadline, "
+                        "4,096 ranks, 1,024 nodes or 1,000,000 steps a run)")  # fmt: skip
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per run; SLO misses fail)")
     r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
     r.add_argument("--baseline", metavar="CSV|DIR",

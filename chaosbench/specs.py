@@ -336,6 +336,29 @@ def slo_problem(metric: str, spec: Any) -> str | None:
     return None
 
 
+#: Metrics that are never negative (durations, lost work, counts), and shares (0 to 1).
+_NEVER_NEGATIVE = ("time_to_", "lost_", "badput_", "stage_", "latency_", "checkpoint_", "capacity_lost_",
+                   "restart_count", "fault_count", "skipped_steps", "false_detections", "requests", "failed_requests",
+                   "retried_requests", "replicas")  # fmt: skip
+_SHARES = ("goodput", "error_rate", "capacity_lost_share", "throughput_during_share")
+
+
+def slo_unmeetable(metric: str, spec: Any) -> str | None:
+    """Why no run can meet an SLO (its bounds cross, or lie where the metric never is), or None."""
+    if isinstance(spec, bool) or not isinstance(spec, int | float | Bound):
+        return None
+    lo, hi = (spec, spec) if not isinstance(spec, Bound) else (spec.min, spec.max)
+    shown = _shown(spec)
+    if lo is not None and hi is not None and lo > hi:
+        return f"{metric} {shown}: min is above max; no run can meet it"
+    if metric.startswith(_NEVER_NEGATIVE) or metric in _SHARES:
+        if hi is not None and hi < 0:
+            return f"{metric} {shown}: {metric} is never negative; no run can meet it"
+    if metric in _SHARES and lo is not None and lo > 1:
+        return f"{metric} {shown}: {metric} is a share, at most 1; no run can meet it"
+    return None
+
+
 _SLO_EXAMPLES = {"outcome": "recovered", "fidelity": "exact", "checkpoint_outcome": "fell_back"}
 
 
@@ -1053,12 +1076,13 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
 
 
 def _check_slos(suite: Suite, smap: SourceMap) -> None:
-    """Every SLO's value has its metric's type (:func:`slo_problem`)."""
+    """Every SLO's value has its metric's type (:func:`slo_problem`) and some run can meet it
+    (:func:`slo_unmeetable`)."""
     at: list[tuple[Path_, str, Slos]] = [(("slos",), "", suite.slos)]
     at += [(("faults", n, "slos"), f"fault '{n}': ", f.slos) for n, f in suite.faults.items()]
     for base, what, slos in at:
         for metric, spec in slos.items():
-            problem = slo_problem(metric, spec)
+            problem = slo_problem(metric, spec) or slo_unmeetable(metric, spec)
             if problem:
                 raise SpecError(f"{smap.where(base + (metric,))}: {what}slos: {problem}")
 
@@ -1070,20 +1094,46 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
     from chaosbench.registry import FRAMEWORKS, INJECTORS, WORKLOADS
 
     for fw in suite.matrix.all_frameworks():
-        wl = WORKLOADS.get(suite.workload_for(fw).name)
+        spec = suite.workload_for(fw)
+        wl = WORKLOADS.get(spec.name)
+        steps = getattr(wl.Options.model_validate(spec.options), "steps", None)
         for name in sorted({n for names, _ in suite.matrix.cells(fw) for n in names}):
             fault = suite.faults[name]
             inj = INJECTORS.get(fault.injector)
-            problem = inj.check_workload(wl, inj.Params.model_validate(fault.params))
+            params = inj.Params.model_validate(fault.params)
+            problem = inj.check_workload(wl, params)
             if problem is not None:
                 raise SpecError(f"{smap.where(('faults', name, 'injector'))}: fault '{name}': {problem} "
                                 f"(framework '{fw}')")  # fmt: skip
+            never = _never_fires(fault.trigger, params, steps, suite.defaults.deadline_s)
+            if never is not None:
+                raise SpecError(f"{smap.where(('faults', name) + never[0])}: fault '{name}': {never[1]}; this "
+                                f"fault can never fire (framework '{fw}')")  # fmt: skip
             role = fault.target.role
             roles = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).roles
             if role is not None and role not in roles:
                 raise SpecError(f"{smap.where(('faults', name, 'target', 'role'))}: fault '{name}': framework "
                                 f"'{fw}' has no {role} (its roles: {', '.join(sorted(roles)) or 'none'}); run "
                                 "it under the frameworks that have one (matrix.include)")  # fmt: skip
+
+
+def _never_fires(trigger: Trigger | None, params: BaseModel, steps: int | None,
+                 deadline_s: float) -> tuple[Path_, str] | None:  # fmt: skip
+    """Where and why a fault's trigger (or a planted fault's ``at_step``) lies beyond what its run can reach:
+    a step after the workload's last (``steps``, when it has one), or a time after the run's deadline."""
+    at: list[tuple[Path_, str, int | None]] = [(("params", "at_step"), "at_step", getattr(params, "at_step", None))]
+    if trigger is not None:
+        at += [(("trigger", "at_step"), "at_step", trigger.at_step),
+               (("trigger", "every_steps"), "every_steps", trigger.every_steps),
+               (("trigger", "on_event", "step"), "on_event.step", trigger.on_event.step if trigger.on_event else None)]  # fmt: skip
+        for key in ("after_s", "delay_s"):
+            value = getattr(trigger, key)
+            if value is not None and value >= deadline_s:
+                return ("trigger", key), f"{key} {value:g}: the run's deadline is {deadline_s:g} s"
+    for path, key, step in at:
+        if steps is not None and isinstance(step, int) and step > steps:
+            return path, f"{key} {step}: the workload runs {steps} steps"
+    return None
 
 
 def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:

@@ -321,3 +321,44 @@ def test_types_mean_what_they_say(given: str, wrong: str, error: str) -> None:
     with pytest.raises(SpecError) as exc:
         make_suite(TYPED.replace(given, wrong), "s.yaml")
     assert str(exc.value) == error
+
+
+@pytest.mark.parametrize(
+    ("given", "wrong", "error"),
+    [
+        ("at_step: 5", "at_step: 1000000000000000000", "s.yaml:8: fault 'k': at_step 1000000000000000000: the "
+         "workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("at_step: 5", "at_step: 31",
+         "s.yaml:8: fault 'k': at_step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {every_steps: 40}", "s.yaml:8: fault 'k': every_steps 40: the workload "
+         "runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {on_event: {kind: ckpt_save_begin, step: 31}}", "s.yaml:8: fault 'k': "
+         "on_event.step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {after_s: 60}", "s.yaml:8: fault 'k': after_s 60: the run's deadline is "
+         "60 s; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {at_step: 5, delay_s: 100}", "s.yaml:8: fault 'k': delay_s 100: the "
+         "run's deadline is 60 s; this fault can never fire (framework 'restart')"),
+        ("{injector: kill, target: 1, trigger: {at_step: 5}}", "{injector: abort, target: 1, params: {at_step: 99}}",
+         "s.yaml:8: fault 'k': at_step 99: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("{detected: true}", "{time_to_resume_s: -1}",
+         "s.yaml:9: slos: time_to_resume_s -1.0: time_to_resume_s is never negative; no run can meet it"),
+        ("{detected: true}", "{time_to_resume_s: {max: -1}}",
+         "s.yaml:9: slos: time_to_resume_s {'max': -1.0}: time_to_resume_s is never negative; no run can meet it"),
+        ("{detected: true}", "{lost_steps: {min: 5, max: 3}}",
+         "s.yaml:9: slos: lost_steps {'max': 3.0, 'min': 5.0}: min is above max; no run can meet it"),
+        ("{detected: true}", "{goodput: {min: 1.5}}",
+         "s.yaml:9: slos: goodput {'min': 1.5}: goodput is a share, at most 1; no run can meet it"),
+    ],
+)
+def test_what_can_never_happen_is_refused_with_its_line(given: str, wrong: str, error: str) -> None:
+    assert given in TYPED
+    with pytest.raises(SpecError) as exc:
+        make_suite(TYPED.replace(given, wrong), "s.yaml")
+    assert str(exc.value) == error
+
+
+def test_what_can_happen_is_accepted() -> None:
+    for given, edge in [("at_step: 5", "at_step: 30"), ("{detected: true}", "{extra_wall_s: {max: -1}}"),
+                        ("{detected: true}", "{time_to_resume_s: {min: 0, max: 0}}"),
+                        ("trigger: {at_step: 5}", "trigger: {after_s: 59}")]:  # fmt: skip
+        assert make_suite(TYPED.replace(given, edge), "s.yaml").name == "t"
