@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.analysis.sequential import REPEATS_FILE, Settlement, StoppingRule
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import ChaosbenchError, SpecError, Unsupported
 from chaosbench.fault_control import FaultController
 from chaosbench.frameworks.base import (
     Framework,
@@ -281,7 +281,12 @@ class Runner:
                 run_dir = self._run_dir(sc)
                 runtime = _runtime(sc, RunInfo(f"dry-{sc.dirname}-{sc.repeat}", Path(tmp), writer))
                 job = self._job(sc, run_dir, runtime, "dry-run")
-                out.append((sc, _framework(sc).plan(job)))
+                try:
+                    out.append((sc, _framework(sc).plan(job)))
+                except Unsupported as exc:
+                    # What no run of this framework can do is the suite's problem, found before any run starts.
+                    raise SpecError(f"{self.suite.framework_where(sc.framework_label)}: framework "
+                                    f"'{sc.framework_label}': {exc}") from None  # fmt: skip
             writer.close()
         return out
 

@@ -609,6 +609,7 @@ class Suite(_Strict):
     # Not part of the YAML: where the suite was loaded from (set by suite_from_data), and the directory chaosbench
     # was started in when it was loaded ({project_dir} of a command workload).
     _source: str = PrivateAttr(default="<suite>")
+    _smap: SourceMap | None = PrivateAttr(default=None)
     _project_dir: str = PrivateAttr(default_factory=lambda: str(Path.cwd()))
 
     @property
@@ -621,8 +622,17 @@ class Suite(_Strict):
         """The directory chaosbench was started in when the suite was loaded."""
         return self._project_dir
 
-    def set_source(self, file: str) -> None:
+    def set_source(self, file: str, smap: SourceMap | None = None) -> None:
         self._source = file
+        self._smap = smap
+
+    def where(self, path: Path_) -> str:
+        """``file:line`` of a place in the suite file (the file alone for a suite without a source map)."""
+        return self._smap.where(path) if self._smap is not None else self.source
+
+    def framework_where(self, label: str) -> str:
+        """``file:line`` of a framework configuration: its entry in ``frameworks``, else the matrix's."""
+        return self.where(("frameworks", label) if label in self.frameworks else ("matrix", "frameworks"))
 
     @property
     def suite_dir(self) -> str:
@@ -966,7 +976,7 @@ def suite_from_data(data: Any, smap: SourceMap) -> Suite:
         suite = Suite.model_validate(data, strict=True)
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, smap)) from None
-    suite.set_source(smap.file)
+    suite.set_source(smap.file, smap)
     _check_references(suite, smap)
     return suite
 

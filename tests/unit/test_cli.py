@@ -102,3 +102,13 @@ def test_suite_schema_file_is_fresh() -> None:
     assert shipped == json.loads(json.dumps(suite_schema(), sort_keys=True))
     assert set(shipped["properties"]) == {"name", "description", "seed", "control", "defaults", "frameworks",
                                           "faults", "matrix", "projection", "slos", "keep_checkpoints"}  # fmt: skip
+
+
+def test_a_framework_that_cannot_run_the_workload_is_refused_with_its_line(tmp_path: Path, capsys) -> None:
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: ft\ndefaults: {workload: {name: ddp-mlp, ranks: 2, steps: 10}}\n"
+                     "frameworks:\n  torchft: {}\nmatrix: {frameworks: [torchft]}\n")  # fmt: skip
+    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"chaosbench: error: {suite}:4: framework 'torchft': torchft adapter: workload 'ddp-mlp' does not train "
+        "through torchft's Manager (use ft-mlp, or a command workload whose script does)")
