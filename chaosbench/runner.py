@@ -615,6 +615,11 @@ class Runner:
         watcher: CheckpointWatcher | None = None
         job: JobContext | None = None
         result = JobResult("error", "not started")
+        # The scenario first, the plan once there is one: a run that fails before it is planned (an engine or a
+        # package missing for its fault) still has a config, so it is recorded with its reason and the suite
+        # goes on (its metrics read the config).
+        write_atomic(RunDir(run_dir).config, json.dumps(
+            {"run_id": run_id, "scenario": sc.to_dict(), "plan": None, "total_steps": None}, indent=2, default=str))  # fmt: skip
         try:
             job = self._job(sc, run_dir, runtime, run_id)
             framework = _framework(sc)
