@@ -35,7 +35,7 @@ def _progress(msg: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from chaosbench.progress import format_duration
-    from chaosbench.runner import RUN_OVERHEAD_S, Runner, suite_limits
+    from chaosbench.runner import RUN_OVERHEAD_S, Runner, missing_engines, suite_limits
     from chaosbench.specs import load_suite
 
     suite = load_suite(args.suite)
@@ -51,6 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = Runner(suite, args.out, stopping=_stopping(args, suite))
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
+    engines = missing_engines(suite)
+    for fault, why in engines.items():
+        _progress(f"warning: fault '{fault}': {why}; its runs will fail here")
     if args.baseline:
         _print_power(args, suite)
     _print_until_decided(args, suite)
@@ -61,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  for sc, plan in runner.plans()]  # fmt: skip
         until = {key: {"min": d.min_repeats, "max": d.max, "looks": d.looks} for key, d in suite.until_decided().items()}
         print(json.dumps({"suite": suite.name, "runs_total": n, "wall_bound_s": bound_s,
-                          "detection_outlook": outlook, "timeout_problems": problems, "runs": plans,
+                          "detection_outlook": outlook, "timeout_problems": problems, "missing_engines": engines, "runs": plans,
                           "repeats_until_decided": until}, indent=2, default=str))  # fmt: skip
         return EXIT_OK
 

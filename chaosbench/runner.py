@@ -114,6 +114,17 @@ def suite_limits(suite: Suite, jobs: int = 1) -> tuple[int, float, list[str]]:
     return n, bound_s, list(dict.fromkeys(over))
 
 
+def missing_engines(suite: Suite) -> dict[str, str]:
+    """Fault name -> what its injector needs on this machine and lacks, naming the package to install
+    (:meth:`~chaosbench.injectors.base.Injector.missing_engine`), for every fault the matrix runs."""
+    out = {}
+    for name in sorted({n for names in suite.matrix.fault_names() for n in names}):
+        why = INJECTORS.get(suite.faults[name].injector).missing_engine()
+        if why is not None:
+            out[name] = why
+    return out
+
+
 def arithmetic_problems(sc: Scenario, options: Any, timeouts: dict[str, Any]) -> list[str]:
     """What a run's own numbers say it cannot do before its deadline: its steps at ``step_sleep_s`` each take
     longer, or a timeout in force is longer (a wait on it ends only at the deadline). One line each."""
