@@ -52,15 +52,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
     engines = missing_engines(suite)
-    for fault, why in engines.items():
-        _progress(f"warning: fault '{fault}': {why}; its runs will fail here")
+    for what, why in engines.items():
+        _progress(f"warning: {what}: {why}; its runs will fail here")
     if args.baseline:
         _print_power(args, suite)
     _print_until_decided(args, suite)
     if args.dry_run:
         plans = [{"scenario": sc.id, "repeat": sc.repeat, "deadline_s": sc.deadline_s,
                   "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
-                  "slos": sc.to_dict()["slos"], "plan": plan.to_dict()}
+                  "slos": sc.to_dict()["slos"], "plan": plan if isinstance(plan, str) else plan.to_dict()}
                  for sc, plan in runner.plans()]  # fmt: skip
         until = {key: {"min": d.min_repeats, "max": d.max, "looks": d.looks} for key, d in suite.until_decided().items()}
         print(json.dumps({"suite": suite.name, "runs_total": n, "wall_bound_s": bound_s,

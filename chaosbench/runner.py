@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.analysis.sequential import REPEATS_FILE, Settlement, StoppingRule
-from chaosbench.errors import ChaosbenchError, SpecError, Unsupported
+from chaosbench.errors import ChaosbenchError, MissingEngine, SpecError, Unsupported
 from chaosbench.fault_control import FaultController
 from chaosbench.frameworks.base import (
     Framework,
@@ -115,13 +115,21 @@ def suite_limits(suite: Suite, jobs: int = 1) -> tuple[int, float, list[str]]:
 
 
 def missing_engines(suite: Suite) -> dict[str, str]:
-    """Fault name -> what its injector needs on this machine and lacks, naming the package to install
-    (:meth:`~chaosbench.injectors.base.Injector.missing_engine`), for every fault the matrix runs."""
+    """What the suite needs on this machine and lacks, each naming what to install: its runtime's engine
+    (:meth:`~chaosbench.runtimes.base.Runtime.missing_engine`), each framework's programs and packages, each
+    fault's (:meth:`~chaosbench.injectors.base.Injector.missing_engine`), keyed ``runtime 'docker'``,
+    ``framework 'balancer'``, ``fault 'slow'``."""
     out = {}
+    rt = RUNTIMES.get(suite.defaults.runtime)
+    if (why := rt.missing_engine()) is not None:
+        out[f"runtime '{suite.defaults.runtime}'"] = why
+    for fw in suite.matrix.all_frameworks():
+        cls = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw)
+        if (why := cls.missing_engine(cls.Options.model_validate(suite.framework_spec(fw).options), rt)) is not None:
+            out[f"framework '{fw}'"] = why
     for name in sorted({n for names in suite.matrix.fault_names() for n in names}):
-        why = INJECTORS.get(suite.faults[name].injector).missing_engine()
-        if why is not None:
-            out[name] = why
+        if (why := INJECTORS.get(suite.faults[name].injector).missing_engine()) is not None:
+            out[f"fault '{name}'"] = why
     return out
 
 
@@ -281,11 +289,13 @@ class Runner:
                 control.interrupted.set()
 
     # ------------------------------------------------------------------ planning
-    def plans(self) -> list[tuple[Scenario, LaunchPlan]]:
-        """The launch plan of every scenario, without starting anything (``--dry-run``)."""
+    def plans(self) -> list[tuple[Scenario, LaunchPlan | str]]:
+        """The launch plan of every scenario, without starting anything (``--dry-run``); where what the plan
+        needs is missing on this machine (:class:`MissingEngine`, warned about by :func:`missing_engines`), the
+        reason instead."""
         import tempfile
 
-        out = []
+        out: list[tuple[Scenario, LaunchPlan | str]] = []
         with tempfile.TemporaryDirectory(prefix="chaosbench-dry-") as tmp:
             writer = harness_writer(Path(tmp) / "events.jsonl")
             for sc in self.suite.iter_scenarios():
@@ -294,6 +304,8 @@ class Runner:
                 job = self._job(sc, run_dir, runtime, "dry-run")
                 try:
                     out.append((sc, _framework(sc).plan(job)))
+                except MissingEngine as exc:
+                    out.append((sc, str(exc)))
                 except Unsupported as exc:
                     # What no run of this framework can do is the suite's problem, found before any run starts.
                     raise SpecError(f"{self.suite.framework_where(sc.framework_label)}: framework "

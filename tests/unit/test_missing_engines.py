@@ -74,9 +74,56 @@ def test_without_fusermount3_the_dry_run_names_the_package_and_the_runs_fail_wit
     _path_without(tmp_path, "fusermount3", monkeypatch)
     assert main(["run", str(suite_file), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["missing_engines"] == {"slow": NO_FUSERMOUNT, "slow2": NO_FUSERMOUNT}
+    assert json.loads(captured.out)["missing_engines"] == {"fault 'slow'": NO_FUSERMOUNT, "fault 'slow2'": NO_FUSERMOUNT}
     assert f"warning: fault 'slow': {NO_FUSERMOUNT}; its runs will fail here" in captured.err.splitlines()
     records = Runner(make_suite(STALL), tmp_path / "out").run()  # no rank starts: the mount comes first
     assert [(r.scenario.id, r.result.status, r.result.reason) for r in records] == [
         ("restart/slow", "error", NO_FUSERMOUNT), ("restart/slow2", "error", NO_FUSERMOUNT)]
     assert all(json.loads(RunDir(r.run_dir).result.read_text())["reason"] == NO_FUSERMOUNT for r in records)
+
+
+def _module_missing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))
+
+
+@pytest.mark.parametrize("tool", ["sbatch", "srun", "squeue", "scontrol"])
+def test_the_slurm_runtime_names_each_missing_client_command(tool: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from chaosbench.runtimes.slurm.runtime import SlurmRuntime
+
+    _path_without(tmp_path, tool, monkeypatch)
+    assert SlurmRuntime.missing_engine() == (f"the slurm runtime needs the Slurm client commands ({tool} not found; "
+                                             "apt-get install slurm-client, or scripts/slurm-local up)")  # fmt: skip
+
+
+def test_the_docker_runtime_names_its_missing_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chaosbench.runtimes.docker import DockerRuntime
+
+    _module_missing("docker", monkeypatch)
+    assert DockerRuntime.missing_engine() == "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"
+
+
+@pytest.mark.parametrize("package", ["locust", "uvicorn", "starlette"])
+def test_the_balancer_names_each_missing_serve_package(package: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from chaosbench.frameworks.balancer import BalancerFramework
+    from chaosbench.runtimes.local import LocalRuntime
+
+    _module_missing(package, monkeypatch)
+    options = BalancerFramework.Options()
+    assert BalancerFramework.missing_engine(options, LocalRuntime) == (
+        f"balancer needs {package}: pip install 'chaosbench[serve]'")
+
+
+def test_without_haproxy_the_dry_run_of_the_serving_suite_names_it_and_still_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from tests.conftest import ROOT
+
+    if any(importlib.util.find_spec(p) is None for p in ("locust", "uvicorn", "starlette")):
+        pytest.skip("the serve extra is not installed here")
+    _path_without(tmp_path, "haproxy", monkeypatch)
+    assert main(["run", str(ROOT / "suites" / "serving.yaml"), "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    why = "balancer needs haproxy: 'haproxy' not found (apt-get install -y haproxy)"
+    assert set(doc["missing_engines"].values()) == {why}
+    assert {r["plan"] for r in doc["runs"]} == {why}  # each run's plan: the reason it cannot be made here
