@@ -213,3 +213,19 @@ def test_slurm_slots_give_each_run_nodes_of_its_own(monkeypatch: pytest.MonkeyPa
     assert slots == [{"exclude": ["n5", "n2"]}, {"exclude": ["n5", "n1", "n3"]}]  # n4 is down: in no group
     with pytest.raises(Unsupported, match="2 concurrent runs of 2 node\\(s\\) each need 4 usable nodes"):
         SlurmRuntime.concurrent_slots({"exclude": ["n5"]}, 2, 2)
+
+
+def test_the_pytest_plugin_keeps_the_same_size_guard(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    suite = tmp_path / "ranks.yaml"
+    suite.write_text(SIZED % (10**12, 1, 60))
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "--chaos-suite", str(suite)]
+    t = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's chaosbench, whatever is installed
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t < 60 and out.returncode == 4  # pytest's usage error, at collection
+    assert (f"ERROR: {suite}: suite 'sized' is too large: defaults.workload: 1000000000000 ranks a run (limit 4096); "
+            "pass --chaos-yes to collect it anyway") in out.stderr
