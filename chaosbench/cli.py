@@ -35,7 +35,7 @@ def _progress(msg: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from chaosbench.progress import format_duration
-    from chaosbench.runner import RUN_OVERHEAD_S, Runner, suite_limits, suite_plan
+    from chaosbench.runner import RUN_OVERHEAD_S, Runner, missing_engines, suite_limits, suite_plan
     from chaosbench.specs import load_suite
 
     suite = load_suite(args.suite)
@@ -46,22 +46,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     _progress(f"suite '{suite.name}': {'at most ' if suite.until_decided() else ''}{n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
               f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})")  # fmt: skip
     if over and not args.yes:
-        raise SpecError(f"suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats and "
-                        "defaults.deadline_s); pass --yes to run it anyway", file=args.suite)  # fmt: skip
+        raise SpecError(f"suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats, "
+                        "defaults.deadline_s and the workloads' ranks, nodes and steps); pass --yes to run it anyway",
+                        file=args.suite)  # fmt: skip
     runner = Runner(suite, args.out, stopping=_stopping(args, suite))
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
+    engines = missing_engines(suite)
+    for what, why in engines.items():
+        _progress(f"warning: {what}: {why}; its runs will fail here")
     if args.baseline:
         _print_power(args, suite)
     _print_until_decided(args, suite)
     if args.dry_run:
         plans = [{"scenario": sc.id, "repeat": sc.repeat, "deadline_s": sc.deadline_s,
                   "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
-                  "slos": sc.to_dict()["slos"], "plan": plan.to_dict()}
+                  "slos": sc.to_dict()["slos"], "plan": plan if isinstance(plan, str) else plan.to_dict()}
                  for sc, plan in runner.plans()]  # fmt: skip
         until = {key: {"min": d.min_repeats, "max": d.max, "looks": d.looks} for key, d in suite.until_decided().items()}
         print(json.dumps({"suite": suite.name, "runs_total": n, "wall_bound_s": bound_s,
-                          "detection_outlook": outlook, "timeout_problems": problems, "runs": plans,
+                          "detection_outlook": outlook, "timeout_problems": problems, "missing_engines": engines, "runs": plans,
                           "repeats_until_decided": until}, indent=2, default=str))  # fmt: skip
         return EXIT_OK
 
@@ -233,7 +237,24 @@ def cmd_faults(args: argparse.Namespace) -> int:
         for pname, f in sorted(fields, key=lambda kv: not kv[1].is_required()):  # required first, then as declared
             default = "required" if f.is_required() else f"default {f.default!r}"
             print(f"    {pname} ({default}): {f.description or ''}")
+    _print_fault_definitions(args.suite)
     return EXIT_OK
+
+
+def _print_fault_definitions(suite: str | None) -> None:
+    """The definitions ``use: NAME`` finds from ``suite`` (default: a suite in the current directory), each with
+    its file and where it came from."""
+    from chaosbench.specs import fault_definitions
+
+    if suite is not None and not Path(suite).is_file():
+        raise SpecError("no such suite file", file=str(suite))
+    found = fault_definitions(suite or str(Path.cwd() / "suite.yaml"))
+    print(f"\nfault definitions for use: NAME{f' in {suite}' if suite else ''} (the suite's own faults/ folders "
+          "first, then those shipped with chaosbench):")  # fmt: skip
+    for d in found.values():
+        origin = "shipped with chaosbench" if d.builtin else "the suite's own" + (
+            "; overrides the one shipped with chaosbench" if d.shadows else "")
+        print(f"  {d.name}: {d.file} ({origin})")
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -335,6 +356,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from chaosbench.starter import write_starter
+
+    for p in write_starter(args.dir):
+        print(f"wrote {p}")
+    return EXIT_OK
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     from chaosbench.runtimes.docker.image import main_build
 
@@ -365,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow --jobs on the local runtime, whose runs share this machine's CPUs: outcomes are "
                         "checked, timings taken this way are not comparable")  # fmt: skip
     r.add_argument("--yes", action="store_true",
-                   help="run a suite above the limits (10,000 runs, or 24 h when every run reaches its deadline)")  # fmt: skip
+                   help="run a suite above the limits (10,000 runs, 24 h when every run reaches its deadline, "
+                        "4,096 ranks, 1,024 nodes or 1,000,000 steps a run)")  # fmt: skip
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per run; SLO misses fail)")
     r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
     r.add_argument("--baseline", metavar="CSV|DIR",
@@ -429,7 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("dir", help="a suite results directory, e.g. reports/smoke")
     vf.add_argument("--checkpoints", action="store_true", help="also check checkpoint file names and sizes")
     vf.set_defaults(fn=cmd_verify)
-    f = sub.add_parser("faults", help="list the injectors and their parameters")
+    f = sub.add_parser("faults", help="list the injectors, their parameters and the fault definitions",
+                       description="List every injector with its parameters, then every fault definition a "
+                                   "suite's `use: NAME` finds, with its file and where it came from: the suite's "
+                                   "own faults/ folders first, then the library shipped with chaosbench.")  # fmt: skip
+    f.add_argument("suite", nargs="?", help="the definitions as this suite sees them (default: a suite in the "
+                                            "current directory)")  # fmt: skip
     f.set_defaults(fn=cmd_faults)
     c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts, "
                                                  "containers, networks)",
@@ -446,6 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("--events", action="store_true",
                      help="the JSON schema of a timeline line (events.jsonl: one model per event kind) instead")  # fmt: skip
     sch.set_defaults(fn=cmd_schema)
+    ini = sub.add_parser("init", help="write a starter suite and a CI job into a repository",
+                         description="Write chaos/ci.yaml (a starter recovery suite using the fault library "
+                                     "shipped with chaosbench) and .github/workflows/chaos.yml (a CI job running "
+                                     "it) under DIR; an existing file is refused, nothing is overwritten.")  # fmt: skip
+    ini.add_argument("dir", nargs="?", default=".", help="the repository's root (default: the current directory)")
+    ini.set_defaults(fn=cmd_init)
     img = sub.add_parser("image", help="the docker runtime's default node image")
     isub = img.add_subparsers(dest="image_cmd", required=True)
     b = isub.add_parser("build", help="build the default node image from local files (no registry needed)",

@@ -28,6 +28,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--chaos-suite", action="append", default=[], metavar="YAML",
                 help="collect every run of this chaosbench suite as a test item (repeatable)")  # fmt: skip
     g.addoption("--chaos-out", default="reports", metavar="DIR", help="results directory (default: reports)")
+    g.addoption("--chaos-yes", action="store_true", default=False,
+                help="collect a suite above the limits (as chaosbench run --yes: 10,000 runs, 24 h, 4,096 ranks, "
+                     "1,024 nodes or 1,000,000 steps a run)")  # fmt: skip
     g.addoption("--chaos-baseline", default=None, metavar="CSV|DIR",
                 help="also fail on regressions against this result set")  # fmt: skip
     g.addoption("--chaos-threshold", type=float, default=0.2,
@@ -41,11 +44,16 @@ class ChaosFailure(AssertionError):
 
 
 class _SuiteState:
-    def __init__(self, path: str, out: str) -> None:
-        from chaosbench.runner import Runner
+    def __init__(self, path: str, out: str, yes: bool = False) -> None:
+        from chaosbench.errors import SpecError
+        from chaosbench.runner import Runner, suite_limits
         from chaosbench.specs import load_suite
 
         self.suite = load_suite(path)
+        over = suite_limits(self.suite)[2]
+        if over and not yes:  # the guard of chaosbench run, before a run or an item is built
+            raise SpecError(f"suite '{self.suite.name}' is too large: {'; '.join(over)}; pass --chaos-yes "
+                            "to collect it anyway", file=str(path))  # fmt: skip
         self.runner = Runner(self.suite, out)
         self.prepared = False
 
@@ -116,7 +124,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     for path in suites:
         try:
-            state = _SuiteState(path, config.getoption("--chaos-out"))
+            state = _SuiteState(path, config.getoption("--chaos-out"), config.getoption("--chaos-yes"))
         except ChaosbenchError as exc:
             raise pytest.UsageError(str(exc)) from None
         for sc in state.suite.scenarios():

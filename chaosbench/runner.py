@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.analysis.sequential import REPEATS_FILE, Settlement, StoppingRule
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import ChaosbenchError, MissingEngine, SpecError, Unsupported
 from chaosbench.fault_control import FaultController
 from chaosbench.frameworks.base import (
     Framework,
@@ -54,6 +54,10 @@ RUN_OVERHEAD_S = 30.0
 #: Above these a suite runs only when told (``--yes``): most likely a typo (``repeats: 100000000``).
 MAX_RUNS = 10_000
 MAX_WALL_S = 24 * 3600.0
+#: Likewise the size of one run: its world size, nodes and steps (``ranks: 1e12`` would build a plan per rank).
+MAX_RANKS = 4096
+MAX_NODES = 1024
+MAX_STEPS = 1_000_000
 #: The harness's GIL switch interval while a suite runs (at most; Python's default is 5 ms): see Runner.run.
 SWITCH_INTERVAL_S = 0.001
 
@@ -116,8 +120,8 @@ def suite_plan(suite: Suite, outlook: Sequence[dict[str, Any]] = ()) -> list[Pla
 
 def suite_limits(suite: Suite, jobs: int = 1) -> tuple[int, float, list[str]]:
     """The suite's number of runs, an upper bound of its wall time (every run reaching its deadline, plus
-    :data:`RUN_OVERHEAD_S` each; ``jobs`` at once), and what exceeds :data:`MAX_RUNS` / :data:`MAX_WALL_S`;
-    builds no run."""
+    :data:`RUN_OVERHEAD_S` each; ``jobs`` at once), and what exceeds :data:`MAX_RUNS` / :data:`MAX_WALL_S`, or
+    in a run :data:`MAX_RANKS` / :data:`MAX_NODES` / :data:`MAX_STEPS`; builds no run."""
     n = suite.run_count()
     bound_s = suite.wall_bound_s(RUN_OVERHEAD_S, jobs)
     over = []
@@ -125,7 +129,52 @@ def suite_limits(suite: Suite, jobs: int = 1) -> tuple[int, float, list[str]]:
         over.append(f"{n} runs (limit {MAX_RUNS})")
     if bound_s > MAX_WALL_S:
         over.append(f"up to {bound_s / 3600:.1f} h (limit {MAX_WALL_S / 3600:g} h)")
-    return n, bound_s, over
+    for fw in suite.matrix.all_frameworks():
+        wl = suite.workload_for(fw)
+        steps = getattr(WORKLOADS.get(wl.name).Options.model_validate(wl.options), "steps", None)
+        label = f"framework '{fw}' workload" if suite.framework_spec(fw).workload else "defaults.workload"
+        for what, value, limit in (("ranks", wl.ranks, MAX_RANKS), ("nodes", wl.nodes, MAX_NODES),
+                                   ("steps", steps, MAX_STEPS)):  # fmt: skip
+            if value is not None and value > limit:
+                over.append(f"{label}: {value} {what} a run (limit {limit})")
+    return n, bound_s, list(dict.fromkeys(over))
+
+
+def missing_engines(suite: Suite) -> dict[str, str]:
+    """What the suite needs on this machine and lacks, each naming what to install: its runtime's engine
+    (:meth:`~chaosbench.runtimes.base.Runtime.missing_engine`), each framework's programs and packages, each
+    fault's (:meth:`~chaosbench.injectors.base.Injector.missing_engine`), keyed ``runtime 'docker'``,
+    ``framework 'balancer'``, ``fault 'slow'``."""
+    out = {}
+    rt = RUNTIMES.get(suite.defaults.runtime)
+    if (why := rt.missing_engine()) is not None:
+        out[f"runtime '{suite.defaults.runtime}'"] = why
+    for fw in suite.matrix.all_frameworks():
+        cls = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw)
+        if (why := cls.missing_engine(cls.Options.model_validate(suite.framework_spec(fw).options), rt)) is not None:
+            out[f"framework '{fw}'"] = why
+    for name in sorted({n for names in suite.matrix.fault_names() for n in names}):
+        if (why := INJECTORS.get(suite.faults[name].injector).missing_engine()) is not None:
+            out[f"fault '{name}'"] = why
+    return out
+
+
+def arithmetic_problems(sc: Scenario, options: Any, timeouts: dict[str, Any]) -> list[str]:
+    """What a run's own numbers say it cannot do before its deadline: its steps at ``step_sleep_s`` each take
+    longer, or a timeout in force is longer (a wait on it ends only at the deadline). One line each."""
+    out = []
+    steps, sleep_s = getattr(options, "steps", None), getattr(options, "step_sleep_s", None)
+    if steps and sleep_s and steps * sleep_s >= sc.deadline_s:
+        out.append(f"{steps} steps x step_sleep_s {sleep_s:g} s = {steps * sleep_s:g} s: a run cannot finish "
+                   f"before its deadline of {sc.deadline_s:g} s")  # fmt: skip
+    for name, value in timeouts.items():
+        # A process-group timeout is what a collective with a lost peer waits, a delay what every recovery
+        # waits; a limit on a wait that normally ends early (startup, rendezvous join) is no such problem.
+        waited = "pg_timeout" in name or name.endswith("delay_s")
+        if waited and isinstance(value, int | float) and not isinstance(value, bool) and value > sc.deadline_s:
+            out.append(f"{name} ({value:g} s) is longer than the run's deadline ({sc.deadline_s:g} s): a wait on "
+                       "it ends only at the deadline")  # fmt: skip
+    return out
 
 
 def _workload(scenario: Scenario) -> Workload:
@@ -266,18 +315,27 @@ class Runner:
                 control.interrupted.set()
 
     # ------------------------------------------------------------------ planning
-    def plans(self) -> list[tuple[Scenario, LaunchPlan]]:
-        """The launch plan of every scenario, without starting anything (``--dry-run``)."""
+    def plans(self) -> list[tuple[Scenario, LaunchPlan | str]]:
+        """The launch plan of every scenario, without starting anything (``--dry-run``); where what the plan
+        needs is missing on this machine (:class:`MissingEngine`, warned about by :func:`missing_engines`), the
+        reason instead."""
         import tempfile
 
-        out = []
+        out: list[tuple[Scenario, LaunchPlan | str]] = []
         with tempfile.TemporaryDirectory(prefix="chaosbench-dry-") as tmp:
             writer = harness_writer(Path(tmp) / "events.jsonl")
             for sc in self.suite.iter_scenarios():
                 run_dir = self._run_dir(sc)
                 runtime = _runtime(sc, RunInfo(f"dry-{sc.dirname}-{sc.repeat}", Path(tmp), writer))
                 job = self._job(sc, run_dir, runtime, "dry-run")
-                out.append((sc, _framework(sc).plan(job)))
+                try:
+                    out.append((sc, _framework(sc).plan(job)))
+                except MissingEngine as exc:
+                    out.append((sc, str(exc)))
+                except Unsupported as exc:
+                    # What no run of this framework can do is the suite's problem, found before any run starts.
+                    raise SpecError(f"{self.suite.framework_where(sc.framework_label)}: framework "
+                                    f"'{sc.framework_label}': {exc}") from None  # fmt: skip
             writer.close()
         return out
 
@@ -297,7 +355,9 @@ class Runner:
                 runtime = _runtime(sc, RunInfo(f"outlook-{sc.dirname}", Path(tmp), writer))
                 framework = _framework(sc)
                 timeouts = framework.timeouts(self._job(sc, self._run_dir(sc), runtime, "outlook"))
-                problems.setdefault(sc.framework_label, framework.timeout_problems(timeouts))
+                if sc.framework_label not in problems:
+                    problems[sc.framework_label] = framework.timeout_problems(timeouts) + arithmetic_problems(
+                        sc, _workload(sc).options, timeouts)
                 recs += detection_outlook(sc, framework, timeouts)
             writer.close()
         return recs, problems
@@ -604,6 +664,11 @@ class Runner:
         watcher: CheckpointWatcher | None = None
         job: JobContext | None = None
         result = JobResult("error", "not started")
+        # The scenario first, the plan once there is one: a run that fails before it is planned (an engine or a
+        # package missing for its fault) still has a config, so it is recorded with its reason and the suite
+        # goes on (its metrics read the config).
+        write_atomic(RunDir(run_dir).config, json.dumps(
+            {"run_id": run_id, "scenario": sc.to_dict(), "plan": None, "total_steps": None}, indent=2, default=str))  # fmt: skip
         try:
             job = self._job(sc, run_dir, runtime, run_id)
             framework = _framework(sc)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,6 +316,60 @@ def _check_slo_names(v: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
+def _slo_kind(metric: str) -> str:
+    """What a metric's values are: ``bool``, ``str``, ``number`` or ``other`` (from RunMetrics' fields)."""
+    import typing
+
+    from chaosbench.analysis.metrics import RunMetrics
+
+    hint = str(typing.get_type_hints(RunMetrics).get(metric, ""))
+    return next((k for k, ts in (("bool", ("bool",)), ("str", ("str |",)), ("number", ("float", "int")))
+                 if hint.startswith(ts)), "other")  # fmt: skip
+
+
+def slo_problem(metric: str, spec: Any) -> str | None:
+    """What is wrong with an SLO's value for its metric's type: a boolean metric takes true or false, a text
+    metric a non-empty text, a numeric one a number or a bound (a boolean is not a number). None when fine."""
+    kind = _slo_kind(metric)
+    if kind == "bool" and not isinstance(spec, bool):
+        return f"{metric} is true or false: give true or false (got {_shown(spec)})"
+    if kind == "str" and not (isinstance(spec, str) and spec.strip()):
+        return f"{metric} is a text: give a non-empty value such as {_SLO_EXAMPLES.get(metric, 'a value')} (got {_shown(spec)})"
+    if kind == "number" and (isinstance(spec, bool | str)):
+        return f"{metric} is a number: give a number or a bound such as {{max: 30}} (got {_shown(spec)})"
+    return None
+
+
+#: Metrics that are never negative (durations, lost work, counts), and shares (0 to 1).
+_NEVER_NEGATIVE = ("time_to_", "lost_", "badput_", "stage_", "latency_", "checkpoint_", "capacity_lost_",
+                   "restart_count", "fault_count", "skipped_steps", "false_detections", "requests", "failed_requests",
+                   "retried_requests", "replicas")  # fmt: skip
+_SHARES = ("goodput", "error_rate", "capacity_lost_share", "throughput_during_share")
+
+
+def slo_unmeetable(metric: str, spec: Any) -> str | None:
+    """Why no run can meet an SLO (its bounds cross, or lie where the metric never is), or None."""
+    if isinstance(spec, bool) or not isinstance(spec, int | float | Bound):
+        return None
+    lo, hi = (spec, spec) if not isinstance(spec, Bound) else (spec.min, spec.max)
+    shown = _shown(spec)
+    if lo is not None and hi is not None and lo > hi:
+        return f"{metric} {shown}: min is above max; no run can meet it"
+    if metric.startswith(_NEVER_NEGATIVE) or metric in _SHARES:
+        if hi is not None and hi < 0:
+            return f"{metric} {shown}: {metric} is never negative; no run can meet it"
+    if metric in _SHARES and lo is not None and lo > 1:
+        return f"{metric} {shown}: {metric} is a share, at most 1; no run can meet it"
+    return None
+
+
+_SLO_EXAMPLES = {"outcome": "recovered", "fidelity": "exact", "checkpoint_outcome": "fell_back"}
+
+
+def _shown(v: Any) -> str:
+    return repr(v.model_dump(exclude_none=True)) if isinstance(v, BaseModel) else repr(v)
+
+
 class FaultSpec(_Strict):
     """One fault: which injector, where, when, with which injector parameters."""
 
@@ -509,11 +564,16 @@ class Projection(_Strict):
     )
 
 
+#: A name that is also a directory name (a suite's results go to ``OUT/<name>/``).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 class Suite(_Strict):
     """A whole suite file. ``control``: run one fault-free control per framework (needed for fidelity and
-    extra wall time)."""
+    extra wall time). ``name`` is the results' directory name: letters, digits, ``.``, ``_``, ``-``, not
+    starting with ``.``/``_``/``-``, at most 100 characters."""
 
-    name: str
+    name: str = Field(json_schema_extra={"pattern": SAFE_NAME.pattern})
     description: str | None = None
     seed: int = 0
     control: bool = True
@@ -534,9 +594,26 @@ class Suite(_Strict):
     def _slo_names(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _check_slo_names(v)
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not SAFE_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not usable as a directory name (give letters, digits, '.', '_', '-', "
+                             "starting with a letter or digit, at most 100 characters)")  # fmt: skip
+        return v
+
+    @field_validator("frameworks", "faults")
+    @classmethod
+    def _named(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if not isinstance(key, str) or not key.strip():
+                raise ValueError(f"{key!r} is not a name (give a non-empty name)")
+        return v
+
     # Not part of the YAML: where the suite was loaded from (set by suite_from_data), and the directory chaosbench
     # was started in when it was loaded ({project_dir} of a command workload).
     _source: str = PrivateAttr(default="<suite>")
+    _smap: SourceMap | None = PrivateAttr(default=None)
     _project_dir: str = PrivateAttr(default_factory=lambda: str(Path.cwd()))
 
     @property
@@ -549,8 +626,17 @@ class Suite(_Strict):
         """The directory chaosbench was started in when the suite was loaded."""
         return self._project_dir
 
-    def set_source(self, file: str) -> None:
+    def set_source(self, file: str, smap: SourceMap | None = None) -> None:
         self._source = file
+        self._smap = smap
+
+    def where(self, path: Path_) -> str:
+        """``file:line`` of a place in the suite file (the file alone for a suite without a source map)."""
+        return self._smap.where(path) if self._smap is not None else self.source
+
+    def framework_where(self, label: str) -> str:
+        """``file:line`` of a framework configuration: its entry in ``frameworks``, else the matrix's."""
+        return self.where(("frameworks", label) if label in self.frameworks else ("matrix", "frameworks"))
 
     @property
     def suite_dir(self) -> str:
@@ -610,7 +696,7 @@ class Suite(_Strict):
             merged = {**base.model_dump(), **over}
         else:
             merged = {"ranks": base.ranks, "nodes": base.nodes, **over}
-        return WorkloadSpec.model_validate(merged)
+        return WorkloadSpec.model_validate(merged, strict=True)
 
     def scenario(self, fw: str, names: list[str], repeat: int) -> Scenario:
         """The run of framework ``fw`` with the faults ``names`` (none: the control), repeat ``repeat``."""
@@ -723,6 +809,18 @@ def _field_path(loc: Path_, skip: int) -> str:
     return ".".join(rest)
 
 
+#: Errors of a value of the wrong type (strict validation: a boolean is not a number, a float not an integer, a
+#: number not a boolean): their message shows the value given.
+_TYPE_ERRORS = ("int_type", "bool_type", "float_type", "string_type")
+
+
+def _message(err: Any) -> str:
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] in _TYPE_ERRORS:
+        msg += f" (got {err['input']!r})"
+    return msg
+
+
 def validation_error(exc: ValidationError, smap: SourceMap, base: Path_ = ()) -> SpecError:
     """The first error of a pydantic ValidationError as a :class:`SpecError`: its line, the user's object it is
     in (``obj``) and ``field: message`` (``problem``)."""
@@ -731,12 +829,11 @@ def validation_error(exc: ValidationError, smap: SourceMap, base: Path_ = ()) ->
     what = _what(loc)
     skip = 2 if what.startswith(("fault ", "framework ")) else (1 if what else 0)
     fld = _field_path(loc, skip)
-    msg = err["msg"]
+    msg = _message(err)
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":
         msg = "required key is missing"
-    msg = msg.removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else ""
     return smap.error(loc, f"{fld + ': ' if fld else ''}{msg}{more}", obj=what.removesuffix(": ") or None)
 
@@ -746,11 +843,11 @@ def validate_plugin_options(
 ) -> BaseModel:
     """Validate a plugin's own options; errors name the plugin object and the YAML line."""
     try:
-        return options_model.model_validate(options)
+        return options_model.model_validate(options, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = base + tuple(err["loc"])
-        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        msg = "unknown option" if err["type"] == "extra_forbidden" else _message(err)
         if err["type"] == "missing":
             msg = "required option is missing"
         fld = ".".join(str(p) for p in err["loc"])
@@ -763,15 +860,73 @@ def load_suite(path: str | Path) -> Suite:
     return suite_from_data(data, smap)
 
 
+#: The package the fault library ships in (``faults/*.yaml`` of the repository, as package data).
+FAULT_LIBRARY = "chaosbench.fault_library"
+#: The longest name ``use:`` takes (a file name must fit the filesystem's limit).
+MAX_FAULT_NAME = 200
+
+
 def fault_search_path(suite_file: str) -> list[Path]:
-    """Where ``use: NAME`` looks for ``NAME.yaml``: ``faults/`` beside the suite's folder (the repository
-    layout ``suites/x.yaml`` + ``faults/``), ``faults/`` inside it, then ``./faults``."""
+    """The suite's own folders ``use: NAME`` looks in for ``NAME.yaml``, in order: ``faults/`` beside the suite's
+    folder (the repository layout ``suites/x.yaml`` + ``faults/``), ``faults/`` inside it, then ``./faults``.
+    After them comes the fault library that ships with chaosbench (:func:`fault_library`)."""
     here = Path(suite_file).resolve().parent
     out = []
     for d in (here.parent / "faults", here / "faults", Path.cwd() / "faults"):
         if d not in out:
             out.append(d)
     return out
+
+
+def fault_library() -> dict[str, Path]:
+    """The fault definitions that ship inside the package: name -> file, read through importlib.resources
+    (:data:`FAULT_LIBRARY`; in a checkout, ``chaosbench/fault_library`` links to ``faults/``). Empty when the
+    package has none."""
+    import importlib.resources
+
+    try:
+        root = importlib.resources.files(FAULT_LIBRARY)
+    except ModuleNotFoundError:
+        return {}
+    return {e.name.removesuffix(".yaml"): Path(str(e)) for e in root.iterdir()
+            if e.name.endswith(".yaml") and e.is_file()}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FaultDefinition:
+    """A fault definition ``use: NAME`` finds: its file, and whether it is the suite's own or shipped with
+    chaosbench (``builtin``); ``shadows``: a built-in definition of the same name that it overrides."""
+
+    name: str
+    file: Path
+    builtin: bool
+    shadows: Path | None = None
+
+
+def fault_definitions(suite_file: str) -> dict[str, FaultDefinition]:
+    """Every definition ``use:`` can name from a suite at ``suite_file``: the first folder of
+    :func:`fault_search_path` that has ``NAME.yaml`` wins, then the shipped library (:func:`fault_library`)."""
+    library = fault_library()
+    out: dict[str, FaultDefinition] = {}
+    for d in fault_search_path(suite_file):
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.yaml")):
+            if p.stem not in out and p.is_file():
+                shadows = library.get(p.stem)
+                same = shadows is not None and shadows.resolve() == p.resolve()
+                out[p.stem] = FaultDefinition(p.stem, p, builtin=same, shadows=None if same else shadows)
+    for name, p in library.items():
+        out.setdefault(name, FaultDefinition(name, p, builtin=True))
+    return dict(sorted(out.items()))
+
+
+def _fault_definition_file(use: str, suite_file: str) -> Path | None:
+    """The file of fault definition ``use`` for a suite at ``suite_file`` (see :func:`fault_definitions`)."""
+    for d in fault_search_path(suite_file):
+        if (d / f"{use}.yaml").is_file():
+            return d / f"{use}.yaml"
+    return fault_library().get(use)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -782,8 +937,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
-    """Replace each fault's ``use: NAME`` by the definition in ``faults/NAME.yaml``, overridden by the keys
-    given beside ``use``."""
+    """Replace each fault's ``use: NAME`` by the definition in ``NAME.yaml`` (the suite's own ``faults/`` first,
+    then the library shipped with chaosbench: :func:`fault_definitions`), overridden by the keys given beside
+    ``use``."""
     faults = data.get("faults")
     if not isinstance(faults, dict):
         return
@@ -792,19 +948,21 @@ def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
             continue
         use = entry["use"]
         at: Path_ = ("faults", name, "use")
-        if not isinstance(use, str) or not use or "/" in use:
+        if not isinstance(use, str) or not use or "/" in use or "\0" in use:
             raise smap.error(at, "use: give the name of a fault definition in faults/", obj=f"fault '{name}'")
-        dirs = fault_search_path(smap.file)
-        found = next((d / f"{use}.yaml" for d in dirs if (d / f"{use}.yaml").is_file()), None)
+        if len(use) > MAX_FAULT_NAME:
+            raise smap.error(at, f"use: a fault definition's name has at most {MAX_FAULT_NAME} characters "
+                                 f"(this one {len(use)})", obj=f"fault '{name}'")  # fmt: skip
+        found = _fault_definition_file(use, smap.file)
         if found is None:
-            known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
+            known = sorted(fault_definitions(smap.file))
             raise smap.error(at, f"no fault definition '{use}' (known: {', '.join(known) or 'none'})",
                              obj=f"fault '{name}'")  # fmt: skip
         base, bmap = load_yaml(found)
         if not isinstance(base, dict):
             raise bmap.error((), "a fault definition must be a YAML mapping")
         try:
-            FaultSpec.model_validate(base)
+            FaultSpec.model_validate(base, strict=True)
         except ValidationError as exc:
             err = exc.errors()[0]
             raise bmap.error(tuple(err["loc"]), f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}",
@@ -817,10 +975,10 @@ def suite_from_data(data: Any, smap: SourceMap) -> Suite:
         raise smap.error((), "a suite must be a YAML mapping with at least 'name' and 'matrix'")
     _resolve_fault_uses(data, smap)
     try:
-        suite = Suite.model_validate(data)
+        suite = Suite.model_validate(data, strict=True)
     except ValidationError as exc:
         raise validation_error(exc, smap) from None
-    suite.set_source(smap.file)
+    suite.set_source(smap.file, smap)
     _check_references(suite, smap)
     return suite
 
@@ -886,12 +1044,13 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
     except UnknownPlugin as exc:
         raise smap.error(('defaults', 'runtime'), str(exc), obj="defaults") from None
     try:
-        rt_cls.Options.model_validate(suite.defaults.runtime_options)
+        rt_cls.Options.model_validate(suite.defaults.runtime_options, strict=True)
     except ValidationError as exc:
         raise validation_error(exc, smap, ("defaults", "runtime_options")) from None
     for label, fspec in suite.frameworks.items():
         try:
-            rt_cls.Options.model_validate({**suite.defaults.runtime_options, **(fspec.runtime_options or {})})
+            rt_cls.Options.model_validate({**suite.defaults.runtime_options, **(fspec.runtime_options or {})},
+                                          strict=True)  # fmt: skip
         except ValidationError as exc:
             raise validation_error(exc, smap, ("frameworks", label, "runtime_options")) from None
     for name, fault in suite.faults.items():
@@ -919,6 +1078,19 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")
     _check_fault_workloads(suite, smap)
     _check_phase_triggers(suite, smap)
+    _check_slos(suite, smap)
+
+
+def _check_slos(suite: Suite, smap: SourceMap) -> None:
+    """Every SLO's value has its metric's type (:func:`slo_problem`) and some run can meet it
+    (:func:`slo_unmeetable`)."""
+    at: list[tuple[Path_, str, Slos]] = [(("slos",), "", suite.slos)]
+    at += [(("faults", n, "slos"), f"fault '{n}': ", f.slos) for n, f in suite.faults.items()]
+    for base, what, slos in at:
+        for metric, spec in slos.items():
+            problem = slo_problem(metric, spec) or slo_unmeetable(metric, spec)
+            if problem:
+                raise smap.error(base + (metric,), f"slos: {problem}", obj=what.removesuffix(": ") or None)
 
 
 def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
@@ -928,19 +1100,45 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
     from chaosbench.registry import FRAMEWORKS, INJECTORS, WORKLOADS
 
     for fw in suite.matrix.all_frameworks():
-        wl = WORKLOADS.get(suite.workload_for(fw).name)
+        spec = suite.workload_for(fw)
+        wl = WORKLOADS.get(spec.name)
+        steps = getattr(wl.Options.model_validate(spec.options), "steps", None)
         for name in sorted({n for names, _ in suite.matrix.cells(fw) for n in names}):
             fault = suite.faults[name]
             inj = INJECTORS.get(fault.injector)
-            problem = inj.check_workload(wl, inj.Params.model_validate(fault.params))
+            params = inj.Params.model_validate(fault.params)
+            problem = inj.check_workload(wl, params)
             if problem is not None:
                 raise smap.error(("faults", name, "injector"), f"{problem} (framework '{fw}')", obj=f"fault '{name}'")
+            never = _never_fires(fault.trigger, params, steps, suite.defaults.deadline_s)
+            if never is not None:
+                raise smap.error(("faults", name) + never[0], f"{never[1]}; this fault can never fire "
+                                 f"(framework '{fw}')", obj=f"fault '{name}'")  # fmt: skip
             role = fault.target.role
             roles = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).roles
             if role is not None and role not in roles:
                 raise smap.error(("faults", name, "target", "role"), f"framework '{fw}' has no {role} (its roles: "
                                  f"{', '.join(sorted(roles)) or 'none'}); run it under the frameworks that have one "
                                  "(matrix.include)", obj=f"fault '{name}'")  # fmt: skip
+
+
+def _never_fires(trigger: Trigger | None, params: BaseModel, steps: int | None,
+                 deadline_s: float) -> tuple[Path_, str] | None:  # fmt: skip
+    """Where and why a fault's trigger (or a planted fault's ``at_step``) lies beyond what its run can reach:
+    a step after the workload's last (``steps``, when it has one), or a time after the run's deadline."""
+    at: list[tuple[Path_, str, int | None]] = [(("params", "at_step"), "at_step", getattr(params, "at_step", None))]
+    if trigger is not None:
+        at += [(("trigger", "at_step"), "at_step", trigger.at_step),
+               (("trigger", "every_steps"), "every_steps", trigger.every_steps),
+               (("trigger", "on_event", "step"), "on_event.step", trigger.on_event.step if trigger.on_event else None)]  # fmt: skip
+        for key in ("after_s", "delay_s"):
+            value = getattr(trigger, key)
+            if value is not None and value >= deadline_s:
+                return ("trigger", key), f"{key} {value:g}: the run's deadline is {deadline_s:g} s"
+    for path, key, step in at:
+        if steps is not None and isinstance(step, int) and step > steps:
+            return path, f"{key} {step}: the workload runs {steps} steps"
+    return None
 
 
 def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:

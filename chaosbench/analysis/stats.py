@@ -12,9 +12,20 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats as scipy_stats
+
+if TYPE_CHECKING:
+    from scipy import stats as scipy_stats
+
+
+@functools.cache
+def _scipy_stats() -> Any:
+    """scipy.stats, imported on first use: loading a suite (which names metrics) need not pay its 1.5 s."""
+    from scipy import stats
+
+    return stats
 
 
 @dataclass(frozen=True)
@@ -49,7 +60,7 @@ def median_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2
     med = statistics.median(vals)
     if len(vals) < 2:
         return Estimate(med, None, None, 1, confidence)
-    res = scipy_stats.bootstrap((np.asarray(vals),), np.median, n_resamples=n_boot, confidence_level=confidence,
+    res = _scipy_stats().bootstrap((np.asarray(vals),), np.median, n_resamples=n_boot, confidence_level=confidence,
                                 method="percentile", vectorized=True, rng=np.random.default_rng(seed))  # fmt: skip
     ci = res.confidence_interval
     return Estimate(med, float(ci.low), float(ci.high), len(vals), confidence)
@@ -61,7 +72,7 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float | No
     ``n <= 0``. ValueError when ``successes`` is outside ``[0, n]``."""
     if n <= 0:
         return None, None, None
-    ci = scipy_stats.binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    ci = _scipy_stats().binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
     return successes / n, float(ci.low), float(ci.high)
 
 
@@ -112,9 +123,9 @@ def mann_whitney(a: Sequence[float], b: Sequence[float], exact_limit: int = 20) 
     elif small and min(n1, n2) == 1:
         return _one_observation_test(xs, ys)
     elif small:
-        method = scipy_stats.PermutationMethod(n_resamples=np.inf)
-    greater = scipy_stats.mannwhitneyu(xs, ys, alternative="greater", method=method)
-    less = scipy_stats.mannwhitneyu(xs, ys, alternative="less", method=method)
+        method = _scipy_stats().PermutationMethod(n_resamples=np.inf)
+    greater = _scipy_stats().mannwhitneyu(xs, ys, alternative="greater", method=method)
+    less = _scipy_stats().mannwhitneyu(xs, ys, alternative="less", method=method)
     pg, pl = float(greater.pvalue), float(less.pvalue)
     return RankTest(float(greater.statistic), pg, pl, min(1.0, 2 * min(pg, pl)), method != "asymptotic")
 
@@ -127,8 +138,8 @@ def _exact_no_ties(n1: int, n2: int, u: float, xs: tuple[float, ...], ys: tuple[
     samples of these sizes with this U have these p-values (the exact null distribution of U)."""
     key = (n1, n2, u)
     if key not in _exact_cache:
-        greater = scipy_stats.mannwhitneyu(xs, ys, alternative="greater", method="exact")
-        less = scipy_stats.mannwhitneyu(xs, ys, alternative="less", method="exact")
+        greater = _scipy_stats().mannwhitneyu(xs, ys, alternative="greater", method="exact")
+        less = _scipy_stats().mannwhitneyu(xs, ys, alternative="less", method="exact")
         assert float(greater.statistic) == u
         _exact_cache[key] = (float(greater.pvalue), float(less.pvalue))
     return _exact_cache[key]
@@ -139,7 +150,7 @@ def _one_observation_test(xs: list[float], ys: list[float]) -> RankTest:
     per sample): each split sets one of the pooled values apart, so U is that value's mid-rank among the pooled
     values (``scipy.stats.rankdata``) minus one when it is ``xs``'s, ``len(xs)`` minus that when it is
     ``ys``'s."""
-    ranks = scipy_stats.rankdata(xs + ys)
+    ranks = _scipy_stats().rankdata(xs + ys)
     u_null = ranks - 1 if len(xs) == 1 else len(xs) - (ranks - 1)
     u = float(u_null[0] if len(xs) == 1 else u_null[-1])
     pg, pl = float(np.mean(u_null >= u)), float(np.mean(u_null <= u))
@@ -174,7 +185,7 @@ def median_difference_ci(a: Sequence[float], b: Sequence[float], confidence: flo
     def stat(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.median(x, axis=axis) - np.median(y, axis=axis)
 
-    res = scipy_stats.bootstrap((np.asarray(xs), np.asarray(ys)), stat, n_resamples=n_boot, paired=False,
+    res = _scipy_stats().bootstrap((np.asarray(xs), np.asarray(ys)), stat, n_resamples=n_boot, paired=False,
                                 confidence_level=confidence, method="percentile", vectorized=True,
                                 rng=np.random.default_rng(seed))  # fmt: skip
     ci = res.confidence_interval
@@ -201,10 +212,10 @@ def fisher_worse(good_a: int, n_a: int, good_b: int, n_b: int) -> ShareTest:
     if n_a <= 0 or n_b <= 0 or not (0 <= good_a <= n_a and 0 <= good_b <= n_b):
         raise ValueError(f"bad counts {good_a}/{n_a}, {good_b}/{n_b}")
     table = [[good_a, n_a - good_a], [good_b, n_b - good_b]]
-    p = float(scipy_stats.fisher_exact(table, alternative="greater").pvalue)
+    p = float(_scipy_stats().fisher_exact(table, alternative="greater").pvalue)
     pooled = good_a + good_b
     # the most extreme table with these margins: A holds as many of the good runs as it can
-    p_min = float(scipy_stats.hypergeom.pmf(min(n_a, pooled), n_a + n_b, pooled, n_a))
+    p_min = float(_scipy_stats().hypergeom.pmf(min(n_a, pooled), n_a + n_b, pooled, n_a))
     return ShareTest(min(1.0, p), min(1.0, p_min))
 
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import MissingEngine, Unsupported
 from chaosbench.frameworks.base import (
     Framework,
     JobContext,
@@ -50,7 +50,7 @@ from chaosbench.frameworks.base import (
 )
 from chaosbench.frameworks.none import describe_exit
 from chaosbench.injectors.base import Role
-from chaosbench.runtimes.base import NodeControl, ProcessSpec, ProcHandle
+from chaosbench.runtimes.base import NodeControl, ProcessSpec, ProcHandle, Runtime
 from chaosbench.timeline import Event, TimelineWriter
 
 #: The port every replica listens on inside its own container (container nodes each have their own address).
@@ -222,6 +222,18 @@ class BalancerFramework(Framework):
         "load": Role("the locust load process", proc_role="load"),
     }
 
+    @classmethod
+    def missing_engine(cls, options: BaseModel, runtime: type[Runtime]) -> str | None:
+        import importlib.util
+
+        missing = [p for p in ("locust", "uvicorn", "starlette") if importlib.util.find_spec(p) is None]
+        if missing:
+            return f"balancer needs {', '.join(missing)}: pip install 'chaosbench[serve]'"
+        haproxy = getattr(options, "haproxy", "haproxy")
+        if not issubclass(runtime, NodeControl) and shutil.which(haproxy) is None:
+            return f"balancer needs haproxy: '{haproxy}' not found (apt-get install -y haproxy)"
+        return None
+
     # -- planning
     def _serve(self, job: JobContext) -> Any:
         if not job.workload.serves:
@@ -246,7 +258,7 @@ class BalancerFramework(Framework):
         serve = self._serve(job)
         containers = self._containers(job)
         if not containers and shutil.which(o.haproxy) is None:
-            raise ChaosbenchError(f"balancer adapter: '{o.haproxy}' not found (apt-get install -y haproxy)")
+            raise MissingEngine(f"balancer needs haproxy: '{o.haproxy}' not found (apt-get install -y haproxy)")
         ports = [CONTAINER_REPLICA_PORT + r % job.ranks_per_node if containers else job.runtime.free_port()
                  for r in range(job.ranks)]
         # container nodes: the balancer and the load share a node of their own beyond the replicas' (started on

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import Unsupported
 from chaosbench.frameworks.agent import TORCHRUN_PATTERNS, TORCHRUN_SHUTDOWN_GRACE_S, agent_argv
 from chaosbench.frameworks.base import (
     Framework,
@@ -219,7 +219,7 @@ class TorchftFramework(Framework):
             )
         groups = declared or job.nodes
         if job.ranks % groups:
-            raise ChaosbenchError(f"torchft: ranks ({job.ranks}) must be a multiple of replica groups ({groups})")
+            raise Unsupported(f"torchft: ranks ({job.ranks}) must be a multiple of replica groups ({groups})")
         return groups
 
     def plan(self, job: JobContext) -> LaunchPlan:

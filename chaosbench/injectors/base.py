@@ -187,6 +187,13 @@ class Injector(ABC):
         return node_control_problem(runtime, cls.name) if cls.needs_node_control else None
 
     @classmethod
+    def missing_engine(cls) -> str | None:
+        """What this fault needs on this machine that is not there (an engine, a tool, a package), naming what
+        to install; None when nothing is missing. Asked before a suite runs and in ``--dry-run`` (a warning: the
+        suite may be meant for another machine); a run of it fails with the same reason and the suite goes on."""
+        return None
+
+    @classmethod
     def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
         """A problem with firing this fault, with these ``params``, in ``workload`` (it cannot be planted there),
         or None. Asked when the suite loads."""

@@ -98,6 +98,12 @@ class Runtime(ABC):
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
+    @classmethod
+    def missing_engine(cls) -> str | None:
+        """What this runtime needs on this machine and lacks (a client, a package), naming what to install; None
+        when nothing is missing. Looked up without contacting any engine (a dry-run answers at once)."""
+        return None
+
     def __init__(self, run: RunInfo, options: BaseModel | None = None) -> None:
         self.run = run
         self.options = options

@@ -49,6 +49,37 @@ def test_faults_lists_injectors_with_params(capsys) -> None:
     assert "hang:" in out and "duration_s" in out
 
 
+def test_faults_lists_definitions_with_where_each_came_from(tmp_path: Path, capsys, monkeypatch) -> None:
+    from chaosbench.specs import fault_library
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chaos" / "faults").mkdir(parents=True)
+    (tmp_path / "chaos" / "faults" / "kill-rank.yaml").write_text("injector: kill\n")
+    (tmp_path / "chaos" / "faults" / "mine.yaml").write_text("injector: hang\n")
+    (tmp_path / "chaos" / "ci.yaml").write_text("name: x\n")
+    assert main(["faults", "chaos/ci.yaml"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    own = tmp_path / "chaos" / "faults"
+    assert f"  kill-rank: {own / 'kill-rank.yaml'} (the suite's own; overrides the one shipped with chaosbench)" in lines
+    assert f"  mine: {own / 'mine.yaml'} (the suite's own)" in lines
+    assert f"  sdc: {fault_library()['sdc']} (shipped with chaosbench)" in lines
+    assert main(["faults", "chaos/nope.yaml"]) == 2
+    assert capsys.readouterr().err == "chaosbench: error: chaos/nope.yaml: no such suite file\n"
+
+
+def test_init_writes_a_starter_suite_and_a_ci_job_that_load(tmp_path: Path, capsys, monkeypatch) -> None:
+    from chaosbench.specs import load_suite
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["init"]) == 0
+    assert capsys.readouterr().out == "wrote chaos/ci.yaml\nwrote .github/workflows/chaos.yml\n"
+    suite = load_suite("chaos/ci.yaml")  # its `use:` names resolve from the shipped library
+    assert (suite.name, suite.run_count(), suite.faults["kill-rank1"].injector) == ("ci", 5, "kill")
+    assert "chaosbench run chaos/ci.yaml" in (tmp_path / ".github" / "workflows" / "chaos.yml").read_text()
+    assert main(["init"]) == 2  # nothing is overwritten
+    assert capsys.readouterr().err == "chaosbench: error: chaos/ci.yaml: already exists; chaosbench init overwrites nothing\n"
+
+
 def test_report_of_nothing_is_an_error(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 1
     assert "no chaosbench results found" in capsys.readouterr().err
@@ -71,3 +102,13 @@ def test_suite_schema_file_is_fresh() -> None:
     assert shipped == json.loads(json.dumps(suite_schema(), sort_keys=True))
     assert set(shipped["properties"]) == {"name", "description", "seed", "control", "defaults", "frameworks",
                                           "faults", "matrix", "projection", "slos", "keep_checkpoints"}  # fmt: skip
+
+
+def test_a_framework_that_cannot_run_the_workload_is_refused_with_its_line(tmp_path: Path, capsys) -> None:
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: ft\ndefaults: {workload: {name: ddp-mlp, ranks: 2, steps: 10}}\n"
+                     "frameworks:\n  torchft: {}\nmatrix: {frameworks: [torchft]}\n")  # fmt: skip
+    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"chaosbench: error: {suite}:4: framework 'torchft': torchft adapter: workload 'ddp-mlp' does not train "
+        "through torchft's Manager (use ft-mlp, or a command workload whose script does)")

@@ -38,6 +38,53 @@ def test_limits_count_runs_without_building_them() -> None:
     assert n == 2 * (1 + 100_000_000) and len(over) == 2 and f"limit {MAX_RUNS}" in over[0]
 
 
+SIZED = """
+name: sized
+defaults:
+  deadline_s: 60
+  workload: {name: ddp-mlp, ranks: %d, nodes: %d, steps: %d}
+matrix: {frameworks: [restart]}
+"""
+
+
+def test_limits_cover_the_size_of_a_run_ranks_nodes_and_steps() -> None:
+    assert suite_limits(make_suite(SIZED % (4096, 1024, 1_000_000)))[2] == []
+    t = time.monotonic()
+    over = suite_limits(make_suite(SIZED % (10**12, 1, 60)))[2]
+    assert time.monotonic() - t < 1.0
+    assert over == ["defaults.workload: 1000000000000 ranks a run (limit 4096)"]
+    assert suite_limits(make_suite(SIZED % (2048, 2048, 60)))[2] == ["defaults.workload: 2048 nodes a run (limit 1024)"]
+    assert suite_limits(make_suite(SIZED % (2, 1, 10**7)))[2] == ["defaults.workload: 10000000 steps a run (limit 1000000)"]
+    own = make_suite(SIZED % (2, 1, 60) + "frameworks: {restart: {workload: {ranks: 8192}}}\n")
+    assert suite_limits(own)[2] == ["framework 'restart' workload: 8192 ranks a run (limit 4096)"]
+
+
+def test_a_world_of_a_trillion_ranks_is_refused_at_once(tmp_path: Path, capsys) -> None:
+    suite = tmp_path / "ranks.yaml"
+    suite.write_text(SIZED % (10**12, 1, 60))
+    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 2  # no plan per rank is built
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"chaosbench: error: {suite}: suite 'sized' is too large: defaults.workload: 1000000000000 ranks a run "
+        "(limit 4096) (check matrix.repeats, defaults.deadline_s and the workloads' ranks, nodes and steps); pass "
+        "--yes to run it anyway")
+
+
+def test_dry_run_warns_when_a_runs_own_numbers_cannot_finish_before_its_deadline(tmp_path: Path, capsys) -> None:
+    suite = tmp_path / "slow.yaml"
+    suite.write_text("name: slow\ndefaults:\n  deadline_s: 60\n  workload: {name: ddp-mlp, ranks: 2, steps: 30, "
+                     "step_sleep_s: 3, pg_timeout_s: 1.0e+18}\nmatrix: {frameworks: [none]}\n")
+    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    captured = capsys.readouterr()
+    want = ["30 steps x step_sleep_s 3 s = 90 s: a run cannot finish before its deadline of 60 s",
+            "workload_pg_timeout_s (1e+18 s) is longer than the run's deadline (60 s): a wait on it ends only at the "
+            "deadline"]  # fmt: skip
+    assert json.loads(captured.out)["timeout_problems"] == {"none": want}
+    assert [f"  warning: none: {w}" for w in want] == [ln for ln in captured.err.splitlines() if "warning" in ln]
+    suite.write_text(suite.read_text().replace("step_sleep_s: 3, pg_timeout_s: 1.0e+18", "step_sleep_s: 1, pg_timeout_s: 10"))
+    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    assert json.loads(capsys.readouterr().out)["timeout_problems"] == {"none": []}
+
+
 def test_a_typo_sized_suite_is_refused_in_a_dry_run_too(tmp_path: Path, capsys) -> None:
     suite = tmp_path / "huge.yaml"
     suite.write_text(SUITE % 100_000_000)
@@ -166,3 +213,19 @@ def test_slurm_slots_give_each_run_nodes_of_its_own(monkeypatch: pytest.MonkeyPa
     assert slots == [{"exclude": ["n5", "n2"]}, {"exclude": ["n5", "n1", "n3"]}]  # n4 is down: in no group
     with pytest.raises(Unsupported, match="2 concurrent runs of 2 node\\(s\\) each need 4 usable nodes"):
         SlurmRuntime.concurrent_slots({"exclude": ["n5"]}, 2, 2)
+
+
+def test_the_pytest_plugin_keeps_the_same_size_guard(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    suite = tmp_path / "ranks.yaml"
+    suite.write_text(SIZED % (10**12, 1, 60))
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "--chaos-suite", str(suite)]
+    t = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's chaosbench, whatever is installed
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t < 60 and out.returncode == 4  # pytest's usage error, at collection
+    assert (f"ERROR: {suite}: suite 'sized' is too large: defaults.workload: 1000000000000 ranks a run (limit 4096); "
+            "pass --chaos-yes to collect it anyway") in out.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chaosbench.errors import SpecError
-from chaosbench.specs import load_suite
+from chaosbench.specs import fault_definitions, fault_library, load_suite
 from tests.conftest import ROOT, make_suite
 
 GOOD = """\
@@ -125,7 +125,7 @@ def test_fault_definitions_from_faults_folder(tmp_path, monkeypatch) -> None:
     )
     suite_file = tmp_path / "suites" / "s.yaml"
     suite_file.write_text(
-        "name: s\nfaults:\n  h: {use: stop, params: {duration_s: 9}}\n  k: {use: kill-rank}\n"
+        "name: s\nfaults:\n  h: {use: stop, params: {duration_s: 9}}\n  k: {use: kill-rnk}\n"
         "matrix: {frameworks: [none], faults: [h]}\n"
     )
     msg = ""
@@ -133,14 +133,61 @@ def test_fault_definitions_from_faults_folder(tmp_path, monkeypatch) -> None:
         load_suite(suite_file)
     except SpecError as exc:
         msg = str(exc)
-    assert msg.startswith(f"{suite_file}:4: fault 'k': no fault definition 'kill-rank' (known: stop)")
-    suite_file.write_text(suite_file.read_text().replace("  k: {use: kill-rank}\n", ""))
+    known = ", ".join(sorted({*fault_library(), "stop"}))  # the suite's own, then the shipped library
+    assert msg == f"{suite_file}:4: fault 'k': no fault definition 'kill-rnk' (known: {known})"
+    suite_file.write_text(suite_file.read_text().replace("  k: {use: kill-rnk}\n", ""))
     fault = load_suite(suite_file).faults["h"]
     assert fault.injector == "hang" and fault.target.rank == 0 and fault.trigger.at_step == 3
     assert fault.params == {"duration_s": 9}  # overridden beside `use`
     (tmp_path / "faults" / "stop.yaml").write_text("injector: hang\ntrigger: {at_stp: 3}\n")
     with pytest.raises(SpecError, match=r"stop\.yaml:2: fault definition 'stop': trigger\.at_stp"):
         load_suite(suite_file)
+
+
+SHIPPED_USE = "name: u\nfaults:\n  k: {use: kill-rank, target: {rank: 1}}\nmatrix: {frameworks: [none], faults: [k]}\n"
+
+
+def test_the_fault_library_ships_in_the_package_and_is_the_repositorys_faults_folder() -> None:
+    lib = fault_library()
+    assert sorted(lib) == sorted(p.stem for p in (ROOT / "faults").glob("*.yaml"))
+    assert all(lib[n].read_bytes() == (ROOT / "faults" / f"{n}.yaml").read_bytes() for n in lib)
+
+
+def test_use_finds_the_shipped_library_wherever_the_suite_lives(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # neither the suite's folders nor ./faults have a faults/ folder
+    suite_file = tmp_path / "chaos" / "ci.yaml"
+    suite_file.parent.mkdir()
+    suite_file.write_text(SHIPPED_USE)
+    fault = load_suite(suite_file).faults["k"]
+    assert (fault.injector, fault.params, fault.target.rank, fault.trigger.at_step) == ("kill", {"signal": "SIGKILL"}, 1, 25)
+    d = fault_definitions(str(suite_file))["kill-rank"]
+    assert d.builtin and d.file == fault_library()["kill-rank"] and d.shadows is None
+
+
+def test_a_suites_own_definition_wins_over_the_shipped_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    suite_file = tmp_path / "chaos" / "ci.yaml"
+    (tmp_path / "chaos" / "faults").mkdir(parents=True)
+    own = tmp_path / "chaos" / "faults" / "kill-rank.yaml"
+    own.write_text("injector: kill\ntrigger: {at_step: 7}\nparams: {signal: SIGTERM}\n")
+    suite_file.write_text(SHIPPED_USE)
+    fault = load_suite(suite_file).faults["k"]
+    assert (fault.params, fault.trigger.at_step) == ({"signal": "SIGTERM"}, 7)
+    d = fault_definitions(str(suite_file))["kill-rank"]
+    assert (d.file, d.builtin, d.shadows) == (own, False, fault_library()["kill-rank"])
+
+
+def test_the_repositorys_suites_resolve_use_from_its_own_faults_folder() -> None:
+    d = fault_definitions(str(ROOT / "suites" / "ci.yaml"))
+    assert d["kill-rank"].file == ROOT / "faults" / "kill-rank.yaml"
+    assert d["kill-rank"].builtin and d["kill-rank"].shadows is None  # the same file as the shipped one
+
+
+def test_a_use_name_too_long_for_a_file_is_a_clean_error() -> None:
+    name = "k" * 5000
+    with pytest.raises(SpecError) as exc:
+        make_suite(f"name: u\nfaults:\n  k:\n    use: {name}\nmatrix: {{frameworks: [none], faults: [k]}}\n", "s.yaml")
+    assert str(exc.value) == "s.yaml:4: fault 'k': use: a fault definition's name has at most 200 characters (this one 5000)"
 
 
 def test_shipped_fault_definitions_are_valid() -> None:
@@ -222,3 +269,96 @@ def test_framework_runtime_options_and_strategy() -> None:
     bad = "name: t\ndefaults: {runtime: docker}\nframeworks:\n  restart: {runtime_options: {spare_nodez: 1}}\n"
     assert "framework 'restart'" in _error(bad + "matrix: {frameworks: [restart]}\n")
     assert "strategy" in _error("name: t\nframeworks:\n  restart: {strategy: pray}\nmatrix: {frameworks: [restart]}\n")
+
+
+TYPED = """\
+name: t
+defaults:
+  deadline_s: 60
+  workload: {name: ddp-mlp, ranks: 2, steps: 30, pg_timeout_s: 10}
+frameworks:
+  restart: {max_restarts: 2}
+faults:
+  k: {injector: kill, target: 1, trigger: {at_step: 5}}
+slos: {detected: true}
+matrix: {frameworks: [restart], faults: [k], repeats: 1}
+"""
+_NOT_A_DIR = "is not usable as a directory name (give letters, digits, '.', '_', '-', starting with a letter or digit, at most 100 characters)"
+
+
+@pytest.mark.parametrize(
+    ("given", "wrong", "error"),
+    [
+        ("steps: 30", "steps: true", "s.yaml:4: workload 'ddp-mlp': steps: Input should be a valid integer (got True)"),
+        ("max_restarts: 2", "max_restarts: 1.0e+12",
+         "s.yaml:6: framework 'restart': max_restarts: Input should be a valid integer (got 1000000000000.0)"),
+        ("at_step: 5", "at_step: 5.0", "s.yaml:8: fault 'k': trigger.at_step: Input should be a valid integer (got 5.0)"),
+        ("repeats: 1", "repeats: true", "s.yaml:10: matrix: repeats: Input should be a valid integer (got True)"),
+        ("ranks: 2", "ranks: 2.0", "s.yaml:4: defaults: workload.ranks: Input should be a valid integer (got 2.0)"),
+        ("pg_timeout_s: 10", "pg_timeout_s: true",
+         "s.yaml:4: workload 'ddp-mlp': pg_timeout_s: Input should be a valid number (got True)"),
+        ("deadline_s: 60", "deadline_s: true", "s.yaml:3: defaults: deadline_s: Input should be a valid number (got True)"),
+        ("name: t\n", "name: t\ncontrol: 1\n", "s.yaml:2: control: Input should be a valid boolean (got 1)"),
+        ("detected: true", "detected: ''", "s.yaml:9: slos: detected is true or false: give true or false (got '')"),
+        ("detected: true", "detected: 1", "s.yaml:9: slos: detected is true or false: give true or false (got 1.0)"),
+        ("{detected: true}", "{time_to_resume_s: true}",
+         "s.yaml:9: slos: time_to_resume_s is a number: give a number or a bound such as {max: 30} (got True)"),
+        ("{detected: true}", "{outcome: ''}",
+         "s.yaml:9: slos: outcome is a text: give a non-empty value such as recovered (got '')"),
+        ("  k: {injector: kill, target: 1, trigger: {at_step: 5}}\n",
+         "  k: {injector: kill, target: 1, trigger: {at_step: 5}, slos: {fidelity: ''}}\n",
+         "s.yaml:8: fault 'k': slos: fidelity is a text: give a non-empty value such as exact (got '')"),
+        ("name: t", "name: ''", f"s.yaml:1: name: '' {_NOT_A_DIR}"),
+        ("name: t", "name: ../up", f"s.yaml:1: name: '../up' {_NOT_A_DIR}"),
+        ("name: t", "name: a b", f"s.yaml:1: name: 'a b' {_NOT_A_DIR}"),
+        ("  k: {inj", "  '': {inj", "s.yaml:7: faults: '' is not a name (give a non-empty name)"),
+    ],
+)
+def test_types_mean_what_they_say(given: str, wrong: str, error: str) -> None:
+    """A boolean is not a number, a float not an integer, an empty text not a name or a boolean."""
+    assert make_suite(TYPED, "s.yaml").name == "t"  # an integer is a fine float (deadline_s: 60)
+    assert given in TYPED
+    with pytest.raises(SpecError) as exc:
+        make_suite(TYPED.replace(given, wrong), "s.yaml")
+    assert str(exc.value) == error
+
+
+@pytest.mark.parametrize(
+    ("given", "wrong", "error"),
+    [
+        ("at_step: 5", "at_step: 1000000000000000000", "s.yaml:8: fault 'k': at_step 1000000000000000000: the "
+         "workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("at_step: 5", "at_step: 31",
+         "s.yaml:8: fault 'k': at_step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {every_steps: 40}", "s.yaml:8: fault 'k': every_steps 40: the workload "
+         "runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {on_event: {kind: ckpt_save_begin, step: 31}}", "s.yaml:8: fault 'k': "
+         "on_event.step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {after_s: 60}", "s.yaml:8: fault 'k': after_s 60: the run's deadline is "
+         "60 s; this fault can never fire (framework 'restart')"),
+        ("trigger: {at_step: 5}", "trigger: {at_step: 5, delay_s: 100}", "s.yaml:8: fault 'k': delay_s 100: the "
+         "run's deadline is 60 s; this fault can never fire (framework 'restart')"),
+        ("{injector: kill, target: 1, trigger: {at_step: 5}}", "{injector: abort, target: 1, params: {at_step: 99}}",
+         "s.yaml:8: fault 'k': at_step 99: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
+        ("{detected: true}", "{time_to_resume_s: -1}",
+         "s.yaml:9: slos: time_to_resume_s -1.0: time_to_resume_s is never negative; no run can meet it"),
+        ("{detected: true}", "{time_to_resume_s: {max: -1}}",
+         "s.yaml:9: slos: time_to_resume_s {'max': -1.0}: time_to_resume_s is never negative; no run can meet it"),
+        ("{detected: true}", "{lost_steps: {min: 5, max: 3}}",
+         "s.yaml:9: slos: lost_steps {'max': 3.0, 'min': 5.0}: min is above max; no run can meet it"),
+        ("{detected: true}", "{goodput: {min: 1.5}}",
+         "s.yaml:9: slos: goodput {'min': 1.5}: goodput is a share, at most 1; no run can meet it"),
+    ],
+)
+def test_what_can_never_happen_is_refused_with_its_line(given: str, wrong: str, error: str) -> None:
+    assert given in TYPED
+    with pytest.raises(SpecError) as exc:
+        make_suite(TYPED.replace(given, wrong), "s.yaml")
+    assert str(exc.value) == error
+
+
+def test_what_can_happen_is_accepted() -> None:
+    for given, edge in [("at_step: 5", "at_step: 30"), ("{detected: true}", "{extra_wall_s: {max: -1}}"),
+                        ("{detected: true}", "{time_to_resume_s: {min: 0, max: 0}}"),
+                        ("trigger: {at_step: 5}", "trigger: {after_s: 59}")]:  # fmt: skip
+        assert make_suite(TYPED.replace(given, edge), "s.yaml").name == "t"

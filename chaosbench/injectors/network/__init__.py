@@ -50,11 +50,18 @@ NO_QDISC = re.compile(r"Specified qdisc kind is unknown|Unknown qdisc|No such fi
 Direction = Literal["egress", "ingress", "both"]
 
 
-def check_tools() -> None:
+def missing_tools() -> str | None:
+    """Which host tools network faults need are missing, with the packages to install; None: none."""
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
-        raise MissingEngine(f"network faults need {', '.join(missing)} on the host (apt-get install iproute2 "
-                            "iptables util-linux)")  # fmt: skip
+        return f"network faults need {', '.join(missing)} on the host (apt-get install iproute2 iptables util-linux)"
+    return None
+
+
+def check_tools() -> None:
+    missing = missing_tools()
+    if missing:
+        raise MissingEngine(missing)
 
 
 def nsexec(rt: NodeControl, node: str, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -94,6 +101,10 @@ class _NetInjector(Injector):
 
     def prepare(self, setup: RunSetup) -> None:
         check_tools()
+
+    @classmethod
+    def missing_engine(cls) -> str | None:
+        return missing_tools()
 
     def _add_rule(self, ctx: FaultContext, rt: NodeControl, node: str, chain: str, spec: list[str]) -> None:
         nsexec(rt, node, ["iptables", "-w", "5", "-A", chain, *spec])

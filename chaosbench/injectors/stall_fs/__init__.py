@@ -457,6 +457,11 @@ class StallFsInjector(Injector):
     needs_process: ClassVar[bool] = False
     Params = StallFsParams  # type: ignore[assignment]
 
+    @classmethod
+    def missing_engine(cls) -> str | None:
+        why = fuse_available()
+        return None if why is None else f"stall-fs needs FUSE: {why}"
+
     def __init__(self, fault_name: str, params: BaseModel) -> None:
         super().__init__(fault_name, params)
         self.mount: FuseMount | None = None

@@ -243,6 +243,16 @@ class DockerRuntime(Runtime):
     name: ClassVar[str] = "docker"
 
     @classmethod
+    def missing_engine(cls) -> str | None:
+        import importlib.util
+
+        if importlib.util.find_spec("docker") is None:
+            return "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"
+        if shutil.which("dockerd") is None and shutil.which("docker") is None:
+            return "the docker runtime needs a Docker engine: scripts/docker-up (apt-get install docker.io)"
+        return None
+
+    @classmethod
     def concurrent_slots(cls, options: dict[str, Any], jobs: int, nodes: int) -> list[dict[str, Any]]:
         """Each concurrent run on CPUs of its own (``cpuset``: the harness's CPUs split in ``jobs`` contiguous
         parts) and, as every run, its own internal network. Refused when there are fewer CPUs than runs or the

@@ -69,6 +69,7 @@ import contextlib
 import ipaddress
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -206,6 +207,14 @@ class SlurmRuntime(Runtime):
     """Processes are jobs of an existing Slurm cluster (see the module docstring)."""
 
     name: ClassVar[str] = "slurm"
+
+    @classmethod
+    def missing_engine(cls) -> str | None:
+        missing = [c for c in ("sbatch", "srun", "squeue", "scontrol") if shutil.which(c) is None]
+        if missing:
+            return (f"the slurm runtime needs the Slurm client commands ({', '.join(missing)} not found; apt-get "
+                    "install slurm-client, or scripts/slurm-local up)")  # fmt: skip
+        return None
 
     Options = SlurmOptions  # type: ignore[assignment]
     #: Option values used when the runner passes no options (variants registered under other names).
