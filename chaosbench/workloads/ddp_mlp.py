@@ -73,6 +73,7 @@ BUGS = {
     "forget-rng": "the RNG state is not restored on resume (dropout masks differ afterwards)",
     "forget-data-position": "the data position restarts at the first batch on resume",
     "non-atomic-ckpt": "COMPLETE is written before the shards, so a torn save looks complete",
+    "forget-optimizer": "the optimizer state (momentum, learning rate) is not restored on resume",
 }
 
 
@@ -86,7 +87,7 @@ class DdpMlpOptions(TrainingOptions):
     load_fallback: bool = Field(
         default=False, description="a checkpoint that fails to load is skipped for the next older one"
     )
-    bug: Literal["forget-rng", "forget-data-position", "non-atomic-ckpt"] | None = Field(
+    bug: Literal["forget-rng", "forget-data-position", "non-atomic-ckpt", "forget-optimizer"] | None = Field(
         default=None, description="plant a recovery bug (to prove that a gate catches it)"
     )
 
@@ -190,7 +191,8 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
         x = torch.randn(args.batch_size, IN_FEATURES, generator=gen).to(device)
         return x, torch.tanh(x @ teacher)
 
-    ckpts = Checkpoints.for_training(args.ckpt_dir, probe, d, model, optimizer, scheduler)
+    ckpts = Checkpoints.for_training(args.ckpt_dir, probe, d, model, optimizer, scheduler,
+                                     restore_optimizer=args.bug != "forget-optimizer")
     start_step, _ = ckpts.resume(args.seed, fallback=args.load_fallback, restore_rng=args.bug != "forget-rng")
     # batch index = step - data_base (0 unless the forget-data-position bug is planted)
     data_base = start_step if args.bug == "forget-data-position" else 0

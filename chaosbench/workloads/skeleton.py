@@ -392,22 +392,31 @@ class Checkpoints:
     puts a loaded one back into the model, optimizer and scheduler."""
 
     def __init__(self, ckpt_dir: str, probe: Probe, dist: Dist, state: Callable[[int], dict[str, Any]],
-                 apply: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+                 apply: Callable[[dict[str, Any]], None], skip_on_load: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.ckpt_dir = ckpt_dir
         self.probe = probe
         self.dist = dist
         self.state = state
         self.apply = apply
         self.rng_key = f"rng.rank{dist.rank}"
+        #: Keys of ``state`` saved but neither read nor applied on resume (a planted bug: ``("optim",)``).
+        self.skip_on_load = skip_on_load
 
     @classmethod
-    def for_training(cls, ckpt_dir: str, probe: Probe, dist: Dist, model: Any, optimizer: Any, scheduler: Any
-                     ) -> Checkpoints:  # fmt: skip
+    def for_training(cls, ckpt_dir: str, probe: Probe, dist: Dist, model: Any, optimizer: Any, scheduler: Any,
+                     restore_optimizer: bool = True) -> Checkpoints:  # fmt: skip
         """The full resumable state of a model trained with ``optimizer`` and ``scheduler``: their (possibly
         sharded: FSDP2's DTensors, each rank its slice) state dicts, the progress (the data position is the step
         index) and this rank's RNG state under its own key (or DCP would keep one rank's copy of a "replicated"
-        value)."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        value). ``restore_optimizer=False``: the planted ``forget-optimizer`` bug (the optimizer's state is
+        saved but not loaded on resume: a resumed run starts with zero momentum and the optimizer's initial
+        learning rate, the scheduler's step count restored). Not loading is what forgets it: ``dcp.load`` fills
+        the optimizer's own tensors in place, so loading and not applying would still restore its momentum."""
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
         def state(step: int) -> dict[str, Any]:
             msd, osd = get_state_dict(model, optimizer)
@@ -415,10 +424,13 @@ class Checkpoints:
                     "progress": {"step": step, "data_position": step}, ckpts.rng_key: ckpts.rng_state()}  # fmt: skip
 
         def apply(loaded: dict[str, Any]) -> None:
-            set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+            if "optim" in loaded:
+                set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+            else:
+                set_model_state_dict(model, loaded["model"])
             scheduler.load_state_dict(loaded["scheduler"])
 
-        ckpts = cls(ckpt_dir, probe, dist, state, apply)
+        ckpts = cls(ckpt_dir, probe, dist, state, apply, skip_on_load=() if restore_optimizer else ("optim",))
         return ckpts
 
     def rng_state(self) -> dict[str, Any]:
@@ -486,6 +498,8 @@ class Checkpoints:
             try:
                 with self.probe.ckpt_load(step, str(path)):
                     state = self.state(step)
+                    for key in self.skip_on_load:
+                        del state[key]
                     written_by = saved_world_size(path)
                     has_rng = written_by is None or d.rank < written_by
                     if not has_rng:  # this rank did not exist when it was written: no RNG key of its own
