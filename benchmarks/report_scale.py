@@ -158,7 +158,7 @@ def write_events(run_dir: Path, m: RunMetrics) -> None:
         tl.emit("run_start", t_ns=t0, suite=m.suite, scenario=m.scenario, repeat=m.repeat, framework=m.framework)
         tl.emit("proc_start", t_ns=t0 + S // 10, proc="job", pid=100, role="job", node="node0", incarnation=0)
         for rank in (0, 1):
-            tl.emit("rank_start", t_ns=t0 + S // 5, src="rank", rank=rank, world_size=2, node="node0",
+            tl.emit("rank_start", t_ns=t0 + S // 5, src="rank", rank=rank, pid=1000 + rank, world_size=2, node="node0",
                     incarnation=0)  # fmt: skip
         end = (m.wall_s or 20.0) * S
         step, inc, t = 0, 0, S // 2

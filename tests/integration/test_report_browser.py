@@ -85,7 +85,7 @@ def test_report_with_unusable_rows_and_missing_figures_reads_in_a_browser(tmp_pa
         tl.emit("proc_error", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, role="lighthouse", stream="stderr",
                 line=OTLP)  # fmt: skip
         tl.emit("proc_exit", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, returncode=1, role="lighthouse")
-        tl.emit("teardown_begin", t_ns=t0 + 5 * 10**8, reason="job ended")
+        tl.emit("teardown_begin", t_ns=t0 + 5 * 10**8, reason="end")
         tl.emit("run_end", t_ns=t0 + 6 * 10**8, outcome="failed")
     control_events = read_events(control_dir / "events.jsonl")
     control = compute_metrics(control_events, total_steps=30)
