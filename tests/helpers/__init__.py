@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from chaosbench.timeline import Event, read_events
+from chaosbench.timeline import Event, TimelineWriter, read_events
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -292,3 +292,23 @@ class CheckpointingProgram:
             steps = [e["step"] for e in of_kind(events, "step", incarnation=1) if e["rank"] == rank]
             assert steps == list(range(from_step + 1, self.steps + 1))
         assert self.final_digest(events, incarnation=1) == baseline.digest
+
+
+#: The first error line of a TorchFT Lighthouse started in a damaged environment (seen by hand, issue 27).
+OTLP = "ModuleNotFoundError: No module named 'opentelemetry.exporter.otlp.proto.common'"
+
+
+def write_lighthouse_died_control(run_dir: Path, t0: int) -> list[Event]:
+    """A TorchFT control run whose Lighthouse exited 1 at start-up with :data:`OTLP`, written as a timeline into
+    ``run_dir`` (created) from ``t0``; returns its events as read back."""
+    run_dir.mkdir(parents=True)
+    with TimelineWriter(run_dir / "events.jsonl") as tl:
+        tl.emit("run_start", t_ns=t0, suite="broken", scenario="torchft/control", framework="torchft", repeat=0,
+                control=True)  # fmt: skip
+        tl.emit("proc_start", t_ns=t0 + 10**7, proc="lighthouse", pid=4000, role="lighthouse")
+        tl.emit("proc_error", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, role="lighthouse", stream="stderr",
+                line=OTLP)  # fmt: skip
+        tl.emit("proc_exit", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, returncode=1, role="lighthouse")
+        tl.emit("teardown_begin", t_ns=t0 + 5 * 10**8, reason="end")
+        tl.emit("run_end", t_ns=t0 + 6 * 10**8, outcome="failed")
+    return read_events(run_dir / "events.jsonl")

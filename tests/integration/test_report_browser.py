@@ -15,8 +15,9 @@ from browser_support import check_page, non_background_share, pixels_of, require
 from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.results import to_frame
 from chaosbench.report import write_report
-from chaosbench.timeline import TimelineWriter, read_events
+from chaosbench.timeline import read_events
 from tests.conftest import ROOT
+from tests.helpers import OTLP, write_lighthouse_died_control
 
 pytestmark = pytest.mark.integration
 require_chromium()
@@ -24,9 +25,6 @@ require_chromium()
 TIMELINES = ROOT / "tests" / "fixtures" / "timelines"
 #: Real runs' timelines (kept fixtures): one per framework x fault, each a recovered run.
 REAL = ("command_restart_kill", "restart_hang", "torchrun_kill", "torchft_kill_group")
-OTLP = "ModuleNotFoundError: No module named 'opentelemetry.exporter.otlp.proto.common'"
-
-
 def _run_dir(suite_dir: Path, name: str) -> tuple[Path, RunMetrics]:
     """A run directory in the standard layout holding the kept timeline ``name``, and its metrics."""
     src = TIMELINES / f"{name}.jsonl"
@@ -76,18 +74,7 @@ def test_report_with_unusable_rows_and_missing_figures_reads_in_a_browser(tmp_pa
     without a directory and one whose directory has no timeline: their figures are missing, with the reason."""
     suite_dir = tmp_path / "broken"
     control_dir = suite_dir / "torchft" / "control" / "0"
-    control_dir.mkdir(parents=True)
-    t0 = 1_800_000_000_000_000_000
-    with TimelineWriter(control_dir / "events.jsonl") as tl:
-        tl.emit("run_start", t_ns=t0, suite="broken", scenario="torchft/control", framework="torchft", repeat=0,
-                control=True)  # fmt: skip
-        tl.emit("proc_start", t_ns=t0 + 10**7, proc="lighthouse", pid=4000, role="lighthouse")
-        tl.emit("proc_error", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, role="lighthouse", stream="stderr",
-                line=OTLP)  # fmt: skip
-        tl.emit("proc_exit", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, returncode=1, role="lighthouse")
-        tl.emit("teardown_begin", t_ns=t0 + 5 * 10**8, reason="end")
-        tl.emit("run_end", t_ns=t0 + 6 * 10**8, outcome="failed")
-    control_events = read_events(control_dir / "events.jsonl")
+    control_events = write_lighthouse_died_control(control_dir, 1_800_000_000_000_000_000)
     control = compute_metrics(control_events, total_steps=30)
     control.run_dir = str(control_dir)
     fault_dir, _ = _run_dir(suite_dir, "torchft_kill_group")

@@ -16,12 +16,10 @@ from chaosbench.report.html import _colour, _TimeScale
 from chaosbench.rundir import dirname
 from chaosbench.timeline import Event, TimelineWriter, read_events
 from tests.conftest import ROOT
+from tests.helpers import OTLP, write_lighthouse_died_control
 
 TIMELINES = ROOT / "tests" / "fixtures" / "timelines"
 T0 = 1_800_000_000_000_000_000
-OTLP = "ModuleNotFoundError: No module named 'opentelemetry.exporter.otlp.proto.common'"
-
-
 def _run(suite_dir: Path, events: list[Event], repeat: int = 0) -> RunMetrics:
     """The run of ``events`` in the standard layout (``<scenario dir>/<repeat>/events.jsonl``), and its metrics."""
     m = compute_metrics(events)
@@ -51,17 +49,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     metrics += [_run(suite_dir, _kept(n)) for n in ("restart_hang", "restart_oom", "restart_sdc_nan",
                                                     "torchrun_kill", "torchrun_kill_rendezvous_host")]  # fmt: skip
     control_dir = suite_dir / "torchft__control" / "0"
-    control_dir.mkdir(parents=True)
-    with TimelineWriter(control_dir / "events.jsonl") as tl:
-        tl.emit("run_start", t_ns=T0, suite="broken", scenario="torchft/control", framework="torchft", repeat=0,
-                control=True)  # fmt: skip
-        tl.emit("proc_start", t_ns=T0 + 10**7, proc="lighthouse", pid=4000, role="lighthouse")
-        tl.emit("proc_error", t_ns=T0 + 4 * 10**8, proc="lighthouse", pid=4000, role="lighthouse", stream="stderr",
-                line=OTLP)  # fmt: skip
-        tl.emit("proc_exit", t_ns=T0 + 4 * 10**8, proc="lighthouse", pid=4000, returncode=1, role="lighthouse")
-        tl.emit("teardown_begin", t_ns=T0 + 5 * 10**8, reason="end")
-        tl.emit("run_end", t_ns=T0 + 6 * 10**8, outcome="failed")
-    control = compute_metrics(read_events(control_dir / "events.jsonl"), total_steps=30)
+    control = compute_metrics(write_lighthouse_died_control(control_dir, T0), total_steps=30)
     control.run_dir = str(control_dir)
     metrics += [control, _run(suite_dir, _kept("torchft_kill_group"))]
     written = write_report(suite_dir, to_frame(metrics))

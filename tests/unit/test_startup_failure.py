@@ -13,9 +13,8 @@ from chaosbench.runtimes.base import ProcessSpec, RunInfo
 from chaosbench.runtimes.local import LocalRuntime
 from chaosbench.signatures import error_line
 from chaosbench.timeline import TimelineWriter, read_events
+from tests.helpers import OTLP
 from tests.unit.test_metrics import TL
-
-OTLP = "ModuleNotFoundError: No module named 'opentelemetry.exporter.otlp.proto.common'"
 
 
 def _lighthouse_died(printed: str | None) -> TL:
