@@ -11,8 +11,8 @@ tests at Holm's first level ``alpha / m`` or looser. Stated per figure kind:
   0.0014; 100 % -> 33 % is not"), or that not even 0 % is, and how many new repeats would make 0 % so.
 - **Timings and counts**: whether complete separation (every new value worse than every baseline value: the
   rank test's smallest p, ``1 / C(n_a + n_b, n_a)``) reaches ``alpha / m``, and, per figure, the smallest change
-  that counts: the noise floor, the larger of the relative threshold and the baseline's range over its median,
-  across keys ("time_to_resume_s +20 % to +45 %").
+  that counts: the noise floor, the larger of the relative threshold and the baseline's interquartile range
+  over its median (:func:`~chaosbench.analysis.baseline.noise`), across keys ("time_to_resume_s +20 % to +45 %").
 - A figure the baseline measured in every run and the new results in none fails without statistics.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chaosbench.analysis.baseline import HIGHER_IS_BETTER, LOWER_IS_BETTER, SHARES, at_most, groups
+from chaosbench.analysis.baseline import HIGHER_IS_BETTER, LOWER_IS_BETTER, SHARES, at_most, groups, noise
 from chaosbench.analysis.stats import fisher_worse
 from chaosbench.analysis.values import as_float
 
@@ -64,7 +64,7 @@ def share_power(n_a: int, n_b: int, level: float) -> SharePower:
 
 @dataclass(frozen=True)
 class TimingFloor:
-    """A timing's noise floor in one key, relative to the baseline's median: max(threshold, range / |median|)."""
+    """A timing's noise floor in one key, relative to the baseline's median: max(threshold, interquartile range / |median|)."""
 
     key: str
     metric: str
@@ -126,7 +126,7 @@ class Power:
             for metric, fs in by_metric.items():
                 lo, hi = min(f.relative for f in fs), max(f.relative for f in fs)
                 parts.append(f"{metric} {_rel(lo)}" + ("" if hi == lo else f" to {_rel(hi)}"))
-            out.append("  a timing change counts only above its noise floor (threshold or the baseline's range): "
+            out.append("  a timing change counts only above its noise floor (threshold or the baseline's interquartile range): "
                        + ", ".join(parts))  # fmt: skip
         out.append("  a figure measured in every baseline run and in none now fails without statistics")
         return out
@@ -165,7 +165,7 @@ def power(
                 continue
             family_max += 1
             med = statistics.median(vals)
-            spread = max(vals) - min(vals)
+            spread = noise(vals)
             rel = max(threshold, spread / abs(med)) if med else (math.inf if spread else threshold)
             floors.append(TimingFloor(key, metric, rel))
     bound = family_size is None
