@@ -18,6 +18,8 @@ rank and the CI suite has none. It is derived from ``suites/ci.yaml`` here, with
      (``bug: non-atomic-ckpt``).
 
 3. ``--clean-reruns K`` result sets of the unchanged derived suite.
+4. ``--until MIN:MAX``: ``--until-reruns`` more clean sets repeated until decided (``{min: MIN, max: MAX, until:
+   decided}``, the SLOs dropped: see below), their runs and wall beside the fixed clean reruns' (issue 30 item 3).
 
 Every set after the baseline is run by ``chaosbench run --baseline`` (its exit code is kept) and compared with the
 baseline here by :func:`chaosbench.analysis.baseline.compare`, the gate's own rules (alpha 0.05 over the whole
@@ -29,9 +31,10 @@ Resumable: each set lives in ``OUT/<set>-r<repeats>/``; a set with ``done.json``
 (``chaosbench run --resume``). Usage::
 
     python benchmarks/gate_power.py --out reports/gate-power [--baseline-repeats 10] [--repeats 4]
-        [--plants restart-delay,forget-optimizer | all | none] [--clean-reruns 10] [--power-only | --report-only]
+        [--plants restart-delay,forget-optimizer | all | none] [--clean-reruns 10] [--until 2:6 --until-reruns 2]
+        [--power-only | --report-only]
 
-Fixed repeats, not ``{max: N, until: decided}``: the suite has SLOs, and a scenario whose runs all meet them is not
+Fixed repeats by default, not ``{max: N, until: decided}``: the suite has SLOs, and a scenario whose runs all meet them is not
 settled before ``max`` (one more run could miss), so a clean set would run ``max`` anyway, and each look costs
 alpha (every p times ``max - min + 1``). A large baseline and few new repeats buy the most power per run: the
 baseline is run once, the new repeats once per set; complete separation of 10 against 4 gives p = 1/C(14,4) =
@@ -104,13 +107,20 @@ PLANTS = {
 }  # fmt: skip
 
 
-def derived_suite(repeats: int, plant: Plant | None = None) -> dict[str, Any]:
-    """``suites/ci.yaml`` plus ``restart/hang-rank1``, ``repeats`` fixed repeats, with ``plant`` applied."""
+def derived_suite(repeats: int | tuple[int, int], plant: Plant | None = None) -> dict[str, Any]:
+    """``suites/ci.yaml`` plus ``restart/hang-rank1``, ``repeats`` fixed repeats, with ``plant`` applied.
+    ``repeats`` (MIN, MAX): ``{min: MIN, max: MAX, until: decided}`` and the suite's SLOs dropped (a scenario
+    whose runs all met its SLOs is not settled before MAX: one more run could miss; without them the baseline
+    alone decides when it stops)."""
     doc = yaml.safe_load(CI_SUITE.read_text())
     doc = copy.deepcopy(doc)
     doc["description"] = "suites/ci.yaml plus restart/hang-rank1, derived by benchmarks/gate_power.py"
     doc["faults"]["hang-rank1"] = dict(HANG)
-    doc["matrix"]["repeats"] = repeats
+    if isinstance(repeats, tuple):
+        doc["matrix"]["repeats"] = {"min": repeats[0], "max": repeats[1], "until": "decided"}
+        doc.pop("slos", None)
+    else:
+        doc["matrix"]["repeats"] = repeats
     doc["matrix"]["include"] = [{"frameworks": ["restart"], "faults": ["hang-rank1"]}]
     if plant is not None:
         plant.change(doc)
@@ -198,6 +208,26 @@ def _finding(d: Any) -> str:
         f" ({d.note})" if d.note else "")  # fmt: skip
 
 
+def _report_until(until: list[tuple[SetResult, list[Any]]], fixed: list[tuple[SetResult, list[Any]]]) -> None:
+    """Clean reruns repeated until decided against the fixed ones: runs, wall, the repeats each scenario took
+    (``repeats.json``: how many and why it stopped), and whether the decisions were the same (no regression)."""
+    for res, diffs in until:
+        fails = [d for d in diffs if d.status.fails]
+        rec = json.loads((res.path / "repeats.json").read_text()) if (res.path / "repeats.json").is_file() else {}
+        took = ", ".join(f"{k} {v.get('repeats')}" for k, v in sorted(rec.items()))
+        print(f"clean rerun {res.name} (until decided, no SLOs): {len(fails)} false alarms; {res.runs} runs, "
+              f"{res.wall_s:.0f} s, exit {res.rc}; repeats per scenario: {took or 'none recorded'}")  # fmt: skip
+        for d in fails:
+            print(f"    {_finding(d)}")
+    if fixed:
+        runs = sum(r.runs for r, _ in fixed) / len(fixed)
+        wall = sum(r.wall_s for r, _ in fixed) / len(fixed)
+        u_runs = sum(r.runs for r, _ in until) / len(until)
+        u_wall = sum(r.wall_s for r, _ in until) / len(until)
+        print(f"until decided: {u_runs:.1f} runs, {u_wall:.0f} s per clean set on average; fixed repeats: "
+              f"{runs:.1f} runs, {wall:.0f} s ({len(until)} and {len(fixed)} sets)")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "reports" / "gate-power"), help="result sets (resumable)")
@@ -205,6 +235,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4, help="repeats per scenario of every other set")
     ap.add_argument("--plants", default="all", help=f"comma-separated, 'all' or 'none' (of: {', '.join(PLANTS)})")
     ap.add_argument("--clean-reruns", type=int, default=10, help="clean reruns against the baseline")
+    ap.add_argument("--until", default=None, metavar="MIN:MAX",
+                    help="also clean reruns repeated until decided ({min: MIN, max: MAX, until: decided}, no SLOs)")
+    ap.add_argument("--until-reruns", type=int, default=2, help="how many such clean reruns (with --until)")
     ap.add_argument("--power-only", action="store_true", help="print the power statement and stop (needs a baseline)")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the sets already finished")
     args = ap.parse_args()
@@ -244,6 +277,13 @@ def main() -> None:
         res = run_set(out, name, derived_suite(args.repeats, plant), base_csv, args.report_only)
         if res is not None:
             results.append((res, plant, verdict(base_rows, res)))
+    until: list[tuple[SetResult, list[Any]]] = []
+    if args.until:
+        lo, hi = (int(x) for x in args.until.split(":"))
+        for i in range(1, args.until_reruns + 1):
+            res = run_set(out, f"clean-until-{lo}-{hi}-{i}", derived_suite((lo, hi)), base_csv, args.report_only)
+            if res is not None:
+                until.append((res, verdict(base_rows, res)))
 
     print()
     print(f"== gate power: baseline {args.baseline_repeats} repeats ({base.runs} runs, {base.wall_s:.0f} s) vs "
@@ -291,8 +331,10 @@ def main() -> None:
             print(f"    {_finding(d)}")
     if n_clean:
         print(f"clean reruns with a false alarm: {alarms_total}/{n_clean}")
-    runs = base.runs + sum(r.runs for r, _, _ in results)
-    wall = base.wall_s + sum(r.wall_s for r, _, _ in results)
+    if until:
+        _report_until(until, [(r, d) for r, p, d in results if p is None])
+    runs = base.runs + sum(r.runs for r, _, _ in results) + sum(r.runs for r, _ in until)
+    wall = base.wall_s + sum(r.wall_s for r, _, _ in results) + sum(r.wall_s for r, _ in until)
     print(f"runs: {runs} (baseline {base.runs}); wall of the chaosbench runs {wall:.0f} s ({wall / 60:.1f} min); "
           f"this invocation {time.monotonic() - t0:.0f} s")  # fmt: skip
 

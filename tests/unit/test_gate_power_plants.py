@@ -63,3 +63,11 @@ def test_each_plant_is_one_change_of_behaviour(name: str, change: str, tmp_path:
     suite = _load(doc, tmp_path, monkeypatch)  # the framework and the workload accept it
     ids = {sc.id for sc in suite.scenarios()}
     assert set(plant.scenarios) <= ids
+
+
+def test_the_until_decided_set_changes_only_its_repeats_and_drops_the_slos() -> None:
+    fixed, until = gate_power.derived_suite(4), gate_power.derived_suite((2, 6))
+    assert _diff(fixed, until) == [
+        ".matrix.repeats: 4 -> {'min': 2, 'max': 6, 'until': 'decided'}",
+        f".slos: {fixed['slos']!r} -> None",
+    ]
