@@ -106,7 +106,8 @@ class Power:
                 text = f"100 % -> {k / b:.0%} of {b} detectable (p = {sp.p:.2g}){tail}"
             else:
                 text = (f"not even 100 % -> 0 % of {b} is detectable (p = {sp.p:.2g} > {self.level:.2g}): needs "
-                        f"{sp.needs} new repeats against the baseline's {a}, or {sp.needs_each} on both sides")  # fmt: skip
+                        f"{_n(sp.needs)} new repeats against the baseline's {a}, or {_n(sp.needs_each)} on both "
+                        "sides")  # fmt: skip
             out.append(f"  {a} vs {b}: shares ({', '.join(s.name for s in SHARES)}): {text}")
             best = self.timing_best_p[pair]
             if at_most(best, self.level):
@@ -115,7 +116,7 @@ class Power:
                 each = next((n for n in range(max(a, b) + 1, 1001) if at_most(1 / math.comb(2 * n, n), self.level)),
                             None)  # fmt: skip
                 t = (f"not detectable (smallest p = 1/C({a + b},{a}) = {best:.2g} > {self.level:.2g}): needs "
-                     f"{_timing_needs(a, b, self.level)} new repeats against the baseline's {a}, or {each} on "
+                     f"{_n(_timing_needs(a, b, self.level))} new repeats against the baseline's {a}, or {_n(each)} on "
                      "both sides")  # fmt: skip
             out.append(f"  {a} vs {b}: timings: {t}")
         by_metric: dict[str, list[TimingFloor]] = {}
@@ -130,6 +131,11 @@ class Power:
                        + ", ".join(parts))  # fmt: skip
         out.append("  a figure measured in every baseline run and in none now fails without statistics")
         return out
+
+
+def _n(repeats: int | None) -> str:
+    """A number of repeats the search found, or that it found none up to 1,000."""
+    return "more than 1000" if repeats is None else str(repeats)
 
 
 def _rel(x: float) -> str:

@@ -244,3 +244,10 @@ def test_run_with_a_baseline_states_the_power_before_it_runs(capsys: pytest.Capt
     err = capsys.readouterr().err
     assert "gate power: 3 baseline vs 3 new repeats per scenario" in err
     assert err.index("gate power:") < err.index("a figure measured in every baseline run and in none now fails")
+
+
+def test_power_says_when_no_number_of_repeats_up_to_1000_would_do() -> None:
+    # a baseline of one run: 1 / (1 + n) <= 0.05 / 200 needs n >= 3,999 new repeats, beyond the search
+    lines = power([row("a/kill", time_to_resume_s=3.0)], {"a/kill": 1}, family_size=200).lines()
+    assert "needs more than 1000 new repeats against the baseline's 1, or 8 on both sides" in lines[1]
+    assert not any("None" in line for line in lines)
