@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,8 @@ def stats_table(rows: Sequence[dict[str, Any]]) -> Table:
          "time_to_resume_s median [95 % CI]", "lost_steps median [95 % CI]", "extra_wall_s median [95 % CI]"],
         out,
         caption="Medians with percentile-bootstrap 95 % intervals over repeats (resume and lost work over the "
-                "recovered faults); success rates with Wilson intervals; an outlasted fault (the job went on with "
+                "recovered faults); success rates with Wilson intervals over the runs whose fault fired (the "
+                "others are named, not counted); an outlasted fault (the job went on with "
                 "no framework reaction) is counted apart. A framework whose fault-free control did not run clean "
                 "is unusable, not ranked.",
     )  # fmt: skip
@@ -116,13 +118,19 @@ def _stats_row(fault: str, fw: str, faults: list[dict[str, Any]], runs: list[dic
                extra_wall: list[float]) -> list[Cell]:  # fmt: skip
     """One row of :func:`stats_table`: over whole runs (``runs``: the run's outcome; ``faults`` their last
     faults) or over the n-th fault of each run (``runs`` None: that fault's status)."""
-    outcomes = [str(r.get("outcome")) for r in runs] if runs is not None else [str(f.get("status")) for f in faults]
+    every = [str(r.get("outcome")) for r in runs] if runs is not None else [str(f.get("status")) for f in faults]
+    # counted over the runs whose fault fired, as the headline counts (a fault that did not fire, a contaminated
+    # or failed run says nothing of recovery); the others are named beside
+    outcomes = [o for o in every if o in FIRED_OUTCOMES]
     ok = sum(1 for o in outcomes if o == "recovered")
     outlasted = sum(1 for o in outcomes if o == "outlasted")
     p, lo, hi = wilson(ok, len(outcomes))
     rate = MISSING if p is None else f"{ok}/{len(outcomes)} ({p:.0%}; {lo:.0%}-{hi:.0%})"
     if outlasted:
         rate += f"; {outlasted} outlasted"
+    others = Counter(o for o in every if o not in FIRED_OUTCOMES)
+    if others:
+        rate += "; not counted: " + ", ".join(f"{n} {o.replace('_', ' ')}" for o, n in sorted(others.items()))
     recovered = [f for f in faults if f.get("status") == "recovered"]
     return [fault, fw, rate, _ci_text(_values(faults, "time_to_detect_s")),
             _ci_text(_values(recovered, "time_to_resume_s")), _ci_text(_values(recovered, "lost_steps")),

@@ -242,3 +242,12 @@ def test_a_fresh_run_whose_first_step_is_a_counted_loss_line_is_not_contaminated
     # without the cadence the same steps read as a resume from elsewhere (what the run was reported as)
     bare = [dataclasses.replace(e, data={k: v for k, v in e.data.items() if k != "every"}) for e in events]
     assert compute_metrics(bare).outcome == "contaminated"
+
+
+def test_runs_whose_fault_did_not_fire_are_not_in_the_recovered_share() -> None:
+    """The comparison table's recovered x/y counts the runs whose fault fired, as the headline does: a fault that
+    never fired and a contaminated run are named beside, not counted as failures to recover."""
+    rows = [{"framework": "fw", "fault": "kill", "control": False, "outcome": o, "time_to_resume_s": 4.0}
+            for o in ("recovered", "recovered", "not_recovered", "fault_not_fired", "contaminated")]  # fmt: skip
+    (row,) = stats_table(rows).rows
+    assert row[2] == "2/3 (67%; 21%-94%); not counted: 1 contaminated, 1 fault not fired"
