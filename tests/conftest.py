@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,29 +18,45 @@ ROOT = Path(__file__).resolve().parent.parent
 # Test files that use a machine-wide engine or look at machine-wide state: Docker containers and networks, the
 # local Slurm cluster's three nodes (test_slurm.py needs them idle), the host's qdiscs and iptables rules, the
 # docker runtime's capture directories in /tmp (test_harness_crash.py counts every one as a leftover). Under
-# pytest-xdist (tox runs ``pytest -n 2 --dist loadgroup``) they form one group, run one after another on one
+# pytest-xdist (tox runs ``pytest -n 2 --dist loadscope``) they form one group, run one after another on one
 # worker; every other file is a group of its own (its module-scoped controls are run once, on one worker).
 ENGINE_FILES = frozenset({
     "test_docker_runtime.py", "test_elasticity.py", "test_foreign_targets.py", "test_harness_crash.py",
     "test_network_faults.py", "test_serving_docker.py", "test_slurm.py",
 })  # fmt: skip
+ENGINES = "engines"
 
 
-def xdist_group(item: pytest.Item) -> str:
-    """The xdist group of a test: ``engines`` for the files above, else its file."""
-    return "engines" if item.path.name in ENGINE_FILES else item.path.relative_to(ROOT).as_posix()
+def test_group(path: str) -> str:
+    """The group of a test, from its node id's file part: :data:`ENGINES` for the files above, else the file."""
+    return ENGINES if path.rsplit("/", 1)[-1] in ENGINE_FILES else path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Hand out whole groups (:func:`test_group`) to the workers, in collection order. Not xdist's own
+    ``--dist loadgroup``: with pytest 9.2 and pytest-xdist 3.8 its ``xdist_group`` marks had no effect (tried:
+    every test was handed out on its own, the engine files ran on both workers at once; with pytest 9.0 they
+    worked)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid.split("::", 1)[0])
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its xdist group, and put the engine group first (the longest chain: with
-    ``--no-loadscope-reorder`` xdist hands groups out in this order), the other integration files next, the unit
-    tests last (short, they fill the gaps). Without xdist the marks do nothing and the order only moves the
-    engine files first."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
-    rank = {"engines": 0}
-    items.sort(key=lambda it: rank.get(xdist_group(it), 1 if "integration" in it.path.parts else 2))
+    """The engine group first (the longest chain: with ``--no-loadscope-reorder`` xdist hands groups out in
+    this order), the other integration files next, the unit tests last (short, they fill the gaps); without
+    xdist this only moves the engine files first."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return 0 if test_group(path) == ENGINES else 1 if path.startswith("tests/integration/") else 2
+
+    items.sort(key=rank)
 
 
 def make_suite(text: str, name: str = "test.yaml") -> Suite:
