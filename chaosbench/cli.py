@@ -446,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--out", default="reports", help="results directory (default: reports)")
     fz.add_argument("--write", metavar="YAML", help="reproducer path (default: OUT/<suite>-repro.yaml)")
     fz.set_defaults(fn=cmd_fuzz)
-    bl = sub.add_parser("baseline", help="save a suite's results as a baseline for later --baseline runs")
+    bl = sub.add_parser("baseline", help="save a suite's results as a baseline for later --baseline runs",
+                        description="Save a suite's results as a baseline for later --baseline runs.")
     bl.add_argument("dir", help="a suite results directory, e.g. reports/ci")
     bl.add_argument("--to", required=True, metavar="CSV", help="where to store it, e.g. baselines/ci.csv")
     bl.set_defaults(fn=cmd_baseline)
@@ -487,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "it) under DIR; an existing file is refused, nothing is overwritten.")  # fmt: skip
     ini.add_argument("dir", nargs="?", default=".", help="the repository's root (default: the current directory)")
     ini.set_defaults(fn=cmd_init)
-    img = sub.add_parser("image", help="the docker runtime's default node image")
+    img = sub.add_parser("image", help="the docker runtime's default node image",
+                         description="The docker runtime's default node image.")
     isub = img.add_subparsers(dest="image_cmd", required=True)
     b = isub.add_parser("build", help="build the default node image from local files (no registry needed)",
                         description="Import the docker runtime's default node image (an empty layer; the host's "

@@ -1,19 +1,24 @@
-"""Generated documentation and code, from one source each: the README's table of timeline events (from the event
-models, :mod:`chaosbench.timeline.schema`), its metric tables (from :mod:`chaosbench.analysis.metric_docs`) and the
-standard-library table the ranks check their events against (:mod:`chaosbench.timeline.kinds`, from the models).
+"""Generated documentation and code, from one source each: the docs site's reference tables (docs/): the timeline
+events (from the event models, :mod:`chaosbench.timeline.schema`), the metrics (from
+:mod:`chaosbench.analysis.metric_docs`), the injectors and their parameters (from each injector's ``Params``
+model), the frameworks with their options and timeouts (from each adapter's ``Options`` model and ``timeouts``),
+the CLI (from :func:`chaosbench.cli.build_parser`); and the standard-library table the ranks check their events
+against (:mod:`chaosbench.timeline.kinds`, from the models).
 
-    python -m chaosbench.docgen --write   # rewrite README.md's generated regions and chaosbench/timeline/kinds.py
-    python -m chaosbench.docgen --check   # exit 1 (naming them) when either differs from what is generated
+    python -m chaosbench.docgen --write   # rewrite the docs pages' generated regions and chaosbench/timeline/kinds.py
+    python -m chaosbench.docgen --check   # exit 1 (naming them) when any differs from what is generated
 
-A generated region of README.md is delimited by ``<!-- generated: NAME -->`` and ``<!-- end generated -->`` (NAME:
-a key of :data:`REGIONS`); everything between is replaced, the rest of the file is left as it is. Unit tests
-(tests/unit/test_timeline_schema.py) fail when README.md or kinds.py is not what this module generates.
+A generated region of a page is delimited by ``<!-- generated: NAME -->`` and ``<!-- end generated -->`` (NAME:
+a key of :data:`REGIONS`, found in the page :data:`PAGES` names for it); everything between is replaced, the rest
+of the page is left as it is. Unit tests (tests/unit/test_timeline_schema.py) fail when a page or kinds.py is not
+what this module generates, or a page lacks its region.
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
+import json
 import re
 import sys
 import types
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 KINDS_PY = Path(__file__).resolve().parent / "timeline" / "kinds.py"
 END = "<!-- end generated -->"
 _BEGIN = re.compile(r"<!-- generated: ([a-z-]+) -->")
@@ -110,16 +115,181 @@ def _metric_region(name: str) -> Callable[[], str]:
     return lambda: metrics_table(name)
 
 
-#: The generated regions of README.md: name -> what generates its content.
+
+# ------------------------------------------------------------------------------------------ plugin references
+def _value(value: Any) -> str:
+    """A default as a suite's YAML would write it: ``true``, ``null``, ``"block"``, ``[]``."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return str(value)
+
+
+def _field_rows(model: Any) -> list[str]:
+    """One table row per field of the pydantic ``model``: name, type, default (or required), description."""
+    rows = []
+    for name, f in model.model_fields.items():
+        if f.is_required():
+            default = "required"
+        else:
+            value = f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
+            default = f"`{_value(value)}`"
+        rows.append(f"| `{name}` | {type_name(f.annotation)} | {_cell(default)} | {_cell(f.description or '')} |")
+    return rows
+
+
+def _summary(cls: Any) -> str:
+    """A plugin's one-paragraph summary: its ``summary``, else its docstring's first paragraph."""
+    text = getattr(cls, "summary", "") or (cls.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(text.split())
+
+
+def injectors_reference() -> str:
+    """Every injector of the registry (built-ins and installed plugins): what it does, what it declares about
+    its faults, and its parameters (from its ``Params`` model and the fields' descriptions)."""
+    from chaosbench.registry import INJECTORS
+
+    names = sorted(INJECTORS.builtins())
+    aliases = {a: n for a, n in INJECTORS.aliases().items() if n in names}
+    lines = [
+        "Each injector's parameters go under a fault's `params:` in a suite (or a `faults/` definition); the suite "
+        "is refused with its line when one is unknown or of the wrong type. `chaosbench faults` prints the same, "
+        "with any installed plugin's. This page lists the injectors chaosbench ships.",
+        "",
+    ]
+    if aliases:
+        lines += ["Other names: " + ", ".join(f"`{a}` (= `{n}`)" for a, n in aliases.items()) + ".", ""]
+    for name in names:
+        cls = INJECTORS.get(name)
+        lines += [f"### `{name}`", "", _summary(cls), ""]
+        facts = []
+        if getattr(cls, "planted", False):
+            facts.append("planted (fires from inside the workload)")
+        if getattr(cls, "needs_node_control", False):
+            facts.append("needs a runtime with node control")
+        if getattr(cls, "role_targets", False):
+            facts.append("can target a process by `role`")
+        if not getattr(cls, "requires_trigger", True):
+            facts.append("no trigger (its parameters say when)")
+        if facts:
+            lines += ["- " + "; ".join(facts), ""]
+        fields = cls.Params.model_fields
+        if fields:
+            lines += ["| parameter | type | default | meaning |", "| --- | --- | --- | --- |", *_field_rows(cls.Params)]
+        else:
+            lines.append("No parameters.")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+class _DocJob:
+    """The least of a :class:`~chaosbench.frameworks.base.JobContext` that an adapter's ``timeouts`` reads, to
+    list its timeouts at their defaults; the workload's process-group timeout is shown as the workload's."""
+
+    class _Workload:
+        pg_timeout_s = "the workload's `pg_timeout_s`"
+
+    workload = _Workload()
+    ranks = 2
+    nodes = 1
+    ranks_per_node = 2
+
+
+def _timeouts_line(cls: Any) -> str:
+    try:
+        timeouts = cls("doc", cls.Options()).timeouts(_DocJob())
+    except Exception as e:  # an adapter that reads the runtime (the scheduler's settings) when a run starts
+        return (f"Timeouts in force: not listed here (`timeouts` needs a started run: {type(e).__name__}); each "
+                "run records them in its `framework_info` event.")
+    shown = ", ".join(f"`{k}` = {v if isinstance(v, str) else f'`{_value(v)}`'}" for k, v in timeouts.items())
+    return f"Timeouts in force with the default options (recorded in every run's `framework_info` event): {shown}."
+
+
+def frameworks_reference() -> str:
+    """Every framework adapter of the registry: what it does, the roles a fault can target, whether it heals,
+    the timeouts in force at its defaults and its options (from its ``Options`` model)."""
+    from chaosbench.registry import FRAMEWORKS
+
+    lines = [
+        "A suite's `frameworks:` maps a label to an adapter's options (`adapter:` picks the adapter when the label "
+        "differs); unknown options are refused with their line. This page lists the adapters chaosbench ships.",
+        "",
+    ]
+    for name in sorted(FRAMEWORKS.builtins()):
+        cls = FRAMEWORKS.get(name)
+        lines += [f"### `{name}`", "", _summary(cls), ""]
+        roles = ", ".join(f"`{r}` ({role.description})" for r, role in cls.roles.items())
+        lines += [f"- Roles a fault can target: {roles or 'none'}", f"- Heals from a live peer: {'yes' if cls.heals else 'no'}",
+                  f"- {_timeouts_line(cls)}", ""]
+        if cls.Options.model_fields:
+            lines += ["| option | type | default | meaning |", "| --- | --- | --- | --- |", *_field_rows(cls.Options)]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """A parser's arguments. argparse has no public way to list them; its ``_actions`` is the one stable place (in
+    every Python chaosbench supports), and the formatted help differs between versions."""
+    return list(parser._actions)
+
+
+def _cli_commands(parser: argparse.ArgumentParser, prog: str, lines: list[str]) -> None:
+    """Append a section per subcommand of ``parser`` (and of theirs: ``image build``) to ``lines``."""
+    sub = next((a for a in _actions(parser) if isinstance(a.choices, dict)), None)  # its subcommands
+    for name, command in (sub.choices.items() if sub else []):  # type: ignore[union-attr]
+        lines += [f"### `{prog} {name}`", "", " ".join((command.description or "").split()), ""]
+        rows = []
+        for a in _actions(command):
+            if (a.dest == "help" and a.nargs == 0) or isinstance(a.choices, dict):
+                continue
+            flags = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
+            if a.option_strings and a.nargs != 0:
+                flags += f" {a.metavar or a.dest.upper()}"
+            shown = a.default not in (None, False, argparse.SUPPRESS) and a.option_strings
+            default = f"`{_value(a.default)}`" if shown else ""
+            rows.append(f"| {_cell(flags)} | {_cell(' '.join((a.help or '').split()))} | {_cell(default)} |")
+        if rows:
+            lines += ["| argument | meaning | default |", "| --- | --- | --- |", *rows, ""]
+        _cli_commands(command, f"{prog} {name}", lines)
+
+
+def cli_reference() -> str:
+    """Every command of ``chaosbench`` and its arguments, from :func:`chaosbench.cli.build_parser`'s actions (not
+    argparse's formatted help, whose layout differs between Python versions)."""
+    from chaosbench.cli import build_parser
+
+    parser = build_parser()
+    lines = [f"`chaosbench`: {parser.description}", ""]
+    _cli_commands(parser, "chaosbench", lines)
+    return "\n".join(lines).rstrip()
+
+
+#: The generated regions: name -> what generates its content.
 REGIONS: dict[str, Callable[[], str]] = {
     "events": events_table,
     "metrics": _metric_region("metrics"),
     "serving-metrics": _metric_region("serving-metrics"),
     "run-record": _metric_region("run-record"),
+    "injectors": injectors_reference,
+    "frameworks": frameworks_reference,
+    "cli": cli_reference,
+}
+
+#: The page of docs/ that holds each generated region.
+PAGES: dict[str, Path] = {
+    "events": DOCS / "events.md",
+    "metrics": DOCS / "metrics.md",
+    "serving-metrics": DOCS / "metrics.md",
+    "run-record": DOCS / "metrics.md",
+    "injectors": DOCS / "reference" / "injectors.md",
+    "frameworks": DOCS / "reference" / "frameworks.md",
+    "cli": DOCS / "reference" / "cli.md",
 }
 
 
-def render_readme(text: str) -> str:
+def render_page(text: str) -> str:
     """``text`` with every generated region's content replaced by what :data:`REGIONS` generates. Raises
     ValueError for an unknown region or one without its end marker."""
     out: list[str] = []
@@ -129,10 +299,10 @@ def render_readme(text: str) -> str:
             continue
         name = m.group(1)
         if name not in REGIONS:
-            raise ValueError(f"README region '{name}' is not generated here (known: {', '.join(REGIONS)})")
+            raise ValueError(f"region '{name}' is not generated here (known: {', '.join(REGIONS)})")
         end = text.find(END, m.end())
         if end < 0:
-            raise ValueError(f"README region '{name}' has no '{END}'")
+            raise ValueError(f"region '{name}' has no '{END}'")
         out += [text[pos : m.end()], "\n\n", REGIONS[name](), "\n\n"]
         pos = end
     out.append(text[pos:])
@@ -170,11 +340,21 @@ def kinds_module() -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ main
-def stale(readme: Path = README, kinds_py: Path = KINDS_PY) -> list[Path]:
+def pages() -> list[Path]:
+    """The pages that hold generated regions, each once, in :data:`PAGES`' order."""
+    return list(dict.fromkeys(PAGES.values()))
+
+
+def missing_regions() -> list[str]:
+    """``NAME: PAGE`` for each region of :data:`PAGES` its page lacks (a region deleted by hand would otherwise
+    leave the page unchecked)."""
+    return [f"{name}: {page}" for name, page in PAGES.items()
+            if not page.exists() or name not in regions(page.read_text())]  # fmt: skip
+
+
+def stale(kinds_py: Path = KINDS_PY) -> list[Path]:
     """The generated files that differ from what is generated now."""
-    out = []
-    if readme.read_text() != render_readme(readme.read_text()):
-        out.append(readme)
+    out = [page for page in pages() if page.exists() and page.read_text() != render_page(page.read_text())]
     if not kinds_py.exists() or kinds_py.read_text() != kinds_module():
         out.append(kinds_py)
     return out
@@ -183,17 +363,22 @@ def stale(readme: Path = README, kinds_py: Path = KINDS_PY) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m chaosbench.docgen", description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--write", action="store_true", help="rewrite README.md's generated regions and kinds.py")
-    g.add_argument("--check", action="store_true", help="exit 1 when README.md or kinds.py is not up to date")
+    g.add_argument("--write", action="store_true", help="rewrite the docs pages' generated regions and kinds.py")
+    g.add_argument("--check", action="store_true", help="exit 1 when a docs page or kinds.py is not up to date")
     args = ap.parse_args(argv)
+    lacking = missing_regions()
+    for m in lacking:
+        print(f"region {m}: the page lacks '<!-- generated: NAME -->' ... '{END}'")
     if args.check:
         out = stale()
         for p in out:
             print(f"{p}: not what chaosbench.docgen generates (run python -m chaosbench.docgen --write)")
-        return 1 if out else 0
+        return 1 if out or lacking else 0
     KINDS_PY.write_text(kinds_module())
-    README.write_text(render_readme(README.read_text()))
-    return 0
+    for page in pages():
+        if page.exists():
+            page.write_text(render_page(page.read_text()))
+    return 1 if lacking else 0
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ Standard-library only, so any training script can import it cheaply. Outside a c
 ``CHAOSBENCH_EVENTS`` in the environment) every call is a no-op, so a script keeps working unchanged.
 
 Every event is checked before it is written against its kind's model (the standard-library table
-:data:`chaosbench.timeline.kinds.FIELDS`, generated from :mod:`chaosbench.timeline.schema`; the README's table of
-events lists every kind and field): an unknown kind, an undeclared field, a required field missing or a value of
+:data:`chaosbench.timeline.kinds.FIELDS`, generated from :mod:`chaosbench.timeline.schema`; the docs' table of
+events (docs/events.md) lists every kind and field): an unknown kind, an undeclared field, a required field missing or a value of
 the wrong type raises :class:`~chaosbench.errors.InvalidEvent` in the caller and nothing is written.
 
 Environment read (set by the harness or the framework adapter):

@@ -25,6 +25,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self.group = group
         self._refs: dict[str, Any] = dict(builtins)
+        self._builtins = tuple(builtins)
         self._aliases: dict[str, str] = dict(aliases or {})
         for alias, name in self._aliases.items():
             if name not in self._refs or alias in self._refs:
@@ -48,6 +49,14 @@ class Registry(Generic[T]):
         """Every name a suite may use: plugins and aliases."""
         self._merge_entry_points()
         return sorted([*self._refs, *self._aliases])
+
+    def builtins(self) -> list[str]:
+        """The names chaosbench itself ships (no plugins, no aliases), in the order declared."""
+        return list(self._builtins)
+
+    def aliases(self) -> dict[str, str]:
+        """Other names of built-ins (kept so that suites written with them still work) -> the name they stand for."""
+        return dict(self._aliases)
 
     def alias_of(self, name: str) -> str | None:
         """The plugin ``name`` is another name of, or None when it is a plugin of its own (or unknown)."""

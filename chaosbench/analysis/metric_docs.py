@@ -1,7 +1,7 @@
-"""What each field of :class:`~chaosbench.analysis.metrics.RunMetrics` means, in the words of the README's metric
+"""What each field of :class:`~chaosbench.analysis.metrics.RunMetrics` means, in the words of the docs' metric
 tables, which are generated from here (:mod:`chaosbench.docgen`): one source for the tables and the fields' docs.
 
-Each :class:`MetricRow` documents one or more fields together, named in its ``label`` as the README writes them
+Each :class:`MetricRow` documents one or more fields together, named in its ``label`` as the docs write them
 (``world_size_{before,after,final}`` stands for three fields: :func:`expand`). Every field of ``RunMetrics`` is in
 a row (a unit test fails for one that is not, and for a row naming a field ``RunMetrics`` does not have); a
 field may be in both the training and the serving table when it means something else there. The normative
@@ -36,7 +36,7 @@ def expand(name: str) -> list[str]:
     return [x for alt in m.group(1).split(",") for x in expand(name[: m.start()] + alt + name[m.end() :])]
 
 
-#: A training run's metrics: README's first table.
+#: A training run's metrics: docs/metrics.md's first table.
 TRAINING: tuple[MetricRow, ...] = (
     MetricRow(
         "`time_to_detect_s`",
@@ -179,7 +179,7 @@ TRAINING: tuple[MetricRow, ...] = (
     ),
 )
 
-#: A serving run's metrics (workload ``serve``): README's second table.
+#: A serving run's metrics (workload ``serve``): docs/metrics.md's second table.
 SERVING: tuple[MetricRow, ...] = (
     MetricRow(
         "`time_to_detect_s`, `detected_via`",
@@ -218,7 +218,7 @@ SERVING: tuple[MetricRow, ...] = (
     ),
 )
 
-#: The rest of ``metrics.json``: which run it is, its context and the intermediate figures: README's third table.
+#: The rest of ``metrics.json``: which run it is, its context and the intermediate figures: docs/metrics.md's third table.
 RECORDED: tuple[MetricRow, ...] = (
     MetricRow(
         "`suite`, `scenario`, `framework`, `fault`, `repeat`, `control`, `run_dir`",
@@ -306,7 +306,7 @@ RECORDED: tuple[MetricRow, ...] = (
     ),
 )
 
-#: The tables, by the name of their generated region in README.md.
+#: The tables, by the name of their generated region in docs/metrics.md.
 TABLES: dict[str, tuple[MetricRow, ...]] = {"metrics": TRAINING, "serving-metrics": SERVING, "run-record": RECORDED}
 
 

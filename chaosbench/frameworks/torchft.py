@@ -124,7 +124,7 @@ def lighthouse_command(python: str) -> list[str]:
         if found is None:
             raise Unsupported(
                 f"torchft adapter: '{LIGHTHOUSE_SCRIPT}' not found next to {python} or on PATH; "
-                "pip install --no-deps torchft==0.2.0 (see the README)"
+                "pip install --no-deps torchft==0.2.0 (see docs/frameworks.md)"
             )
         script = Path(found)
     return [python, str(script)]

@@ -36,7 +36,7 @@ TIMELINE_VERSION = 1
 
 class EventKind(str, Enum):
     """Every kind of timeline event; each has one model in :mod:`chaosbench.timeline.schema` (its fields, their
-    types and units, who writes it), and the README's table of events is generated from those models."""
+    types and units, who writes it), and the docs' table of events (docs/events.md) is generated from those models."""
 
     RUN_START = "run_start"
     RUN_END = "run_end"

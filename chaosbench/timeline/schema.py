@@ -1,7 +1,7 @@
 """The typed timeline: one pydantic model per event kind (:class:`~chaosbench.timeline.events.EventKind`), its
 fields typed and documented, with units in the names of quantities. The harness's side only (pydantic): ranks
 check their events against :data:`chaosbench.timeline.kinds.FIELDS`, the standard-library table generated from
-these models (``python -m chaosbench.docgen --write``), and the README's table of events is generated from them.
+these models (``python -m chaosbench.docgen --write``), and the docs' table of events (docs/events.md) is generated from them.
 
 The rules:
 

@@ -11,7 +11,7 @@ killed after step 15 of 30 (checkpoints every 5):
   and do not roll back; the group rejoins and heals when its node is back (``lost_node: reboot``).
 
 The full suite (suites/elasticity.yaml: 8 nodes, fsdp-lm too, restart in place, 3 repeats, controls) is run by
-hand; its wall time is in the README.
+hand; its wall time is in docs/frameworks.md ("Elasticity").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Users' real trainers, unmodified, through the README's `command` workload: a Lightning script, a Hugging Face
+"""Users' real trainers, unmodified, through the `command` workload (docs/workloads.md): a Lightning script, a Hugging Face
 Trainer script and a PyTorch-tutorial epoch script (tests/fixtures/foreign/: none imports chaosbench; their own
 checkpoints, log lines and default timeouts), under restart and torchrun with a killed rank, the Lightning one
 also with a hung rank, and the tutorial under `none` (a kill it does not recover from).

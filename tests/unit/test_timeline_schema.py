@@ -1,6 +1,6 @@
 """The typed timeline: one model per event kind, validated when written (the probe's standard-library check, the
 harness's full models) and when read (the file and the line of an unknown kind or a malformed field), the
-standard-library table and the README's tables generated from the models and the metric docs."""
+standard-library table and the docs pages' tables generated from the models and the metric docs."""
 
 from __future__ import annotations
 
@@ -273,11 +273,28 @@ def test_real_timelines_validate_entirely() -> None:
 
 
 # -------------------------------------------------------------------------------------- the generated tables
-def test_readme_tables_are_what_the_generator_gives() -> None:
-    text = docgen.README.read_text()
-    assert docgen.regions(text) == list(docgen.REGIONS)
-    assert docgen.render_readme(text) == text, "README.md is stale: run python -m chaosbench.docgen --write"
+def test_docs_tables_are_what_the_generator_gives() -> None:
+    assert set(docgen.PAGES) == set(docgen.REGIONS)
+    assert docgen.missing_regions() == []
+    found = [name for page in docgen.pages() for name in docgen.regions(page.read_text())]
+    assert sorted(found) == sorted(docgen.REGIONS), "each region once, in the page PAGES names"
+    for page in docgen.pages():
+        text = page.read_text()
+        assert docgen.render_page(text) == text, f"{page} is stale: run python -m chaosbench.docgen --write"
     assert docgen.stale() == []
+
+
+def test_reference_pages_name_every_builtin_plugin_and_command() -> None:
+    from chaosbench.cli import build_parser
+    from chaosbench.registry import FRAMEWORKS, INJECTORS
+
+    injectors = docgen.injectors_reference()
+    assert all(f"### `{n}`" in injectors for n in INJECTORS.builtins())
+    frameworks = docgen.frameworks_reference()
+    assert all(f"### `{n}`" in frameworks for n in FRAMEWORKS.builtins())
+    sub = next(a for a in build_parser()._actions if a.choices and "run" in a.choices)
+    cli = docgen.cli_reference()
+    assert all(f"### `chaosbench {n}`" in cli for n in sub.choices)
 
 
 def test_every_run_metrics_field_has_a_documented_row() -> None:
@@ -295,15 +312,15 @@ def test_brace_expansion() -> None:
                                                             "latency_p99_before_ms", "latency_p99_after_ms"]  # fmt: skip
 
 
-def test_render_readme_replaces_only_the_regions() -> None:
+def test_render_page_replaces_only_the_regions() -> None:
     text = "a\n<!-- generated: metrics -->\nold\n<!-- end generated -->\nb\n"
-    out = docgen.render_readme(text)
+    out = docgen.render_page(text)
     assert out.startswith("a\n<!-- generated: metrics -->\n\n| metric | meaning |") and out.endswith(
         "\n\n<!-- end generated -->\nb\n")  # fmt: skip
     with pytest.raises(ValueError):
-        docgen.render_readme("<!-- generated: nothing -->\n<!-- end generated -->")
+        docgen.render_page("<!-- generated: nothing -->\n<!-- end generated -->")
     with pytest.raises(ValueError):
-        docgen.render_readme("<!-- generated: events -->\n")
+        docgen.render_page("<!-- generated: events -->\n")
 
 
 def test_invalid_event_errors_carry_their_context() -> None:
