@@ -53,6 +53,14 @@ def as_text(value: Any) -> str | None:
     return str(value)
 
 
+def as_name(value: Any) -> str | None:
+    """A framework's or fault's name as text, ``None`` only when absent (``None``, NaN): unlike :func:`as_text`,
+    ``none`` (the framework that does nothing) is a name, not a missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
 def parse_json_object(value: Any) -> dict[str, Any]:
     """A JSON object cell (or an already parsed dict) as a dict; anything else gives ``{}``."""
     if isinstance(value, dict):

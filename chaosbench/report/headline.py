@@ -26,7 +26,7 @@ from chaosbench.analysis.stats import wilson
 from chaosbench.analysis.values import fault_rows
 from chaosbench.report.analysis import unusable_frameworks
 from chaosbench.report.document import Block, Cell, Heading, KeyValues, Link, Scorecard, ScoreCell
-from chaosbench.report.fmt import MISSING, as_bool, as_float, as_text, fmt_seconds
+from chaosbench.report.fmt import MISSING, as_bool, as_float, as_name, as_text, fmt_seconds
 from chaosbench.report.tables import RunView, scenario_anchor
 
 #: A headline names at most this many unusable rows, then counts the rest.
@@ -36,11 +36,11 @@ MAX_RUN_LINKS = 8
 
 
 def _framework(run: RunView) -> str:
-    return as_text(run.row.get("framework")) or MISSING
+    return as_name(run.row.get("framework")) or MISSING
 
 
 def _fault(run: RunView) -> str:
-    return as_text(run.row.get("fault")) or MISSING
+    return as_name(run.row.get("fault")) or MISSING
 
 
 def _by_framework(runs: Sequence[RunView]) -> dict[str, list[RunView]]:

@@ -160,3 +160,17 @@ def test_a_detection_without_its_mechanism_says_why() -> None:
                                      "(none recovered); detected by a mechanism not named (the detection's source "
                                      "does not say what noticed the failure (via: none)) ×1 (timeout: — no detector: "
                                      "a failed rank ends the job, a hung one stalls it)")]  # fmt: skip
+
+
+def test_the_framework_named_none_is_named() -> None:
+    """The framework that does nothing is called ``none``: a name, not a missing value (its headline and its
+    scorecard row said '—')."""
+    from types import SimpleNamespace
+
+    from chaosbench.report.fmt import as_name
+    from chaosbench.report.headline import _fault, _framework
+
+    assert _framework(SimpleNamespace(row={"framework": "none"})) == "none"  # type: ignore[arg-type]
+    assert _fault(SimpleNamespace(row={"fault": "none"})) == "none"  # type: ignore[arg-type]
+    assert _framework(SimpleNamespace(row={"framework": float("nan")})) == "—"  # type: ignore[arg-type]
+    assert as_name(None) is None and as_name("none") == "none"
