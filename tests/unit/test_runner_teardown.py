@@ -185,3 +185,17 @@ def test_the_cli_names_the_run_and_what_may_be_left_in_one_line_and_still_writes
     assert "run restart/kill #0" in line and "runtime cleanup: RuntimeError: the engine went away" in line
     assert "may have left pid 4242 running" in line
     assert (tmp_path / "out" / "teardown" / "manifest.json").exists()
+
+
+def test_the_pytest_plugin_runs_nothing_after_a_halt_and_says_why(tmp_path: Path) -> None:
+    from chaosbench.pytest_plugin import ChaosFailure, _SuiteState
+
+    suite_file = tmp_path / "teardown.yaml"
+    suite_file.write_text(_suite("test-left-running"))
+    state = _SuiteState(str(suite_file), str(tmp_path / "out"))
+    first, second = state.suite.scenarios()
+    rec, _ = state.run(first)
+    assert rec.result.status == "error" and state.runner.halted is not None
+    with pytest.raises(ChaosFailure, match="^not run: suite stopped after run restart/kill #0: "):
+        state.run(second)
+    assert not RunDir.of(state.runner.suite_dir, second).events.exists()
