@@ -103,6 +103,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     repeats = [s.describe() for s in runner.settlements.values()]
     code = _gate(args, runner.suite_dir, suite.name, records, metrics, interrupted=runner.stop_requested.is_set(),
                  repeats=repeats)  # fmt: skip
+    if runner.halted is not None:  # its run is an error too: the exit code says so already
+        _err(runner.halted.describe())
     from chaosbench.manifest import write_manifest
 
     _progress(f"manifest: {write_manifest(runner.suite_dir, args.argv, Path(args.suite))}")

@@ -61,6 +61,8 @@ class _SuiteState:
         if not self.prepared:
             self.runner.prepare()
             self.prepared = True
+        if self.runner.halted is not None:  # an earlier run may have left something this one would collide with
+            raise ChaosFailure(f"not run: {self.runner.halted.describe()}")
         rec = self.runner.run_one(scenario)
         return rec, self.runner.finish(rec)
 

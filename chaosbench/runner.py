@@ -277,6 +277,8 @@ class RunRecord:
     metrics: RunMetrics | None = None
     leftovers: list[int] = field(default_factory=list)
     index: int = 0  # 1-based place in the suite's order
+    #: The run's cleanups that failed (each also named in ``result.reason``).
+    cleanup_failures: list[CleanupFailure] = field(default_factory=list)
 
 
 class Runner:
@@ -307,6 +309,9 @@ class Runner:
         self._lock = threading.RLock()  # _controls (reentrant: the signal handler takes it in the main thread)
         self._finish_lock = threading.Lock()  # records, and one run's metrics at a time
         self.records: list[RunRecord] = []
+        #: Set when a run's cleanup failed and left, or may have left, something running that the next run
+        #: could collide with: no run starts after it (see :meth:`run_one`).
+        self.halted: SuiteHalt | None = None
 
     def request_stop(self) -> None:
         self.stop_requested.set()
@@ -427,7 +432,8 @@ class Runner:
         plot = draw_run_timeline(rd.path, rec.metrics)  # once, here: the report links it
         result = {"status": rec.result.status, "reason": rec.result.reason, "leftover_pids": rec.leftovers,
                   "outcome": rec.metrics.outcome, "elapsed_s": elapsed_s, "checkpoints_kept": kept,
-                  "timeline_plot": plot.reason or "timeline.png"}  # fmt: skip
+                  "timeline_plot": plot.reason or "timeline.png",
+                  "cleanup_failures": [dataclasses.asdict(f) for f in rec.cleanup_failures]}  # fmt: skip
         write_atomic(rd.result, json.dumps(result, indent=2, default=str))
         self.records.append(rec)
         return rec.metrics
@@ -565,6 +571,9 @@ class Runner:
             if self.stop_requested.is_set():
                 self.progress.message(f"stopped: at most {total - i + 1} runs not started")
                 return False
+            if self.halted is not None:
+                self.progress.message(f"{self.halted.describe()}; at most {total - i + 1} runs not started")
+                return False
             self._run_in_slot(i, sc, {}, follow=True)
         self._settled(cell)
         return True
@@ -580,7 +589,7 @@ class Runner:
         while True:
             if pending:
                 self._run_concurrently(pending, slots)
-            if self.stop_requested.is_set():
+            if self.stop_requested.is_set() or self.halted is not None:
                 return
             pending = []
             for cell in cells:
@@ -625,11 +634,11 @@ class Runner:
         self.progress.concurrency = len(slots)
 
         def one(index: int, sc: Scenario) -> None:
-            if self.stop_requested.is_set():
+            if self.stop_requested.is_set() or self.halted is not None:
                 return
             slot = free.get()
             try:
-                if not self.stop_requested.is_set():
+                if not self.stop_requested.is_set() and self.halted is None:
                     self._run_in_slot(index, sc, slot, follow=False)  # several runs' phases would mix
             finally:
                 free.put(slot)
@@ -641,122 +650,221 @@ class Runner:
         started = {r.index for r in self.records}
         if self.stop_requested.is_set() and (left := [i for i, _ in pending if i not in started]):
             self.progress.message(f"stopped: {len(left)} runs not started")
+        elif self.halted is not None and (left := [i for i, _ in pending if i not in started]):
+            self.progress.message(f"{self.halted.describe()}; {len(left)} runs not started")
 
     def run_one(self, sc: Scenario, follow: bool = True) -> RunRecord:
-        """One run, from its fresh directory to its teardown (``follow``: its events go to the progress)."""
+        """One run, from its fresh directory to its teardown (``follow``: its events go to the progress).
+
+        Teardown: each cleanup is registered on a :class:`_Teardown` as soon as what it undoes exists, and they
+        run last-first when the run ends, every one even when one before it failed: the fault controllers
+        closed (their firings reverted), the runtime's cleanup (every process and container of the run), the
+        checkpoint watcher stopped, the injectors' cleanups (mounts, cgroups, rules), the final artifact
+        digested, ``run_end`` written, the follower stopped, the timeline closed. A cleanup that fails makes
+        this run an ``error`` whose reason names it (``cleanup failed: runtime cleanup: RuntimeError: ...``:
+        in its ``run_end``, its result and :attr:`RunRecord.cleanup_failures`), and the suite goes on, unless
+        the runtime then still lists processes or objects of the run, or cannot list them: the next run could
+        collide with them (ports, containers, GPUs, nodes), so the suite stops after this one
+        (:attr:`halted`)."""
         run_dir = self._run_dir(sc)
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         run_id = f"{self.suite.name}-{sc.dirname}-{sc.repeat}-{uuid.uuid4().hex[:8]}"
         cpu_start_s = time.process_time()  # the harness's own CPU (every thread; not its children, the ranks)
-        timeline = harness_writer(RunDir(run_dir).events)  # every event validated with its kind's model
-        follower = TimelineFollower(RunDir(run_dir).events)
-        if follow:
-            follower.subscribe(self.progress.on_event)
-        follower.start()
-        runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
-        runtime.line_observers.append(RankErrorWatcher(timeline))
-        runtime.line_observers.append(ProcErrorWatcher(timeline))
-        controllers: list[FaultController] = []
-        injectors: list[Injector] = []
-        control: RunControl | None = None
-        watcher: CheckpointWatcher | None = None
-        job: JobContext | None = None
         result = JobResult("error", "not started")
-        # The scenario first, the plan once there is one: a run that fails before it is planned (an engine or a
-        # package missing for its fault) still has a config, so it is recorded with its reason and the suite
-        # goes on (its metrics read the config).
-        write_atomic(RunDir(run_dir).config, json.dumps(
-            {"run_id": run_id, "scenario": sc.to_dict(), "plan": None, "total_steps": None}, indent=2, default=str))  # fmt: skip
-        try:
-            job = self._job(sc, run_dir, runtime, run_id)
-            framework = _framework(sc)
-            for i, (fault_name, fault) in enumerate(sc.faults):
-                injector = _injector(fault_name, fault)
-                setup = RunSetup(
-                    run_id=run_id, run_dir=run_dir, ckpt_dir=job.ckpt_dir, runtime=runtime, timeline=timeline,
-                    rng=random.Random(sc.rng_seed + i), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
-                    target=fault.target, roles=dict(framework.roles),
-                )  # fmt: skip
-                injectors.append(injector)
-                injector.prepare(setup)
-                job.extra_env.update(setup.env)
-                if fault.trigger is not None:
-                    controllers.append(FaultController(fault_name, fault, injector, setup, sc.rng_seed + i))
-            runtime.resolve()  # what the plan needs from the cluster, looked up now: planning itself runs nothing
-            plan = framework.plan(job)
-            write_atomic(RunDir(run_dir).config, json.dumps(
-                {"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
-                 "total_steps": job.workload.total_steps}, indent=2, default=str))  # fmt: skip
-            timeline.emit(
-                "run_start", suite=sc.suite, scenario=sc.id, framework=sc.framework_label, adapter=sc.adapter,
-                fault=sc.fault_name, repeat=sc.repeat, control=sc.control, seed=sc.seed, run_id=run_id,
-                runtime=sc.runtime, ranks=sc.workload.ranks, nodes=sc.workload.nodes,
-                timeline_version=TIMELINE_VERSION,
-            )  # fmt: skip
-            timeline.emit(
-                "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
-                options=plan.options, timeout_problems=framework.timeout_problems(plan.timeouts),
-            )  # fmt: skip
-            for rec in detection_outlook(sc, framework, plan.timeouts):
-                timeline.emit("detection_prediction", **rec)
-            runtime.provision(sc.workload.nodes)  # container nodes: now, after the faults' prepare, all at once
-            for controller in controllers:
-                follower.subscribe(controller)
-            watcher = _checkpoint_watcher(job, timeline, follower)
-            control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
-            with self._lock:
-                self._controls.add(control)
-            if self.stop_requested.is_set():
-                control.interrupted.set()
-            result = framework.supervise(job, plan, control)
-        except ChaosbenchError as exc:
-            result = JobResult("error", str(exc))
-        except Exception as exc:  # noqa: BLE001 - a harness bug must still tear the run down
-            result = JobResult("error", f"{type(exc).__name__}: {exc}")
-        finally:
-            if control is not None:
-                with self._lock:
-                    self._controls.discard(control)
-            # From here on every process exit, log line and reaction is caused by the harness, not by the fault:
-            # the metrics credit nothing after this event to the framework (see chaosbench.analysis.metrics).
-            timeline.emit("teardown_begin", reason=_teardown_reason(result))
-            ended: dict[str, list[Any]] = {}
+        left: list[str] = []  # what the runtime lists as still there after the cleanups
+        pids: list[int] = []
+        with _Teardown() as teardown:
+            timeline = harness_writer(RunDir(run_dir).events)  # every event validated with its kind's model
+            teardown.cleanup("timeline close", timeline.close)
+            follower = TimelineFollower(RunDir(run_dir).events)
+            if follow:
+                follower.subscribe(self.progress.on_event)
+            follower.start()
+            teardown.cleanup("timeline follower", follower.stop)
+            runtime = _runtime(sc, RunInfo(run_id, run_dir, timeline))
+            runtime.line_observers.append(RankErrorWatcher(timeline))
+            runtime.line_observers.append(ProcErrorWatcher(timeline))
 
             def run_end() -> None:
-                ended["pids"], ended["objects"] = runtime.leftovers(), runtime.leftover_objects()
-                timeline.emit("run_end", outcome=result.status, reason=result.reason, leftover_pids=ended["pids"],
-                              leftover_objects=ended["objects"], concurrent_runs=len(self._controls) + 1,
+                nonlocal pids
+                try:
+                    pids, objects = runtime.leftovers(), runtime.leftover_objects()
+                    left.extend([f"pid {p}" for p in pids] + objects)
+                except Exception as exc:  # noqa: BLE001 - recorded; what may be left is then unknown
+                    teardown.failures.append(CleanupFailure("leftover check", _one_line(exc)))
+                    objects = []
+                    left.append(f"whatever the runtime could not list ({_one_line(exc)})")
+                end = _with_cleanup_failures(result, teardown.failures)
+                timeline.emit("run_end", outcome=end.status, reason=end.reason, leftover_pids=pids,
+                              leftover_objects=objects, concurrent_runs=len(self._controls) + 1,
                               harness_cpu_s=round(time.process_time() - cpu_start_s, 4))  # fmt: skip
 
-            # Every step runs even when one before it raised (a failing runtime cleanup must not leave the
-            # injectors' mounts, rules and cgroups behind, nor the timeline unclosed): registered last-first, the
-            # stack runs them in the order below and raises a failure once all have run.
-            with contextlib.ExitStack() as teardown:
-                teardown.callback(timeline.close)
-                teardown.callback(follower.stop)
-                teardown.callback(run_end)
-                if job is not None:
-                    teardown.callback(_digest_final_artifact, job, timeline)
-                if watcher is not None:
-                    teardown.callback(watcher.stop)  # after the teardown: the last writes are in
-                for injector in reversed(injectors):
-                    teardown.callback(_cleanup_injector, injector, timeline)
-                teardown.callback(runtime.cleanup)
-                for controller in reversed(controllers):
-                    teardown.callback(controller.close)
-            leftovers: list[int] = ended.get("pids", [])
-        return RunRecord(sc, run_dir, result, leftovers=leftovers)
+            teardown.callback(run_end)  # after every cleanup: it lists what they left and says if one failed
+            # The scenario first, the plan once there is one: a run that fails before it is planned (an engine or a
+            # package missing for its fault) still has a config, so it is recorded with its reason and the suite
+            # goes on (its metrics read the config).
+            write_atomic(RunDir(run_dir).config, json.dumps(
+                {"run_id": run_id, "scenario": sc.to_dict(), "plan": None, "total_steps": None}, indent=2, default=str))  # fmt: skip
+            try:
+                result = self._start_and_supervise(sc, run_id, run_dir, runtime, timeline, follower, teardown)
+            except ChaosbenchError as exc:
+                result = JobResult("error", str(exc))
+            except Exception as exc:  # noqa: BLE001 - a harness bug must still tear the run down
+                result = JobResult("error", f"{type(exc).__name__}: {exc}")
+            finally:
+                # From here on every process exit, log line and reaction is caused by the harness, not by the
+                # fault: the metrics credit nothing after this event to the framework (chaosbench.analysis.metrics).
+                timeline.emit("teardown_begin", reason=_teardown_reason(result))
+        # every failure, also of the steps after run_end (the follower's stop, the timeline's close)
+        result = _with_cleanup_failures(result, teardown.failures)
+        rec = RunRecord(sc, run_dir, result, leftovers=pids, cleanup_failures=list(teardown.failures))
+        if teardown.failures and left:
+            halt = SuiteHalt(f"{sc.id} #{sc.repeat}", run_dir, list(teardown.failures), left)
+            with self._lock:
+                self.halted = self.halted or halt
+        return rec
+
+    def _start_and_supervise(self, sc: Scenario, run_id: str, run_dir: Path, runtime: Runtime,
+                             timeline: TimelineWriter, follower: TimelineFollower, teardown: _Teardown) -> JobResult:
+        """The run from its faults' prepare to the end of its supervision, each cleanup registered on
+        ``teardown`` as what it undoes comes to exist (see :meth:`run_one`). Raises what the steps raise."""
+        job = self._job(sc, run_dir, runtime, run_id)
+        teardown.cleanup("final artifact digest", _digest_final_artifact, job, timeline)
+        framework = _framework(sc)
+        controllers: list[FaultController] = []
+        for i, (fault_name, fault) in enumerate(sc.faults):
+            injector = _injector(fault_name, fault)
+            setup = RunSetup(
+                run_id=run_id, run_dir=run_dir, ckpt_dir=job.ckpt_dir, runtime=runtime, timeline=timeline,
+                rng=random.Random(sc.rng_seed + i), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
+                target=fault.target, roles=dict(framework.roles),
+            )  # fmt: skip
+            # before prepare: what a prepare that fails half-way made is undone too
+            teardown.cleanup(f"fault '{fault_name}' cleanup", _cleanup_injector, injector, timeline)
+            injector.prepare(setup)
+            job.extra_env.update(setup.env)
+            if fault.trigger is not None:
+                controllers.append(FaultController(fault_name, fault, injector, setup, sc.rng_seed + i))
+        runtime.resolve()  # what the plan needs from the cluster, looked up now: planning itself runs nothing
+        plan = framework.plan(job)
+        write_atomic(RunDir(run_dir).config, json.dumps(
+            {"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
+             "total_steps": job.workload.total_steps}, indent=2, default=str))  # fmt: skip
+        timeline.emit(
+            "run_start", suite=sc.suite, scenario=sc.id, framework=sc.framework_label, adapter=sc.adapter,
+            fault=sc.fault_name, repeat=sc.repeat, control=sc.control, seed=sc.seed, run_id=run_id,
+            runtime=sc.runtime, ranks=sc.workload.ranks, nodes=sc.workload.nodes,
+            timeline_version=TIMELINE_VERSION,
+        )  # fmt: skip
+        timeline.emit(
+            "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
+            options=plan.options, timeout_problems=framework.timeout_problems(plan.timeouts),
+        )  # fmt: skip
+        for rec in detection_outlook(sc, framework, plan.timeouts):
+            timeline.emit("detection_prediction", **rec)
+        # The watcher before the nodes: it stops after the runtime's cleanup, once the last writes are in.
+        watcher = _checkpoint_watcher(job, timeline, follower)
+        if watcher is not None:
+            teardown.cleanup("checkpoint watcher", watcher.stop)
+        teardown.cleanup("runtime cleanup", runtime.cleanup)
+        runtime.provision(sc.workload.nodes)  # container nodes: now, after the faults' prepare, all at once
+        for controller in controllers:
+            follower.subscribe(controller)
+            teardown.cleanup(f"fault '{controller.fault_name}' controller", controller.close)  # before the runtime's
+        control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
+        with self._lock:
+            self._controls.add(control)
+        teardown.cleanup("run control", self._release, control)
+        if self.stop_requested.is_set():
+            control.interrupted.set()
+        return framework.supervise(job, plan, control)
+
+    def _release(self, control: RunControl) -> None:
+        with self._lock:
+            self._controls.discard(control)
 
 
 def _cleanup_injector(injector: Injector, timeline: TimelineWriter) -> None:
-    """An injector's cleanup at teardown; its failure is recorded as the fault's revert, and the harness goes on."""
+    """An injector's cleanup at teardown; its failure is also recorded as the fault's revert (``fault_revert``
+    with its ``error``), then raised to the teardown, which makes it the run's error."""
     try:
         injector.cleanup()
-    except Exception as exc:  # noqa: BLE001 - recorded; the harness goes on
+    except Exception as exc:
         timeline.emit("fault_revert", src="injector", fault=injector.fault_name, reason="cleanup",
-                      error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                      error=_one_line(exc))  # fmt: skip
+        raise
+
+
+@dataclass(frozen=True)
+class CleanupFailure:
+    """A cleanup of a run that raised: ``step`` names it (``runtime cleanup``, ``fault 'kill' cleanup``,
+    ``fault 'kill' controller``, ``checkpoint watcher``, ``leftover check``, ...), ``error`` is the one line it
+    raised (``RuntimeError: the engine went away``)."""
+
+    step: str
+    error: str
+
+    def describe(self) -> str:
+        return f"{self.step}: {self.error}"
+
+
+@dataclass(frozen=True)
+class SuiteHalt:
+    """Why a suite stopped before its end (:attr:`Runner.halted`): run ``label`` (in ``run_dir``) failed the
+    cleanups ``failures``, and after them ``left`` may still be running (pids, containers, networks, jobs, or
+    whatever the runtime could not list), which the next run could collide with. Finished runs are kept."""
+
+    label: str
+    run_dir: Path
+    failures: list[CleanupFailure]
+    left: list[str]
+
+    def describe(self) -> str:
+        """One line: what failed, what may be left, what to do."""
+        return (f"suite stopped after run {self.label}: its cleanup failed "
+                f"({'; '.join(f.describe() for f in self.failures)}) and may have left {', '.join(self.left)} "
+                f"running; finished runs are kept (chaosbench cleanup {self.run_dir.parent.parent}, then "
+                "--resume, runs the rest)")  # fmt: skip
+
+
+class _Teardown(contextlib.ExitStack):
+    """A run's cleanups, each registered (:meth:`cleanup`) when what it undoes comes to exist and run last-first
+    when the ``with`` block ends: every one runs even when one before it raised, and a cleanup that raises an
+    Exception is recorded in :attr:`failures` (in the order they ran), not raised. A BaseException
+    (KeyboardInterrupt) still propagates, once every cleanup has run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: list[CleanupFailure] = []
+
+    def cleanup(self, step: str, fn: Callable[..., object], *args: Any) -> None:
+        """Register ``fn(*args)`` as the cleanup named ``step``."""
+        self.callback(self._run, step, fn, args)
+
+    def _run(self, step: str, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - recorded: the run's error; the other cleanups still run
+            self.failures.append(CleanupFailure(step, _one_line(exc)))
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message``, the message's first line, at most 300 characters."""
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
+def _with_cleanup_failures(result: JobResult, failures: list[CleanupFailure]) -> JobResult:
+    """The run's result once its cleanups ``failures`` are known: an ``error`` (an interrupted run stays
+    interrupted: ``--resume`` runs it again) whose reason says which cleanups failed and why, after the reason
+    supervision gave, if any; ``result`` itself when none failed."""
+    if not failures:
+        return result
+    why = "cleanup failed: " + "; ".join(f.describe() for f in failures)
+    status = "interrupted" if result.status == "interrupted" else "error"
+    return JobResult(status, f"{result.reason}; {why}" if result.reason else why)
 
 
 def _digest_final_artifact(job: JobContext, timeline: TimelineWriter) -> None:

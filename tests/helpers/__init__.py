@@ -38,6 +38,21 @@ def require(engine: str, problem: str | None) -> None:
     pytest.skip(f"{engine} unavailable: {problem}", allow_module_level=True)
 
 
+def path_without(tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PATH for the rest of the test: a folder of links to every program of the current PATH but ``tool``
+    (skips when ``tool`` is not installed: its absence would prove nothing)."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed here")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for d in reversed(os.environ.get("PATH", "").split(os.pathsep)):
+        for p in Path(d).glob("*") if Path(d).is_dir() else []:
+            if p.name != tool and os.access(p, os.X_OK):
+                (bin_dir / p.name).unlink(missing_ok=True)
+                (bin_dir / p.name).symlink_to(p)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
 def slurm_problem() -> str | None:
     """Why no Slurm cluster answers here (``sinfo`` fails or lists no partition), or None."""
     try:

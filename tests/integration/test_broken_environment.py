@@ -1,12 +1,23 @@
 """A run that fails for a reason outside the system under test says why (issue 27, item 5): a user's script that
-cannot import a module, under the restart framework, is named in the verdict with its first error line."""
+cannot import a module, under the restart framework, is named in the verdict with its first error line. A tool a
+fault needs missing from the machine (issue 31, item 5) costs that fault's run alone, with a one-line reason
+naming the tool, and the suite finishes its other runs."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from chaosbench.errors import Unsupported
+from chaosbench.registry import RUNTIMES
+from chaosbench.rundir import RunDir
+from chaosbench.runner import Runner
+from chaosbench.runtimes.local import LocalRuntime
+from tests.conftest import make_suite
+from tests.helpers import path_without
 
 pytestmark = pytest.mark.integration
 
@@ -39,3 +50,49 @@ def test_a_rank_that_fails_at_import_is_named_with_its_error(run_suite, tmp_path
     assert ctl.verdict is not None and ctl.verdict.endswith(f"; {why}")
     assert m.outcome == "fault_not_fired" and m.startup_failure == why
     assert m.verdict == f"fault did not fire; {why}"
+
+
+class _LocalNodes(LocalRuntime):
+    """The local runtime declaring node control, so that a suite with a network fault loads without Docker. Its
+    node methods refuse, and none is reached: the fault's prepare fails first, its tool missing."""
+
+    name = "test-local-nodes"
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise Unsupported(f"{self.name} has no node control")
+
+    node_names = pause_node = engine_event_ns = unpause_node = set_node_cpus = _refuse
+    node_state = node_pid = node_ip = node_iface = _refuse
+
+
+MISSING_TC = """
+name: missing-tool
+seed: 1
+defaults:
+  runtime: test-local-nodes
+  deadline_s: 60
+  workload: {name: ddp-mlp, ranks: 2, steps: 8}
+frameworks: {restart: {heartbeat_timeout_s: 5}}
+faults:
+  delay: {injector: net-delay, target: {rank: 1}, trigger: {at_step: 3}, params: {delay_ms: 50}}
+  kill: {injector: kill, target: {rank: 1}, trigger: {at_step: 3}}
+matrix: {frameworks: [restart], faults: [delay, kill]}
+"""
+
+
+def test_a_network_fault_without_tc_fails_its_run_alone_naming_the_tool_and_the_suite_finishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    if _LocalNodes.name not in RUNTIMES.names():
+        RUNTIMES.register(_LocalNodes.name, _LocalNodes)
+    path_without("tc", tmp_path, monkeypatch)
+    records = Runner(make_suite(MISSING_TC), tmp_path / "out").run()
+    why = "network faults need tc on the host (apt-get install iproute2 iptables util-linux)"
+    assert [(r.scenario.id, r.result.status) for r in records] == [
+        ("restart/control", "completed"), ("restart/delay", "error"), ("restart/kill", "completed")]
+    delay, kill = records[1], records[2]
+    assert delay.result.reason == why and "\n" not in why
+    assert json.loads(RunDir(delay.run_dir).result.read_text())["reason"] == why
+    assert delay.metrics is not None and delay.metrics.outcome == "error"
+    # the run after it ran for real: its ranks started, the fault fired and the job recovered
+    assert kill.metrics is not None and kill.metrics.outcome == "recovered", kill.metrics.verdict
+    assert records[0].metrics is not None and records[0].metrics.outcome == "completed"

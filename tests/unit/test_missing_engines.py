@@ -17,6 +17,7 @@ from chaosbench.injectors.stall_fs import StallFsInjector
 from chaosbench.rundir import RunDir
 from chaosbench.runner import Runner
 from tests.conftest import make_suite
+from tests.helpers import path_without
 
 STALL = """
 name: nofuse
@@ -33,23 +34,9 @@ matrix: {frameworks: [restart], faults: [slow, slow2]}
 NO_FUSERMOUNT = "stall-fs needs FUSE: fusermount3 is not installed (apt-get install fuse3)"
 
 
-def _path_without(tmp_path: Path, tool: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """PATH: a folder with every program of the current PATH but ``tool``."""
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed here")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for d in reversed(os.environ.get("PATH", "").split(os.pathsep)):
-        for p in Path(d).glob("*") if Path(d).is_dir() else []:
-            if p.name != tool and os.access(p, os.X_OK):
-                (bin_dir / p.name).unlink(missing_ok=True)
-                (bin_dir / p.name).symlink_to(p)
-    monkeypatch.setenv("PATH", str(bin_dir))
-
-
 @pytest.mark.parametrize("tool", TOOLS)
 def test_network_faults_name_each_missing_tool(tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _path_without(tmp_path, tool, monkeypatch)
+    path_without(tool, tmp_path, monkeypatch)
     want = f"network faults need {tool} on the host (apt-get install iproute2 iptables util-linux)"
     assert NetDelayInjector.missing_engine() == PartitionInjector.missing_engine() == want
 
@@ -71,7 +58,7 @@ def test_without_fusermount3_the_dry_run_names_the_package_and_the_runs_fail_wit
     suite_file.write_text(STALL)
     assert main(["run", str(suite_file), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     assert json.loads(capsys.readouterr().out)["missing_engines"] == {}  # FUSE is here: nothing missing
-    _path_without(tmp_path, "fusermount3", monkeypatch)
+    path_without("fusermount3", tmp_path, monkeypatch)
     assert main(["run", str(suite_file), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["missing_engines"] == {"fault 'slow'": NO_FUSERMOUNT, "fault 'slow2'": NO_FUSERMOUNT}
@@ -92,7 +79,7 @@ def test_the_slurm_runtime_names_each_missing_client_command(tool: str, tmp_path
                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from chaosbench.runtimes.slurm.runtime import SlurmRuntime
 
-    _path_without(tmp_path, tool, monkeypatch)
+    path_without(tool, tmp_path, monkeypatch)
     assert SlurmRuntime.missing_engine() == (f"the slurm runtime needs the Slurm client commands ({tool} not found; "
                                              "apt-get install slurm-client, or scripts/slurm-local up)")  # fmt: skip
 
@@ -121,7 +108,7 @@ def test_without_haproxy_the_dry_run_of_the_serving_suite_names_it_and_still_ans
 
     if any(importlib.util.find_spec(p) is None for p in ("locust", "uvicorn", "starlette")):
         pytest.skip("the serve extra is not installed here")
-    _path_without(tmp_path, "haproxy", monkeypatch)
+    path_without("haproxy", tmp_path, monkeypatch)
     assert main(["run", str(ROOT / "suites" / "serving.yaml"), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     doc = json.loads(capsys.readouterr().out)
     why = "balancer needs haproxy: 'haproxy' not found (apt-get install -y haproxy)"
