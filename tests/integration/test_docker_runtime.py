@@ -178,8 +178,10 @@ def test_node_pause_and_spare_takeover(run_suite) -> None:
     assert second and second[0].get("node") == "node1"
     assert pause.outcome == "recovered", pause.missing
     # frozen node: the survivor's collective times out (pg_timeout_s 5; measured 4-9.5 s on a loaded 2-core
-    # machine) while the node is still frozen, well before rank 1's heartbeat (15 s) would
-    assert 3 < pause.time_to_detect_s < 12
+    # machine, 12.6 s with another test file's ranks beside under load average 12) while the node is still
+    # frozen, before rank 1's heartbeat (15 s) would: what detected it says so, not a time bound
+    assert pause.detected_via == "process-group timeout" and pause.time_to_detect_s > 3, (
+        pause.detected_via, pause.time_to_detect_s)  # fmt: skip
     pev = events_of(pause)
     assert kinds(pev, "node_pause", node="node1") and kinds(pev, "node_unpause", node="node1")
     assert "froze the container" in str(kinds(pev, "fault_inject")[0].get("effect"))

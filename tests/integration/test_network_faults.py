@@ -194,8 +194,11 @@ def test_network_faults_on_a_training_job(run_suite) -> None:
     print(f"\nstep ms (before, during, after): {step_ms}; partition: detect {part.time_to_detect_s} s, "
           f"resume {part.time_to_resume_s} s")  # fmt: skip
     assert part.outcome == "recovered" and part.detected
-    # the survivor's collective times out (pg_timeout_s 5: measured 5.0-7.1 s on a loaded 2-core machine)
-    assert 4.5 < part.time_to_detect_s < 12
+    # the survivor's collective times out (pg_timeout_s 5: measured 5.0-7.1 s on a loaded 2-core machine, 13.0 s
+    # with another test file's ranks beside under load average 12) before rank 1's heartbeat (15 s) would: what
+    # detected it says so, not a time bound
+    assert part.detected_via == "process-group timeout" and part.time_to_detect_s > 4.5, (
+        part.detected_via, part.time_to_detect_s)  # fmt: skip
     assert part.time_to_resume_s > 12  # not before the partition heals
     for m in res.values():
         assert run_objects(m.run_dir) == []
