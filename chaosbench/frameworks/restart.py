@@ -95,7 +95,7 @@ class RestartFramework(NoneFramework):
     newest complete checkpoint. Gives up after ``max_restarts`` relaunches."""
 
     name: ClassVar[str] = "restart"
-    Options = RestartOptions  # type: ignore[assignment]
+    Options = RestartOptions
     restarts_allowed: ClassVar[bool] = True
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:

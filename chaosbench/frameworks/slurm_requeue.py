@@ -179,7 +179,7 @@ class SlurmRequeueFramework(Framework):
         )
 
     def _slurm_version(self, job: JobContext) -> str | None:
-        return self._runtime(job).scheduler.get("slurm_version")  # type: ignore[no-any-return]
+        return self._runtime(job).scheduler.get("slurm_version")
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o: Any = self.options

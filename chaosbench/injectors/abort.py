@@ -20,7 +20,7 @@ class AbortInjector(PlantedInjector):
     """A rank dies of SIGABRT (``abort(3)``: a failed native assertion, ``std::terminate``)."""
 
     name: ClassVar[str] = "abort"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "crash"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "crash"
     summary: ClassVar[str] = "a rank dies of SIGABRT (abort(3), as a failed native assertion) at step N"
     Params = AbortParams  # type: ignore[assignment]

@@ -22,8 +22,8 @@ class GilHoldInjector(PlantedInjector):
     """Native code holding the GIL: the rank's Python threads stop for ``duration_s``, then it goes on."""
 
     name: ClassVar[str] = "gil-hold"
-    failure_mode = "stall"  # type: ignore[assignment]
-    fault_class = "hang"  # type: ignore[assignment]
+    failure_mode = "stall"
+    fault_class = "hang"
     summary: ClassVar[str] = "native code holds a rank's GIL for a while: its Python threads (heartbeats) starve"
     Params = GilHoldParams  # type: ignore[assignment]
 

@@ -25,8 +25,8 @@ class HangInjector(Injector):
     name: ClassVar[str] = "hang"
     summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
     Params = HangParams  # type: ignore[assignment]
-    failure_mode = "hang"  # type: ignore[assignment]
-    fault_class = "hang"  # type: ignore[assignment]
+    failure_mode = "hang"
+    fault_class = "hang"
     role_targets: ClassVar[bool] = True
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:

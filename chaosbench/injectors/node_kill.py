@@ -79,8 +79,8 @@ class NodeKillInjector(Injector):
     """Loses the target nodes through the runtime's node loss (see the module docstring)."""
 
     name: ClassVar[str] = "node-kill"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "node"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "node"
     summary: ClassVar[str] = (
         "lose a node the runtime's way: docker kills its container, local freezes and SIGKILLs its processes, "
         "slurm sets it DOWN|DRAIN (revert RESUME)"

@@ -21,8 +21,8 @@ class NodePauseInjector(Injector):
     """Freezes every process of the target node (``docker pause``); revert unpauses it."""
 
     name: ClassVar[str] = "node-pause"
-    failure_mode = "hang"  # type: ignore[assignment]
-    fault_class = "hang"  # type: ignore[assignment]
+    failure_mode = "hang"
+    fault_class = "hang"
     summary: ClassVar[str] = "freeze a node (docker pause) for a duration or for good; revert unpauses"
     needs_node_control: ClassVar[bool] = True
     Params = NodePauseParams  # type: ignore[assignment]

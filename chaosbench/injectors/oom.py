@@ -94,8 +94,8 @@ class OomInjector(PlantedInjector):
     """A rank runs out of memory: it grows inside a memory cgroup of ``limit_mb`` until the kernel kills it."""
 
     name: ClassVar[str] = "oom"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "crash"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "crash"
     summary: ClassVar[str] = "a rank grows inside a memory cgroup until the kernel's OOM killer ends it"
     Params = OomParams  # type: ignore[assignment]
 

@@ -35,7 +35,7 @@ class SdcInjector(PlantedInjector):
     name: ClassVar[str] = "sdc"
     summary: ClassVar[str] = "silent data corruption in one rank's gradients or parameters at step N"
     Params = SdcParams  # type: ignore[assignment]
-    fault_class = "sdc"  # type: ignore[assignment]
+    fault_class = "sdc"
 
     @property
     def damages_checkpoint(self) -> bool:

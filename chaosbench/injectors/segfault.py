@@ -20,7 +20,7 @@ class SegfaultInjector(PlantedInjector):
     program enables it, prints the stack first). Measured like a killed rank: who noticed, how fast."""
 
     name: ClassVar[str] = "segfault"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "crash"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "crash"
     summary: ClassVar[str] = "a real SIGSEGV from native code in a rank at step N"
     Params = SegfaultParams  # type: ignore[assignment]

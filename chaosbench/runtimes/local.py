@@ -75,7 +75,7 @@ class LocalRuntime(Runtime):
     ranks_on_harness_host: ClassVar[bool] = True
     Options = LocalOptions
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.opts = self.options if isinstance(self.options, LocalOptions) else LocalOptions()
         if self.opts.output_capture == "socket":

@@ -132,7 +132,7 @@ class DelayedDetectOptions(NoneOptions):
 
 class DelayedDetectFramework(NoneFramework):
     name: ClassVar[str] = "delayed-detect"
-    Options = DelayedDetectOptions  # type: ignore[assignment]
+    Options = DelayedDetectOptions
 
     def plan(self, job: JobContext) -> LaunchPlan:
         plan = super().plan(job)

@@ -208,8 +208,8 @@ class CommandWorkload(Workload):
 
     @property
     def pg_timeout_s(self) -> float | None:
-        return self.options.pg_timeout_s  # type: ignore[attr-defined, no-any-return]
+        return self.options.pg_timeout_s  # type: ignore[attr-defined]
 
     @property
     def total_steps(self) -> int | None:
-        return self.options.steps  # type: ignore[attr-defined, no-any-return]
+        return self.options.steps  # type: ignore[attr-defined]

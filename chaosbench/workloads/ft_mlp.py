@@ -193,7 +193,7 @@ def _train(
                    duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
         print(f"healed to step {heal.get('last_step')}", flush=True)
 
-    class ProbedTransport(HTTPTransport):  # type: ignore[misc,type-arg]
+    class ProbedTransport(HTTPTransport):
         """torchft's HTTP checkpoint transport, with heal events on the timeline."""
 
         def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:

@@ -119,7 +119,7 @@ class CorruptCheckpointInjector(Injector):
     def failure_mode(self) -> FailureMode | None:
         return "crash" if self.params.mode == "torn-write" else None  # type: ignore[attr-defined]
 
-    damages_checkpoint = True  # type: ignore[assignment]
+    damages_checkpoint = True
     summary: ClassVar[str] = (
         "corrupt a checkpoint on disk (bitflip in tensor data, truncate, delete shard/metadata, garble "
         "metadata) or kill a rank mid-save (torn-write)"

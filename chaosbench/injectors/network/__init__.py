@@ -357,8 +357,8 @@ class PartitionInjector(_NetInjector):
     """Cuts the network between groups of nodes (iptables in each node's namespace, both directions)."""
 
     name: ClassVar[str] = "partition"
-    failure_mode = "hang"  # type: ignore[assignment]
-    fault_class = "node"  # type: ignore[assignment]
+    failure_mode = "hang"
+    fault_class = "node"
     summary: ClassVar[str] = "cut the network between groups of nodes (iptables DROP/REJECT)"
     Params = PartitionParams  # type: ignore[assignment]
     needs_process: ClassVar[bool] = False
