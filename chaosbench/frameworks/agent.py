@@ -14,6 +14,7 @@ from chaosbench.frameworks.base import (
     LaunchPlan,
     LogPattern,
     LogWatcher,
+    O,
     Prediction,
     RunControl,
     chain,
@@ -136,7 +137,7 @@ AGENT_ROLES = {
 }
 
 
-class AgentFramework(Framework):
+class AgentFramework(Framework[O]):
     """An adapter whose ranks run under torch elastic agents: the agents' timeouts in force, and when they can
     detect a fault (see :func:`predict_agent_detection`)."""
 

@@ -211,11 +211,10 @@ class ReadyWatch:
             self.changed.set()
 
 
-class BalancerFramework(Framework):
+class BalancerFramework(Framework[BalancerOptions]):
     """Replicas behind haproxy under locust load; the recovery policy is the options (see the module docstring)."""
 
     name: ClassVar[str] = "balancer"
-    Options = BalancerOptions  # type: ignore[assignment]
     roles: ClassVar[dict[str, Role]] = {
         "rank0": Role("replica 0's server process", rank=0),
         "balancer": Role("haproxy, the load balancer in front of the replicas", proc_role="balancer"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,11 +87,16 @@ class NoneOptions(BaseModel):
     teardown_grace_s: float = Field(default=5.0, ge=0)
 
 
-class NoneFramework(Framework):
-    """No recovery: the baseline. Launches the ranks and waits; a failed rank ends the job."""
+#: The options of ``none`` or of an adapter built on it (``restart``): a NoneOptions.
+NO = TypeVar("NO", bound=NoneOptions)
+
+
+class NoneFramework(Framework[NO]):
+    """No recovery: the baseline. Launches the ranks and waits; a failed rank ends the job. Typed by its options
+    (NoneOptions, or a subclass's: ``RestartFramework(NoneFramework[RestartOptions])``)."""
 
     name: ClassVar[str] = "none"
-    Options = NoneOptions  # type: ignore[assignment]
+    Options = NoneOptions
     restarts_allowed: ClassVar[bool] = False
     roles: ClassVar[dict[str, Role]] = {
         **Framework.roles,

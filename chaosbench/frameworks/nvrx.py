@@ -154,7 +154,7 @@ class NvrxOptions(BaseModel):
         return {**dict.fromkeys(BRIDGE_SECTIONS), **self.section_timeouts}
 
 
-class NvrxFramework(Framework):
+class NvrxFramework(Framework[NvrxOptions]):
     """nvidia-resiliency-ext ft_launcher with rank monitors; see the module docstring."""
 
     name: ClassVar[str] = "nvrx"
@@ -164,7 +164,6 @@ class NvrxFramework(Framework):
         "bridge": Role("a rank's bridge to the rank monitor (node0's newest, unless the target names a node); the "
                        "rank dies with it", proc_role="bridge", node="node0"),
     }
-    Options = NvrxOptions  # type: ignore[assignment]
 
     def plan(self, job: JobContext) -> LaunchPlan:
         o: Any = self.options
@@ -267,4 +266,4 @@ class NvrxFramework(Framework):
         return v
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)  # type: ignore[attr-defined]
+        return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)

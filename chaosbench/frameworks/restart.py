@@ -89,13 +89,12 @@ class RestartOptions(NoneOptions):
     restart_delay_s: float = Field(default=0.0, ge=0, description="scheduler delay before relaunch")
 
 
-class RestartFramework(NoneFramework):
+class RestartFramework(NoneFramework[RestartOptions]):
     """Job-level checkpoint-restart: a dead rank (by its exit) or a hung one (no step heartbeat for
     ``heartbeat_timeout_s``) tears the whole job down and relaunches it; the workload resumes from its
     newest complete checkpoint. Gives up after ``max_restarts`` relaunches."""
 
     name: ClassVar[str] = "restart"
-    Options = RestartOptions
     restarts_allowed: ClassVar[bool] = True
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:

@@ -85,11 +85,10 @@ class SlurmRequeueOptions(BaseModel):
         return keeps_job_identity(v)
 
 
-class SlurmRequeueFramework(Framework):
+class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
     """The scheduler supervises the job: requeue on failure, restart from the newest checkpoint."""
 
     name: ClassVar[str] = "slurm-requeue"
-    Options = SlurmRequeueOptions  # type: ignore[assignment]
 
     @staticmethod
     def _runtime(job: JobContext) -> Any:

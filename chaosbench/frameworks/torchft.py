@@ -196,7 +196,7 @@ class _LighthouseWatch:
             )  # fmt: skip
 
 
-class TorchftFramework(Framework):
+class TorchftFramework(Framework[TorchftOptions]):
     """TorchFT: a Lighthouse plus one torchrun per replica group; see the module docstring."""
 
     name: ClassVar[str] = "torchft"
@@ -207,7 +207,6 @@ class TorchftFramework(Framework):
         "lighthouse": Role("the Lighthouse: the quorum service every replica group heartbeats to",
                            proc_role="lighthouse"),
     }
-    Options = TorchftOptions  # type: ignore[assignment]
     heals: ClassVar[bool] = True
 
     def groups(self, job: JobContext) -> int:

@@ -87,11 +87,10 @@ class ElasticOptions(BaseModel):
         return self
 
 
-class ElasticFramework(AgentFramework):
+class ElasticFramework(AgentFramework[ElasticOptions]):
     """torch elastic across nodes with a MIN:MAX node range; see the module docstring."""
 
     name: ClassVar[str] = "torchrun-elastic"
-    Options = ElasticOptions  # type: ignore[assignment]
 
     def _max_nodes(self, job: JobContext) -> int:
         o: Any = self.options

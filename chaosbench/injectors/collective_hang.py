@@ -55,7 +55,7 @@ class CollectiveHangParams(BaseModel):
         return desync_of(self.mode, self.mismatch)
 
 
-class CollectiveHangInjector(PlantedInjector):
+class CollectiveHangInjector(PlantedInjector[CollectiveHangParams]):
     """A live rank whose collectives go wrong: blocked before one (a live hang) or out of step with its peers."""
 
     name: ClassVar[str] = "collective-hang"
@@ -63,13 +63,12 @@ class CollectiveHangInjector(PlantedInjector):
         "a live rank blocks before its next collective, skips a gradient allreduce or calls it with another "
         "shape or op"
     )
-    Params = CollectiveHangParams  # type: ignore[assignment]
 
     @property
     def failure_mode(self) -> FailureMode | None:
         # block: alive, heartbeating, no step. skip/mismatch: a desynchronised group, which may hang, fail or
         # compute on silently: no framework has a detection model for it.
-        return "stall" if self.params.mode == "block" else "desync"  # type: ignore[attr-defined]
+        return "stall" if self.params.mode == "block" else "desync"
 
     @classmethod
     def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:

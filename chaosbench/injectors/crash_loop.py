@@ -21,7 +21,7 @@ class CrashLoopParams(BaseModel):
     )  # fmt: skip
 
 
-class CrashLoopInjector(PlantedInjector):
+class CrashLoopInjector(PlantedInjector[CrashLoopParams]):
     """A deterministic bug: the target ranks raise at ``at_step`` in every incarnation, so restarting cannot
     help. Measured: restarts made, seconds burned, whether the framework stopped at its retry limit."""
 
@@ -29,4 +29,3 @@ class CrashLoopInjector(PlantedInjector):
     failure_mode = "crash"
     fault_class = "crash"
     summary: ClassVar[str] = "the workload raises at step N in every incarnation (a deterministic bug)"
-    Params = CrashLoopParams  # type: ignore[assignment]

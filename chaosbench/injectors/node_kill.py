@@ -75,7 +75,7 @@ def runtime_options(runtime: type[Runtime], params: BaseModel, fault: str) -> Ba
                           f"{err['msg'].removeprefix('Value error, ')}") from None  # fmt: skip
 
 
-class NodeKillInjector(Injector):
+class NodeKillInjector(Injector[NodeKillParams]):
     """Loses the target nodes through the runtime's node loss (see the module docstring)."""
 
     name: ClassVar[str] = "node-kill"
@@ -85,7 +85,6 @@ class NodeKillInjector(Injector):
         "lose a node the runtime's way: docker kills its container, local freezes and SIGKILLs its processes, "
         "slurm sets it DOWN|DRAIN (revert RESUME)"
     )
-    Params = NodeKillParams  # type: ignore[assignment]
 
     @property
     def p(self) -> NodeKillParams:

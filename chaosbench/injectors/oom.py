@@ -90,14 +90,13 @@ def oom_kills(group: Path) -> int | None:
     return None
 
 
-class OomInjector(PlantedInjector):
+class OomInjector(PlantedInjector[OomParams]):
     """A rank runs out of memory: it grows inside a memory cgroup of ``limit_mb`` until the kernel kills it."""
 
     name: ClassVar[str] = "oom"
     failure_mode = "crash"
     fault_class = "crash"
     summary: ClassVar[str] = "a rank grows inside a memory cgroup until the kernel's OOM killer ends it"
-    Params = OomParams  # type: ignore[assignment]
 
     @classmethod
     def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:

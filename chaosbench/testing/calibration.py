@@ -130,9 +130,8 @@ class DelayedDetectOptions(NoneOptions):
     )  # fmt: skip
 
 
-class DelayedDetectFramework(NoneFramework):
+class DelayedDetectFramework(NoneFramework[DelayedDetectOptions]):
     name: ClassVar[str] = "delayed-detect"
-    Options = DelayedDetectOptions
 
     def plan(self, job: JobContext) -> LaunchPlan:
         plan = super().plan(job)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+from chaosbench.plugin_options import model_argument
 
 if TYPE_CHECKING:
     from chaosbench.specs import WorkloadSpec
@@ -25,8 +27,19 @@ class RunPaths:
     suite_dir: str = "."
 
 
-class Workload(ABC):
-    """A training program. Every rank runs the same ``argv``; its rank comes from the environment
+class NoOptions(BaseModel):
+    """The options of a workload that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+#: A workload's options model: ``class CommandWorkload(Workload[CommandOptions])`` makes ``self.options`` a CommandOptions.
+O = TypeVar("O", bound=BaseModel)  # noqa: E741 - the options' type parameter, as in the issue's Framework[O]
+
+
+class Workload(ABC, Generic[O]):
+    """A training program, typed by its options model ``O`` (``class CommandWorkload(Workload[CommandOptions])``:
+    that model is its ``Options`` and ``self.options`` an instance of it). Every rank runs the same ``argv``; its rank comes from the environment
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), set by the framework adapter."""
 
     name: ClassVar[str]
@@ -46,12 +59,19 @@ class Workload(ABC):
     #: TorchFT's Manager without declaring :meth:`replica_groups`).
     users_script: ClassVar[bool] = False
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    #: The options model: the type argument ``O`` (set from it when a subclass is made), or one set explicitly.
+    Options: ClassVar[type[BaseModel]] = NoOptions
 
-    def __init__(self, spec: WorkloadSpec, options: BaseModel) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Options" not in cls.__dict__:
+            model = model_argument(cls, Workload)
+            if model is not None:
+                cls.Options = model
+
+    def __init__(self, spec: WorkloadSpec, options: O) -> None:
         self.spec = spec
-        self.options = options
+        self.options: O = options
 
     @abstractmethod
     def argv(self, run: RunPaths) -> list[str]:
@@ -85,7 +105,7 @@ class Workload(ABC):
         return None
 
 
-class ProgramWorkload(Workload):
+class ProgramWorkload(Workload[O]):
     """A built-in training program run as ``python -m <program>``: its argv comes from its Options model (see
     :func:`chaosbench.workloads.skeleton.options_argv`), whose ``steps`` and ``pg_timeout_s`` the harness reads
     too. ``checkpoints``: the program checkpoints into the run's checkpoint directory (``--ckpt-dir``)."""

@@ -138,7 +138,7 @@ class CommandOptions(BaseModel):
         return self
 
 
-class CommandWorkload(Workload):
+class CommandWorkload(Workload[CommandOptions]):
     """The user's own script, run unchanged under :mod:`chaosbench.launchers.command`, which substitutes the
     placeholders, starts the script in its working directory, reports its pid and turns its log lines into step /
     checkpoint events.
@@ -149,7 +149,6 @@ class CommandWorkload(Workload):
     directory chaosbench was started in) and ``{suite_dir}`` (the suite file's directory)."""
 
     name: ClassVar[str] = "command"
-    Options = CommandOptions  # type: ignore[assignment]
     users_script: ClassVar[bool] = True
 
     def substitutions(self, run: RunPaths) -> dict[str, str]:
@@ -208,8 +207,8 @@ class CommandWorkload(Workload):
 
     @property
     def pg_timeout_s(self) -> float | None:
-        return self.options.pg_timeout_s  # type: ignore[attr-defined]
+        return self.options.pg_timeout_s
 
     @property
     def total_steps(self) -> int | None:
-        return self.options.steps  # type: ignore[attr-defined]
+        return self.options.steps

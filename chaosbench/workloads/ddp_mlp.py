@@ -92,11 +92,10 @@ class DdpMlpOptions(TrainingOptions):
     )
 
 
-class DdpMlpWorkload(ProgramWorkload):
+class DdpMlpWorkload(ProgramWorkload[DdpMlpOptions]):
     """A DDP MLP on gloo (NCCL when CUDA is present) over synthetic data; see the module docstring."""
 
     name: ClassVar[str] = "ddp-mlp"
-    Options = DdpMlpOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
 

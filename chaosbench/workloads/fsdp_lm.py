@@ -95,12 +95,11 @@ class FsdpLmOptions(TrainingOptions):
     lr: float = Field(default=3e-3, gt=0, description="peak learning rate of AdamW")
 
 
-class FsdpLmWorkload(ProgramWorkload):
+class FsdpLmWorkload(ProgramWorkload[FsdpLmOptions]):
     """A small transformer LM sharded with FSDP2 (every rank writes its own DCP shard); see the module
     docstring."""
 
     name: ClassVar[str] = "fsdp-lm"
-    Options = FsdpLmOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
     #: FSDP's gradient collectives are its own reduce-scatters: it can leave one out, not reshape one
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip"})

@@ -357,14 +357,13 @@ class FtMlpOptions(BaseModel):
     )  # fmt: skip
 
 
-class FtMlpWorkload(ProgramWorkload):
+class FtMlpWorkload(ProgramWorkload[FtMlpOptions]):
     """The ft-mlp workload (see :mod:`chaosbench.workloads.ft_mlp`); needs the ``torchft`` adapter.
 
     ``workload.ranks`` is the total over all replica groups; the groups are ``groups`` (default: ``nodes``),
     so ``{name: ft-mlp, ranks: 2, nodes: 2}`` or ``{ranks: 2, groups: 2}`` is 2 groups of 1 rank."""
 
     name: ClassVar[str] = "ft-mlp"
-    Options = FtMlpOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
     checkpoints: ClassVar[bool] = False  # no checkpoints: a restarted group heals from a live peer

@@ -163,17 +163,16 @@ class PpLmOptions(TrainingOptions):
         return self
 
 
-class PpLmWorkload(ProgramWorkload):
+class PpLmWorkload(ProgramWorkload[PpLmOptions]):
     """fsdp-lm's transformer LM as pipeline stages x data-parallel replicas; see the module docstring."""
 
     name: ClassVar[str] = "pp-lm"
-    Options = PpLmOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
 
     def replica_groups(self) -> int:
         """Under the ``torchft`` adapter one replica group is one whole pipeline: ``ranks / stages`` groups of
         ``stages`` ranks (other frameworks do not ask)."""
-        stages = int(self.options.stages)  # type: ignore[attr-defined]
+        stages = int(self.options.stages)
         if self.spec.ranks % stages:
             raise ValueError(f"pp-lm under torchft: ranks ({self.spec.ranks}) must be a multiple of stages ({stages})")
         return self.spec.ranks // stages

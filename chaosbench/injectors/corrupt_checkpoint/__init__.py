@@ -109,7 +109,7 @@ class CorruptParams(BaseModel):
         return self
 
 
-class CorruptCheckpointInjector(Injector):
+class CorruptCheckpointInjector(Injector[CorruptParams]):
     """Damages a checkpoint on disk (bit flips in tensor data, truncation, deletion of a shard or of the DCP
     metadata) or kills a rank in the middle of a checkpoint save. Not reverted: permanent damage."""
 
@@ -117,7 +117,7 @@ class CorruptCheckpointInjector(Injector):
 
     @property
     def failure_mode(self) -> FailureMode | None:
-        return "crash" if self.params.mode == "torn-write" else None  # type: ignore[attr-defined]
+        return "crash" if self.params.mode == "torn-write" else None
 
     damages_checkpoint = True
     summary: ClassVar[str] = (
@@ -125,10 +125,9 @@ class CorruptCheckpointInjector(Injector):
         "metadata) or kill a rank mid-save (torn-write)"
     )
     needs_process: ClassVar[bool] = False
-    Params = CorruptParams  # type: ignore[assignment]
 
     @classmethod
-    def check_target(cls, target: Target, trigger: Trigger) -> str | None:
+    def check_target(cls, target: Target, trigger: Trigger | None) -> str | None:
         """Every target kind works: damage modes need only rank numbers (``node`` targets expand to that
         node's ranks, ``all`` to every rank); torn-write needs the rank's process, which it looks up when it
         fires (no process: the firing is skipped). Mode-specific checks are in :class:`CorruptParams`,
@@ -219,7 +218,7 @@ class CorruptCheckpointInjector(Injector):
         }
 
     def _select(self, root: Path, file_glob: str | None) -> cf.Checkpoint:
-        which = self.params.checkpoint  # type: ignore[attr-defined]
+        which = self.params.checkpoint
         found = cf.list_checkpoints(root, file_glob)
         ck = cf.select_checkpoint(found, which)
         if ck is None:
@@ -281,7 +280,7 @@ class CorruptCheckpointInjector(Injector):
         }
 
     def _ranges(self, file: Path) -> list[cf.PayloadRange]:
-        pattern = self.params.tensors  # type: ignore[attr-defined]
+        pattern = self.params.tensors
         ranges = cf.tensor_payload_ranges(file)
         if pattern is not None:
             ranges = [r for r in ranges if fnmatch.fnmatchcase(r.name, pattern)]
@@ -352,7 +351,7 @@ class CorruptCheckpointInjector(Injector):
             if t.pid is None:
                 raise ProcessLookupError(f"rank {t.rank} has no process")
             saves.append(self._save_in_progress(ctx, t))
-        if self.params.torn_at == "shard-write":  # type: ignore[attr-defined]
+        if self.params.torn_at == "shard-write":
             for t, (_, path) in zip(ctx.targets, saves, strict=True):
                 assert t.rank is not None  # no role targets here (role_targets is False)
                 self._wait_for_shard(Path(path) if path else None, t.rank)
