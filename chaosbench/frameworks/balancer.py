@@ -253,7 +253,7 @@ class BalancerFramework(Framework[BalancerOptions]):
                            node=node, incarnation=incarnation)  # fmt: skip
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         serve = self._serve(job)
         containers = self._containers(job)
         if not containers and shutil.which(o.haproxy) is None:
@@ -287,7 +287,7 @@ class BalancerFramework(Framework[BalancerOptions]):
         )  # fmt: skip
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         return {
             "check_interval_s": o.check_interval_ms / 1000 if o.health_checks else None,
             "fall": float(o.fall) if o.health_checks else None,
@@ -312,7 +312,7 @@ class BalancerFramework(Framework[BalancerOptions]):
 
     def versions(self) -> dict[str, str | None]:
         v = super().versions()
-        o: Any = self.options
+        o = self.options
         v["haproxy"] = haproxy_version(o.haproxy)
         for pkg in ("locust", "uvicorn", "starlette"):
             v[pkg] = package_version(pkg)
@@ -320,7 +320,7 @@ class BalancerFramework(Framework[BalancerOptions]):
 
     # -- running
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         rt, tl = control.runtime, control.timeline
         specs = {p.role if p.role != "rank" else p.name: p for p in plan.processes}
         init = rt.start(specs["init"])
@@ -424,7 +424,7 @@ class BalancerFramework(Framework[BalancerOptions]):
         return None if rc == 0 else JobResult("failed", f"{h.name} exited with {describe_exit(rc)}")
 
     def _write_config(self, job: JobContext, plan: LaunchPlan) -> Path:
-        o: Any = self.options
+        o = self.options
         servers = [(int(k), v) for k, v in plan.options["servers"].items()]
         path = Path(plan.options["haproxy_config"])
         # container nodes resolve each other through the engine's DNS (docker: 127.0.0.11)

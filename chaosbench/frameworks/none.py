@@ -111,7 +111,7 @@ class NoneFramework(Framework[NO]):
         return 0
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update({"monitor_interval_s": o.monitor_interval_s, "teardown_grace_s": o.teardown_grace_s})
         return t
@@ -128,7 +128,7 @@ class NoneFramework(Framework[NO]):
         return None
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         watchdog = self.watchdog(job)
         if watchdog is not None:
             control.follower.subscribe(watchdog)
@@ -175,9 +175,13 @@ class NoneFramework(Framework[NO]):
             control.timeline.emit(
                 "restart", src="framework", framework=self.label, attempt=attempts, reason=failure.reason
             )
-            if o.restart_delay_s:
-                control.sleep(o.restart_delay_s)
+            if self.restart_delay_s():
+                control.sleep(self.restart_delay_s())
             specs = rank_processes(job, incarnation, job.runtime.free_port(), self.max_restarts())
+
+    def restart_delay_s(self) -> float:
+        """Seconds to wait before a relaunch (a scheduler's delay): none here (nor any relaunch)."""
+        return 0.0
 
     def watchdog(self, job: JobContext) -> Watchdog | None:
         """What watches the ranks' liveness beyond their exits (``restart``: a step heartbeat); none here."""

@@ -166,7 +166,7 @@ class NvrxFramework(Framework[NvrxOptions]):
     }
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         python = job.workload_argv()[0]
         endpoint = f"{job.runtime.master_addr}:{job.runtime.free_port()}"
         sections = ",".join(f"{k}:{_opt(v)}" for k, v in o.all_section_timeouts().items())
@@ -212,7 +212,7 @@ class NvrxFramework(Framework[NvrxOptions]):
         )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update(
             {

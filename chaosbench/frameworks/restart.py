@@ -98,7 +98,7 @@ class RestartFramework(NoneFramework[RestartOptions]):
     restarts_allowed: ClassVar[bool] = True
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update({"heartbeat_timeout_s": o.heartbeat_timeout_s, "startup_timeout_s": o.startup_timeout_s,
                   "restart_delay_s": o.restart_delay_s})
@@ -127,9 +127,12 @@ class RestartFramework(NoneFramework[RestartOptions]):
         return []
 
     def max_restarts(self) -> int:
-        o: Any = self.options
+        o = self.options
         return int(o.max_restarts)
 
+    def restart_delay_s(self) -> float:
+        return self.options.restart_delay_s
+
     def watchdog(self, job: JobContext) -> StepWatchdog:
-        o: Any = self.options
+        o = self.options
         return StepWatchdog(o.heartbeat_timeout_s, o.startup_timeout_s, job.workload.total_steps)

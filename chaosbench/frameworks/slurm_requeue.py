@@ -99,7 +99,7 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
 
     def script(self, job: JobContext) -> str:
         """The batch script (plain text; the same script runs again after every requeue)."""
-        o: Any = self.options
+        o = self.options
         rt = self._runtime(job)
         env = {k: v for k, v in job.rank_env(0).items() if k not in _PER_JOB}
         argv = rt.node_argv(job.workload_argv())
@@ -152,7 +152,7 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
         return "\n".join(lines) + "\n"
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         self._runtime(job)
         spec = ProcessSpec(
             name="job",
@@ -181,7 +181,7 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
         return self._runtime(job).scheduler.get("slurm_version")
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t["poll_interval_s"] = o.poll_interval_s
         cfg = self._runtime(job).scheduler  # read when the run started; empty in a dry run
@@ -206,7 +206,7 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         from chaosbench.runtimes.slurm import JobState
 
-        o: Any = self.options
+        o = self.options
         rt = self._runtime(job)
         script = job.run_dir / "slurm" / "job.sh"
         script.parent.mkdir(parents=True, exist_ok=True)

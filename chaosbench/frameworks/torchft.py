@@ -222,7 +222,7 @@ class TorchftFramework(Framework[TorchftOptions]):
         return groups
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         groups = self.groups(job)
         per_group = job.ranks // groups
         python = job.workload_argv()[0]
@@ -289,7 +289,7 @@ class TorchftFramework(Framework[TorchftOptions]):
         )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update(
             {
@@ -341,7 +341,7 @@ class TorchftFramework(Framework[TorchftOptions]):
         return out
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
         lighthouse = _LighthouseWatch(self.label, control.timeline)
         control.follower.subscribe(lighthouse.on_event)

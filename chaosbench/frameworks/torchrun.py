@@ -8,7 +8,7 @@ restart worker group``). LOGLEVEL=INFO makes the agent print its rendezvous line
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,7 +48,7 @@ class TorchrunFramework(AgentFramework[TorchrunOptions]):
     name: ClassVar[str] = "torchrun"
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         port = job.runtime.free_port()
         procs = []
         for n in range(job.nodes):

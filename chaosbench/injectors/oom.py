@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -107,7 +107,7 @@ class OomInjector(PlantedInjector[OomParams]):
     def prepare(self, setup: RunSetup) -> None:
         self._group: Path | None = None
         self._setup = setup
-        p: Any = self.params
+        p = self.params
         try:
             self._group = make_group(f"{setup.run_id}.{self.fault_name}", p.limit_mb)
         except OSError as exc:

@@ -70,7 +70,7 @@ class StragglerInjector(Injector[StragglerParams]):
         return m
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         method = self._method()
         for t in ctx.targets:
             if t.pid is None or not procutil.alive(t.pid, t.pid_ticks):
@@ -99,7 +99,7 @@ class StragglerInjector(Injector[StragglerParams]):
     def _duty_cycle(
         self, ctx: FaultContext, pids: list[tuple[int, int | None, str]], stop: threading.Event
     ) -> None:
-        p: Any = self.params
+        p = self.params
         on, off = p.period_s * p.cpu_fraction, p.period_s * (1 - p.cpu_fraction)
         while not stop.is_set():
             for pid, ticks, node in pids:

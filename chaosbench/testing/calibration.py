@@ -30,7 +30,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -142,7 +142,7 @@ class DelayedDetectFramework(NoneFramework[DelayedDetectOptions]):
         return plan
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         ranks = [control.runtime.start(s) for s in plan.processes]
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
         exit_file = Path(job.run_dir) / EXIT_FILE

@@ -13,6 +13,7 @@ from chaosbench.plugin_options import model_argument
 
 if TYPE_CHECKING:
     from chaosbench.specs import WorkloadSpec
+    from chaosbench.workloads.skeleton import TrainingOptions
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,8 @@ class Workload(ABC, Generic[O]):
 
 class ProgramWorkload(Workload[O]):
     """A built-in training program run as ``python -m <program>``: its argv comes from its Options model (see
-    :func:`chaosbench.workloads.skeleton.options_argv`), whose ``steps`` and ``pg_timeout_s`` the harness reads
-    too. ``checkpoints``: the program checkpoints into the run's checkpoint directory (``--ckpt-dir``)."""
+    :func:`chaosbench.workloads.skeleton.options_argv`). ``checkpoints``: the program checkpoints into the run's
+    checkpoint directory (``--ckpt-dir``)."""
 
     program: ClassVar[str]
     checkpoints: ClassVar[bool] = True
@@ -119,10 +120,19 @@ class ProgramWorkload(Workload[O]):
 
         return workload_argv(self.program, self.options, run.seed, run.ckpt_dir if self.checkpoints else None)
 
+
+#: The options of a program built on the training skeleton: a :class:`~chaosbench.workloads.skeleton.TrainingOptions`.
+TO = TypeVar("TO", bound="TrainingOptions")
+
+
+class TrainingProgram(ProgramWorkload[TO]):
+    """A built-in program whose options are the skeleton's TrainingOptions, whose ``steps`` and ``pg_timeout_s``
+    the harness reads too (ddp-mlp, fsdp-lm, pp-lm)."""
+
     @property
     def pg_timeout_s(self) -> float | None:
-        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
+        return float(self.options.pg_timeout_s)
 
     @property
     def total_steps(self) -> int | None:
-        return int(self.options.steps)  # type: ignore[attr-defined]
+        return int(self.options.steps)

@@ -163,7 +163,7 @@ class CommandWorkload(Workload[CommandOptions]):
         }
 
     def argv(self, run: RunPaths) -> list[str]:
-        o: Any = self.options
+        o = self.options
         return [
             sys.executable,
             "-m",
@@ -187,7 +187,7 @@ class CommandWorkload(Workload[CommandOptions]):
 
     def work_dir(self, run: RunPaths) -> Path:
         """The script's working directory."""
-        o: Any = self.options
+        o = self.options
         if o.cwd is None:
             return run.run_dir / "work"
         rank0 = {"rank": "0", "local_rank": "0", "world_size": str(self.spec.ranks), "node": "node0", "incarnation": "0"}
@@ -196,13 +196,13 @@ class CommandWorkload(Workload[CommandOptions]):
     def watched_dirs(self, run: RunPaths) -> list[Path]:
         """Where the script's checkpoint saves are taken from the filesystem (``watch_checkpoints``): its checkpoint
         and working directories; none when its own log lines report the saves."""
-        o: Any = self.options
+        o = self.options
         watch = o.watch_checkpoints if o.watch_checkpoints is not None else o.patterns.ckpt_save_end is None
         return [run.ckpt_dir, self.work_dir(run)] if watch else []
 
     def final_artifact(self, run: RunPaths) -> str | None:
         """``fidelity_from`` with the run's placeholders substituted (a path or a glob), or None."""
-        o: Any = self.options
+        o = self.options
         return None if o.fidelity_from is None else substitute(o.fidelity_from, self.substitutions(run))
 
     @property

@@ -368,15 +368,23 @@ class FtMlpWorkload(ProgramWorkload[FtMlpOptions]):
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
     checkpoints: ClassVar[bool] = False  # no checkpoints: a restarted group heals from a live peer
 
+    @property
+    def pg_timeout_s(self) -> float | None:
+        return self.options.pg_timeout_s
+
+    @property
+    def total_steps(self) -> int | None:
+        return self.options.steps
+
     def replica_groups(self) -> int:
-        o: Any = self.options
+        o = self.options
         groups = int(o.groups or self.spec.nodes)
         if self.spec.ranks % groups:
             raise ValueError(f"ft-mlp: ranks ({self.spec.ranks}) must be a multiple of groups ({groups})")
         return groups
 
     def argv(self, run: RunPaths) -> list[str]:
-        o: Any = self.options
+        o = self.options
         if o.batch_mode == "global" and o.batch_size % self.spec.ranks:
             from chaosbench.errors import ChaosbenchError
 

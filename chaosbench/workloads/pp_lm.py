@@ -92,7 +92,7 @@ from pydantic import Field, model_validator
 
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
 from chaosbench.signatures import rank_error
-from chaosbench.workloads.base import ProgramWorkload
+from chaosbench.workloads.base import TrainingProgram
 from chaosbench.workloads.fsdp_lm import (
     ADAM_BETAS,
     DROPOUT_P,
@@ -163,7 +163,7 @@ class PpLmOptions(TrainingOptions):
         return self
 
 
-class PpLmWorkload(ProgramWorkload[PpLmOptions]):
+class PpLmWorkload(TrainingProgram[PpLmOptions]):
     """fsdp-lm's transformer LM as pipeline stages x data-parallel replicas; see the module docstring."""
 
     name: ClassVar[str] = "pp-lm"

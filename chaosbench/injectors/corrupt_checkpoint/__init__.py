@@ -137,21 +137,21 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
     def prepare(self, setup: RunSetup) -> None:
         """Import torch's DCP reader now when a firing will need it: imported at fire time it takes seconds
         on a busy machine, long enough for training to run past the checkpoint the fault is aimed at."""
-        p: Any = self.params
+        p = self.params
         if p.mode in ("bitflip", *damage.STATE_MODES) and p.file_glob is None:
             import torch.distributed.checkpoint  # noqa: F401
             import torch.distributed.checkpoint.format_utils  # noqa: F401
 
     # ------------------------------------------------------------------ inject
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         if p.mode == "torn-write":
             return self._torn_write(ctx)
         try:
             if p.mode in damage.STATE_MODES:
                 details = self._damage_state(ctx)
             elif p.file_glob is not None:
-                details = self._corrupt_files(ctx)
+                details = self._corrupt_files(ctx, p.file_glob)
             else:
                 details = self._corrupt_dcp(ctx)
         except (cf.CheckpointFormatError, ValueError) as exc:
@@ -172,11 +172,11 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
     def _damage_state(self, ctx: FaultContext) -> dict[str, Any]:
         """The state modes (:mod:`~chaosbench.injectors.corrupt_checkpoint.state`), on the chosen checkpoint of
         each target rank's file (a per-rank ``file_glob``) or on the one checkpoint (DCP, a shared file)."""
-        p: Any = self.params
+        p = self.params
         root, glob = ctx.setup.ckpt_dir, p.file_glob
         ranks = sorted({t.rank for t in ctx.targets if t.rank is not None})
         per_rank = glob is not None and "{rank}" in glob
-        globs: list[str | None] = [glob.replace("{rank}", str(r)) for r in ranks] if per_rank else [glob]
+        globs: list[str | None] = [glob.replace("{rank}", str(r)) for r in ranks] if glob and per_rank else [glob]
         changes: list[dict[str, Any]] = []
         chosen = [self._select(root, g) for g in globs]
         for g, ck in zip(globs, chosen, strict=True):
@@ -230,7 +230,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         return ck
 
     def _corrupt_dcp(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         ck = self._select(ctx.setup.ckpt_dir, None)
         out: dict[str, Any] = {
             "checkpoint": str(ck.path),
@@ -258,13 +258,14 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         ]
         return out
 
-    def _corrupt_files(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
-        per_rank = "{rank}" in p.file_glob
+    def _corrupt_files(self, ctx: FaultContext, file_glob: str) -> dict[str, Any]:
+        """The damage on plain torch.save files matching ``file_glob`` (the params' ``file_glob``)."""
+        p = self.params
+        per_rank = "{rank}" in file_glob
         groups: list[tuple[int | None, str]] = (
-            [(t.rank, p.file_glob.replace("{rank}", str(t.rank))) for t in ctx.targets]
+            [(t.rank, file_glob.replace("{rank}", str(t.rank))) for t in ctx.targets]
             if per_rank
-            else [(None, p.file_glob)]
+            else [(None, file_glob)]
         )
         chosen = [self._select(ctx.setup.ckpt_dir, glob) for _, glob in groups]
         ranges = {ck.path: self._ranges(ck.path) for ck in chosen} if p.mode == "bitflip" else None
@@ -294,7 +295,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         self, files: list[Path], ranges: dict[Path, list[cf.PayloadRange]] | None, rank: int | None,
         ctx: FaultContext,
     ) -> list[dict[str, Any]]:  # fmt: skip
-        p: Any = self.params
+        p = self.params
         if p.mode != "bitflip" or ranges is None:
             return [self._damage(f, rank, None, ctx) for f in files]
         # Spread the rank's bits over its files in proportion to their payload, then flip per file.
@@ -312,7 +313,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         ctx: FaultContext,
         bits: int = 0,
     ) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         rec: dict[str, Any] = {"file": str(file), "rank": rank if rank is not None else cf.shard_rank(file)}
         rec["size_before"] = file.stat().st_size
         if p.mode == "bitflip":

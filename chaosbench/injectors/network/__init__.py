@@ -182,7 +182,7 @@ class _ShapingInjector(_NetInjector[SP]):
         """``netem`` on the node's egress when the params allow it (``method`` auto or netem, ``direction``
         egress): True when it took; False to use the fallback; an error when netem was asked for and the kernel
         lacks it."""
-        p: Any = self.params
+        p = self.params
         if p.method not in ("auto", "netem") or p.direction != "egress":
             return False
         if self._add_qdisc(ctx, rt, node, "netem", self.netem_args()):
@@ -264,7 +264,7 @@ class NetDelayInjector(_ShapingInjector[NetDelayParams]):
     fallback: ClassVar[str] = "nfqueue"
 
     def netem_args(self) -> list[str]:
-        p: Any = self.params
+        p = self.params
         return ["delay", f"{p.delay_ms}ms"] + ([f"{p.jitter_ms}ms"] if p.jitter_ms else [])
 
     def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
@@ -294,7 +294,7 @@ class NetLossInjector(_ShapingInjector[NetLossParams]):
         return ["loss", f"{self.params.percent}%"]
 
     def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
-        p: Any = self.params
+        p = self.params
         for chain, opt in chains(p.direction):
             spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-m", "statistic", "--mode", "random",
                     "--probability", f"{p.percent / 100:.6f}", "-j", "DROP"]  # fmt: skip
@@ -324,7 +324,7 @@ class NetBandwidthInjector(_NetInjector[NetBandwidthParams]):
     summary: ClassVar[str] = "limit a node's egress bandwidth (tbf)"
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         rt = node_control(ctx.runtime, self.name)
         for node in target_nodes(ctx):
             args = ["rate", p.rate, "burst", p.burst, "latency", f"{p.latency_ms}ms"]
@@ -370,7 +370,7 @@ class PartitionInjector(_NetInjector[PartitionParams]):
         return None
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         rt = node_control(ctx.runtime, self.name)
         known = set(rt.node_names())
         unknown = [n for g in p.groups for n in g if n not in known]
