@@ -222,13 +222,13 @@ class BalancerFramework(Framework[BalancerOptions]):
     }
 
     @classmethod
-    def missing_engine(cls, options: BaseModel, runtime: type[Runtime]) -> str | None:
+    def missing_engine(cls, options: BalancerOptions, runtime: type[Runtime]) -> str | None:
         import importlib.util
 
         missing = [p for p in ("locust", "uvicorn", "starlette") if importlib.util.find_spec(p) is None]
         if missing:
             return f"balancer needs {', '.join(missing)}: pip install 'chaosbench[serve]'"
-        haproxy = getattr(options, "haproxy", "haproxy")
+        haproxy = options.haproxy
         if not issubclass(runtime, NodeControl) and shutil.which(haproxy) is None:
             return f"balancer needs haproxy: '{haproxy}' not found (apt-get install -y haproxy)"
         return None

@@ -429,7 +429,7 @@ class Framework(ABC, Generic[O]):
         self.options: O = options
 
     @classmethod
-    def missing_engine(cls, options: BaseModel, runtime: type[Runtime]) -> str | None:
+    def missing_engine(cls, options: O, runtime: type[Runtime]) -> str | None:
         """What this adapter, with ``options`` on ``runtime``, needs on this machine and lacks (a program, a
         package), naming what to install; None when nothing is missing. A warning before a suite runs and in
         ``--dry-run``; a run fails with the same reason and the suite goes on."""

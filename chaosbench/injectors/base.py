@@ -202,7 +202,7 @@ class Injector(ABC, Generic[P]):
         return None
 
     @classmethod
-    def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
+    def check_runtime(cls, runtime: type[Runtime], params: P) -> str | None:
         """A problem with running this fault, with these ``params``, on ``runtime`` (a capability it lacks, an
         option that does not apply there), or None. Asked when the suite loads, so ``--dry-run`` shows it."""
         return node_control_problem(runtime, cls.name) if cls.needs_node_control else None
@@ -215,7 +215,7 @@ class Injector(ABC, Generic[P]):
         return None
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: P) -> str | None:
         """A problem with firing this fault, with these ``params``, in ``workload`` (it cannot be planted there),
         or None. Asked when the suite loads."""
         return None
@@ -291,7 +291,7 @@ class PlantedInjector(Injector[P]):
     planted: ClassVar[bool] = True
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: P) -> str | None:
         if workload.plants:
             return None
         return (f"{cls.name} is planted from inside chaosbench's own training programs; workload "

@@ -15,7 +15,7 @@ suite that plants one where it cannot fails when it loads."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -71,11 +71,11 @@ class CollectiveHangInjector(PlantedInjector[CollectiveHangParams]):
         return "stall" if self.params.mode == "block" else "desync"
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: CollectiveHangParams) -> str | None:
         problem = super().check_workload(workload, params)
         if problem is not None:
             return problem
-        desync: Any = getattr(params, "desync", None)
+        desync = params.desync
         if desync is not None and desync not in workload.desyncs:
             can = ", ".join(sorted(workload.desyncs)) or "none"
             return (f"collective-hang {desync} needs a workload that changes its own gradient collective; "

@@ -92,7 +92,7 @@ class NodeKillInjector(Injector[NodeKillParams]):
         return self.params
 
     @classmethod
-    def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
+    def check_runtime(cls, runtime: type[Runtime], params: NodeKillParams) -> str | None:
         try:
             runtime_options(runtime, params, cls.name)
         except Unsupported as exc:

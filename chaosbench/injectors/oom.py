@@ -99,7 +99,7 @@ class OomInjector(PlantedInjector[OomParams]):
     summary: ClassVar[str] = "a rank grows inside a memory cgroup until the kernel's OOM killer ends it"
 
     @classmethod
-    def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
+    def check_runtime(cls, runtime: type[Runtime], params: OomParams) -> str | None:
         if not runtime.ranks_on_harness_host:
             return f"oom needs ranks on the harness's own host, where it makes the memory cgroup (the local runtime), not '{runtime.name}'"
         return None

@@ -42,8 +42,8 @@ class SdcInjector(PlantedInjector[SdcParams]):
         return self.params.where == "save"
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: SdcParams) -> str | None:
         problem = super().check_workload(workload, params)
-        if problem is None and getattr(params, "where", None) == "save" and not workload.checkpoints:
+        if problem is None and params.where == "save" and not workload.checkpoints:
             return f"sdc where: save poisons a checkpoint; workload '{workload.name}' writes none"
         return problem

@@ -356,8 +356,8 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
             for t, (_, path) in zip(ctx.targets, saves, strict=True):
                 assert t.rank is not None  # no role targets here (role_targets is False)
                 self._wait_for_shard(Path(path) if path else None, t.rank)
-        delivered = [ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)  # type: ignore[arg-type]
-                     for t in ctx.targets]  # fmt: skip
+        delivered = [ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)
+                     for t in ctx.targets if t.pid is not None]  # each has one: checked above  # fmt: skip
         step, path = saves[0]
         out: dict[str, Any] = {"mode": "torn-write", "checkpoint": path, "step": step,
                                "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets],
