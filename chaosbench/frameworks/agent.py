@@ -144,6 +144,8 @@ class AgentFramework(Framework[O]):
     roles: ClassVar[dict[str, Role]] = {**Framework.roles, **AGENT_ROLES}
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        # Any: torchrun's and torchrun-elastic's options both have these fields but share no model (a common
+        # base model would reorder their fields in plans and docs)
         o: Any = self.options
         t = super().timeouts(job)
         t.update({"monitor_interval_s": o.monitor_interval_s, "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
