@@ -6,7 +6,10 @@ text; the message is built from them)::
     ChaosbenchError                     everything chaosbench raises on purpose (the CLI prints one line)
     ├── SpecError(problem, file, line, obj)
     │                                   a suite, fault definition or option is invalid, found when it loads
-    ├── UnknownPlugin(kind, name, known)
+    ├── PluginError(kind, name, problem, source)
+    │   │                               a plugin that cannot be registered or loaded (not a subclass of its kind's
+    │   │                               base, a malformed name, options that are not a model, a name taken)
+    │   └── UnknownPlugin(kind, name, known)
     │                                   no injector, framework, runtime or workload of that name
     ├── Unsupported                     a combination that cannot work (a runtime that cannot do what a fault needs)
     ├── MissingEngine                   an engine a runtime needs (Docker, Slurm, FUSE) is not there
@@ -45,15 +48,31 @@ class SpecError(ChaosbenchError):
         super().__init__(f"{where}{obj + ': ' if obj else ''}{problem}")
 
 
-class UnknownPlugin(ChaosbenchError):
+class PluginError(ChaosbenchError):
+    """A plugin that cannot be registered or loaded. ``kind``: which registry (``injector``, ...); ``name``: the
+    name it is registered under; ``problem``: what is wrong, in words; ``source``: where the plugin comes from
+    (``entry point 'touch = chaosbench_touch:TouchInjector' (group chaosbench.injectors)``, a ``module:attr``
+    built-in, a class registered at run time), None when it is not about a plugin's code. ``message``: the one
+    line shown, when the caller words it (default: ``kind 'name' (source): problem``)."""
+
+    def __init__(self, kind: str, name: str, problem: str, *, source: str | None = None,
+                 message: str | None = None) -> None:  # fmt: skip
+        self.kind = kind
+        self.name = name
+        self.problem = problem
+        self.source = source
+        if message is None:
+            message = f"{kind} '{name}'{f' ({source})' if source else ''}: {problem}"
+        super().__init__(message)
+
+
+class UnknownPlugin(PluginError):
     """No injector, framework, runtime or workload of that name is registered. ``kind``: which registry
     (``injector``, ...); ``name``: the name asked for; ``known``: every name it has."""
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
-        self.kind = kind
-        self.name = name
         self.known = list(known)
-        super().__init__(f"unknown {kind} '{name}' (known: {', '.join(self.known)})")
+        super().__init__(kind, name, "unknown", message=f"unknown {kind} '{name}' (known: {', '.join(self.known)})")
 
 
 class Unsupported(ChaosbenchError):

@@ -1,14 +1,37 @@
-"""Plugin registries: built-ins merged with entry points; a plugin adds, never silently replaces."""
+"""Plugin registries: built-ins merged with entry points; a plugin adds, never silently replaces.
+
+Each registry checks a plugin when it is registered (a class) or first loaded (a built-in, an entry point): its
+name is lower-case words joined by ``-``, it subclasses its kind's base class (:class:`Injector`,
+:class:`Framework`, :class:`Runtime`, :class:`Workload`) and its options model (``Params`` of an injector,
+``Options`` of the others: the base's type argument) is a pydantic model. A plugin that fails raises
+:class:`~chaosbench.errors.PluginError` naming it and where it came from.
+"""
 
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar
+import re
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from chaosbench.errors import ChaosbenchError, UnknownPlugin
+from pydantic import BaseModel
+
+from chaosbench.errors import PluginError, UnknownPlugin
+from chaosbench.plugin_options import model_argument
+
+if TYPE_CHECKING:
+    from chaosbench.runtimes.base import Runtime
 
 T = TypeVar("T")
+
+#: A well-formed plugin name: lower-case words (letters and digits) joined by ``-``, as ``crash-loop``.
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+
+
+def _described(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"{obj.__module__}:{obj.__qualname__}"
+    return repr(obj)
 
 
 class Registry(Generic[T]):
@@ -17,19 +40,31 @@ class Registry(Generic[T]):
     ``builtins`` maps names to ``"module:attr"`` strings; entry points of ``group`` are merged in.
     ``aliases`` maps other names of a built-in (kept so that suites written with them still work) to its name.
     An entry point whose name is already taken (by a plugin or an alias) raises instead of replacing it.
+    ``base`` (``"module:attr"``, imported when the first plugin is checked) is the class every plugin subclasses
+    and ``model`` the attribute that holds its options model; without a ``base`` only names are checked.
     """
 
     def __init__(
-        self, kind: str, group: str, builtins: dict[str, str], aliases: dict[str, str] | None = None
+        self,
+        kind: str,
+        group: str,
+        builtins: dict[str, str],
+        aliases: dict[str, str] | None = None,
+        *,
+        base: str | None = None,
+        model: str = "Options",
     ) -> None:
         self.kind = kind
         self.group = group
-        self._refs: dict[str, Any] = dict(builtins)
+        self._base_ref = base
+        self._model = model
+        self._refs: dict[str, str | type[T] | EntryPoint] = dict(builtins)
         self._builtins = tuple(builtins)
         self._aliases: dict[str, str] = dict(aliases or {})
         for alias, name in self._aliases.items():
             if name not in self._refs or alias in self._refs:
-                raise ChaosbenchError(f"{self.kind} alias '{alias}': '{name}' is not a {self.kind} of its own")
+                raise PluginError(kind, alias, f"an alias of '{name}', which is not a {kind} of its own",
+                                  message=f"{kind} alias '{alias}': '{name}' is not a {kind} of its own")  # fmt: skip
         self._loaded: dict[str, type[T]] = {}
         self._eps_merged = False
 
@@ -39,11 +74,47 @@ class Registry(Generic[T]):
         self._eps_merged = True
         for ep in entry_points(group=self.group):
             if ep.name in self._refs or ep.name in self._aliases:
-                raise ChaosbenchError(
-                    f"{self.kind} plugin '{ep.name}' from entry point {ep.value} clashes with an existing "
-                    f"{self.kind} of that name"
-                )
+                raise PluginError(
+                    self.kind, ep.name, f"clashes with an existing {self.kind} of that name",
+                    source=self._source(ep),
+                    message=f"{self.kind} plugin '{ep.name}' from entry point {ep.value} clashes with an existing "
+                    f"{self.kind} of that name",
+                )  # fmt: skip
             self._refs[ep.name] = ep
+
+    def _source(self, ref: str | type | EntryPoint) -> str:
+        """Where a plugin comes from, in words."""
+        if isinstance(ref, EntryPoint):
+            return f"entry point '{ref.name} = {ref.value}' (group {ref.group})"
+        return ref if isinstance(ref, str) else _described(ref)
+
+    def check(self, name: str, plugin: Any, source: str | None = None) -> type[T]:
+        """``plugin`` as a plugin of this registry named ``name``; raises :class:`PluginError` naming it (and
+        ``source``, where it came from: default the class itself) when the name is malformed, it is not a
+        subclass of the base, its options model is not a pydantic model or is not the base's type argument."""
+        source = source or _described(plugin)
+
+        def refuse(problem: str) -> PluginError:
+            return PluginError(self.kind, name, problem, source=source)
+
+        if not NAME_PATTERN.fullmatch(name):
+            raise refuse("the name is not lower-case words joined by '-'")
+        if self._base_ref is None:
+            return plugin  # an unchecked registry (tests): anything goes
+        mod, _, attr = self._base_ref.partition(":")
+        base = getattr(importlib.import_module(mod), attr)
+        if not (isinstance(plugin, type) and issubclass(plugin, base)):
+            raise refuse(f"{_described(plugin)} is not a subclass of {_described(base)}")
+        own_name = getattr(plugin, "name", None)
+        if not (isinstance(own_name, str) and NAME_PATTERN.fullmatch(own_name)):
+            raise refuse(f"its class's name {own_name!r} is not lower-case words joined by '-'")
+        model = getattr(plugin, self._model, None)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise refuse(f"its {self._model} ({_described(model)}) is not a pydantic model")
+        argument = model_argument(plugin, base)
+        if argument is not None and not (isinstance(argument, type) and issubclass(model, argument)):
+            raise refuse(f"its {self._model} ({_described(model)}) is not its type argument {_described(argument)}")
+        return plugin
 
     def names(self) -> list[str]:
         """Every name a suite may use: plugins and aliases."""
@@ -63,14 +134,21 @@ class Registry(Generic[T]):
         return self._aliases.get(name)
 
     def register(self, name: str, ref: str | type[T]) -> None:
-        """Add a plugin at run time (tests, embedding); refuses to replace one."""
+        """Add a plugin at run time (tests, embedding); refuses to replace one. A class is checked now
+        (:meth:`check`), a ``"module:attr"`` reference when it is first loaded."""
         self._merge_entry_points()
         if name in self._refs or name in self._aliases:
-            raise ChaosbenchError(f"{self.kind} '{name}' is already registered")
+            raise PluginError(self.kind, name, "already registered", source=self._source(ref),
+                              message=f"{self.kind} '{name}' is already registered")  # fmt: skip
+        if isinstance(ref, str):
+            if not NAME_PATTERN.fullmatch(name):
+                raise PluginError(self.kind, name, "the name is not lower-case words joined by '-'", source=ref)
+        else:
+            self.check(name, ref)
         self._refs[name] = ref
 
     def get(self, name: str) -> type[T]:
-        """The plugin's class (an alias gives the class of the plugin it names)."""
+        """The plugin's class (an alias gives the class of the plugin it names), checked when first loaded."""
         self._merge_entry_points()
         name = self._aliases.get(name, name)
         if name in self._loaded:
@@ -81,14 +159,21 @@ class Registry(Generic[T]):
         if isinstance(ref, str):
             mod, _, attr = ref.partition(":")
             obj = getattr(importlib.import_module(mod), attr)
-        elif isinstance(ref, type):
+        elif isinstance(ref, EntryPoint):
+            try:
+                obj = ref.load()
+            except (ImportError, AttributeError) as exc:
+                raise PluginError(self.kind, name, f"cannot be loaded: {exc}", source=self._source(ref)) from exc
+        else:
             obj = ref
-        else:  # an entry point
-            obj = ref.load()
-        self._loaded[name] = obj
-        return obj
+        plugin = self.check(name, obj, self._source(ref))
+        self._loaded[name] = plugin
+        return plugin
 
 
+#: The injector, framework and workload registries are checked when a plugin loads but typed ``Any`` for now:
+#: naming their bases here would close an import cycle (specs -> registry -> the bases -> specs, whose models
+#: the bases name in their signatures) until the spec models live in a leaf module of their own.
 INJECTORS: Registry[Any] = Registry(
     "injector",
     "chaosbench.injectors",
@@ -117,6 +202,8 @@ INJECTORS: Registry[Any] = Registry(
     },
     # node-kill asks the runtime to lose the node; these were once one injector per runtime
     aliases={"local-node-kill": "node-kill", "slurm-node-down": "node-kill"},
+    base="chaosbench.injectors.base:Injector",
+    model="Params",
 )
 
 FRAMEWORKS: Registry[Any] = Registry(
@@ -132,9 +219,10 @@ FRAMEWORKS: Registry[Any] = Registry(
         "slurm-requeue": "chaosbench.frameworks.slurm_requeue:SlurmRequeueFramework",
         "balancer": "chaosbench.frameworks.balancer:BalancerFramework",
     },
+    base="chaosbench.frameworks.base:Framework",
 )
 
-RUNTIMES: Registry[Any] = Registry(
+RUNTIMES: Registry[Runtime[Any]] = Registry(
     "runtime",
     "chaosbench.runtimes",
     {
@@ -142,6 +230,7 @@ RUNTIMES: Registry[Any] = Registry(
         "docker": "chaosbench.runtimes.docker:DockerRuntime",
         "slurm": "chaosbench.runtimes.slurm:SlurmRuntime",
     },
+    base="chaosbench.runtimes.base:Runtime",
 )
 
 WORKLOADS: Registry[Any] = Registry(
@@ -155,4 +244,5 @@ WORKLOADS: Registry[Any] = Registry(
         "command": "chaosbench.workloads.command:CommandWorkload",
         "serve": "chaosbench.workloads.serve:Serve",
     },
+    base="chaosbench.workloads.base:Workload",
 )

@@ -179,23 +179,23 @@ def arithmetic_problems(sc: Scenario, options: Any, timeouts: dict[str, Any]) ->
 
 def _workload(scenario: Scenario) -> Workload:
     cls = WORKLOADS.get(scenario.workload.name)
-    return cls(scenario.workload, cls.Options.model_validate(scenario.workload.options))  # type: ignore[no-any-return]
+    return cls(scenario.workload, cls.Options.model_validate(scenario.workload.options))
 
 
 def _runtime(scenario: Scenario, info: RunInfo) -> Runtime:
     cls = RUNTIMES.get(scenario.runtime)
     options = cls.Options.model_validate(scenario.runtime_options) if scenario.runtime_options else None
-    return cls(info, options)  # type: ignore[no-any-return]
+    return cls(info, options)
 
 
 def _framework(scenario: Scenario) -> Framework:
     cls = FRAMEWORKS.get(scenario.adapter)
-    return cls(scenario.framework_label, cls.Options.model_validate(scenario.framework_options))  # type: ignore[no-any-return]
+    return cls(scenario.framework_label, cls.Options.model_validate(scenario.framework_options))
 
 
 def _injector(name: str, fault: FaultSpec) -> Injector:
     cls = INJECTORS.get(fault.injector)
-    return cls(name, cls.Params.model_validate(fault.params))  # type: ignore[no-any-return]
+    return cls(name, cls.Params.model_validate(fault.params))
 
 
 def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, Any]) -> list[dict[str, Any]]:

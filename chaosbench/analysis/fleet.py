@@ -53,7 +53,7 @@ def fault_class(fault: Event | Mapping[str, Any]) -> str | None:
     """The fleet fault class of a ``fault_inject`` event (``crash``, ``node``, ``hang``, ``sdc``; None: not in a
     fleet's mix), as its injector declared it in the event (:attr:`chaosbench.injectors.base.Injector.fault_class`;
     an event written before injectors declared it: :mod:`chaosbench.injectors.legacy`)."""
-    return declared(fault, "fault_class")  # type: ignore[no-any-return]
+    return declared(fault, "fault_class")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from chaosbench.frameworks.base import (
     LaunchPlan,
     LogPattern,
     LogWatcher,
+    O,
     Prediction,
     RunControl,
     chain,
@@ -136,13 +137,15 @@ AGENT_ROLES = {
 }
 
 
-class AgentFramework(Framework):
+class AgentFramework(Framework[O]):
     """An adapter whose ranks run under torch elastic agents: the agents' timeouts in force, and when they can
     detect a fault (see :func:`predict_agent_detection`)."""
 
     roles: ClassVar[dict[str, Role]] = {**Framework.roles, **AGENT_ROLES}
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        # Any: torchrun's and torchrun-elastic's options both have these fields but share no model (a common
+        # base model would reorder their fields in plans and docs)
         o: Any = self.options
         t = super().timeouts(job)
         t.update({"monitor_interval_s": o.monitor_interval_s, "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,

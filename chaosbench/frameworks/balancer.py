@@ -211,11 +211,10 @@ class ReadyWatch:
             self.changed.set()
 
 
-class BalancerFramework(Framework):
+class BalancerFramework(Framework[BalancerOptions]):
     """Replicas behind haproxy under locust load; the recovery policy is the options (see the module docstring)."""
 
     name: ClassVar[str] = "balancer"
-    Options = BalancerOptions  # type: ignore[assignment]
     roles: ClassVar[dict[str, Role]] = {
         "rank0": Role("replica 0's server process", rank=0),
         "balancer": Role("haproxy, the load balancer in front of the replicas", proc_role="balancer"),
@@ -223,13 +222,13 @@ class BalancerFramework(Framework):
     }
 
     @classmethod
-    def missing_engine(cls, options: BaseModel, runtime: type[Runtime]) -> str | None:
+    def missing_engine(cls, options: BalancerOptions, runtime: type[Runtime]) -> str | None:
         import importlib.util
 
         missing = [p for p in ("locust", "uvicorn", "starlette") if importlib.util.find_spec(p) is None]
         if missing:
             return f"balancer needs {', '.join(missing)}: pip install 'chaosbench[serve]'"
-        haproxy = getattr(options, "haproxy", "haproxy")
+        haproxy = options.haproxy
         if not issubclass(runtime, NodeControl) and shutil.which(haproxy) is None:
             return f"balancer needs haproxy: '{haproxy}' not found (apt-get install -y haproxy)"
         return None
@@ -254,7 +253,7 @@ class BalancerFramework(Framework):
                            node=node, incarnation=incarnation)  # fmt: skip
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         serve = self._serve(job)
         containers = self._containers(job)
         if not containers and shutil.which(o.haproxy) is None:
@@ -288,7 +287,7 @@ class BalancerFramework(Framework):
         )  # fmt: skip
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         return {
             "check_interval_s": o.check_interval_ms / 1000 if o.health_checks else None,
             "fall": float(o.fall) if o.health_checks else None,
@@ -313,7 +312,7 @@ class BalancerFramework(Framework):
 
     def versions(self) -> dict[str, str | None]:
         v = super().versions()
-        o: Any = self.options
+        o = self.options
         v["haproxy"] = haproxy_version(o.haproxy)
         for pkg in ("locust", "uvicorn", "starlette"):
             v[pkg] = package_version(pkg)
@@ -321,7 +320,7 @@ class BalancerFramework(Framework):
 
     # -- running
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         rt, tl = control.runtime, control.timeline
         specs = {p.role if p.role != "rank" else p.name: p for p in plan.processes}
         init = rt.start(specs["init"])
@@ -425,7 +424,7 @@ class BalancerFramework(Framework):
         return None if rc == 0 else JobResult("failed", f"{h.name} exited with {describe_exit(rc)}")
 
     def _write_config(self, job: JobContext, plan: LaunchPlan) -> Path:
-        o: Any = self.options
+        o = self.options
         servers = [(int(k), v) for k, v in plan.options["servers"].items()]
         path = Path(plan.options["haproxy_config"])
         # container nodes resolve each other through the engine's DNS (docker: 127.0.0.11)

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.injectors.base import Role
+from chaosbench.plugin_options import model_argument
 from chaosbench.probe import ENV_RESTART_COUNT_COUNTED
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
 from chaosbench.signatures import AGENT_ONLY, error_line, rank_error
@@ -391,8 +392,20 @@ class ProcErrorWatcher:
                            stream=stream, line=line[:400])  # fmt: skip
 
 
-class Framework(ABC):
-    """One fault-tolerance system under test."""
+class NoOptions(BaseModel):
+    """The options of a framework that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+#: A framework's options model: ``class NoneFramework(Framework[NoneOptions])`` makes ``self.options`` a NoneOptions.
+O = TypeVar("O", bound=BaseModel)  # noqa: E741 - the options' type parameter, as in the issue's Framework[O]
+
+
+class Framework(ABC, Generic[O]):
+    """One fault-tolerance system under test, typed by its options model ``O``
+    (``class TorchftFramework(Framework[TorchftOptions])``): that model is its ``Options`` and ``self.options``
+    an instance of it."""
 
     name: ClassVar[str]
     #: The processes a fault can target by role (``target: {role: ...}``), and how each is found.
@@ -401,15 +414,22 @@ class Framework(ABC):
     #: on the timeline), so that a fault can fire on the ``heal`` phase of another's recovery.
     heals: ClassVar[bool] = False
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    #: The options model: the type argument ``O`` (set from it when a subclass is made), or one set explicitly.
+    Options: ClassVar[type[BaseModel]] = NoOptions
 
-    def __init__(self, label: str, options: BaseModel) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Options" not in cls.__dict__:
+            model = model_argument(cls, Framework)
+            if model is not None:
+                cls.Options = model
+
+    def __init__(self, label: str, options: O) -> None:
         self.label = label
-        self.options = options
+        self.options: O = options
 
     @classmethod
-    def missing_engine(cls, options: BaseModel, runtime: type[Runtime]) -> str | None:
+    def missing_engine(cls, options: O, runtime: type[Runtime]) -> str | None:
         """What this adapter, with ``options`` on ``runtime``, needs on this machine and lacks (a program, a
         package), naming what to install; None when nothing is missing. A warning before a suite runs and in
         ``--dry-run``; a run fails with the same reason and the suite goes on."""

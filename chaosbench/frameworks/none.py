@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,11 +87,16 @@ class NoneOptions(BaseModel):
     teardown_grace_s: float = Field(default=5.0, ge=0)
 
 
-class NoneFramework(Framework):
-    """No recovery: the baseline. Launches the ranks and waits; a failed rank ends the job."""
+#: The options of ``none`` or of an adapter built on it (``restart``): a NoneOptions.
+NO = TypeVar("NO", bound=NoneOptions)
+
+
+class NoneFramework(Framework[NO]):
+    """No recovery: the baseline. Launches the ranks and waits; a failed rank ends the job. Typed by its options
+    (NoneOptions, or a subclass's: ``RestartFramework(NoneFramework[RestartOptions])``)."""
 
     name: ClassVar[str] = "none"
-    Options = NoneOptions  # type: ignore[assignment]
+    Options = NoneOptions
     restarts_allowed: ClassVar[bool] = False
     roles: ClassVar[dict[str, Role]] = {
         **Framework.roles,
@@ -106,7 +111,7 @@ class NoneFramework(Framework):
         return 0
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update({"monitor_interval_s": o.monitor_interval_s, "teardown_grace_s": o.teardown_grace_s})
         return t
@@ -123,7 +128,7 @@ class NoneFramework(Framework):
         return None
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         watchdog = self.watchdog(job)
         if watchdog is not None:
             control.follower.subscribe(watchdog)
@@ -170,9 +175,13 @@ class NoneFramework(Framework):
             control.timeline.emit(
                 "restart", src="framework", framework=self.label, attempt=attempts, reason=failure.reason
             )
-            if o.restart_delay_s:
-                control.sleep(o.restart_delay_s)
+            if self.restart_delay_s():
+                control.sleep(self.restart_delay_s())
             specs = rank_processes(job, incarnation, job.runtime.free_port(), self.max_restarts())
+
+    def restart_delay_s(self) -> float:
+        """Seconds to wait before a relaunch (a scheduler's delay): none here (nor any relaunch)."""
+        return 0.0
 
     def watchdog(self, job: JobContext) -> Watchdog | None:
         """What watches the ranks' liveness beyond their exits (``restart``: a step heartbeat); none here."""

@@ -154,7 +154,7 @@ class NvrxOptions(BaseModel):
         return {**dict.fromkeys(BRIDGE_SECTIONS), **self.section_timeouts}
 
 
-class NvrxFramework(Framework):
+class NvrxFramework(Framework[NvrxOptions]):
     """nvidia-resiliency-ext ft_launcher with rank monitors; see the module docstring."""
 
     name: ClassVar[str] = "nvrx"
@@ -164,10 +164,9 @@ class NvrxFramework(Framework):
         "bridge": Role("a rank's bridge to the rank monitor (node0's newest, unless the target names a node); the "
                        "rank dies with it", proc_role="bridge", node="node0"),
     }
-    Options = NvrxOptions  # type: ignore[assignment]
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         python = job.workload_argv()[0]
         endpoint = f"{job.runtime.master_addr}:{job.runtime.free_port()}"
         sections = ",".join(f"{k}:{_opt(v)}" for k, v in o.all_section_timeouts().items())
@@ -213,7 +212,7 @@ class NvrxFramework(Framework):
         )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update(
             {
@@ -267,4 +266,4 @@ class NvrxFramework(Framework):
         return v
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)  # type: ignore[attr-defined]
+        return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)

@@ -89,17 +89,16 @@ class RestartOptions(NoneOptions):
     restart_delay_s: float = Field(default=0.0, ge=0, description="scheduler delay before relaunch")
 
 
-class RestartFramework(NoneFramework):
+class RestartFramework(NoneFramework[RestartOptions]):
     """Job-level checkpoint-restart: a dead rank (by its exit) or a hung one (no step heartbeat for
     ``heartbeat_timeout_s``) tears the whole job down and relaunches it; the workload resumes from its
     newest complete checkpoint. Gives up after ``max_restarts`` relaunches."""
 
     name: ClassVar[str] = "restart"
-    Options = RestartOptions  # type: ignore[assignment]
     restarts_allowed: ClassVar[bool] = True
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update({"heartbeat_timeout_s": o.heartbeat_timeout_s, "startup_timeout_s": o.startup_timeout_s,
                   "restart_delay_s": o.restart_delay_s})
@@ -128,9 +127,12 @@ class RestartFramework(NoneFramework):
         return []
 
     def max_restarts(self) -> int:
-        o: Any = self.options
+        o = self.options
         return int(o.max_restarts)
 
+    def restart_delay_s(self) -> float:
+        return self.options.restart_delay_s
+
     def watchdog(self, job: JobContext) -> StepWatchdog:
-        o: Any = self.options
+        o = self.options
         return StepWatchdog(o.heartbeat_timeout_s, o.startup_timeout_s, job.workload.total_steps)

@@ -85,11 +85,10 @@ class SlurmRequeueOptions(BaseModel):
         return keeps_job_identity(v)
 
 
-class SlurmRequeueFramework(Framework):
+class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
     """The scheduler supervises the job: requeue on failure, restart from the newest checkpoint."""
 
     name: ClassVar[str] = "slurm-requeue"
-    Options = SlurmRequeueOptions  # type: ignore[assignment]
 
     @staticmethod
     def _runtime(job: JobContext) -> Any:
@@ -100,7 +99,7 @@ class SlurmRequeueFramework(Framework):
 
     def script(self, job: JobContext) -> str:
         """The batch script (plain text; the same script runs again after every requeue)."""
-        o: Any = self.options
+        o = self.options
         rt = self._runtime(job)
         env = {k: v for k, v in job.rank_env(0).items() if k not in _PER_JOB}
         argv = rt.node_argv(job.workload_argv())
@@ -153,7 +152,7 @@ class SlurmRequeueFramework(Framework):
         return "\n".join(lines) + "\n"
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         self._runtime(job)
         spec = ProcessSpec(
             name="job",
@@ -179,10 +178,10 @@ class SlurmRequeueFramework(Framework):
         )
 
     def _slurm_version(self, job: JobContext) -> str | None:
-        return self._runtime(job).scheduler.get("slurm_version")  # type: ignore[no-any-return]
+        return self._runtime(job).scheduler.get("slurm_version")
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t["poll_interval_s"] = o.poll_interval_s
         cfg = self._runtime(job).scheduler  # read when the run started; empty in a dry run
@@ -207,7 +206,7 @@ class SlurmRequeueFramework(Framework):
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         from chaosbench.runtimes.slurm import JobState
 
-        o: Any = self.options
+        o = self.options
         rt = self._runtime(job)
         script = job.run_dir / "slurm" / "job.sh"
         script.parent.mkdir(parents=True, exist_ok=True)

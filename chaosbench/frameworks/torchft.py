@@ -196,7 +196,7 @@ class _LighthouseWatch:
             )  # fmt: skip
 
 
-class TorchftFramework(Framework):
+class TorchftFramework(Framework[TorchftOptions]):
     """TorchFT: a Lighthouse plus one torchrun per replica group; see the module docstring."""
 
     name: ClassVar[str] = "torchft"
@@ -207,7 +207,6 @@ class TorchftFramework(Framework):
         "lighthouse": Role("the Lighthouse: the quorum service every replica group heartbeats to",
                            proc_role="lighthouse"),
     }
-    Options = TorchftOptions  # type: ignore[assignment]
     heals: ClassVar[bool] = True
 
     def groups(self, job: JobContext) -> int:
@@ -223,7 +222,7 @@ class TorchftFramework(Framework):
         return groups
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         groups = self.groups(job)
         per_group = job.ranks // groups
         python = job.workload_argv()[0]
@@ -290,7 +289,7 @@ class TorchftFramework(Framework):
         )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update(
             {
@@ -342,7 +341,7 @@ class TorchftFramework(Framework):
         return out
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
         lighthouse = _LighthouseWatch(self.label, control.timeline)
         control.follower.subscribe(lighthouse.on_event)

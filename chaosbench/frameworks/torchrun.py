@@ -8,7 +8,7 @@ restart worker group``). LOGLEVEL=INFO makes the agent print its rendezvous line
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,14 +42,13 @@ class TorchrunOptions(BaseModel):
     teardown_grace_s: float = Field(default=5.0, ge=0, description="harness teardown grace at the run's end")
 
 
-class TorchrunFramework(AgentFramework):
+class TorchrunFramework(AgentFramework[TorchrunOptions]):
     """torch elastic (torchrun) with ``--max-restarts``: restarts the whole local worker group."""
 
     name: ClassVar[str] = "torchrun"
-    Options = TorchrunOptions  # type: ignore[assignment]
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         port = job.runtime.free_port()
         procs = []
         for n in range(job.nodes):
@@ -72,4 +71,4 @@ class TorchrunFramework(AgentFramework):
                                 notes=["worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT"])  # fmt: skip
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)  # type: ignore[attr-defined]
+        return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)

@@ -28,7 +28,7 @@ or ``Detected N new nodes ... will restart worker group`` on growth).
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -87,18 +87,17 @@ class ElasticOptions(BaseModel):
         return self
 
 
-class ElasticFramework(AgentFramework):
+class ElasticFramework(AgentFramework[ElasticOptions]):
     """torch elastic across nodes with a MIN:MAX node range; see the module docstring."""
 
     name: ClassVar[str] = "torchrun-elastic"
-    Options = ElasticOptions  # type: ignore[assignment]
 
     def _max_nodes(self, job: JobContext) -> int:
-        o: Any = self.options
+        o = self.options
         return int(o.max_nodes or job.nodes)
 
     def agent_spec(self, job: JobContext, node_index: int, endpoint: str, spare: bool = False) -> ProcessSpec:
-        o: Any = self.options
+        o = self.options
         node = job.node_name(node_index)
         conf = (
             f"is_host={'true' if node_index == 0 else 'false'},last_call_timeout={o.last_call_timeout_s},"
@@ -115,7 +114,7 @@ class ElasticFramework(AgentFramework):
         return ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node)
 
     def plan(self, job: JobContext) -> LaunchPlan:
-        o: Any = self.options
+        o = self.options
         max_nodes = self._max_nodes(job)
         if job.nodes > max_nodes or job.nodes < o.min_nodes:
             from chaosbench.errors import ChaosbenchError
@@ -139,7 +138,7 @@ class ElasticFramework(AgentFramework):
         )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        o: Any = self.options
+        o = self.options
         t = super().timeouts(job)
         t.update(
             {
@@ -154,7 +153,7 @@ class ElasticFramework(AgentFramework):
         return t
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
         endpoint = str(plan.options["rdzv_endpoint"])
         # All agents at once: the first round closes last_call_timeout_s after MIN nodes joined, and a node that

@@ -16,11 +16,10 @@ class AbortParams(BaseModel):
     at_step: int = Field(ge=1, description="the rank aborts before computing this step (once per run)")
 
 
-class AbortInjector(PlantedInjector):
+class AbortInjector(PlantedInjector[AbortParams]):
     """A rank dies of SIGABRT (``abort(3)``: a failed native assertion, ``std::terminate``)."""
 
     name: ClassVar[str] = "abort"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "crash"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "crash"
     summary: ClassVar[str] = "a rank dies of SIGABRT (abort(3), as a failed native assertion) at step N"
-    Params = AbortParams  # type: ignore[assignment]

@@ -16,10 +16,11 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from chaosbench.plugin_options import model_argument
 from chaosbench.runtimes.base import Runtime, node_control_problem
 from chaosbench.timeline import Event, TimelineWriter
 from chaosbench.timeline.schema import FailureMode, FaultClass
@@ -136,8 +137,20 @@ class FaultContext:
         return self.targets[0]
 
 
-class Injector(ABC):
-    """One kind of fault. ``Params`` is the injector's own schema, validated before the run starts.
+class NoParams(BaseModel):
+    """The params of an injector that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+#: An injector's params model: ``class KillInjector(Injector[KillParams])`` makes ``self.params`` a KillParams.
+P = TypeVar("P", bound=BaseModel)
+
+
+class Injector(ABC, Generic[P]):
+    """One kind of fault, typed by its params model ``P`` (``class KillInjector(Injector[KillParams])``): that
+    model is its ``Params`` (the injector's own schema, validated before the run starts) and ``self.params`` is
+    an instance of it.
 
     ``inject`` returns details for the ``fault_inject`` event and raises ProcessLookupError (or a
     ChaosbenchError) when it could not act, which is recorded as ``fault_skipped``. Two details have a meaning of
@@ -160,16 +173,24 @@ class Injector(ABC):
     #: True for faults that act on any process by its pid (a signal): they can target a ``role``.
     role_targets: ClassVar[bool] = False
 
-    class Params(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    #: The params model: the type argument ``P`` (set from it when a subclass is made), or one set explicitly.
+    Params: ClassVar[type[BaseModel]] = NoParams
 
-    def __init__(self, fault_name: str, params: BaseModel) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Params" not in cls.__dict__:
+            model = model_argument(cls, Injector)
+            if model is not None:
+                cls.Params = model
+
+    def __init__(self, fault_name: str, params: P) -> None:
         self.fault_name = fault_name
-        self.params = params
+        self.params: P = params
 
     @classmethod
-    def check_target(cls, target: Target, trigger: Trigger) -> str | None:
-        """A problem with this target/trigger combination for this injector, or None."""
+    def check_target(cls, target: Target, trigger: Trigger | None) -> str | None:
+        """A problem with this target/trigger combination for this injector, or None (``trigger`` None: a fault
+        that fires from inside the workload, :attr:`requires_trigger` False)."""
         return None
 
     @classmethod
@@ -181,7 +202,7 @@ class Injector(ABC):
         return None
 
     @classmethod
-    def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
+    def check_runtime(cls, runtime: type[Runtime], params: P) -> str | None:
         """A problem with running this fault, with these ``params``, on ``runtime`` (a capability it lacks, an
         option that does not apply there), or None. Asked when the suite loads, so ``--dry-run`` shows it."""
         return node_control_problem(runtime, cls.name) if cls.needs_node_control else None
@@ -194,7 +215,7 @@ class Injector(ABC):
         return None
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: P) -> str | None:
         """A problem with firing this fault, with these ``params``, in ``workload`` (it cannot be planted there),
         or None. Asked when the suite loads."""
         return None
@@ -258,7 +279,7 @@ class Injector(ABC):
         return []
 
 
-class PlantedInjector(Injector):
+class PlantedInjector(Injector[P]):
     """A fault the training program plants in itself: ``prepare`` adds this fault's entry (its params, ``at_step``
     among them) to the ranks' environment and the workload's hooks fire it from inside
     (:mod:`chaosbench.workloads.planted`), writing the ``fault_inject`` event themselves. Only workloads that
@@ -270,7 +291,7 @@ class PlantedInjector(Injector):
     planted: ClassVar[bool] = True
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: P) -> str | None:
         if workload.plants:
             return None
         return (f"{cls.name} is planted from inside chaosbench's own training programs; workload "

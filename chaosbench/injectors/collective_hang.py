@@ -15,7 +15,7 @@ suite that plants one where it cannot fails when it loads."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,7 +55,7 @@ class CollectiveHangParams(BaseModel):
         return desync_of(self.mode, self.mismatch)
 
 
-class CollectiveHangInjector(PlantedInjector):
+class CollectiveHangInjector(PlantedInjector[CollectiveHangParams]):
     """A live rank whose collectives go wrong: blocked before one (a live hang) or out of step with its peers."""
 
     name: ClassVar[str] = "collective-hang"
@@ -63,20 +63,19 @@ class CollectiveHangInjector(PlantedInjector):
         "a live rank blocks before its next collective, skips a gradient allreduce or calls it with another "
         "shape or op"
     )
-    Params = CollectiveHangParams  # type: ignore[assignment]
 
     @property
     def failure_mode(self) -> FailureMode | None:
         # block: alive, heartbeating, no step. skip/mismatch: a desynchronised group, which may hang, fail or
         # compute on silently: no framework has a detection model for it.
-        return "stall" if self.params.mode == "block" else "desync"  # type: ignore[attr-defined]
+        return "stall" if self.params.mode == "block" else "desync"
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: CollectiveHangParams) -> str | None:
         problem = super().check_workload(workload, params)
         if problem is not None:
             return problem
-        desync: Any = getattr(params, "desync", None)
+        desync = params.desync
         if desync is not None and desync not in workload.desyncs:
             can = ", ".join(sorted(workload.desyncs)) or "none"
             return (f"collective-hang {desync} needs a workload that changes its own gradient collective; "

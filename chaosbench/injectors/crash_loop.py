@@ -21,12 +21,11 @@ class CrashLoopParams(BaseModel):
     )  # fmt: skip
 
 
-class CrashLoopInjector(PlantedInjector):
+class CrashLoopInjector(PlantedInjector[CrashLoopParams]):
     """A deterministic bug: the target ranks raise at ``at_step`` in every incarnation, so restarting cannot
     help. Measured: restarts made, seconds burned, whether the framework stopped at its retry limit."""
 
     name: ClassVar[str] = "crash-loop"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "crash"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "crash"
     summary: ClassVar[str] = "the workload raises at step N in every incarnation (a deterministic bug)"
-    Params = CrashLoopParams  # type: ignore[assignment]

@@ -18,12 +18,11 @@ class GilHoldParams(BaseModel):
     duration_s: float = Field(gt=0, description="how long native code holds the GIL")
 
 
-class GilHoldInjector(PlantedInjector):
+class GilHoldInjector(PlantedInjector[GilHoldParams]):
     """Native code holding the GIL: the rank's Python threads stop for ``duration_s``, then it goes on."""
 
     name: ClassVar[str] = "gil-hold"
-    failure_mode = "stall"  # type: ignore[assignment]
-    fault_class = "hang"  # type: ignore[assignment]
+    failure_mode = "stall"
+    fault_class = "hang"
     summary: ClassVar[str] = "native code holds a rank's GIL for a while: its Python threads (heartbeats) starve"
-    Params = GilHoldParams  # type: ignore[assignment]
 

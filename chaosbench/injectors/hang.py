@@ -19,14 +19,13 @@ class HangParams(BaseModel):
     )
 
 
-class HangInjector(Injector):
+class HangInjector(Injector[HangParams]):
     """Freezes each target rank's process with SIGSTOP (a hung rank); revert sends SIGCONT."""
 
     name: ClassVar[str] = "hang"
     summary: ClassVar[str] = "SIGSTOP a rank's process for a duration or for good; revert sends SIGCONT"
-    Params = HangParams  # type: ignore[assignment]
-    failure_mode = "hang"  # type: ignore[assignment]
-    fault_class = "hang"  # type: ignore[assignment]
+    failure_mode = "hang"
+    fault_class = "hang"
     role_targets: ClassVar[bool] = True
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import signal
+from abc import abstractmethod
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaosbench.injectors.base import FaultContext, Injector, effect_of
+from chaosbench.injectors.base import FaultContext, Injector, P, effect_of
 from chaosbench.timeline.schema import FailureMode, FaultClass
 
 
@@ -33,21 +34,19 @@ class KillParams(BaseModel):
             raise ValueError(f"unknown signal {v!r}") from None
 
 
-class KillInjector(Injector):
-    """Sends a signal (SIGKILL by default) to each target rank's process: a crashed rank."""
+class SignalInjector(Injector[P]):
+    """Sends the signal :attr:`signal_name` (a subclass says which, from its params or its own) to each target
+    rank's process. ``kill`` and ``sigterm``."""
 
-    name: ClassVar[str] = "kill"
-    summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank's process"
-    Params = KillParams  # type: ignore[assignment]
     role_targets: ClassVar[bool] = True
 
     #: Signals whose default action neither ends nor stops a process.
     HARMLESS: ClassVar[frozenset[str]] = frozenset({"SIGCONT", "SIGCHLD", "SIGURG", "SIGWINCH"})
 
     @property
+    @abstractmethod
     def signal_name(self) -> str:
         """The signal sent, as ``SIGKILL``."""
-        return str(self.params.signal)  # type: ignore[attr-defined]
 
     #: Signals whose default action stops the process: it is frozen, not gone.
     STOPPING: ClassVar[frozenset[str]] = frozenset({"SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"})
@@ -74,3 +73,14 @@ class KillInjector(Injector):
             delivered.append(ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks, t.node))
         name = signal.Signals(sig).name
         return {"signal": name, **effect_of(delivered, f"{name} delivered")}
+
+
+class KillInjector(SignalInjector[KillParams]):
+    """Sends a signal (SIGKILL by default) to each target rank's process: a crashed rank."""
+
+    name: ClassVar[str] = "kill"
+    summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank's process"
+
+    @property
+    def signal_name(self) -> str:
+        return self.params.signal

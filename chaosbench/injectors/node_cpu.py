@@ -17,20 +17,19 @@ class NodeCpuParams(BaseModel):
     duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
 
 
-class NodeCpuInjector(Injector):
+class NodeCpuInjector(Injector[NodeCpuParams]):
     """Cuts the target node's CPU limit live (a slow node: every collective waits for it)."""
 
     name: ClassVar[str] = "node-cpu"
     summary: ClassVar[str] = "limit a node's CPUs live (docker update --cpus) for a window; revert restores"
     needs_node_control: ClassVar[bool] = True
-    Params = NodeCpuParams  # type: ignore[assignment]
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)
         before = ctx.state.setdefault("before", {})
         for n in target_nodes(ctx):
-            before[n] = rt.set_node_cpus(n, self.params.cpus)  # type: ignore[attr-defined]
-        return {"cpus": self.params.cpus, "previous": dict(before)}  # type: ignore[attr-defined]
+            before[n] = rt.set_node_cpus(n, self.params.cpus)
+        return {"cpus": self.params.cpus, "previous": dict(before)}
 
     def revert(self, ctx: FaultContext) -> bool:
         rt = node_control(ctx.runtime, self.name)

@@ -75,17 +75,16 @@ def runtime_options(runtime: type[Runtime], params: BaseModel, fault: str) -> Ba
                           f"{err['msg'].removeprefix('Value error, ')}") from None  # fmt: skip
 
 
-class NodeKillInjector(Injector):
+class NodeKillInjector(Injector[NodeKillParams]):
     """Loses the target nodes through the runtime's node loss (see the module docstring)."""
 
     name: ClassVar[str] = "node-kill"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "node"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "node"
     summary: ClassVar[str] = (
         "lose a node the runtime's way: docker kills its container, local freezes and SIGKILLs its processes, "
         "slurm sets it DOWN|DRAIN (revert RESUME)"
     )
-    Params = NodeKillParams  # type: ignore[assignment]
 
     @property
     def p(self) -> NodeKillParams:
@@ -93,7 +92,7 @@ class NodeKillInjector(Injector):
         return self.params
 
     @classmethod
-    def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
+    def check_runtime(cls, runtime: type[Runtime], params: NodeKillParams) -> str | None:
         try:
             runtime_options(runtime, params, cls.name)
         except Unsupported as exc:

@@ -17,15 +17,14 @@ class NodePauseParams(BaseModel):
     duration_s: float | None = Field(default=None, gt=0, description="seconds until unpause; null: till the end")
 
 
-class NodePauseInjector(Injector):
+class NodePauseInjector(Injector[NodePauseParams]):
     """Freezes every process of the target node (``docker pause``); revert unpauses it."""
 
     name: ClassVar[str] = "node-pause"
-    failure_mode = "hang"  # type: ignore[assignment]
-    fault_class = "hang"  # type: ignore[assignment]
+    failure_mode = "hang"
+    fault_class = "hang"
     summary: ClassVar[str] = "freeze a node (docker pause) for a duration or for good; revert unpauses"
     needs_node_control: ClassVar[bool] = True
-    Params = NodePauseParams  # type: ignore[assignment]
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)

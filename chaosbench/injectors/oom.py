@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,17 +90,16 @@ def oom_kills(group: Path) -> int | None:
     return None
 
 
-class OomInjector(PlantedInjector):
+class OomInjector(PlantedInjector[OomParams]):
     """A rank runs out of memory: it grows inside a memory cgroup of ``limit_mb`` until the kernel kills it."""
 
     name: ClassVar[str] = "oom"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "crash"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "crash"
     summary: ClassVar[str] = "a rank grows inside a memory cgroup until the kernel's OOM killer ends it"
-    Params = OomParams  # type: ignore[assignment]
 
     @classmethod
-    def check_runtime(cls, runtime: type[Runtime], params: BaseModel) -> str | None:
+    def check_runtime(cls, runtime: type[Runtime], params: OomParams) -> str | None:
         if not runtime.ranks_on_harness_host:
             return f"oom needs ranks on the harness's own host, where it makes the memory cgroup (the local runtime), not '{runtime.name}'"
         return None
@@ -108,7 +107,7 @@ class OomInjector(PlantedInjector):
     def prepare(self, setup: RunSetup) -> None:
         self._group: Path | None = None
         self._setup = setup
-        p: Any = self.params
+        p = self.params
         try:
             self._group = make_group(f"{setup.run_id}.{self.fault_name}", p.limit_mb)
         except OSError as exc:

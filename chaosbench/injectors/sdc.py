@@ -27,24 +27,23 @@ class SdcParams(BaseModel):
     loss_check: bool = Field(default=False, description="turn on the workload's non-finite loss guard")
 
 
-class SdcInjector(PlantedInjector):
+class SdcInjector(PlantedInjector[SdcParams]):
     """Silent data corruption on the target ranks at one step: NaN, scaled values or a flipped exponent bit in
     their gradients or parameters. Measured: detected (by the framework or a loss check) or propagated into the
     final state (fidelity, ranks' digests disagreeing)."""
 
     name: ClassVar[str] = "sdc"
     summary: ClassVar[str] = "silent data corruption in one rank's gradients or parameters at step N"
-    Params = SdcParams  # type: ignore[assignment]
-    fault_class = "sdc"  # type: ignore[assignment]
+    fault_class = "sdc"
 
     @property
     def damages_checkpoint(self) -> bool:
         """``where: save`` poisons the checkpoint that recovery will load."""
-        return self.params.where == "save"  # type: ignore[attr-defined]
+        return self.params.where == "save"
 
     @classmethod
-    def check_workload(cls, workload: type[Workload], params: BaseModel) -> str | None:
+    def check_workload(cls, workload: type[Workload], params: SdcParams) -> str | None:
         problem = super().check_workload(workload, params)
-        if problem is None and getattr(params, "where", None) == "save" and not workload.checkpoints:
+        if problem is None and params.where == "save" and not workload.checkpoints:
             return f"sdc where: save poisons a checkpoint; workload '{workload.name}' writes none"
         return problem

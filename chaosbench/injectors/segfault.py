@@ -15,12 +15,11 @@ class SegfaultParams(BaseModel):
     at_step: int = Field(ge=1, description="the rank segfaults before computing this step (once per run)")
 
 
-class SegfaultInjector(PlantedInjector):
+class SegfaultInjector(PlantedInjector[SegfaultParams]):
     """A crash in native code: the rank dies of SIGSEGV (no Python exception, no cleanup; faulthandler, when a
     program enables it, prints the stack first). Measured like a killed rank: who noticed, how fast."""
 
     name: ClassVar[str] = "segfault"
-    failure_mode = "crash"  # type: ignore[assignment]
-    fault_class = "crash"  # type: ignore[assignment]
+    failure_mode = "crash"
+    fault_class = "crash"
     summary: ClassVar[str] = "a real SIGSEGV from native code in a rank at step N"
-    Params = SegfaultParams  # type: ignore[assignment]

@@ -9,20 +9,19 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench.injectors.kill import KillInjector
+from chaosbench.injectors.kill import SignalInjector
 
 
 class SigtermParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SigtermInjector(KillInjector):
+class SigtermInjector(SignalInjector[SigtermParams]):
     """SIGTERM to each target rank's process: a preemption notice. Measured: lost work (steps since the last
     checkpoint: none when the job saves on the notice) and the time to resume."""
 
     name: ClassVar[str] = "sigterm"
     summary: ClassVar[str] = "a preemption notice: SIGTERM to a rank (does the job checkpoint before it dies?)"
-    Params = SigtermParams  # type: ignore[assignment]
 
     @property
     def signal_name(self) -> str:

@@ -40,7 +40,7 @@ class StragglerParams(BaseModel):
     period_s: float = Field(default=0.1, gt=0, description="duty-cycle period (duty-cycle method)")
 
 
-class StragglerInjector(Injector):
+class StragglerInjector(Injector[StragglerParams]):
     """Slows the target ranks to ``cpu_fraction`` of a CPU for ``duration_s``."""
 
     name: ClassVar[str] = "straggler"
@@ -56,14 +56,13 @@ class StragglerInjector(Injector):
                 with contextlib.suppress(OSError):
                     group.rmdir()
         return actions
-    Params = StragglerParams  # type: ignore[assignment]
 
     def prepare(self, setup: RunSetup) -> None:
         self._setup = setup
         self._groups: list[Path] = []
 
     def _method(self) -> str:
-        m: str = self.params.method  # type: ignore[attr-defined]
+        m: str = self.params.method
         if m == "auto":
             return "cgroup" if cgroup_v1_cpu_available() else "duty-cycle"
         if m == "cgroup" and not cgroup_v1_cpu_available():
@@ -71,7 +70,7 @@ class StragglerInjector(Injector):
         return m
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         method = self._method()
         for t in ctx.targets:
             if t.pid is None or not procutil.alive(t.pid, t.pid_ticks):
@@ -100,7 +99,7 @@ class StragglerInjector(Injector):
     def _duty_cycle(
         self, ctx: FaultContext, pids: list[tuple[int, int | None, str]], stop: threading.Event
     ) -> None:
-        p: Any = self.params
+        p = self.params
         on, off = p.period_s * p.cpu_fraction, p.period_s * (1 - p.cpu_fraction)
         while not stop.is_set():
             for pid, ticks, node in pids:

@@ -21,19 +21,18 @@ class ThreadExceptionParams(BaseModel):
     )
 
 
-class ThreadExceptionInjector(PlantedInjector):
+class ThreadExceptionInjector(PlantedInjector[ThreadExceptionParams]):
     """An exception in a background thread. ``silent``: does anything notice at all (only a traceback on
     stderr)? ``stall``: a live hang, the process and its heartbeats healthy, its next collective never entered."""
 
     name: ClassVar[str] = "thread-exception"
     summary: ClassVar[str] = "a background thread dies of an exception the main loop never sees (silent or stall)"
-    Params = ThreadExceptionParams  # type: ignore[assignment]
 
     @property
     def failure_mode(self) -> FailureMode | None:
-        return "stall" if self.params.mode == "stall" else None  # type: ignore[attr-defined]
+        return "stall" if self.params.mode == "stall" else None
 
     @property
     def fault_class(self) -> FaultClass | None:
         """A stalled loop is a hang to a fleet; a silent thread death is no fault of a fleet's mix."""
-        return "hang" if self.params.mode == "stall" else None  # type: ignore[attr-defined]
+        return "hang" if self.params.mode == "stall" else None

@@ -13,11 +13,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.errors import Unsupported
+from chaosbench.plugin_options import model_argument
 from chaosbench.timeline import TimelineWriter, now_ns
 
 
@@ -87,16 +88,36 @@ class RunInfo:
     timeline: TimelineWriter
 
 
-class Runtime(ABC):
-    """One kind of place to run processes. Implementations: ``local`` (subprocesses)."""
+class NoOptions(BaseModel):
+    """The options of a runtime that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+#: A runtime's options model: ``class LocalRuntime(Runtime[LocalOptions])`` makes ``self.options`` a LocalOptions (or None: the runtime's defaults).
+O = TypeVar("O", bound=BaseModel)  # noqa: E741 - the options' type parameter, as in the issue's Framework[O]
+
+
+class Runtime(ABC, Generic[O]):
+    """One kind of place to run processes, typed by its options model ``O``
+    (``class LocalRuntime(Runtime[LocalOptions])``: that model is its ``Options``; ``self.options`` an instance of
+    it, or None when the runtime was made without options and applies its defaults). Implementations: ``local``
+    (subprocesses), ``docker``, ``slurm``."""
 
     name: ClassVar[str]
     #: Whether every rank runs on the harness's own host, in its namespaces (a rank can then use what the
     #: harness prepared there: a cgroup, a path below /sys).
     ranks_on_harness_host: ClassVar[bool] = False
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    #: The options model: the type argument ``O`` (set from it when a subclass is made), or one set explicitly.
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Options" not in cls.__dict__:
+            model = model_argument(cls, Runtime)
+            if model is not None:
+                cls.Options = model
 
     @classmethod
     def missing_engine(cls) -> str | None:
@@ -104,9 +125,9 @@ class Runtime(ABC):
         when nothing is missing. Looked up without contacting any engine (a dry-run answers at once)."""
         return None
 
-    def __init__(self, run: RunInfo, options: BaseModel | None = None) -> None:
+    def __init__(self, run: RunInfo, options: O | None = None) -> None:
         self.run = run
-        self.options = options
+        self.options: O | None = options
         #: Called with every output line of every process this runtime starts, before the starter's own
         #: ``on_line`` (the harness's own watchers: :class:`~chaosbench.frameworks.base.RankErrorWatcher`).
         self.line_observers: list[LineCallback] = []

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.errors import ChaosbenchError, Unsupported
 from chaosbench.runtimes import process
-from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
+from chaosbench.runtimes.base import LineCallback, NoOptions, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
 from chaosbench.runtimes.process import (
     CaptureLimitWatcher,
@@ -45,7 +45,7 @@ from chaosbench.runtimes.process import (
 _PR_SET_PDEATHSIG = 1
 
 
-class LocalOptions(Runtime.Options):
+class LocalOptions(NoOptions):
     """Options of the ``local`` runtime (``defaults.runtime_options`` in a suite)."""
 
     output_capture: OutputCapture = Field(default="socket", description=OUTPUT_CAPTURE_HELP)
@@ -62,7 +62,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-class LocalRuntime(Runtime):
+class LocalRuntime(Runtime[LocalOptions]):
     """Processes on this machine. Output is captured per process, each line stamped when it was written
     (:mod:`chaosbench.runtimes.capture`); each exit stamped when the kernel reported it (the pidfd poller:
     :class:`~chaosbench.runtimes.process.ExitPoller`); teardown escalates SIGTERM -> SIGKILL.
@@ -73,9 +73,8 @@ class LocalRuntime(Runtime):
 
     name: ClassVar[str] = "local"
     ranks_on_harness_host: ClassVar[bool] = True
-    Options = LocalOptions
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.opts = self.options if isinstance(self.options, LocalOptions) else LocalOptions()
         if self.opts.output_capture == "socket":

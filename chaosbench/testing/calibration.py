@@ -30,7 +30,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -130,9 +130,8 @@ class DelayedDetectOptions(NoneOptions):
     )  # fmt: skip
 
 
-class DelayedDetectFramework(NoneFramework):
+class DelayedDetectFramework(NoneFramework[DelayedDetectOptions]):
     name: ClassVar[str] = "delayed-detect"
-    Options = DelayedDetectOptions  # type: ignore[assignment]
 
     def plan(self, job: JobContext) -> LaunchPlan:
         plan = super().plan(job)
@@ -143,7 +142,7 @@ class DelayedDetectFramework(NoneFramework):
         return plan
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
-        o: Any = self.options
+        o = self.options
         ranks = [control.runtime.start(s) for s in plan.processes]
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
         exit_file = Path(job.run_dir) / EXIT_FILE

@@ -12,7 +12,7 @@ class RecordingRuntime(Runtime):
 
     name: ClassVar[str] = "recording"
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.signals: list[tuple[int, int]] = []
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from chaosbench.plugin_options import model_argument
+
 if TYPE_CHECKING:
     from chaosbench.specs import WorkloadSpec
+    from chaosbench.workloads.skeleton import TrainingOptions
 
 
 @dataclass(frozen=True)
@@ -25,8 +28,19 @@ class RunPaths:
     suite_dir: str = "."
 
 
-class Workload(ABC):
-    """A training program. Every rank runs the same ``argv``; its rank comes from the environment
+class NoOptions(BaseModel):
+    """The options of a workload that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+#: A workload's options model: ``class CommandWorkload(Workload[CommandOptions])`` makes ``self.options`` a CommandOptions.
+O = TypeVar("O", bound=BaseModel)  # noqa: E741 - the options' type parameter, as in the issue's Framework[O]
+
+
+class Workload(ABC, Generic[O]):
+    """A training program, typed by its options model ``O`` (``class CommandWorkload(Workload[CommandOptions])``:
+    that model is its ``Options`` and ``self.options`` an instance of it). Every rank runs the same ``argv``; its rank comes from the environment
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), set by the framework adapter."""
 
     name: ClassVar[str]
@@ -46,12 +60,19 @@ class Workload(ABC):
     #: TorchFT's Manager without declaring :meth:`replica_groups`).
     users_script: ClassVar[bool] = False
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    #: The options model: the type argument ``O`` (set from it when a subclass is made), or one set explicitly.
+    Options: ClassVar[type[BaseModel]] = NoOptions
 
-    def __init__(self, spec: WorkloadSpec, options: BaseModel) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Options" not in cls.__dict__:
+            model = model_argument(cls, Workload)
+            if model is not None:
+                cls.Options = model
+
+    def __init__(self, spec: WorkloadSpec, options: O) -> None:
         self.spec = spec
-        self.options = options
+        self.options: O = options
 
     @abstractmethod
     def argv(self, run: RunPaths) -> list[str]:
@@ -85,10 +106,10 @@ class Workload(ABC):
         return None
 
 
-class ProgramWorkload(Workload):
+class ProgramWorkload(Workload[O]):
     """A built-in training program run as ``python -m <program>``: its argv comes from its Options model (see
-    :func:`chaosbench.workloads.skeleton.options_argv`), whose ``steps`` and ``pg_timeout_s`` the harness reads
-    too. ``checkpoints``: the program checkpoints into the run's checkpoint directory (``--ckpt-dir``)."""
+    :func:`chaosbench.workloads.skeleton.options_argv`). ``checkpoints``: the program checkpoints into the run's
+    checkpoint directory (``--ckpt-dir``)."""
 
     program: ClassVar[str]
     checkpoints: ClassVar[bool] = True
@@ -99,10 +120,19 @@ class ProgramWorkload(Workload):
 
         return workload_argv(self.program, self.options, run.seed, run.ckpt_dir if self.checkpoints else None)
 
+
+#: The options of a program built on the training skeleton: a :class:`~chaosbench.workloads.skeleton.TrainingOptions`.
+TO = TypeVar("TO", bound="TrainingOptions")
+
+
+class TrainingProgram(ProgramWorkload[TO]):
+    """A built-in program whose options are the skeleton's TrainingOptions, whose ``steps`` and ``pg_timeout_s``
+    the harness reads too (ddp-mlp, fsdp-lm, pp-lm)."""
+
     @property
     def pg_timeout_s(self) -> float | None:
-        return float(self.options.pg_timeout_s)  # type: ignore[attr-defined]
+        return float(self.options.pg_timeout_s)
 
     @property
     def total_steps(self) -> int | None:
-        return int(self.options.steps)  # type: ignore[attr-defined]
+        return int(self.options.steps)

@@ -138,7 +138,7 @@ class CommandOptions(BaseModel):
         return self
 
 
-class CommandWorkload(Workload):
+class CommandWorkload(Workload[CommandOptions]):
     """The user's own script, run unchanged under :mod:`chaosbench.launchers.command`, which substitutes the
     placeholders, starts the script in its working directory, reports its pid and turns its log lines into step /
     checkpoint events.
@@ -149,7 +149,6 @@ class CommandWorkload(Workload):
     directory chaosbench was started in) and ``{suite_dir}`` (the suite file's directory)."""
 
     name: ClassVar[str] = "command"
-    Options = CommandOptions  # type: ignore[assignment]
     users_script: ClassVar[bool] = True
 
     def substitutions(self, run: RunPaths) -> dict[str, str]:
@@ -164,7 +163,7 @@ class CommandWorkload(Workload):
         }
 
     def argv(self, run: RunPaths) -> list[str]:
-        o: Any = self.options
+        o = self.options
         return [
             sys.executable,
             "-m",
@@ -188,7 +187,7 @@ class CommandWorkload(Workload):
 
     def work_dir(self, run: RunPaths) -> Path:
         """The script's working directory."""
-        o: Any = self.options
+        o = self.options
         if o.cwd is None:
             return run.run_dir / "work"
         rank0 = {"rank": "0", "local_rank": "0", "world_size": str(self.spec.ranks), "node": "node0", "incarnation": "0"}
@@ -197,19 +196,19 @@ class CommandWorkload(Workload):
     def watched_dirs(self, run: RunPaths) -> list[Path]:
         """Where the script's checkpoint saves are taken from the filesystem (``watch_checkpoints``): its checkpoint
         and working directories; none when its own log lines report the saves."""
-        o: Any = self.options
+        o = self.options
         watch = o.watch_checkpoints if o.watch_checkpoints is not None else o.patterns.ckpt_save_end is None
         return [run.ckpt_dir, self.work_dir(run)] if watch else []
 
     def final_artifact(self, run: RunPaths) -> str | None:
         """``fidelity_from`` with the run's placeholders substituted (a path or a glob), or None."""
-        o: Any = self.options
+        o = self.options
         return None if o.fidelity_from is None else substitute(o.fidelity_from, self.substitutions(run))
 
     @property
     def pg_timeout_s(self) -> float | None:
-        return self.options.pg_timeout_s  # type: ignore[attr-defined, no-any-return]
+        return self.options.pg_timeout_s
 
     @property
     def total_steps(self) -> int | None:
-        return self.options.steps  # type: ignore[attr-defined, no-any-return]
+        return self.options.steps

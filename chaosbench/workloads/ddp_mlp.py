@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaosbench.probe import Probe
-from chaosbench.workloads.base import ProgramWorkload
+from chaosbench.workloads.base import TrainingProgram
 from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     Checkpoints,
@@ -92,11 +92,10 @@ class DdpMlpOptions(TrainingOptions):
     )
 
 
-class DdpMlpWorkload(ProgramWorkload):
+class DdpMlpWorkload(TrainingProgram[DdpMlpOptions]):
     """A DDP MLP on gloo (NCCL when CUDA is present) over synthetic data; see the module docstring."""
 
     name: ClassVar[str] = "ddp-mlp"
-    Options = DdpMlpOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
 

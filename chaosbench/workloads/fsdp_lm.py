@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from chaosbench.probe import Probe
-from chaosbench.workloads.base import ProgramWorkload
+from chaosbench.workloads.base import TrainingProgram
 from chaosbench.workloads.skeleton import (
     Checkpoints,
     TrainingOptions,
@@ -95,12 +95,11 @@ class FsdpLmOptions(TrainingOptions):
     lr: float = Field(default=3e-3, gt=0, description="peak learning rate of AdamW")
 
 
-class FsdpLmWorkload(ProgramWorkload):
+class FsdpLmWorkload(TrainingProgram[FsdpLmOptions]):
     """A small transformer LM sharded with FSDP2 (every rank writes its own DCP shard); see the module
     docstring."""
 
     name: ClassVar[str] = "fsdp-lm"
-    Options = FsdpLmOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
     #: FSDP's gradient collectives are its own reduce-scatters: it can leave one out, not reshape one
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip"})

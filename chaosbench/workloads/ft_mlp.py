@@ -193,7 +193,7 @@ def _train(
                    duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
         print(f"healed to step {heal.get('last_step')}", flush=True)
 
-    class ProbedTransport(HTTPTransport):  # type: ignore[misc,type-arg]
+    class ProbedTransport(HTTPTransport):
         """torchft's HTTP checkpoint transport, with heal events on the timeline."""
 
         def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
@@ -357,27 +357,34 @@ class FtMlpOptions(BaseModel):
     )  # fmt: skip
 
 
-class FtMlpWorkload(ProgramWorkload):
+class FtMlpWorkload(ProgramWorkload[FtMlpOptions]):
     """The ft-mlp workload (see :mod:`chaosbench.workloads.ft_mlp`); needs the ``torchft`` adapter.
 
     ``workload.ranks`` is the total over all replica groups; the groups are ``groups`` (default: ``nodes``),
     so ``{name: ft-mlp, ranks: 2, nodes: 2}`` or ``{ranks: 2, groups: 2}`` is 2 groups of 1 rank."""
 
     name: ClassVar[str] = "ft-mlp"
-    Options = FtMlpOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
     checkpoints: ClassVar[bool] = False  # no checkpoints: a restarted group heals from a live peer
 
+    @property
+    def pg_timeout_s(self) -> float | None:
+        return self.options.pg_timeout_s
+
+    @property
+    def total_steps(self) -> int | None:
+        return self.options.steps
+
     def replica_groups(self) -> int:
-        o: Any = self.options
+        o = self.options
         groups = int(o.groups or self.spec.nodes)
         if self.spec.ranks % groups:
             raise ValueError(f"ft-mlp: ranks ({self.spec.ranks}) must be a multiple of groups ({groups})")
         return groups
 
     def argv(self, run: RunPaths) -> list[str]:
-        o: Any = self.options
+        o = self.options
         if o.batch_mode == "global" and o.batch_size % self.spec.ranks:
             from chaosbench.errors import ChaosbenchError
 

@@ -92,7 +92,7 @@ from pydantic import Field, model_validator
 
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
 from chaosbench.signatures import rank_error
-from chaosbench.workloads.base import ProgramWorkload
+from chaosbench.workloads.base import TrainingProgram
 from chaosbench.workloads.fsdp_lm import (
     ADAM_BETAS,
     DROPOUT_P,
@@ -163,17 +163,16 @@ class PpLmOptions(TrainingOptions):
         return self
 
 
-class PpLmWorkload(ProgramWorkload):
+class PpLmWorkload(TrainingProgram[PpLmOptions]):
     """fsdp-lm's transformer LM as pipeline stages x data-parallel replicas; see the module docstring."""
 
     name: ClassVar[str] = "pp-lm"
-    Options = PpLmOptions  # type: ignore[assignment]
     program: ClassVar[str] = PROGRAM
 
     def replica_groups(self) -> int:
         """Under the ``torchft`` adapter one replica group is one whole pipeline: ``ranks / stages`` groups of
         ``stages`` ranks (other frameworks do not ask)."""
-        stages = int(self.options.stages)  # type: ignore[attr-defined]
+        stages = int(self.options.stages)
         if self.spec.ranks % stages:
             raise ValueError(f"pp-lm under torchft: ranks ({self.spec.ranks}) must be a multiple of stages ({stages})")
         return self.spec.ranks // stages
@@ -680,7 +679,7 @@ def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: 
                    duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
         print(f"healed stage {stage} to step {heal.get('last_step')}", flush=True)
 
-    class ProbedTransport(HTTPTransport):  # type: ignore[misc,type-arg]
+    class ProbedTransport(HTTPTransport):
         """torchft's HTTP checkpoint transport, with heal events on the timeline."""
 
         def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:

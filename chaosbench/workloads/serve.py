@@ -94,11 +94,10 @@ class ServeOptions(BaseModel):
     slo: SloOptions = Field(default_factory=SloOptions, description="the availability SLO")
 
 
-class Serve(Workload):
+class Serve(Workload[ServeOptions]):
     """Replicas of a small torch MLP behind a load balancer, under locust load; see the module docstring."""
 
     name: ClassVar[str] = "serve"
-    Options = ServeOptions  # type: ignore[assignment]
     #: The replica calls the planted hooks around its model load (its "step 1"): see serve_replica.
     plants: ClassVar[bool] = True
     serves: ClassVar[bool] = True

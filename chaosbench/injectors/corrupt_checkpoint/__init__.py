@@ -109,7 +109,7 @@ class CorruptParams(BaseModel):
         return self
 
 
-class CorruptCheckpointInjector(Injector):
+class CorruptCheckpointInjector(Injector[CorruptParams]):
     """Damages a checkpoint on disk (bit flips in tensor data, truncation, deletion of a shard or of the DCP
     metadata) or kills a rank in the middle of a checkpoint save. Not reverted: permanent damage."""
 
@@ -117,18 +117,17 @@ class CorruptCheckpointInjector(Injector):
 
     @property
     def failure_mode(self) -> FailureMode | None:
-        return "crash" if self.params.mode == "torn-write" else None  # type: ignore[attr-defined]
+        return "crash" if self.params.mode == "torn-write" else None
 
-    damages_checkpoint = True  # type: ignore[assignment]
+    damages_checkpoint = True
     summary: ClassVar[str] = (
         "corrupt a checkpoint on disk (bitflip in tensor data, truncate, delete shard/metadata, garble "
         "metadata) or kill a rank mid-save (torn-write)"
     )
     needs_process: ClassVar[bool] = False
-    Params = CorruptParams  # type: ignore[assignment]
 
     @classmethod
-    def check_target(cls, target: Target, trigger: Trigger) -> str | None:
+    def check_target(cls, target: Target, trigger: Trigger | None) -> str | None:
         """Every target kind works: damage modes need only rank numbers (``node`` targets expand to that
         node's ranks, ``all`` to every rank); torn-write needs the rank's process, which it looks up when it
         fires (no process: the firing is skipped). Mode-specific checks are in :class:`CorruptParams`,
@@ -138,21 +137,21 @@ class CorruptCheckpointInjector(Injector):
     def prepare(self, setup: RunSetup) -> None:
         """Import torch's DCP reader now when a firing will need it: imported at fire time it takes seconds
         on a busy machine, long enough for training to run past the checkpoint the fault is aimed at."""
-        p: Any = self.params
+        p = self.params
         if p.mode in ("bitflip", *damage.STATE_MODES) and p.file_glob is None:
             import torch.distributed.checkpoint  # noqa: F401
             import torch.distributed.checkpoint.format_utils  # noqa: F401
 
     # ------------------------------------------------------------------ inject
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         if p.mode == "torn-write":
             return self._torn_write(ctx)
         try:
             if p.mode in damage.STATE_MODES:
                 details = self._damage_state(ctx)
             elif p.file_glob is not None:
-                details = self._corrupt_files(ctx)
+                details = self._corrupt_files(ctx, p.file_glob)
             else:
                 details = self._corrupt_dcp(ctx)
         except (cf.CheckpointFormatError, ValueError) as exc:
@@ -173,11 +172,11 @@ class CorruptCheckpointInjector(Injector):
     def _damage_state(self, ctx: FaultContext) -> dict[str, Any]:
         """The state modes (:mod:`~chaosbench.injectors.corrupt_checkpoint.state`), on the chosen checkpoint of
         each target rank's file (a per-rank ``file_glob``) or on the one checkpoint (DCP, a shared file)."""
-        p: Any = self.params
+        p = self.params
         root, glob = ctx.setup.ckpt_dir, p.file_glob
         ranks = sorted({t.rank for t in ctx.targets if t.rank is not None})
         per_rank = glob is not None and "{rank}" in glob
-        globs: list[str | None] = [glob.replace("{rank}", str(r)) for r in ranks] if per_rank else [glob]
+        globs: list[str | None] = [glob.replace("{rank}", str(r)) for r in ranks] if glob and per_rank else [glob]
         changes: list[dict[str, Any]] = []
         chosen = [self._select(root, g) for g in globs]
         for g, ck in zip(globs, chosen, strict=True):
@@ -219,7 +218,7 @@ class CorruptCheckpointInjector(Injector):
         }
 
     def _select(self, root: Path, file_glob: str | None) -> cf.Checkpoint:
-        which = self.params.checkpoint  # type: ignore[attr-defined]
+        which = self.params.checkpoint
         found = cf.list_checkpoints(root, file_glob)
         ck = cf.select_checkpoint(found, which)
         if ck is None:
@@ -231,7 +230,7 @@ class CorruptCheckpointInjector(Injector):
         return ck
 
     def _corrupt_dcp(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         ck = self._select(ctx.setup.ckpt_dir, None)
         out: dict[str, Any] = {
             "checkpoint": str(ck.path),
@@ -259,13 +258,14 @@ class CorruptCheckpointInjector(Injector):
         ]
         return out
 
-    def _corrupt_files(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
-        per_rank = "{rank}" in p.file_glob
+    def _corrupt_files(self, ctx: FaultContext, file_glob: str) -> dict[str, Any]:
+        """The damage on plain torch.save files matching ``file_glob`` (the params' ``file_glob``)."""
+        p = self.params
+        per_rank = "{rank}" in file_glob
         groups: list[tuple[int | None, str]] = (
-            [(t.rank, p.file_glob.replace("{rank}", str(t.rank))) for t in ctx.targets]
+            [(t.rank, file_glob.replace("{rank}", str(t.rank))) for t in ctx.targets]
             if per_rank
-            else [(None, p.file_glob)]
+            else [(None, file_glob)]
         )
         chosen = [self._select(ctx.setup.ckpt_dir, glob) for _, glob in groups]
         ranges = {ck.path: self._ranges(ck.path) for ck in chosen} if p.mode == "bitflip" else None
@@ -281,7 +281,7 @@ class CorruptCheckpointInjector(Injector):
         }
 
     def _ranges(self, file: Path) -> list[cf.PayloadRange]:
-        pattern = self.params.tensors  # type: ignore[attr-defined]
+        pattern = self.params.tensors
         ranges = cf.tensor_payload_ranges(file)
         if pattern is not None:
             ranges = [r for r in ranges if fnmatch.fnmatchcase(r.name, pattern)]
@@ -295,7 +295,7 @@ class CorruptCheckpointInjector(Injector):
         self, files: list[Path], ranges: dict[Path, list[cf.PayloadRange]] | None, rank: int | None,
         ctx: FaultContext,
     ) -> list[dict[str, Any]]:  # fmt: skip
-        p: Any = self.params
+        p = self.params
         if p.mode != "bitflip" or ranges is None:
             return [self._damage(f, rank, None, ctx) for f in files]
         # Spread the rank's bits over its files in proportion to their payload, then flip per file.
@@ -313,7 +313,7 @@ class CorruptCheckpointInjector(Injector):
         ctx: FaultContext,
         bits: int = 0,
     ) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         rec: dict[str, Any] = {"file": str(file), "rank": rank if rank is not None else cf.shard_rank(file)}
         rec["size_before"] = file.stat().st_size
         if p.mode == "bitflip":
@@ -352,12 +352,12 @@ class CorruptCheckpointInjector(Injector):
             if t.pid is None:
                 raise ProcessLookupError(f"rank {t.rank} has no process")
             saves.append(self._save_in_progress(ctx, t))
-        if self.params.torn_at == "shard-write":  # type: ignore[attr-defined]
+        if self.params.torn_at == "shard-write":
             for t, (_, path) in zip(ctx.targets, saves, strict=True):
                 assert t.rank is not None  # no role targets here (role_targets is False)
                 self._wait_for_shard(Path(path) if path else None, t.rank)
-        delivered = [ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)  # type: ignore[arg-type]
-                     for t in ctx.targets]  # fmt: skip
+        delivered = [ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)
+                     for t in ctx.targets if t.pid is not None]  # each has one: checked above  # fmt: skip
         step, path = saves[0]
         out: dict[str, Any] = {"mode": "torn-write", "checkpoint": path, "step": step,
                                "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets],

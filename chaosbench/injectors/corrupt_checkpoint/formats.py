@@ -235,7 +235,7 @@ def _zip_data_entries(f: Any, offset: int, length: int, label: str) -> list[Payl
     """``<archive>/data/<n>`` entries of the zip archive occupying ``[offset, offset + length)`` of ``f``,
     as absolute byte ranges of their (stored, uncompressed) contents."""
     try:
-        z = zipfile.ZipFile(_Window(f, offset, length))  # type: ignore[arg-type]
+        z = zipfile.ZipFile(_Window(f, offset, length))
         infos = z.infolist()
     except (zipfile.BadZipFile, ValueError, OSError, struct.error) as exc:
         raise CheckpointFormatError(f"{label}: not a torch.save zip archive ({exc})") from None

@@ -31,13 +31,13 @@ import shutil
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, EngineCommandFailed, MissingEngine
-from chaosbench.injectors.base import FaultContext, Injector, RunSetup, target_nodes
+from chaosbench.injectors.base import FaultContext, Injector, P, RunSetup, target_nodes
 from chaosbench.runtimes.base import NodeControl, node_control
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def chains(direction: Direction) -> list[tuple[str, str]]:
     return out
 
 
-class _NetInjector(Injector):
+class _NetInjector(Injector[P]):
     """Shared life cycle: checks, per-node rules and qdiscs remembered in ``ctx.state``, guaranteed revert."""
 
     needs_process: ClassVar[bool] = True
@@ -153,7 +153,11 @@ class _ShapingParams(BaseModel):
         return self
 
 
-class _ShapingInjector(_NetInjector):
+#: A shaping fault's params.
+SP = TypeVar("SP", bound=_ShapingParams)
+
+
+class _ShapingInjector(_NetInjector[SP]):
     """A packet-shaping fault (delay, loss): netem on the node's egress when the kernel has it and the params
     allow it, else the fault's own mechanism (``fallback``) per node."""
 
@@ -178,7 +182,7 @@ class _ShapingInjector(_NetInjector):
         """``netem`` on the node's egress when the params allow it (``method`` auto or netem, ``direction``
         egress): True when it took; False to use the fallback; an error when netem was asked for and the kernel
         lacks it."""
-        p: Any = self.params
+        p = self.params
         if p.method not in ("auto", "netem") or p.direction != "egress":
             return False
         if self._add_qdisc(ctx, rt, node, "netem", self.netem_args()):
@@ -252,22 +256,21 @@ def _stop_delayer(ctx: FaultContext, fault: str, d: dict[str, Any]) -> bool:
     return True
 
 
-class NetDelayInjector(_ShapingInjector):
+class NetDelayInjector(_ShapingInjector[NetDelayParams]):
     """Adds latency (and jitter) to a node's packets: netem, else an NFQUEUE userspace delayer."""
 
     name: ClassVar[str] = "net-delay"
     summary: ClassVar[str] = "add latency/jitter to a node's packets (netem, else an NFQUEUE userspace delayer)"
-    Params = NetDelayParams  # type: ignore[assignment]
     fallback: ClassVar[str] = "nfqueue"
 
     def netem_args(self) -> list[str]:
-        p: Any = self.params
+        p = self.params
         return ["delay", f"{p.delay_ms}ms"] + ([f"{p.jitter_ms}ms"] if p.jitter_ms else [])
 
     def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
         queue = 4200 + ctx.index % 1000
         ctx.state.setdefault("delayers", []).append(_start_delayer(ctx, rt, node, queue, self.params))
-        for chain, opt in chains(self.params.direction):  # type: ignore[attr-defined]
+        for chain, opt in chains(self.params.direction):
             spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-j", "NFQUEUE", "--queue-num", str(queue),
                     "--queue-bypass"]  # fmt: skip
             self._add_rule(ctx, rt, node, chain, spec)
@@ -280,19 +283,18 @@ class NetLossParams(_ShapingParams):
                                                          "has it, else iptables statistic DROP")  # fmt: skip
 
 
-class NetLossInjector(_ShapingInjector):
+class NetLossInjector(_ShapingInjector[NetLossParams]):
     """Drops a random share of a node's packets: netem loss, else iptables ``statistic`` DROP."""
 
     name: ClassVar[str] = "net-loss"
     summary: ClassVar[str] = "drop a random share of a node's packets (netem, else iptables statistic)"
-    Params = NetLossParams  # type: ignore[assignment]
     fallback: ClassVar[str] = "iptables"
 
     def netem_args(self) -> list[str]:
-        return ["loss", f"{self.params.percent}%"]  # type: ignore[attr-defined]
+        return ["loss", f"{self.params.percent}%"]
 
     def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
-        p: Any = self.params
+        p = self.params
         for chain, opt in chains(p.direction):
             spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-m", "statistic", "--mode", "random",
                     "--probability", f"{p.percent / 100:.6f}", "-j", "DROP"]  # fmt: skip
@@ -315,15 +317,14 @@ class NetBandwidthParams(BaseModel):
         return v.strip().lower()
 
 
-class NetBandwidthInjector(_NetInjector):
+class NetBandwidthInjector(_NetInjector[NetBandwidthParams]):
     """Limits a node's egress bandwidth with a token bucket (tbf root qdisc on eth0)."""
 
     name: ClassVar[str] = "net-bandwidth"
     summary: ClassVar[str] = "limit a node's egress bandwidth (tbf)"
-    Params = NetBandwidthParams  # type: ignore[assignment]
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         rt = node_control(ctx.runtime, self.name)
         for node in target_nodes(ctx):
             args = ["rate", p.rate, "burst", p.burst, "latency", f"{p.latency_ms}ms"]
@@ -353,24 +354,23 @@ class PartitionParams(BaseModel):
         return v
 
 
-class PartitionInjector(_NetInjector):
+class PartitionInjector(_NetInjector[PartitionParams]):
     """Cuts the network between groups of nodes (iptables in each node's namespace, both directions)."""
 
     name: ClassVar[str] = "partition"
-    failure_mode = "hang"  # type: ignore[assignment]
-    fault_class = "node"  # type: ignore[assignment]
+    failure_mode = "hang"
+    fault_class = "node"
     summary: ClassVar[str] = "cut the network between groups of nodes (iptables DROP/REJECT)"
-    Params = PartitionParams  # type: ignore[assignment]
     needs_process: ClassVar[bool] = False
 
     @classmethod
-    def check_target(cls, target: Target, trigger: Trigger) -> str | None:
+    def check_target(cls, target: Target, trigger: Trigger | None) -> str | None:
         if target.node is not None or target.ranks is not None or isinstance(target.rank, int) or target.all:
             return "partition takes its nodes from params.groups; leave target out"
         return None
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        p: Any = self.params
+        p = self.params
         rt = node_control(ctx.runtime, self.name)
         known = set(rt.node_names())
         unknown = [n for g in p.groups for n in g if n not in known]

@@ -442,7 +442,7 @@ class StallFsParams(BaseModel):
         return {"delay_s": delays, "freeze": self.freeze, "errno": err, "seed": seed}
 
 
-class StallFsInjector(Injector):
+class StallFsInjector(Injector[StallFsParams]):
     """Serves the checkpoint directory through a FUSE passthrough and, within the fault's window, adds
     latency to write/fsync/read, freezes every operation, or fails operations with EIO/ENOSPC."""
 
@@ -455,14 +455,13 @@ class StallFsInjector(Injector):
         "checkpoint directory behind a FUSE passthrough: added I/O latency, a freeze, or EIO/ENOSPC errors"
     )
     needs_process: ClassVar[bool] = False
-    Params = StallFsParams  # type: ignore[assignment]
 
     @classmethod
     def missing_engine(cls) -> str | None:
         why = fuse_available()
         return None if why is None else f"stall-fs needs FUSE: {why}"
 
-    def __init__(self, fault_name: str, params: BaseModel) -> None:
+    def __init__(self, fault_name: str, params: StallFsParams) -> None:
         super().__init__(fault_name, params)
         self.mount: FuseMount | None = None
         self._setup: RunSetup | None = None

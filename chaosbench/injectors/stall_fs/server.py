@@ -421,7 +421,7 @@ def _run_fuse(ops: Passthrough, mountpoint: str, foreground: bool) -> None:
     """Mount and serve until unmounted or signalled (multi-threaded)."""
     import mfusepy
 
-    class _Fuse(mfusepy.FUSE):  # type: ignore[misc]
+    class _Fuse(mfusepy.FUSE):
         # mfusepy flattens utimens timespecs, losing UTIME_NOW/UTIME_OMIT, and drops rename flags.
         def utimens_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
             times: tuple[int | None, int | None] | None = None

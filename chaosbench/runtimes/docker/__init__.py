@@ -237,7 +237,7 @@ def _nspid(pid: int) -> list[int]:
     return []
 
 
-class DockerRuntime(Runtime):
+class DockerRuntime(Runtime[DockerOptions]):
     """Nodes are containers of the local Docker engine (see the module docstring)."""
 
     name: ClassVar[str] = "docker"
@@ -268,7 +268,6 @@ class DockerRuntime(Runtime):
     @classmethod
     def cleanup_crashed(cls, results_dir: Path) -> list[str]:
         return remove_run_objects(results_dir)
-    Options = DockerOptions  # type: ignore[assignment]
     #: Option values used when the runner passes no options (variants registered under other names).
     default_options: ClassVar[dict[str, Any]] = {}
 

@@ -203,7 +203,7 @@ class SlurmHandle(ProcHandle):
         self.popen: subprocess.Popen[bytes] | None = None
 
 
-class SlurmRuntime(Runtime):
+class SlurmRuntime(Runtime[SlurmOptions]):
     """Processes are jobs of an existing Slurm cluster (see the module docstring)."""
 
     name: ClassVar[str] = "slurm"
@@ -216,7 +216,6 @@ class SlurmRuntime(Runtime):
                     "install slurm-client, or scripts/slurm-local up)")  # fmt: skip
         return None
 
-    Options = SlurmOptions  # type: ignore[assignment]
     #: Option values used when the runner passes no options (variants registered under other names).
     default_options: ClassVar[dict[str, Any]] = {}
 
