@@ -134,7 +134,7 @@ def _field_rows(model: Any) -> list[str]:
         if f.is_required():
             default = "required"
         else:
-            value = f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
+            value = f.default_factory() if f.default_factory is not None else f.default
             default = f"`{_value(value)}`"
         rows.append(f"| `{name}` | {type_name(f.annotation)} | {_cell(default)} | {_cell(f.description or '')} |")
     return rows

@@ -92,8 +92,9 @@ NO = TypeVar("NO", bound=NoneOptions)
 
 
 class NoneFramework(Framework[NO]):
-    """No recovery: the baseline. Launches the ranks and waits; a failed rank ends the job. Typed by its options
-    (NoneOptions, or a subclass's: ``RestartFramework(NoneFramework[RestartOptions])``)."""
+    """No recovery: the baseline. Launches the ranks and waits; a failed rank ends the job.
+
+    Typed by its options (NoneOptions, or a subclass's: ``RestartFramework(NoneFramework[RestartOptions])``)."""
 
     name: ClassVar[str] = "none"
     Options = NoneOptions
