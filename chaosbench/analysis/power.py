@@ -82,6 +82,7 @@ class Power:
     timing_best_p: dict[tuple[int, int], float]
     floors: list[TimingFloor]
     bound: bool = True
+    varying: int = 0  # of the bound's comparisons, those whose figure varies among the baseline's runs
 
     @property
     def level(self) -> float:
@@ -130,7 +131,23 @@ class Power:
             out.append("  a timing change counts only above its noise floor (threshold or the baseline's interquartile range): "
                        + ", ".join(parts))  # fmt: skip
         out.append("  a figure measured in every baseline run and in none now fails without statistics")
+        if self.bound:
+            out.append(self._family_line(pairs))
         return out
+
+    def _family_line(self, pairs: Sequence[tuple[int, int]]) -> str:
+        """Before the runs the family is a bound: a comparison whose figure is the same in every run of both
+        sides cannot reach alpha and is left out, so the verdict's family is usually smaller (a clean change's:
+        about the figures that vary among the baseline's runs). The largest family in which complete
+        separation still decides, per repeats pair."""
+        parts = []
+        for a, b in pairs:
+            best = self.timing_best_p[(a, b)]
+            largest = math.floor(self.alpha / best * (1 + 1e-9))
+            parts.append(f"{a} vs {b} (p = 1/C({a + b},{a})) decides in a family of up to {largest}")
+        return (f"  the family is known after the runs (a figure the same in every run of both sides is left out; "
+                f"{self.varying} of the at most {self.family_max} vary among the baseline's runs): complete "
+                f"separation of {'; '.join(parts)}")  # fmt: skip
 
 
 def _n(repeats: int | None) -> str:
@@ -159,17 +176,21 @@ def power(
     every (key, figure) the baseline measured for the keys in both, an upper bound (before the runs)."""
     base = groups(baseline_rows, by)
     repeats: dict[str, tuple[int, int]] = {}
-    family_max = 0
+    family_max = varying = 0
     floors: list[TimingFloor] = []
     for key in sorted(set(base) & set(new_repeats)):
         rows = base[key]
         repeats[key] = (len(rows), int(new_repeats[key]))
-        family_max += sum(1 for s in SHARES if any(s.holds(r) is not None for r in rows))
+        for share in SHARES:
+            held = [h for r in rows if (h := share.holds(r)) is not None]
+            family_max += bool(held)
+            varying += len(set(held)) > 1
         for metric in LOWER_IS_BETTER + HIGHER_IS_BETTER:
             vals = [v for r in rows if (v := as_float(r.get(metric))) is not None]
             if not vals:
                 continue
             family_max += 1
+            varying += len(set(vals)) > 1
             med = statistics.median(vals)
             spread = noise(vals)
             rel = max(threshold, spread / abs(med)) if med else (math.inf if spread else threshold)
@@ -181,7 +202,7 @@ def power(
     pairs = set(repeats.values())
     shares = {p: share_power(p[0], p[1], level) for p in pairs if p[0] and p[1]}
     best = {p: 1 / math.comb(p[0] + p[1], p[0]) for p in pairs}
-    return Power(alpha, family_max, repeats, shares, best, floors, bound)
+    return Power(alpha, family_max, repeats, shares, best, floors, bound, varying)
 
 
 def suite_repeats(suite: Any) -> dict[str, int]:

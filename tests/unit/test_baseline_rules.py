@@ -224,6 +224,11 @@ def test_the_power_line_for_the_ci_suite() -> None:
     # median: the 20 % threshold is every floor (with the range as noise, 0.03 / 0.08: +38 %)
     assert "time_to_detect_s +20%, time_to_resume_s +20%," in lines[3]
     assert lines[4] == "  a figure measured in every baseline run and in none now fails without statistics"
+    # the fixture's shares are the same in every run (all recovered, ...), and of its 9 timings per scenario
+    # lost_steps and restart_count too: 4 x 7 = 28 vary; 3 vs 3 decides only in a family of one (1/20 = alpha)
+    assert lines[5] == ("  the family is known after the runs (a figure the same in every run of both sides is left "
+                        "out; 28 of the at most 68 vary among the baseline's runs): complete separation of 3 vs 3 "
+                        "(p = 1/C(6,3)) decides in a family of up to 1")  # fmt: skip
 
 
 def test_power_with_enough_repeats_says_what_is_detectable() -> None:
