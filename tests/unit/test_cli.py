@@ -112,3 +112,12 @@ def test_a_framework_that_cannot_run_the_workload_is_refused_with_its_line(tmp_p
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"chaosbench: error: {suite}:4: framework 'torchft': torchft adapter: workload 'ddp-mlp' does not train "
         "through torchft's Manager (use ft-mlp, or a command workload whose script does)")
+
+
+def test_python_dash_m_chaosbench_is_the_cli() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "chaosbench", "--version"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2], timeout=120)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.startswith("chaosbench "), out.stderr
