@@ -18,7 +18,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from chaosbench import __version__
 from chaosbench.errors import ChaosbenchError, SpecError, UnknownPlugin
@@ -372,14 +372,15 @@ def cmd_image(args: argparse.Namespace) -> int:
     return main_build(force=args.force)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="chaosbench",
-        description="Chaos-testing and recovery benchmark harness for multi-rank PyTorch training and for model "
-        "replicas served behind a load balancer.",
-    )
-    p.add_argument("--version", action="version", version=f"chaosbench {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+class _Subcommands(Protocol):
+    """What a subcommand's helper uses of ``ArgumentParser.add_subparsers()``: adding the subcommand's parser."""
+
+    def add_parser(self, name: str, *, help: str | None = ..., description: str | None = ...) -> argparse.ArgumentParser:
+        ...
+
+
+def _add_run_command(sub: _Subcommands) -> None:
+    """``chaosbench run SUITE``: run a suite and write its results and report."""
     r = sub.add_parser("run", help="run a suite and write its results and report",
                        description="Run every scenario of a suite (controls first), then write "
                                    "results.csv/.parquet, report.md and report.html into OUT/<suite>/.")  # fmt: skip
@@ -409,6 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--alpha", type=float, default=0.05,
                    help="false-alarm rate of the whole verdict (Holm over every comparison; default 0.05)")
     r.set_defaults(fn=cmd_run)
+
+
+def _add_report_command(sub: _Subcommands) -> None:
+    """``chaosbench report DIR``: recompute metrics and reports from run directories."""
     rep = sub.add_parser("report", help="recompute metrics and reports from run directories",
                          description="Recompute every metric from the runs' timelines and rewrite the "
                                      "reports of a suite directory (or of every suite below DIR).")  # fmt: skip
@@ -417,6 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="per-run timeline plots (each run's timeline.png, drawn when it ended): link the "
                           "existing ones (default), draw the missing ones, or redraw all")  # fmt: skip
     rep.set_defaults(fn=cmd_report)
+
+
+def _add_compare_command(sub: _Subcommands) -> None:
+    """``chaosbench compare A B``: two result sets side by side."""
     cmp = sub.add_parser("compare", help="two result sets side by side, with the significance of each difference",
                          description="Compare result set B against A (suite directories or results CSVs): "
                                      "shares of outcomes (Fisher's exact p), medians (Mann-Whitney p), Holm-adjusted "
@@ -431,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="false-alarm rate of the whole comparison (Holm over every comparison; default 0.05)")
     cmp.add_argument("--out", metavar="FILE", help="also write the Markdown table to FILE")
     cmp.set_defaults(fn=cmd_compare)
+
+
+def _add_fuzz_command(sub: _Subcommands) -> None:
+    """``chaosbench fuzz SUITE``: search fault schedules for a recovery bug."""
     fz = sub.add_parser("fuzz", help="search fault schedules for a recovery bug and shrink it to a reproducer",
                         description="Draw fault schedules (kills, hangs, kills during a checkpoint save, "
                                     "stragglers; several per run) with Hypothesis, run each for real, check the "
@@ -448,11 +461,19 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--out", default="reports", help="results directory (default: reports)")
     fz.add_argument("--write", metavar="YAML", help="reproducer path (default: OUT/<suite>-repro.yaml)")
     fz.set_defaults(fn=cmd_fuzz)
+
+
+def _add_baseline_command(sub: _Subcommands) -> None:
+    """``chaosbench baseline DIR --to CSV``: save a suite's results as a baseline."""
     bl = sub.add_parser("baseline", help="save a suite's results as a baseline for later --baseline runs",
                         description="Save a suite's results as a baseline for later --baseline runs.")
     bl.add_argument("dir", help="a suite results directory, e.g. reports/ci")
     bl.add_argument("--to", required=True, metavar="CSV", help="where to store it, e.g. baselines/ci.csv")
     bl.set_defaults(fn=cmd_baseline)
+
+
+def _add_verify_command(sub: _Subcommands) -> None:
+    """``chaosbench verify DIR``: check a suite directory against its manifest."""
     vf = sub.add_parser("verify", help="check a suite directory against its manifest.json",
                         description="Check every result file of a suite directory against the sha256 its "
                                     "manifest.json recorded when the suite ran (timelines, logs, configs, figures: a "
@@ -462,6 +483,10 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("dir", help="a suite results directory, e.g. reports/smoke")
     vf.add_argument("--checkpoints", action="store_true", help="also check checkpoint file names and sizes")
     vf.set_defaults(fn=cmd_verify)
+
+
+def _add_faults_command(sub: _Subcommands) -> None:
+    """``chaosbench faults [SUITE]``: list the injectors and the fault definitions."""
     f = sub.add_parser("faults", help="list the injectors, their parameters and the fault definitions",
                        description="List every injector with its parameters, then every fault definition a "
                                    "suite's `use: NAME` finds, with its file and where it came from: the suite's "
@@ -469,6 +494,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("suite", nargs="?", help="the definitions as this suite sees them (default: a suite in the "
                                             "current directory)")  # fmt: skip
     f.set_defaults(fn=cmd_faults)
+
+
+def _add_cleanup_command(sub: _Subcommands) -> None:
+    """``chaosbench cleanup [DIR]``: remove what crashed runs left behind."""
     c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts, "
                                                  "containers, networks)",
                        description="End the recorded processes of runs that never ended (pid and start time "
@@ -477,6 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("dir", nargs="?", default="reports", help="results directory (default: reports)")
     c.add_argument("--dry-run", action="store_true", help="only print what would be done")
     c.set_defaults(fn=cmd_cleanup)
+
+
+def _add_schema_command(sub: _Subcommands) -> None:
+    """``chaosbench schema``: the JSON schema of suite files (or of a timeline line)."""
     sch = sub.add_parser("schema", help="the JSON schema of suite files (for editors)",
                          description="Print (or write) the JSON schema of a suite file, generated from the typed "
                                      "models; suites/suite.schema.json is this, kept fresh by a test.")  # fmt: skip
@@ -484,12 +517,20 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("--events", action="store_true",
                      help="the JSON schema of a timeline line (events.jsonl: one model per event kind) instead")  # fmt: skip
     sch.set_defaults(fn=cmd_schema)
+
+
+def _add_init_command(sub: _Subcommands) -> None:
+    """``chaosbench init [DIR]``: write a starter suite and a CI job."""
     ini = sub.add_parser("init", help="write a starter suite and a CI job into a repository",
                          description="Write chaos/ci.yaml (a starter recovery suite using the fault library "
                                      "shipped with chaosbench) and .github/workflows/chaos.yml (a CI job running "
                                      "it) under DIR; an existing file is refused, nothing is overwritten.")  # fmt: skip
     ini.add_argument("dir", nargs="?", default=".", help="the repository's root (default: the current directory)")
     ini.set_defaults(fn=cmd_init)
+
+
+def _add_image_command(sub: _Subcommands) -> None:
+    """``chaosbench image build``: the docker runtime's default node image."""
     img = sub.add_parser("image", help="the docker runtime's default node image",
                          description="The docker runtime's default node image.")
     isub = img.add_subparsers(dest="image_cmd", required=True)
@@ -499,6 +540,29 @@ def build_parser() -> argparse.ArgumentParser:
                                     "exists, and print its tag.")  # fmt: skip
     b.add_argument("--force", action="store_true", help="import it again even if it exists")
     b.set_defaults(fn=cmd_image)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``chaosbench`` command line: its own options, then a parser per subcommand (``_add_*_command``),
+    added in the order ``--help`` lists them."""
+    p = argparse.ArgumentParser(
+        prog="chaosbench",
+        description="Chaos-testing and recovery benchmark harness for multi-rank PyTorch training and for model "
+        "replicas served behind a load balancer.",
+    )
+    p.add_argument("--version", action="version", version=f"chaosbench {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    _add_run_command(sub)
+    _add_report_command(sub)
+    _add_compare_command(sub)
+    _add_fuzz_command(sub)
+    _add_baseline_command(sub)
+    _add_verify_command(sub)
+    _add_faults_command(sub)
+    _add_cleanup_command(sub)
+    _add_schema_command(sub)
+    _add_init_command(sub)
+    _add_image_command(sub)
     return p
 
 

@@ -593,6 +593,21 @@ def check(suite_dir: Path, checkpoints: bool = False) -> Verification:
     are a changed suite file outside the directory and removed checkpoints (a problem with ``checkpoints``:
     names and sizes are then compared too). Raises ChaosbenchError when there is no readable manifest."""
     suite_dir = Path(suite_dir)
+    manifest = _manifest_to_check(suite_dir)
+    suite = manifest.get("suite") or {}
+    runs = manifest.get("runs") or []
+    files = manifest.get("files") or {}
+    result = Verification(suite=suite.get("name"), files=len(files), runs=len(runs))
+    hasher = _Hasher()
+    _check_files(result, manifest, suite_dir, hasher, checkpoints)
+    _check_definition_and_runs(result, suite, suite_dir)
+    _check_suite_file(result, suite, hasher)
+    return result
+
+
+def _manifest_to_check(suite_dir: Path) -> dict[str, Any]:
+    """The manifest of ``suite_dir``, of this chaosbench's format; raises ChaosbenchError when there is no results
+    directory, no manifest, an unreadable one or one of another format."""
     path = suite_dir / MANIFEST
     if not suite_dir.is_dir():
         raise ChaosbenchError(f"{suite_dir}: no such results directory")
@@ -607,11 +622,14 @@ def check(suite_dir: Path, checkpoints: bool = False) -> Verification:
             f"{path}: manifest format {manifest.get('format_version')!r}, this chaosbench "
             f"reads format {FORMAT_VERSION}"
         )
-    suite = manifest.get("suite") or {}
-    runs = manifest.get("runs") or []
+    return manifest
+
+
+def _check_files(result: Verification, manifest: dict[str, Any], suite_dir: Path, hasher: _Hasher,
+                 checkpoints: bool) -> None:  # fmt: skip
+    """The listed files against the directory: result files (problems), derived files (notes) and checkpoints
+    (problems with ``checkpoints``, else a note on how many are gone)."""
     files = manifest.get("files") or {}
-    result = Verification(suite=suite.get("name"), files=len(files), runs=len(runs))
-    hasher = _Hasher()
     now = _scan(suite_dir, None)  # sizes only: hashes are computed for what could still match
     result.problems += [
         f"{line} ({_FIGURE_HINT})" if _is_figure(rel) else line
@@ -639,6 +657,10 @@ def check(suite_dir: Path, checkpoints: bool = False) -> Verification:
                 "are not verified: a keep-checkpoints policy may delete them)"
             )
 
+
+def _check_definition_and_runs(result: Verification, suite: dict[str, Any], suite_dir: Path) -> None:
+    """The suite definition in the directory against its recorded hash; every run of ``results.csv`` has its run
+    directory (problems)."""
     want = suite.get("definition_sha256")
     have = definition_sha256(SuiteDir(suite_dir).definition())
     if want != have:
@@ -654,6 +676,11 @@ def check(suite_dir: Path, checkpoints: bool = False) -> Verification:
                 f"{rel}: run {scenario} #{repeat} of results.csv has no run directory "
                 f"({RunDir.CONFIG} missing)"
             )
+
+
+def _check_suite_file(result: Verification, suite: dict[str, Any], hasher: _Hasher) -> None:
+    """The suite file outside the directory, when the manifest recorded one: gone or changed is a note (the
+    definition as run is verified in the directory)."""
     sfile = suite.get("file") or {}
     if sfile.get("sha256") and sfile.get("absolute"):
         try:
@@ -669,7 +696,6 @@ def check(suite_dir: Path, checkpoints: bool = False) -> Verification:
                     f"{sfile['absolute']}: the suite file changed since the run (the definition "
                     f"as run is in {SuiteDir.MARKER}, verified)"
                 )
-    return result
 
 
 def verify(suite_dir: Path) -> list[str]:

@@ -984,7 +984,22 @@ def suite_from_data(data: Any, smap: SourceMap) -> Suite:
 
 
 def _check_references(suite: Suite, smap: SourceMap) -> None:
-    from chaosbench.registry import FRAMEWORKS, INJECTORS, RUNTIMES, WORKLOADS
+    """Every name the suite uses is known and every plugin's options valid, checked in this order (the first
+    problem raises a :class:`SpecError` at its place in the YAML): frameworks, the matrix's fault names, the faults,
+    the runtime, the workloads, then faults against workloads, phase triggers and SLOs."""
+    _check_frameworks(suite, smap)
+    _check_fault_names(suite, smap)
+    _check_faults(suite, smap)
+    _check_runtime(suite, smap)
+    _check_workloads(suite, smap)
+    _check_fault_workloads(suite, smap)
+    _check_phase_triggers(suite, smap)
+    _check_slos(suite, smap)
+
+
+def _check_frameworks(suite: Suite, smap: SourceMap) -> None:
+    """Each framework label (the matrix's, then the suite's others) names a known adapter with valid options."""
+    from chaosbench.registry import FRAMEWORKS
 
     in_matrix = suite.matrix.all_frameworks()
     labels = in_matrix + [f for f in suite.frameworks if f not in in_matrix]
@@ -1004,6 +1019,10 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         validate_plugin_options(
             cls.Options, suite.framework_spec(fw).options, smap, ("frameworks", fw), f"framework '{fw}'"
         )
+
+
+def _check_fault_names(suite: Suite, smap: SourceMap) -> None:
+    """Every fault the matrix schedules (its own and its includes') is defined under ``faults``."""
     entries: list[tuple[Path_, list[str]]] = [
         (("matrix", "faults", i), n) for i, n in enumerate(_schedules(suite.matrix.faults))
     ]
@@ -1014,6 +1033,13 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
             if name not in suite.faults:
                 known = ", ".join(sorted(suite.faults)) or "none defined"
                 raise smap.error(where, f"unknown fault '{name}' (known: {known})", obj="matrix")
+
+
+def _check_faults(suite: Suite, smap: SourceMap) -> None:
+    """Each fault names a known injector with valid params, targets ranks and nodes the workload has, has a
+    trigger exactly when its injector needs one, and a target its injector accepts."""
+    from chaosbench.registry import INJECTORS
+
     for name, fault in suite.faults.items():
         try:
             inj = INJECTORS.get(fault.injector)
@@ -1039,6 +1065,13 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         problem = inj.role_problem(fault.target) or inj.check_target(fault.target, fault.trigger)
         if problem:
             raise smap.error(('faults', name), problem, obj=f"fault '{name}'")
+
+
+def _check_runtime(suite: Suite, smap: SourceMap) -> None:
+    """The default runtime is known, its options valid (alone and with each framework's own), and every fault's
+    injector works on it."""
+    from chaosbench.registry import INJECTORS, RUNTIMES
+
     try:
         rt_cls = RUNTIMES.get(suite.defaults.runtime)
     except UnknownPlugin as exc:
@@ -1058,6 +1091,12 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         problem = inj.check_runtime(rt_cls, inj.Params.model_validate(fault.params))
         if problem:
             raise smap.error(('faults', name, 'params'), problem, obj=f"fault '{name}'")
+
+
+def _check_workloads(suite: Suite, smap: SourceMap) -> None:
+    """The default workload and each framework's own are known, with valid options."""
+    from chaosbench.registry import WORKLOADS
+
     wl = suite.defaults.workload
     try:
         wcls = WORKLOADS.get(wl.name)
@@ -1076,9 +1115,6 @@ def _check_references(suite: Suite, smap: SourceMap) -> None:
         except UnknownPlugin as exc:
             raise smap.error(wl_at + ('name',), f"workload: {exc}", obj=f"framework '{fw}'") from None
         validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")
-    _check_fault_workloads(suite, smap)
-    _check_phase_triggers(suite, smap)
-    _check_slos(suite, smap)
 
 
 def _check_slos(suite: Suite, smap: SourceMap) -> None:

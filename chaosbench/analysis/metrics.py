@@ -533,14 +533,32 @@ def _restart_claim_note(m: RunMetrics) -> str:
 
 
 def _compute(events: list[Event], control: list[Event] | None, total_steps: int | None) -> RunMetrics:
+    """The metrics of one run (:func:`compute_metrics`, before its verdict): what every run has, then a serving
+    run's (:func:`_serving_run`) or a training run's (:func:`_training_run`)."""
     m = RunMetrics()
-    miss = m.missing
     whole = TimelineIndex(events)
     start = whole.first("run_start")
     if start is None:
-        miss["wall_s"] = "no run_start event"
+        m.missing["wall_s"] = "no run_start event"
         m.outcome = "error"
         return m
+    _identity(m, whole, start)
+    end = whole.last("run_end")
+    _wall_and_harness(m, whole, end)
+    ix, caused = attribution.harness_cut(whole)
+    harness_reactions = sum(1 for e in caused if e.kind in ("detect", "restart", "give_up"))
+    ctl = attribution.harness_cut(TimelineIndex(control))[0] if control is not None else None
+    final = _final_state(m, ix, end, total_steps)
+    if whole.has("load_start"):
+        _serving_run(m, whole, ix, ctl, end, harness_reactions)
+        return m
+    _training_run(m, ix, ctl, final, start, end, harness_reactions)
+    return m
+
+
+def _identity(m: RunMetrics, whole: TimelineIndex, start: Event) -> None:
+    """What the run was (suite, scenario, framework, fault, repeat, control) from its ``run_start``; the
+    framework's versions, timeouts and timeout problems; a capture limit the run broke on; a startup failure."""
     m.suite = start.get("suite")
     m.scenario = start.get("scenario")
     m.framework = start.get("framework")
@@ -558,31 +576,36 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
                            "its own output, the run broke on the socket capture's limit of one write; rerun with "
                            "runtime option output_capture: pipe")  # fmt: skip
     m.startup_failure = attribution.startup_failure(whole)
-    end = whole.last("run_end")
-    if end is not None:
-        m.run_end_outcome = end.get("outcome")
-        m.wall_s = goodput.wall_s(whole)
-        cpu = end.get("harness_cpu_s")
-        if cpu is None:
-            miss["harness_cpu_s"] = "not recorded (a run of an older chaosbench)"
-        else:
-            m.harness_cpu_s = float(cpu)
-            if int(end.get("concurrent_runs") or 1) > 1:
-                miss["harness_cpu_share"] = f"{end.get('concurrent_runs')} runs shared the harness (--jobs)"
-            elif m.wall_s:
-                m.harness_cpu_share = m.harness_cpu_s / m.wall_s
-    else:
-        miss["wall_s"] = "no run_end event (harness killed?)"
-    ix, caused = attribution.harness_cut(whole)
-    harness_reactions = sum(1 for e in caused if e.kind in ("detect", "restart", "give_up"))
-    ctl = attribution.harness_cut(TimelineIndex(control))[0] if control is not None else None
 
-    steps = ix.steps
+
+def _wall_and_harness(m: RunMetrics, whole: TimelineIndex, end: Event | None) -> None:
+    """From the ``run_end`` event (``end``): its outcome, the wall time, the harness's CPU time and its share of
+    the wall time (none when runs shared the harness)."""
+    miss = m.missing
+    if end is None:
+        miss["wall_s"] = "no run_end event (harness killed?)"
+        return
+    m.run_end_outcome = end.get("outcome")
+    m.wall_s = goodput.wall_s(whole)
+    cpu = end.get("harness_cpu_s")
+    if cpu is None:
+        miss["harness_cpu_s"] = "not recorded (a run of an older chaosbench)"
+        return
+    m.harness_cpu_s = float(cpu)
+    if int(end.get("concurrent_runs") or 1) > 1:
+        miss["harness_cpu_share"] = f"{end.get('concurrent_runs')} runs shared the harness (--jobs)"
+    elif m.wall_s:
+        m.harness_cpu_share = m.harness_cpu_s / m.wall_s
+
+
+def _final_state(m: RunMetrics, ix: TimelineIndex, end: Event | None, total_steps: int | None) -> fidelity.FinalState:
+    """Where training ended (final step, loss, digest, steps short), how steps were counted, the restarts seen
+    and claimed, and the final world size; returns the :class:`~chaosbench.analysis.fidelity.FinalState`."""
+    miss = m.missing
     final = fidelity.final_state(ix, end)
     m.final_step, m.final_loss, m.digest = final.step, final.loss, final.digest
     m.total_steps = total_steps
     m.steps_short = final.short_of(total_steps)
-    finished = final.finished(total_steps)
     counting = ix.first("step_counting")
     if counting is not None:
         m.notes["steps"] = f"counted from {counting.get('base')} ({counting.get('how')})"
@@ -598,10 +621,49 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
         miss["restarts_claimed"] = "the framework reported no restart (no restart line of it was recognised)"
     if final.incarnation is not None:
         m.world_size_final, m.global_batch_final = ix.world(final.incarnation)
-    if whole.has("load_start"):
-        _serving_run(m, whole, ix, ctl, end, harness_reactions)
-        return m
+    return final
 
+
+def _training_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, final: fidelity.FinalState,
+                  start: Event, end: Event | None, harness_reactions: int) -> None:  # fmt: skip
+    """The metrics of a training run, in ``m``: checkpoints and goodput; then, unless it was contaminated, its
+    health against the control run and its outcome: a control run's, a run whose fault never fired, or a fault
+    run's (:func:`_fault_run`)."""
+    miss = m.missing
+    finished = final.finished(m.total_steps)
+    _checkpoints_and_goodput(m, ix)
+    dirty = fidelity.contamination(ix)
+    m.contaminated = dirty is not None
+    if dirty is not None:
+        m.outcome = "contaminated"
+        miss["contaminated"] = dirty
+        for k in (*FAULT_METRICS, "fidelity", "blame", "false_detections"):
+            miss[k] = f"contaminated: {dirty}"
+        return
+    _training_health(m, ix, ctl, final)
+    fault = ix.first("fault_inject")
+    m.checkpoint_outcome = classify_checkpoint_outcome(ix.events, control=m.control)
+    if m.control:
+        m.outcome = "completed" if finished else "failed"
+        m.false_detections = attribution.detection_episodes(ix)
+        m.clean = m.outcome == "completed" and m.false_detections == 0 and m.restart_count == 0
+        for k in FAULT_METRICS:
+            miss[k] = "control run (no fault)"
+        return
+    if fault is None:
+        m.outcome = "fault_not_fired"
+        m.false_detections = attribution.detection_episodes(ix)  # no fault to explain any (one may end the run)
+        skipped = ix.first("fault_skipped")
+        why = f"fault skipped: {skipped.get('reason')}" if skipped else "the trigger never fired"
+        for k in ("time_to_detect_s", "time_to_resume_s", "lost_steps"):
+            miss[k] = why
+        return
+    _fault_run(m, ix, ctl, ix.of("fault_inject"), start.t_ns, end, finished, harness_reactions)
+
+
+def _checkpoints_and_goodput(m: RunMetrics, ix: TimelineIndex) -> None:
+    """The median checkpoint save, the interval between checkpoints, the productive time and the goodput."""
+    miss = m.missing
     saves = goodput.checkpoint_save_durations(ix)
     if saves:
         m.checkpoint_save_s = statistics.median(saves)
@@ -613,32 +675,29 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     m.checkpoint_interval_s = goodput.checkpoint_interval_s(ix)
     if m.checkpoint_interval_s is None:
         miss["checkpoint_interval_s"] = "fewer than two complete checkpoints in one incarnation"
-    m.productive_s = goodput.productive_s(steps)
+    m.productive_s = goodput.productive_s(ix.steps)
     if m.productive_s is not None:
         if m.wall_s:
             m.goodput = m.productive_s / m.wall_s
     else:
         miss["productive_s"] = miss["goodput"] = "no step durations on the timeline"
 
-    dirty = fidelity.contamination(ix)
-    m.contaminated = dirty is not None
-    if dirty is not None:
-        m.outcome = "contaminated"
-        miss["contaminated"] = dirty
-        for k in (*FAULT_METRICS, "fidelity", "blame", "false_detections"):
-            miss[k] = f"contaminated: {dirty}"
-        return m
 
+def _training_health(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None,
+                     final: fidelity.FinalState) -> None:  # fmt: skip
+    """Fidelity against the control run (not for a control run itself), whether the ranks agree, the step time,
+    a give-up, the clocks, a crash loop and the wall time beyond the control run's."""
+    miss = m.missing
     if not m.control:
         ctl_final = fidelity.final_state(ctl, ctl.last("run_end")) if ctl is not None else None
-        fid = fidelity.fidelity(final, ctl_final, total_steps, ix, ctl)
+        fid = fidelity.fidelity(final, ctl_final, m.total_steps, ix, ctl)
         m.fidelity, m.loss_diff, m.fidelity_reason = fid.fidelity, fid.loss_diff, fid.reason
         if fid.missing is not None:
             miss["fidelity"] = fid.missing
     m.ranks_agree, why = fidelity.ranks_agree(ix)
     if why is not None:
         miss["ranks_agree"] = why
-    m.step_time_s = timing.median_step_interval(steps, None, None)
+    m.step_time_s = timing.median_step_interval(ix.steps, None, None)
     m.gave_up = ix.has("give_up")
     _clocks(m, ix)
     m.crash_loop = attribution.crash_loop(ix)
@@ -650,26 +709,6 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
             miss["extra_wall_s"] = "control run has no wall time"
     elif not m.control:
         miss["extra_wall_s"] = "no control run"
-
-    fault = ix.first("fault_inject")
-    m.checkpoint_outcome = classify_checkpoint_outcome(ix.events, control=m.control)
-    if m.control:
-        m.outcome = "completed" if finished else "failed"
-        m.false_detections = attribution.detection_episodes(ix)
-        m.clean = m.outcome == "completed" and m.false_detections == 0 and m.restart_count == 0
-        for k in FAULT_METRICS:
-            miss[k] = "control run (no fault)"
-        return m
-    if fault is None:
-        m.outcome = "fault_not_fired"
-        m.false_detections = attribution.detection_episodes(ix)  # no fault to explain any (one may end the run)
-        skipped = ix.first("fault_skipped")
-        why = f"fault skipped: {skipped.get('reason')}" if skipped else "the trigger never fired"
-        for k in ("time_to_detect_s", "time_to_resume_s", "lost_steps"):
-            miss[k] = why
-        return m
-    _fault_run(m, ix, ctl, ix.of("fault_inject"), start.t_ns, end, finished, harness_reactions)
-    return m
 
 
 def _clocks(m: RunMetrics, ix: TimelineIndex) -> None:
@@ -769,27 +808,55 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
                end: Event | None, finished: bool, harness_reactions: int) -> None:  # fmt: skip
     """The metrics of a run whose faults fired (``faults``: its ``fault_inject`` events), in ``m``: every fault's
     own figures in ``m.faults``, the run's figures from its first fault, its outcome from all of them."""
-    miss = m.missing
-    steps = ix.steps
     measured = per_fault.measure_all(ix, faults, finished, t0, m.framework)
     m.faults = [x.figures.to_dict() for x in measured]
     first = measured[0]
-    fault, tf, fp, detect, resume = first.event, first.t_ns, first.point, first.detect, first.resume
-    fig = first.figures
+    _first_fault(m, ix, first, measured)
+    _fault_window(m, ix, ctl, first.t_ns, end)
+    if end is not None and not finished:
+        m.time_burned_s = ns_to_s(end.t_ns - first.t_ns)
+    m.checkpoint_age_s = timing.checkpoint_age(ix.of("ckpt_save_end"), first.t_ns)
+    if m.checkpoint_age_s is None:
+        m.missing["checkpoint_age_s"] = "no checkpoint had completed before the fault"
+    m.fault_step = first.point.step
+    _detection(m, ix, first, t0, harness_reactions)
+    m.scheduler_delay_s = timing.scheduler_delay_s(ix, first.t_ns)
+    if m.scheduler_delay_s is None:
+        m.missing["scheduler_delay_s"] = "no scheduler state after a restart (not a scheduler-driven framework)"
+    m.world_size_before, m.global_batch_before = ix.world(first.point.incarnation)
+    m.outcome = per_fault.run_outcome(measured, finished)
+    m.recovered = m.outcome == "recovered"
+    m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
+    if m.outcome == "not_recovered" or first.figures.status in ("interrupted", "not_recovered"):
+        _not_recovered(m, first)
+        return
+    _recovery(m, ix, first, t0)
+
+
+def _first_fault(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, measured: list[per_fault.Measured]) -> None:
+    """The first fault's injection latency, trigger step, class and time; how many faults fired and the
+    detections none of them explains."""
+    fault, tf = first.event, first.t_ns
     if fault.get("effect_t_ns") is not None:
         m.injection_latency_s = ns_to_s(tf - fault.t_ns)
     else:
-        miss["injection_latency_s"] = "the injector recorded no moment of effect"
+        m.missing["injection_latency_s"] = "the injector recorded no moment of effect"
     if fault.get("trigger_step") is not None:
         m.trigger_step = int(fault["trigger_step"])
-    m.fault_class = fig.fault_class
-    m.fault_t_s = fig.fault_t_s
+    m.fault_class = first.figures.fault_class
+    m.fault_t_s = first.figures.fault_t_s
     m.fault_count = len(measured)
     m.false_detections = attribution.false_detections(ix, [(x.t_ns, x.resume[0] if x.resume else None)
                                                            for x in measured])  # fmt: skip
+
+
+def _fault_window(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, tf: int, end: Event | None) -> None:
+    """The step time while the first fault was in effect (from its effect ``tf`` to its revert, else the run's
+    end) and the slowdown against the control run's same steps."""
+    miss = m.missing
     revert = ix.first("fault_revert", after_ns=tf)
     t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else ix.events[-1].t_ns)
-    in_window = timing.window_intervals(steps, tf, t_win_end)
+    in_window = timing.window_intervals(ix.steps, tf, t_win_end)
     m.fault_step_time_s = statistics.fmean(s for _, s in in_window) if in_window else None
     if not in_window:
         miss["fault_step_time_s"] = miss["slowdown"] = "no steps in the fault window"
@@ -799,14 +866,14 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
         m.slowdown = timing.same_steps_ratio(in_window, ctl.steps)
         if m.slowdown is None:
             miss["slowdown"] = "the control run did not take the fault window's steps"
-    if end is not None and not finished:
-        m.time_burned_s = ns_to_s(end.t_ns - tf)
-    m.checkpoint_age_s = timing.checkpoint_age(ix.of("ckpt_save_end"), tf)
-    if m.checkpoint_age_s is None:
-        miss["checkpoint_age_s"] = "no checkpoint had completed before the fault"
-    m.fault_step = fp.step
 
-    prediction = attribution.detection_prediction(ix, fault)
+
+def _detection(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, t0: int, harness_reactions: int) -> None:
+    """The first fault's predicted detection, and its detection: by whom, how, when and whom it blamed, or why
+    there was none (saying when the framework reacted only after the harness began tearing the run down)."""
+    miss = m.missing
+    fig, detect = first.figures, first.detect
+    prediction = attribution.detection_prediction(ix, first.event)
     m.predicted_detect_s, m.predicted_by = prediction.expected_s, prediction.decided_by
     if prediction.missing is not None:
         miss["predicted_detect_s"] = prediction.missing
@@ -828,33 +895,32 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
             why += f" (it reacted {harness_reactions} time(s) only after the harness began tearing the run down)"
         miss["time_to_detect_s"] = miss["blame"] = miss["detected_via"] = why
 
-    m.scheduler_delay_s = timing.scheduler_delay_s(ix, tf)
-    if m.scheduler_delay_s is None:
-        miss["scheduler_delay_s"] = "no scheduler state after a restart (not a scheduler-driven framework)"
 
-    per_step_commit = ix.per_step_commit
-    m.world_size_before, m.global_batch_before = ix.world(fp.incarnation)
-    m.outcome = per_fault.run_outcome(measured, finished)
-    m.recovered = m.outcome == "recovered"
-    m.failure_class = "deterministic" if m.crash_loop else ("transient" if m.recovered else None)
-    if m.outcome == "not_recovered" or fig.status in ("interrupted", "not_recovered"):
-        # no partial figure of a recovery that did not happen (it would feed medians and projections)
-        if fig.status == "interrupted":
-            reason = fig.missing["time_to_resume_s"]
-        elif resume is None and not first.went_on:
-            reason = f"not recovered: no training step completed after the fault (run ended: {m.run_end_outcome})"
-        elif m.steps_short:
-            reason = f"not recovered: training ended {m.steps_short} step(s) short of {m.total_steps}"
-        else:
-            reason = f"not recovered: training did not finish (run ended: {m.run_end_outcome})"
-        for k in RECOVERY_METRICS:
-            miss[k] = reason
-        m.stage_detect_s = m.time_to_detect_s
-        if m.stage_detect_s is None:
-            miss["stage_detect_s"] = miss["time_to_detect_s"]
-        return
+def _not_recovered(m: RunMetrics, first: per_fault.Measured) -> None:
+    """No recovery figures for a first fault not recovered from (a partial figure would feed medians and
+    projections), each saying why; only its detection counts as a stage."""
+    fig = first.figures
+    if fig.status == "interrupted":
+        reason = fig.missing["time_to_resume_s"]
+    elif first.resume is None and not first.went_on:
+        reason = f"not recovered: no training step completed after the fault (run ended: {m.run_end_outcome})"
+    elif m.steps_short:
+        reason = f"not recovered: training ended {m.steps_short} step(s) short of {m.total_steps}"
+    else:
+        reason = f"not recovered: training did not finish (run ended: {m.run_end_outcome})"
+    for k in RECOVERY_METRICS:
+        m.missing[k] = reason
+    m.stage_detect_s = m.time_to_detect_s
+    if m.stage_detect_s is None:
+        m.missing["stage_detect_s"] = m.missing["time_to_detect_s"]
+
+
+def _recovery(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, t0: int) -> None:
+    """The first fault's recovery (it resumed): its stages, rejoin, resume, catch-up, lost work and badput."""
+    miss = m.missing
+    fig, tf, fp, detect, resume = first.figures, first.t_ns, first.point, first.detect, first.resume
     assert resume is not None  # the first fault resumed
-    _stages(m, ix, fp, detect, resume, fault, first.until_ns)
+    _stages(m, ix, fp, detect, resume, first.event, first.until_ns)
     rejoin = timing.rejoin_ns(ix, fp)
     if rejoin is not None:
         m.time_to_rejoin_s = ns_to_s(rejoin - tf)
@@ -864,8 +930,8 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     m.time_to_resume_s = fig.time_to_resume_s
     m.world_size_after, m.global_batch_after = ix.world(resume_key[0], ix.step_event(resume_t, resume_key[0]))
     m.resume_t_s = ns_to_s(resume_t - t0)
-    after = detect.t_ns if detect is not None and per_step_commit else None
-    catch = timing.catch_up_ns(steps, fp, after)
+    after = detect.t_ns if detect is not None and ix.per_step_commit else None
+    catch = timing.catch_up_ns(ix.steps, fp, after)
     if catch is not None:
         m.time_to_catch_up_s = ns_to_s(catch - tf)
     else:

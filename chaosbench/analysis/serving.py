@@ -374,18 +374,31 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
     if load is None:
         raise ValueError("not a serving run: no load_start event")
     s = Serving()
-    miss = s.missing
-    slo = load.slo
-    wins = load.windows
     s.completed = load.end is not None
     s.replicas = replica_count(ix)
     if s.replicas is None:
-        miss["replicas"] = "no rank_start of a replica on the timeline"
+        s.missing["replicas"] = "no rank_start of a replica on the timeline"
     if load.bad_hists:
         s.notes["latency_p99_ms"] = (f"{load.bad_hists} window(s) without a latency histogram of "
                                      f"{LATENCY_BUCKETS} buckets were left out")  # fmt: skip
+    _requests(s, ix, load)
+    _error_budget(s, load, control, tf)
+    # Latency over the whole load.
+    s.latency_p50_ms, s.latency_p99_ms = latency(load.windows, 0.5), latency(load.windows, 0.99)
+    if s.latency_p50_ms is None:
+        s.missing["latency_p50_ms"] = s.missing["latency_p99_ms"] = "no successful request with its latency"
+    _capacity_lost(s, ix, load)
+    if fault is None or tf is None:
+        return s
+    _fault_window(s, ix, load, fault, tf)
+    return s
 
-    # Requests.
+
+def _requests(s: Serving, ix: TimelineIndex, load: Load) -> None:
+    """Requests, failed requests and the error rate over the load's windows, and the requests the balancer
+    retried, in ``s``."""
+    miss = s.missing
+    wins = load.windows
     if wins:
         s.requests = sum(w.requests for w in wins)
         s.failed_requests = sum(w.failures for w in wins)
@@ -410,7 +423,12 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
     else:
         miss["retried_requests"] = "the balancer reported no retries (no balancer_stats event)"
 
-    # Error budget.
+
+def _error_budget(s: Serving, load: Load, control: TimelineIndex | None, tf: int | None) -> None:
+    """The request rate the error budget is reckoned at (the control run's, else this run's before the fault
+    ``tf``) and the share of the availability SLO's budget the failed requests burned, in ``s``."""
+    miss = s.missing
+    slo = load.slo
     rate, why_rate = None, None
     ctl_load = load_of(control) if control is not None else None
     if ctl_load is not None:
@@ -430,12 +448,10 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
         if s.error_budget_burn is None:
             miss["error_budget_burn"] = f"availability SLO {slo['availability']} leaves no error budget"
 
-    # Latency over the whole load.
-    s.latency_p50_ms, s.latency_p99_ms = latency(wins, 0.5), latency(wins, 0.99)
-    if s.latency_p50_ms is None:
-        miss["latency_p50_ms"] = miss["latency_p99_ms"] = "no successful request with its latency"
 
-    # Capacity out of rotation.
+def _capacity_lost(s: Serving, ix: TimelineIndex, load: Load) -> None:
+    """Replica-seconds out of rotation during the load (up to the harness's teardown) and their share of the
+    capacity, in ``s``."""
     cut = teardown_ns(ix)
     hi = load.end_ns if cut is None else min(load.end_ns, cut)
     lost_s, _ = out_of_service_s(ix, load.t0_ns, hi)
@@ -444,12 +460,7 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
     if s.replicas and dur_s > 0:
         s.capacity_lost_share = lost_s / (s.replicas * dur_s)
     else:
-        miss["capacity_lost_share"] = "unknown replica count" if not s.replicas else "the load has no duration"
-
-    if fault is None or tf is None:
-        return s
-    _fault_window(s, ix, load, fault, tf)
-    return s
+        s.missing["capacity_lost_share"] = "unknown replica count" if not s.replicas else "the load has no duration"
 
 
 def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: int) -> None:

@@ -19,8 +19,8 @@ switch), so the harness and its tests stay headless and importing this module co
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -170,32 +170,34 @@ def plot_timeline(
     return out_path
 
 
-def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | None = None) -> Figure:
-    """One run's timeline as a matplotlib figure (Agg canvas).
+@dataclass
+class _Drawing:
+    """What the timeline's parts share while they draw: the time axis (``rel``: an event's seconds since the
+    origin), the axes every vertical mark spans (top first), the legend's entries in the order they were first
+    drawn, and every x drawn (the x limits span them)."""
 
-    Top: the step each rank completed over time, a line per rank and incarnation (a restart starts a new line from
-    the step it restored); checkpoint saves (complete) and loads marked where they happened; the recovery's phases
-    shaded (fault -> detect -> restart -> restore -> resume, :func:`_milestones`). Below, lanes for the processes
-    and the nodes (and the ranks, in a run without steps: a serving run's replicas). Thin vertical lines mark every
-    fault, detection, restart, revert and the run's end.
+    rel: Callable[[Event], float]
+    axes: list[Axes]
+    handles: dict[str, Any] = field(default_factory=dict)
+    xs: list[float] = field(default_factory=lambda: [0.0])
 
-    Works with any subset of event kinds (a run killed before its ranks started still gets a plot of what
-    happened); raises ``ValueError`` only when there are no events at all.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
-    markers = markers or RunMarkers()
-    t0 = time_origin_ns(events)
-    if t0 is None:
-        raise ValueError("no events to plot")
+@dataclass
+class _Lanes:
+    """The lanes panel's rows, top to bottom: the ranks (only in a run without steps), the processes (when any
+    process event is there), then one lane per node; ``labels`` names them in that order."""
 
-    def rel(ev: Event) -> float:
-        return (ev.t_ns - t0) / 1e9
+    labels: list[str]
+    rank_lane: dict[int | None, int]
+    proc_events: list[Event]
+    proc_lane: int | None
+    node_events: list[Event]
+    node_lane: dict[str, int]
 
-    step_events = [ev for ev in events if ev.kind == "step" and as_int(ev.get("step")) is not None]
-    # Ranks and their nodes (from rank_start), for the step lines' legend or, without steps, the rank lanes.
+
+def _ranks(events: Sequence[Event]) -> tuple[list[int | None], dict[int | None, list[str]]]:
+    """The ranks in the timeline, in order (an unknown rank last), and the nodes each ran on (from its
+    ``rank_start`` events), for the step lines' legend or, without steps, the rank lanes."""
     ranks: set[int | None] = set()
     nodes: dict[int | None, list[str]] = {}
     for ev in events:
@@ -208,12 +210,16 @@ def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | N
                 if str(node) not in seen:
                     seen.append(str(node))
     rank_order = sorted(r for r in ranks if r is not None) + ([None] if None in ranks else [])
+    return rank_order, nodes
 
-    # Lanes: ranks (only without steps), processes, nodes.
+
+def _lanes(events: Sequence[Event], has_steps: bool, rank_order: list[int | None],
+           nodes: dict[int | None, list[str]]) -> _Lanes:  # fmt: skip
+    """The lanes panel's rows: ranks (only without steps), processes, nodes."""
     labels: list[str] = []
-    lane: dict[int | None, int] = {}
-    if not step_events:
-        lane = {r: i for i, r in enumerate(rank_order)}
+    rank_lane: dict[int | None, int] = {}
+    if not has_steps:
+        rank_lane = {r: i for i, r in enumerate(rank_order)}
         labels = [_rank_label(r, nodes.get(r, [])) for r in rank_order]
     proc_events = [ev for ev in events if ev.kind in {"proc_start", "proc_exit"}]
     proc_lane = len(labels) if proc_events else None
@@ -223,123 +229,148 @@ def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | N
     node_names = sorted({str(ev.get("node")) for ev in node_events})
     node_lane = {n: len(labels) + i for i, n in enumerate(node_names)}
     labels += [f"node {n}" for n in node_names]
+    return _Lanes(labels, rank_lane, proc_events, proc_lane, node_events, node_lane)
 
-    two = bool(step_events) and bool(labels)
-    fig = Figure(figsize=(FIGSIZE_IN[0], FIGSIZE_IN[1] + (0.25 * len(labels) + 0.4 if two else 0)), dpi=DPI)
+
+def _new_figure(has_steps: bool, n_lanes: int) -> tuple[Figure, Axes | None, Axes | None]:
+    """The figure on an Agg canvas and its axes: the steps' on top and the lanes' below (sharing x) when the run
+    has both, else whichever it has (the lanes' when it has neither)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    two = has_steps and bool(n_lanes)
+    fig = Figure(figsize=(FIGSIZE_IN[0], FIGSIZE_IN[1] + (0.25 * n_lanes + 0.4 if two else 0)), dpi=DPI)
     FigureCanvasAgg(fig)
     step_ax: Axes | None
     lane_ax: Axes | None
     if two:
-        grid = fig.add_gridspec(2, 1, height_ratios=[3, max(0.6, 0.35 * len(labels))], hspace=0.08)
+        grid = fig.add_gridspec(2, 1, height_ratios=[3, max(0.6, 0.35 * n_lanes)], hspace=0.08)
         step_ax = fig.add_subplot(grid[0])
         lane_ax = fig.add_subplot(grid[1], sharex=step_ax)
         step_ax.tick_params(labelbottom=False)
     else:
-        step_ax = fig.add_subplot() if step_events else None
+        step_ax = fig.add_subplot() if has_steps else None
         lane_ax = fig.add_subplot() if step_ax is None else None
-    axes = [a for a in (step_ax, lane_ax) if a is not None]
-    handles: dict[str, Any] = {}
-    xs_all: list[float] = [0.0]
+    return fig, step_ax, lane_ax
 
-    # Steps: a line per rank and incarnation.
-    if step_ax is not None:
-        lines: dict[tuple[int | None, tuple[int, int]], tuple[list[float], list[int]]] = {}
-        for ev in step_events:
-            key = (as_int(ev.get("rank")), _incarnation_key(ev.get("incarnation")))
-            xs, ys = lines.setdefault(key, ([], []))
-            xs.append(rel(ev))
-            ys.append(as_int(ev.get("step")) or 0)
-        each = len(rank_order) <= _MAX_RANK_COLORS
-        for (rank, inc), (xs, ys) in sorted(lines.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
-            xs_all += xs
-            i = rank_order.index(rank) if each else 0
-            color = _RANK_COLORS[i % len(_RANK_COLORS)]
-            name = _rank_label(rank, nodes.get(rank, [])) if each else f"steps of {len(rank_order)} ranks"
-            (h,) = step_ax.plot(xs, ys, lw=1.3, color=color, ms=4, marker="." if len(xs) < 3 else "",
-                                gid=f"steps rank {rank} incarnation {inc[1] if inc[0] == 0 else '?'}")  # fmt: skip
-            handles.setdefault(name, h)
-        step_ax.set_ylabel("step", fontsize=8)
-        # Checkpoints: saved (complete) and loaded, where they happened on the step axis.
-        ckpt_styles: tuple[tuple[str, str, dict[str, Any]], ...] = (
-            ("ckpt_save_end", "checkpoint saved", {"marker": "v", "color": "black", "ms": 5}),
-            ("ckpt_load_end", "checkpoint loaded", {"marker": "^", "color": "#2ca02c", "ms": 6, "mec": "black",
-                                                    "mew": 0.5}),
-        )  # fmt: skip
-        for kind, name, ckpt_style in ckpt_styles:
-            pts = [(rel(ev), as_int(ev.get("step"))) for ev in events if ev.kind == kind
-                   and (kind != "ckpt_save_end" or as_bool(ev.get("complete")))]  # fmt: skip
-            at = [(x, s) for x, s in pts if s is not None]
-            if at:
-                (h,) = step_ax.plot([x for x, _ in at], [s for _, s in at], ls="none", zorder=3, **ckpt_style)
-                handles[name] = h
-            if edge := [x for x, s in pts if s is None]:  # no step recorded: along the top edge
-                (h,) = step_ax.plot(edge, [1.0] * len(edge), ls="none", transform=step_ax.get_xaxis_transform(),
-                                    clip_on=False, **ckpt_style)  # fmt: skip
-                handles.setdefault(name, h)
-            xs_all += [x for x, _ in pts]
 
-    # Lanes.
-    if lane_ax is not None:
-        for ev in proc_events:
-            assert proc_lane is not None
-            x = rel(ev)
-            xs_all.append(x)
-            style: dict[str, Any]
-            if ev.kind == "proc_start":
-                name, style = "process start", {"marker": ">", "color": "#444444"}
-            elif as_int(ev.get("returncode")) == 0:
-                name, style = "process exit (rc 0)", {"marker": "s", "color": "#444444"}
-            else:
-                name, style = "process exit (failed)", {"marker": "X", "color": "#d62728"}
-            (h,) = lane_ax.plot([x], [proc_lane], ls="none", ms=5, **style)
-            handles.setdefault(name, h)
-        for ev in node_events:
-            x = rel(ev)
-            xs_all.append(x)
-            name, style = _NODE_STYLES[ev.kind]
-            (h,) = lane_ax.plot([x], [node_lane[str(ev.get("node"))]], ls="none", ms=5, **style)
-            handles.setdefault(name, h)
-        for ev in events:  # serving replicas: ready (listening, model loaded), on their rank's lane
-            if ev.kind == "replica_ready" and as_int(ev.get("rank")) in lane:
-                xs_all.append(rel(ev))
-                (h,) = lane_ax.plot([rel(ev)], [lane[as_int(ev.get("rank"))]], ls="none", marker="o", ms=5,
-                                    color="#2ca02c")  # fmt: skip
-                handles.setdefault("replica ready", h)
-        lane_ax.set_yticks(range(len(labels)), labels)
-        lane_ax.set_ylim(len(labels) - 0.5, -0.5)  # first lane on top
+def _draw_steps(d: _Drawing, ax: Axes, step_events: Sequence[Event], rank_order: list[int | None],
+                nodes: dict[int | None, list[str]]) -> None:  # fmt: skip
+    """A line per rank and incarnation: the step it completed over time (one colour per rank up to
+    ``_MAX_RANK_COLORS`` ranks, else one for all)."""
+    lines: dict[tuple[int | None, tuple[int, int]], tuple[list[float], list[int]]] = {}
+    for ev in step_events:
+        key = (as_int(ev.get("rank")), _incarnation_key(ev.get("incarnation")))
+        xs, ys = lines.setdefault(key, ([], []))
+        xs.append(d.rel(ev))
+        ys.append(as_int(ev.get("step")) or 0)
+    each = len(rank_order) <= _MAX_RANK_COLORS
+    for (rank, inc), (xs, ys) in sorted(lines.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
+        d.xs += xs
+        i = rank_order.index(rank) if each else 0
+        color = _RANK_COLORS[i % len(_RANK_COLORS)]
+        name = _rank_label(rank, nodes.get(rank, [])) if each else f"steps of {len(rank_order)} ranks"
+        (h,) = ax.plot(xs, ys, lw=1.3, color=color, ms=4, marker="." if len(xs) < 3 else "",
+                       gid=f"steps rank {rank} incarnation {inc[1] if inc[0] == 0 else '?'}")  # fmt: skip
+        d.handles.setdefault(name, h)
+    ax.set_ylabel("step", fontsize=8)
 
-    # Phases of the first fault's recovery, shaded on every axis.
-    stones = _milestones(events, rel, markers)
+
+def _draw_checkpoints(d: _Drawing, ax: Axes, events: Sequence[Event]) -> None:
+    """Checkpoints saved (complete) and loaded, where they happened on the step axis (along its top edge when the
+    event names no step)."""
+    ckpt_styles: tuple[tuple[str, str, dict[str, Any]], ...] = (
+        ("ckpt_save_end", "checkpoint saved", {"marker": "v", "color": "black", "ms": 5}),
+        ("ckpt_load_end", "checkpoint loaded", {"marker": "^", "color": "#2ca02c", "ms": 6, "mec": "black",
+                                                "mew": 0.5}),
+    )  # fmt: skip
+    for kind, name, ckpt_style in ckpt_styles:
+        pts = [(d.rel(ev), as_int(ev.get("step"))) for ev in events if ev.kind == kind
+               and (kind != "ckpt_save_end" or as_bool(ev.get("complete")))]  # fmt: skip
+        at = [(x, s) for x, s in pts if s is not None]
+        if at:
+            (h,) = ax.plot([x for x, _ in at], [s for _, s in at], ls="none", zorder=3, **ckpt_style)
+            d.handles[name] = h
+        if edge := [x for x, s in pts if s is None]:  # no step recorded: along the top edge
+            (h,) = ax.plot(edge, [1.0] * len(edge), ls="none", transform=ax.get_xaxis_transform(),
+                           clip_on=False, **ckpt_style)  # fmt: skip
+            d.handles.setdefault(name, h)
+        d.xs += [x for x, _ in pts]
+
+
+def _draw_lanes(d: _Drawing, ax: Axes, events: Sequence[Event], lanes: _Lanes) -> None:
+    """The lanes: process starts and exits (failed ones red), node events, and serving replicas ready (listening,
+    model loaded) on their rank's lane."""
+    for ev in lanes.proc_events:
+        assert lanes.proc_lane is not None
+        x = d.rel(ev)
+        d.xs.append(x)
+        style: dict[str, Any]
+        if ev.kind == "proc_start":
+            name, style = "process start", {"marker": ">", "color": "#444444"}
+        elif as_int(ev.get("returncode")) == 0:
+            name, style = "process exit (rc 0)", {"marker": "s", "color": "#444444"}
+        else:
+            name, style = "process exit (failed)", {"marker": "X", "color": "#d62728"}
+        (h,) = ax.plot([x], [lanes.proc_lane], ls="none", ms=5, **style)
+        d.handles.setdefault(name, h)
+    for ev in lanes.node_events:
+        x = d.rel(ev)
+        d.xs.append(x)
+        name, style = _NODE_STYLES[ev.kind]
+        (h,) = ax.plot([x], [lanes.node_lane[str(ev.get("node"))]], ls="none", ms=5, **style)
+        d.handles.setdefault(name, h)
+    for ev in events:
+        if ev.kind == "replica_ready" and as_int(ev.get("rank")) in lanes.rank_lane:
+            d.xs.append(d.rel(ev))
+            (h,) = ax.plot([d.rel(ev)], [lanes.rank_lane[as_int(ev.get("rank"))]], ls="none", marker="o", ms=5,
+                           color="#2ca02c")  # fmt: skip
+            d.handles.setdefault("replica ready", h)
+    ax.set_yticks(range(len(lanes.labels)), lanes.labels)
+    ax.set_ylim(len(lanes.labels) - 0.5, -0.5)  # first lane on top
+
+
+def _shade_recovery(d: _Drawing, events: Sequence[Event], step_events: Sequence[Event],
+                    markers: RunMarkers) -> None:  # fmt: skip
+    """The phases of the first fault's recovery (:func:`_milestones`), shaded on every axis; grey hatching from
+    the last milestone to the run's end when the fault was not resumed (recovered)."""
+    from matplotlib.patches import Patch
+
+    stones = _milestones(events, d.rel, markers)
     for (a, ta), (b, tb) in zip(stones, stones[1:], strict=False):
         name = f"{a} → {b}"
-        for ax in axes:
+        for ax in d.axes:
             ax.axvspan(ta, tb, color=_PHASE_COLORS[a], alpha=0.18, lw=0)
-        handles[name] = Patch(color=_PHASE_COLORS[a], alpha=0.35)
-    end = max((rel(ev) for ev in events), default=None)
+        d.handles[name] = Patch(color=_PHASE_COLORS[a], alpha=0.35)
+    end = max((d.rel(ev) for ev in events), default=None)
     last = "recover" if markers.serving else "resume"
     # grey only when nothing stepped after the last milestone: a first fault interrupted by a second one has no
     # resume of its own, yet the job went on
-    stepped = stones and any(rel(ev) > stones[-1][1] for ev in step_events)
+    stepped = stones and any(d.rel(ev) > stones[-1][1] for ev in step_events)
     if stones and stones[-1][0] != last and not stepped and end is not None and end > stones[-1][1]:
-        for ax in axes:
+        for ax in d.axes:
             ax.axvspan(stones[-1][1], end, color=_NOT_RESUMED, alpha=0.15, lw=0, hatch="//")
         name = f"not {'recovered' if markers.serving else 'resumed'} by the run's end"
-        handles[name] = Patch(color=_NOT_RESUMED, alpha=0.3)
-    xs_all += [t for _, t in stones]
+        d.handles[name] = Patch(color=_NOT_RESUMED, alpha=0.3)
+    d.xs += [t for _, t in stones]
 
-    # Vertical markers.
+
+def _draw_marks(d: _Drawing, events: Sequence[Event], markers: RunMarkers) -> None:
+    """Thin vertical lines on every axis: each marked event (fault, detection, restart, revert, run end, ...), the
+    fault and detection from the results table when the timeline has none, the resume and a serving run's
+    recovery (metrics, not events)."""
     def vline(x: float | None, name: str) -> None:
         if x is None:
             return
-        xs_all.append(x)
-        for ax in axes:
+        d.xs.append(x)
+        for ax in d.axes:
             h = ax.axvline(x, **_LINE_STYLES[name])
-        handles.setdefault(name, h)
+        d.handles.setdefault(name, h)
 
     kinds_present = {ev.kind for ev in events}
     for ev in events:
         if ev.kind in _MARKED:
-            vline(rel(ev), _MARKED[ev.kind])
+            vline(d.rel(ev), _MARKED[ev.kind])
     if "fault_inject" not in kinds_present:
         vline(as_float(markers.fault_t_s), "fault")
     if "detect" not in kinds_present:
@@ -347,23 +378,61 @@ def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | N
     vline(as_float(markers.resume_t_s), "resume (first step after recovery)")
     vline(as_float(markers.recover_t_s), "recovered (error rate back under the SLO)")
 
-    # Axes.
-    lo, hi = min(xs_all), max(xs_all)
+
+def _finish_axes(d: _Drawing, events: Sequence[Event], title: str, step_ax: Axes | None) -> None:
+    """x limits spanning everything drawn (padded), the x label naming the origin, the title, grids and the
+    legend (right of the top axes)."""
+    lo, hi = min(d.xs), max(d.xs)
     pad = max((hi - lo) * 0.02, 0.05)
-    bottom = axes[-1]
+    bottom = d.axes[-1]
     bottom.set_xlim(lo - pad, hi + pad)
     has_start = any(ev.kind == "run_start" for ev in events)
     bottom.set_xlabel(f"time since {'run_start' if has_start else 'first event (no run_start)'} (s)", fontsize=8)
-    axes[0].set_title(title, fontsize=9, pad=8)
-    for ax in axes:
+    d.axes[0].set_title(title, fontsize=9, pad=8)
+    for ax in d.axes:
         ax.tick_params(labelsize=7)
         ax.grid(axis="x", color="#eeeeee", lw=0.5)
         ax.set_axisbelow(True)
     if step_ax is not None:
         step_ax.grid(axis="y", color="#f3f3f3", lw=0.5)
-    if handles:
-        axes[0].legend(list(handles.values()), list(handles), fontsize=6, loc="upper left",
-                       bbox_to_anchor=(1.005, 1.0), frameon=False, borderaxespad=0.0)  # fmt: skip
+    if d.handles:
+        d.axes[0].legend(list(d.handles.values()), list(d.handles), fontsize=6, loc="upper left",
+                         bbox_to_anchor=(1.005, 1.0), frameon=False, borderaxespad=0.0)  # fmt: skip
+
+
+def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | None = None) -> Figure:
+    """One run's timeline as a matplotlib figure (Agg canvas).
+
+    Top: the step each rank completed over time, a line per rank and incarnation (a restart starts a new line from
+    the step it restored); checkpoint saves (complete) and loads marked where they happened; the recovery's phases
+    shaded (fault -> detect -> restart -> restore -> resume, :func:`_milestones`). Below, lanes for the processes
+    and the nodes (and the ranks, in a run without steps: a serving run's replicas). Thin vertical lines mark every
+    fault, detection, restart, revert and the run's end.
+
+    Works with any subset of event kinds (a run killed before its ranks started still gets a plot of what
+    happened); raises ``ValueError`` only when there are no events at all.
+    """
+    markers = markers or RunMarkers()
+    t0 = time_origin_ns(events)
+    if t0 is None:
+        raise ValueError("no events to plot")
+
+    def rel(ev: Event) -> float:
+        return (ev.t_ns - t0) / 1e9
+
+    step_events = [ev for ev in events if ev.kind == "step" and as_int(ev.get("step")) is not None]
+    rank_order, nodes = _ranks(events)
+    lanes = _lanes(events, bool(step_events), rank_order, nodes)
+    fig, step_ax, lane_ax = _new_figure(bool(step_events), len(lanes.labels))
+    d = _Drawing(rel, [a for a in (step_ax, lane_ax) if a is not None])
+    if step_ax is not None:
+        _draw_steps(d, step_ax, step_events, rank_order, nodes)
+        _draw_checkpoints(d, step_ax, events)
+    if lane_ax is not None:
+        _draw_lanes(d, lane_ax, events, lanes)
+    _shade_recovery(d, events, step_events, markers)
+    _draw_marks(d, events, markers)
+    _finish_axes(d, events, title, step_ax)
     return fig
 
 
