@@ -81,6 +81,17 @@ class Probe:
 
     @classmethod
     def from_env(cls) -> Probe:
+        """The probe of this process, from the environment the harness set (module docstring).
+
+        Returns:
+            A probe writing to ``CHAOSBENCH_EVENTS`` as rank ``RANK`` (default 0) of ``WORLD_SIZE`` (default 1);
+            disabled (every call a no-op) when ``CHAOSBENCH_EVENTS`` is not set.
+
+        Raises:
+            ValueError: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``CHAOSBENCH_INCARNATION`` or
+                ``TORCHELASTIC_RESTART_COUNT`` is set but not an integer (an empty ``CHAOSBENCH_INCARNATION`` or
+                ``TORCHELASTIC_RESTART_COUNT`` counts as unset).
+        """
         env = os.environ
         return cls(
             env.get(ENV_EVENTS),
@@ -93,12 +104,24 @@ class Probe:
 
     @property
     def enabled(self) -> bool:
+        """Whether the probe writes events (it has a timeline to write to)."""
         return self._writer is not None
 
     def emit(self, kind: str, **data: Any) -> None:
         """One event of this rank, stamped now, or at ``t_ns=`` (wall-clock ns: when it happened, if earlier), with
         ``rank`` and ``incarnation`` added. Raises :class:`~chaosbench.errors.InvalidEvent` for an event its kind's
-        model refuses (module docstring)."""
+        model refuses (module docstring).
+
+        Args:
+            kind: The event's kind (``step``, ``rank_start``, ...).
+            **data: The event's fields; ``t_ns`` (wall-clock ns), when given, is its time instead of now.
+                ``rank`` and ``incarnation`` default to this probe's.
+
+        Raises:
+            InvalidEvent: ``kind`` is not a known kind, or a field is undeclared, missing or of the wrong type;
+                nothing is written.
+            ValueError: The probe was closed (:meth:`close`).
+        """
         if self._writer is None:
             return
         t_ns = data.pop("t_ns", None)
@@ -109,7 +132,15 @@ class Probe:
     def rank_start(self, pid: int | None = None, **extra: Any) -> None:
         """Call first thing: gives the harness this rank's pid so injectors can target it. ``extra`` fields
         (e.g. ``global_batch``: samples per optimizer step over all ranks) go into the event as they are; each
-        must be a field the ``rank_start`` model declares."""
+        must be a field the ``rank_start`` model declares.
+
+        Args:
+            pid: The rank's pid; None: this process's.
+            **extra: More fields of the ``rank_start`` event.
+
+        Raises:
+            InvalidEvent: A field of ``extra`` is not declared by the ``rank_start`` model or has the wrong type.
+        """
         pid = os.getpid() if pid is None else pid
         self.emit(
             "rank_start",
@@ -127,7 +158,15 @@ class Probe:
 
         ``duration_s``: the seconds this step's own compute took (forward, backward, optimizer), measured
         by the caller; metrics fall back to the interval between events when it is not given. ``every``: the
-        step was counted from a line printed every ``every`` steps without its number."""
+        step was counted from a line printed every ``every`` steps without its number.
+
+        Args:
+            step: The 1-based count of completed optimizer steps.
+            loss: The step's loss; None when not known.
+            duration_s: The seconds this step's own compute took; None: not measured.
+            t_ns: When the step completed (wall-clock ns); None: now.
+            every: The printing interval the step was counted from; None: the step printed its own number.
+        """
         data: dict[str, Any] = {"step": int(step), "loss": None if loss is None else float(loss)}
         if duration_s is not None:
             data["duration_s"] = float(duration_s)
@@ -137,7 +176,18 @@ class Probe:
 
     @contextlib.contextmanager
     def ckpt_save(self, step: int, path: str) -> Iterator[dict[str, Any]]:
-        """Brackets a checkpoint save. Set ``info["complete"] = True`` once the checkpoint is marked complete."""
+        """Brackets a checkpoint save. Set ``info["complete"] = True`` once the checkpoint is marked complete.
+
+        Writes ``ckpt_save_begin`` on entry and ``ckpt_save_end`` (with ``complete``) on a normal exit; an
+        exception in the block propagates and writes no ``ckpt_save_end``.
+
+        Args:
+            step: The step the checkpoint holds.
+            path: Where it is saved.
+
+        Yields:
+            ``info``: a dict whose ``complete`` the caller sets True once the checkpoint is complete.
+        """
         info: dict[str, Any] = {"complete": False}
         self.emit("ckpt_save_begin", step=int(step), path=str(path))
         yield info
@@ -145,14 +195,31 @@ class Probe:
 
     @contextlib.contextmanager
     def ckpt_load(self, step: int, path: str) -> Iterator[None]:
+        """Brackets a checkpoint load: ``ckpt_load_begin`` on entry, ``ckpt_load_end`` on a normal exit (an
+        exception in the block propagates and writes no ``ckpt_load_end``).
+
+        Args:
+            step: The step the checkpoint holds.
+            path: Where it is loaded from.
+
+        Yields:
+            Nothing (None).
+        """
         self.emit("ckpt_load_begin", step=int(step), path=str(path))
         yield
         self.emit("ckpt_load_end", step=int(step), path=str(path))
 
     def train_end(self, step: int, loss: float | None, digest: str) -> None:
-        """Training finished: the final step, loss and a digest of the final parameters."""
+        """Training finished: the final step, loss and a digest of the final parameters.
+
+        Args:
+            step: The last completed step.
+            loss: The final loss; None when not known.
+            digest: A digest of the final parameters (compared across runs for fidelity).
+        """
         self.emit("train_end", step=int(step), loss=None if loss is None else float(loss), digest=digest)
 
     def close(self) -> None:
+        """Close the probe's timeline file (nothing to do when disabled); an event emitted afterwards raises ValueError."""
         if self._writer is not None:
             self._writer.close()

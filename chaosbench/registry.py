@@ -42,6 +42,17 @@ class Registry(Generic[T]):
     An entry point whose name is already taken (by a plugin or an alias) raises instead of replacing it.
     ``base`` (``"module:attr"``, imported when the first plugin is checked) is the class every plugin subclasses
     and ``model`` the attribute that holds its options model; without a ``base`` only names are checked.
+
+    Args:
+        kind: What the registry holds, in words (``injector``, ``framework``, ...), used in errors.
+        group: The entry-point group whose plugins are merged in (``chaosbench.injectors``, ...).
+        builtins: Built-in name -> ``"module:attr"`` of its class.
+        aliases: Other name of a built-in -> its name; None: none.
+        base: ``"module:attr"`` of the base class every plugin subclasses; None: only names are checked.
+        model: The class attribute that holds a plugin's options model (``Options``, an injector's ``Params``).
+
+    Raises:
+        PluginError: An alias names no built-in, or is itself the name of one.
     """
 
     def __init__(
@@ -91,7 +102,21 @@ class Registry(Generic[T]):
     def check(self, name: str, plugin: Any, source: str | None = None) -> type[T]:
         """``plugin`` as a plugin of this registry named ``name``; raises :class:`PluginError` naming it (and
         ``source``, where it came from: default the class itself) when the name is malformed, it is not a
-        subclass of the base, its options model is not a pydantic model or is not the base's type argument."""
+        subclass of the base, its options model is not a pydantic model or is not the base's type argument.
+
+        Args:
+            name: The name the plugin is registered under.
+            plugin: The object to check (a class, when it is right).
+            source: Where the plugin comes from, in words, for the error; None: the plugin itself, described.
+
+        Returns:
+            ``plugin``, unchanged (typed as this registry's class).
+
+        Raises:
+            PluginError: ``name`` or the class's own ``name`` is not lower-case words joined by ``-``, the plugin
+                is not a subclass of the base, or its options model is not a pydantic model or not the base's
+                type argument. (A registry without a ``base`` checks only ``name``.)
+        """
         source = source or _described(plugin)
 
         def refuse(problem: str) -> PluginError:
@@ -117,25 +142,57 @@ class Registry(Generic[T]):
         return plugin
 
     def names(self) -> list[str]:
-        """Every name a suite may use: plugins and aliases."""
+        """Every name a suite may use: plugins and aliases.
+
+        Returns:
+            The names, sorted: built-ins, entry points, plugins registered at run time and aliases.
+
+        Raises:
+            PluginError: An entry point's name clashes with a plugin or alias already there (the first call that
+                merges the entry points raises it).
+        """
         self._merge_entry_points()
         return sorted([*self._refs, *self._aliases])
 
     def builtins(self) -> list[str]:
-        """The names chaosbench itself ships (no plugins, no aliases), in the order declared."""
+        """The names chaosbench itself ships (no plugins, no aliases), in the order declared.
+
+        Returns:
+            The built-in names (a new list).
+        """
         return list(self._builtins)
 
     def aliases(self) -> dict[str, str]:
-        """Other names of built-ins (kept so that suites written with them still work) -> the name they stand for."""
+        """Other names of built-ins (kept so that suites written with them still work) -> the name they stand for.
+
+        Returns:
+            Alias -> the name it stands for (a copy).
+        """
         return dict(self._aliases)
 
     def alias_of(self, name: str) -> str | None:
-        """The plugin ``name`` is another name of, or None when it is a plugin of its own (or unknown)."""
+        """The plugin ``name`` is another name of, or None when it is a plugin of its own (or unknown).
+
+        Args:
+            name: The name to look up.
+
+        Returns:
+            The name ``name`` stands for, or None.
+        """
         return self._aliases.get(name)
 
     def register(self, name: str, ref: str | type[T]) -> None:
         """Add a plugin at run time (tests, embedding); refuses to replace one. A class is checked now
-        (:meth:`check`), a ``"module:attr"`` reference when it is first loaded."""
+        (:meth:`check`), a ``"module:attr"`` reference when it is first loaded.
+
+        Args:
+            name: The name to register it under.
+            ref: The plugin's class, or ``"module:attr"`` of it (imported and checked by :meth:`get`).
+
+        Raises:
+            PluginError: ``name`` is already a plugin or an alias, ``name`` is malformed, a class fails
+                :meth:`check`, or an entry point clashes with an existing name (merged on the first call).
+        """
         self._merge_entry_points()
         if name in self._refs or name in self._aliases:
             raise PluginError(self.kind, name, "already registered", source=self._source(ref),
@@ -148,7 +205,21 @@ class Registry(Generic[T]):
         self._refs[name] = ref
 
     def get(self, name: str) -> type[T]:
-        """The plugin's class (an alias gives the class of the plugin it names), checked when first loaded."""
+        """The plugin's class (an alias gives the class of the plugin it names), checked when first loaded.
+
+        Args:
+            name: A plugin's name or an alias.
+
+        Returns:
+            The plugin's class (the same object on every call: loaded once).
+
+        Raises:
+            UnknownPlugin: No plugin or alias of that name (its ``known`` lists every name there is).
+            PluginError: An entry point cannot be imported, the loaded object fails :meth:`check`, or an entry
+                point clashes with an existing name (merged on the first call). A ``"module:attr"`` reference
+                (a built-in, or one registered at run time) that cannot be imported raises the ImportError or
+                AttributeError itself, untranslated.
+        """
         self._merge_entry_points()
         name = self._aliases.get(name, name)
         if name in self._loaded:

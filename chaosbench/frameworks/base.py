@@ -432,41 +432,107 @@ class Framework(ABC, Generic[O]):
     def missing_engine(cls, options: O, runtime: type[Runtime]) -> str | None:
         """What this adapter, with ``options`` on ``runtime``, needs on this machine and lacks (a program, a
         package), naming what to install; None when nothing is missing. A warning before a suite runs and in
-        ``--dry-run``; a run fails with the same reason and the suite goes on."""
+        ``--dry-run``; a run fails with the same reason and the suite goes on.
+
+        Args:
+            options: The adapter's options (an instance of its ``Options``).
+            runtime: The runtime class the run would go to.
+
+        Returns:
+            What is missing, in words, naming what to install; None when nothing is (the default).
+        """
         return None
 
     @abstractmethod
     def plan(self, job: JobContext) -> LaunchPlan:
-        """Describe the launch; no side effects."""
+        """Describe the launch; no side effects.
+
+        Args:
+            job: The run to plan: scenario, workload, runtime, paths and the injectors' extra environment.
+
+        Returns:
+            The plan: the processes to start, the log patterns to watch, the timeouts in force, the versions.
+        """
 
     @abstractmethod
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         """Run the plan to its end. Must return promptly once ``control.stop_reason()`` is set, leaving
-        teardown of what is still running to the caller (``runtime.cleanup``)."""
+        teardown of what is still running to the caller (``runtime.cleanup``).
+
+        Args:
+            job: The run, as it was planned.
+            plan: What :meth:`plan` returned for ``job``.
+            control: The harness's side of the run: its runtime, timeline, deadline and interruption.
+
+        Returns:
+            How supervision ended (``completed``, ``failed``, ``gave_up``, ``deadline`` or ``interrupted``) and
+            why, in words.
+        """
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
-        """Every timeout in force that shapes detection and recovery, in seconds (None: no timeout)."""
+        """Every timeout in force that shapes detection and recovery, in seconds (None: no timeout).
+
+        Args:
+            job: The run whose timeouts are asked for (the base reads its workload's process-group timeout).
+
+        Returns:
+            Timeout name (``workload_pg_timeout_s``, the adapter's own) -> seconds, or None where none applies.
+        """
         return {"workload_pg_timeout_s": job.workload.pg_timeout_s}
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
         """When the adapter can detect a fault of this ``mode`` (``crash``, ``hang`` or ``stall``, see
         :attr:`chaosbench.injectors.base.Injector.failure_mode`) under ``timeouts`` (its own, as in the plan);
-        None when the adapter has no model for it."""
+        None when the adapter has no model for it.
+
+        Args:
+            mode: The fault's failure mode: ``crash``, ``hang`` or ``stall``.
+            timeouts: The timeouts in force, as :meth:`timeouts` gives them in the plan.
+
+        Returns:
+            When the fault can be detected and what decides it; None when the adapter has no model for ``mode``
+            (the default).
+        """
         return None
 
     def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
         """Timeouts ordered so that one can never decide (a heartbeat longer than the process-group timeout),
-        or settings that make a fault undetectable in practice: one line each."""
+        or settings that make a fault undetectable in practice: one line each.
+
+        Args:
+            timeouts: The timeouts in force, as :meth:`timeouts` gives them in the plan.
+
+        Returns:
+            One line per problem, in words; empty when there is none (the default).
+        """
         return []
 
     def versions(self) -> dict[str, str | None]:
+        """The versions of what the run depends on, recorded in the plan.
+
+        Returns:
+            Package -> version (None: not installed); the base gives chaosbench, python and torch, adapters
+            add their framework's.
+        """
         return base_versions()
 
     def launch_plan(self, job: JobContext, processes: list[ProcessSpec], patterns: list[LogPattern] | None = None,
                     options: dict[str, Any] | None = None, notes: list[str] | None = None,
                     versions: dict[str, str | None] | None = None) -> LaunchPlan:  # fmt: skip
         """This adapter's plan: its label, name, timeouts and versions, with ``options`` (default: the adapter's
-        options as given) and the rest as passed."""
+        options as given) and the rest as passed.
+
+        Args:
+            job: The run being planned (for :meth:`timeouts`).
+            processes: The processes to start.
+            patterns: The log patterns to watch; None: none.
+            options: The options to record; None: the adapter's own options, dumped.
+            notes: Notes to print with the plan; None: none.
+            versions: The versions to record; None: :meth:`versions`.
+
+        Returns:
+            The plan, with ``framework`` this adapter's label and ``adapter`` its name.
+        """
         return LaunchPlan(framework=self.label, adapter=self.name, processes=processes, patterns=list(patterns or []),
                           timeouts=self.timeouts(job), versions=self.versions() if versions is None else versions,
                           options=self.options.model_dump() if options is None else options,

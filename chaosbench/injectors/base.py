@@ -190,12 +190,28 @@ class Injector(ABC, Generic[P]):
     @classmethod
     def check_target(cls, target: Target, trigger: Trigger | None) -> str | None:
         """A problem with this target/trigger combination for this injector, or None (``trigger`` None: a fault
-        that fires from inside the workload, :attr:`requires_trigger` False)."""
+        that fires from inside the workload, :attr:`requires_trigger` False).
+
+        Args:
+            target: The fault's target, as the suite gives it.
+            trigger: The fault's trigger; None for a fault without one.
+
+        Returns:
+            The problem, in words; None when the combination is fine (the default).
+        """
         return None
 
     @classmethod
     def role_problem(cls, target: Target) -> str | None:
-        """A ``role`` target for an injector that cannot act on any process, or None (asked at load)."""
+        """A ``role`` target for an injector that cannot act on any process, or None (asked at load).
+
+        Args:
+            target: The fault's target, as the suite gives it.
+
+        Returns:
+            The problem, in words, when ``target`` names a role and this injector cannot act on any process by
+            its pid (:attr:`role_targets` False); None otherwise.
+        """
         if target.role is not None and not cls.role_targets:
             return (f"{cls.name} cannot target a role ({target.role}): only faults that signal a process "
                     "(kill, sigterm, hang) can")  # fmt: skip
@@ -204,20 +220,41 @@ class Injector(ABC, Generic[P]):
     @classmethod
     def check_runtime(cls, runtime: type[Runtime], params: P) -> str | None:
         """A problem with running this fault, with these ``params``, on ``runtime`` (a capability it lacks, an
-        option that does not apply there), or None. Asked when the suite loads, so ``--dry-run`` shows it."""
+        option that does not apply there), or None. Asked when the suite loads, so ``--dry-run`` shows it.
+
+        Args:
+            runtime: The runtime class the fault would run on.
+            params: The fault's params (an instance of :attr:`Params`).
+
+        Returns:
+            The problem, in words; None when there is none. The base's only problem: a fault that
+            :attr:`needs_node_control` on a runtime without :class:`~chaosbench.runtimes.base.NodeControl`.
+        """
         return node_control_problem(runtime, cls.name) if cls.needs_node_control else None
 
     @classmethod
     def missing_engine(cls) -> str | None:
         """What this fault needs on this machine that is not there (an engine, a tool, a package), naming what
         to install; None when nothing is missing. Asked before a suite runs and in ``--dry-run`` (a warning: the
-        suite may be meant for another machine); a run of it fails with the same reason and the suite goes on."""
+        suite may be meant for another machine); a run of it fails with the same reason and the suite goes on.
+
+        Returns:
+            What is missing, in words, naming what to install; None when nothing is (the default).
+        """
         return None
 
     @classmethod
     def check_workload(cls, workload: type[Workload], params: P) -> str | None:
         """A problem with firing this fault, with these ``params``, in ``workload`` (it cannot be planted there),
-        or None. Asked when the suite loads."""
+        or None. Asked when the suite loads.
+
+        Args:
+            workload: The workload class the fault would fire in.
+            params: The fault's params (an instance of :attr:`Params`).
+
+        Returns:
+            The problem, in words; None when there is none (the default).
+        """
         return None
 
     @property
@@ -253,19 +290,52 @@ class Injector(ABC, Generic[P]):
     def declared(self) -> dict[str, Any]:
         """What this fault declares about itself, as ``fault_inject`` event fields: ``fault_class``,
         ``failure_mode`` and ``damages_checkpoint`` (always all three, None included: an event without them
-        was written before injectors declared them, :mod:`chaosbench.injectors.legacy`)."""
+        was written before injectors declared them, :mod:`chaosbench.injectors.legacy`).
+
+        Returns:
+            ``{"fault_class": ..., "failure_mode": ..., "damages_checkpoint": ...}`` from the properties of the
+            same names.
+        """
         return {"fault_class": self.fault_class, "failure_mode": self.failure_mode,
                 "damages_checkpoint": self.damages_checkpoint}  # fmt: skip
 
     def prepare(self, setup: RunSetup) -> None:  # noqa: B027 - optional hook
-        """Before launch. Default: nothing."""
+        """Before launch. Default: nothing.
+
+        Args:
+            setup: The run as it is before launch; an injector may add to ``setup.env`` (every rank's
+                environment) and plant faults (:meth:`RunSetup.plant`).
+        """
 
     @abstractmethod
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        """Apply the fault to ``ctx.targets``."""
+        """Apply the fault to ``ctx.targets``.
+
+        Args:
+            ctx: This firing: the resolved targets, the runtime, the timeline, and ``state``, where the
+                injector keeps what :meth:`revert` will need.
+
+        Returns:
+            Details for the ``fault_inject`` event; ``effect_t_ns`` (ns on the harness's clock) and ``effect``
+            among them where the injector knows when the fault took effect (see the class docstring).
+
+        Raises:
+            ProcessLookupError: A target is gone, so the fault could not act (recorded as ``fault_skipped``).
+            ChaosbenchError: The injector, the runtime or the platform refused or failed to act (recorded as
+                ``fault_skipped``).
+            OSError: A system call the injector made failed (also recorded as ``fault_skipped``: the harness
+                catches these three, :mod:`chaosbench.fault_control`).
+        """
 
     def revert(self, ctx: FaultContext) -> bool:
-        """Undo this firing; returns whether there was anything to undo. Idempotent."""
+        """Undo this firing; returns whether there was anything to undo. Idempotent.
+
+        Args:
+            ctx: The firing's context, as :meth:`inject` left it (its ``state`` says what to undo).
+
+        Returns:
+            Whether there was anything to undo (the base: never).
+        """
         return False
 
     def cleanup(self) -> None:  # noqa: B027 - optional hook
@@ -275,7 +345,15 @@ class Injector(ABC, Generic[P]):
     def cleanup_crashed(cls, results_dir: Path, run_ids: dict[str, Path]) -> list[str]:
         """``chaosbench cleanup``: undo what this injector left behind below ``results_dir`` when the harness died
         (a FUSE mount, a cgroup named after a run id in ``run_ids``: the unfinished runs' ids -> their
-        directories), and only that; one line per action. Default: nothing."""
+        directories), and only that; one line per action. Default: nothing.
+
+        Args:
+            results_dir: The results directory whose crashed runs are cleaned up.
+            run_ids: The unfinished runs' ids -> their run directories.
+
+        Returns:
+            One line per action taken, in words; empty when there was nothing to do.
+        """
         return []
 
 

@@ -122,7 +122,11 @@ class Runtime(ABC, Generic[O]):
     @classmethod
     def missing_engine(cls) -> str | None:
         """What this runtime needs on this machine and lacks (a client, a package), naming what to install; None
-        when nothing is missing. Looked up without contacting any engine (a dry-run answers at once)."""
+        when nothing is missing. Looked up without contacting any engine (a dry-run answers at once).
+
+        Returns:
+            What is missing, in words, naming what to install; None when nothing is (the default).
+        """
         return None
 
     def __init__(self, run: RunInfo, options: O | None = None) -> None:
@@ -137,11 +141,31 @@ class Runtime(ABC, Generic[O]):
         """Options for ``jobs`` runs at once that share nothing being timed (``chaosbench run --jobs``): one
         dict per slot, merged over the suite's runtime options of each run placed in that slot (``nodes``: the
         workload's node count). Raises :class:`~chaosbench.errors.Unsupported` when this runtime cannot keep
-        concurrent runs apart (the default)."""
+        concurrent runs apart (the default).
+
+        Args:
+            options: The suite's default options for this runtime (a plain dict, as the suite gives them).
+            jobs: How many runs go at once (``--jobs``): the number of slots asked for.
+            nodes: The workload's node count, which each slot must hold.
+
+        Returns:
+            ``jobs`` dicts of options, one per slot, each merged over ``options`` for the runs in that slot.
+
+        Raises:
+            Unsupported: This runtime cannot keep concurrent runs apart (the base class always raises it).
+        """
         raise Unsupported(f"the {cls.name} runtime cannot give concurrent runs resources of their own")
 
     def observed(self, on_line: LineCallback | None) -> LineCallback | None:
-        """``on_line`` with :attr:`line_observers` called first; every ``start`` pumps its lines through it."""
+        """``on_line`` with :attr:`line_observers` called first; every ``start`` pumps its lines through it.
+
+        Args:
+            on_line: The starter's own callback for each output line, or None.
+
+        Returns:
+            A callback that calls every observer (an observer's exception is swallowed, so it never costs the
+            starter its line), then ``on_line``; ``on_line`` itself when there are no observers (None included).
+        """
         observers = list(self.line_observers)
         if not observers:
             return on_line
@@ -162,7 +186,11 @@ class Runtime(ABC, Generic[O]):
 
     @abstractmethod
     def free_port(self) -> int:
-        """A TCP port free at the time of the call on the master address."""
+        """A TCP port free at the time of the call on the master address.
+
+        Returns:
+            The port number (free when asked: another process may take it before it is bound).
+        """
 
     def resolve(self) -> None:  # noqa: B027 - optional hook
         """Look up what plans need to know that only the place the run goes can tell (a scheduler's node for
@@ -173,7 +201,16 @@ class Runtime(ABC, Generic[O]):
 
     @abstractmethod
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
-        """Start a process; returns once it exists. Writes a ``proc_start`` event."""
+        """Start a process; returns once it exists. Writes a ``proc_start`` event.
+
+        Args:
+            spec: What to start: its name, argv, environment, role, node and incarnation.
+            on_line: Called from a reader thread for each line the process prints (after
+                :attr:`line_observers`, see :meth:`observed`); None: only the observers and the logs get them.
+
+        Returns:
+            The handle of the started process; its ``exited`` event is set once it has been reaped.
+        """
 
     @abstractmethod
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
@@ -184,10 +221,37 @@ class Runtime(ABC, Generic[O]):
         ``pid`` and ``ticks`` are as the process reported them in its ``rank_start`` event (for a container,
         in the container's pid namespace), ``node`` is where it runs. A pid that was reused raises
         :class:`~chaosbench.errors.ChaosbenchError`, as does a pid that is not ours; a process that is gone
-        raises ProcessLookupError."""
+        raises ProcessLookupError.
+
+        Args:
+            pid: The process's pid as it reported it in ``rank_start`` (in its container's pid namespace).
+            sig: The signal number (``signal.SIGKILL``, ...).
+            ticks: The process's start time in clock ticks, as reported in ``rank_start``, to tell a reused pid;
+                None: not checked.
+            node: The node the process runs on (``node0``, ...); None where the runtime does not need it.
+
+        Returns:
+            When the signal was delivered, in ns on the harness's clock; None when the runtime cannot tell.
+
+        Raises:
+            ChaosbenchError: The pid was reused by another process, or is not one of this runtime's processes
+                (or a descendant of one).
+            ProcessLookupError: The process is gone.
+        """
 
     def process_alive(self, pid: int, ticks: int | None = None, node: str | None = None) -> bool:
-        """Whether the process (as reported in ``rank_start``) still runs."""
+        """Whether the process (as reported in ``rank_start``) still runs.
+
+        Args:
+            pid: The pid it reported in ``rank_start``.
+            ticks: Its start time in clock ticks, as reported; a different process under the same pid is not
+                alive. None: not checked.
+            node: The node it runs on (unused by the default).
+
+        Returns:
+            True while the process exists and is not a zombie (and, when ``ticks`` is given, has that start
+                time); the default looks on the harness's host.
+        """
         from chaosbench import procutil
 
         return procutil.alive(pid, ticks)
@@ -195,25 +259,51 @@ class Runtime(ABC, Generic[O]):
     @abstractmethod
     def terminate(self, handles: list[ProcHandle], grace_s: float) -> None:
         """Stop these processes and all their descendants: SIGTERM (and SIGCONT, so a stopped process
-        can act on it), wait up to ``grace_s``, then SIGKILL. Safe to call twice."""
+        can act on it), wait up to ``grace_s``, then SIGKILL. Safe to call twice.
+
+        Args:
+            handles: The processes to stop (as :meth:`start` returned them).
+            grace_s: Seconds to wait after SIGTERM before SIGKILL.
+        """
 
     @abstractmethod
     def cleanup(self, grace_s: float = 5.0) -> None:
-        """Terminate everything this runtime started for the run. Idempotent."""
+        """Terminate everything this runtime started for the run. Idempotent.
+
+        Args:
+            grace_s: Seconds between SIGTERM and SIGKILL (as in :meth:`terminate`).
+        """
 
     def describe(self) -> dict[str, Any]:
+        """What this runtime is, for the run's records.
+
+        Returns:
+            A JSON-serializable dict; the base gives ``{"runtime": name}``, subclasses add their settings.
+        """
         return {"runtime": self.name}
 
     def provision(self, nodes: int | None = None) -> None:  # noqa: B027 - optional hook
         """Bring up the run's nodes before anything is launched (containers, all at once, after the faults'
-        ``prepare``). Default: nothing (the local runtime's nodes are labels)."""
+        ``prepare``). Default: nothing (the local runtime's nodes are labels).
+
+        Args:
+            nodes: How many nodes the run needs; None: the runtime's own count.
+        """
 
     def leftovers(self) -> list[int]:
-        """Pids of this run's processes still alive (after ``cleanup``: none should be)."""
+        """Pids of this run's processes still alive (after ``cleanup``: none should be).
+
+        Returns:
+            The pids (on the harness's host) still alive; the base reports none.
+        """
         return []
 
     def leftover_objects(self) -> list[str]:
-        """Other objects of this run that still exist (containers, networks, jobs)."""
+        """Other objects of this run that still exist (containers, networks, jobs).
+
+        Returns:
+            One name per object still there; the base reports none.
+        """
         return []
 
     @classmethod
@@ -221,7 +311,14 @@ class Runtime(ABC, Generic[O]):
         """``chaosbench cleanup``: remove what this runtime created outside the harness's own process tree for
         runs below ``results_dir`` whose harness died (containers, networks, scheduler jobs: found by the runs'
         labels or names, never anything else); one line per action. The recorded processes themselves are ended
-        by ``chaosbench cleanup`` from the timelines. Default: nothing."""
+        by ``chaosbench cleanup`` from the timelines. Default: nothing.
+
+        Args:
+            results_dir: The results directory whose crashed runs are cleaned up.
+
+        Returns:
+            One line per action taken, in words; empty when there was nothing to do.
+        """
         return []
 
 

@@ -76,10 +76,24 @@ class Workload(ABC, Generic[O]):
 
     @abstractmethod
     def argv(self, run: RunPaths) -> list[str]:
-        """The full command line of one rank (first element: the executable)."""
+        """The full command line of one rank (first element: the executable).
+
+        Args:
+            run: Where the run is, its checkpoint directory, seed and the user's directories.
+
+        Returns:
+            The argv every rank runs (the rank itself comes from the environment).
+        """
 
     def env(self, run: RunPaths) -> dict[str, str]:
-        """Extra environment for every rank."""
+        """Extra environment for every rank.
+
+        Args:
+            run: Where the run is, its checkpoint directory, seed and the user's directories.
+
+        Returns:
+            Variable -> value, added to every rank's environment; empty by default.
+        """
         return {}
 
     @property
@@ -88,21 +102,40 @@ class Workload(ABC, Generic[O]):
         return None
 
     def replica_groups(self) -> int | None:
-        """Replica groups of a workload that trains through TorchFT's Manager; None: it does not."""
+        """Replica groups of a workload that trains through TorchFT's Manager; None: it does not.
+
+        Returns:
+            The number of replica groups; None when the workload does not train through TorchFT (the default).
+        """
         return None
 
     @property
     def total_steps(self) -> int | None:
+        """The optimizer steps the program trains for, when known; None: unknown (the default)."""
         return None
 
     def watched_dirs(self, run: RunPaths) -> list[Path]:
         """Directories whose new checkpoint files the harness reports as saves (the program prints none of its
-        own): :mod:`chaosbench.workloads.checkpoint_watch`. Built-in programs report their saves themselves."""
+        own): :mod:`chaosbench.workloads.checkpoint_watch`. Built-in programs report their saves themselves.
+
+        Args:
+            run: Where the run is, its checkpoint directory, seed and the user's directories.
+
+        Returns:
+            The directories to watch; empty by default.
+        """
         return []
 
     def final_artifact(self, run: RunPaths) -> str | None:
         """A file, directory or glob holding the program's final state, digested when the run ends (for
-        fidelity, when the program prints no digest of its own); None: its ``train_end`` carries the digest."""
+        fidelity, when the program prints no digest of its own); None: its ``train_end`` carries the digest.
+
+        Args:
+            run: Where the run is, its checkpoint directory, seed and the user's directories.
+
+        Returns:
+            The path or glob of the final state; None (the default) when ``train_end`` carries the digest.
+        """
         return None
 
 
