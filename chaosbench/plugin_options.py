@@ -22,3 +22,13 @@ def model_argument(cls: type, generic: type) -> Any:
                 if not isinstance(args[0], TypeVar):
                     return args[0]
     return None
+
+
+def adopt_model(cls: type, generic: type, attr: str) -> None:
+    """Set ``cls.<attr>`` (its ``Params`` or ``Options``) to the type argument it gives ``generic``
+    (:func:`model_argument`), unless the class sets that attribute itself or gives no argument. What each plugin
+    base's ``__init_subclass__`` does."""
+    if attr not in cls.__dict__:
+        model = model_argument(cls, generic)
+        if model is not None:
+            setattr(cls, attr, model)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.injectors.base import Role
-from chaosbench.plugin_options import model_argument
+from chaosbench.plugin_options import adopt_model
 from chaosbench.probe import ENV_RESTART_COUNT_COUNTED
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
 from chaosbench.signatures import AGENT_ONLY, error_line, rank_error
@@ -419,10 +419,7 @@ class Framework(ABC, Generic[O]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "Options" not in cls.__dict__:
-            model = model_argument(cls, Framework)
-            if model is not None:
-                cls.Options = model
+        adopt_model(cls, Framework, "Options")
 
     def __init__(self, label: str, options: O) -> None:
         self.label = label

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench.plugin_options import model_argument
+from chaosbench.plugin_options import adopt_model
 from chaosbench.runtimes.base import Runtime, node_control_problem
 from chaosbench.timeline import Event, TimelineWriter
 from chaosbench.timeline.schema import FailureMode, FaultClass
@@ -178,10 +178,7 @@ class Injector(ABC, Generic[P]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "Params" not in cls.__dict__:
-            model = model_argument(cls, Injector)
-            if model is not None:
-                cls.Params = model
+        adopt_model(cls, Injector, "Params")
 
     def __init__(self, fault_name: str, params: P) -> None:
         self.fault_name = fault_name

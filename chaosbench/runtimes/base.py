@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from chaosbench.errors import Unsupported
-from chaosbench.plugin_options import model_argument
+from chaosbench.plugin_options import adopt_model
 from chaosbench.timeline import TimelineWriter, now_ns
 
 
@@ -114,10 +114,7 @@ class Runtime(ABC, Generic[O]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "Options" not in cls.__dict__:
-            model = model_argument(cls, Runtime)
-            if model is not None:
-                cls.Options = model
+        adopt_model(cls, Runtime, "Options")
 
     @classmethod
     def missing_engine(cls) -> str | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from chaosbench.plugin_options import model_argument
+from chaosbench.plugin_options import adopt_model
 
 if TYPE_CHECKING:
     from chaosbench.specs import WorkloadSpec
@@ -65,10 +65,7 @@ class Workload(ABC, Generic[O]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "Options" not in cls.__dict__:
-            model = model_argument(cls, Workload)
-            if model is not None:
-                cls.Options = model
+        adopt_model(cls, Workload, "Options")
 
     def __init__(self, spec: WorkloadSpec, options: O) -> None:
         self.spec = spec
