@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--chaos-baseline", default=None, metavar="CSV|DIR",
                 help="also fail on regressions against this result set")  # fmt: skip
     g.addoption("--chaos-threshold", type=float, default=0.2,
-                help="relative change of a timing that counts, besides the baseline's interquartile range (default 0.2)")
+                help="relative change of a timing that counts, besides twice the baseline's interquartile range (default 0.2)")
     g.addoption("--chaos-alpha", type=float, default=0.05,
                 help="false-alarm rate of the whole baseline verdict (Holm over every comparison; default 0.05)")
 

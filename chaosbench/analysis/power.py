@@ -11,7 +11,7 @@ tests at Holm's first level ``alpha / m`` or looser. Stated per figure kind:
   0.0014; 100 % -> 33 % is not"), or that not even 0 % is, and how many new repeats would make 0 % so.
 - **Timings and counts**: whether complete separation (every new value worse than every baseline value: the
   rank test's smallest p, ``1 / C(n_a + n_b, n_a)``) reaches ``alpha / m``, and, per figure, the smallest change
-  that counts: the noise floor, the larger of the relative threshold and the baseline's interquartile range
+  that counts: the noise floor, the larger of the relative threshold and twice the baseline's interquartile range
   over its median (:func:`~chaosbench.analysis.baseline.noise`), across keys ("time_to_resume_s +20 % to +45 %").
 - A figure the baseline measured in every run and the new results in none fails without statistics.
 """
@@ -64,7 +64,7 @@ def share_power(n_a: int, n_b: int, level: float) -> SharePower:
 
 @dataclass(frozen=True)
 class TimingFloor:
-    """A timing's noise floor in one key, relative to the baseline's median: max(threshold, interquartile range / |median|)."""
+    """A timing's noise floor in one key, relative to the baseline's median: max(threshold, 2 x interquartile range / |median|)."""
 
     key: str
     metric: str
@@ -128,7 +128,7 @@ class Power:
             for metric, fs in by_metric.items():
                 lo, hi = min(f.relative for f in fs), max(f.relative for f in fs)
                 parts.append(f"{metric} {_rel(lo)}" + ("" if hi == lo else f" to {_rel(hi)}"))
-            out.append("  a timing change counts only above its noise floor (threshold or the baseline's interquartile range): "
+            out.append("  a timing change counts only above its noise floor (threshold or twice the baseline's interquartile range): "
                        + ", ".join(parts))  # fmt: skip
         out.append("  a figure measured in every baseline run and in none now fails without statistics")
         if self.bound:

@@ -146,7 +146,7 @@ def test_junit_and_summary(tmp_path: Path, regressed: Comparison) -> None:
     gate = Gate("ci", [a, b, c], {"/r/2": "harness exploded"}, comparison=regressed)
     gate.write_junit(tmp_path / "j.xml")
     root = ET.parse(tmp_path / "j.xml").getroot()
-    # 3 runs and the one comparison tested (time_to_resume_s: a regression); the baseline's noise is the
+    # 3 runs and the one comparison tested (time_to_resume_s: a regression); the baseline's noise is twice the
     # interquartile range of 3.0, 3.1, 3.2 (inclusive quartiles 3.05 and 3.15)
     assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("4", "2", "1")
     cases = root.findall("testcase")
@@ -154,7 +154,7 @@ def test_junit_and_summary(tmp_path: Path, regressed: Comparison) -> None:
     assert (reg.get("classname"), reg.get("name")) == ("ci.baseline.restart/kill", "time_to_resume_s")
     props = {p.get("name"): p.get("value") for p in reg.iter("property")}
     assert props == {"finding": "regression", "baseline": "3.1", "now": "5.1", "change": "0.6452", "p": "0.05",
-                     "p_holm": "0.05", "family": "1", "alpha": "0.05", "baseline_noise": "0.1", "repeats": "3 vs 3"}
+                     "p_holm": "0.05", "family": "1", "alpha": "0.05", "baseline_noise": "0.2", "repeats": "3 vs 3"}
     failure = reg.find("failure")
     assert failure is not None and failure.get("message") == (
         "restart/kill: time_to_resume_s 3.1 -> 5.1 (+65%), p=0.05, Holm p=0.05: regression")
