@@ -53,7 +53,7 @@ def run_objects(run_dir: str | Path) -> list[str]:
     client = connect()
     try:
         flt = {"label": f"chaosbench.run={run_id}"}
-        out = [f"container {c.name}" for c in client.containers.list(all=True, filters=flt)]
+        out = [f"container {c.name}" for c in client.containers.list(all=True, filters=flt, ignore_removed=True)]
         return out + [f"network {n.name}" for n in client.networks.list(filters=flt)]
     finally:
         client.close()

@@ -178,9 +178,14 @@ def _sleep_pid(job: int, node: str) -> int | None:
     out = subprocess.run(["scontrol", "listpids", str(job), node], capture_output=True, text=True, timeout=30).stdout
     for line in out.splitlines()[1:]:
         pid = int(line.split()[0])
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if f.read().split(b"\0")[0].endswith(b"sleep"):
-                return pid
+        if pid <= 0:  # a step whose process slurmd has not recorded yet lists as -1
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[0].endswith(b"sleep"):
+                    return pid
+        except FileNotFoundError:  # ended between the listing and here
+            continue
     return None
 
 

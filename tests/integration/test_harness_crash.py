@@ -141,7 +141,7 @@ def _docker_objects(out: Path) -> list[str]:
 
     client = connect()
     try:
-        objs = [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": RUN_DIR_LABEL})
+        objs = [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": RUN_DIR_LABEL}, ignore_removed=True)
                 if c.labels.get(RUN_DIR_LABEL, "").startswith(str(out))]  # fmt: skip
         return objs + [f"network {n.name}" for n in client.networks.list(filters={"label": RUN_DIR_LABEL})
                        if (n.attrs.get("Labels") or {}).get(RUN_DIR_LABEL, "").startswith(str(out))]  # fmt: skip

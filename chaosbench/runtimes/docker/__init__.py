@@ -1062,7 +1062,7 @@ class DockerRuntime(Runtime[DockerOptions]):
         if self._client is None:
             return []
         flt = {"label": f"{RUN_LABEL}={self.run.run_id}"}
-        out = [f"container {c.name}" for c in self.client.containers.list(all=True, filters=flt)]
+        out = [f"container {c.name}" for c in self.client.containers.list(all=True, filters=flt, ignore_removed=True)]
         out += [f"network {n.name}" for n in self.client.networks.list(filters=flt)]
         return out
 
@@ -1087,7 +1087,7 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
     for run_id, run_dir in runs.items():
         flt = {"label": f"{RUN_LABEL}={run_id}"}
         capture_dirs: set[str] = set()
-        for c in client.containers.list(all=True, filters=flt):
+        for c in client.containers.list(all=True, filters=flt, ignore_removed=True):
             capture_dirs |= {m.get("Source", "") for m in c.attrs.get("Mounts") or []
                              if m.get("Destination") == NODE_DIR
                              and os.path.basename(m.get("Source", "")).startswith(CAPTURE_DIR_PREFIX)}  # fmt: skip
