@@ -314,6 +314,7 @@ WORKLOADS: Registry[Any] = Registry(
         "pp-lm": "chaosbench.workloads.pp_lm:PpLmWorkload",
         "command": "chaosbench.workloads.command:CommandWorkload",
         "serve": "chaosbench.workloads.serve:Serve",
+        "serve-command": "chaosbench.workloads.serve_command:ServeCommand",
     },
     base="chaosbench.workloads.base:Workload",
 )

@@ -1,5 +1,6 @@
-"""Serving metrics of one run (the ``serve`` workload: replicas behind a balancer, driven by a load process),
-computed only from its timeline and its control run's, and the latency histogram both sides share.
+"""Serving metrics of one run (a serving workload, ``serve`` or ``serve-command``: replicas behind a balancer,
+driven by a load process), computed only from its timeline and its control run's, and the latency histogram both
+sides share.
 
 A run is a serving run when its timeline has a ``load_start`` event. The load process writes one
 ``load_window`` event per window (``t_ns`` = the window's start; a request counts in the window in which it
@@ -42,7 +43,8 @@ empty window counting as healthy):
   ``before`` windows (1.0: the load kept its pace; a hung replica left in rotation holds every user it gets
   until the request timeout, and the pace collapses while few requests fail).
 - ``capacity_lost_replica_s``: replica-seconds in which a replica could not serve, during the load: per replica,
-  from a crash, hang or node fault hitting it or its process's exit, or from the balancer marking it down,
+  from a crash, hang or node fault hitting it or its process's exit (``proc_exit``; a user's server under the
+  command shim: its ``rank_exit``), or from the balancer marking it down,
   until it serves again: the balancer marks it up (``balancer_up``) once it is back (a fault reverted, or the
   ``replica_ready`` of a restarted incarnation, which without health checks is enough); the load's end if
   never (:func:`out_of_service_s`); clipped to the load (``load_start`` to ``load_end``, else the last window's
@@ -306,6 +308,9 @@ def out_of_service_s(ix: TimelineIndex, lo_ns: int, hi_ns: int) -> tuple[float, 
         exited = rank_of_pid.get(int(e.get("pid") or -1))
         if exited is not None:
             changes.append((e.t_ns, exited, "dead", True))
+    for e in ix.of("rank_exit"):  # a user's server under the command shim (serve-command): its own exit
+        if e.get("rank") is not None:
+            changes.append((e.t_ns, int(e["rank"]), "dead", True))
     for e in ix.of("replica_ready"):
         if int(e.get("incarnation") or 0) > 0 and e.get("rank") is not None:
             changes.append((e.t_ns, int(e["rank"]), "dead", False))

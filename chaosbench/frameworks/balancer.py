@@ -1,11 +1,14 @@
-"""The ``balancer`` adapter: a serving fleet's recovery policy. N replicas of the ``serve`` workload behind a real
-haproxy, configured per run, while a locust load process drives traffic through it.
+"""The ``balancer`` adapter: a serving fleet's recovery policy. N replicas of a serving workload (the built-in
+``serve``, or the user's own server through ``serve-command``) behind a real haproxy, configured per run, while a
+locust load process drives traffic through it.
 
 What a run starts, in order (each a process of the runtime, so every fault of the catalog can reach it):
 
-1. ``init``: writes the model checkpoint file the replicas load (in the run's checkpoint directory);
-2. the replicas (role ``rank``, ``RANK`` = replica index), each an HTTP server on its own port; the run waits
-   until every one has written ``replica_ready``;
+1. ``init`` (``serve`` only): writes the model checkpoint file the replicas load (in the run's checkpoint
+   directory);
+2. the replicas (role ``rank``, ``RANK`` = replica index), each an HTTP server on its own port (``SERVE_PORT``);
+   the run waits until every one has said ``replica_ready`` (``serve-command``: its shim, once the server's
+   health path answered the expected status);
 3. haproxy (role ``balancer``), round robin over the replicas, its log on stdout: ``Server b/r1 is DOWN`` and
    ``... is UP`` become ``balancer_down`` / ``balancer_up`` events (rank, reason), stamped as the runtime stamps
    output lines (local: when haproxy wrote them);
@@ -13,7 +16,8 @@ What a run starts, in order (each a process of the runtime, so every fault of th
    exits 0. At the end the balancer's counters (retries, redispatches, per-server checks) are read from its
    stats socket into a ``balancer_stats`` event.
 
-The recovery policy is the options: ``health_checks`` (``option httpchk GET /health`` with ``check_interval_ms``,
+The recovery policy is the options: ``health_checks`` (``option httpchk GET <the workload's health path>``, and
+``http-check expect status`` where it names one, with ``check_interval_ms``,
 ``rise``, ``fall``; off: haproxy sends requests to a dead replica until the run ends), ``supervisor`` (restarts a
 replica that exited, on the same port, as a new incarnation; ``liveness_restart_after_s``: also one the balancer
 has held DOWN that long since it was ready, as a liveness probe would; ``startup_timeout_s``: one restarted that is
@@ -52,6 +56,7 @@ from chaosbench.frameworks.none import describe_exit
 from chaosbench.injectors.base import Role
 from chaosbench.runtimes.base import NodeControl, ProcessSpec, ProcHandle, Runtime
 from chaosbench.timeline import Event, TimelineWriter
+from chaosbench.workloads.base import ServingWorkload
 
 #: The port every replica listens on inside its own container (container nodes each have their own address).
 CONTAINER_REPLICA_PORT = 8000
@@ -97,12 +102,14 @@ class BalancerOptions(BaseModel):
 
 
 def haproxy_config(o: BalancerOptions, bind: str, servers: list[tuple[int, str]], stats_bind: str,
-                   nameserver: str | None = None) -> str:  # fmt: skip
+                   nameserver: str | None = None, health_path: str = "/health",
+                   health_status: int | None = None) -> str:  # fmt: skip
     """The run's haproxy configuration: one frontend on ``bind`` (host:port), round robin over ``servers``
     (replica index, host:port), its stats socket on ``stats_bind`` (host:port, TCP: a unix socket's path is
     limited to 107 bytes); health-state changes logged raw on stdout, requests not logged. ``nameserver``
     (host:port): servers are names resolved there again while haproxy runs (a container node that comes back
-    after a reboot may have another address)."""
+    after a reboot may have another address). Health checks GET ``health_path``; a check passes on
+    ``health_status`` (None: haproxy's default, any 2xx or 3xx)."""
     resolvers = []
     if nameserver is not None:
         resolvers = ["resolvers nodes", f"    nameserver dns {nameserver}", "    hold valid 1s"]
@@ -129,8 +136,10 @@ def haproxy_config(o: BalancerOptions, bind: str, servers: list[tuple[int, str]]
         lines.append("    option redispatch")
     check = ""
     if o.health_checks:
-        lines += ["    option httpchk GET /health",
-                  f"    default-server inter {o.check_interval_ms}ms fall {o.fall} rise {o.rise}"]  # fmt: skip
+        lines.append(f"    option httpchk GET {health_path}")
+        if health_status is not None:
+            lines.append(f"    http-check expect status {health_status}")
+        lines.append(f"    default-server inter {o.check_interval_ms}ms fall {o.fall} rise {o.rise}")
         check = " check"
     if nameserver is not None:
         check += " resolvers nodes init-addr last,libc,none"
@@ -234,9 +243,10 @@ class BalancerFramework(Framework[BalancerOptions]):
         return None
 
     # -- planning
-    def _serve(self, job: JobContext) -> Any:
-        if not job.workload.serves:
-            raise Unsupported(f"balancer adapter: workload '{job.workload.name}' is not a server (use workload 'serve')")
+    def _serve(self, job: JobContext) -> ServingWorkload[Any]:
+        if not isinstance(job.workload, ServingWorkload):
+            raise Unsupported(f"balancer adapter: workload '{job.workload.name}' is not a server (use workload 'serve' "
+                              "or 'serve-command')")  # fmt: skip
         return job.workload
 
     def _containers(self, job: JobContext) -> bool:
@@ -270,7 +280,8 @@ class BalancerFramework(Framework[BalancerOptions]):
                    for r in range(job.ranks)]  # fmt: skip
         cfg_path = job.run_dir / "haproxy.cfg"
         stats_port = 9999 if containers else job.runtime.free_port()
-        procs = [ProcessSpec(name="init", argv=serve.init_argv(job.paths), env=job.rank_env(0, "node0"), role="init")]
+        init = serve.init_argv(job.paths)
+        procs = [] if init is None else [ProcessSpec(name="init", argv=init, env=job.rank_env(0, "node0"), role="init")]
         procs += [self.replica_spec(job, r, 0, ports[r]) for r in range(job.ranks)]
         procs.append(ProcessSpec(name="haproxy", argv=[o.haproxy, "-db", "-f", str(cfg_path)], role="balancer",
                                  node=lb_node, env={}))  # fmt: skip
@@ -323,9 +334,10 @@ class BalancerFramework(Framework[BalancerOptions]):
         o = self.options
         rt, tl = control.runtime, control.timeline
         specs = {p.role if p.role != "rank" else p.name: p for p in plan.processes}
-        init = rt.start(specs["init"])
-        if (failed := self._wait_exit(init, control, o.ready_timeout_s)) is not None:
-            return failed
+        if "init" in specs:
+            init = rt.start(specs["init"])
+            if (failed := self._wait_exit(init, control, o.ready_timeout_s)) is not None:
+                return failed
         ready = ReadyWatch()
         control.follower.subscribe(ready)
         replicas: dict[int, ProcHandle] = {}
@@ -429,7 +441,9 @@ class BalancerFramework(Framework[BalancerOptions]):
         path = Path(plan.options["haproxy_config"])
         # container nodes resolve each other through the engine's DNS (docker: 127.0.0.11)
         dns = DOCKER_DNS if self._containers(job) else None
-        path.write_text(haproxy_config(o, plan.options["balancer_bind"], servers, plan.options["stats_bind"], dns))
+        serve = self._serve(job)
+        path.write_text(haproxy_config(o, plan.options["balancer_bind"], servers, plan.options["stats_bind"], dns,
+                                       serve.health_path, serve.health_status))  # fmt: skip
         return path
 
     def _wait_listening(self, plan: LaunchPlan, control: RunControl, balancer: ProcHandle) -> bool:

@@ -1,13 +1,19 @@
 """Runs a user's training command as a child, reports its pid and turns its log lines into events.
 
     python -m chaosbench.launchers.command --patterns JSON [--subst JSON] [--env JSON] [--cwd DIR] \
-        -- CMD [ARGS...]
+        [--ready JSON] -- CMD [ARGS...]
 
 Placeholders such as ``{ckpt_dir}`` or ``{rank}`` in the command, in every ``--env`` value and in ``--cwd`` are
 substituted here, in the rank's own process, so that per-rank values (``{rank}``, ``{local_rank}``,
 ``{world_size}``, ``{node}``, ``{incarnation}``) are right under any launcher; ``--subst`` gives the run's values
 (``{ckpt_dir}``, ``{run_dir}``, ``{work_dir}``, ``{seed}``, ``{project_dir}``, ``{suite_dir}``). ``{{`` and ``}}``
 are literal braces. The child starts in ``--cwd`` (created if missing).
+
+A serving replica (``--ready``, the ``serve-command`` workload) also has ``{port}`` and ``{host}``, the port and
+address its framework gives it (``SERVE_PORT``, ``SERVE_HOST``); its ``rank_start`` carries them, and a thread
+polls ``GET path`` on that port every ``interval_s`` (each request at most ``timeout_s``) until the answer's
+status is ``expect_status``: then it writes ``replica_ready``, stamped when that answer came, the event the
+built-in replicas write themselves once they listen.
 
 The child's stdout and stderr are merged and forwarded as written to this process's stdout. Its lines (and
 progress-bar redraws) become timeline events as :mod:`chaosbench.launchers.output_parser` reads them, stamped
@@ -26,6 +32,7 @@ import signal
 import string
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 
@@ -38,6 +45,9 @@ RANK_PLACEHOLDERS = ("rank", "local_rank", "world_size", "node", "incarnation")
 #: Placeholders whose values are the run's (given by the harness with ``--subst``).
 RUN_PLACEHOLDERS = ("ckpt_dir", "run_dir", "work_dir", "seed", "project_dir", "suite_dir")
 PLACEHOLDERS = RUN_PLACEHOLDERS + RANK_PLACEHOLDERS
+#: Placeholders of a serving replica (``--ready``): the port and the address it must listen on, from its
+#: framework (``SERVE_PORT``, ``SERVE_HOST``).
+SERVE_PLACEHOLDERS = ("port", "host")
 
 
 def placeholders(template: str) -> list[str]:
@@ -68,6 +78,60 @@ def rank_values(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def serve_values(env: Mapping[str, str]) -> dict[str, str]:
+    """A serving replica's ``{port}`` and ``{host}`` (``SERVE_PORT``, ``SERVE_HOST``); ValueError without a port."""
+    if not env.get("SERVE_PORT", "").isdigit():
+        raise ValueError("no port for {port}: SERVE_PORT is not set to a number (the framework gives each replica one)")
+    return {"port": env["SERVE_PORT"], "host": env.get("SERVE_HOST", "127.0.0.1")}
+
+
+def poll_host(bind: str) -> str:
+    """Where this process reaches a server that binds ``bind``: a wildcard address through loopback."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind, bind)
+
+
+def health_status(host: str, port: int, path: str, timeout_s: float) -> int | str:
+    """One ``GET path`` to ``host:port``: the answer's status, or why there was none (the exception's class and
+    message). Straight to the address (http.client: no proxy from the environment)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", path, headers={"Connection": "close"})
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+
+
+def wait_ready(child: subprocess.Popen[bytes], probe: Probe, ready: Mapping[str, object], host: str, port: int,
+               started_ns: int) -> None:  # fmt: skip
+    """Poll the replica's health path until it answers ``expect_status``, then say ``replica_ready`` (stamped
+    when that answer came) and print it on stderr; stops when the child exits. A different answer is printed
+    once per kind, so a replica that never gets ready says why."""
+    path, expect = str(ready["path"]), int(str(ready["expect_status"]))
+    interval_s, timeout_s = float(str(ready["interval_s"])), float(str(ready["timeout_s"]))
+    target = poll_host(host)
+    url = f"http://{f'[{target}]' if ':' in target else target}:{port}{path}"
+    last: str | None = None
+    while child.poll() is None:
+        got = health_status(target, port, path, timeout_s)
+        if got == expect:
+            t_ns = time.time_ns()
+            probe.emit("replica_ready", t_ns=t_ns, address=host, port=port, url=url)
+            print(f"chaosbench: replica {probe.rank} ready: GET {url} answered {got} "
+                  f"{(t_ns - started_ns) / 1e9:.2f} s after its start", file=sys.stderr, flush=True)  # fmt: skip
+            return
+        kind = f"answered {got}" if isinstance(got, int) else got.split(":")[0]
+        if kind != last:
+            print(f"chaosbench: replica {probe.rank} not ready yet: GET {url}: "
+                  f"{f'answered {got}, expecting {expect}' if isinstance(got, int) else got}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            last = kind
+        time.sleep(interval_s)
+
+
 def emit(probe: Probe, parsed: list[Parsed]) -> None:
     """Put what the parser read on the timeline, each event with the stamp of the write it came in."""
     for p in parsed:
@@ -77,7 +141,8 @@ def emit(probe: Probe, parsed: list[Parsed]) -> None:
             probe.emit(p.kind, t_ns=p.t_ns, **p.fields)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The shim's command line (module docstring)."""
     ap = argparse.ArgumentParser(prog="chaosbench.launchers.command")
     ap.add_argument("--patterns", default="{}", help="JSON object: event kind -> regex")
     ap.add_argument("--subst", default="{}", help="JSON object: the run's placeholder values")
@@ -87,14 +152,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="how the script counts steps: from 0, from 1, or detected from the first step it prints")
     ap.add_argument("--step-every", type=int, default=None,
                     help="a step pattern without a step number: the cadence of its lines, in steps")
+    ap.add_argument("--ready", default=None, metavar="JSON",
+                    help="a serving replica: JSON {path, expect_status, interval_s, timeout_s}; {port} and {host} "
+                    "come from SERVE_PORT/SERVE_HOST, and replica_ready is said once GET path answers expect_status")
     ap.add_argument("command", nargs=argparse.REMAINDER)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         ap.error("no command given")
     patterns = dict(json.loads(args.patterns))
     values = {**json.loads(args.subst), **rank_values(os.environ)}
+    ready = json.loads(args.ready) if args.ready else None
     try:
+        if ready is not None:
+            values.update(serve_values(os.environ))
         cmd = [substitute(part, values) for part in cmd]
         env = dict(os.environ)
         env.update({k: substitute(v, values) for k, v in json.loads(args.env).items()})
@@ -119,7 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaosbench: cannot start {cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
         return 127
     capture.spawned()
-    probe.rank_start(pid=child.pid)
+    poller = None
+    if ready is None:
+        probe.rank_start(pid=child.pid)
+    else:
+        host, port = values["host"], int(values["port"])
+        probe.rank_start(pid=child.pid, address=host, port=port)
+        poller = threading.Thread(target=wait_ready, args=(child, probe, ready, host, port, time.time_ns()),
+                                  daemon=True, name="ready")  # fmt: skip
+        poller.start()
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -139,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     emit(probe, parser.end(last_ns))
     capture.close()
     rc = child.wait()
+    if poller is not None:  # it stops once it sees the exit: at most one health request and one pause later
+        poller.join()
     probe.emit("rank_exit", pid=child.pid, returncode=rc)
     probe.close()
     if rc < 0:  # die of the same signal (SIGKILL and SIGSTOP cannot be caught: no handler to reset)

@@ -480,6 +480,7 @@ FIELDS: dict[str, dict[str, tuple[bool, tuple[str, ...]]]] = {
         "duration_s": (False, ("null", "float")),
         "window_s": (False, ("null", "float")),
         "mix": (False, ("null", "dict")),
+        "requests": (False, ("null", "list")),
         "wait_s": (False, ("null", "float")),
         "request_timeout_s": (False, ("null", "float")),
         "max_requests": (False, ("null", "int")),
@@ -500,6 +501,7 @@ FIELDS: dict[str, dict[str, tuple[bool, tuple[str, ...]]]] = {
         "failures": (True, ("int",)),
         "duration_s": (True, ("float",)),
         "reason": (False, ("null", "str")),
+        "by_request": (False, ("null", "dict")),
     },
     "balancer_down": {
         "framework": (True, ("str",)),

@@ -788,7 +788,10 @@ class LoadStart(EventModel):
     spawn_rate: float | None = Field(None, description="users started per second")
     duration_s: float | None = Field(None, description="seconds of load")
     window_s: float | None = Field(None, description="seconds per `load_window`")
-    mix: dict[str, float] | None = Field(None, description="endpoint -> weight")
+    mix: dict[str, float] | None = Field(None, description="endpoint (or declared request's name) -> weight")
+    requests: list[dict[str, Any]] | None = Field(None, description="the requests the suite declared "
+                                                  "(`serve-command`): name, method, path, body, expect_status, "
+                                                  "weight")  # fmt: skip
     wait_s: float | None = Field(None, description="seconds each user waits between requests")
     request_timeout_s: float | None = Field(None, description="a request's timeout, seconds")
     max_requests: int | None = Field(None, description="the load stops after this many requests")
@@ -820,6 +823,10 @@ class LoadEnd(EventModel):
     failures: int = Field(description="of which failed")
     duration_s: float = Field(description="seconds of load")
     reason: str | None = Field(None, description="`duration`, `max_requests` or `signal`")
+    by_request: dict[str, dict[str, int]] | None = Field(
+        None, description="per request name: `requests` completed, `failures` of them, `unfinished` (begun, still "
+        "in flight when the load stopped: not counted)",
+    )  # fmt: skip
 
 
 class _BalancerServer(_Framework):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -134,6 +135,42 @@ class Workload(ABC, Generic[O]):
             The path or glob of the final state; None (the default) when ``train_end`` carries the digest.
         """
         return None
+
+
+class ServingWorkload(Workload[O]):
+    """A server, not a trainer: every rank is a replica answering HTTP requests on the port its framework gives
+    it (``SERVE_HOST``/``SERVE_PORT`` in its environment), and a load program drives them through the framework's
+    balancer (the ``balancer`` adapter runs any subclass). A replica says ``rank_start`` and, once it answers,
+    ``replica_ready``; the load writes ``load_start``, ``load_window`` and ``load_end``."""
+
+    serves: ClassVar[bool] = True
+
+    def init_argv(self, run: RunPaths) -> list[str] | None:
+        """A process run once before the replicas start (the built-in ``serve`` writes its model file); None: none.
+
+        Args:
+            run: Where the run is, its checkpoint directory, seed and the user's directories.
+        """
+        return None
+
+    @property
+    def health_path(self) -> str:
+        """The path the balancer's health checks GET (``/health``)."""
+        return "/health"
+
+    @property
+    def health_status(self) -> int | None:
+        """The status a passed health check answers; None: haproxy's default (any 2xx or 3xx)."""
+        return None
+
+    @abstractmethod
+    def load_argv(self, target_url: str, allow_cidrs: Sequence[str] = ()) -> list[str]:
+        """The load process against ``target_url`` (``http://host:port``, the balancer's frontend).
+
+        Args:
+            target_url: Where the load sends its requests.
+            allow_cidrs: Networks besides loopback the target may be in (the docker runtime's internal network).
+        """
 
 
 class ProgramWorkload(Workload[O]):

@@ -114,28 +114,53 @@ class CommandOptions(BaseModel):
         strings = [("command", s) for s in self.command] + [(f"env.{k}", v) for k, v in self.env.items()]
         strings += [("cwd", self.cwd)] if self.cwd is not None else []
         strings += [("fidelity_from", self.fidelity_from)] if self.fidelity_from is not None else []
-        for where, text in strings:
-            try:
-                names = placeholders(text)
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
-            unknown = [n for n in names if n not in PLACEHOLDERS]
-            if unknown:
-                raise ValueError(
-                    f"{where}: unknown placeholder {{{unknown[0]}}} (known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"
-                )
+        check_placeholders(strings, PLACEHOLDERS)
         if self.fidelity_from is not None and (per_rank := set(placeholders(self.fidelity_from)) & set(RANK_PLACEHOLDERS)):
             raise ValueError(f"fidelity_from: {{{sorted(per_rank)[0]}}} differs per rank; the final artifact is the "
                              "run's (use {ckpt_dir}, {work_dir}, {run_dir})")  # fmt: skip
         if self.cwd is None:
-            for arg in self.command:
-                if "{" in arg or os.path.isabs(arg) or arg.startswith("-") or not os.path.isfile(arg):
-                    continue
-                raise ValueError(
-                    f"command: '{arg}' is a path relative to this directory, but the script starts in a fresh working "
-                    f"directory of its run; write {{project_dir}}/{arg} (or an absolute path), or set cwd"
-                )
+            check_script_paths(self.command)
         return self
+
+
+def check_placeholders(strings: list[tuple[str, str]], known: tuple[str, ...]) -> None:
+    """Each (where, template) uses only ``known`` placeholders; ValueError naming the first that does not (and
+    ``where``, unless it is empty)."""
+    for where, text in strings:
+        at = f"{where}: " if where else ""
+        try:
+            names = placeholders(text)
+        except ValueError as exc:
+            raise ValueError(f"{at}{exc}") from None
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(
+                f"{at}unknown placeholder {{{unknown[0]}}} (known: {', '.join('{' + p + '}' for p in known)})"
+            )
+
+
+def check_script_paths(command: list[str], at: str = "command: ") -> None:
+    """ValueError (its text after ``at``) for an argument that is a file relative to this directory: the script
+    starts elsewhere (in a fresh working directory of its run)."""
+    for arg in command:
+        if "{" in arg or os.path.isabs(arg) or arg.startswith("-") or not os.path.isfile(arg):
+            continue
+        raise ValueError(
+            f"{at}'{arg}' is a path relative to this directory, but the script starts in a fresh working "
+            f"directory of its run; write {{project_dir}}/{arg} (or an absolute path), or set cwd"
+        )
+
+
+def run_values(run: RunPaths) -> dict[str, str]:
+    """The run's placeholder values (:data:`RUN_PLACEHOLDERS`; the per-rank ones are filled in by the shim)."""
+    return {
+        "ckpt_dir": str(run.ckpt_dir),
+        "run_dir": str(run.run_dir),
+        "work_dir": str(run.run_dir / "work"),
+        "seed": str(run.seed),
+        "project_dir": run.project_dir,
+        "suite_dir": run.suite_dir,
+    }
 
 
 class CommandWorkload(Workload[CommandOptions]):
@@ -153,14 +178,7 @@ class CommandWorkload(Workload[CommandOptions]):
 
     def substitutions(self, run: RunPaths) -> dict[str, str]:
         """The run's placeholder values (the per-rank ones are filled in by the shim)."""
-        return {
-            "ckpt_dir": str(run.ckpt_dir),
-            "run_dir": str(run.run_dir),
-            "work_dir": str(run.run_dir / "work"),
-            "seed": str(run.seed),
-            "project_dir": run.project_dir,
-            "suite_dir": run.suite_dir,
-        }
+        return run_values(run)
 
     def argv(self, run: RunPaths) -> list[str]:
         o = self.options

@@ -8,20 +8,22 @@ Run (the harness builds it with :meth:`chaosbench.workloads.serve.Serve.load_arg
 Contract (what the harness and the metrics rely on):
 
 - locust is used as a library (``Environment``, a local runner, one ``HttpUser`` class whose tasks are the mix's
-  endpoints with its weights, ``wait_time = constant(--wait-s)``), imported only in :func:`main`: importing it
+  endpoints with its weights, or with ``--requests`` the requests a suite declared: ``method path`` with a JSON
+  ``body``, each with its weight; ``wait_time = constant(--wait-s)``), imported only in :func:`main`: importing it
   monkey-patches this process with gevent, so it lives in no other process.
 - The target must be on loopback (127.0.0.0/8, ::1) or in a network named by ``--allow-cidr`` (the docker
   runtime's internal network); a host name is resolved and every address must qualify. Otherwise the program
   exits 2 with one line on stderr, before any request. Bad options exit 2 too.
 - Events go to ``$CHAOSBENCH_EVENTS`` (``src: load``; none when unset), stamped on one clock: ``load_start``
-  {target, users, spawn_rate, duration_s, window_s, mix, wait_s, request_timeout_s, max_requests, slo:
-  {availability, window_days, error_rate, recovery_window_s}}; then one ``load_window`` per window of
-  ``--window-ms`` from ``load_start`` to ``load_end``, empty ones included, ``t_ns`` = the window's start:
-  {window_s (its length; the last one may be shorter), requests, failures, errors {kind: count}, latency_hist,
-  p50_ms, p99_ms, max_ms}; at the end ``load_end`` {requests, failures, duration_s, reason (duration |
-  max_requests | signal)}. A request counts in the window in which it completed. ``errors`` keys: the HTTP
-  status for a response >= 400 (``"502"``), else the exception's class name (``ConnectionRefusedError``,
-  ``ReadTimeout``, ...). ``latency_hist[i]`` counts the *successful* requests with
+  {target, users, spawn_rate, duration_s, window_s, mix (name -> weight), wait_s, request_timeout_s, max_requests,
+  slo: {availability, window_days, error_rate, recovery_window_s}, requests (the declared ones, if any)}; then
+  one ``load_window`` per window of ``--window-ms`` from ``load_start`` to ``load_end``, empty ones included,
+  ``t_ns`` = the window's start: {window_s (its length; the last one may be shorter), requests, failures, errors
+  {kind: count}, latency_hist, p50_ms, p99_ms, max_ms}; at the end ``load_end`` {requests, failures, duration_s,
+  reason (duration | max_requests | signal), by_request {name: {requests, failures, unfinished}}}. A request
+  counts in the window in which it completed. A request fails on a status >= 400 (a declared one: on any status
+  but its ``expect_status``) or on an exception. ``errors`` keys: the HTTP status of a failed answer
+  (``"502"``), else the exception's class name (``ConnectionRefusedError``, ``ReadTimeout``, ...). ``latency_hist[i]`` counts the *successful* requests with
   ``LATENCY_EDGES_MS[i-1] <= latency < LATENCY_EDGES_MS[i]`` (``i = 0``: below the first edge; the last:
   at or above the last edge), so it has ``len(LATENCY_EDGES_MS) + 1`` counts; p50/p99/max are of the
   successful requests too (nearest rank; None in a window without one).
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import ipaddress
+import json
 import math
 import os
 import signal
@@ -102,8 +105,12 @@ def _resolve(host: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------ the windows
 
 
-def error_kind(status: int | None, exception: BaseException | None) -> str | None:
-    """What a finished request counts as: None (a success), its HTTP status (>= 400) or its exception's class."""
+def error_kind(status: int | None, exception: BaseException | None, expect: int | None = None) -> str | None:
+    """What a finished request counts as: None (a success), its HTTP status or its exception's class. Without
+    ``expect`` a status >= 400 fails; with it (a declared request's expected status) any other status does, and
+    the answer's status, whatever locust made of it, decides (a declared 404 is a success)."""
+    if expect is not None and status:
+        return None if status == expect else str(status)
     if status is not None and status >= 400:
         return str(status)
     if exception is not None:
@@ -212,10 +219,21 @@ def parse_mix(text: str) -> dict[str, int]:
     return out
 
 
-def parser() -> argparse.ArgumentParser:
-    from chaosbench.workloads.serve import LoadOptions, SloOptions
+def parse_requests(text: str) -> list[Any]:
+    """``--requests``: a JSON list (validated against the workload's model in :func:`parse_args`)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError("expected a JSON list of requests")
+    return value
 
-    lo, slo = LoadOptions.model_fields, SloOptions.model_fields
+
+def parser() -> argparse.ArgumentParser:
+    from chaosbench.workloads.serve import LoadOptions, LoadShape, SloOptions
+
+    lo, slo = LoadShape.model_fields, SloOptions.model_fields
     p = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description="locust load against one serving URL, "
                                 "aggregated per window onto the run's timeline ($CHAOSBENCH_EVENTS).")  # fmt: skip
     p.add_argument("--target", required=True, help="http://host:port (loopback, or in an --allow-cidr network)")
@@ -231,8 +249,11 @@ def parser() -> argparse.ArgumentParser:
     opt("--users", lo, "users", int)
     opt("--spawn-rate", lo, "spawn_rate", float)
     opt("--duration-s", lo, "duration_s", float)
-    p.add_argument("--mix", type=parse_mix, default=lo["mix"].get_default(call_default_factory=True),
+    p.add_argument("--mix", type=parse_mix, default=LoadOptions.model_fields["mix"].get_default(call_default_factory=True),
                    help="endpoint=weight,... (default: predict=9,health=1)")  # fmt: skip
+    p.add_argument("--requests", type=parse_requests, default=None, metavar="JSON",
+                   help="the declared requests instead of the mix: a JSON list of {name, method, path, body, "
+                   "expect_status, weight}")  # fmt: skip
     opt("--wait-s", lo, "wait_s", float)
     opt("--request-timeout-s", lo, "request_timeout_s", float)
     opt("--window-ms", lo, "window_ms", int)
@@ -248,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
 class LoadArgs:
     target: str
     allow_cidrs: list[str]
-    load: Any  # serve.LoadOptions
+    load: Any  # serve.LoadOptions or serve.RequestLoadOptions
     slo: Any  # serve.SloOptions
 
 
@@ -256,14 +277,16 @@ def parse_args(argv: Sequence[str] | None = None) -> LoadArgs:
     """Parse and validate against the workload's option models; a bad option exits 2 with its message."""
     from pydantic import ValidationError
 
-    from chaosbench.workloads.serve import LoadOptions, SloOptions
+    from chaosbench.workloads.serve import LoadOptions, LoadShape, RequestLoadOptions, SloOptions
 
     p = parser()
     a = p.parse_args(argv)
-    load_keys = ("users", "spawn_rate", "duration_s", "mix", "wait_s", "request_timeout_s", "window_ms",
-                 "max_requests")  # fmt: skip
+    shape = {k: getattr(a, k) for k in LoadShape.model_fields}
     try:
-        load = LoadOptions.model_validate({k: getattr(a, k) for k in load_keys})
+        if a.requests is not None:
+            load: Any = RequestLoadOptions.model_validate({**shape, "requests": a.requests})
+        else:
+            load = LoadOptions.model_validate({**shape, "mix": a.mix})
         slo = SloOptions.model_validate({k: getattr(a, f"slo_{k}") for k in SloOptions.model_fields})
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -289,6 +312,55 @@ def _predict_body(i: int) -> dict[str, Any]:
     return {"x": [math.sin(0.37 * i + k) for k in range(IN_FEATURES)]}
 
 
+def mix_of(load: Any) -> dict[str, int]:
+    """The load's request names and weights: the mix's endpoints, or the declared requests' names."""
+    from chaosbench.workloads.serve import RequestLoadOptions
+
+    if isinstance(load, RequestLoadOptions):
+        return {r.label: r.weight for r in load.requests}
+    return dict(load.mix)
+
+
+def user_tasks(load: Any, started: Counter[str]) -> tuple[dict[Callable[[Any], None], int], dict[str, int | None]]:
+    """The locust user's tasks with their weights, and each request name's expected status (None: any status
+    below 400 succeeds): the mix's built-in endpoints, or the declared requests (``load.requests``). Each task
+    counts the requests it begins in ``started`` (by name)."""
+    from chaosbench.workloads.serve import RequestLoadOptions
+
+    timeout = load.request_timeout_s
+    tasks: dict[Callable[[Any], None], int] = {}
+    if isinstance(load, RequestLoadOptions):
+        for r in load.requests:
+            kwargs: dict[str, Any] = {"name": r.label, "timeout": timeout}
+            if r.body is not None:
+                kwargs["json"] = r.body
+
+            def declared(user: Any, r: Any = r, kwargs: dict[str, Any] = kwargs) -> None:
+                started[r.label] += 1
+                user.client.request(r.method, r.path, **kwargs)
+
+            tasks[declared] = r.weight
+        return tasks, {r.label: r.expect_status for r in load.requests}
+    bodies = [_predict_body(i) for i in range(64)]
+    counter = [0]
+
+    def predict(user: Any) -> None:
+        counter[0] += 1
+        started["predict"] += 1
+        user.client.post("/predict", json=bodies[counter[0] % len(bodies)], name="predict", timeout=timeout)
+
+    def health(user: Any) -> None:
+        started["health"] += 1
+        user.client.get("/health", name="health", timeout=timeout)
+
+    def info(user: Any) -> None:
+        started["info"] += 1
+        user.client.get("/info", name="info", timeout=timeout)
+
+    endpoints = {"predict": predict, "health": health, "info": info}
+    return {endpoints[name]: weight for name, weight in load.mix.items()}, dict.fromkeys(load.mix)
+
+
 def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     """Drive the load (see the module docstring); returns the exit code."""
     # importing locust monkey-patches this process with gevent (gevent's own import does not)
@@ -297,25 +369,13 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     from locust import HttpUser, constant
     from locust.env import Environment
 
+    from chaosbench.workloads.serve import RequestLoadOptions
+
     lo, slo = args.load, args.slo
-    timeout = lo.request_timeout_s
-    bodies = [_predict_body(i) for i in range(64)]
-    counter = [0]
-
-    def predict(user: Any) -> None:
-        counter[0] += 1
-        user.client.post("/predict", json=bodies[counter[0] % len(bodies)], name="predict", timeout=timeout)
-
-    def health(user: Any) -> None:
-        user.client.get("/health", name="health", timeout=timeout)
-
-    def info(user: Any) -> None:
-        user.client.get("/info", name="info", timeout=timeout)
-
-    endpoints = {"predict": predict, "health": health, "info": info}
+    started: Counter[str] = Counter()
+    tasks, expect = user_tasks(lo, started)
     user_class = type("ServeUser", (HttpUser,), {
-        "host": args.target.rstrip("/"), "wait_time": constant(lo.wait_s),
-        "tasks": {endpoints[name]: weight for name, weight in lo.mix.items()},
+        "host": args.target.rstrip("/"), "wait_time": constant(lo.wait_s), "tasks": tasks,
     })  # fmt: skip
     env = Environment(user_classes=[user_class])
     clock = _Clock()
@@ -334,22 +394,31 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     agg = WindowAggregator(start_ns, window_ns)
     done = gevent.event.Event()
 
+    counted: dict[str, list[int]] = {name: [0, 0] for name in expect}  # name -> [requests, failures]
+
     def on_request(response_time: float, response: Any = None, exception: BaseException | None = None,
-                   **_: Any) -> None:  # fmt: skip
+                   name: str | None = None, **_: Any) -> None:  # fmt: skip
         if agg.requests >= lo.max_requests:
             return  # completed after the bound was reached: abandoned, not counted
         status = getattr(response, "status_code", None)
-        agg.add(clock.now_ns(), response_time, error_kind(status or None, exception))
+        kind = error_kind(status or None, exception, expect.get(name or ""))
+        agg.add(clock.now_ns(), response_time, kind)
+        if name in counted:
+            counted[name][0] += 1
+            counted[name][1] += kind is not None
         if agg.requests >= lo.max_requests and stop["reason"] is None:
             stop["reason"] = "max_requests"
             done.set()
 
     env.events.request.add_listener(on_request)
     runner = env.create_local_runner()
+    mix = mix_of(lo)
+    declared = {"requests": [r.model_dump() for r in lo.requests]} if isinstance(lo, RequestLoadOptions) else {}
     emit("load_start", t_ns=start_ns, target=args.target, users=lo.users, spawn_rate=lo.spawn_rate,
-         duration_s=lo.duration_s, window_s=lo.window_ms / 1000, mix=dict(lo.mix), wait_s=lo.wait_s,
-         request_timeout_s=lo.request_timeout_s, max_requests=lo.max_requests, slo=slo.model_dump())  # fmt: skip
-    print(f"load start: {lo.users} users on {args.target} for {lo.duration_s} s, mix {dict(lo.mix)}", flush=True)
+         duration_s=lo.duration_s, window_s=lo.window_ms / 1000, mix=mix, wait_s=lo.wait_s,
+         request_timeout_s=lo.request_timeout_s, max_requests=lo.max_requests, slo=slo.model_dump(),
+         **declared)  # fmt: skip
+    print(f"load start: {lo.users} users on {args.target} for {lo.duration_s} s, mix {mix}", flush=True)
 
     def on_signal() -> None:
         if stop["reason"] is None:
@@ -379,8 +448,10 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     tick.kill()
     emit_windows(agg.finish(end_ns))
     duration_s = (end_ns - start_ns) / 1e9
+    by_request = {name: {"requests": n, "failures": f, "unfinished": started[name] - n}
+                  for name, (n, f) in counted.items()}  # fmt: skip
     emit("load_end", t_ns=end_ns, requests=agg.requests, failures=agg.failures, duration_s=duration_s,
-         reason=stop["reason"])  # fmt: skip
+         reason=stop["reason"], by_request=by_request)  # fmt: skip
     print(f"load end ({stop['reason']}): {agg.requests} requests, {agg.failures} failed, in {duration_s:.2f} s",
           flush=True)  # fmt: skip
     return 1 if stop["reason"] == "signal" else 0

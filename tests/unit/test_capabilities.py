@@ -9,7 +9,7 @@ import pytest
 
 from chaosbench.errors import Unsupported
 from chaosbench.registry import FRAMEWORKS, RUNTIMES, WORKLOADS
-from chaosbench.workloads.base import Workload
+from chaosbench.workloads.base import ServingWorkload, Workload
 
 
 def _framework(name: str) -> Any:
@@ -23,6 +23,7 @@ def test_built_in_workloads_declare_what_they_are() -> None:
     assert declared == {
         "ddp-mlp": (True, False, False), "fsdp-lm": (True, False, False), "pp-lm": (True, False, False),
         "ft-mlp": (False, False, False), "command": (False, False, True), "serve": (False, True, False),
+        "serve-command": (False, True, True),
     }  # fmt: skip
 
 
@@ -31,11 +32,15 @@ def test_only_the_local_runtime_runs_ranks_on_the_harness_host() -> None:
     assert {n for n in RUNTIMES.builtins() if RUNTIMES.get(n).ranks_on_harness_host} == {"local"}
 
 
-class _Server(Workload):
+class _Server(ServingWorkload):
+    """A server of a plugin's own: the serving interface (its replicas' and its load's command lines)."""
+
     name: ClassVar[str] = "my-server"
-    serves: ClassVar[bool] = True
 
     def argv(self, run: Any) -> list[str]:
+        return []
+
+    def load_argv(self, target_url: str, allow_cidrs: Any = ()) -> list[str]:
         return []
 
 
