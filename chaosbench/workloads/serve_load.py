@@ -23,7 +23,8 @@ Contract (what the harness and the metrics rely on):
   reason (duration | max_requests | signal), by_request {name: {requests, failures, unfinished}}}. A request
   counts in the window in which it completed. A request fails on a status >= 400 (a declared one: on any status
   but its ``expect_status``) or on an exception. ``errors`` keys: the HTTP status of a failed answer
-  (``"502"``), else the exception's class name (``ConnectionRefusedError``, ``ReadTimeout``, ...). ``latency_hist[i]`` counts the *successful* requests with
+  (``"502"``), else the exception's class name (``ConnectionRefusedError``, ``ReadTimeout``, ...).
+  ``latency_hist[i]`` counts the *successful* requests with
   ``LATENCY_EDGES_MS[i-1] <= latency < LATENCY_EDGES_MS[i]`` (``i = 0``: below the first edge; the last:
   at or above the last edge), so it has ``len(LATENCY_EDGES_MS) + 1`` counts; p50/p99/max are of the
   successful requests too (nearest rank; None in a window without one).
@@ -249,8 +250,8 @@ def parser() -> argparse.ArgumentParser:
     opt("--users", lo, "users", int)
     opt("--spawn-rate", lo, "spawn_rate", float)
     opt("--duration-s", lo, "duration_s", float)
-    p.add_argument("--mix", type=parse_mix, default=LoadOptions.model_fields["mix"].get_default(call_default_factory=True),
-                   help="endpoint=weight,... (default: predict=9,health=1)")  # fmt: skip
+    mix = LoadOptions.model_fields["mix"].get_default(call_default_factory=True)
+    p.add_argument("--mix", type=parse_mix, default=mix, help="endpoint=weight,... (default: predict=9,health=1)")
     p.add_argument("--requests", type=parse_requests, default=None, metavar="JSON",
                    help="the declared requests instead of the mix: a JSON list of {name, method, path, body, "
                    "expect_status, weight}")  # fmt: skip

@@ -257,7 +257,8 @@ def test_ready_once_the_health_path_answers_the_expected_status(tmp_path: Path,
     assert ready[0].get("url") == f"http://127.0.0.1:{port}/healthz"
     lines = err.getvalue().splitlines()
     # the two 503s are said once (one kind of answer), then the ready line
-    assert lines[0] == f"chaosbench: replica 1 not ready yet: GET http://127.0.0.1:{port}/healthz: answered 503, expecting 200"
+    url = f"http://127.0.0.1:{port}/healthz"
+    assert lines[0] == f"chaosbench: replica 1 not ready yet: GET {url}: answered 503, expecting 200"
     assert lines[1].startswith(f"chaosbench: replica 1 ready: GET http://127.0.0.1:{port}/healthz answered 200")
     assert len(lines) == 2 and _Health.answers == []
 
@@ -290,3 +291,71 @@ def test_a_user_servers_own_exit_takes_its_replica_out() -> None:
            Event(2 * s, "rank_exit", "rank", data={"rank": 1, "pid": 500, "returncode": 1, "incarnation": 0}),
            Event(5 * s, "replica_ready", "rank", data={"rank": 1, "incarnation": 1})]  # fmt: skip
     assert out_of_service_s(TimelineIndex(evs), 0, 10 * s) == (3.0, 1)
+
+
+def test_the_workload_imports_neither_locust_nor_torch() -> None:
+    """The harness loads it to plan a run: nothing heavy, and nothing that monkey-patches (locust)."""
+    import subprocess
+
+    code = ("import sys; import chaosbench.workloads.serve_command, chaosbench.launchers.command; "
+            "loaded = [m for m in ('locust', 'gevent', 'torch', 'uvicorn', 'starlette') if m in sys.modules]; "
+            "print(loaded); sys.exit(1 if loaded else 0)")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+TINY_SERVER = """\
+import os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/ok" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+server = HTTPServer((sys.argv[2], int(sys.argv[1])), H)
+print(f"serving pid {os.getpid()} on {sys.argv[2]}:{sys.argv[1]}", flush=True)
+server.serve_forever()
+"""
+
+
+def test_the_shim_runs_a_server_on_its_port_and_says_when_it_is_ready(tmp_path: Path) -> None:
+    """The shim as a replica runs: {port} and {host} from the framework's variables, rank_start with the server's
+    own pid, replica_ready once GET /ok answers 200; a SIGTERM reaches the server, and the shim dies of it too."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.helpers import free_port
+
+    (tmp_path / "server.py").write_text(TINY_SERVER)
+    port = free_port()
+    events = tmp_path / "events.jsonl"
+    env = {**os.environ, "SERVE_PORT": str(port), "SERVE_HOST": "127.0.0.1", "RANK": "1", "WORLD_SIZE": "2",
+           "CHAOSBENCH_EVENTS": str(events)}  # fmt: skip
+    ready = json.dumps({"path": "/ok", "expect_status": 200, "interval_s": 0.05, "timeout_s": 1.0})
+    argv = [sys.executable, "-m", SHIM, "--ready", ready, "--cwd", str(tmp_path), "--",
+            sys.executable, "server.py", "{port}", "{host}"]  # fmt: skip
+    shim_proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (events.exists() and any(e.kind == "replica_ready" for e in read_events(events))):
+            assert shim_proc.poll() is None and time.monotonic() < deadline, "no replica_ready"
+            time.sleep(0.05)
+    finally:
+        shim_proc.send_signal(signal.SIGTERM)
+        out, err = shim_proc.communicate(timeout=30)
+    assert shim_proc.returncode == -signal.SIGTERM, err
+    evs = read_events(events)
+    (start,) = [e for e in evs if e.kind == "rank_start"]
+    (ready_ev,) = [e for e in evs if e.kind == "replica_ready"]
+    (exit_ev,) = [e for e in evs if e.kind == "rank_exit"]
+    served = out.decode().splitlines()[0]
+    assert served == f"serving pid {start['pid']} on 127.0.0.1:{port}"
+    assert (start["rank"], start["port"], start["address"], start["world_size"]) == (1, port, "127.0.0.1", 2)
+    assert (ready_ev["rank"], ready_ev["port"], ready_ev["url"]) == (1, port, f"http://127.0.0.1:{port}/ok")
+    assert start.t_ns <= ready_ev.t_ns <= exit_ev.t_ns
+    assert (exit_ev["pid"], exit_ev["returncode"]) == (start["pid"], -signal.SIGTERM)
+    assert f"chaosbench: replica 1 ready: GET http://127.0.0.1:{port}/ok answered 200" in err.decode()
