@@ -131,10 +131,17 @@ def test_haproxy_took_the_replica_out_and_back_as_its_log_says(run: RunMetrics) 
     assert len(downs) == 1 and "replicas/r1 is DOWN" in downs[0] and "Layer4 connection problem" in downs[0]
     assert len(ups) == 1 and "replicas/r1 is UP" in ups[0]
     (down,), (up,) = _of(evs, "balancer_down"), _of(evs, "balancer_up")
-    assert (down["rank"], down["line"], up["rank"], up["line"]) == (1, downs[0][:300], 1, ups[0][:300])
+    # the events come from whichever copy of the line haproxy wrote first: its raw log (stdout) or the same text
+    # on stderr after "[WARNING]  (pid) : "
+    assert (down["rank"], up["rank"]) == (1, 1)
+    assert downs[0].startswith(down["line"].split(" : ", 1)[-1])
+    assert ups[0].startswith(up["line"].split(" : ", 1)[-1])
     (restart,) = _of(evs, "restart")
     (ready1,) = _of(evs, "replica_ready", rank=1, incarnation=1)
-    assert down.t_ns < restart.t_ns < ready1.t_ns < up.t_ns
+    (fault,) = _of(evs, "fault_inject")
+    # the supervisor restarts the replica when its process exits, whether or not haproxy has it DOWN yet; haproxy
+    # puts it back only after the new incarnation answered
+    assert fault.t_ns < down.t_ns < up.t_ns and fault.t_ns < restart.t_ns < ready1.t_ns < up.t_ns
 
 
 def test_the_loads_counts_add_up_and_match_the_servers_access_lines(run: RunMetrics) -> None:
@@ -148,12 +155,15 @@ def test_the_loads_counts_add_up_and_match_the_servers_access_lines(run: RunMetr
     assert sorted(by) == ["bad-input", "health", "predict"]
     assert sum(c["requests"] for c in by.values()) == end["requests"]
     assert sum(c["failures"] for c in by.values()) == end["failures"]
-    # the load's failures are the balancer's answers for the dead replica, not the server's 422 (expected)
+    # the load's failures are the balancer's answers for the dead replica (503: no server; 502: it died while
+    # answering) or a connection it dropped (seen: RemoteDisconnected), never an answer of the server's own (a 422
+    # is what bad-input expects)
     errors: dict[str, int] = {}
     for w in windows:
         for kind, n in w["errors"].items():
             errors[kind] = errors.get(kind, 0) + n
-    assert sum(errors.values()) == end["failures"] and set(errors) <= {"502", "503"}, errors
+    assert sum(errors.values()) == end["failures"], errors
+    assert {k for k in errors if k.isdigit()} <= {"502", "503"}, errors
     # every request the load counted a success was answered by a replica, which logged it as it answered; a
     # logged answer the load did not count is one it began and never finished: unfinished at the load's end,
     # or cut off by the kill (then counted a failure)
