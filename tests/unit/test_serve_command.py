@@ -359,3 +359,19 @@ def test_the_shim_runs_a_server_on_its_port_and_says_when_it_is_ready(tmp_path: 
     assert start.t_ns <= ready_ev.t_ns <= exit_ev.t_ns
     assert (exit_ev["pid"], exit_ev["returncode"]) == (start["pid"], -signal.SIGTERM)
     assert f"chaosbench: replica 1 ready: GET http://127.0.0.1:{port}/ok answered 200" in err.decode()
+
+
+def test_the_example_suite_runs_the_fixture_server() -> None:
+    """suites/serving-own-server.yaml loads, and the server it names is the fixture (which imports nothing of
+    chaosbench: it stands for the user's own)."""
+    from chaosbench.specs import load_suite
+    from tests.conftest import ROOT
+
+    suite = load_suite(ROOT / "suites" / "serving-own-server.yaml")
+    scenarios = suite.scenarios()
+    assert len(scenarios) == 6 and {sc.workload.name for sc in scenarios} == {"serve-command"}
+    opts = ServeCommandOptions.model_validate(scenarios[0].workload.options, strict=True)
+    script = Path(opts.command[1].replace("{project_dir}", str(ROOT)))
+    assert script == ROOT / "tests" / "fixtures" / "foreign" / "model_server.py" and script.is_file()
+    assert "chaosbench" not in script.read_text().split('"""', 2)[2]
+    assert (opts.ready.path, [r.label for r in opts.load.requests]) == ("/healthz", ["predict", "health", "bad-input"])
