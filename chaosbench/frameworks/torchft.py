@@ -12,7 +12,9 @@ What it starts (all through the runtime, so every process is captured, labelled 
   restarted group heals from a live peer (HTTP transfer of the live state), the others never stop.
 
 Ranks: the workload (``ft-mlp``) reports ``rank = group * K + group-local rank``, so ``target: {rank: 1}`` with
-K = 1 is replica group 1's worker and a ``node`` target is a whole group. G is ``workload.groups`` (default
+K = 1 is replica group 1's worker and a ``node`` target is a whole group. A user's own script (``command``) is
+numbered the same by the command shim, from ``CHAOSBENCH_REPLICA_GROUP(S)`` set here; its steps are per-step
+commits, and torchft's Manager lines give its skipped steps and heals (docs/recipes/torchft.md). G is ``workload.groups`` (default
 ``workload.nodes``); K = ranks / G.
 
 What counts as a reaction (``detect`` events, the first after the fault is the time to detect):

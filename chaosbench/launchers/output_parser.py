@@ -32,7 +32,9 @@ The contract, for one process of the script (one rank of one incarnation):
   ``manager.num_participants()``) and ``quorum_id`` go into the step too. ``step_skipped`` lines say a step
   was computed but not committed (TorchFT's Manager logs ``[<replica>/0 - step 10] should_commit=False ...``
   at INFO): ``(?P<step>N)`` is the steps committed by then, as the Manager counts them, so step ``N + 1`` was
-  not committed (without the group: the step after the last one reported); ``(?P<reason>...)`` says why.
+  not committed (without the group: the step after the last one reported); ``(?P<reason>...)`` says why. The
+  step line that follows it shows a count below ``N + 1`` and is no commit (a group that healed to step 11 and
+  did not commit logs ``step 11`` too).
   Repeats of one skipped step (a line per rank, a traceback) are one. ``heal_begin`` / ``heal_end`` lines say a
   replica group that was behind fetches the live state from a peer and has applied it (TorchFT's Manager:
   ``healing required, fetching checkpoint metadata from ... max_step=29``, ``[...- step 29] Loaded state
@@ -190,6 +192,8 @@ class OutputParser:
               every: int | None = None) -> list[Parsed]:  # fmt: skip
         if step is None or step <= self._last.get(kind, 0):
             return []  # a redraw, or a step this pattern reported already
+        if self.per_step_commit and kind == "step" and step < self._skipped:
+            return []  # the count after a step that did not commit (a group that healed to it logs it too)
         self._last[kind] = step
         fields: dict[str, Any] = {"step": step, "loss": _num(g.get("loss"))}
         if every:

@@ -3,11 +3,18 @@ ProcessGroupGloo, torchft's DistributedDataParallel and Optimizer wrappers, its 
 import) under the ``torchft`` adapter as a ``command`` workload: 2 replica groups x 1 rank, group 1's process
 killed, and frozen, after step 10.
 
-Every expected figure is read from the run's own logs, not from chaosbench's events: the script's step lines
+Every expected figure is read from the run's own logs, not from chaosbench's events (but for when the fault took
+effect: the harness's record of its own action): the script's step lines
 (the Manager's committed count) and torchft's Manager lines (``should_commit=False``: a step computed and
 thrown away), the groups' torchrun lines (the worker's death and the restart, with their own stamps) and the
 Lighthouse's (its quorums and how many groups it heard heartbeats from, with its own stamps); the final weights
 the script saves.
+
+The suite is the shipped suites/trainer-torchft.yaml (docs/recipes/torchft.md). The script runs with
+``--min-replicas 2`` (no step commits without both groups), so whatever the machine's load, the survivor waits
+for group 1 and the replacement heals from it (with 1, a replacement slow to start on a loaded machine found the
+survivor finished and trained every step again alone). Measured here: 95-100 s with the machine shared (load
+average 10-12); each run's figures differ with the load, the checks read each run's own logs.
 
 Skipped when torchft is not importable, unless CHAOSBENCH_REQUIRE contains "torchft" (then failed).
 """
@@ -20,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import yaml
 
 from chaosbench.analysis.metrics import RunMetrics
 from tests.conftest import ROOT
@@ -28,7 +36,6 @@ from tests.helpers import events_of, require
 pytestmark = pytest.mark.integration
 
 STEPS = 30
-HEARTBEAT_TIMEOUT_S = 2.0
 
 
 def _torchft_problem() -> str | None:
@@ -41,33 +48,15 @@ def _torchft_problem() -> str | None:
 
 require("torchft", _torchft_problem())
 
-SUITE = f"""
-name: torchft-user
-seed: 3
-defaults:
-  deadline_s: 60
-  workload:
-    name: command
-    ranks: 2
-    nodes: 2
-    steps: {STEPS}
-    step_base: 1
-    pg_timeout_s: 5
-    command: [{sys.executable}, "{{project_dir}}/tests/fixtures/foreign/torchft_user.py", --steps, "{STEPS}",
-              --sleep, "0.1", --min-replicas, "2"]
-    patterns:
-      step: 'INFO train_ft: step (?P<step>\\d+) loss (?P<loss>[-+0-9.eE]+|nan|inf) participants (?P<participants>\\d+)'
-      step_skipped: '- step (?P<step>\\d+)\\] should_commit=False .*errored=(?P<reason>.*)'
-      heal_begin: 'healing required, fetching checkpoint metadata from .* max_step=(?P<step>\\d+)'
-      heal_end: '- step (?P<step>\\d+)\\] Loaded state dict\\.'
-    fidelity_from: "{{work_dir}}/model_final.pt"
-frameworks:
-  torchft: {{heartbeat_timeout_ms: {int(HEARTBEAT_TIMEOUT_S * 1000)}}}
-faults:
-  kill: {{injector: kill, target: {{rank: 1}}, trigger: {{at_step: 10, delay_s: 0.05}}}}
-  hang: {{injector: hang, target: {{rank: 1}}, trigger: {{at_step: 10}}, params: {{duration_s: 3}}}}
-matrix: {{frameworks: [torchft], faults: [kill, hang], repeats: 1}}
-"""
+
+def _suite() -> str:
+    """The shipped suite (the one docs/recipes/torchft.md shows), its script found from this checkout."""
+    data = yaml.safe_load((ROOT / "suites" / "trainer-torchft.yaml").read_text())
+    wl = data["defaults"]["workload"]
+    wl["command"] = [sys.executable if a == "python" else a.replace("{suite_dir}/..", str(ROOT)) for a in wl["command"]]
+    assert wl["steps"] == STEPS
+    return yaml.safe_dump(data, sort_keys=False)
+
 
 #: the script's own lines: ``2026-12-05 07:32:55,159 INFO train_ft: step 12 loss 2.2274 participants 2``
 STEP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO train_ft: step (\d+) loss \S+ participants (\d+)",
@@ -189,9 +178,8 @@ def _final_weights(m: RunMetrics) -> bytes:
     return b"".join(sd[k].numpy().tobytes() for k in sorted(sd))
 
 
-def test_users_torchft_script_under_kill_and_hang(run_suite, monkeypatch) -> None:
-    monkeypatch.chdir(ROOT)  # {project_dir}
-    res = run_suite(SUITE)
+def test_users_torchft_script_under_kill_and_hang(run_suite) -> None:
+    res = run_suite(_suite())
     check_against_the_logs(res["torchft/control#0"], res["torchft/kill#0"], res["torchft/hang#0"])
 
 
@@ -206,7 +194,7 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
 
     # the first reaction to each fault, by the frameworks' own lines: group 1's torchrun saw its worker die (kill);
     # the Lighthouse stopped hearing group 1's heartbeats (hang)
-    reacted = {"kill": _agent_s(kill, 1, "failed (exitcode: -9)")[0],
+    reacted = {"kill": _agent_s(kill, 1, "failed (exitcode: -9)")[0],  # (group 0's saw nothing die: below)
                "hang": next(t for t, beating in _beating(hang) if t > _fault_s(hang) and beating < 2)}
     for m in (kill, hang):
         fault = _fault_s(m)
@@ -215,14 +203,14 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
         assert m.outcome == "recovered", (m.verdict, m.missing)
         assert _steps(m, 0)[-1] == _steps(m, 1)[-1] == STEPS == m.final_step
         # nothing rolls back under TorchFT: the Manager's count never went back; the lost work is the steps
-        # computed and not committed (group 0 cannot commit alone: min_replica_size 2), as torchft's lines say
-        assert _steps(m, 0) == sorted(_steps(m, 0)) and skipped, "expected group 0 to skip while group 1 was gone"
-        assert m.skipped_steps == len(skipped) and m.lost_steps == len(skipped) and m.rollback is False
-        assert m.lost_work_s is None and f"step {min(skipped)} was not committed" in m.missing["lost_work_s"]
-        # group 1 blamed: the Lighthouse's first quorum after the fault left it out
-        first_after = next(members for t, _, members in _quorums(m) if t > fault)
-        assert {r.split(":")[0] for r in first_after} == {"train_ft_0"}
-        assert m.blame == "correct" and m.blamed == "rank 1", m.verdict
+        # computed and not committed, as torchft's lines say (none when the hung group froze before its share of
+        # the allreduce and thawed within the gloo timeout: group 0 just waited in it)
+        assert _steps(m, 0) == sorted(_steps(m, 0)) and m.rollback is False
+        assert m.skipped_steps == len(skipped) and m.lost_steps == len(skipped)
+        if skipped:
+            assert m.lost_work_s is None and f"step {min(skipped)} was not committed" in m.missing["lost_work_s"]
+        else:
+            assert m.lost_work_s == 0.0
         # the job went on: the first step both groups logged beyond the fault after the first reaction (its
         # stamp: when the later group wrote the line; the script's stamp is taken just before, in ms)
         assert m.time_to_resume_s is not None
@@ -241,8 +229,15 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
     # the agent's stamp is taken (ms resolution) just before its line is written; chaosbench's is the write's:
     # the same instant up to the line's formatting and the millisecond cut (20 ms on a loaded 2-core machine)
     assert 0 <= fault + kill.time_to_detect_s - died[0] < 0.02, (kill.time_to_detect_s, died[0] - fault)
-    lighthouse_saw = next(t for t, beating in _beating(kill) if t > fault and beating < 2)
-    assert kill.time_to_detect_s < lighthouse_saw - fault
+    assert not _agent_s(kill, 0, "failed (exitcode")
+    assert kill.blame == "correct" and kill.blamed == "rank 1", kill.verdict  # group 1's torchrun saw the death
+    # group 0 cannot commit alone (min_replica_size 2): at least the step of the quorum in which the replacement
+    # heals (only group 0 is at the highest step, so it alone takes part) is thrown away
+    assert _skipped(kill), "expected group 0 to skip while group 1 was gone"
+    # the Lighthouse, if it noticed at all, did at its heartbeat timeout: a replacement that starts heartbeating
+    # before the dead Manager's heartbeats time out keeps the count at 2 (seen on a lightly loaded machine)
+    lighthouse_saw = next((t for t, beating in _beating(kill) if t > fault and beating < 2), None)
+    assert lighthouse_saw is None or kill.time_to_detect_s < lighthouse_saw - fault
     assert kill.restart_count == 1 and kill.restarts_claimed == 1
     # the replacement healed from group 0 (torchft's line) and rejoined in the quorum of both
     healed = HEAL_RE.findall(_log(kill, "torchrun.g1.out"))
@@ -259,4 +254,14 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
     assert hang.detected and hang.detected_via == "framework heartbeat" and hang.time_to_detect_s is not None
     assert 0 <= fault + hang.time_to_detect_s - lighthouse_saw < 0.02, (hang.time_to_detect_s, lighthouse_saw - fault)
     assert not _agent_s(hang, 0, "will restart worker group") and not _agent_s(hang, 1, "will restart worker group")
+    # blame: the Lighthouse's heartbeat line names no group; a quorum it shrank after the fault names the one left
+    # out (one formed just after the fault may still hold it: asked for before). A group 0 that waited in its
+    # allreduce asked for no quorum: nothing named the culprit.
+    quorums = _quorums(hang)
+    shrunk = next((i for i, (t, _, members) in enumerate(quorums) if t > fault and len(members) < len(quorums[i - 1][2])), None)
+    if shrunk is None:
+        assert hang.blamed is None, hang.verdict
+    else:
+        assert {r.split(":")[0] for r in set(quorums[shrunk - 1][2]) - set(quorums[shrunk][2])} == {"train_ft_1"}
+        assert hang.blame == "correct" and hang.blamed == "rank 1", hang.verdict
     assert hang.restart_count == 0 and hang.time_to_rejoin_s is None
