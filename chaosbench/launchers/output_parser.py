@@ -170,13 +170,13 @@ class OutputParser:
                     reason = (g.get("reason") or "").strip() or "not committed (the script's line)"
                     out.append(Parsed(kind, t_ns, {"step": step, "reason": reason[:300]}))
             elif kind in ("heal_begin", "heal_end"):
-                fields = {"step": raw}
+                heal: dict[str, Any] = {"step": raw}
                 if kind == "heal_begin":
                     self._heal_ns = t_ns
                 elif self._heal_ns is not None:
-                    fields["duration_s"] = (t_ns - self._heal_ns) / 1e9
+                    heal["duration_s"] = (t_ns - self._heal_ns) / 1e9
                     self._heal_ns = None
-                out.append(Parsed(kind, t_ns, fields))
+                out.append(Parsed(kind, t_ns, heal))
             elif kind == "train_end":
                 out.append(Parsed(kind, t_ns, {"step": raw, "loss": _num(g.get("loss")), "digest": g.get("digest") or ""}))
             else:
