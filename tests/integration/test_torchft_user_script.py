@@ -13,8 +13,8 @@ the script saves.
 The suite is the shipped suites/trainer-torchft.yaml (docs/recipes/torchft.md). The script runs with
 ``--min-replicas 2`` (no step commits without both groups), so whatever the machine's load, the survivor waits
 for group 1 and the replacement heals from it (with 1, a replacement slow to start on a loaded machine found the
-survivor finished and trained every step again alone). Measured here: 95-100 s with the machine shared (load
-average 10-12); each run's figures differ with the load, the checks read each run's own logs.
+survivor finished and trained every step again alone). Measured here: 61-100 s with the machine shared (load
+average 9-12); each run's figures differ with the load, the checks read each run's own logs.
 
 Skipped when torchft is not importable, unless CHAOSBENCH_REQUIRE contains "torchft" (then failed).
 """
