@@ -153,7 +153,7 @@ class Probe:
         )
 
     def step(self, step: int, loss: float | None = None, duration_s: float | None = None,
-             t_ns: int | None = None, every: int | None = None) -> None:  # fmt: skip
+             t_ns: int | None = None, every: int | None = None, **extra: Any) -> None:  # fmt: skip
         """Step ``step`` (1-based count of completed optimizer steps) has completed (now, or at ``t_ns``).
 
         ``duration_s``: the seconds this step's own compute took (forward, backward, optimizer), measured
@@ -166,13 +166,17 @@ class Probe:
             duration_s: The seconds this step's own compute took; None: not measured.
             t_ns: When the step completed (wall-clock ns); None: now.
             every: The printing interval the step was counted from; None: the step printed its own number.
+            **extra: More fields of the ``step`` event (``participants``, ``quorum_id``, ``committed``).
+
+        Raises:
+            InvalidEvent: A field of ``extra`` is not declared by the ``step`` model or has the wrong type.
         """
         data: dict[str, Any] = {"step": int(step), "loss": None if loss is None else float(loss)}
         if duration_s is not None:
             data["duration_s"] = float(duration_s)
         if every is not None:
             data["every"] = int(every)
-        self.emit("step", t_ns=t_ns, **data)
+        self.emit("step", t_ns=t_ns, **data, **extra)
 
     @contextlib.contextmanager
     def ckpt_save(self, step: int, path: str) -> Iterator[dict[str, Any]]:

@@ -38,7 +38,8 @@ own, ``faults`` below):
   completed before the fault minus the stamp of the step recovery restarted from (in the faulted
   incarnation; its first event when it restarted from scratch). Per-step commit: plus, for each skipped step
   index, the shortest ``duration_s`` (compute thrown away, without the wait in the failed collective) reported
-  for it.
+  for it; missing when none of a skipped step's reports gives one (a user's script whose line only says the
+  step did not commit).
 - ``world_size_before`` / ``_after`` / ``_final`` and ``global_batch_before`` / ``_after`` / ``_final``: the
   world size (``rank_start``) of the incarnation running at the fault, of the one that resumed training and of
   the one that finished it; the global batch (samples per optimizer step) from the resuming step's

@@ -142,16 +142,22 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int], u
     lost_steps = max(0, fp.last_step_before - restored)
     skipped_steps = None
     skipped_s = 0.0
+    untimed: list[int] = []  # skipped indices no report of which says how long its compute took
     if ix.per_step_commit:
-        skipped_by_index: dict[int, float] = {}
+        skipped_by_index: dict[int, float | None] = {}
         for e in ix.of("step_skipped"):
             if e.t_ns >= fp.t_ns and (until_ns is None or e.t_ns < until_ns):
                 i = int(e["step"])
-                d = float(e.get("duration_s") or 0.0)
-                skipped_by_index[i] = min(skipped_by_index[i], d) if i in skipped_by_index else d
+                d = None if e.get("duration_s") is None else float(e["duration_s"])
+                known = [x for x in (skipped_by_index.get(i), d) if x is not None]
+                skipped_by_index[i] = min(known) if known else None
         skipped_steps = len(skipped_by_index)
-        skipped_s = sum(skipped_by_index.values())
+        skipped_s = sum(d for d in skipped_by_index.values() if d is not None)
+        untimed = sorted(i for i, d in skipped_by_index.items() if d is None)
     total = lost_steps + (skipped_steps or 0)
+    if untimed:  # a user's script logs that a step did not commit, not how long its compute took
+        return LostWork(total, None, skipped_steps, f"step {untimed[0]} was not committed, but how long its compute "
+                        "took is not on the timeline (the line that says so gives no duration)")
     if lost_steps == 0:
         return LostWork(total, skipped_s, skipped_steps)
     t_hi = steps.t.get((fp.incarnation, fp.last_step_before))

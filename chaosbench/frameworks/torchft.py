@@ -12,7 +12,9 @@ What it starts (all through the runtime, so every process is captured, labelled 
   restarted group heals from a live peer (HTTP transfer of the live state), the others never stop.
 
 Ranks: the workload (``ft-mlp``) reports ``rank = group * K + group-local rank``, so ``target: {rank: 1}`` with
-K = 1 is replica group 1's worker and a ``node`` target is a whole group. G is ``workload.groups`` (default
+K = 1 is replica group 1's worker and a ``node`` target is a whole group. A user's own script (``command``) is
+numbered the same by the command shim, from ``CHAOSBENCH_REPLICA_GROUP(S)`` set here; its steps are per-step
+commits, and torchft's Manager lines give its skipped steps and heals (docs/recipes/torchft.md). G is ``workload.groups`` (default
 ``workload.nodes``); K = ranks / G.
 
 What counts as a reaction (``detect`` events, the first after the fault is the time to detect):
@@ -55,6 +57,7 @@ from chaosbench.frameworks.base import (
     pg_timeout,
 )
 from chaosbench.injectors.base import Role
+from chaosbench.launchers.command import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS
 from chaosbench.runtimes.base import NodeControl, ProcessSpec, ProcHandle
 from chaosbench.timeline import Event, TimelineWriter
 from chaosbench.waiting import wait_until
@@ -68,8 +71,16 @@ LIGHTHOUSE_QUORUM_RE = re.compile(r"Quorum! Quorum \{ quorum_id: (?P<quorum_id>\
 LIGHTHOUSE_MEMBER_RE = re.compile(r'replica_id: "(?P<replica_id>[^":]+)')
 LIGHTHOUSE_STATUS_RE = re.compile(r"\[(?P<healthy>\d+)/(?P<total>\d+) participants healthy\]\[(?P<beating>\d+) heartbeating\]")
 
-#: The workload's replica ids are ``chaosbench_<group>``; the Manager appends ``:<uuid>`` per incarnation.
-REPLICA_ID_PREFIX = "chaosbench_"
+#: A replica id's group: its trailing digits, as torchft numbers the ranks of a quorum (``extract_trailing_digits``
+#: in its Manager). ft-mlp's ids are ``chaosbench_<group>``, a user's script names its own (train_ddp.py:
+#: ``train_ddp_<group>``); the Manager appends ``:<uuid>`` per incarnation, which the Lighthouse line's id lacks here.
+REPLICA_GROUP_RE = re.compile(r"(\d+)$")
+
+
+def replica_group_of(replica_id: str) -> int | str:
+    """The replica group a Manager's replica id names (its trailing digits), else the id itself."""
+    m = REPLICA_GROUP_RE.search(replica_id)
+    return int(m.group(1)) if m else replica_id
 
 
 class TorchftOptions(BaseModel):
@@ -136,11 +147,14 @@ def group_node(job: JobContext, group: int, groups: int) -> str:
 
 class _LighthouseWatch:
     """Turns the Lighthouse's quorum lines into ``quorum`` events, and a quorum or a heartbeating set that
-    shrank into ``detect`` events (while no group has finished: groups leaving at the end are not faults)."""
+    shrank into ``detect`` events (while no group has finished: groups leaving at the end are not faults). A group
+    has finished once a rank says training ended (``train_end``) or reports the last step (``total_steps``): a
+    user's script may print nothing at its end."""
 
-    def __init__(self, framework: str, timeline: TimelineWriter) -> None:
+    def __init__(self, framework: str, timeline: TimelineWriter, total_steps: int | None = None) -> None:
         self.framework = framework
         self.timeline = timeline
+        self.total_steps = total_steps
         self.finishing = threading.Event()
         self._quorum_id: int | None = None
         self._members = 0
@@ -150,6 +164,8 @@ class _LighthouseWatch:
 
     def on_event(self, ev: Event) -> None:
         if ev.kind == "train_end":
+            self.finishing.set()
+        elif ev.kind == "step" and self.total_steps and int(ev.get("step") or 0) >= self.total_steps:
             self.finishing.set()
 
     def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
@@ -164,11 +180,8 @@ class _LighthouseWatch:
             self._status(int(s["beating"]), line, t_ns)
 
     def _quorum(self, quorum_id: int, line: str, t_ns: int) -> None:
-        groups = sorted(
-            int(g[len(REPLICA_ID_PREFIX):]) if g.startswith(REPLICA_ID_PREFIX) and g[len(REPLICA_ID_PREFIX):].isdigit()
-            else g
-            for g in (mm["replica_id"] for mm in LIGHTHOUSE_MEMBER_RE.finditer(line))
-        )  # fmt: skip
+        groups = sorted((replica_group_of(mm["replica_id"]) for mm in LIGHTHOUSE_MEMBER_RE.finditer(line)),
+                        key=lambda g: (isinstance(g, str), g if isinstance(g, int) else 0, str(g)))  # fmt: skip
         with self._lock:
             if quorum_id == self._quorum_id:
                 return
@@ -253,6 +266,9 @@ class TorchftFramework(Framework[TorchftOptions]):
                 {
                     "REPLICA_GROUP_ID": str(g),
                     "NUM_REPLICA_GROUPS": str(groups),
+                    # the command shim's numbering of a user's script: rank = group * K + group-local rank
+                    ENV_REPLICA_GROUP: str(g),
+                    ENV_REPLICA_GROUPS: str(groups),
                     "TORCHFT_LIGHTHOUSE": lighthouse_url,
                     "TORCHFT_TIMEOUT_SEC": str(o.manager_timeout_s),
                     "TORCHFT_QUORUM_TIMEOUT_SEC": str(o.quorum_timeout_s),
@@ -343,7 +359,7 @@ class TorchftFramework(Framework[TorchftOptions]):
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o = self.options
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
-        lighthouse = _LighthouseWatch(self.label, control.timeline)
+        lighthouse = _LighthouseWatch(self.label, control.timeline, job.workload.total_steps)
         control.follower.subscribe(lighthouse.on_event)
 
         def on_line(handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:

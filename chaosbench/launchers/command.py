@@ -15,6 +15,12 @@ polls ``GET path`` on that port every ``interval_s`` (each request at most ``tim
 status is ``expect_status``: then it writes ``replica_ready``, stamped when that answer came, the event the
 built-in replicas write themselves once they listen.
 
+Replica groups: under a framework whose job is replica groups of ``WORLD_SIZE`` ranks each, each group with its
+own torch.distributed world (TorchFT: one torchrun per group, ``RANK`` group-local), the adapter sets
+``CHAOSBENCH_REPLICA_GROUP`` (the group) and ``CHAOSBENCH_REPLICA_GROUPS`` (how many). The shim then reports
+``rank = group * WORLD_SIZE + RANK`` of ``groups * WORLD_SIZE`` (the adapter's numbering, what targets name) and
+the group, group rank and group size in ``rank_start``; ``{rank}`` and ``{world_size}`` are those numbers too.
+
 The child's stdout and stderr are merged and forwarded as written to this process's stdout. Its lines (and
 progress-bar redraws) become timeline events as :mod:`chaosbench.launchers.output_parser` reads them, stamped
 when the child wrote them (the kernel's stamp of the write: :mod:`chaosbench.runtimes.capture`;
@@ -48,6 +54,9 @@ PLACEHOLDERS = RUN_PLACEHOLDERS + RANK_PLACEHOLDERS
 #: Placeholders of a serving replica (``--ready``): the port and the address it must listen on, from its
 #: framework (``SERVE_PORT``, ``SERVE_HOST``).
 SERVE_PLACEHOLDERS = ("port", "host")
+#: Set by a framework adapter whose ranks form replica groups with a torch.distributed world each (module docstring).
+ENV_REPLICA_GROUP = "CHAOSBENCH_REPLICA_GROUP"
+ENV_REPLICA_GROUPS = "CHAOSBENCH_REPLICA_GROUPS"
 
 
 def placeholders(template: str) -> list[str]:
@@ -68,11 +77,30 @@ def substitute(template: str, values: Mapping[str, str]) -> str:
     return template.format_map(dict(values))
 
 
+def replica_layout(env: Mapping[str, str]) -> tuple[int, int, int, int] | None:
+    """``(group, groups, group_rank, group_world_size)`` when the adapter said this rank is in a replica group
+    (module docstring), else None. Raises ValueError for a value that is not an integer."""
+    if ENV_REPLICA_GROUP not in env:
+        return None
+    return (int(env[ENV_REPLICA_GROUP]), int(env.get(ENV_REPLICA_GROUPS, "1")), int(env.get("RANK", "0")),
+            int(env.get("WORLD_SIZE", "1")))  # fmt: skip
+
+
+def job_rank(env: Mapping[str, str]) -> tuple[int, int]:
+    """``(rank, world_size)`` as chaosbench numbers them: torch.distributed's, or across replica groups."""
+    layout = replica_layout(env)
+    if layout is None:
+        return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    group, groups, group_rank, group_world_size = layout
+    return group * group_world_size + group_rank, groups * group_world_size
+
+
 def rank_values(env: Mapping[str, str]) -> dict[str, str]:
+    rank, world_size = job_rank(env)
     return {
-        "rank": env.get("RANK", "0"),
+        "rank": str(rank),
         "local_rank": env.get("LOCAL_RANK", "0"),
-        "world_size": env.get("WORLD_SIZE", "1"),
+        "world_size": str(world_size),
         "node": env.get("CHAOSBENCH_NODE", "node0"),
         "incarnation": str(incarnation_from_env(dict(env))),
     }
@@ -136,7 +164,8 @@ def emit(probe: Probe, parsed: list[Parsed]) -> None:
     """Put what the parser read on the timeline, each event with the stamp of the write it came in."""
     for p in parsed:
         if p.kind == "step":
-            probe.step(int(p.fields["step"]), p.fields.get("loss"), t_ns=p.t_ns, every=p.fields.get("every"))
+            extra = {k: v for k, v in p.fields.items() if k not in ("step", "loss", "every")}
+            probe.step(int(p.fields["step"]), p.fields.get("loss"), t_ns=p.t_ns, every=p.fields.get("every"), **extra)
         else:
             probe.emit(p.kind, t_ns=p.t_ns, **p.fields)
 
@@ -179,9 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaosbench: bad placeholder in the command: {exc}", file=sys.stderr, flush=True)
         return 2
     probe = Probe.from_env()
+    layout = replica_layout(os.environ)
+    probe.rank, probe.world_size = job_rank(os.environ)
     step_base = None if args.step_base == "auto" else int(args.step_base)
     earlier = earlier_step_base(os.environ.get(ENV_EVENTS)) if step_base is None and probe.incarnation else None
-    parser = OutputParser(patterns, step_base, args.step_every, earlier_base=earlier, resumed=probe.incarnation > 0)
+    parser = OutputParser(patterns, step_base, args.step_every, earlier_base=earlier, resumed=probe.incarnation > 0,
+                          per_step_commit=layout is not None)
     last_ns = time.time_ns()
     capture = Capture("pipe" if os.environ.get(ENV_OUTPUT_CAPTURE) == "pipe" else "socket")
     try:
@@ -196,11 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         return 127
     capture.spawned()
     poller = None
+    extra: dict[str, object] = {}
+    if layout is not None:
+        extra.update(replica_group=layout[0], group_rank=layout[2], group_world_size=layout[3])
     if ready is None:
-        probe.rank_start(pid=child.pid)
+        probe.rank_start(pid=child.pid, **extra)
     else:
         host, port = values["host"], int(values["port"])
-        probe.rank_start(pid=child.pid, address=host, port=port)
+        probe.rank_start(pid=child.pid, address=host, port=port, **extra)
         poller = threading.Thread(target=wait_ready, args=(child, probe, ready, host, port, time.time_ns()),
                                   daemon=True, name="ready")  # fmt: skip
         poller.start()

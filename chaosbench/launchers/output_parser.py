@@ -25,6 +25,21 @@ The contract, for one process of the script (one rank of one incarnation):
   resumed bar that first draws 0) is no step either. A bar skips counts (it redraws at most every ~0.1 s):
   only the counts it shows are steps on the timeline. The alias ``tqdm`` matches the bar whose total is the
   run's steps, so another bar of the same script (``Writing model shards: 1/1``) is not read as training.
+- **Per-step commit** (``per_step_commit``: the script trains through TorchFT's Manager, each replica group
+  committing every step on its own; the torchft adapter says so). The ``step`` pattern names the Manager's
+  committed step count (``manager.current_step()`` after ``optimizer.step()``, as TorchFT's examples print it),
+  so its steps are reported ``committed``; named groups ``participants`` (replica groups in the quorum:
+  ``manager.num_participants()``) and ``quorum_id`` go into the step too. ``step_skipped`` lines say a step
+  was computed but not committed (TorchFT's Manager logs ``[<replica>/0 - step 10] should_commit=False ...``
+  at INFO): ``(?P<step>N)`` is the steps committed by then, as the Manager counts them, so step ``N + 1`` was
+  not committed (without the group: the step after the last one reported); ``(?P<reason>...)`` says why. The
+  step line that follows it shows a count below ``N + 1`` and is no commit (a group that healed to step 11 and
+  did not commit logs ``step 11`` too).
+  Repeats of one skipped step (a line per rank, a traceback) are one. ``heal_begin`` / ``heal_end`` lines say a
+  replica group that was behind fetches the live state from a peer and has applied it (TorchFT's Manager:
+  ``healing required, fetching checkpoint metadata from ... max_step=29``, ``[...- step 29] Loaded state
+  dict.``); ``(?P<step>N)``: the step it heals to; ``heal_end`` carries the seconds since this process's
+  ``heal_begin``.
 - **Checkpoints and the end.** ``ckpt_save_begin``/``_end``, ``ckpt_load_begin``/``_end`` may have ``step``
   (the number of steps done at that checkpoint, as the script names it: never shifted by ``step_base``);
   ``train_end`` may have ``digest``, ``loss`` and ``step`` (the number of steps done). A script without a
@@ -46,7 +61,7 @@ TQDM = r"\|\s*(?P<step>\d+)/{total}\s*\["
 #: Names that stand for a pattern (``progress: tqdm``).
 PATTERN_ALIASES = {"tqdm": TQDM}
 #: The event kinds a pattern can produce, in the order they are tried on a line.
-PATTERN_KINDS = ("progress", "step", "ckpt_save_begin", "ckpt_save_end", "ckpt_load_begin", "ckpt_load_end",
+PATTERN_KINDS = ("progress", "step", "step_skipped", "heal_begin", "heal_end", "ckpt_save_begin", "ckpt_save_end", "ckpt_load_begin", "ckpt_load_end",
                  "train_end")  # fmt: skip
 
 
@@ -83,9 +98,13 @@ class OutputParser:
     counted lines start is then not known before a bar or a resume line says it)."""
 
     def __init__(self, patterns: dict[str, str], step_base: int | None = None, step_every: int | None = None,
-                 earlier_base: int | None = None, resumed: bool = False) -> None:  # fmt: skip
+                 earlier_base: int | None = None, resumed: bool = False,
+                 per_step_commit: bool = False) -> None:  # fmt: skip
         self.patterns = [(k, re.compile(resolve_pattern(patterns[k]))) for k in PATTERN_KINDS if patterns.get(k)]
         self.step_every = step_every
+        self.per_step_commit = per_step_commit
+        self._skipped = 0  # the last step a step_skipped line reported
+        self._heal_ns: int | None = None  # when this process's last heal began
         # where a resumed process's counted lines start is the bar's to say (or a ckpt_load_end line's)
         self._position_unknown = resumed and any(k == "progress" for k, _ in self.patterns)
         self.base = step_base if step_base is not None else earlier_base
@@ -144,6 +163,20 @@ class OutputParser:
                     out += self._step(kind, self._counted_step(), g, t_ns, every=self.step_every)
                 else:
                     out += self._step(kind, self._index(raw, out, t_ns), g, t_ns)
+            elif kind == "step_skipped":
+                step = raw + 1 if raw is not None else max(self._last.values(), default=0) + 1
+                if step > self._skipped:
+                    self._skipped = step
+                    reason = (g.get("reason") or "").strip() or "not committed (the script's line)"
+                    out.append(Parsed(kind, t_ns, {"step": step, "reason": reason[:300]}))
+            elif kind in ("heal_begin", "heal_end"):
+                heal: dict[str, Any] = {"step": raw}
+                if kind == "heal_begin":
+                    self._heal_ns = t_ns
+                elif self._heal_ns is not None:
+                    heal["duration_s"] = (t_ns - self._heal_ns) / 1e9
+                    self._heal_ns = None
+                out.append(Parsed(kind, t_ns, heal))
             elif kind == "train_end":
                 out.append(Parsed(kind, t_ns, {"step": raw, "loss": _num(g.get("loss")), "digest": g.get("digest") or ""}))
             else:
@@ -159,10 +192,17 @@ class OutputParser:
               every: int | None = None) -> list[Parsed]:  # fmt: skip
         if step is None or step <= self._last.get(kind, 0):
             return []  # a redraw, or a step this pattern reported already
+        if self.per_step_commit and kind == "step" and step < self._skipped:
+            return []  # the count after a step that did not commit (a group that healed to it logs it too)
         self._last[kind] = step
         fields: dict[str, Any] = {"step": step, "loss": _num(g.get("loss"))}
         if every:
             fields["every"] = every
+        if self.per_step_commit:
+            fields["committed"] = True
+            for name in ("participants", "quorum_id"):
+                if g.get(name) is not None and g[name].isdigit():
+                    fields[name] = int(g[name])
         return [Parsed("step", t_ns, fields)]
 
     def _index(self, raw: int, out: list[Parsed], t_ns: int) -> int:

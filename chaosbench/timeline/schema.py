@@ -448,7 +448,7 @@ class StepSkipped(_Rank):
     """A step computed but not committed under per-step commit (TorchFT): no rollback."""
 
     KIND = EventKind.STEP_SKIPPED
-    WRITERS = "probe"
+    WRITERS = "probe, command shim"
     step: int = Field(description="the step index attempted")
     reason: str = Field(description="why it was not committed")
     duration_s: float | None = Field(None, description="seconds of compute thrown away")
@@ -461,7 +461,7 @@ class HealBegin(_Rank):
     """A replica group fetches the live state from a peer (TorchFT)."""
 
     KIND = EventKind.HEAL_BEGIN
-    WRITERS = "probe"
+    WRITERS = "probe, command shim"
     step: int | None = Field(None, description="the step it heals to")
     src_replica_rank: int | None = Field(None, description="the peer's replica rank")
 
@@ -470,7 +470,7 @@ class HealEnd(_Rank):
     """The fetched state is applied (TorchFT)."""
 
     KIND = EventKind.HEAL_END
-    WRITERS = "probe"
+    WRITERS = "probe, command shim"
     step: int | None = Field(None, description="the step it healed to")
     duration_s: float | None = Field(None, description="seconds from the fetch's start")
 

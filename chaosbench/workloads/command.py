@@ -23,12 +23,31 @@ class LogPatterns(BaseModel):
     :mod:`chaosbench.launchers.output_parser`). ``step`` needs a named group ``step`` (optionally ``loss``),
     unless the workload declares ``step_every``; ``progress`` is a progress bar's count of completed steps
     (``tqdm`` stands for tqdm's bar); checkpoint patterns may have ``step``; ``train_end`` may have ``digest``,
-    ``loss`` and ``step``."""
+    ``loss`` and ``step``. Under the ``torchft`` adapter ``step`` names the Manager's committed step count and
+    may have ``participants`` and ``quorum_id``, ``step_skipped`` is a step not committed (``step``: the
+    steps committed by then, as TorchFT's Manager logs it; ``reason``), and ``heal_begin``/``heal_end`` a group
+    healing from a peer (``step``: the step it heals to)."""
 
     model_config = ConfigDict(extra="forbid")
     step: str | None = None
     progress: str | None = Field(
         default=None, description="a progress bar's completed-step count, (?P<step>...); 'tqdm' for tqdm's bar"
+    )
+    step_skipped: str | None = Field(
+        default=None,
+        description="per-step commit (torchft adapter): a line saying a step was computed but not committed, "
+        "(?P<step>N) the steps committed by then (TorchFT's Manager: '- step 10] should_commit=False': step 11), "
+        "(?P<reason>...) why",
+    )
+    heal_begin: str | None = Field(
+        default=None,
+        description="per-step commit (torchft adapter): a replica group starts fetching the live state from a peer "
+        "(TorchFT's Manager: 'healing required, ... max_step=(?P<step>N)'), (?P<step>N) the step it heals to",
+    )
+    heal_end: str | None = Field(
+        default=None,
+        description="per-step commit (torchft adapter): the fetched state is applied (TorchFT's Manager: "
+        "'- step (?P<step>N)] Loaded state dict.')",
     )
     ckpt_save_begin: str | None = None
     ckpt_save_end: str | None = None

@@ -175,6 +175,33 @@ def test_per_step_commit_follows_the_quorum() -> None:
     assert m.verdict == "recovered in place, not detected"  # no framework event in this hand-built timeline
 
 
+def test_a_skipped_step_whose_report_gives_no_duration_leaves_lost_work_missing() -> None:
+    """A user's TorchFT script: the Manager's ``should_commit=False`` line says step 12 was not committed, not how
+    long its compute took. It is 1 lost step; its seconds are missing with the reason, not counted as 0."""
+    tl = TL()
+    for r in (0, 1):
+        tl.rank(0.1, "rank_start", r, 0, pid=100 + r, world_size=2, replica_group=r, group_world_size=1)
+    for step in range(1, 12):
+        for r in (0, 1):
+            tl.rank(1.0 + 0.1 * step, "step", r, 0, step=step, committed=True, participants=2)
+    t_fault = 2.15
+    tl.add(t_fault, "fault_inject", src="injector", fault="hang", injector="hang", target=[{"rank": 1}])
+    tl.add(t_fault + 2.0, "detect", src="framework", framework="torchft", via="lighthouse",
+           mechanism="framework heartbeat", reason="lighthouse: 2 -> 1 replica groups heartbeating")  # fmt: skip
+    tl.rank(t_fault + 2.1, "step_skipped", 0, 0, step=12, reason="None")
+    for i, step in enumerate(range(12, 21)):
+        for r in (0, 1):
+            tl.rank(t_fault + 3.1 + 0.1 * i, "step", r, 0, step=step, committed=True, participants=2)
+    tl.add(t_fault + 4.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), total_steps=20)
+    assert m.outcome == "recovered" and m.lost_steps == 1 and m.skipped_steps == 1
+    assert m.lost_work_s is None and m.missing["lost_work_s"].startswith("step 12 was not committed, but how long")
+    tl.events = [e for e in tl.events if e.kind != "step_skipped"]
+    tl.rank(t_fault + 2.1, "step_skipped", 0, 0, step=12, reason="None", duration_s=0.02)
+    m = compute_metrics(tl.sorted(), total_steps=20)
+    assert m.lost_steps == 1 and m.lost_work_s == 0.02
+
+
 def test_restart_that_loads_a_checkpoint_is_clean_even_without_save_lines() -> None:
     """A script whose saves no pattern reports (only its 'resumed from' line): a restarted incarnation's load is
     its own checkpoint, not contamination; the same load in the first incarnation would be."""

@@ -15,9 +15,11 @@ from chaosbench.errors import SpecError
 from tests.conftest import ROOT, make_suite
 
 
-def _shim(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _shim(args: list[str], env: dict[str, str], cwd: Path, events: Path | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **env}
     full.pop("CHAOSBENCH_EVENTS", None)
+    if events is not None:
+        full["CHAOSBENCH_EVENTS"] = str(events)
     return subprocess.run([sys.executable, "-m", "chaosbench.launchers.command", *args], cwd=cwd, env=full,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
@@ -35,6 +37,20 @@ def test_shim_substitutes_command_env_and_cwd_per_rank(tmp_path: Path) -> None:
     assert ckpt == f"{tmp_path}/ck/r1"
     assert cwd == str(tmp_path / "work")
     assert not (tmp_path / "{ckpt_dir}").exists()
+
+
+def test_shim_numbers_a_replica_groups_ranks_across_the_groups(tmp_path: Path) -> None:
+    """Under TorchFT every group is its own torch.distributed world (RANK 0 in each): the adapter says which group
+    and how many, and the shim reports rank = group * WORLD_SIZE + RANK, as ft-mlp does and targets name it."""
+    events = tmp_path / "events.jsonl"
+    res = _shim(["--", sys.executable, "-c", "import sys; print(sys.argv[1:])", "{rank}", "{world_size}"],
+                env={"RANK": "1", "WORLD_SIZE": "2", "CHAOSBENCH_REPLICA_GROUP": "1", "CHAOSBENCH_REPLICA_GROUPS": "3",
+                     "PYTHONPATH": str(ROOT)}, cwd=tmp_path, events=events)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "['3', '6']"
+    start = next(e for e in map(json.loads, events.read_text().splitlines()) if e["kind"] == "rank_start")
+    assert (start["rank"], start["world_size"]) == (3, 6)
+    assert (start["replica_group"], start["group_rank"], start["group_world_size"]) == (1, 1, 2)
 
 
 def test_shim_dies_like_its_child_on_sigkill(tmp_path: Path) -> None:
