@@ -148,11 +148,18 @@ def test_damage_modes(ckpt: Path, mode: str) -> None:
             cf.read_dcp_metadata(d20)
 
 
-def test_kill_after_sends_sigkill_to_the_targets(ckpt: Path) -> None:
+def test_kill_after_stops_the_targets_during_the_damage_then_sends_sigkill(ckpt: Path) -> None:
     ctx, rt = context(ckpt, [0])
     d = injector(mode="truncate", kill_after=True).inject(ctx)
-    assert rt.signals == [(4242, signal.SIGKILL, 77)]
-    assert d["killed"] == [{"rank": 0, "pid": 4242}]
+    assert rt.signals == [(4242, signal.SIGSTOP, 77), (4242, signal.SIGKILL, 77)]
+    assert d["stopped"] == d["killed"] == [{"rank": 0, "pid": 4242}]
+
+
+def test_kill_after_lets_the_targets_go_on_when_there_is_nothing_to_damage(ckpt: Path) -> None:
+    ctx, rt = context(ckpt, [0])
+    with pytest.raises(ChaosbenchError, match="no checkpoint matches 30"):
+        injector(checkpoint=30, kill_after=True).inject(ctx)
+    assert rt.signals == [(4242, signal.SIGSTOP, 77), (4242, signal.SIGCONT, 77)]
 
 
 def test_nothing_to_corrupt_is_a_chaosbench_error(ckpt: Path, tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ The checkpoint is chosen when the fault fires: ``newest``, ``newest-complete`` (
 that a checkpoint written after step ``K`` is complete only some time after the ``step K`` event: a fault at
 ``at_step: K`` with ``newest-complete`` hits the previous one.
 
-Corruption on its own restarts nothing; ``kill_after: true`` SIGKILLs the target ranks right after the damage,
-so the framework must restore, and the run shows what it does with a damaged checkpoint (see
+Corruption on its own restarts nothing; ``kill_after: true`` SIGKILLs the target ranks right after the damage
+(stopped with SIGSTOP while it is done, so that a short job cannot train to its end in the meantime), so the
+framework must restore, and the run shows what it does with a damaged checkpoint (see
 :func:`chaosbench.analysis.checkpoint_outcome.classify_checkpoint_outcome`).
 
 Corruption is permanent damage by design: it is never reverted (``revert`` returns False), as on a real
@@ -147,6 +148,10 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         p = self.params
         if p.mode == "torn-write":
             return self._torn_write(ctx)
+        # kill_after: the target ranks stopped (SIGSTOP) while the checkpoint is rewritten, so that they cannot
+        # train to the end before the kill lands (reading and rewriting a DCP checkpoint took 0.5 s on a busy
+        # 2-core machine, longer than the last steps of a short job); the SIGKILL ends them stopped
+        stopped = self._signal(ctx.targets, ctx, signal.SIGSTOP) if p.kill_after else []
         try:
             if p.mode in damage.STATE_MODES:
                 details = self._damage_state(ctx)
@@ -155,10 +160,15 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
             else:
                 details = self._corrupt_dcp(ctx)
         except (cf.CheckpointFormatError, ValueError) as exc:
+            self._signal(ctx.targets, ctx, signal.SIGCONT)  # the firing is skipped: nothing was damaged
             raise ChaosbenchError(str(exc)) from None
+        except BaseException:
+            self._signal(ctx.targets, ctx, signal.SIGCONT)
+            raise
         details["mode"] = p.mode
         if p.kill_after:
-            details["killed"] = self._kill(ctx.targets, ctx)
+            details["stopped"] = stopped
+            details["killed"] = self._signal(ctx.targets, ctx, signal.SIGKILL)
         return details
 
     def _older(self, root: Path, file_glob: str | None, than: cf.Checkpoint) -> cf.Checkpoint:
@@ -331,8 +341,9 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         return rec
 
     # ------------------------------------------------------------------ kills
-    def _kill(self, targets: list[ResolvedTarget], ctx: FaultContext) -> list[dict[str, Any]]:
-        """SIGKILL each target's process; records what happened instead of failing: the damage is done."""
+    def _signal(self, targets: list[ResolvedTarget], ctx: FaultContext, sig: signal.Signals) -> list[dict[str, Any]]:
+        """Send ``sig`` to each target's process; records what happened instead of failing (after SIGKILL:
+        the damage is done)."""
         out = []
         for t in targets:
             rec: dict[str, Any] = {"rank": t.rank, "pid": t.pid}
@@ -340,7 +351,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 rec["error"] = "no process"
             else:
                 try:
-                    ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)
+                    ctx.runtime.signal_pid(t.pid, sig, t.pid_ticks, t.node)
                 except (ProcessLookupError, ChaosbenchError) as exc:
                     rec["error"] = str(exc) or type(exc).__name__
             out.append(rec)
