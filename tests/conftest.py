@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Test files that use a machine-wide engine or look at machine-wide state: Docker containers and networks, the
 # local Slurm cluster's three nodes (test_slurm.py needs them idle), the host's qdiscs and iptables rules, the
 # docker runtime's capture directories in /tmp (test_harness_crash.py counts every one as a leftover). Under
-# pytest-xdist (tox with CHAOSBENCH_TEST_WORKERS=2: ``pytest -n 2 --dist loadscope``) they form one group, run
+# pytest-xdist (tox: ``pytest -n 2 --dist loadscope``, CHAOSBENCH_TEST_WORKERS workers) they form one group, run
 # one after another on one worker; every other file is a group of its own (its module-scoped controls are run once, on one worker).
 ENGINE_FILES = frozenset({
     "test_docker_runtime.py", "test_elasticity.py", "test_foreign_targets.py", "test_harness_crash.py",
