@@ -20,7 +20,10 @@ from chaosbench.errors import PluginError, UnknownPlugin
 from chaosbench.plugin_options import model_argument
 
 if TYPE_CHECKING:
+    from chaosbench.frameworks.base import Framework
+    from chaosbench.injectors.base import Injector
     from chaosbench.runtimes.base import Runtime
+    from chaosbench.workloads.base import Workload
 
 T = TypeVar("T")
 
@@ -242,10 +245,7 @@ class Registry(Generic[T]):
         return plugin
 
 
-#: The injector, framework and workload registries are checked when a plugin loads but typed ``Any`` for now:
-#: naming their bases here would close an import cycle (specs -> registry -> the bases -> specs, whose models
-#: the bases name in their signatures) until the spec models live in a leaf module of their own.
-INJECTORS: Registry[Any] = Registry(
+INJECTORS: Registry[Injector[Any]] = Registry(
     "injector",
     "chaosbench.injectors",
     {
@@ -277,7 +277,7 @@ INJECTORS: Registry[Any] = Registry(
     model="Params",
 )
 
-FRAMEWORKS: Registry[Any] = Registry(
+FRAMEWORKS: Registry[Framework[Any]] = Registry(
     "framework",
     "chaosbench.frameworks",
     {
@@ -304,7 +304,7 @@ RUNTIMES: Registry[Runtime[Any]] = Registry(
     base="chaosbench.runtimes.base:Runtime",
 )
 
-WORKLOADS: Registry[Any] = Registry(
+WORKLOADS: Registry[Workload[Any]] = Registry(
     "workload",
     "chaosbench.workloads",
     {

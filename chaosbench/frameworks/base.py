@@ -31,7 +31,7 @@ from chaosbench.timeline.schema import check_fields_declared, typed_fields
 from chaosbench.workloads.base import RunPaths
 
 if TYPE_CHECKING:
-    from chaosbench.specs import Scenario
+    from chaosbench.spec_model import Scenario
     from chaosbench.workloads.base import Workload
 
 

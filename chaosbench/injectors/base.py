@@ -27,7 +27,7 @@ from chaosbench.timeline.schema import FailureMode, FaultClass
 from chaosbench.workloads.planted import ENV_PLANTED
 
 if TYPE_CHECKING:
-    from chaosbench.specs import Target, Trigger
+    from chaosbench.spec_model import Target, Trigger
     from chaosbench.workloads.base import Workload
 
 

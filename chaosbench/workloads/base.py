@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from chaosbench.plugin_options import adopt_model
 
 if TYPE_CHECKING:
-    from chaosbench.specs import WorkloadSpec
+    from chaosbench.spec_model import WorkloadSpec
     from chaosbench.workloads.skeleton import TrainingOptions
 
 
