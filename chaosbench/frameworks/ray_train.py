@@ -42,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
+import threading
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -63,7 +65,8 @@ from chaosbench.frameworks.base import (
 )
 from chaosbench.injectors.base import Role
 from chaosbench.launchers.ray_train import DRIVER_GAVE_UP, EXIT_GAVE_UP
-from chaosbench.runtimes.base import ProcessSpec, Runtime
+from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
+from chaosbench.timeline import Event, TimelineWriter
 
 #: Ray Train's name of the run: its directory under the storage path (the run's checkpoint directory).
 RAY_RUN_NAME = "ray-train"
@@ -80,6 +83,40 @@ RAY_TRAIN_PATTERNS = [
     LogPattern("give_up", r"\[FailurePolicy\] RAISE", "driver"),
     LogPattern("give_up", DRIVER_GAVE_UP, "driver"),
 ]
+
+
+#: The raylet's report of a worker process that died (Ray pushes it to the driver, ``(raylet) A worker died or was
+#: killed while executing a task by an unexpected system error. ... Worker PID: 4903 ...``): it names the pid.
+WORKER_DIED_RE = re.compile(r"A worker died or was killed while executing a task.*?Worker PID: (?P<pid>\d+)")
+
+
+class _WorkerDeathWatch:
+    """Turns the raylet's report of a dead worker into a ``detect`` event naming the rank whose process it was
+    (``blame_rank``, from the ranks' ``rank_start`` pids on the timeline)."""
+
+    def __init__(self, framework: str, timeline: TimelineWriter) -> None:
+        self.framework = framework
+        self.timeline = timeline
+        self._ranks: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def on_event(self, ev: Event) -> None:
+        if ev.kind == "rank_start" and ev.get("pid") is not None:
+            with self._lock:
+                self._ranks[int(ev["pid"])] = int(ev.get("rank", 0))
+
+    def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+        if handle.spec.role != "driver":
+            return
+        m = WORKER_DIED_RE.search(line)
+        if m is None:
+            return
+        pid = int(m["pid"])
+        with self._lock:
+            rank = self._ranks.get(pid)
+        self.timeline.emit("detect", t_ns=t_ns, src="framework", framework=self.framework, proc=handle.name,
+                           via="exit", reason=f"raylet: worker process {pid} died", pid=pid, blame_rank=rank,
+                           line=line[:400])  # fmt: skip
 
 
 class RayTrainOptions(BaseModel):
@@ -118,10 +155,15 @@ class RayTrainOptions(BaseModel):
     node_health_check_failure_threshold: int = Field(
         default=5, ge=1, description="RAY_health_check_failure_threshold: missed checks before a node is dead"
     )
+    node_health_check_timeout_s: float = Field(
+        default=10.0, gt=0, description="RAY_health_check_timeout_ms: a check unanswered this long is missed (a "
+        "frozen raylet; a dead one refuses at once)",
+    )
     cluster_start_timeout_s: float = Field(
         default=120.0, gt=0, description="the driver waits this long for every node to join before it gives up"
     )
-    teardown_grace_s: float = Field(default=5.0, ge=0)
+    teardown_grace_s: float = Field(default=2.0, ge=0, description="SIGTERM to SIGKILL of the cluster's "
+                                    "processes once the driver has exited")
 
 
 def ray_temp_link(run_dir: Path) -> Path:
@@ -156,19 +198,26 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         o = self.options
         return job.ranks if o.min_workers is None else [min(o.min_workers, job.ranks), job.ranks]
 
-    def _env(self, job: JobContext, node: str) -> dict[str, str]:
+    def _env(self, job: JobContext, node: str, gcs: str) -> dict[str, str]:
         """The environment of every Ray process: the ranks' (Ray's workers inherit their raylet's) and Ray's own
-        settings (the controller reads the RAY_TRAIN_* ones; the driver passes them on to it)."""
+        settings (the controller reads the RAY_TRAIN_* ones; the driver passes them on to it). ``RAY_ADDRESS``:
+        a Ray client that is given no address (Ray Train's placement-group cleaner) would otherwise look for
+        running GCS processes on the host and find other runs' clusters too."""
         o = self.options
         env = job.rank_env(0, node)
         env.update({
+            "RAY_ADDRESS": gcs,
             "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_DEDUP_LOGS": "0",  # every line of every worker reaches the driver's output, none folded
+            # Ray Train's print patch sends each print of a worker to its logger as well: every line twice
+            "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
             "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(o.health_check_interval_s),
             "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(o.worker_health_check_timeout_s),
             "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(o.worker_group_start_timeout_s),
             "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": str(o.pg_shutdown_timeout_s),
             "RAY_health_check_period_ms": str(int(o.node_health_check_period_s * 1000)),
             "RAY_health_check_failure_threshold": str(o.node_health_check_failure_threshold),
+            "RAY_health_check_timeout_ms": str(int(o.node_health_check_timeout_s * 1000)),
         })  # fmt: skip
         return env
 
@@ -178,25 +227,26 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         ray = [python, "-m", "ray.scripts.scripts", "start", "--block"]
         addr = job.runtime.master_addr
         gcs = f"{addr}:{job.runtime.free_port()}"
-        temp = str(ray_temp_link(job.run_dir))
+        temp = ray_temp_link(job.run_dir)
         store = str(o.object_store_mb * 1024 * 1024)
 
         def node_args(name: str, cpus: int) -> list[str]:
-            # every node on one host needs ports of its own where Ray's are fixed (the agent's 52365)
+            # Every node on one host needs ports of its own where Ray's are fixed (the agent's 52365), and a temp
+            # dir of its own: each node's log monitor forwards every log file under it to the driver (one shared
+            # dir: each line twice)
             return ["--node-ip-address", addr, "--node-name", name, "--num-cpus", str(cpus), "--num-gpus", "0",
-                    "--object-store-memory", store, "--disable-usage-stats", "--temp-dir", temp,
+                    "--object-store-memory", store, "--disable-usage-stats", "--temp-dir", str(temp / name),
                     "--dashboard-agent-listen-port", str(job.runtime.free_port())]  # fmt: skip
 
         head_node = "head"
         procs = [
-            ProcessSpec(name="ray.head", role="head", node=head_node, env=self._env(job, head_node),
+            ProcessSpec(name="ray.head", role="head", node=head_node, env=self._env(job, head_node, gcs),
                         argv=[*ray, "--head", "--port", gcs.rsplit(":", 1)[1], "--include-dashboard", "false",
-                              "--ray-client-server-port", str(job.runtime.free_port()),
                               *node_args(head_node, o.head_cpus)])  # fmt: skip
         ]
         for n in range(job.nodes):
             node = job.node_name(n)
-            procs.append(ProcessSpec(name=f"ray.{node}", role="node", node=node, env=self._env(job, node),
+            procs.append(ProcessSpec(name=f"ray.{node}", role="node", node=node, env=self._env(job, node, gcs),
                                      argv=[*ray, "--address", gcs, *node_args(node, job.ranks_per_node)]))  # fmt: skip
         workload_argv = job.workload_argv()
         in_process = job.workload.bridged_checkpoints and workload_argv[1:2] == ["-m"]
@@ -204,7 +254,8 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         if in_process:  # the program writes its checkpoints into Ray Train's run directory: Ray reports them as is
             workload_argv = job.workload.argv(dataclasses.replace(job.paths, ckpt_dir=storage / RAY_RUN_NAME))
         pg_name, pg_s = pg_timeout(self.timeouts(job))
-        config = {
+        mode = "in-process" if in_process else "subprocess"
+        config: dict[str, Any] = {
             "address": gcs,
             "nodes": job.nodes + 1,
             "cpus": job.ranks_per_node * job.nodes + o.head_cpus,
@@ -215,10 +266,10 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             "name": RAY_RUN_NAME,
             "storage_path": str(storage),
             "max_failures": o.max_failures,
-            "loop": {"mode": "in-process" if in_process else "subprocess", "argv": workload_argv,
+            "loop": {"mode": mode, "argv": workload_argv,
                      "attempts_file": str(job.run_dir / "ray-train-starts")},  # fmt: skip
         }
-        procs.append(ProcessSpec(name="ray.driver", role="driver", node=head_node, env=self._env(job, head_node),
+        procs.append(ProcessSpec(name="ray.driver", role="driver", node=head_node, env=self._env(job, head_node, gcs),
                                  argv=[python, "-m", "chaosbench.launchers.ray_train", "--config",
                                        json.dumps(config)]))  # fmt: skip
         return self.launch_plan(
@@ -226,7 +277,7 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             procs,
             RAY_TRAIN_PATTERNS,
             options={**o.model_dump(), "num_workers": config["num_workers"], "gcs_address": gcs,
-                     "workload_mode": config["loop"]["mode"], "temp_dir": temp},  # fmt: skip
+                     "workload_mode": mode, "temp_dir": str(temp)},  # fmt: skip
             notes=[
                 f"Ray head (GCS {gcs}) + {job.nodes} Ray node(s) x {job.ranks_per_node} CPUs; the driver runs a "
                 f"TorchTrainer with num_workers={config['num_workers']}, max_failures={o.max_failures}",
@@ -250,6 +301,8 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             "worker_group_start_timeout_s": o.worker_group_start_timeout_s,
             "pg_shutdown_timeout_s": float(o.pg_shutdown_timeout_s),
             "node_health_check_period_s": o.node_health_check_period_s,
+            "node_health_check_timeout_s": o.node_health_check_timeout_s,
+            # a lost node's raylet refuses the GCS's checks at once: dead after `threshold` periods
             "node_dead_after_s": o.node_health_check_period_s * o.node_health_check_failure_threshold,
             "collective_timeout_s": None,  # RAY_TRAIN_COLLECTIVE_TIMEOUT_S: Ray's default, none
             "cluster_start_timeout_s": o.cluster_start_timeout_s,
@@ -281,6 +334,13 @@ class RayTrainFramework(Framework[RayTrainOptions]):
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o = self.options
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
+        deaths = _WorkerDeathWatch(self.label, control.timeline)
+        control.follower.subscribe(deaths.on_event)
+
+        def on_line(handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+            watcher(handle, stream, line, t_ns)
+            deaths(handle, stream, line, t_ns)
+
         temp = Path(str(plan.options["temp_dir"]))
         real = job.run_dir / RUN_DIR_RAY
         real.mkdir(parents=True, exist_ok=True)
@@ -289,9 +349,9 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         temp.symlink_to(real)
         head_spec, *rest = plan.processes
         node_specs, driver_spec = rest[:-1], rest[-1]
-        head = control.runtime.start(head_spec, on_line=watcher)
-        nodes = [control.runtime.start(p, on_line=watcher) for p in node_specs]
-        driver = control.runtime.start(driver_spec, on_line=watcher)
+        head = control.runtime.start(head_spec, on_line=on_line)
+        nodes = [control.runtime.start(p, on_line=on_line) for p in node_specs]
+        driver = control.runtime.start(driver_spec, on_line=on_line)
         while True:
             rc = driver.poll()
             if rc is not None:

@@ -182,9 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.stdout.flush()
     print(f"{DRIVER_FINISHED}: last checkpoint {result.checkpoint.path if result.checkpoint else None}", flush=True)
-    ray.shutdown()
+    # No ray.shutdown(): the adapter tears the whole cluster down next, and the disconnect took seconds here
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # Ray's atexit disconnect would add its seconds to every run

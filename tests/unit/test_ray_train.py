@@ -13,7 +13,7 @@ import pytest
 from chaosbench.frameworks.ray_train import RAY_RUN_NAME, ray_temp_link
 from chaosbench.launchers.ray_train import next_attempt
 from chaosbench.runner import Runner
-from chaosbench.workloads.skeleton import COMPLETE_MARKER, marked_step, mark_complete
+from chaosbench.workloads.skeleton import COMPLETE_MARKER, mark_complete, marked_step
 from tests.conftest import make_suite
 
 SUITE = """
@@ -48,7 +48,7 @@ def test_the_plan_starts_a_head_a_ray_node_per_workload_node_and_the_driver(tmp_
     head, node0, node1, driver = plan.processes
     gcs = plan.options["gcs_address"]
     assert head.argv[head.argv.index("--port") + 1] == gcs.rsplit(":", 1)[1]
-    assert gcs.startswith("127.0.0.1:")
+    assert gcs.startswith("127.0.0.2:")  # the loopback, and not an address Ray rewrites to the host's
     for p in (node0, node1):
         assert p.argv[p.argv.index("--address") + 1] == gcs
         assert p.argv[p.argv.index("--num-cpus") + 1] == "2"  # ranks per node
