@@ -16,25 +16,32 @@ and node faults reach them):
   the workload's process-group timeout)`` and ``RunConfig(storage_path=the run's checkpoint directory,
   failure_config=FailureConfig(max_failures))``.
 
-Every Ray process shares one temp dir, ``/tmp/cbray-<hash of the run dir>``: a link to ``<run dir>/ray`` (Ray's
-sockets must live under a short path; its logs are kept with the run); the link is removed when the run's
-processes are gone (:meth:`RayTrainFramework.cleanup`).
+Ray's temp dirs (sessions, sockets, logs) are ``/tmp/cbray-<hash of the run dir>/<node>``, one per node (each
+node's log monitor forwards every log file under its dir to the driver: a shared one sent each line twice), under
+a link to ``<run dir>/ray`` (Ray's Unix sockets need a short path; its logs stay with the run); the link is
+removed once the run's processes are gone (:meth:`RayTrainFramework.cleanup`). Addresses: Ray gives a node the
+host's own address even when told ``127.0.0.1`` (``resolve_ip_for_localhost``), and its servers listen on every
+interface; every connection stays on this host.
 
-The workload: a built-in program whose checkpoints go through the training skeleton (``ddp-mlp``, ``fsdp-lm``)
-runs inside the Ray Train worker, in the process group Ray made; its checkpoints are written into Ray Train's
+The workload: a built-in program whose checkpoints go through the training skeleton (``ddp-mlp``: its
+``bridged_checkpoints``) runs inside the Ray Train worker, in the process group Ray made; its checkpoints are written into Ray Train's
 run directory and reported with ``ray.train.report``, and a restarted worker group resumes from
 ``ray.train.get_checkpoint()`` (the restore is Ray's choice). Any other workload (``command``) runs as a child
 of the worker and resumes from its own checkpoints. Each worker-group start is a new incarnation.
 
-What counts as a reaction (Ray's own lines, which Ray forwards from its controller and workers to the driver's
-output, stamped when the driver printed them):
+What counts as a reaction (Ray's own lines, which Ray forwards from its controller, raylets and workers to the
+driver's output within milliseconds, stamped when the driver printed them):
 
-- ``detect``: the controller's failure decision (``[FailurePolicy] RETRY`` / ``RAISE``: its poll of the worker
-  group found a failed worker) and a worker's death as the driver is told of it (``A worker died or was killed``,
-  ``The actor died``);
+- ``detect``: the raylet's report of a dead worker (``A worker died or was killed ... Worker PID: <pid>``; the rank
+  whose ``rank_start`` gave that pid is its ``blame_rank``), and the controller's failure decision
+  (``[FailurePolicy] RETRY`` / ``RAISE``: its poll of the worker group, every ``health_check_interval_s``,
+  found a failed worker);
 - ``restart``: ``[FailurePolicy] RETRY`` (the controller restarts the worker group, within ``max_failures``);
 - ``give_up``: ``[FailurePolicy] RAISE`` and the driver's own ``Ray Train gave up`` line;
-- the restore itself is the ranks' ``ckpt_load_begin``/``ckpt_load_end`` of the checkpoint Ray handed them.
+- the restore itself is the ranks' ``ckpt_load_begin``/``ckpt_load_end`` of the checkpoint Ray handed them (a
+  worker prints ``ray train: restoring from checkpoint <path>``). A checkpoint reaches Ray's checkpoint manager
+  only at the controller's next poll after its ``ray.train.report``: one reported less than a poll before a fault
+  can be lost, and Ray then restores an older one.
 """
 
 from __future__ import annotations

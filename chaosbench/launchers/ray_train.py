@@ -13,12 +13,12 @@ Each Ray Train worker runs :func:`train_loop`: it numbers the worker group's sta
 counts the starts in a file of the run and broadcasts the count over the process group Ray made), then runs the
 workload in one of two ways:
 
-- ``in-process`` (a built-in program whose checkpoints go through the training skeleton): the program's ``main``
-  runs in the worker itself, in the process group Ray made, with a :class:`RayCheckpoints` bridge: every complete
-  checkpoint is reported with ``ray.train.report`` (rank 0 reports the directory, written in Ray's own run
-  directory under the storage path, with ``CheckpointUploadMode.NO_UPLOAD``: nothing is copied), and at start the
-  program resumes from ``ray.train.get_checkpoint()``, the checkpoint Ray hands a restarted worker group, or from
-  scratch when Ray has none. The worker process is the rank (its pid in ``rank_start``).
+- ``in-process`` (a built-in program whose checkpoints go through the training skeleton, ``bridged_checkpoints``):
+  the program's ``main`` runs in the worker itself, in the process group Ray made, with a :class:`RayCheckpoints`
+  bridge: every complete checkpoint is reported with ``ray.train.report`` (rank 0 reports the directory, written in
+  Ray's own run directory under the storage path, with ``CheckpointUploadMode.NO_UPLOAD``: nothing is copied), and
+  at start the program resumes from ``ray.train.get_checkpoint()``, the checkpoint Ray hands a restarted worker
+  group, or from scratch when Ray has none. The worker process is the rank (its pid in ``rank_start``).
 - ``subprocess`` (any other workload, e.g. ``command``): the workload's command line runs as a child of the worker
   with the torch.distributed variables of the worker's rank and a rendezvous port of its own (rank 0 picks it);
   the child dies with the worker (PR_SET_PDEATHSIG) and its failure (a non-zero exit) fails the worker. Ray's

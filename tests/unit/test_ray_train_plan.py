@@ -48,7 +48,7 @@ def test_the_plan_starts_a_head_a_ray_node_per_workload_node_and_the_driver(tmp_
     head, node0, node1, driver = plan.processes
     gcs = plan.options["gcs_address"]
     assert head.argv[head.argv.index("--port") + 1] == gcs.rsplit(":", 1)[1]
-    assert gcs.startswith("127.0.0.2:")  # the loopback, and not an address Ray rewrites to the host's
+    assert gcs.startswith("127.0.0.1:")
     for p in (node0, node1):
         assert p.argv[p.argv.index("--address") + 1] == gcs
         assert p.argv[p.argv.index("--num-cpus") + 1] == "2"  # ranks per node
@@ -58,9 +58,10 @@ def test_the_plan_starts_a_head_a_ray_node_per_workload_node_and_the_driver(tmp_
         assert a[3:5] == ["start", "--block"]
         assert a[a.index("--node-ip-address") + 1] == "127.0.0.1"
         assert a[a.index("--object-store-memory") + 1] == str(100 * 1024 * 1024)
-        assert a[a.index("--temp-dir") + 1] == plan.options["temp_dir"]
+        # a temp dir of its own per node: each node's log monitor forwards every file under its own
+        assert a[a.index("--temp-dir") + 1] == f"{plan.options['temp_dir']}/{p.node}"
         assert "--disable-usage-stats" in a
-        assert p.env["RAY_USAGE_STATS_ENABLED"] == "0"
+        assert p.env["RAY_USAGE_STATS_ENABLED"] == "0" and p.env["RAY_ADDRESS"] == gcs
         assert p.env["CHAOSBENCH_NODE"] == p.node  # Ray's workers inherit their raylet's environment
     ports = [p.argv[p.argv.index("--dashboard-agent-listen-port") + 1] for p in (head, node0, node1)]
     assert len(set(ports)) == 3  # one host: each node's agent on a port of its own
