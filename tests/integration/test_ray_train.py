@@ -116,9 +116,9 @@ def test_ray_train_restarts_a_killed_worker_from_the_checkpoint_it_kept(run_suit
 
 # Elastic (num_workers=(1, 2)) on 2 Ray nodes of 1 CPU: node1 lost after step 13 (its ray start and every process
 # under it SIGKILLed at once). Ray's controller decides at its next poll, before the GCS has marked the node dead
-# (3 missed checks of 1 s): it sees 2 workers' worth of resources still and waits worker_group_start_timeout_s for
-# a placement group that cannot be placed, then restarts with the 1 worker the cluster has (measured here, not
-# assumed: the assertions below accept either order of those two facts).
+# (3 missed checks of 1 s): it saw 2 workers' worth of resources still and waited worker_group_start_timeout_s
+# (twice, in the run measured here) for a placement group that could not be placed, then restarted with the 1
+# worker the cluster had. How many such waits happen depends on when the GCS gives the node up: not asserted.
 NODE_SUITE = f"""
 name: ray-node
 seed: 3
@@ -157,6 +157,8 @@ def test_ray_train_goes_on_with_fewer_workers_after_losing_a_node(run_suite) -> 
     assert retries and retries[0] == "worker group", retries
     assert m.restarts_claimed == len(retries) and "[FailurePolicy] RAISE" not in logs
     assert m.restart_count == 1  # one incarnation beyond the first: a start that timed out started no rank
-    if len(retries) == 2:  # the stale-resources wait: Ray's startup timeout, then the smaller world
-        assert retries[1] == "controller" and "The worker group startup timed out after 10.0 seconds" in logs
+    # after the first, each decision is on a start that timed out waiting for the lost node's CPU (the GCS still
+    # counted it); a restart Ray reports that started no rank: the verdict names the mismatch
+    assert all(r == "controller" for r in retries[1:]), retries
+    assert (len(retries) > 1) == ("The worker group startup timed out after 10.0 seconds" in logs)
     assert m.detected and m.time_to_detect_s is not None and m.time_to_detect_s < 2.0
