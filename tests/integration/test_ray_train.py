@@ -96,7 +96,7 @@ def test_ray_train_restarts_a_killed_worker_from_the_checkpoint_it_kept(run_suit
     restored = set(re.findall(r"ray train: restoring from checkpoint (\S+)", out + err))
     assert len(restored) == 1, restored
     path = Path(restored.pop())
-    assert path.parent == run_dir / "checkpoints" / "ray-train" and marked_step(path) == 10
+    assert path.parent == run_dir / "checkpoints" and marked_step(path) == 10
     loads = [e for e in events if e.kind == "ckpt_load_end"]
     assert sorted((e["rank"], e["step"], e["incarnation"]) for e in loads) == [(0, 10, 1), (1, 10, 1)]
     # Ray's own record of the checkpoints reported to it (its checkpoint manager's snapshot, written as they came)

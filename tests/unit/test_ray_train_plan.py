@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from chaosbench.frameworks.ray_train import RAY_RUN_NAME, ray_temp_link
+from chaosbench.frameworks.ray_train import ray_temp_link
 from chaosbench.launchers.ray_train import next_attempt
 from chaosbench.runner import Runner
 from chaosbench.workloads.skeleton import COMPLETE_MARKER, mark_complete, marked_step
@@ -76,13 +76,14 @@ def test_the_trainer_gets_the_workloads_world_its_timeout_and_the_runs_checkpoin
     assert cfg["num_workers"] == 4 and cfg["max_failures"] == 2 and cfg["nodes"] == 3 and cfg["cpus"] == 4
     assert cfg["torch_timeout_s"] == 13  # TorchConfig takes whole seconds: 12.5 rounded up
     assert plan.timeouts["workload_pg_timeout_s"] == 13.0
-    storage = Path(cfg["storage_path"])
-    assert cfg["name"] == RAY_RUN_NAME
+    ray_run_dir = Path(cfg["storage_path"]) / cfg["name"]
     loop = cfg["loop"]
-    # ddp-mlp runs inside the worker and writes its checkpoints into Ray Train's own run directory
+    # ddp-mlp runs inside the worker and writes its checkpoints into Ray Train's own run directory, which is the
+    # run's checkpoint directory
     assert loop["mode"] == "in-process"
     assert loop["argv"][1:3] == ["-m", "chaosbench.workloads.ddp_mlp"]
-    assert loop["argv"][loop["argv"].index("--ckpt-dir") + 1] == str(storage / RAY_RUN_NAME)
+    assert loop["argv"][loop["argv"].index("--ckpt-dir") + 1] == str(ray_run_dir)
+    assert ray_run_dir == tmp_path / "ray-plan" / "ray-train__control" / "0" / "checkpoints"
 
 
 def test_elastic_worker_counts_and_a_workload_run_as_a_child(tmp_path: Path) -> None:
