@@ -287,6 +287,7 @@ FRAMEWORKS: Registry[Framework[Any]] = Registry(
         "torchrun-elastic": "chaosbench.frameworks.torchrun_elastic:ElasticFramework",
         "torchft": "chaosbench.frameworks.torchft:TorchftFramework",
         "nvrx": "chaosbench.frameworks.nvrx:NvrxFramework",
+        "ray-train": "chaosbench.frameworks.ray_train:RayTrainFramework",
         "slurm-requeue": "chaosbench.frameworks.slurm_requeue:SlurmRequeueFramework",
         "balancer": "chaosbench.frameworks.balancer:BalancerFramework",
     },

@@ -768,6 +768,7 @@ class Runner:
         watcher = _checkpoint_watcher(job, timeline, follower)
         if watcher is not None:
             teardown.cleanup("checkpoint watcher", watcher.stop)
+        teardown.cleanup("framework cleanup", framework.cleanup, job)  # after the runtime's: its processes gone
         teardown.cleanup("runtime cleanup", runtime.cleanup)
         runtime.provision(sc.workload.nodes)  # container nodes: now, after the faults' prepare, all at once
         for controller in controllers:

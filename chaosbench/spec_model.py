@@ -108,7 +108,7 @@ class _Strict(BaseModel):
 
 #: The processes a fault can target by what they do, each resolved by the framework adapter that has it
 #: (:attr:`~chaosbench.frameworks.base.Framework.roles`).
-ROLES = ("rank0", "agent", "rendezvous-host", "lighthouse", "bridge")
+ROLES = ("rank0", "agent", "rendezvous-host", "lighthouse", "bridge", "head", "node", "driver")
 
 
 class Target(_Strict):
@@ -116,13 +116,14 @@ class Target(_Strict):
     (a list), ``node`` (every rank on that node, e.g. ``node1``, or ``random``) or ``all``. Shorthands:
     ``target: 1``, ``target: random``, ``target: [0, 1]``, ``target: all``. Or a process by its ``role``
     (:data:`ROLES`: rank 0, a launcher agent, the process that hosts the rendezvous store, TorchFT's
-    Lighthouse, nvrx's bridge of a rank to its rank monitor), with ``node`` choosing among several (an agent per node; default: the first)."""
+    Lighthouse, nvrx's bridge of a rank to its rank monitor, Ray's head node, a Ray worker node's ``ray start``,
+    the Ray Train driver), with ``node`` choosing among several (an agent per node; default: the first)."""
 
     rank: int | Literal["random"] | None = None
     ranks: list[int] | None = None
     node: str | None = None
     all: bool = False
-    role: Literal["rank0", "agent", "rendezvous-host", "lighthouse", "bridge"] | None = None
+    role: Literal["rank0", "agent", "rendezvous-host", "lighthouse", "bridge", "head", "node", "driver"] | None = None
 
     @model_validator(mode="before")
     @classmethod

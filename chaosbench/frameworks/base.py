@@ -466,6 +466,15 @@ class Framework(ABC, Generic[O]):
             why, in words.
         """
 
+    def cleanup(self, job: JobContext) -> None:
+        """Remove what the adapter made on the harness's host besides processes (Ray's temp-dir link), once the
+        run's processes are gone (the runner calls it after the runtime's cleanup, also after a failed run);
+        safe to call twice. Nothing by default.
+
+        Args:
+            job: The run, as it was planned.
+        """
+
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         """Every timeout in force that shapes detection and recovery, in seconds (None: no timeout).
 

@@ -486,6 +486,19 @@ class CaptureLimitWatcher:
 
 
 # ---------------------------------------------------------------------------------------------- trees
+#: How long a teardown waits for SIGKILLed processes to be gone (seconds): the kernel ends one at once, but a big
+#: process takes a moment to exit (its memory freed), and a leftover check made in that moment would count it
+#: (a Ray worker that had not finished its graceful exit within the grace was still running 10 ms after SIGKILL).
+KILL_WAIT_S = 5.0
+
+
+def _kill_and_wait(procs: Iterable[psutil.Process]) -> None:
+    """SIGKILL each of ``procs`` still running, then wait up to :data:`KILL_WAIT_S` for them to be gone."""
+    procs = [p for p in procs if running(p)]
+    send(procs, signal.SIGKILL)
+    wait_until(lambda: not any(running(p) for p in procs), KILL_WAIT_S, interval_s=_TEARDOWN_POLL_S)
+
+
 class ProcessTrees:
     """The process trees a runtime started on this host. ``known`` remembers every process ever seen in them, so
     orphans that outlived their parents are still found at cleanup."""
@@ -530,13 +543,13 @@ class ProcessTrees:
 
         wait_until(gone, grace_s, interval_s=_TEARDOWN_POLL_S)
         procs.update(self.scan(roots()))
-        send(procs.values(), signal.SIGKILL)
+        _kill_and_wait(procs.values())
 
     def kill_known(self) -> None:
         """SIGKILL every process ever seen in the trees that still runs (orphans included)."""
         with self._lock:
             known = list(self.known.values())
-        send(known, signal.SIGKILL)
+        _kill_and_wait(known)
 
     def alive(self, roots: Iterable[Pid]) -> list[int]:
         """Pids of the trees' processes (known, and the running ``roots``' trees) that still run."""

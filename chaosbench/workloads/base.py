@@ -54,6 +54,10 @@ class Workload(ABC, Generic[O]):
     #: Whether the program checkpoints into the run's checkpoint directory (a fault that poisons a checkpoint
     #: needs one).
     checkpoints: ClassVar[bool] = False
+    #: Whether the program's checkpoints go through the training skeleton's :class:`~chaosbench.workloads.skeleton.
+    #: Checkpoints`, so that a launcher running it inside its own worker can keep them and choose the one to
+    #: resume from (:class:`~chaosbench.workloads.skeleton.CheckpointBridge`: Ray Train's ``ray.train.report``).
+    bridged_checkpoints: ClassVar[bool] = False
     #: Whether the program is a server (replicas answering requests), not a trainer: what a load-balancer
     #: framework runs.
     serves: ClassVar[bool] = False

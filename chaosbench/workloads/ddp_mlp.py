@@ -98,6 +98,7 @@ class DdpMlpWorkload(TrainingProgram[DdpMlpOptions]):
     name: ClassVar[str] = "ddp-mlp"
     program: ClassVar[str] = PROGRAM
     desyncs: ClassVar[frozenset[str]] = frozenset({"skip", "shape", "op"})
+    bridged_checkpoints: ClassVar[bool] = True
 
 
 class GradSync:

@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -192,18 +192,23 @@ def init_distributed(program: str, pg_timeout_s: float, backend: str | None, det
                      store: Any = None) -> Dist:  # fmt: skip
     """Check the env:// variables, pick the device (CUDA with NCCL when present), create the process group.
     ``deterministic``: deterministic CUDA kernels (a bit-identical resume needs them for embeddings and
-    attention). ``store``: rendezvous through this c10d store instead of env://'s."""
+    attention). ``store``: rendezvous through this c10d store instead of env://'s.
+
+    A process group that already exists is used as it is (its rank, world size, backend and timeout; ``backend``
+    and ``pg_timeout_s`` are then not applied): a launcher that runs the program inside its own worker made it
+    (Ray Train's TorchTrainer, :mod:`chaosbench.launchers.ray_train`)."""
     import torch
     import torch.distributed as dist
 
+    made = dist.is_available() and dist.is_initialized()
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if var not in os.environ:
+        if var not in os.environ and not made:
             raise SystemExit(f"{program}: {var} is not set; launch with torchrun or set the env:// variables")
     torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
+    rank = dist.get_rank() if made else int(os.environ["RANK"])
+    world_size = dist.get_world_size() if made else int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = str(dist.get_backend()) if made else backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -213,8 +218,9 @@ def init_distributed(program: str, pg_timeout_s: float, backend: str | None, det
             torch.use_deterministic_algorithms(True)
     else:
         device = torch.device("cpu")
-    via = {} if store is None else {"store": store, "rank": rank, "world_size": world_size}
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=pg_timeout_s), **via)
+    if not made:
+        via = {} if store is None else {"store": store, "rank": rank, "world_size": world_size}
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=pg_timeout_s), **via)
     return Dist(rank, world_size, local_rank, backend, device)
 
 
@@ -384,6 +390,43 @@ def mark_complete(path: Path, payload: dict[str, Any]) -> None:
         os.close(dir_fd)
 
 
+class CheckpointBridge(Protocol):
+    """A launcher that keeps the run's checkpoints itself and decides which one a restart resumes from (Ray
+    Train: ``ray.train.report`` and ``ray.train.get_checkpoint``, :mod:`chaosbench.launchers.ray_train`),
+    installed in the rank's process with :func:`use_checkpoint_bridge` before the program's ``main`` runs.
+
+    ``saved(step, path)``: every rank, once the checkpoint of ``step`` at ``path`` is complete (inside the save's
+    ``ckpt_save`` bracket, so its cost counts); ``restore_from()``: rank 0, at start: the checkpoint directory to
+    resume from (one this program wrote), or None to start from scratch."""
+
+    def saved(self, step: int, path: Path) -> None: ...
+
+    def restore_from(self) -> Path | None: ...
+
+
+#: The checkpoint bridge of this process (None: the program picks the newest complete checkpoint itself).
+_bridge: CheckpointBridge | None = None
+
+
+def use_checkpoint_bridge(bridge: CheckpointBridge | None) -> None:
+    """Make ``bridge`` the launcher that keeps this process's checkpoints (None: none): read by every
+    :class:`Checkpoints` made afterwards."""
+    global _bridge
+    _bridge = bridge
+
+
+def marked_step(path: Path) -> int:
+    """The step of the checkpoint directory ``path``: its ``COMPLETE`` marker's, else its name's
+    (``step_00000020``). Raises RuntimeError naming ``path`` when it has neither."""
+    try:
+        return int(json.loads((path / COMPLETE_MARKER).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if path.name.startswith(CKPT_DIR_PREFIX) and path.name[len(CKPT_DIR_PREFIX) :].isdigit():
+        return int(path.name[len(CKPT_DIR_PREFIX) :])
+    raise RuntimeError(f"checkpoint {path}: no {COMPLETE_MARKER} marker with its step, and no step in its name")
+
+
 class Checkpoints:
     """Saving and resuming the full resumable state of a program with DCP.
 
@@ -401,6 +444,8 @@ class Checkpoints:
         self.rng_key = f"rng.rank{dist.rank}"
         #: Keys of ``state`` saved but neither read nor applied on resume (a planted bug: ``("optim",)``).
         self.skip_on_load = skip_on_load
+        #: The launcher that keeps the checkpoints (:class:`CheckpointBridge`), when one runs this program.
+        self.bridge = _bridge
 
     @classmethod
     def for_training(cls, ckpt_dir: str, probe: Probe, dist: Dist, model: Any, optimizer: Any, scheduler: Any,
@@ -473,10 +518,13 @@ class Checkpoints:
                 mark_complete(path, {**marker, "t_ns": time.time_ns()})
             d.barrier()
             info["complete"] = True
+            if self.bridge is not None:
+                self.bridge.saved(step, path)
 
     def resume(self, seed: int, fallback: bool = False, restore_rng: bool = True) -> tuple[int, Path | None]:
         """Load the newest complete checkpoint (``fallback``: on any rank's failure, the next older one; a
-        ``ckpt_load_failed`` event says why) and return (its data position, its path); (0, None) without one.
+        ``ckpt_load_failed`` event says why), or under a launcher's :class:`CheckpointBridge` the one it names
+        (and no other), and return (its data position, its path); (0, None) without one.
         A checkpoint written at another world size loads too; a rank that had no RNG key in it reseeds from
         ``(seed, 0x64726F70, rank, step)``. ``restore_rng=False``: the planted ``forget-rng`` bug."""
         import torch
@@ -487,12 +535,16 @@ class Checkpoints:
         d = self.dist
         box: list[Any] = [None]
         if d.rank == 0:
-            candidates = complete_steps(self.ckpt_dir)
-            box[0] = candidates if fallback else candidates[:1]
+            if self.bridge is not None:  # the launcher decides: its one checkpoint, or none
+                source = self.bridge.restore_from()
+                box[0] = [] if source is None else [(marked_step(source), str(source))]
+            else:
+                candidates = complete_steps(self.ckpt_dir)
+                box[0] = [(s, str(ckpt_path(self.ckpt_dir, s))) for s in (candidates if fallback else candidates[:1])]
         dist.broadcast_object_list(box, src=0)
-        tried: list[int] = box[0]
-        for step in tried:
-            path = ckpt_path(self.ckpt_dir, step)
+        tried: list[tuple[int, str]] = box[0]
+        for step, where in tried:
+            path = Path(where)
             error: str | None = None
             position = 0
             try:
@@ -532,5 +584,5 @@ class Checkpoints:
             print(f"resumed from {path} at step {position}{resized}", flush=True)
             return position, path
         if tried:
-            raise RuntimeError(f"no checkpoint in {self.ckpt_dir} could be loaded (tried steps {tried})")
+            raise RuntimeError(f"no checkpoint in {self.ckpt_dir} could be loaded (tried steps {[s for s, _ in tried]})")
         return 0, None

@@ -83,6 +83,7 @@ def serve_problem() -> str | None:
 ENGINE_MODULES = {
     "torchft": ("torchft", "pip install --no-deps torchft==0.2.0 and its opentelemetry deps"),
     "nvrx": ("nvidia_resiliency_ext.fault_tolerance", "pip install -e '.[nvrx]'"),
+    "ray": ("ray.train.torch", "pip install -e '.[ray]'"),
 }
 
 

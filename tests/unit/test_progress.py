@@ -276,8 +276,8 @@ def test_suite_plan_of_the_compare_suite() -> None:
                {"framework": "restart", "fault": "kill-rank", "expected_s": 0.05, "resume_floor_s": None},
                {"framework": "none", "fault": "kill-rank", "expected_s": None, "resume_floor_s": None}]  # fmt: skip
     plan = suite_plan(suite, outlook)
-    assert len(plan) == suite.run_count() == 78
-    assert [p.index for p in plan] == list(range(1, 79))
+    assert len(plan) == suite.run_count() == 91
+    assert [p.index for p in plan] == list(range(1, 92))
     assert plan[0] == PlannedRun(1, "none/control #0", "none", "control", 150 + RUN_OVERHEAD_S, 0.0)
     assert plan[14] == PlannedRun(15, "restart/kill-rank #0", "restart", "kill-rank", 150 + RUN_OVERHEAD_S, 0.05)
     assert [p.floor_s for p in plan if p.label.startswith("torchrun/hang-rank")] == [40.1] * 3
