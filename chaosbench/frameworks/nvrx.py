@@ -3,8 +3,18 @@
 ``ft_launcher`` is torchrun's elastic agent plus one rank monitor per rank: each rank connects to its monitor
 (``RankMonitorClient``) and sends heartbeats and opens/closes named sections; the monitor declares the rank hung
 when a heartbeat or a section exceeds its timeout, kills it (``rank_termination_signal``, SIGKILL by default,
-after a SIGCONT) and the launcher restarts the worker group. Measured here with nvidia-resiliency-ext 0.4.1 on
-CPU/gloo (see docs/nvrx.md): it runs; the GPU/NIC health checks only log that NVML is missing.
+after a SIGCONT) and the launcher restarts the worker group. Measured here on CPU/gloo with nvidia-resiliency-ext
+0.4.1 and 0.7.0 (docs/nvrx.md): both run; the GPU health check only logs that NVML is missing. The adapter drives
+the installed one (:func:`launcher_generation`): 0.7 replaced torch's rendezvous with its own barrier rendezvous
+(one restart budget for the job: every node restarts in the same cycle, ``TORCHELASTIC_RESTART_COUNT`` is the
+cycle), dropped ``--ft-restart-policy min-healthy``, and added hot spares (``spares``: standby agents with
+``--nnodes N:N+spares``), health checks before each rendezvous, a no-progress limit and a 15 s worker stop
+timeout.
+
+Store host: with several nodes, node0's agent hosts the rendezvous store (``--rdzv-conf is_host=true``, the others
+``false``), as on a cluster whose endpoint is node0's; it is the ``rendezvous-host`` role. Unpinned, every agent on
+one host matched the endpoint and the first to bind hosted the store: losing node1 then lost the store, and
+node0's launcher ended at once (``RendezvousConnectionError``).
 
 The built-in workloads do not call ``RankMonitorClient``. Each rank is therefore started through a bridge
 (``python -m chaosbench.launchers.nvrx bridge -- <workload argv>``): a small parent process that connects to
@@ -23,7 +33,7 @@ too), after the monitor had already recorded it open, which kills the monitor's 
 The adapter therefore always declares ``step`` and ``checkpoint``, with ``null`` (no timeout) unless
 ``section_timeouts`` sets one, and the bridge only opens sections the monitor's config names.
 
-Incarnations: ft_launcher (``--ft-restart-policy any-failed``) counts restarts per agent, and an agent that
+Incarnations (0.4): ft_launcher (``--ft-restart-policy any-failed``) counts restarts per agent, and an agent that
 restarts its group because a peer node re-joined the rendezvous (``Detected N new nodes``) does not count it, so
 ``TORCHELASTIC_RESTART_COUNT`` differs between nodes after one kill. As for torchrun-elastic, each agent runs
 through this module (``python -m chaosbench.launchers.nvrx launcher <ft_launcher args>``), which only sets
@@ -34,7 +44,11 @@ section``, ``Did not get subsequent heartbeat``; the monitor's logger prefix ``[
 names the global rank, taken as ``blame_rank``), and as for torchrun the launcher's ``failed (exitcode ...)
 local_rank: N (pid: P)``. Its restart decision is ``Worker group FAILED|UNHEALTHY. N/M attempts left; will
 restart`` (N: left before this restart); when none are left it logs ``Some rank(s) exited with non-zero exit
-code: ... Agent's exit code = 1`` (give_up: it catches torch's ChildFailedError itself).
+code: ... Agent's exit code = 1`` (give_up: it catches torch's ChildFailedError itself). 0.7 adds: an agent whose
+workers are healthy joining the restart another opened (``Joining cluster restart (group_rank=N)``, a restart),
+a failed health check (``<check> failed for node ...``, a detection), and its other ways to stop (no progress,
+another launcher's terminal failure, too many unhealthy nodes: give-ups). A give-up before any detection is the
+framework's reaction (an agent that lost its store says nothing else).
 """
 
 from __future__ import annotations
@@ -94,9 +108,11 @@ LAUNCHER_DEFAULTS: dict[Generation, dict[str, float]] = {
     "0.4": {
         "workers_stop_timeout_s": 30.0,
         "term_timeout_s": 1800.0,
-        "rdzv_join_timeout_s": 600.0,
+        # what its launcher passes to the rendezvous (its start-up line "rdzv_configs : {...}")
+        "rdzv_join_timeout_s": 900.0,
         "rdzv_last_call_timeout_s": 30.0,
-        "rdzv_close_timeout_s": 30.0,
+        "rdzv_close_timeout_s": 600.0,
+        "rdzv_read_timeout_s": 600.0,
         "exit_barrier_timeout_s": 300.0,
         "node_health_check_interval_s": 5.0,
         "restart_check_interval_s": 60.0,
@@ -106,12 +122,15 @@ LAUNCHER_DEFAULTS: dict[Generation, dict[str, float]] = {
         # --term-timeout: a signal the launcher receives (the harness's teardown) reaches the ranks as SIGTERM,
         # SIGKILL after this long
         "term_timeout_s": 1800.0,
-        # the rendezvous (0.4.1: its copy of torch's c10d one; 0.7.0: its barrier rendezvous): join (a round must
-        # complete within it), last call (0.7: a round with enough nodes waits this long for previously active
-        # ones before taking hot spares), close
-        "rdzv_join_timeout_s": 600.0,
+        # the rendezvous (0.4.1: its copy of torch's c10d one; 0.7.0: its barrier rendezvous), as the launcher
+        # passes it (its start-up line "rdzv_configs : {...}"): join (a round must complete within it), last call
+        # (0.7: a round with enough nodes waits this long for previously active ones before taking hot spares),
+        # close, read (a store read), and how long a node waits for the store host to listen
+        "rdzv_join_timeout_s": 300.0,
         "rdzv_last_call_timeout_s": 1.0,
         "rdzv_close_timeout_s": 30.0,
+        "rdzv_read_timeout_s": 60.0,
+        "store_connect_wait_s": 120.0,
         # LocalElasticAgent exit_barrier_timeout: a finished node waits this long for the others
         "exit_barrier_timeout_s": 300.0,
         "node_health_check_interval_s": 5.0,
@@ -124,36 +143,46 @@ LAUNCHER_DEFAULTS: dict[Generation, dict[str, float]] = {
     },
 }
 
-# A rank monitor logs under ``[RankMonServer<monitor pid>@<host>:<global rank of the connected rank>]``: the only
-# place a monitor's timeout line names the rank it is about to kill (the message itself names none, and its
-# "sent SIGCONT then SIGKILL to the rank (PID=...)" is DEBUG only). 0.7 puts ``[Cycle N] `` before the message.
-_RMON = r"(?:\[RankMonServer\d+@[^\]\s]*:(?P<blame_rank>\d+)\] )?(?:\[Cycle \d+\] )?"
+# 0.4: a rank monitor logs under ``[RankMonServer<monitor pid>@<host>:<global rank of the connected rank>]``: the
+# only place a monitor's timeout line names the rank it is about to kill (the message itself names none, and its
+# "sent SIGCONT then SIGKILL to the rank (PID=...)" is DEBUG only).
+_RMON_04 = r"(?:\[RankMonServer\d+@[^\]\s]*:(?P<blame_rank>\d+)\] )?"
+# 0.7: through the launcher's own log format, ``[workload:<rank>(<local rank>) infra:...] <file>:<line> [Cycle N]
+# <message>``; a monitor knows its local rank (its LOCAL_RANK), its rank shows as ``?``.
+_RMON_07 = (r"(?:\[workload:(?:\?|(?P<blame_rank>\d+))\((?:\?|(?P<local_rank>\d+))\) infra:[^\]]*\] \S+ )?"
+            r"\[Cycle \d+\] ")
 
-_MONITOR_PATTERNS = [
-    LogPattern(
-        "detect", _RMON + r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent",
-        via="heartbeat",
-    ),
-    LogPattern("detect", _RMON + r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent", via="heartbeat"),
-    LogPattern(
-        "detect",
-        _RMON + r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)",
-        "agent",
-        via="heartbeat",
-    ),
-    # The launcher names the worker's local rank on its node and the pid of the worker it started (the bridge).
-    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
-               via="exit"),
-    # the restart decision of an agent whose own worker failed (N: what was left before this one)
-    LogPattern(
-        "restart",
-        r"Worker group (?:FAILED|UNHEALTHY)\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
-        "agent",
-    ),
-]
+
+def _monitor_patterns(rmon: str) -> list[LogPattern]:
+    """The rank monitors' timeout lines (``rmon``: what comes before the message), the launcher's line on a failed
+    worker and its restart decision."""
+    return [
+        LogPattern(
+            "detect", rmon + r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent",
+            via="heartbeat",
+        ),
+        LogPattern("detect", rmon + r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent", via="heartbeat"),
+        LogPattern(
+            "detect",
+            rmon + r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)",
+            "agent",
+            via="heartbeat",
+        ),
+        # The launcher names the worker's local rank on its node and the pid of the worker it started (the bridge).
+        LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
+                   via="exit"),
+        # the restart decision of an agent whose own worker failed (N: what was left before this one)
+        LogPattern(
+            "restart",
+            r"Worker group (?:FAILED|UNHEALTHY)\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; "
+            r"will restart",
+            "agent",
+        ),
+    ]
+
 
 NVRX_PATTERNS = [
-    *_MONITOR_PATTERNS,
+    *_monitor_patterns(_RMON_04),
     # min-healthy (counted by rendezvous round, from the source; not measured here):
     LogPattern(
         "restart",
@@ -172,7 +201,7 @@ NVRX_PATTERNS = [
 
 #: 0.7.0's lines (fault_tolerance/launcher.py, ft_rendezvous_barrier.py).
 NVRX07_PATTERNS = [
-    *_MONITOR_PATTERNS,
+    *_monitor_patterns(_RMON_07),
     # One restart budget for the whole job: an agent whose workers are healthy sees the next rendezvous round
     # opened by the one that failed and restarts too, spending one of its own attempts.
     LogPattern("restart", r"Joining cluster restart \(group_rank=(?P<group_rank>\d+)\)", "agent"),
@@ -339,6 +368,9 @@ class NvrxFramework(Framework[NvrxOptions]):
                 # 0.7's rendezvous closes for good when two participants share an address ("more than one
                 # ft_launcher per node (misconfiguration)"); chaosbench's local nodes share this host
                 env["NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"] = "1"
+                # its infrastructure rank (without Slurm's): active ranks go to the lowest, so node0..node{N-1} are
+                # the active nodes and the spares standby, in node order (unset: ordered by a random node id)
+                env["GROUP_RANK"] = str(n)
             name = "ft_launcher" if agents == 1 else f"ft_launcher.{node}"
             procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
         notes = [

@@ -85,6 +85,8 @@ def test_07_hot_spares_are_standby_agents(tmp_path: Path, monkeypatch: pytest.Mo
     assert {_arg(p.argv, "--nnodes") for p in plan.processes} == {"2:3"}
     assert [_arg(p.argv, "--rdzv-conf") for p in plan.processes] == ["is_host=true", "is_host=false",
                                                                      "is_host=false"]  # fmt: skip
+    # the infrastructure rank 0.7 orders nodes by: the active ranks go to node0 and node1, node2 waits
+    assert [p.env["GROUP_RANK"] for p in plan.processes] == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize(("version", "options", "why"), [
