@@ -53,6 +53,7 @@ framework's reaction (an agent that lost its store says nothing else).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, ClassVar, Literal
 
@@ -153,32 +154,36 @@ _RMON_07 = (r"(?:\[workload:(?:\?|(?P<blame_rank>\d+))\((?:\?|(?P<local_rank>\d+
             r"\[Cycle \d+\] ")
 
 
+#: The rank monitors' timeout lines, as they read after the prefix of each version's log format (_RMON_04/07).
+_MONITOR_LINES = [
+    LogPattern(
+        "detect", r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent",
+        via="heartbeat",
+    ),
+    LogPattern("detect", r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent", via="heartbeat"),
+    LogPattern(
+        "detect", r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)", "agent",
+        via="heartbeat",
+    ),
+]
+
+#: The launcher's (torch's agent's) line on a failed worker, and its restart decision.
+_AGENT_LINES = [
+    # The launcher names the worker's local rank on its node and the pid of the worker it started (the bridge).
+    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
+               via="exit"),
+    # the restart decision of an agent whose own worker failed (N: what was left before this one)
+    LogPattern(
+        "restart",
+        r"Worker group (?:FAILED|UNHEALTHY)\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
+        "agent",
+    ),
+]
+
+
 def _monitor_patterns(rmon: str) -> list[LogPattern]:
-    """The rank monitors' timeout lines (``rmon``: what comes before the message), the launcher's line on a failed
-    worker and its restart decision."""
-    return [
-        LogPattern(
-            "detect", rmon + r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent",
-            via="heartbeat",
-        ),
-        LogPattern("detect", rmon + r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent", via="heartbeat"),
-        LogPattern(
-            "detect",
-            rmon + r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)",
-            "agent",
-            via="heartbeat",
-        ),
-        # The launcher names the worker's local rank on its node and the pid of the worker it started (the bridge).
-        LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
-                   via="exit"),
-        # the restart decision of an agent whose own worker failed (N: what was left before this one)
-        LogPattern(
-            "restart",
-            r"Worker group (?:FAILED|UNHEALTHY)\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; "
-            r"will restart",
-            "agent",
-        ),
-    ]
+    """The rank monitors' timeout lines (``rmon``: what comes before the message), then the agent's lines."""
+    return [*(dataclasses.replace(p, regex=rmon + p.regex) for p in _MONITOR_LINES), *_AGENT_LINES]
 
 
 NVRX_PATTERNS = [
@@ -310,7 +315,7 @@ class NvrxFramework(Framework[NvrxOptions]):
             return f"{exc}: pip install 'chaosbench[nvrx]'"
         return None
 
-    def _generation(self, job: JobContext | None = None) -> Generation:
+    def _generation(self) -> Generation:
         """The installed launcher's generation, refused (one line) where these options cannot run on it."""
         gen = installed_generation()
         o = self.options
@@ -321,34 +326,60 @@ class NvrxFramework(Framework[NvrxOptions]):
             raise Unsupported(f"spares: {o.spares}: nvidia-resiliency-ext 0.4 has no hot spares (0.7 has)")
         return gen
 
+    def _ft_options(self, gen: Generation, sections: str) -> list[str]:
+        """ft_launcher's own options for the installed generation (every agent the same)."""
+        o = self.options
+        ft_options = [
+            *(["--workers-stop-timeout", str(o.workers_stop_timeout_s)] if o.workers_stop_timeout_s is not None
+              else []),
+            "--ft-workload-check-interval", str(o.workload_check_interval_s),
+            "--ft-initial-rank-heartbeat-timeout", str(o.initial_rank_heartbeat_timeout_s),
+            "--ft-rank-heartbeat-timeout", str(o.rank_heartbeat_timeout_s),
+            "--ft-rank-section-timeouts", sections,
+            *(["--ft-rank-out-of-section-timeout", str(o.out_of_section_timeout_s)]
+              if o.out_of_section_timeout_s is not None else []),
+            "--ft-rank-termination-signal", o.rank_termination_signal,
+            "--ft-enable-nic-monitor", "false",
+        ]  # fmt: skip
+        if gen == "0.4":
+            return [*ft_options, "--ft-restart-policy", o.restart_policy]
+        return [*ft_options, "--ft-enable-nic-healthcheck", str(o.nic_healthcheck).lower(),
+                "--ft-max-no-progress-cycles", str(o.max_no_progress_cycles)]  # fmt: skip
+
+    def _notes(self, gen: Generation, sections: str, agents: int, nnodes: str) -> list[str]:
+        o = self.options
+        notes = [
+            f"nvidia-resiliency-ext {package_version('nvidia-resiliency-ext')} (launcher generation {gen})",
+            "each rank runs under a bridge that turns its step/checkpoint events into rank-monitor heartbeats "
+            "and sections",
+            f"--ft-rank-section-timeouts {sections}: the bridge's sections are always declared (null: no "
+            "timeout)",
+        ]
+        if gen == "0.4":
+            notes.append("worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT, with "
+                         "CHAOSBENCH_INCARNATION set per start so that it is the rendezvous round (the same on "
+                         "every node)")  # fmt: skip
+        else:
+            notes.append("worker incarnation = TORCHELASTIC_RESTART_COUNT, which 0.7 sets to the rendezvous round "
+                         "(the job's cycle) on every node")  # fmt: skip
+        if agents > 1:
+            notes.append("node0's agent hosts the rendezvous store (is_host)")
+        if o.spares:
+            notes.append(f"{o.spares} hot spare node(s): --nnodes {nnodes}, the last {o.spares} agent(s) standby")
+        return notes
+
     def plan(self, job: JobContext) -> LaunchPlan:
         o = self.options
-        gen = self._generation(job)
+        gen = self._generation()
         python = job.workload_argv()[0]
         endpoint = f"{job.runtime.master_addr}:{job.runtime.free_port()}"
         sections = ",".join(f"{k}:{_opt(v)}" for k, v in o.all_section_timeouts().items())
         agents = job.nodes + o.spares
         nnodes = str(job.nodes) if not o.spares else f"{job.nodes}:{agents}"
+        ft_options = self._ft_options(gen, sections)
         procs = []
         for n in range(agents):
             node = job.node_name(n)
-            ft_options = [
-                *(["--workers-stop-timeout", str(o.workers_stop_timeout_s)]
-                  if o.workers_stop_timeout_s is not None else []),
-                "--ft-workload-check-interval", str(o.workload_check_interval_s),
-                "--ft-initial-rank-heartbeat-timeout", str(o.initial_rank_heartbeat_timeout_s),
-                "--ft-rank-heartbeat-timeout", str(o.rank_heartbeat_timeout_s),
-                "--ft-rank-section-timeouts", sections,
-                *(["--ft-rank-out-of-section-timeout", str(o.out_of_section_timeout_s)]
-                  if o.out_of_section_timeout_s is not None else []),
-                "--ft-rank-termination-signal", o.rank_termination_signal,
-                "--ft-enable-nic-monitor", "false",
-            ]  # fmt: skip
-            if gen == "0.4":
-                ft_options += ["--ft-restart-policy", o.restart_policy]
-            else:
-                ft_options += ["--ft-enable-nic-healthcheck", str(o.nic_healthcheck).lower(),
-                               "--ft-max-no-progress-cycles", str(o.max_no_progress_cycles)]  # fmt: skip
             rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", job.run_id]
             if agents > 1:
                 # node0's agent hosts the store, as on a cluster whose endpoint is node0's: on one host every agent
@@ -373,24 +404,7 @@ class NvrxFramework(Framework[NvrxOptions]):
                 env["GROUP_RANK"] = str(n)
             name = "ft_launcher" if agents == 1 else f"ft_launcher.{node}"
             procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
-        notes = [
-            f"nvidia-resiliency-ext {package_version('nvidia-resiliency-ext')} (launcher generation {gen})",
-            "each rank runs under a bridge that turns its step/checkpoint events into rank-monitor heartbeats "
-            "and sections",
-            f"--ft-rank-section-timeouts {sections}: the bridge's sections are always declared (null: no "
-            "timeout)",
-        ]
-        if gen == "0.4":
-            notes.append("worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT, with "
-                         "CHAOSBENCH_INCARNATION set per start so that it is the rendezvous round (the same on "
-                         "every node)")  # fmt: skip
-        else:
-            notes.append("worker incarnation = TORCHELASTIC_RESTART_COUNT, which 0.7 sets to the rendezvous round "
-                         "(the job's cycle) on every node")  # fmt: skip
-        if agents > 1:
-            notes.append("node0's agent hosts the rendezvous store (is_host)")
-        if o.spares:
-            notes.append(f"{o.spares} hot spare node(s): --nnodes {nnodes}, the last {o.spares} agent(s) standby")
+        notes = self._notes(gen, sections, agents, nnodes)
         return self.launch_plan(job, procs, NVRX_PATTERNS if gen == "0.4" else NVRX07_PATTERNS,
                                 options={**o.model_dump(), "launcher_generation": gen, "nnodes": nnodes},
                                 notes=notes)  # fmt: skip

@@ -1,5 +1,6 @@
 """The nvrx adapter's plan per launcher generation (the installed nvidia-resiliency-ext: 0.4.x or 0.7.x): the
-store host pinned on node0, the options each generation takes, hot spares, and what it refuses."""
+store host pinned on node0, the options each generation takes, hot spares, what it refuses; and 0.7's lines as
+events."""
 
 from __future__ import annotations
 
@@ -106,3 +107,46 @@ def test_without_the_package_the_adapter_says_what_to_install(monkeypatch: pytes
     monkeypatch.setattr(nvrx, "package_version", lambda name: None)
     missing = nvrx.NvrxFramework.missing_engine(nvrx.NvrxOptions(), LocalRuntime)
     assert missing is not None and "pip install 'chaosbench[nvrx]'" in missing
+
+
+def _matches(patterns, line: str) -> list[tuple[str, dict[str, str]]]:
+    import re
+
+    return [(p.kind, {k: v for k, v in m.groupdict().items() if v is not None})
+            for p in patterns if (m := re.search(p.regex, line))]  # fmt: skip
+
+
+# Lines of 0.7.0's launcher, copied from the runs of docs/nvrx.md (2026-12-05), but for the failed health check:
+# no check fails on this machine, so that line is written as its source writes it (ft_rendezvous_barrier.py:2629).
+_PREFIX = "2026-12-05 07:28:54,988 [INFO] [vm] [workload:?(?) infra:?(?)] "
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("2026-12-05 07:27:10,315 [WARNING] [vm] [workload:?(0) infra:?(?)] rank_monitor_server.py:522 [Cycle 0] Section "
+     "'step' has been open for 3.06 seconds. Timeout is 3.00 seconds.",
+     [("detect", {"local_rank": "0", "section": "step", "open_s": "3.06"})]),
+    (_PREFIX + "launcher.py:636 [default] Joining cluster restart (group_rank=0)",
+     [("restart", {"group_rank": "0"})]),
+    (_PREFIX + "launcher.py:636 [default] Worker group FAILED. 3/3 attempts left; will restart worker group",
+     [("restart", {"attempts_left": "3", "max_restarts": "3"})]),
+    ("E1205 07:28:54.922000 22452 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+     "(exitcode: -9) local_rank: 0 (pid: 22506) of binary: /work/venv-nvrx/bin/python",
+     [("detect", {"exitcode": "-9", "local_rank": "0"})]),
+    (_PREFIX + "launcher.py:3750 Agent run ended with exception, e=DistNetworkError('Connection reset by peer'). "
+     "Agent's exit code = 1", [("give_up", {})]),
+    (_PREFIX + "ft_rendezvous_barrier.py:2629 NIC link state health check failed for node localhost_1_0: Node "
+     "localhost_1_0 has unhealthy NIC link(s).", [("detect", {})]),
+    (_PREFIX + "ft_rendezvous_barrier.py:2752 Assigned active rank 1 (round=1)", [("log", {})]),
+    # on CPU, every rendezvous: no detection
+    ("2026-12-05 07:28:38,820 [WARNING] [vm] [workload:?(?) infra:?(?)] health_check.py:344 Health checks are "
+     "disabled; skipping synchronous check.", []),
+])  # fmt: skip
+def test_07_lines_become_events(line: str, want: list[tuple[str, dict[str, str]]]) -> None:
+    assert _matches(nvrx.NVRX07_PATTERNS, line) == want
+
+
+def test_a_health_check_failure_is_a_detection_by_a_node_health_check() -> None:
+    (p,) = [p for p in nvrx.NVRX07_PATTERNS if p.via == "health check"]
+    from chaosbench.analysis.attribution import DETECTION_MECHANISMS
+
+    assert DETECTION_MECHANISMS[p.via] == "node health check"
