@@ -263,8 +263,8 @@ class NvrxOptions(BaseModel):
         default="any-failed", description="--ft-restart-policy (0.4 only; 0.7 has any-failed alone)"
     )
     spares: int = Field(
-        default=0, ge=0, description="0.7: hot spare nodes, started with the job: they wait as standby (--nnodes "
-        "N:N+spares) and one takes a lost node's place at the next restart",
+        default=0, ge=0, description="0.7: hot spare nodes: agents that wait as standby (--nnodes N:N+spares), "
+        "started once the first round assigned the active ranks, one taking a lost node's place at the next restart",
     )
     max_no_progress_cycles: int = Field(
         default=3, description="0.7: --ft-max-no-progress-cycles (its default; inactive without a checkpoint "
@@ -473,10 +473,24 @@ class NvrxFramework(Framework[NvrxOptions]):
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         """Start the agents and wait: completed when every agent exited 0, except those a signal killed (a lost
-        node's) when another finished; failed when all have exited otherwise."""
+        node's) when another finished; failed when all have exited otherwise. Hot spares start once every active
+        node's agent logged its rank of the first round (``Assigned active rank``): 0.7 closes a round as soon as
+        the minimum number of nodes is there, so spares started with the others took an active rank whenever they
+        joined first (measured: node2 active and node1 standby, and a fault on node1 hit an idle spare)."""
         watcher = LogWatcher(self.label, plan.patterns, control.timeline)
-        agents: list[ProcHandle] = [control.runtime.start(p, on_line=watcher) for p in plan.processes]
+        assigned: set[str] = set()
+
+        def on_line(handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
+            watcher(handle, stream, line, t_ns)
+            if "Assigned active rank" in line:
+                assigned.add(handle.name)
+
+        active, spares = plan.processes[:job.nodes], plan.processes[job.nodes:]
+        agents: list[ProcHandle] = [control.runtime.start(p, on_line=on_line) for p in active]
         while True:
+            if spares and len(assigned) >= len(active):
+                agents += [control.runtime.start(p, on_line=on_line) for p in spares]
+                spares = []
             codes = [a.poll() for a in agents]
             if all(c is not None for c in codes):
                 lost = [a.name for a, c in zip(agents, codes, strict=True) if c is not None and c < 0]
