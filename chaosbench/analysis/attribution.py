@@ -198,6 +198,7 @@ DETECTION_MECHANISMS = {
     "exit": "process exit",
     "scheduler": "scheduler job state",
     "heartbeat": "framework heartbeat",
+    "health check": "node health check",
     "step watchdog": "step watchdog",
     "loss guard": "loss guard",
     "manager": "collective error",

@@ -4,7 +4,9 @@ whom it blamed, when training resumed, the work it lost, and how that fault ende
 
 Each ``fault_inject`` of the run, in the order they took effect, is one fault (a repeating trigger or a planted
 bug that fires in every incarnation makes several). A fault's window runs from when it took effect to when the
-next one did (or the run's end): its detection is the first ``detect`` in it, its resume the first step after
+next one did (or the run's end): its detection is the first ``detect`` in it, or a ``give_up`` before any (a
+framework that stopped trying had noticed the failure: ft_launcher that lost its rendezvous store ends at once,
+saying so, with no line of its own before that), its resume the first step after
 recovery in it; a fault whose job had not resumed when the next one hit is ``interrupted`` by it, and the
 recovery that followed is the next fault's (its lost work is still its own: from where its incarnation stood to
 the point the job finally resumed from). How a fault ended (``status``):
@@ -132,7 +134,8 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
     # after that is a flap, not a reaction to it); under per-step commit a survivor's step that was in flight
     # when the fault hit may commit at once: the job has not recovered until the framework reacted, so there the
     # resume comes after the detection instead.
-    detects = [e for e in ix.of("detect") if e.t_ns >= tf and (until is None or e.t_ns < until)]
+    # A give-up is a reaction too: an agent that ends at once on losing its store names no failure before it.
+    detects = [e for e in ix.of("detect", "give_up") if e.t_ns >= tf and (until is None or e.t_ns < until)]
     if ix.per_step_commit:
         detect = detects[0] if detects else None
         eventually = timing.resume_point(steps, fp, True, after_ns=detect.t_ns if detect is not None else None)

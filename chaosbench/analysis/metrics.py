@@ -11,8 +11,9 @@ Definitions (normative; all times in seconds on the timeline's one clock, ``faul
 ``fault_inject`` event's stamp, taken just before the injector acted; each fault of a run is also measured on its
 own, ``faults`` below):
 
-- ``time_to_detect_s``: first framework reaction (a ``detect`` event) at or after the fault, minus the
-  fault time. No ``detect`` event before the run ended: missing, and ``detected`` is False.
+- ``time_to_detect_s``: first framework reaction (a ``detect`` event, or a ``give_up`` before any: a framework
+  that stopped trying noticed the failure) at or after the fault, minus the fault time. Neither before the run
+  ended: missing, and ``detected`` is False.
 - ``time_to_resume_s``: first completed training step after recovery, minus the fault time. When a newer
   incarnation than the one running at the fault started after it, that is the newer incarnation's first
   step (steps the faulted incarnation still completed after the fault were in flight and count as completed

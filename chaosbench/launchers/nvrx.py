@@ -37,9 +37,10 @@ def launcher_main(args: list[str]) -> int:
     """ft_launcher with incarnations numbered by rendezvous round; ft_launcher itself runs unchanged."""
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
-    # ft_launcher (any-failed policy) counts restarts per agent and does not count a restart for a membership
+    # ft_launcher 0.4 (any-failed policy) counts restarts per agent and does not count a restart for a membership
     # change (a peer node restarted its group): without this, after one rank was killed on node1 the new group ran
-    # as incarnation 1 on node1 and as incarnation 0 again on node0.
+    # as incarnation 1 on node1 and as incarnation 0 again on node0. 0.7 sets TORCHELASTIC_RESTART_COUNT to the
+    # rendezvous round itself, and its barrier rendezvous has no torch round state: this changes nothing there.
     install_round_incarnation(getattr(launcher, "LocalElasticAgent", None))
     launcher.main(args)  # exits (sys.exit) with ft_launcher's own code
     return 0

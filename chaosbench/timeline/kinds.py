@@ -328,6 +328,7 @@ FIELDS: dict[str, dict[str, tuple[bool, tuple[str, ...]]]] = {
         "node": (False, ("null", "str")),
         "replica_group": (False, ("null", "int")),
         "reason": (False, ("null", "str")),
+        "via": (False, ("null", "str")),
     },
     "log": {
         "proc": (False, ("null", "str")),

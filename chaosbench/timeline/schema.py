@@ -604,6 +604,8 @@ class GiveUp(_LogLine, _Framework):
     KIND = EventKind.GIVE_UP
     WRITERS = "framework adapter, framework log line"
     reason: str | None = Field(None, description="why")
+    via: str | None = Field(None, description="what noticed the failure it gave up on, where the source says "
+                            "(`exit`): a give-up before any detection is the framework's reaction")  # fmt: skip
 
 
 class Rendezvous(_LogLine, _Framework):

@@ -222,6 +222,27 @@ def test_a_kill_that_bites_late_is_detected_not_a_false_detection() -> None:
     assert m.time_to_detect_s == pytest.approx(0.974484883, abs=1e-9)  # the detect line less the kill's effect
 
 
+def test_a_give_up_with_no_detection_before_it_is_the_frameworks_reaction() -> None:
+    """A real run (nvidia-resiliency-ext 0.7.0, 2 nodes, node0's ft_launcher, the rendezvous store's host,
+    SIGKILLed after step 15): node1's launcher lost its store (``Connection reset by peer``, +0.015 s) and ended at
+    once, logging only ``Agent run ended with exception, e=DistNetworkError(...). Agent's exit code = 1``
+    (+1.159 s), no detection line before it. Before: 'gave up after 0 restarts' with no detection; a give-up
+    before any detection is the reaction, and what the launcher printed first says what noticed it."""
+    from pathlib import Path
+
+    from chaosbench.timeline import read_events
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "timelines" / "nvrx07_kill_rendezvous_host.jsonl"
+    events = read_events(fixture, strict=True)
+    m = compute_metrics(events)
+    (give_up,) = [e for e in events if e.kind == "give_up"]
+    (fault,) = [e for e in events if e.kind == "fault_inject"]
+    assert m.outcome == "not_recovered" and m.gave_up and m.restart_count == 0, m.verdict
+    assert m.detected and m.detected_by == "nvrx" and m.detected_via == "rendezvous store lost", m.verdict
+    assert m.time_to_detect_s == pytest.approx((give_up.t_ns - int(fault["effect_t_ns"])) / 1e9, abs=1e-9)
+    assert m.verdict == "gave up after 0 restarts; detected by rendezvous store lost"
+
+
 def test_a_fresh_run_whose_first_step_is_a_counted_loss_line_is_not_contaminated() -> None:
     """A real run (test_real_trainers[hf], restart, kill rank 1 at step 70, CI on a busy machine): the Trainer's
     first loss line (step 10, counted by step_every: 10) came before the tqdm bar's first redraw, so the first
