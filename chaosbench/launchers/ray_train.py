@@ -162,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
               f"within {cfg['cluster_start_timeout_s']:g} s", file=sys.stderr, flush=True)  # fmt: skip
         return EXIT_NO_CLUSTER
     print(f"{DRIVER_CLUSTER_UP}: {up[0]} nodes, {up[1]:g} CPUs", flush=True)
-    workers = cfg["num_workers"]
+    # an int, or (min, max) for an elastic worker group: Ray Train v2 takes the tuple where its annotation says int
+    workers: Any = tuple(cfg["num_workers"]) if isinstance(cfg["num_workers"], list) else cfg["num_workers"]
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=cfg["loop"],
-        scaling_config=ScalingConfig(num_workers=tuple(workers) if isinstance(workers, list) else workers,
+        scaling_config=ScalingConfig(num_workers=workers,
                                      use_gpu=False, placement_strategy=cfg["placement_strategy"]),
         torch_config=TorchConfig(backend="gloo", timeout_s=cfg["torch_timeout_s"]),
         run_config=RunConfig(name=cfg["name"], storage_path=cfg["storage_path"],
