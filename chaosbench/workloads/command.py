@@ -114,11 +114,7 @@ class CommandOptions(BaseModel):
     @field_validator("command", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = shlex.split(v)
-        if isinstance(v, list) and not v:
-            raise ValueError("command is empty")
-        return v
+        return split_command(v)
 
     @model_validator(mode="after")
     def _counting(self) -> CommandOptions:
@@ -140,6 +136,16 @@ class CommandOptions(BaseModel):
         if self.cwd is None:
             check_script_paths(self.command)
         return self
+
+
+def split_command(v: Any) -> Any:
+    """A ``command`` option as given: a string split as a shell would, an empty one refused (pydantic then
+    checks the type)."""
+    if isinstance(v, str):
+        v = shlex.split(v)
+    if isinstance(v, list) and not v:
+        raise ValueError("command is empty")
+    return v
 
 
 def check_placeholders(strings: list[tuple[str, str]], known: tuple[str, ...]) -> None:

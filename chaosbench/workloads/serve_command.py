@@ -23,7 +23,6 @@ serve_load`) sends ``load.requests``: method, path, JSON body, weight; a request
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -32,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from chaosbench.launchers.command import PLACEHOLDERS, SERVE_PLACEHOLDERS, placeholders
 from chaosbench.workloads.base import RunPaths, ServingWorkload
-from chaosbench.workloads.command import check_placeholders, check_script_paths, run_values
+from chaosbench.workloads.command import check_placeholders, check_script_paths, run_values, split_command
 from chaosbench.workloads.serve import RequestLoadOptions, SloOptions, load_program_argv
 
 #: The placeholders a server's command, env and cwd may use.
@@ -95,11 +94,7 @@ class ServeCommandOptions(BaseModel):
     @field_validator("command", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = shlex.split(v)
-        if isinstance(v, list) and not v:
-            raise ValueError("command is empty")
-        return v
+        return split_command(v)
 
     @field_validator("command")
     @classmethod
