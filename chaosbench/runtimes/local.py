@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -62,6 +63,23 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+#: The kernel's ephemeral port range: the ports it picks for ``bind(0)`` and for outgoing connections.
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def listen_port_range() -> tuple[int, int] | None:
+    """Ports for listeners chaosbench starts: from 20000 up to just below the kernel's ephemeral range (Linux's
+    default 32768-60999: 20000-32767), or, when that range starts below 21000, above its end; None when
+    neither leaves 1000 ports."""
+    try:
+        lo, hi = (int(x) for x in Path(EPHEMERAL_RANGE_FILE).read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    if lo > 21000:
+        return 20000, lo - 1
+    return (hi + 1, 65535) if hi < 64535 else None
+
+
 class LocalRuntime(Runtime[LocalOptions]):
     """Processes on this machine. Output is captured per process, each line stamped when it was written
     (:mod:`chaosbench.runtimes.capture`); each exit stamped when the kernel reported it (the pidfd poller:
@@ -95,7 +113,23 @@ class LocalRuntime(Runtime[LocalOptions]):
                           "only: their timings are not comparable)")  # fmt: skip
 
     def free_port(self) -> int:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        """A port nothing listens on, below the kernel's ephemeral range (:func:`listen_port_range`): a port the
+        kernel hands out for ``bind(("", 0))`` could go to another process (another run's server, an outgoing
+        connection) between this call and the bind of the process it is for. Seen: torchrun's agent, hosting
+        its rendezvous store, found the port taken, took that for a store hosted elsewhere, and waited 60 s on
+        a stranger's listener. Outside that range only a process that chose a port on purpose can take it."""
+        span = listen_port_range()
+        if span is not None:
+            pick = random.SystemRandom()
+            for _ in range(256):
+                port = pick.randint(*span)
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    try:
+                        s.bind(("0.0.0.0", port))  # any local address: fails if anything listens on it
+                    except OSError:
+                        continue
+                    return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no such range, or full: the kernel's pick
             s.bind(("127.0.0.1", 0))
             return int(s.getsockname()[1])
 

@@ -299,3 +299,24 @@ def test_proc_events_convert_the_kernels_clock_to_the_wall_clock() -> None:
     converted = monotonic_to_wall_ns(time.monotonic_ns())
     after = time.time_ns()
     assert before <= converted <= after
+
+
+def test_free_port_is_below_the_kernels_ephemeral_range_and_free(tmp_path, monkeypatch) -> None:
+    import socket
+
+    from chaosbench.runtimes import local
+
+    rt = LocalRuntime(RunInfo("run-1", tmp_path, TimelineWriter(tmp_path / "events.jsonl")))
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    monkeypatch.setattr(local, "EPHEMERAL_RANGE_FILE", str(ranges))
+    assert local.listen_port_range() == (20000, 32767)
+    ports = {rt.free_port() for _ in range(20)}
+    assert all(20000 <= p <= 32767 for p in ports) and len(ports) > 1
+    port = ports.pop()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))  # free, as it said
+    ranges.write_text("1024 60999\n")  # no room below: above the range
+    assert local.listen_port_range() == (61000, 65535)
+    ranges.write_text("1024 65000\n")  # no room either side: the kernel's own pick
+    assert local.listen_port_range() is None and rt.free_port() > 0
