@@ -177,7 +177,8 @@ def test_lost_node_the_store_host_survives_and_restarts(run_suite) -> None:
 
 def test_lost_node_is_replaced_by_a_hot_spare(run_suite) -> None:
     if _generation() != "0.7":
-        pytest.skip("nvidia-resiliency-ext 0.4 has no hot spares (0.7 has)")
+        # nvrx07: CHAOSBENCH_REQUIRE names it where 0.7.0 installs (CPython 3.12, glibc >= 2.39): then a failure
+        require("nvrx07", "nvidia-resiliency-ext 0.4 has no hot spares (0.7 has)")
     m = run_suite(LOSE_NODE_SUITE.format(deadline=90, spares=1, fault="lose-node"))["nvrx/lose-node#0"]
     ev = events_of(m)
     # node2 waited as standby; at the restart round (round 1) it is given node1's active rank
@@ -199,7 +200,7 @@ def test_a_killed_store_host_is_a_give_up_counted_as_the_detection(run_suite) ->
     if _generation() != "0.7":
         # measured: 0.4.1's rank outlives its killed launcher, the job trains on and node1's agent notices
         # nothing until the exit barrier (outlasted, the deadline ends it)
-        pytest.skip("nvidia-resiliency-ext 0.4: the killed launcher's rank trains on (outlasted)")
+        require("nvrx07", "nvidia-resiliency-ext 0.4: the killed launcher's rank trains on (outlasted)")
     m = run_suite(LOSE_NODE_SUITE.format(deadline=45, spares=0, fault="kill-host"))["nvrx/kill-host#0"]
     ev = events_of(m)
     (inject,) = kinds(ev, "fault_inject")
