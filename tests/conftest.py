@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 0 if test_group(path) == ENGINES else 1 if path.startswith("tests/integration/") else 2
 
     items.sort(key=rank)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """With ``CHAOSBENCH_TEST_CPU_LOG=<file>``: one JSON line per test appended to it, the test's wall and the CPU
+    seconds (user + system) of the pytest process and of the children it reaped during the test (ranks, agents,
+    launchers: whatever the harness started and waited for; not a container's processes, which the engine
+    reaps). ``benchmarks/test_cpu.py`` sums them per file."""
+    log = os.environ.get("CHAOSBENCH_TEST_CPU_LOG")
+    if not log:
+        return (yield)
+
+    def cpu() -> tuple[float, float]:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+    wall, (own, kids) = time.monotonic(), cpu()
+    try:
+        return (yield)
+    finally:
+        own2, kids2 = cpu()
+        line = {"nodeid": item.nodeid, "wall_s": round(time.monotonic() - wall, 3),
+                "own_cpu_s": round(own2 - own, 3), "children_cpu_s": round(kids2 - kids, 3),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}  # fmt: skip
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def make_suite(text: str, name: str = "test.yaml") -> Suite:
