@@ -176,3 +176,23 @@ def test_a_bridged_checkpoints_step_comes_from_its_marker_else_its_name(tmp_path
     other.mkdir()
     with pytest.raises(RuntimeError, match=f"checkpoint {other}: no {COMPLETE_MARKER} marker"):
         marked_step(other)
+
+
+def test_the_raylets_dead_worker_line_blames_the_rank_that_started_with_its_pid(tmp_path: Path) -> None:
+    from chaosbench.frameworks.ray_train import _WorkerDeathWatch
+    from chaosbench.runtimes.base import ProcessSpec, ProcHandle
+    from chaosbench.timeline import Event, TimelineWriter, read_events
+
+    timeline = TimelineWriter(tmp_path / "events.jsonl")
+    watch = _WorkerDeathWatch("ray-train", timeline)
+    driver = ProcHandle(ProcessSpec("ray.driver", ["python"], role="driver"), 1, None)
+    # docker: pids of two containers; rank 0 on node0 and rank 1 on node1 both started as pid 98, rank 1 also as 99
+    for rank, node, pid in ((0, "node0", 98), (1, "node1", 98), (1, "node1", 99)):
+        watch.on_event(Event(1, "rank_start", data={"rank": rank, "node": node, "pid": pid}))
+    for pid in (99, 98, 7):
+        watch(driver, "stdout", f"(raylet) A worker died or was killed while executing a task by an unexpected "
+              f"system error. Worker ID: ab Worker PID: {pid} Worker exit type: SYSTEM_ERROR", 2)  # fmt: skip
+    timeline.close()
+    detects = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "detect"]
+    # 99: only rank 1 started with it; 98: ranks of two nodes did (which one died is not known); 7: no rank's
+    assert [(e["pid"], e.get("blame_rank")) for e in detects] == [(99, 1), (98, None), (7, None)]
