@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # one after another on one worker; every other file is a group of its own (its module-scoped controls are run once, on one worker).
 ENGINE_FILES = frozenset({
     "test_docker_runtime.py", "test_elasticity.py", "test_foreign_targets.py", "test_harness_crash.py",
-    "test_network_faults.py", "test_serving_docker.py", "test_slurm.py",
+    "test_network_faults.py", "test_ray_train_docker.py", "test_serving_docker.py", "test_slurm.py",
 })  # fmt: skip
 ENGINES = "engines"
 

@@ -4,9 +4,12 @@
 What it starts (all through the runtime, so every process is captured, labelled and torn down, and the process
 and node faults reach them):
 
-- the head node, ``ray start --head --block`` on the runtime's master address with a free GCS port, no dashboard,
+- the head node, ``ray start --head --block`` with a free GCS port on the runtime's master address, no dashboard,
   no usage stats, a small object store, ``head_cpus`` CPUs (0 by default: no training worker lands on it; Ray
-  Train's controller, which takes no CPU, runs there with the driver), role ``head``;
+  Train's controller, which takes no CPU, runs there with the driver), role ``head``; on ``local`` on a node of
+  its own named ``head``, on a runtime whose nodes are machines of their own (``docker``: :class:`NodeControl`) in
+  ``node0``'s container, beside node0's Ray node (a second raylet with its own temp dir and ports: a lost ``node0``
+  takes the head, its GCS and the driver with it, and the run fails, as torchrun's does with its rendezvous host);
 - one Ray node per workload node, ``ray start --address <head> --block`` with ``ranks_per_node`` CPUs, role
   ``node`` on ``node<i>``: its raylet starts the Ray Train workers there, so they are that node's processes (a
   lost node takes its workers with it; a killed raylet ends its ``ray start``, which ends the node's processes);
@@ -16,12 +19,22 @@ and node faults reach them):
   the workload's process-group timeout)`` and ``RunConfig(storage_path, name, failure_config=FailureConfig(
   max_failures))`` whose run directory (``storage_path/name``) is the run's checkpoint directory.
 
-Ray's temp dirs (sessions, sockets, logs) are ``/tmp/cbray-<hash of the run dir>/<node>``, one per node (each
-node's log monitor forwards every log file under its dir to the driver: a shared one sent each line twice), under
-a link to ``<run dir>/ray`` (Ray's Unix sockets need a short path; its logs stay with the run); the link is
-removed once the run's processes are gone (:meth:`RayTrainFramework.cleanup`). Addresses: Ray gives a node the
-host's own address even when told ``127.0.0.1`` (``resolve_ip_for_localhost``), and its servers listen on every
-interface; every connection stays on this host.
+Each Ray node's process is :mod:`chaosbench.launchers.ray_node`, which execs ``ray start`` once it has made the
+node's temp-dir link and resolved its address. Ray's temp dirs (sessions, sockets, logs) are ``/tmp/cbray-<hash
+of the run dir>/<node>``, one per node (each node's log monitor forwards every log file under its dir to the
+driver: a shared one sent each line twice), under a link to ``<run dir>/ray`` that each node makes in its own
+``/tmp`` (Ray's Unix sockets need a short path; its logs stay with the run). On ``local`` the link is the host's
+and is removed once the run's processes are gone (:meth:`RayTrainFramework.cleanup`); a container's ``/tmp`` is
+a tmpfs that goes with it. Addresses: on ``local`` Ray gives a node the host's own address even when told
+``127.0.0.1`` (``resolve_ip_for_localhost``), its servers listen on every interface, and every connection stays
+on this host; on docker a node is given its container's address on the run's network (its name, resolved when
+it starts; the GCS address is ``node0:<port>``). A container's ``/dev/shm`` is 64 MB, less than a node's object
+store: there the store is in the container's ``/tmp`` (``--plasma-directory``, a tmpfs as well).
+
+A lost node on docker (``node-kill``: its container killed) takes its Ray node and workers with it; the node's
+``ray start`` (role ``node``) is not run again unless the runtime's ``rerun_roles`` names ``node`` (then, once
+the ``lost_node`` policy has brought the container back, it joins the cluster as a new Ray node). Ray Train goes
+on only with an elastic worker count (``min_workers``) the remaining nodes can hold.
 
 The workload: a built-in program whose checkpoints go through the training skeleton (``ddp-mlp``: its
 ``bridged_checkpoints``) runs inside the Ray Train worker, in the process group Ray made; its checkpoints are written into Ray Train's
@@ -71,7 +84,7 @@ from chaosbench.frameworks.base import (
 )
 from chaosbench.injectors.base import Role
 from chaosbench.launchers.ray_train import DRIVER_GAVE_UP, EXIT_GAVE_UP
-from chaosbench.runtimes.base import ProcessSpec, ProcHandle, Runtime
+from chaosbench.runtimes.base import NodeControl, ProcessSpec, ProcHandle, Runtime
 from chaosbench.timeline import Event, TimelineWriter
 
 #: Where Ray's temp dir (sessions, sockets, logs) lives in the run directory.
@@ -96,18 +109,20 @@ WORKER_DIED_RE = re.compile(r"A worker died or was killed while executing a task
 
 class _WorkerDeathWatch:
     """Turns the raylet's report of a dead worker into a ``detect`` event naming the rank whose process it was
-    (``blame_rank``, from the ranks' ``rank_start`` pids on the timeline)."""
+    (``blame_rank``, from the ranks' ``rank_start`` pids on the timeline). A pid is a pid of its node's namespace
+    (on docker, its container's): when ranks of two nodes last started with the pid the line names, which of them
+    died is not known, and ``blame_rank`` is None."""
 
     def __init__(self, framework: str, timeline: TimelineWriter) -> None:
         self.framework = framework
         self.timeline = timeline
-        self._ranks: dict[int, int] = {}
+        self._ranks: dict[int, dict[str, int]] = {}  # pid -> {node: the rank that last started there with it}
         self._lock = threading.Lock()
 
     def on_event(self, ev: Event) -> None:
         if ev.kind == "rank_start" and ev.get("pid") is not None:
             with self._lock:
-                self._ranks[int(ev["pid"])] = int(ev.get("rank", 0))
+                self._ranks.setdefault(int(ev["pid"]), {})[str(ev.get("node"))] = int(ev.get("rank", 0))
 
     def __call__(self, handle: ProcHandle, stream: str, line: str, t_ns: int) -> None:
         if handle.spec.role != "driver":
@@ -117,7 +132,8 @@ class _WorkerDeathWatch:
             return
         pid = int(m["pid"])
         with self._lock:
-            rank = self._ranks.get(pid)
+            ranks = set(self._ranks.get(pid, {}).values())
+        rank = ranks.pop() if len(ranks) == 1 else None
         self.timeline.emit("detect", t_ns=t_ns, src="framework", framework=self.framework, proc=handle.name,
                            via="exit", reason=f"raylet: worker process {pid} died", pid=pid, blame_rank=rank,
                            line=line[:400])  # fmt: skip
@@ -228,30 +244,40 @@ class RayTrainFramework(Framework[RayTrainOptions]):
     def plan(self, job: JobContext) -> LaunchPlan:
         o = self.options
         python = job.workload_argv()[0]
-        ray = [python, "-m", "ray.scripts.scripts", "start", "--block"]
         addr = job.runtime.master_addr
         gcs = f"{addr}:{job.runtime.free_port()}"
         temp = ray_temp_link(job.run_dir)
         store = str(o.object_store_mb * 1024 * 1024)
+        # Nodes that are machines of their own (docker's containers): the head shares node0's, and each Ray node
+        # is given its machine's own address (its name, resolved at start); on local every node is this host
+        containers = isinstance(job.runtime, NodeControl)
+        head_node = job.node_name(0) if containers else "head"
 
-        def node_args(name: str, cpus: int) -> list[str]:
-            # Every node on one host needs ports of its own where Ray's are fixed (the agent's 52365), and a temp
-            # dir of its own: each node's log monitor forwards every log file under it to the driver (one shared
-            # dir: each line twice)
-            return ["--node-ip-address", addr, "--node-name", name, "--num-cpus", str(cpus), "--num-gpus", "0",
-                    "--object-store-memory", store, "--disable-usage-stats", "--temp-dir", str(temp / name),
-                    "--dashboard-agent-listen-port", str(job.runtime.free_port())]  # fmt: skip
+        def ray_start(name: str, machine: str, cpus: int) -> list[str]:
+            # Every node on one machine needs ports of its own where Ray's are fixed (the agent's 52365), and a
+            # temp dir of its own: each node's log monitor forwards every log file under it to the driver (one
+            # shared dir: each line twice). The temp dir is under a short link the entrypoint makes in the
+            # node's own /tmp (ray_node)
+            argv = [python, "-m", "chaosbench.launchers.ray_node", "--temp-link", str(temp), "--temp-target",
+                    str(job.run_dir / RUN_DIR_RAY), "--", python, "-m", "ray.scripts.scripts", "start", "--block",
+                    "--node-ip-address", machine if containers else addr, "--node-name", name, "--num-cpus",
+                    str(cpus), "--num-gpus", "0", "--object-store-memory", store, "--disable-usage-stats",
+                    "--temp-dir", str(temp / name), "--dashboard-agent-listen-port", str(job.runtime.free_port())]  # fmt: skip
+            if containers:
+                # a container's /dev/shm is 64 MB, less than one node's store: the store goes in its /tmp, a
+                # tmpfs as /dev/shm is (Ray would fall back to the temp dir, here in the run dir on disk)
+                argv += ["--plasma-directory", "/tmp"]
+            return argv
 
-        head_node = "head"
         procs = [
             ProcessSpec(name="ray.head", role="head", node=head_node, env=self._env(job, head_node, gcs),
-                        argv=[*ray, "--head", "--port", gcs.rsplit(":", 1)[1], "--include-dashboard", "false",
-                              *node_args(head_node, o.head_cpus)])  # fmt: skip
+                        argv=[*ray_start("head", head_node, o.head_cpus), "--head", "--port", gcs.rsplit(":", 1)[1],
+                              "--include-dashboard", "false"])  # fmt: skip
         ]
         for n in range(job.nodes):
             node = job.node_name(n)
             procs.append(ProcessSpec(name=f"ray.{node}", role="node", node=node, env=self._env(job, node, gcs),
-                                     argv=[*ray, "--address", gcs, *node_args(node, job.ranks_per_node)]))  # fmt: skip
+                                     argv=[*ray_start(node, node, job.ranks_per_node), "--address", gcs]))  # fmt: skip
         workload_argv = job.workload_argv()
         in_process = job.workload.bridged_checkpoints and workload_argv[1:2] == ["-m"]
         pg_name, pg_s = pg_timeout(self.timeouts(job))
@@ -346,12 +372,6 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             watcher(handle, stream, line, t_ns)
             deaths(handle, stream, line, t_ns)
 
-        temp = Path(str(plan.options["temp_dir"]))
-        real = job.run_dir / RUN_DIR_RAY
-        real.mkdir(parents=True, exist_ok=True)
-        if temp.is_symlink() or temp.exists():
-            temp.unlink()
-        temp.symlink_to(real)
         head_spec, *rest = plan.processes
         node_specs, driver_spec = rest[:-1], rest[-1]
         head = control.runtime.start(head_spec, on_line=on_line)

@@ -115,10 +115,11 @@ def test_ray_train_restarts_a_killed_worker_from_the_checkpoint_it_kept(run_suit
 
 
 # Elastic (num_workers=(1, 2)) on 2 Ray nodes of 1 CPU: node1 lost after step 13 (its ray start and every process
-# under it SIGKILLed at once). Ray's controller decides at its next poll, before the GCS has marked the node dead
-# (3 missed checks of 1 s): it saw 2 workers' worth of resources still and waited worker_group_start_timeout_s
-# (twice, in the run measured here) for a placement group that could not be placed, then restarted with the 1
-# worker the cluster had. How many such waits happen depends on when the GCS gives the node up: not asserted.
+# under it SIGKILLed at once). Ray's controller decides at its next poll; its elastic policy sizes the new group
+# from Ray's autoscaling coordinator, whose view of the nodes is refreshed every 20 s (its TICK_INTERVAL_S): it saw
+# 2 workers' worth of resources still and waited worker_group_start_timeout_s (twice, in the run measured here)
+# for a placement group that could not be placed, then restarted with the 1 worker the cluster had. How many such
+# waits happen depends on when that refresh falls: not asserted.
 NODE_SUITE = f"""
 name: ray-node
 seed: 3

@@ -5,12 +5,16 @@ itself is not needed: planning imports none of it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from chaosbench.frameworks.ray_train import ray_temp_link
+from chaosbench.launchers.ray_node import resolve_node_ip
 from chaosbench.launchers.ray_train import next_attempt
 from chaosbench.runner import Runner
 from chaosbench.workloads.skeleton import COMPLETE_MARKER, mark_complete, marked_step
@@ -20,6 +24,7 @@ SUITE = """
 name: ray-plan
 seed: 1
 defaults:
+  runtime: {runtime}
   workload: {{name: {workload}, ranks: 4, nodes: 2, steps: 5, pg_timeout_s: 12.5}}
 frameworks:
   ray-train: {{max_failures: 2, health_check_interval_s: 0.5{extra}}}
@@ -27,8 +32,8 @@ matrix: {{frameworks: [ray-train], faults: [], repeats: 1}}
 """
 
 
-def _plan(tmp_path: Path, workload: str = "ddp-mlp", extra: str = "") -> Any:
-    suite = make_suite(SUITE.format(workload=workload, extra=extra))
+def _plan(tmp_path: Path, workload: str = "ddp-mlp", extra: str = "", runtime: str = "local") -> Any:
+    suite = make_suite(SUITE.format(workload=workload, extra=extra, runtime=runtime))
     ((sc, plan),) = Runner(suite, tmp_path).plans()
     assert not isinstance(plan, str), plan
     return plan
@@ -55,8 +60,14 @@ def test_the_plan_starts_a_head_a_ray_node_per_workload_node_and_the_driver(tmp_
     assert head.argv[head.argv.index("--num-cpus") + 1] == "0"
     for p in (head, node0, node1):
         a = p.argv
-        assert a[3:5] == ["start", "--block"]
+        # the node's entrypoint makes the short temp-dir link in the node's /tmp, then execs ray start
+        assert a[1:3] == ["-m", "chaosbench.launchers.ray_node"]
+        assert a[a.index("--temp-link") + 1] == plan.options["temp_dir"]
+        assert a[a.index("--temp-target") + 1] == str(tmp_path / "ray-plan" / "ray-train__control" / "0" / "ray")
+        a = a[a.index("--") + 1 :]
+        assert a[1:5] == ["-m", "ray.scripts.scripts", "start", "--block"]
         assert a[a.index("--node-ip-address") + 1] == "127.0.0.1"
+        assert "--plasma-directory" not in a  # the host's /dev/shm
         assert a[a.index("--object-store-memory") + 1] == str(100 * 1024 * 1024)
         # a temp dir of its own per node: each node's log monitor forwards every file under its own
         assert a[a.index("--temp-dir") + 1] == f"{plan.options['temp_dir']}/{p.node}"
@@ -68,6 +79,39 @@ def test_the_plan_starts_a_head_a_ray_node_per_workload_node_and_the_driver(tmp_
     assert head.argv[head.argv.index("--include-dashboard") + 1] == "false"
     assert driver.argv[1:3] == ["-m", "chaosbench.launchers.ray_train"]
     assert driver.env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"
+
+
+def test_on_docker_the_head_shares_node0s_container_and_each_node_gets_its_containers_address(
+    tmp_path: Path,
+) -> None:
+    plan = _plan(tmp_path, runtime="docker")
+    assert [(p.name, p.role, p.node) for p in plan.processes] == [
+        ("ray.head", "head", "node0"), ("ray.node0", "node", "node0"), ("ray.node1", "node", "node1"),
+        ("ray.driver", "driver", "node0"),
+    ]  # fmt: skip
+    gcs = plan.options["gcs_address"]
+    assert gcs.startswith("node0:")
+    for p, machine in zip(plan.processes[:3], ("node0", "node0", "node1"), strict=True):
+        a = p.argv[p.argv.index("--") + 1 :]
+        assert a[a.index("--node-ip-address") + 1] == machine  # a name: the entrypoint resolves it at start
+        assert a[a.index("--plasma-directory") + 1] == "/tmp"  # the container's tmpfs, not its 64 MB /dev/shm
+        assert a[a.index("--node-name") + 1] == p.name.removeprefix("ray.")
+    assert _config(plan)["nodes"] == 3  # the head is a Ray node of its own, in node0's container
+
+
+def test_the_node_entrypoint_links_the_temp_dir_resolves_a_name_and_execs_the_command(tmp_path: Path) -> None:
+    link, target = tmp_path / "cbray-x", tmp_path / "run" / "ray"
+    link.symlink_to(tmp_path)  # a stale link of an earlier run is replaced
+    probe = "import os, sys; print(os.readlink(sys.argv[1]), sys.argv[3], os.getppid())"
+    out = subprocess.run(
+        [sys.executable, "-m", "chaosbench.launchers.ray_node", "--temp-link", str(link), "--temp-target",
+         str(target), "--", sys.executable, "-c", probe, str(link), "--node-ip-address", "localhost"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split()  # fmt: skip
+    assert out[:2] == [str(target), "127.0.0.1"] and target.is_dir()
+    assert int(out[2]) == os.getpid()  # exec'd in the entrypoint's own process: the runtime's handle is Ray's
+    assert resolve_node_ip(["ray", "--node-ip-address", "10.1.2.3"]) == ["ray", "--node-ip-address", "10.1.2.3"]
+    assert resolve_node_ip(["ray", "start"]) == ["ray", "start"]
 
 
 def test_the_trainer_gets_the_workloads_world_its_timeout_and_the_runs_checkpoint_dir(tmp_path: Path) -> None:
@@ -132,3 +176,23 @@ def test_a_bridged_checkpoints_step_comes_from_its_marker_else_its_name(tmp_path
     other.mkdir()
     with pytest.raises(RuntimeError, match=f"checkpoint {other}: no {COMPLETE_MARKER} marker"):
         marked_step(other)
+
+
+def test_the_raylets_dead_worker_line_blames_the_rank_that_started_with_its_pid(tmp_path: Path) -> None:
+    from chaosbench.frameworks.ray_train import _WorkerDeathWatch
+    from chaosbench.runtimes.base import ProcessSpec, ProcHandle
+    from chaosbench.timeline import Event, TimelineWriter, read_events
+
+    timeline = TimelineWriter(tmp_path / "events.jsonl")
+    watch = _WorkerDeathWatch("ray-train", timeline)
+    driver = ProcHandle(ProcessSpec("ray.driver", ["python"], role="driver"), 1, None)
+    # docker: pids of two containers; rank 0 on node0 and rank 1 on node1 both started as pid 98, rank 1 also as 99
+    for rank, node, pid in ((0, "node0", 98), (1, "node1", 98), (1, "node1", 99)):
+        watch.on_event(Event(1, "rank_start", data={"rank": rank, "node": node, "pid": pid}))
+    for pid in (99, 98, 7):
+        watch(driver, "stdout", f"(raylet) A worker died or was killed while executing a task by an unexpected "
+              f"system error. Worker ID: ab Worker PID: {pid} Worker exit type: SYSTEM_ERROR", 2)  # fmt: skip
+    timeline.close()
+    detects = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "detect"]
+    # 99: only rank 1 started with it; 98: ranks of two nodes did (which one died is not known); 7: no rank's
+    assert [(e["pid"], e.get("blame_rank")) for e in detects] == [(99, 1), (98, None), (7, None)]
