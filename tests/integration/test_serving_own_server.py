@@ -57,8 +57,12 @@ faults:
 matrix: {{frameworks: [supervised], faults: [kill-replica1], repeats: 1}}
 """
 
-#: The server's logging lines: ``2026-12-05 07:30:01,123 model_server INFO <message>`` (local time, ms).
-LOG_RE = re.compile(r"^(?P<date>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) model_server INFO (?P<msg>.*)$")
+#: The server's logging lines: ``2026-12-05 07:30:01,123 model_server INFO <message>`` (local time, ms). A record
+#: may follow another thread's unfinished line: socketserver reports a request's error (haproxy's health checks
+#: reset their connections) with ``print``, which writes the text and its newline apart and takes no lock, so a
+#: record that lands in between is glued to it (seen: ``-----...-----2026-12-05 15:16:38,250 model_server INFO
+#: "POST /v1/predict HTTP/1.1" 200 -``): the record is searched for, not matched at the line's start.
+LOG_RE = re.compile(r"(?P<date>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) model_server INFO (?P<msg>.*)$")
 LISTENING_RE = re.compile(r"listening on http://(?P<host>[\d.]+):(?P<port>\d+) \(replica (?P<replica>\d+), "
                           r"pid (?P<pid>\d+)\)")  # fmt: skip
 ACCESS_RE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.[01]" (?P<status>\d{3})')
@@ -69,7 +73,7 @@ def _server_log(run_dir: Path, name: str) -> list[tuple[int, str]]:
     message); the stamp is the server's own asctime, to the millisecond, floored."""
     out = []
     for line in (run_dir / "logs" / f"{name}.out").read_text().splitlines():
-        if m := LOG_RE.match(line):
+        if m := LOG_RE.search(line):
             t = time.mktime(time.strptime(m["date"], "%Y-%m-%d %H:%M:%S"))
             out.append((int(t) * 1_000_000_000 + int(m["ms"]) * 1_000_000, m["msg"]))
     return out
