@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -43,9 +44,15 @@ def test_the_wheel_runs_a_users_suite_from_their_own_folder(tmp_path: Path) -> N
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "-w", str(dist), str(src)], check=True, cwd=tmp_path)  # fmt: skip
     wheel = next(dist.glob("chaosbench-*.whl"))
-    # torch and the other dependencies come from this machine; chaosbench itself only from the wheel.
+    # torch and the other dependencies come from the environment running these tests; chaosbench itself only from
+    # the wheel. A venv made from inside a venv (tox's) is based on the base interpreter, whose site-packages
+    # --system-site-packages would give (seen: a base Python without psutil, so `chaosbench run` failed to import
+    # the local runtime): a .pth in the new venv puts this environment's site-packages after its own.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = venv / "bin" / "python"
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    (site / "tests-dependencies.pth").write_text(
+        "\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))) + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed", str(wheel)],
                    check=True, cwd=tmp_path)  # fmt: skip
     (user / "chaos").mkdir(parents=True)
