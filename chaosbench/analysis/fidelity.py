@@ -179,10 +179,13 @@ def contamination(ix: TimelineIndex) -> str | None:
     """Why this run started from state it did not write (a checkpoint of another run), or None."""
     incs = ix.incarnations()
     first_inc = incs[0] if incs else 0
-    first_save = min((e.t_ns for e in ix.of("ckpt_save_end") if e.src == "rank"), default=None)
+    # A save this run began counts from its begin: a rank stopped between marking its checkpoint complete and
+    # reporting the end (seen: ddp-mlp's rank 0 wrote COMPLETE, then its closing barrier failed on the peer the
+    # fault had just killed, so no ckpt_save_end) left a checkpoint of this run that the next incarnation loads.
+    first_save = min((e.t_ns for e in ix.of("ckpt_save_begin", "ckpt_save_end") if e.src == "rank"), default=None)
     load = next((e for e in ix.of("ckpt_load_begin", "ckpt_load_end") if e.src == "rank"), None)
     # A load by the first incarnation cannot be of this run's own checkpoint; a later one can, unless the run
-    # reported saves and none came before it (a script whose saves no pattern reports: not judged).
+    # reported saves and none had begun before it (a script whose saves no pattern reports: not judged).
     if load is not None and (incarnation(load) == first_inc or (first_save is not None and load.t_ns < first_save)):
         at = f" (step {load.get('step')})" if load.get("step") is not None else ""
         return (f"rank {load.get('rank', 0)} loaded a checkpoint{at} before this run had saved one: "

@@ -104,6 +104,12 @@ def test_restart_count_cross_checked_against_the_framework() -> None:
     )
 
 
+def _kill_and_restart(tl: TL, t_fault: float) -> None:
+    tl.add(t_fault, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
+    tl.add(t_fault + 0.08, "detect", src="framework", framework="fw", reason="rank1 exited")
+    tl.add(t_fault + 0.3, "restart", src="framework", framework="fw", attempt=1)
+
+
 def test_contamination_by_a_foreign_checkpoint() -> None:
     """The first incarnation loads a checkpoint before this run saved any: another run's state."""
     tl = TL(control=True).incarnation(0, 0.1, 31, 30, load_from=30)
@@ -122,6 +128,26 @@ def test_contamination_by_a_foreign_checkpoint() -> None:
 
     # a clean restart run is not contaminated (it loads its own checkpoint after saving it)
     assert compute_metrics(_kill_tl().sorted(), control=control_run(), total_steps=30).contaminated is False
+
+    # nor one whose first incarnation began a save and was stopped before reporting its end: the checkpoint may
+    # be complete on disk (rank 0 marked it, then its closing barrier failed on the killed peer), and the next
+    # incarnation loads it before its own first save (seen under nvrx, a bridge killed at step 10)
+    tl = TL(fault="kill").incarnation(0, 0.1, 1, 9)
+    for r in (0, 1):
+        tl.rank(tl.t_last + 0.01, "step", r, 0, step=10)
+        tl.rank(tl.t_last + 0.002, "ckpt_save_begin", r, 0, step=10)
+    _kill_and_restart(tl, tl.t_last + 0.003)
+    tl.incarnation(1, tl.t_last + 2.0, 11, 30, load_from=10, end=True)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.contaminated is False and m.outcome == "recovered", m.verdict
+    # a later incarnation that loads before any save of this run had begun is still judged contaminated
+    tl = TL(fault="kill").incarnation(0, 0.1, 1, 9, ckpt_every=0)
+    _kill_and_restart(tl, tl.t_last + 0.003)
+    tl.incarnation(1, tl.t_last + 2.0, 11, 30, load_from=10, end=True)
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
+    assert m.outcome == "contaminated" and "(step 10) before this run had saved one" in (m.verdict or ""), m.verdict
 
 
 def test_fault_measured_from_when_it_took_effect() -> None:
