@@ -39,12 +39,15 @@ AGENT_ONLY = frozenset({"rendezvous_lost"})
 
 #: A line that states an error: a Python exception's line (``ModuleNotFoundError: No module named 'x'``; a bare
 #: ``KeyboardInterrupt``), ``error:``/``fatal:``/``panic:`` at the start of a line (any case, ``error[E0]:`` too)
-#: or a Rust panic, each also behind an agent's ``[rank<r>]:`` prefix.
+#: a Rust panic or C++'s ``std::terminate`` (``terminate called without an active exception``: a process exiting
+#: without destroying its gloo process group, pytorch/pytorch#190489), each also behind an agent's ``[rank<r>]:``
+#: prefix.
 ERROR_LINE = re.compile(
     r"^(?:\[(?:default)?rank\d+\]:\s*)?"
     r"(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::\s|$)"
     r"|(?i:error|fatal|panic)(?:\[\w+\])?:\s"
-    r"|thread '[^']*' panicked at)"
+    r"|thread '[^']*' panicked at"
+    r"|terminate called (?:without an active exception|after throwing an instance of))"
 )
 
 

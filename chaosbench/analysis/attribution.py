@@ -43,6 +43,27 @@ def detection_episodes(ix: TimelineIndex, before_ns: int | None = None) -> int:
     return episodes + current
 
 
+def first_detection(ix: TimelineIndex, total_steps: int | None) -> str:
+    """What the run's first ``detect`` says, with the failed process's first error line when it printed one
+    (``proc_error``) and whether the job had finished its last step before (a rank that aborts at exit: a
+    script that never destroys its process group, pytorch/pytorch#190489)."""
+    det = ix.first("detect")
+    if det is None:
+        return ""
+    text = str(det.get("reason") or "a detection")
+    exits = [e for e in ix.of("proc_exit") if e.t_ns <= det.t_ns and e.get("returncode") not in (0, None)]
+    failed = exits[-1] if exits else None
+    if failed is not None:
+        inc = int(failed.get("incarnation") or 0)
+        done = [idx for n, idx in ix.steps.before(det.t_ns) if n == inc]
+        if total_steps and done and max(done) >= total_steps:
+            text += f", after the job's last step ({total_steps})"
+        said = ix.first("proc_error", proc=failed.get("proc"), pid=failed.get("pid"))
+        if said is not None:
+            text += f"; {failed.get('proc')} printed {str(said.get('line'))[:160]!r}"
+    return text
+
+
 def false_detections(ix: TimelineIndex, recoveries: Sequence[tuple[int, int | None]]) -> int:
     """Detection episodes (``detect`` events not separated by a ``restart`` or ``give_up``) that no fault
     explains: begun before the first fault took effect, or after a fault's job had resumed and before the next

@@ -175,6 +175,18 @@ def ranks_agree(ix: TimelineIndex) -> tuple[bool | None, str | None]:
     return None, None
 
 
+def resumed_incarnations(ix: TimelineIndex) -> int:
+    """The incarnations of a job that began after it had completed a step: each resumed training (from a
+    checkpoint, or from scratch), so its final state is a recovery's. None under per-step commit (TorchFT: a
+    restarted replica group heals from a live peer, the committed state goes on) and none for a restart before
+    training began."""
+    if ix.per_step_commit or not ix.steps.t:
+        return 0
+    first_step = min(ix.steps.t.values())
+    return sum(1 for inc in ix.incarnations()[1:]
+               if min(e.t_ns for e in ix.rank_starts_of(inc)) > first_step)  # fmt: skip
+
+
 def contamination(ix: TimelineIndex) -> str | None:
     """Why this run started from state it did not write (a checkpoint of another run), or None."""
     incs = ix.incarnations()

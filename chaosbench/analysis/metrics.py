@@ -422,6 +422,7 @@ def _training_verdict(m: RunMetrics) -> str:
         text = "completed"
         if m.clean is False:
             text += f", but not clean: {m.restart_count or 0} restarts and {m.false_detections or 0} detections without a fault"
+            text += f" (the first: {m.notes['clean']})" if m.notes.get("clean") else ""
         return text + _restart_claim_note(m)
     if m.outcome == "fault_not_fired":
         return "fault did not fire"
@@ -649,6 +650,8 @@ def _training_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, f
         m.outcome = "completed" if finished else "failed"
         m.false_detections = attribution.detection_episodes(ix)
         m.clean = m.outcome == "completed" and m.false_detections == 0 and m.restart_count == 0
+        if not m.clean and m.false_detections:
+            m.notes["clean"] = attribution.first_detection(ix, m.total_steps)
         for k in FAULT_METRICS:
             miss[k] = "control run (no fault)"
         return
@@ -690,7 +693,13 @@ def _training_health(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None
     """Fidelity against the control run (not for a control run itself), whether the ranks agree, the step time,
     a give-up, the clocks, a crash loop and the wall time beyond the control run's."""
     miss = m.missing
-    if not m.control:
+    resumed = fidelity.resumed_incarnations(ctl) if ctl is not None and not m.control else 0
+    if resumed:
+        # its final state is itself a recovery's (seen: a Hugging Face Trainer script whose rank aborted at exit
+        # was restarted, resumed from its last checkpoint and trained a step beyond max_steps)
+        miss["fidelity"] = (f"the control run restarted ({resumed}): its final state is no fault-free "
+                            "reference")  # fmt: skip
+    elif not m.control:
         ctl_final = fidelity.final_state(ctl, ctl.last("run_end")) if ctl is not None else None
         fid = fidelity.fidelity(final, ctl_final, m.total_steps, ix, ctl)
         m.fidelity, m.loss_diff, m.fidelity_reason = fid.fidelity, fid.loss_diff, fid.reason

@@ -122,6 +122,26 @@ def events_of(m: Any) -> list[Event]:
     return read_events(Path(m.run_dir) / "events.jsonl")
 
 
+#: The events that say why a run went as it did (an assertion's message shows them: a CI failure explains itself).
+_STORY_KINDS = ("fault_inject", "detect", "restart", "rank_error", "proc_error", "rank_exit", "proc_exit",
+                "ckpt_save_begin", "ckpt_save_end", "ckpt_load_end", "train_end", "run_end")  # fmt: skip
+
+
+def story(m: Any, limit: int = 60) -> str:
+    """``m``'s verdict and the timeline events that explain it (faults, detections, restarts, errors, exits,
+    checkpoints), one line each with seconds since the run began: the message of an assertion on a run."""
+    try:
+        ev = events_of(m)
+    except (AssertionError, OSError) as e:
+        return f"{m.verdict} (no timeline: {e})"
+    t0 = ev[0].t_ns if ev else 0
+    lines = [f"{(e.t_ns - t0) / 1e9:8.2f} {e.src}/{e.kind} " + " ".join(
+        f"{k}={str(v)[:120]}" for k, v in e.data.items() if k not in ("host", "pid_ticks", "output_stamp"))
+        for e in ev if e.kind in _STORY_KINDS]  # fmt: skip
+    cut = [f"... {len(lines) - limit} more"] if len(lines) > limit else []
+    return "\n".join([f"verdict: {m.verdict}", *lines[:limit], *cut])
+
+
 def kinds(events: list[Event], kind: str, **match: Any) -> list[Event]:
     """The events of ``kind`` whose fields equal ``match``."""
     return [e for e in events if e.kind == kind and all(e.get(k) == v for k, v in match.items())]

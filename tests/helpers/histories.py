@@ -1,7 +1,8 @@
 """Run histories built from a known ground truth, for holding ``compute_metrics`` to the metrics' definitions.
 
 A :class:`Plan` says what happens in a run: its ranks on hosts (with clock offsets), which ranks log their steps
-and how often, the step time, checkpoints (some torn), the faults (each a kind at a step), the final digests.
+and how often, the step time, checkpoints (some torn), the faults (each a kind at a step), the final digests, and
+whether its control restarts for no fault.
 :func:`simulate` plays it through step by step and writes, side by side, the events the harness, the framework
 and the ranks would write (each on its host's clock) and what happened: every fault's moment, where the job
 stood, what each restart restored and when each incarnation's ranks logged what. :func:`expected` then gives the
@@ -69,6 +70,9 @@ class Plan:
     digest: str | None  # the run's final digest (None: it prints none)
     control_digest: str | None
     cut: float | None = None  # the run's deadline, as a share of how long it would take: torn down then
+    #: the control's own false detection and restart, at this step (0: before training; seen: a rank aborting
+    #: at exit): None, a clean control
+    control_false: int | None = None
 
 
 @dataclass
@@ -129,7 +133,8 @@ def simulate(plan: Plan, control: bool = False) -> tuple[list[Event], Record]:
     for h in range(1, plan.hosts):
         w.harness(1, "clock_offset", node=f"node{h}", node_host=f"h{h}", offset_ns=plan.offsets_us[h] * 1000,
                   bound_ns=20_000, rtt_ns=40_000, samples=5)  # fmt: skip
-    pending = [] if control else list(plan.faults)
+    pending = list(plan.faults) if not control else [] if plan.control_false is None else [
+        FaultPlan("false", plan.control_false)]  # fmt: skip
     inc = 0
 
     def start(t_us: int, load: bool = True) -> tuple[int, int]:
@@ -407,7 +412,11 @@ def expected(rec: Record, control: Record) -> Expected:
     # the final state: both finished, both with a digest
     fidelity = None
     c_final = final_step(control)
-    if finished and c_final is not None and c_final >= plan.steps and plan.digest and plan.control_digest:
+    # a control that restarted once it had logged a step ended in a recovery's state: no reference
+    c_logged = [t for by_rank in control.logs.values() for lines in by_rank.values() for t, _ in lines]
+    c_resumed = bool(c_logged) and any(t > min(c_logged) for t in control.starts.values())
+    if finished and c_final is not None and c_final >= plan.steps and plan.digest and plan.control_digest \
+            and not c_resumed:  # fmt: skip
         fidelity = "exact" if plan.digest == plan.control_digest else "diverged"
     age = None
     if rec.faults:
@@ -446,9 +455,11 @@ def plans(draw: st.DrawFn) -> Plan:
         if kind == "fatal":
             break
     cut = draw(st.one_of(st.none(), st.none(), st.floats(0.3, 0.99)))
+    control_false = draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, steps - 1)))
     return Plan(ranks, hosts, offsets, tuple(every), steps, draw(st.integers(2_000, 50_000)),
                 draw(st.integers(50_000, 2_000_000)), ckpt_every, torn, tuple(faults),
-                draw(st.sampled_from(["a", "b", None])), draw(st.sampled_from(["a", None])), cut)  # fmt: skip
+                draw(st.sampled_from(["a", "b", None])), draw(st.sampled_from(["a", None])), cut,
+                control_false)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ per-step commit (TorchFT)

@@ -26,7 +26,7 @@ import yaml
 
 from chaosbench.analysis.metrics import RECOVERY_METRICS, RunMetrics
 from tests.conftest import ROOT
-from tests.helpers import require
+from tests.helpers import require, story
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +79,11 @@ def _hf(text: str) -> dict[int, list[list[int]]]:
         elif n and (not out[-1] or n > out[-1][-1]):
             out[-1].append(n)
     return {0: out}
+
+
+#: A process that aborted in C++ (``std::terminate``), printed as it dies: at exit, a gloo process group never
+#: destroyed (pytorch/pytorch#190489).
+EXIT_ABORT = re.compile(r"terminate called (?:without an active exception|after throwing an instance of '[^']*')")
 
 
 @dataclass
@@ -142,21 +147,32 @@ def test_real_trainer_under_restart_and_torchrun(run_suite, t: Trainer) -> None:
     res = run_suite(_suite(t))
     for fw in ("restart", "torchrun"):
         ctl = res[f"{fw}/control#0"]
-        # completed: the job exited 0 after its last step, whatever the script prints at the end
-        assert ctl.outcome == "completed" and ctl.clean, ctl.verdict
+        # completed: the job exited 0 after its last step, whatever the script prints at the end; unless a rank
+        # aborted at exit (C++ std::terminate: none of these scripts destroys its gloo process group,
+        # pytorch/pytorch#190489; seen 1 in ~3 HF runs on a loaded machine), which the adapter restarts as a
+        # scheduler would: then the control says so, and names the abort
+        aborted = EXIT_ABORT.search(rank_output(ctl))
+        if aborted is None:
+            assert ctl.outcome == "completed" and ctl.clean, story(ctl)
+        else:
+            assert ctl.outcome == "completed" and ctl.clean is False and ctl.restart_count >= 1, story(ctl)
+            assert f"after the job's last step ({t.steps})" in (ctl.verdict or "") and aborted.group(0) in (
+                ctl.verdict or ""), story(ctl)  # fmt: skip
         assert ctl.final_step == t.steps and not ctl.contaminated
         assert max(seg[-1] for segs in t.counters(rank_output(ctl)).values() for seg in segs) == t.steps
 
         kill = res[f"{fw}/kill-rank1#0"]
         lost, restarts = lost_by_the_logs(t, kill)
-        assert kill.outcome == "recovered", (kill.verdict, kill.missing)
+        assert kill.outcome == "recovered", (story(kill), kill.missing)
         assert kill.restart_count == restarts, (kill.verdict, restarts)
         assert kill.lost_steps == lost, (kill.lost_steps, lost, kill.verdict)
-        assert kill.detected and kill.blame == "correct", kill.verdict
+        assert kill.detected and kill.blame == "correct", story(kill)
         assert kill.checkpoint_age_s is not None and kill.checkpoint_age_s > 0, kill.missing  # saves seen as files
 
         truth, control_truth = final_state_by_the_logs(t, kill), final_state_by_the_logs(t, ctl)
-        if truth is None or control_truth is None:
+        if ctl.restart_count:  # its final state is a recovery's (HF trains a step beyond max_steps on resume)
+            assert kill.fidelity is None and kill.missing["fidelity"].startswith("the control run restarted")
+        elif truth is None or control_truth is None:
             assert kill.fidelity is None and kill.missing["fidelity"].startswith("no final digest to compare")
         else:
             assert kill.fidelity == ("exact" if truth == control_truth else "diverged"), kill.verdict

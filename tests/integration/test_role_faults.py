@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import events_of, kinds, require_engines, run_suite_text
+from tests.helpers import events_of, kinds, require_engines, run_suite_text, story
 
 pytestmark = pytest.mark.integration
 require_engines("torchft", "nvrx")  # the suite kills their Lighthouse and bridge
@@ -94,4 +94,4 @@ def test_kill_of_an_nvrx_bridge_takes_its_rank_with_it(results) -> None:
     assert helpers and helpers[0].get("role") == "bridge" and helpers[0].get("node") == "node1", target
     assert target["rank"] == 1  # the bridge's rank: a kill of it is judged against rank 1
     # the rank dies with its bridge; the launcher sees its worker (the bridge) fail and restarts the group
-    assert m.detected and m.outcome == "recovered" and m.restart_count == 1, m.verdict
+    assert m.detected and m.outcome == "recovered" and m.restart_count == 1, story(m)

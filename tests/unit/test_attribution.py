@@ -298,3 +298,36 @@ def test_training_that_finished_in_a_job_that_failed_says_so() -> None:
     end.data["outcome"] = "failed"
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
     assert m.outcome == "recovered" and "training finished but the job ended failed" in (m.verdict or ""), m.verdict
+
+
+def test_a_control_whose_rank_aborts_at_exit_says_so_and_is_no_fidelity_reference() -> None:
+    """A rank that aborts after the job's last step (a script that never destroys its gloo process group:
+    ``terminate called without an active exception``, pytorch/pytorch#190489) is restarted by the adapter; the
+    control's verdict names the abort, and a fault run is not judged against the restarted control's state."""
+    from chaosbench.signatures import error_line
+
+    assert error_line("terminate called without an active exception")
+    assert error_line("[rank1]: terminate called after throwing an instance of 'gloo::EnforceNotMet'")
+    assert not error_line("the job will terminate called-back handlers")
+
+    tl = TL(control=True).incarnation(0, 0.1, 1, 30)
+    t = tl.t_last + 0.3
+    tl.add(t, "proc_error", proc="rank1.i0", pid=201, role="rank", stream="stdout",
+           line="terminate called without an active exception")  # fmt: skip
+    tl.add(t + 0.01, "proc_exit", proc="rank1.i0", pid=201, returncode=-6, role="rank", incarnation=0)
+    tl.add(t + 0.02, "detect", src="framework", framework="fw", reason="rank1.i0 exited with signal SIGABRT (-6)")
+    tl.add(t + 0.05, "restart", src="framework", framework="fw", attempt=1)
+    tl.incarnation(1, t + 0.5, 31, 31, load_from=30, ckpt_every=0, end=True, digest="other")
+    tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
+    ctl = tl.sorted()
+    m = compute_metrics(ctl, total_steps=30)
+    assert m.outcome == "completed" and m.clean is False and m.restart_count == 1
+    assert m.verdict == ("completed, but not clean: 1 restarts and 1 detections without a fault (the first: "
+                         "rank1.i0 exited with signal SIGABRT (-6), after the job's last step (30); rank1.i0 "
+                         "printed 'terminate called without an active exception')")  # fmt: skip
+
+    k = compute_metrics(_kill_tl().sorted(), control=ctl, total_steps=30)
+    assert k.outcome == "recovered" and k.fidelity is None
+    assert k.missing["fidelity"] == ("the control run restarted (1): its final state is no fault-free reference")
+    # against a clean control the same run is judged
+    assert compute_metrics(_kill_tl().sorted(), control=control_run(), total_steps=30).fidelity == "exact"
