@@ -99,8 +99,10 @@ TRAINING: tuple[MetricRow, ...] = (
     MetricRow(
         "`fidelity`, `loss_diff`, `fidelity_reason`",
         "final digest (of the `train_end` line, or of the final artifact's tensors: `fidelity_from`) "
-        "equal to the control's (`exact`) or `diverged`; missing when either side has none; why a "
-        "divergence was expected (a changed world size and global batch)",
+        "equal to the control's (`exact`) or `diverged`; missing when either side has none, or when the "
+        "control began an incarnation after its first completed step (its final state is a recovery's; not "
+        "under per-step commit, whose restarted group heals from a live peer); why a divergence was expected "
+        "(a changed world size and global batch)",
     ),
     MetricRow(
         "`final_step`, `steps_short`",
@@ -134,7 +136,9 @@ TRAINING: tuple[MetricRow, ...] = (
         "`false_detections`, `clean`",
         "detections no fault explains: in a fault-free control or a run whose fault never fired, before "
         "the first fault, or after a fault's job resumed (a flap); a control is clean when it completed "
-        "with no restart and no detection",
+        "with no restart and no detection; one that is not names its first detection, whether it came after "
+        "the job's last step, and the failed process's first error line (a C++ `terminate called ...` "
+        "included)",
     ),
     MetricRow(
         "`restarts_claimed`",
