@@ -237,10 +237,11 @@ def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool, slurm: bo
 
 def crash_and_resume(
     tmp: Path, suite: Suite, plan: list[Kill], seed: int, docker: bool, slurm: bool = False,
-    recovered: tuple[str, ...] = ("kill",),
+    recovered: tuple[str, ...] = ("kill",), expected: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> None:
     """Kill the harness at each moment of ``plan``, clean up and check, resume; finish with ``--resume``. Faults in
-    ``recovered`` end as ``recovered``, the others only slow the job (``outlasted``)."""
+    ``recovered`` end as ``recovered``, the others only slow the job (``outlasted``); or, with ``expected``, each
+    (scenario, repeat) ends with the (outcome, fidelity) given (an uninterrupted run's)."""
     rng = random.Random(seed)
     log = tmp / f"{suite.dir.name}.log"
     net_before = _host_net_state() | _capture_dirs()  # what was there before is not this test's
@@ -292,10 +293,13 @@ def crash_and_resume(
     # the table an uninterrupted suite ends with: every run once, each as it should end
     assert sorted((r["scenario"], r["repeat"]) for r in rows) == sorted({(r["scenario"], r["repeat"]) for r in rows})
     assert len(rows) == suite.runs
-    for r in rows:
+    if expected is not None:
+        got = {(r["scenario"], r["repeat"]): (r["outcome"], r["fidelity"]) for r in rows}
+        assert got == expected, sorted(set(got.items()) ^ set(expected.items()))
+    for r in rows if expected is None else []:
         # a kill or a lost node is recovered from; a slowed rank, filesystem or network only slows the job
-        expected = "completed" if r["control"] == "True" else "recovered" if r["fault"] in recovered else "outlasted"
-        assert r["outcome"] == expected, r
+        want = "completed" if r["control"] == "True" else "recovered" if r["fault"] in recovered else "outlasted"
+        assert r["outcome"] == want, r
         assert r["control"] == "True" or r["fidelity"] == "exact", r
     assert (suite.dir / "report.html").is_file()
     # the manifest written at the end of the resumed suite holds for every file of it
