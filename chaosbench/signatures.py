@@ -38,7 +38,7 @@ AGENT_ONLY = frozenset({"rendezvous_lost"})
 
 
 #: A line that states an error: a Python exception's line (``ModuleNotFoundError: No module named 'x'``; a bare
-#: ``KeyboardInterrupt``), ``error:``/``fatal:``/``panic:`` at the start of a line (any case, ``error[E0]:`` too)
+#: ``KeyboardInterrupt``), ``error:``/``fatal:``/``panic:`` at the start of a line (any case, ``error[E0]:`` too),
 #: a Rust panic or C++'s ``std::terminate`` (``terminate called without an active exception``: a process exiting
 #: without destroying its gloo process group, pytorch/pytorch#190489), each also behind an agent's ``[rank<r>]:``
 #: prefix.
