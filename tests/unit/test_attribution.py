@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from chaosbench.analysis.metrics import compute_metrics
-from tests.unit.test_metrics import TL, control_run, restart_run
+from tests.unit.test_metrics import TL, control_run, kill_and_restart, restart_run
 
 
 def _kill_tl() -> TL:
@@ -104,12 +104,6 @@ def test_restart_count_cross_checked_against_the_framework() -> None:
     )
 
 
-def _kill_and_restart(tl: TL, t_fault: float) -> None:
-    tl.add(t_fault, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
-    tl.add(t_fault + 0.08, "detect", src="framework", framework="fw", reason="rank1 exited")
-    tl.add(t_fault + 0.3, "restart", src="framework", framework="fw", attempt=1)
-
-
 def test_contamination_by_a_foreign_checkpoint() -> None:
     """The first incarnation loads a checkpoint before this run saved any: another run's state."""
     tl = TL(control=True).incarnation(0, 0.1, 31, 30, load_from=30)
@@ -136,14 +130,14 @@ def test_contamination_by_a_foreign_checkpoint() -> None:
     for r in (0, 1):
         tl.rank(tl.t_last + 0.01, "step", r, 0, step=10)
         tl.rank(tl.t_last + 0.002, "ckpt_save_begin", r, 0, step=10)
-    _kill_and_restart(tl, tl.t_last + 0.003)
+    kill_and_restart(tl, tl.t_last + 0.003)
     tl.incarnation(1, tl.t_last + 2.0, 11, 30, load_from=10, end=True)
     tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
     assert m.contaminated is False and m.outcome == "recovered", m.verdict
     # a later incarnation that loads before any save of this run had begun is still judged contaminated
     tl = TL(fault="kill").incarnation(0, 0.1, 1, 9, ckpt_every=0)
-    _kill_and_restart(tl, tl.t_last + 0.003)
+    kill_and_restart(tl, tl.t_last + 0.003)
     tl.incarnation(1, tl.t_last + 2.0, 11, 30, load_from=10, end=True)
     tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)

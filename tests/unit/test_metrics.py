@@ -64,13 +64,18 @@ def control_run(total: int = 30) -> list[Event]:
     return tl.sorted()
 
 
+def kill_and_restart(tl: TL, t_fault: float) -> None:
+    """Rank 1 killed at ``t_fault``, detected 0.08 s later, the job restarted 0.3 s after the kill."""
+    tl.add(t_fault, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
+    tl.add(t_fault + 0.08, "detect", src="framework", framework="fw", reason="rank1 exited")
+    tl.add(t_fault + 0.3, "restart", src="framework", framework="fw", attempt=1)
+
+
 def restart_run(digest: str = "d") -> TL:
     """Steps 1..25 (checkpoint at 10, 20), kill at 25+0.05 s, detect +0.08, restart from 20, finish 30."""
     tl = TL().incarnation(0, 0.1, 1, 25)
     t_fault = tl.t_last + 0.05
-    tl.add(t_fault, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
-    tl.add(t_fault + 0.08, "detect", src="framework", framework="fw", reason="rank1 exited")
-    tl.add(t_fault + 0.3, "restart", src="framework", framework="fw", attempt=1)
+    kill_and_restart(tl, t_fault)
     tl.incarnation(1, t_fault + 0.5, 21, 30, load_from=20, end=True, digest=digest)
     tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
     tl.t_fault = t_fault  # type: ignore[attr-defined]
