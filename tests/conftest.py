@@ -68,7 +68,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """With ``CHAOSBENCH_TEST_CPU_LOG=<file>``: one JSON line per test appended to it, the test's wall and the CPU
     seconds (user + system) of the pytest process and of the children it reaped during the test (ranks, agents,
     launchers: whatever the harness started and waited for; not a container's processes, which the engine
-    reaps). ``benchmarks/test_cpu.py`` sums them per file."""
+    reaps), the worker and the wall-clock end (to lay each worker's tests out in time). ``benchmarks/test_cpu.py``
+    sums them per file."""
     log = os.environ.get("CHAOSBENCH_TEST_CPU_LOG")
     if not log:
         return (yield)
@@ -84,7 +85,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         own2, kids2 = cpu()
         line = {"nodeid": item.nodeid, "wall_s": round(time.monotonic() - wall, 3),
                 "own_cpu_s": round(own2 - own, 3), "children_cpu_s": round(kids2 - kids, 3),
-                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}  # fmt: skip
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "end": round(time.time(), 3)}  # fmt: skip
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 
