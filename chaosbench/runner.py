@@ -733,6 +733,11 @@ class Runner:
         job = self._job(sc, run_dir, runtime, run_id)
         teardown.cleanup("final artifact digest", _digest_final_artifact, job, timeline)
         framework = _framework(sc)
+        # what the dry-run warned about (missing_engines): the run fails with the same words before it starts
+        # anything, whatever step would otherwise have stumbled on it (a launcher's import, a container's start)
+        missing = type(runtime).missing_engine() or type(framework).missing_engine(framework.options, type(runtime))
+        if missing is not None:
+            raise MissingEngine(missing)
         controllers: list[FaultController] = []
         for i, (fault_name, fault) in enumerate(sc.faults):
             injector = _injector(fault_name, fault)

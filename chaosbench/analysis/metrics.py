@@ -548,6 +548,9 @@ def _compute(events: list[Event], control: list[Event] | None, total_steps: int 
     _identity(m, whole, start)
     end = whole.last("run_end")
     _wall_and_harness(m, whole, end)
+    if end is not None and end.get("outcome") == "error" and not whole.has("proc_start"):
+        m.outcome = "error"  # the run erred before any of its processes started (an engine gone): nothing ran
+        return m
     ix, caused = attribution.harness_cut(whole)
     harness_reactions = sum(1 for e in caused if e.kind in ("detect", "restart", "give_up"))
     ctl = attribution.harness_cut(TimelineIndex(control))[0] if control is not None else None

@@ -53,6 +53,38 @@ def path_without(tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PATH", str(bin_dir))
 
 
+def module_missing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the rest of the test, the Python package ``name`` is not installed: ``find_spec`` finds nothing and an
+    import raises ImportError."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))
+    monkeypatch.setitem(sys.modules, name, None)
+
+
+def local_nodes_runtime() -> str:
+    """The name of a runtime registered for tests: the local runtime declaring node control, so that a suite with a
+    network fault loads without Docker. Its node methods refuse; a run reaches none of them when the fault's
+    prepare fails first (its tool missing)."""
+    from chaosbench.errors import Unsupported
+    from chaosbench.registry import RUNTIMES
+    from chaosbench.runtimes.local import LocalRuntime
+
+    name = "test-local-nodes"
+    if name in RUNTIMES.names():
+        return name
+
+    class LocalNodes(LocalRuntime):
+        def _refuse(self, *args: object, **kwargs: object) -> None:
+            raise Unsupported(f"{name} has no node control")
+
+        node_names = pause_node = engine_event_ns = unpause_node = set_node_cpus = _refuse
+        node_state = node_pid = node_ip = node_iface = _refuse
+
+    LocalNodes.name = name
+    RUNTIMES.register(name, LocalNodes)
+    return name
+
+
 def slurm_problem() -> str | None:
     """Why no Slurm cluster answers here (``sinfo`` fails or lists no partition), or None."""
     try:

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from chaosbench.errors import Unsupported
-from chaosbench.registry import RUNTIMES
 from chaosbench.rundir import RunDir
 from chaosbench.runner import Runner
-from chaosbench.runtimes.local import LocalRuntime
 from tests.conftest import make_suite
-from tests.helpers import path_without
+from tests.helpers import local_nodes_runtime, path_without
 
 pytestmark = pytest.mark.integration
 
@@ -52,19 +49,6 @@ def test_a_rank_that_fails_at_import_is_named_with_its_error(run_suite, tmp_path
     assert m.verdict == f"fault did not fire; {why}"
 
 
-class _LocalNodes(LocalRuntime):
-    """The local runtime declaring node control, so that a suite with a network fault loads without Docker. Its
-    node methods refuse, and none is reached: the fault's prepare fails first, its tool missing."""
-
-    name = "test-local-nodes"
-
-    def _refuse(self, *args: object, **kwargs: object) -> None:
-        raise Unsupported(f"{self.name} has no node control")
-
-    node_names = pause_node = engine_event_ns = unpause_node = set_node_cpus = _refuse
-    node_state = node_pid = node_ip = node_iface = _refuse
-
-
 MISSING_TC = """
 name: missing-tool
 seed: 1
@@ -82,8 +66,7 @@ matrix: {frameworks: [restart], faults: [delay, kill]}
 
 def test_a_network_fault_without_tc_fails_its_run_alone_naming_the_tool_and_the_suite_finishes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    if _LocalNodes.name not in RUNTIMES.names():
-        RUNTIMES.register(_LocalNodes.name, _LocalNodes)
+    local_nodes_runtime()
     path_without("tc", tmp_path, monkeypatch)
     records = Runner(make_suite(MISSING_TC), tmp_path / "out").run()
     why = "network faults need tc on the host (apt-get install iproute2 iptables util-linux)"

@@ -8,16 +8,18 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaosbench.cli import main
 from chaosbench.injectors.network import TOOLS, NetDelayInjector, PartitionInjector
 from chaosbench.injectors.stall_fs import StallFsInjector
-from chaosbench.rundir import RunDir
+from chaosbench.rundir import RunDir, SuiteDir
 from chaosbench.runner import Runner
+from chaosbench.timeline import read_events
 from tests.conftest import make_suite
-from tests.helpers import path_without
+from tests.helpers import local_nodes_runtime, module_missing, path_without
 
 STALL = """
 name: nofuse
@@ -69,11 +71,6 @@ def test_without_fusermount3_the_dry_run_names_the_package_and_the_runs_fail_wit
     assert all(json.loads(RunDir(r.run_dir).result.read_text())["reason"] == NO_FUSERMOUNT for r in records)
 
 
-def _module_missing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))
-
-
 @pytest.mark.parametrize("tool", ["sbatch", "srun", "squeue", "scontrol"])
 def test_the_slurm_runtime_names_each_missing_client_command(tool: str, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
@@ -87,7 +84,7 @@ def test_the_slurm_runtime_names_each_missing_client_command(tool: str, tmp_path
 def test_the_docker_runtime_names_its_missing_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
     from chaosbench.runtimes.docker import DockerRuntime
 
-    _module_missing("docker", monkeypatch)
+    module_missing("docker", monkeypatch)
     assert DockerRuntime.missing_engine() == "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"
 
 
@@ -96,7 +93,7 @@ def test_the_balancer_names_each_missing_serve_package(package: str, monkeypatch
     from chaosbench.frameworks.balancer import BalancerFramework
     from chaosbench.runtimes.local import LocalRuntime
 
-    _module_missing(package, monkeypatch)
+    module_missing(package, monkeypatch)
     options = BalancerFramework.Options()
     assert BalancerFramework.missing_engine(options, LocalRuntime) == (
         f"balancer needs {package}: pip install 'chaosbench[serve]'")
@@ -114,3 +111,111 @@ def test_without_haproxy_the_dry_run_of_the_serving_suite_names_it_and_still_ans
     why = "balancer needs haproxy: 'haproxy' not found (apt-get install -y haproxy)"
     assert set(doc["missing_engines"].values()) == {why}
     assert {r["plan"] for r in doc["runs"]} == {why}  # each run's plan: the reason it cannot be made here
+
+
+def _serving(tmp_path: Path) -> str:
+    return """
+name: engine-gone
+control: false
+defaults:
+  deadline_s: 30
+  workload: {name: serve, ranks: 2, load: {users: 2, duration_s: 4}}
+frameworks: {health: {adapter: balancer}}
+faults:
+  first: {injector: kill, target: {rank: 1}, trigger: {after_s: 1}}
+  second: {injector: kill, target: {rank: 0}, trigger: {after_s: 1}}
+matrix: {frameworks: [health], faults: [first, second]}
+"""
+
+
+def _training(runtime: str, fault: str = "{injector: kill, target: {rank: 1}, trigger: {at_step: 2}}") -> Any:
+    def text(tmp_path: Path) -> str:
+        return f"""
+name: engine-gone
+control: false
+defaults:
+  runtime: {runtime}
+  deadline_s: 30
+  workload: {{name: ddp-mlp, ranks: 2, steps: 5}}
+frameworks: {{restart: {{}}}}
+faults:
+  first: {fault}
+  second: {fault}
+matrix: {{frameworks: [restart], faults: [first, second]}}
+"""
+    return text
+
+
+def _no_tool(tool: str) -> Any:
+    return lambda tmp_path, monkeypatch: path_without(tool, tmp_path, monkeypatch)
+
+
+def _no_module(name: str, needs: tuple[str, ...] = ()) -> Any:
+    def gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        if any(importlib.util.find_spec(p) is None for p in (name, *needs)):
+            pytest.skip(f"{name} is not installed here: its absence would prove nothing")
+        module_missing(name, monkeypatch)
+    return gone
+
+
+def _needs_serve(then: Any) -> Any:
+    def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        if any(importlib.util.find_spec(p) is None for p in ("locust", "uvicorn", "starlette")):
+            pytest.skip("the serve extra is not installed here")
+        then(tmp_path, monkeypatch)
+    return setup
+
+
+def _no_docker_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if importlib.util.find_spec("docker") is None:
+        pytest.skip("the Docker SDK is not installed here")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-dockerd.sock")
+
+
+NET_DELAY = "{injector: net-delay, target: {rank: 1}, trigger: {at_step: 2}, params: {delay_ms: 50}}"
+SLURM_WHY = ("the slurm runtime needs the Slurm client commands (sbatch not found; apt-get install slurm-client, or "
+             "scripts/slurm-local up)")  # fmt: skip
+NO_DOCKERD = "no Docker engine answers ("
+# each: what is gone, the suite, the dry-run's key for it (None: the dry-run cannot know without asking the engine),
+# and the reason every run of the suite ends with
+GONE = {
+    "iptables": (_no_tool("iptables"), _training("test-local-nodes", NET_DELAY), "fault 'first'",
+                 "network faults need iptables on the host (apt-get install iproute2 iptables util-linux)"),
+    "haproxy": (_needs_serve(_no_tool("haproxy")), _serving, "framework 'health'",
+                "balancer needs haproxy: 'haproxy' not found (apt-get install -y haproxy)"),
+    "locust": (_no_module("locust"), _serving, "framework 'health'", "balancer needs locust: pip install 'chaosbench[serve]'"),
+    "sbatch": (_no_tool("sbatch"), _training("slurm"), "runtime 'slurm'", SLURM_WHY),
+    "docker-sdk": (_no_module("docker"), _training("docker"), "runtime 'docker'",
+                   "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"),
+    "dockerd": (_no_docker_engine, _training("docker"), None, NO_DOCKERD),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("gone", GONE)
+def test_each_engine_gone_is_named_by_the_dry_run_and_costs_each_run_with_its_reason(
+        gone: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A real ``chaosbench run`` of a two-run suite with the engine gone: both runs end as errors with the reason
+    (no rank, container or job starts), the suite finishes with its report, and the exit code says a run erred."""
+    take_away, text, key, why = GONE[gone]
+    local_nodes_runtime()
+    suite_file = tmp_path / "engine-gone.yaml"
+    suite_file.write_text(text(tmp_path))
+    take_away(tmp_path, monkeypatch)
+    assert main(["run", str(suite_file), "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    if key is None:
+        assert doc["missing_engines"] == {}
+    else:
+        assert doc["missing_engines"] == {key: why} if key.startswith(("runtime", "framework")) else (
+            doc["missing_engines"] == {key: why, key.replace("first", "second"): why})
+    assert main(["run", str(suite_file), "--out", str(tmp_path / "o")]) == 1
+    suite_dir = SuiteDir(tmp_path / "o" / "engine-gone")
+    runs = suite_dir.runs()
+    assert len(runs) == 2 and (suite_dir.path / "report.html").is_file()
+    for run in runs:
+        result = json.loads(RunDir(run).result.read_text())
+        assert result["status"] == "error" and "\n" not in result["reason"]
+        assert result["reason"] == why if why != NO_DOCKERD else result["reason"].startswith(why), result["reason"]
+        kinds = {e.kind for e in read_events(RunDir(run).events)}
+        assert "proc_start" not in kinds, f"{gone}: a process started: {sorted(kinds)}"
+        assert json.loads(RunDir(run).metrics.read_text())["outcome"] == "error"

@@ -345,7 +345,10 @@ class DockerRuntime(Runtime[DockerOptions]):
         if self._stream_client is None:
             import docker
 
-            self._stream_client = docker.from_env(timeout=None, max_pool_size=256).api
+            # the engine reached once, through connect() (no engine: MissingEngine, one line), and its API version
+            # taken from there instead of asked again
+            version = self.client.api.api_version
+            self._stream_client = docker.from_env(version=version, timeout=None, max_pool_size=256).api
         return self._stream_client
 
     def _labels(self, node: str | None = None) -> dict[str, str]:
