@@ -57,12 +57,12 @@ def runs_of(suite_dir: Path) -> list[Replayed]:
                       and (f := e.get("resume_floor_s") if e.get("resume_floor_s") is not None
                            else e.get("expected_s")) is not None)  # fmt: skip
         found.append((start.t_ns, end.t_ns, PlannedRun(0, label, str(start.get("framework")), str(fault),
-                                                      deadline_s + RUN_OVERHEAD_S, floor_s)))  # fmt: skip
+                                                      deadline_s + RUN_OVERHEAD_S, floor_s, deadline_s)))  # fmt: skip
     found.sort(key=lambda f: f[0])
     out = []
     for i, (start_ns, end_ns, p) in enumerate(found):
         next_ns = found[i + 1][0] if i + 1 < len(found) else end_ns
-        planned = PlannedRun(i + 1, p.label, p.framework, p.fault, p.bound_s, p.floor_s)
+        planned = PlannedRun(i + 1, p.label, p.framework, p.fault, p.bound_s, p.floor_s, p.deadline_s)
         out.append(Replayed(planned, start_ns, (next_ns - start_ns) / 1e9))
     return out
 

@@ -74,7 +74,8 @@ class PlannedRun:
     (``framework/fault #repeat``, as the runner names it to the progress), ``framework`` entry, ``fault`` schedule
     (``control`` for a control run), ``bound_s``, its wall bound (its deadline plus set-up and teardown), and
     ``floor_s``: the seconds its faults cost at least beyond a control's wall, from the timeouts in force (the
-    detection outlook's resume floor, else its expected detection; 0 when not modelled)."""
+    detection outlook's resume floor, else its expected detection; 0 when not modelled), and ``deadline_s``, the
+    run's deadline (None: not known)."""
 
     index: int
     label: str
@@ -82,6 +83,7 @@ class PlannedRun:
     fault: str
     bound_s: float
     floor_s: float = 0.0
+    deadline_s: float | None = None
 
 
 class RunWallModel:
@@ -95,7 +97,9 @@ class RunWallModel:
     runs' walls each over its fault's factor, else (a framework not begun) the median level of the others. A
     fault no framework ran yet stands at the median wall of the framework's finished runs, else of the fault's
     under the other frameworks, else at the run's bound scaled by how much of their bounds the finished runs
-    took (each also at least the level plus the floor)."""
+    took (each also at least the level plus the floor). No estimate is above the run's bound; one whose floor
+    reaches its deadline (a lost node that a fixed-size rendezvous waits for) takes its deadline plus what the
+    finished runs that reached theirs took beyond it (their median; none yet: 0)."""
 
     def __init__(self, finished: Sequence[tuple[PlannedRun, float]]) -> None:
         self.finished = list(finished)
@@ -113,7 +117,9 @@ class RunWallModel:
         walls_s = sum(s for _, s in self.finished)
         self._per_bound = walls_s / bounds_s if bounds_s > 0 else None
         self._mean_s = walls_s / len(self.finished) if self.finished else None
-        self._by_cell: dict[tuple[str, str, float, float], float | None] = {}
+        past = [s - r.deadline_s for r, s in self.finished if r.deadline_s is not None and s >= r.deadline_s]
+        self._past_deadline_s = statistics.median(past) if past else 0.0
+        self._by_cell: dict[tuple[str, str, float, float, float | None], float | None] = {}
 
     def _factor(self, fault: str) -> float | None:
         if fault == CONTROL:
@@ -129,7 +135,7 @@ class RunWallModel:
 
     def estimate_s(self, run: PlannedRun) -> float | None:
         """Seconds ``run`` will take (see the class); None when no run finished."""
-        key = (run.framework, run.fault, run.bound_s, run.floor_s)
+        key = (run.framework, run.fault, run.bound_s, run.floor_s, run.deadline_s)
         if key not in self._by_cell:
             self._by_cell[key] = self._estimate_s(run)
         return self._by_cell[key]
@@ -139,6 +145,12 @@ class RunWallModel:
             return None
         if (own := self.cells.get((run.framework, run.fault))) is not None:
             return own
+        if run.deadline_s is not None and run.floor_s >= run.deadline_s:
+            return min(run.deadline_s + self._past_deadline_s, run.bound_s)
+        guess = self._guess_s(run)
+        return min(guess, run.bound_s) if run.bound_s > 0 else guess
+
+    def _guess_s(self, run: PlannedRun) -> float:
         level = self.levels.get(run.framework, self.median_level)
         floor_s = 0.0 if level is None else level + run.floor_s
         factor = self.factors.get(run.fault)

@@ -114,7 +114,7 @@ def suite_plan(suite: Suite, outlook: Sequence[dict[str, Any]] = ()) -> list[Pla
         for rep in range(bound):
             sc = suite.scenario(fw, names, rep)
             out.append(PlannedRun(len(out) + 1, f"{sc.id} #{sc.repeat}", fw, sc.fault_name or "control",
-                                  sc.deadline_s + RUN_OVERHEAD_S, floor_s))  # fmt: skip
+                                  sc.deadline_s + RUN_OVERHEAD_S, floor_s, sc.deadline_s))  # fmt: skip
     return out
 
 
@@ -221,6 +221,13 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
             out.append(rec)
             continue
         duration = injector.duration_s
+        lost = injector.fault_class == "node" and mode == "crash" and duration is None  # a node gone for good
+        wait = framework.node_loss_wait(sc.workload.nodes, fault.target.node, timeouts) if lost else None
+        why_floor = ""
+        if wait is not None and pred.expected_s is not None:
+            pred.resume_floor_s = max(pred.resume_floor_s or pred.expected_s, pred.expected_s + wait[1])
+            why_floor = f" (the next rendezvous waits {wait[0]}={wait[1]:g} for the lost node)"
+            pred.note += f"; the lost node does not come back: the next rendezvous waits {wait[0]}={wait[1]:g} for it"
         if duration is not None and pred.expected_s is not None and pred.resume_floor_s is not None:
             # A fixed wait on a stopped process (torchrun's SIGTERM grace) ends once the fault ends and it can act.
             pred.resume_floor_s = max(pred.expected_s, min(pred.resume_floor_s, duration))
@@ -231,7 +238,7 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
                             f"expected {pred.expected_s:g} s after the fault ({pred.decided_by})")  # fmt: skip
         elif pred.resume_floor_s is not None and pred.resume_floor_s >= sc.deadline_s:
             problems.append(f"{sc.framework_label} cannot resume from {name} before the run's deadline "
-                            f"({sc.deadline_s:g} s): not before {pred.resume_floor_s:g} s after the fault")  # fmt: skip
+                            f"({sc.deadline_s:g} s): not before {pred.resume_floor_s:g} s after the fault{why_floor}")  # fmt: skip
         if duration is not None and pred.expected_s is not None and duration < pred.expected_s:
             problems.append(f"{name} ends after {duration:g} s, before {sc.framework_label} can detect it "
                             f"({pred.expected_s:g} s): expect an undetected recovery in place")  # fmt: skip

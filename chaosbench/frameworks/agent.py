@@ -25,6 +25,9 @@ from chaosbench.injectors.base import Role
 # torch.distributed.elastic's fixed grace between SIGTERM and SIGKILL when it stops a worker group
 # (LocalElasticAgent shutdown_timeout / PContext.close timeout, torch 2.x).
 TORCHRUN_SHUTDOWN_GRACE_S = 30.0
+# torch.distributed.elastic's c10d rendezvous: how long a round waits for its nodes to join (DynamicRendezvousHandler
+# _DEFAULT_TIMEOUTS["join"], torch 2.x), when the launcher passes no join_timeout
+TORCH_RDZV_JOIN_TIMEOUT_S = 600.0
 
 TORCHRUN_PATTERNS = [
     # The agent's first reaction to a failed worker: it stops the rest of the group (a WARNING line, printed
@@ -69,6 +72,18 @@ def predict_agent_detection(mode: str, timeouts: dict[str, Any]) -> Prediction |
         note="the peers' collective times out; the stopped worker ignores SIGTERM, so the agent waits "
         f"worker_shutdown_grace_s={grace or 0:g} before SIGKILL",
     )  # fmt: skip
+
+
+def rendezvous_wait(nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+    """A fixed-size rendezvous hosted by node0's agent (torchrun, ft_launcher, torchrun-elastic at its minimum)
+    after ``node`` is lost: the agents left wait in their next round for it until ``rdzv_join_timeout_s``; the
+    loss of node0, the store host, ends the rendezvous for all at once instead (None, as for a node picked at
+    random)."""
+    join = timeouts.get("rdzv_join_timeout_s")
+    known = node is not None and node.startswith("node") and node[4:].isdigit() and int(node[4:]) > 0
+    if nodes < 2 or not known or not isinstance(join, (int, float)):
+        return None
+    return ("rdzv_join_timeout_s", float(join))
 
 
 def pg_timeout_problems(timeouts: dict[str, Any]) -> list[str]:

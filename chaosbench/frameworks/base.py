@@ -486,6 +486,23 @@ class Framework(ABC, Generic[O]):
         """
         return {"workload_pg_timeout_s": job.workload.pg_timeout_s}
 
+    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+        """When ``node``, one of the job's ``nodes``, is lost for good (its processes killed, nothing started in its
+        place): the wait after which the adapter gives up on it, named as in ``timeouts`` (a fixed-size rendezvous
+        waiting for the node to rejoin: ``("rdzv_join_timeout_s", 600.0)``); None when the adapter goes on
+        without the node, a spare takes its place, it relaunches the whole job, or it is not known which node
+        goes (the default).
+
+        Args:
+            nodes: The job's node count.
+            node: The lost node's name (``node1``); None when the fault picks it as the run goes.
+            timeouts: The timeouts in force, as :meth:`timeouts` gives them in the plan.
+
+        Returns:
+            The deciding timeout's name and seconds; None when no such wait follows a lost node.
+        """
+        return None
+
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
         """When the adapter can detect a fault of this ``mode`` (``crash``, ``hang`` or ``stall``, see
         :attr:`chaosbench.injectors.base.Injector.failure_mode`) under ``timeouts`` (its own, as in the plan);

@@ -60,7 +60,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaosbench.errors import Unsupported
-from chaosbench.frameworks.agent import AGENT_ROLES, agent_argv, agent_env
+from chaosbench.frameworks.agent import AGENT_ROLES, agent_argv, agent_env, rendezvous_wait
 from chaosbench.frameworks.base import (
     Framework,
     JobContext,
@@ -442,6 +442,11 @@ class NvrxFramework(Framework[NvrxOptions]):
                if timeouts.get(k) is not None]  # fmt: skip
         out.append(pg_timeout(timeouts))
         return sorted(out, key=lambda kv: kv[1])
+
+    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+        """Without a hot spare every round needs all the nodes (:func:`~chaosbench.frameworks.agent.rendezvous_wait`,
+        with the launcher's own join timeout per version: :data:`LAUNCHER_DEFAULTS`)."""
+        return None if self.options.spares else rendezvous_wait(nodes, node, timeouts)
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
         if mode == "crash":

@@ -8,15 +8,17 @@ restart worker group``). LOGLEVEL=INFO makes the agent print its rendezvous line
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.frameworks.agent import (
+    TORCH_RDZV_JOIN_TIMEOUT_S,
     TORCHRUN_PATTERNS,
     AgentFramework,
     agent_argv,
     agent_env,
+    rendezvous_wait,
     supervise_agents,
 )
 from chaosbench.frameworks.base import (
@@ -46,6 +48,16 @@ class TorchrunFramework(AgentFramework[TorchrunOptions]):
     """torch elastic (torchrun) with ``--max-restarts``: restarts the whole local worker group."""
 
     name: ClassVar[str] = "torchrun"
+
+    def timeouts(self, job: JobContext) -> dict[str, float | None]:
+        t = super().timeouts(job)
+        # the c10d rendezvous's join timeout (torchrun passes none; another backend: not known here)
+        t["rdzv_join_timeout_s"] = TORCH_RDZV_JOIN_TIMEOUT_S if self.options.rdzv_backend == "c10d" else None
+        return t
+
+    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+        """Every round needs all ``--nnodes``: see :func:`~chaosbench.frameworks.agent.rendezvous_wait`."""
+        return rendezvous_wait(nodes, node, timeouts)
 
     def plan(self, job: JobContext) -> LaunchPlan:
         o = self.options

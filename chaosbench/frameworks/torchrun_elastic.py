@@ -28,7 +28,7 @@ or ``Detected N new nodes ... will restart worker group`` on growth).
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -37,6 +37,7 @@ from chaosbench.frameworks.agent import (
     AgentFramework,
     agent_argv,
     agent_env,
+    rendezvous_wait,
 )
 from chaosbench.frameworks.base import (
     JobContext,
@@ -136,6 +137,12 @@ class ElasticFramework(AgentFramework[ElasticOptions]):
                 f"{o.spares} spare node(s), started {o.spare_delay_s} s after a node's agent dies",
             ],
         )
+
+    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+        """Without a spare, a round needs ``min_nodes``: when the nodes left are fewer, it waits for the lost one
+        (:func:`~chaosbench.frameworks.agent.rendezvous_wait`)."""
+        o = self.options
+        return None if o.spares or nodes - 1 >= o.min_nodes else rendezvous_wait(nodes, node, timeouts)
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o = self.options

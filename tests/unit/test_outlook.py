@@ -64,3 +64,39 @@ def test_a_hang_shorter_than_detection_and_grace() -> None:
     assert any("ends after 3 s, before torchrun can detect it" in p for p in recs[("torchrun", "hang")]["problems"])
     recs, _ = _outlook(duration="20")
     assert recs[("torchrun", "hang")]["resume_floor_s"] == 20  # the stopped rank acts on SIGTERM once continued
+
+
+LOST = """
+name: lost-node
+defaults:
+  deadline_s: 150
+  workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30}
+frameworks:
+  restart: {}
+  torchrun: {}
+  elastic: {adapter: torchrun-elastic, min_nodes: 1}
+  elastic-fixed: {adapter: torchrun-elastic, min_nodes: 2}
+  elastic-spare: {adapter: torchrun-elastic, min_nodes: 2, spares: 1}
+faults:
+  lose-node1: {injector: node-kill, target: {node: node1}, trigger: {at_step: 5}}
+  lose-node0: {injector: node-kill, target: {node: node0}, trigger: {at_step: 5}}
+  lose-any: {injector: node-kill, target: {node: random}, trigger: {at_step: 5}}
+matrix: {frameworks: [restart, torchrun, elastic, elastic-fixed, elastic-spare], faults: [lose-node1, lose-node0, lose-any]}
+"""
+
+
+def test_a_fixed_size_rendezvous_waits_its_join_timeout_for_a_lost_node() -> None:
+    """Measured on the compare suite (2026-12-06): torchrun and nvrx each lost node1 and waited at the rendezvous
+    until the 150 s deadline; the elastic form with min_nodes 1 and restart recovered. node0 hosts the rendezvous
+    store: its loss ends the rendezvous for every node at once, no wait."""
+    recs, _ = Runner(make_suite(LOST), "/tmp/cb-outlook").outlook()
+    by = {(r["framework"], r["fault"]): r for r in recs}
+    lost = by[("torchrun", "lose-node1")]
+    assert lost["resume_floor_s"] == 600.1  # detection (monitor_interval_s=0.1) + torch's join timeout
+    assert lost["problems"] == [
+        "torchrun cannot resume from lose-node1 before the run's deadline (150 s): not before 600.1 s after the "
+        "fault (the next rendezvous waits rdzv_join_timeout_s=600 for the lost node)"]  # fmt: skip
+    assert by[("elastic-fixed", "lose-node1")]["resume_floor_s"] == 600.1  # its join_timeout_s (default 600)
+    for fw, fault in [("torchrun", "lose-node0"), ("torchrun", "lose-any"), ("elastic", "lose-node1"),
+                      ("elastic-spare", "lose-node1"), ("restart", "lose-node1")]:  # fmt: skip
+        assert by[(fw, fault)]["resume_floor_s"] is None and by[(fw, fault)]["problems"] == [], (fw, fault)

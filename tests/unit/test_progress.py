@@ -266,6 +266,20 @@ def test_estimate_run_s_from_cell_framework_fault_and_bound() -> None:
     assert estimate_run_s(b_ctl, [(a_ctl, 10.0), (a_kill0, 12.0), (b_kill, 24.0)]) == pytest.approx(20.0)
 
 
+def test_a_run_whose_floor_reaches_its_deadline_is_estimated_at_its_deadline() -> None:
+    """torchrun's lost node: its rendezvous waits 600 s for the node, past the run's 150 s deadline."""
+    ctl = PlannedRun(1, "t/control #0", "t", "control", 180.0, 0.0, 150.0)
+    kill = PlannedRun(2, "t/kill #0", "t", "kill", 180.0, 0.1, 150.0)
+    lose = [PlannedRun(3 + i, f"t/lose-node #{i}", "t", "lose-node", 180.0, 600.1, 150.0) for i in range(2)]
+    hang = PlannedRun(5, "t/hang #0", "t", "hang", 180.0, 40.0, 150.0)
+    assert estimate_run_s(lose[0], [(ctl, 10.0), (kill, 14.0)]) == 150.0  # none reached its deadline yet: +0
+    assert estimate_run_s(lose[1], [(ctl, 10.0), (lose[0], 153.0)]) == 153.0  # its own cell
+    other = PlannedRun(6, "u/lose-node #0", "u", "lose-node", 180.0, 600.1, 150.0)
+    assert estimate_run_s(other, [(ctl, 10.0), (lose[0], 153.0)]) == 153.0  # 3 s past the deadline, as lose[0]
+    # never above the run's bound: hang at 40 s beyond t's level of 200 s would be 240 s
+    assert estimate_run_s(hang, [(ctl, 200.0)]) == 180.0
+
+
 def test_suite_plan_of_the_compare_suite() -> None:
     from chaosbench.runner import RUN_OVERHEAD_S, suite_plan
     from chaosbench.specs import load_suite
@@ -278,8 +292,8 @@ def test_suite_plan_of_the_compare_suite() -> None:
     plan = suite_plan(suite, outlook)
     assert len(plan) == suite.run_count() == 91
     assert [p.index for p in plan] == list(range(1, 92))
-    assert plan[0] == PlannedRun(1, "none/control #0", "none", "control", 150 + RUN_OVERHEAD_S, 0.0)
-    assert plan[14] == PlannedRun(15, "restart/kill-rank #0", "restart", "kill-rank", 150 + RUN_OVERHEAD_S, 0.05)
+    assert plan[0] == PlannedRun(1, "none/control #0", "none", "control", 150 + RUN_OVERHEAD_S, 0.0, 150)
+    assert plan[14] == PlannedRun(15, "restart/kill-rank #0", "restart", "kill-rank", 150 + RUN_OVERHEAD_S, 0.05, 150)
     assert [p.floor_s for p in plan if p.label.startswith("torchrun/hang-rank")] == [40.1] * 3
 
 
