@@ -99,7 +99,8 @@ class RunWallModel:
     under the other frameworks, else at the run's bound scaled by how much of their bounds the finished runs
     took (each also at least the level plus the floor). No estimate is above the run's bound; one whose floor
     reaches its deadline (a lost node that a fixed-size rendezvous waits for) takes its deadline plus what the
-    finished runs that reached theirs took beyond it (their median; none yet: 0)."""
+    finished runs that reached theirs took beyond it (their median; none yet: 0), and such cells set no factor
+    and no level."""
 
     def __init__(self, finished: Sequence[tuple[PlannedRun, float]]) -> None:
         self.finished = list(finished)
@@ -108,6 +109,10 @@ class RunWallModel:
             cells.setdefault((r.framework, r.fault), []).append(wall_s)
         self.cells = {key: statistics.median(walls) for key, walls in cells.items()}
         self.controls = {fw: m for (fw, fault), m in self.cells.items() if fault == CONTROL}
+        # cells whose timeouts made them wait out their deadline: their walls say nothing of what the fault costs
+        # a framework that recovers from it, so they set no factor and no level
+        self._waited = {(r.framework, r.fault) for r, _ in self.finished
+                        if r.deadline_s is not None and r.floor_s >= r.deadline_s}  # fmt: skip
         faults = {fault for _, fault in self.cells}
         self.factors = {f: k for f in faults if (k := self._factor(f)) is not None}
         frameworks = {fw for fw, _ in self.cells}
@@ -124,13 +129,15 @@ class RunWallModel:
     def _factor(self, fault: str) -> float | None:
         if fault == CONTROL:
             return 1.0
-        ratios = [m / self.controls[fw] for (fw, f), m in self.cells.items() if f == fault and self.controls.get(fw)]
+        ratios = [m / self.controls[fw] for (fw, f), m in self.cells.items()
+                  if f == fault and self.controls.get(fw) and (fw, f) not in self._waited]  # fmt: skip
         return statistics.median(ratios) if ratios else None
 
     def _level(self, fw: str) -> float | None:
         if fw in self.controls:
             return self.controls[fw]
-        scaled = [m / k for (f_fw, fault), m in self.cells.items() if f_fw == fw and (k := self.factors.get(fault))]
+        scaled = [m / k for (f_fw, fault), m in self.cells.items()
+                  if f_fw == fw and (k := self.factors.get(fault)) and (f_fw, fault) not in self._waited]  # fmt: skip
         return statistics.median(scaled) if scaled else None
 
     def estimate_s(self, run: PlannedRun) -> float | None:

@@ -278,6 +278,14 @@ def test_a_run_whose_floor_reaches_its_deadline_is_estimated_at_its_deadline() -
     assert estimate_run_s(other, [(ctl, 10.0), (lose[0], 153.0)]) == 153.0  # 3 s past the deadline, as lose[0]
     # never above the run's bound: hang at 40 s beyond t's level of 200 s would be 240 s
     assert estimate_run_s(hang, [(ctl, 200.0)]) == 180.0
+    # u recovers from a lost node: its lose-node factor comes from the frameworks that recovered (v: x2), not
+    # from t's wait for the deadline (x15.3)
+    v_ctl, v_lose = (PlannedRun(7, "v/control #0", "v", "control", 180.0, 0.0, 150.0),
+                     PlannedRun(8, "v/lose-node #0", "v", "lose-node", 180.0, 0.1, 150.0))  # fmt: skip
+    u_ctl, u_lose = (PlannedRun(9, "u/control #0", "u", "control", 180.0, 0.0, 150.0),
+                     PlannedRun(10, "u/lose-node #0", "u", "lose-node", 180.0, 0.1, 150.0))  # fmt: skip
+    done = [(ctl, 10.0), (lose[0], 153.0), (v_ctl, 20.0), (v_lose, 40.0), (u_ctl, 30.0)]
+    assert estimate_run_s(u_lose, done) == 60.0
 
 
 def test_suite_plan_of_the_compare_suite() -> None:
