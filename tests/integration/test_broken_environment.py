@@ -1,7 +1,8 @@
 """A run that fails for a reason outside the system under test says why (issue 27, item 5): a user's script that
 cannot import a module, under the restart framework, is named in the verdict with its first error line. A tool a
 fault needs missing from the machine (issue 31, item 5) costs that fault's run alone, with a one-line reason
-naming the tool, and the suite finishes its other runs."""
+naming the tool, and the suite finishes its other runs; so does a port taken by another program (the run says so
+with the rank's own error line)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 
 from chaosbench.rundir import RunDir
 from chaosbench.runner import Runner
+from chaosbench.runtimes.local import LocalRuntime
 from tests.conftest import make_suite
-from tests.helpers import local_nodes_runtime, path_without
+from tests.helpers import local_nodes_runtime, path_without, story
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +81,47 @@ def test_a_network_fault_without_tc_fails_its_run_alone_naming_the_tool_and_the_
     # the run after it ran for real: its ranks started, the fault fired and the job recovered
     assert kill.metrics is not None and kill.metrics.outcome == "recovered", kill.metrics.verdict
     assert records[0].metrics is not None and records[0].metrics.outcome == "completed"
+
+
+PORT_TAKEN = """
+name: port-taken
+seed: 1
+control: false
+defaults:
+  deadline_s: 60
+  workload: {name: ddp-mlp, ranks: 1, steps: 8}
+frameworks: {restart: {heartbeat_timeout_s: 5, max_restarts: 0}}
+faults:
+  first: {injector: kill, target: {rank: 0}, trigger: {at_step: 3}}
+  second: {injector: kill, target: {rank: 0}, trigger: {at_step: 3}}
+matrix: {frameworks: [restart], faults: [first, second]}
+"""
+
+
+def test_a_port_taken_by_another_program_fails_each_run_naming_it_and_the_suite_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The rendezvous port handed to the ranks is taken by another program (here: a listener of the test's, as if
+    between the harness's choice and the rank's bind): rank 0's store cannot listen, the rank dies before the
+    job's first step and each run says so with the rank's own error line; the suite finishes both runs."""
+    import socket
+
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    monkeypatch.setattr(LocalRuntime, "free_port", lambda self: port)
+    try:
+        records = Runner(make_suite(PORT_TAKEN), tmp_path / "out").run()
+    finally:
+        held.close()
+    assert [r.scenario.id for r in records] == ["restart/first", "restart/second"]
+    for r in records:
+        m = r.metrics
+        assert m is not None and m.outcome == "fault_not_fired", story(m) if m else r.result
+        # the first error line rank 0 printed: torch's own, naming the port and the errno
+        assert m.startup_failure == (
+            "'rank0.i0' exited 1 before the job's first step: torch.distributed.DistNetworkError: The server socket "
+            f"has failed to listen on any local network address. port: {port}, useIpv6: false, code: -98, name: "
+            "EADDRINUSE, message: address already in use"), m.startup_failure  # fmt: skip
+        assert m.verdict == f"fault did not fire; {m.startup_failure}"
+        assert r.leftovers == []

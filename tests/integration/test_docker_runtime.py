@@ -293,3 +293,25 @@ def test_storage_faults_on_the_shared_volume(run_suite) -> None:
         assert slow.outcome == "outlasted" and slow.fidelity == "exact"  # slowed, nothing reacts to it
         assert slow.checkpoint_save_s is not None and ctl.checkpoint_save_s is not None
         assert slow.checkpoint_save_s > 3 * ctl.checkpoint_save_s
+
+
+def test_a_node_image_not_on_the_engine_costs_each_run_with_its_reason(tmp_path: Path) -> None:
+    """A user's image that is not on this engine (no registry to pull it from): each run fails before any node
+    starts, naming the image, leaves no container or network behind, and the suite goes on to its next run."""
+    from chaosbench.rundir import RunDir
+    from chaosbench.runner import Runner
+    from tests.conftest import make_suite
+
+    image = "chaosbench-test-no-such-image:0"
+    text = _suite("docker", "{restart: {heartbeat_timeout_s: 5}}",
+                  "{first: {injector: kill, target: 1, trigger: {at_step: 5}}, "
+                  "second: {injector: kill, target: 0, trigger: {at_step: 5}}}", "restart", "first, second")  # fmt: skip
+    text = text.replace("      runtime: docker\n", f"      runtime: docker\n      runtime_options: {{image: '{image}'}}\n")
+    records = Runner(make_suite(text), tmp_path / "out").run()
+    why = f"image '{image}' is not on this engine (no registry is reachable: build or load it first)"
+    assert [(r.scenario.id, r.result.status, r.result.reason) for r in records] == [
+        ("restart/first", "error", why), ("restart/second", "error", why)]
+    for r in records:
+        assert run_objects(r.run_dir) == [] and r.leftovers == []
+        assert r.metrics is not None and r.metrics.outcome == "error"
+        assert kinds(read_events(RunDir(r.run_dir).events), "proc_start") == []
