@@ -308,10 +308,11 @@ def test_a_node_image_not_on_the_engine_costs_each_run_with_its_reason(tmp_path:
                   "second: {injector: kill, target: 0, trigger: {at_step: 5}}}", "restart", "first, second")  # fmt: skip
     text = text.replace("      runtime: docker\n", f"      runtime: docker\n      runtime_options: {{image: '{image}'}}\n")
     records = Runner(make_suite(text), tmp_path / "out").run()
-    why = f"image '{image}' is not on this engine (no registry is reachable: build or load it first)"
-    assert [(r.scenario.id, r.result.status, r.result.reason) for r in records] == [
-        ("restart/first", "error", why), ("restart/second", "error", why)]
+    why = f"node0, node1: image '{image}' is not on this engine (no registry is reachable: build or load it first)"
+    assert [(r.scenario.id, r.result.status) for r in records] == [("restart/first", "error"), ("restart/second", "error")]
     for r in records:
+        run_id = json.loads(RunDir(r.run_dir).config.read_text())["run_id"]
+        assert r.result.reason == f"cannot start the nodes of run {run_id}: {why}"
         assert run_objects(r.run_dir) == [] and r.leftovers == []
         assert r.metrics is not None and r.metrics.outcome == "error"
         assert kinds(read_events(RunDir(r.run_dir).events), "proc_start") == []

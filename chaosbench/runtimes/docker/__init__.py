@@ -384,14 +384,15 @@ class DockerRuntime(Runtime[DockerOptions]):
             )
             self._create_spec = self._container_spec()
             names = [f"node{i}" for i in range(nodes)] + [f"spare{i}" for i in range(self.opts.spare_nodes)]
-            errors: list[str] = []
+            errors: dict[str, list[str]] = {}  # the error -> the nodes that had it (each said once)
             created: dict[str, Any] = {}
 
             def make(name: str) -> None:
                 try:
                     created[name] = self._create_container(name)
                 except Exception as exc:  # noqa: BLE001 - collected and raised below as one error
-                    errors.append(f"{name}: {exc}")
+                    with self._lock:
+                        errors.setdefault(str(exc), []).append(name)
 
             threads = [threading.Thread(target=make, args=(n,), daemon=True) for n in names]
             for t in threads:
@@ -405,7 +406,8 @@ class DockerRuntime(Runtime[DockerOptions]):
                         (self._spares.append(node) if node.spare else self._nodes.__setitem__(name, node))
                 self._provisioned = True
             if errors:
-                raise ChaosbenchError(f"cannot start the nodes of run {self.run.run_id}: {'; '.join(errors)}")
+                why = "; ".join(f"{', '.join(sorted(who))}: {e}" for e, who in errors.items())
+                raise ChaosbenchError(f"cannot start the nodes of run {self.run.run_id}: {why}")
 
     def _container_spec(self) -> dict[str, Any]:
         from docker.types import Mount
