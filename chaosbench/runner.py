@@ -289,7 +289,11 @@ class RunRecord:
 
 
 class Runner:
-    """Runs the scenarios of a suite in order (controls first, per framework).
+    """Runs the scenarios of a suite: every framework's control first, then the fault runs in the suite's order
+    (a run's index stays its place in that order). Every fault run is measured against its framework's control,
+    a control that cannot run shows a broken framework or environment in the suite's first minutes, and the
+    progress's ETA knows each framework's cost from the start (a framework several times slower than the others,
+    run last, would otherwise be guessed at their level until then).
 
     ``request_stop`` (from a signal handler) ends the current run promptly, with teardown and reverts,
     and skips the rest; finished runs and their results are kept.
@@ -516,8 +520,9 @@ class Runner:
         total = self.suite.run_count()
         cells = self._cells()
         if slots is None:
-            for cell in cells:
-                if not self._run_cell(cell, resume, total):
+            left = [total]  # runs not started yet (the indices no longer say it: the controls run first)
+            for cell in sorted(cells, key=lambda c: bool(c.faults)):  # stable: the controls, then the fault cells
+                if not self._run_cell(cell, resume, left):
                     break
         else:
             self._run_cells_concurrently(cells, resume, slots)
@@ -567,20 +572,24 @@ class Runner:
             return True
         return False
 
-    def _run_cell(self, cell: _Cell, resume: bool, total: int) -> bool:
-        """Every repeat of ``cell`` in turn (until decided, for such a cell); False when a stop was requested."""
+    def _run_cell(self, cell: _Cell, resume: bool, left: list[int]) -> bool:
+        """Every repeat of ``cell`` in turn (until decided, for such a cell); False when a stop was requested.
+        ``left[0]``: the suite's runs not started yet, counted down."""
         for rep in range(cell.bound):
             if self._settled(cell):
+                left[0] -= cell.bound - rep  # the repeats it no longer needs
                 return True
             if (todo := self._take(cell, rep, resume)) is None:
+                left[0] -= 1
                 continue
             i, sc = todo
             if self.stop_requested.is_set():
-                self.progress.message(f"stopped: at most {total - i + 1} runs not started")
+                self.progress.message(f"stopped: at most {left[0]} runs not started")
                 return False
             if self.halted is not None:
-                self.progress.message(f"{self.halted.describe()}; at most {total - i + 1} runs not started")
+                self.progress.message(f"{self.halted.describe()}; at most {left[0]} runs not started")
                 return False
+            left[0] -= 1
             self._run_in_slot(i, sc, {}, follow=True)
         self._settled(cell)
         return True

@@ -265,7 +265,8 @@ def test_a_resumed_suite_goes_on_where_an_undecided_scenario_was_left(monkeypatc
         runner._run_in_slot(0, sc, {}, follow=False)
     ran.clear()
     Runner(_suite(slos=SLOS), tmp_path)._run(True, None)
-    assert ran == [f"restart/kill#{i}" for i in range(1, 5)] + ["none/control#0"] + [f"none/kill#{i}" for i in range(5)]
+    # the controls first (restart's finished earlier), then the fault cells in the suite's order
+    assert ran == ["none/control#0"] + [f"restart/kill#{i}" for i in range(1, 5)] + [f"none/kill#{i}" for i in range(5)]
 
 
 def test_a_dry_run_states_each_scenario_repeated_until_decided(capsys: pytest.CaptureFixture[str],
@@ -287,3 +288,15 @@ def test_a_dry_run_states_each_scenario_repeated_until_decided(capsys: pytest.Ca
             "meets them it runs max)") in err  # fmt: skip
     rule = StoppingRule.for_suite(make_suite(text), load_rows(CI_BASELINE))
     assert rule.family_bound == 68  # the power statement's bound: 4 scenarios x 17 figures the baseline measured
+
+
+def test_every_frameworks_control_runs_before_the_fault_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Sequential runs as ``--jobs``: the controls first, each run keeping its index in the suite's order."""
+    ran = _fake_runs(monkeypatch, lambda sc: True)
+    runner = Runner(_suite(), tmp_path)
+    records = runner.run()
+    controls = sum(1 for r in records if r.scenario.control)
+    assert ran[:controls] == [f"{fw}/control#0" for fw in runner.suite.matrix.all_frameworks()]
+    assert all(not name.endswith("control#0") for name in ran[controls:])
+    assert [r.index for r in records] == list(range(1, len(records) + 1))  # sorted back into the suite's order
+    assert records[0].scenario.control and not records[1].scenario.control
