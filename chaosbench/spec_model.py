@@ -85,15 +85,18 @@ def load_yaml(path: str | Path) -> tuple[Any, SourceMap]:
 
 def load_yaml_text(text: str, shown: str) -> tuple[Any, SourceMap]:
     smap = SourceMap(shown)
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+    loader = yaml.SafeLoader(text)
+    try:  # one parse: the node tree (its marks give the lines) and the data constructed from it
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         raise SpecError(f"invalid YAML: {exc.problem or exc}", file=shown, line=line) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"invalid YAML: {exc}", file=shown) from None
+    finally:
+        loader.dispose()
     if node is not None:
         _index_lines(node, (), smap.lines)
     return data, smap
