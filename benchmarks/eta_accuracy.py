@@ -20,13 +20,12 @@ only: with several runs at once the walls overlap and the replay does not hold.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from chaosbench.progress import PlannedRun, SuiteProgress
+from chaosbench.progress import PlannedRun, replay_eta
 from chaosbench.runner import RUN_OVERHEAD_S
 from chaosbench.timeline import read_events
 
@@ -67,35 +66,19 @@ def runs_of(suite_dir: Path) -> list[Replayed]:
     return out
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def replay(runs: list[Replayed], with_plan: bool) -> dict[int, float | None]:
     """The ETA (seconds) right after each run finished: finished count -> ETA."""
-    clock = Clock()
-    plan = [r.planned for r in runs] if with_plan else None
-    bound_s = sum(r.planned.bound_s for r in runs)
-    progress = SuiteProgress("replay", len(runs), bound_s, stream=io.StringIO(), live=False, clock=clock,
-                             header=False, plan=plan)  # fmt: skip
-    out: dict[int, float | None] = {}
-    for i, r in enumerate(runs):
-        progress.run_started(r.planned.index, r.planned.label, r.planned.bound_s - RUN_OVERHEAD_S,
-                             r.planned.fault == "control")  # fmt: skip
-        clock.now += r.wall_s
-        progress.run_finished(r.planned.label, "", r.wall_s)
-        out[i + 1] = progress.eta_s()[0]
-    return out
+    etas = replay_eta([(r.planned, r.wall_s) for r in runs], with_plan)
+    return {i + 1: eta for i, (eta, _) in enumerate(etas)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suite_dir", type=Path, help="a suite's result directory (holding its run directories)")
     ap.add_argument("--controls-first", action="store_true", help="replay every control first (see above)")
+    ap.add_argument("--save", type=Path, metavar="FILE",
+                    help="also write the runs as replayed (plan entries and walls) to FILE (JSON), the form "
+                    "tests/unit/test_eta_replay.py reads")  # fmt: skip
     args = ap.parse_args()
     runs = runs_of(args.suite_dir)
     if args.controls_first:
@@ -105,6 +88,8 @@ def main() -> None:
     if len(runs) < 2:
         sys.exit(f"{args.suite_dir}: {len(runs)} runs with a timeline; need 2 or more")
     total_s = sum(r.wall_s for r in runs)
+    if args.save:
+        args.save.write_text(json.dumps([{**asdict(r.planned), "wall_s": round(r.wall_s, 3)} for r in runs], indent=1))
     old, new = replay(runs, with_plan=False), replay(runs, with_plan=True)
     order = ", every control first" if args.controls_first else ""
     print(f"{args.suite_dir}: {len(runs)} runs, {total_s:.0f} s of runs{order}")

@@ -7,6 +7,7 @@ its timeline events (:func:`next_phase`), handed over by the timeline follower's
 
 from __future__ import annotations
 
+import io
 import os
 import statistics
 import sys
@@ -175,6 +176,39 @@ def estimate_run_s(run: PlannedRun, finished: Sequence[tuple[PlannedRun, float]]
     """Seconds ``run`` will take, from the walls of the ``finished`` runs (:class:`RunWallModel`); None when
     nothing finished yet."""
     return RunWallModel(finished).estimate_s(run)
+
+
+class _ReplayClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replay_eta(runs: Sequence[tuple[PlannedRun, float]], with_plan: bool = True) -> list[tuple[float | None, float]]:
+    """The ETA a suite's progress showed right after each of ``runs`` (in the order they ran, each with its wall:
+    to the next run's start) finished, replayed on a fake clock, beside the time then in fact left; with
+    ``with_plan`` False the estimate without a plan (the mean of the finished runs). The deadlines given to the
+    progress are each run's bound less its set-up allowance (a replay shows no phase, so they matter not).
+
+    Returns:
+        Per finished run, in order: (the ETA in seconds, None when there was none; the seconds left).
+    """
+    clock = _ReplayClock()
+    plan = [p for p, _ in runs] if with_plan else None
+    progress = SuiteProgress("replay", len(runs), sum(p.bound_s for p, _ in runs), stream=io.StringIO(), live=False,
+                             clock=clock, header=False, plan=plan)  # fmt: skip
+    total_s = sum(w for _, w in runs)
+    out: list[tuple[float | None, float]] = []
+    done_s = 0.0
+    for p, wall_s in runs:
+        progress.run_started(p.index, p.label, p.deadline_s or p.bound_s, p.fault == CONTROL)
+        clock.now += wall_s
+        done_s += wall_s
+        progress.run_finished(p.label, "", wall_s)
+        out.append((progress.eta_s()[0], total_s - done_s))
+    return out
 
 
 @dataclass
