@@ -88,6 +88,20 @@ def test_the_docker_runtime_names_its_missing_sdk(monkeypatch: pytest.MonkeyPatc
     assert DockerRuntime.missing_engine() == "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"
 
 
+def test_the_docker_runtime_needs_no_local_engine_for_one_named_by_docker_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from chaosbench.runtimes.docker import DockerRuntime
+
+    if importlib.util.find_spec("docker") is None:
+        pytest.skip("the Docker SDK is not installed here")
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither dockerd nor docker on it
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert DockerRuntime.missing_engine() == (
+        "the docker runtime needs a Docker engine: scripts/docker-up (apt-get install docker.io)")
+    monkeypatch.setenv("DOCKER_HOST", "tcp://docker:2375")  # a CI job's engine in a service container
+    assert DockerRuntime.missing_engine() is None
+
+
 @pytest.mark.parametrize("package", ["locust", "uvicorn", "starlette"])
 def test_the_balancer_names_each_missing_serve_package(package: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from chaosbench.frameworks.balancer import BalancerFramework

@@ -248,7 +248,9 @@ class DockerRuntime(Runtime[DockerOptions]):
 
         if importlib.util.find_spec("docker") is None:
             return "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"
-        if shutil.which("dockerd") is None and shutil.which("docker") is None:
+        # an engine elsewhere (DOCKER_HOST) needs nothing installed here but the SDK; whether it answers is known
+        # only by asking it, which a run does first (a run without one: "no Docker engine answers (...)")
+        if not os.environ.get("DOCKER_HOST") and shutil.which("dockerd") is None and shutil.which("docker") is None:
             return "the docker runtime needs a Docker engine: scripts/docker-up (apt-get install docker.io)"
         return None
 
