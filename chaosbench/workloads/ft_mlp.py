@@ -54,7 +54,6 @@ Contract (what the harness relies on):
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -66,8 +65,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
 from chaosbench.procutil import start_ticks
-from chaosbench.signatures import rank_error
 from chaosbench.workloads.base import ProgramWorkload, RunPaths
+from chaosbench.workloads.ft_loop import FtLoop, log_to_stderr
 from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import build_parser, mix_seed, params_digest, parse_args
 
@@ -76,13 +75,6 @@ PROGRAM = "chaosbench.workloads.ft_mlp"
 ENV_GROUP = "REPLICA_GROUP_ID"
 ENV_GROUPS = "NUM_REPLICA_GROUPS"
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
-ENV_MIN_REPLICAS = "CHAOSBENCH_FT_MIN_REPLICAS"
-ENV_HEARTBEAT_S = "CHAOSBENCH_FT_HEARTBEAT_INTERVAL_S"
-ENV_HOSTNAME = "CHAOSBENCH_FT_HOSTNAME"
-ENV_FRAMEWORK = "CHAOSBENCH_FRAMEWORK"
-ENV_LOGLEVEL = "CHAOSBENCH_FT_LOGLEVEL"
-ENV_START_GROUPS = "CHAOSBENCH_FT_START_GROUPS"
-ENV_START_TIMEOUT_S = "CHAOSBENCH_FT_START_TIMEOUT_S"
 
 IN_FEATURES = 64
 OUT_FEATURES = 16
@@ -147,24 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe.close()
 
 
-def _train(
-    args: argparse.Namespace, probe: Probe, group: int, groups: int, group_rank: int, group_world_size: int
-) -> int:
+def _model(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """The MLP, its SGD optimizer with momentum, its step LR schedule and the teacher matrix of the targets: the
+    same in every process, from the seed (no init sync needed; no dropout: no RNG state to carry)."""
     import torch
-    import torch.distributed as dist
     from torch import nn
-    from torch.distributed import ReduceOp
-    from torchft import Manager, ProcessGroupGloo
-    from torchft.checkpointing import HTTPTransport
 
-    level = os.environ.get(ENV_LOGLEVEL, "WARNING").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
-    torch.set_num_threads(1)
-    framework = os.environ.get(ENV_FRAMEWORK, "torchft")
-    K = group_world_size
-
-    # Model init is identical in every process (no init sync needed); no dropout: no RNG state to carry.
     torch.manual_seed(mix_seed(args.seed, 0x6D6F64656C))
     layers: list[nn.Module] = []
     width = IN_FEATURES
@@ -173,53 +153,43 @@ def _train(
         width = args.hidden
     layers.append(nn.Linear(width, OUT_FEATURES))
     net = nn.Sequential(*layers)
-    params = list(net.parameters())
-    optimizer = torch.optim.SGD(params, lr=args.lr, momentum=MOMENTUM)
+    optimizer = torch.optim.SGD(list(net.parameters()), lr=args.lr, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP_SIZE, gamma=LR_GAMMA)
     teacher_gen = torch.Generator().manual_seed(mix_seed(args.seed, 0x7465616368))
     teacher = torch.randn(IN_FEATURES, OUT_FEATURES, generator=teacher_gen) / IN_FEATURES**0.5
+    return net, optimizer, scheduler, teacher
 
-    heal: dict[str, Any] = {}
 
-    def state_dict() -> dict[str, Any]:
-        return {"model": net.state_dict(), "optim": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+def _share(args: argparse.Namespace, participant: int | None, participants: int, groups: int, group: int,
+           group_rank: int, group_world_size: int) -> tuple[int, list[int], int]:  # fmt: skip
+    """This rank's part of a step: its microbatch size, the batch indices it computes (none when its group does
+    not participate) and the divisor of its loss. ``global``: the global batch is split over every group's
+    ranks, a participant computing the slots of the groups that are missing too; ``replica``: each rank computes
+    a batch of its own, the loss averaged over the participants."""
+    K = group_world_size
+    if args.batch_mode == "global":
+        slots = replica_slots(participant, participants, groups) if participant is not None else []
+        return args.batch_size // (groups * K), [slot * K + group_rank for slot in slots], groups * K
+    mine = [group * K + group_rank] if participant is not None else []
+    return args.batch_size, mine, max(1, participants) * K
 
-    def load_state_dict(sd: dict[str, Any]) -> None:
-        net.load_state_dict(sd["model"])
-        optimizer.load_state_dict(sd["optim"])
-        scheduler.load_state_dict(sd["scheduler"])
-        t0 = heal.pop("t0", None)
-        probe.emit("heal_end", step=heal.pop("step", None),
-                   duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
-        print(f"healed to step {heal.get('last_step')}", flush=True)
 
-    class ProbedTransport(HTTPTransport):
-        """torchft's HTTP checkpoint transport, with heal events on the timeline."""
+def _train(
+    args: argparse.Namespace, probe: Probe, group: int, groups: int, group_rank: int, group_world_size: int
+) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed import ReduceOp
 
-        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
-            heal.update(t0=time.perf_counter(), step=step, last_step=step)
-            probe.emit("heal_begin", step=step, src_replica_rank=src_rank)
-            return super().recv_checkpoint(src_rank, metadata, step, timeout)
-
-        def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
-            probe.emit("heal_send", step=step, dst_replica_ranks=list(dst_ranks))
-            super().send_checkpoint(dst_ranks, step, state_dict, timeout)
-
+    log_to_stderr()
+    torch.set_num_threads(1)
+    K = group_world_size
+    net, optimizer, scheduler, teacher = _model(args)
+    params = list(net.parameters())
     if K > 1:  # the ranks of one group reduce among themselves first (torchft's pg spans the groups)
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
-    manager_timeout = timedelta(seconds=float(os.environ.get("TORCHFT_TIMEOUT_SEC", "60")))
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=args.pg_timeout_s)),
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        min_replica_size=int(os.environ.get(ENV_MIN_REPLICAS, "1")),
-        use_async_quorum=False,
-        replica_id=f"chaosbench_{group}",
-        hostname=os.environ.get(ENV_HOSTNAME) or __import__("socket").gethostname(),
-        heartbeat_interval=timedelta(seconds=float(os.environ.get(ENV_HEARTBEAT_S, "0.1"))),
-        checkpoint_transport=ProbedTransport(timeout=manager_timeout, num_chunks=0),
-        init_sync=False,
-    )
+    loop = FtLoop(probe, group, {"model": net, "optim": optimizer, "scheduler": scheduler}, args.pg_timeout_s)
 
     def batch(step: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(mix_seed(args.seed, step, index))
@@ -229,53 +199,27 @@ def _train(
     numel = sum(p.numel() for p in params)
     loss_fn = nn.MSELoss()
     planted = Planted(probe)
-    quorum_id: int | None = None
-    participants_prev: int | None = None
-    errored_streak = False
     loss_value: float | None = None
-    # With min_replica_size below G the first group up would train alone until the others join (and then
-    # heal them): at the job's start (not in a restarted group) wait for a quorum that holds every group.
-    start_groups = int(os.environ.get(ENV_START_GROUPS, "1")) if probe.incarnation == 0 else 1
-    start_deadline = time.monotonic() + float(os.environ.get(ENV_START_TIMEOUT_S, "60"))
-    while manager.current_step() < args.steps:
-        manager.start_quorum()  # synchronous: a lagging group heals here, before computing
-        n = manager.num_participants()
-        if manager.current_step() == 0 and n < start_groups and time.monotonic() < start_deadline:
-            time.sleep(0.05)
+    while loop.current_step() < args.steps:
+        if (q := loop.quorum()) is None:
             continue
-        p = manager.participating_rank()
-        qid = getattr(manager, "_quorum_id", None)  # torchft 0.2.0 keeps it private
-        if qid != quorum_id:
-            probe.emit("quorum", quorum_id=qid, participants=n, previous_participants=participants_prev,
-                       replica_rank=p, step=manager.current_step())  # fmt: skip
-            if participants_prev is not None and n < participants_prev:
-                probe.emit("detect", framework=framework, via="manager", mechanism="quorum change",
-                           reason=f"quorum {qid}: {n} of {participants_prev} replica groups")  # fmt: skip
-            quorum_id, participants_prev = qid, n
-        step = manager.current_step() + 1
+        p, n, step = q.participant, q.participants, q.step
         planted.before_step(step)
         t_step = time.perf_counter()
         buf = torch.zeros(numel + 1, dtype=torch.float64)
-        if args.batch_mode == "global":
-            mb = args.batch_size // (groups * K)
-            mine = [slot * K + group_rank for slot in replica_slots(p, n, groups)] if p is not None else []
-            scale = groups * K
-        else:
-            mb = args.batch_size
-            mine = [group * K + group_rank] if p is not None else []
-            scale = max(1, n) * K
+        mb, mine, scale = _share(args, p, n, groups, group, group_rank, K)
         for index in mine:
             x, y = batch(step, index, mb)
-            for q in params:
-                q.grad = None
+            for param in params:
+                param.grad = None
             loss = loss_fn(net(x), y) / scale
             loss.backward()
             off = 0
-            for q in params:
-                g = q.grad
+            for param in params:
+                g = param.grad
                 assert g is not None
-                buf[off : off + q.numel()] += g.reshape(-1).double()
-                off += q.numel()
+                buf[off : off + param.numel()] += g.reshape(-1).double()
+                off += param.numel()
             buf[numel] += float(loss.detach())
         if args.step_sleep_s > 0:
             time.sleep(args.step_sleep_s)
@@ -286,47 +230,22 @@ def _train(
             op = ReduceOp.MAX if kind == "op" else ReduceOp.SUM
             if K > 1:
                 dist.all_reduce(sent, op=op)
-            manager.allreduce(sent, reduce_op=op).wait()
+            loop.manager.allreduce(sent, reduce_op=op).wait()
         off = 0
-        for q in params:
-            q.grad = buf[off : off + q.numel()].to(torch.float32).view_as(q).clone()
-            off += q.numel()
+        for param in params:
+            param.grad = buf[off : off + param.numel()].to(torch.float32).view_as(param).clone()
+            off += param.numel()
         planted.after_backward(step, params)
-        if manager.should_commit():
+        if loop.manager.should_commit():
             optimizer.step()
             scheduler.step()
             planted.after_update(step, params)
-            errored_streak = False
             loss_value = float(buf[numel])
             planted.check_loss(step, loss_value)
-            probe.emit(
-                "step", step=manager.current_step(), loss=loss_value, duration_s=time.perf_counter() - t_step,
-                participants=n, quorum_id=qid, committed=True,
-                global_batch=global_batch(args.batch_mode, args.batch_size, groups, K, n),
-            )  # fmt: skip
-            print(f"step {manager.current_step()} loss {loss_value:.6f} participants {n}", flush=True)
+            loop.committed(q, loss_value, t_step, global_batch(args.batch_mode, args.batch_size, groups, K, n))
         else:
-            err = manager.errored()
-            reason = (
-                f"{type(err.original_exception).__name__}: {str(err.original_exception).splitlines()[0][:300]}"
-                if err is not None
-                else f"not enough replica groups ({n} < min_replica_size)"
-            )
-            # duration_s: the compute thrown away; collective_s: the time spent in the failed reduction and vote
-            probe.emit("step_skipped", step=step, reason=reason, duration_s=t_comm - t_step,
-                       collective_s=time.perf_counter() - t_comm, participants=n, quorum_id=qid)  # fmt: skip
-            if not errored_streak:
-                # its allreduce timed out, or failed otherwise (the harness then tells what it saw: a mismatch)
-                timed_out = rank_error(reason) == "collective_timeout" or "timeout" in reason.lower()
-                probe.emit("detect", framework=framework, via="manager", reason=f"step {step} not committed: {reason}",
-                           **({"mechanism": "process-group timeout"} if timed_out else {}))  # fmt: skip
-                errored_streak = True
-            print(f"step {step} skipped: {reason}", flush=True)
-
-    digest = params_digest(net)
-    probe.train_end(manager.current_step(), loss_value, digest)
-    print(f"final digest {digest}", flush=True)
-    manager.shutdown(wait=True)
+            loop.skipped(q, t_step, t_comm)
+    loop.finish(loss_value, params_digest(net))
     if K > 1:
         dist.destroy_process_group()
     return 0

@@ -78,10 +78,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -91,7 +89,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from chaosbench.probe import ENV_EVENTS, ENV_NODE, Probe, incarnation_from_env
-from chaosbench.signatures import rank_error
 from chaosbench.workloads.base import TrainingProgram
 from chaosbench.workloads.fsdp_lm import (
     ADAM_BETAS,
@@ -101,20 +98,8 @@ from chaosbench.workloads.fsdp_lm import (
     lr_factor,
     synthetic_tokens,
 )
-from chaosbench.workloads.ft_mlp import (
-    ENV_FRAMEWORK,
-    ENV_GROUP,
-    ENV_GROUPS,
-    ENV_HEARTBEAT_S,
-    ENV_HOSTNAME,
-    ENV_LIGHTHOUSE,
-    ENV_LOGLEVEL,
-    ENV_MIN_REPLICAS,
-    ENV_START_GROUPS,
-    ENV_START_TIMEOUT_S,
-    replica_rank,
-    replica_slots,
-)
+from chaosbench.workloads.ft_loop import FtLoop, log_to_stderr
+from chaosbench.workloads.ft_mlp import ENV_GROUP, ENV_GROUPS, ENV_LIGHTHOUSE, replica_rank, replica_slots
 from chaosbench.workloads.planted import Planted
 from chaosbench.workloads.skeleton import (
     COMPLETE_MARKER,
@@ -654,58 +639,14 @@ def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: 
     import torch
     import torch.distributed as dist
     from torch.distributed import ReduceOp
-    from torchft import Manager, ProcessGroupGloo
-    from torchft.checkpointing import HTTPTransport
 
-    level = os.environ.get(ENV_LOGLEVEL, "WARNING").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
-    framework = os.environ.get(ENV_FRAMEWORK, "torchft")
+    log_to_stderr()
     group_store, manager_store = _attempt_stores(opts.pg_timeout_s)
     d = init_distributed("pp_lm", opts.pg_timeout_s, args.backend, deterministic=True, store=group_store)
     runner = _StageRunner(opts, args.seed, stage, d.device, None)
     module, optimizer, scheduler, params = runner.module, runner.optimizer, runner.scheduler, runner.params
-    heal: dict[str, Any] = {}
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": module.state_dict(), "optim": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-
-    def load_state_dict(sd: dict[str, Any]) -> None:
-        module.load_state_dict(sd["model"])
-        optimizer.load_state_dict(sd["optim"])
-        scheduler.load_state_dict(sd["scheduler"])
-        t0 = heal.pop("t0", None)
-        probe.emit("heal_end", step=heal.pop("step", None),
-                   duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
-        print(f"healed stage {stage} to step {heal.get('last_step')}", flush=True)
-
-    class ProbedTransport(HTTPTransport):
-        """torchft's HTTP checkpoint transport, with heal events on the timeline."""
-
-        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
-            heal.update(t0=time.perf_counter(), step=step, last_step=step)
-            probe.emit("heal_begin", step=step, src_replica_rank=src_rank)
-            return super().recv_checkpoint(src_rank, metadata, step, timeout)
-
-        def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
-            probe.emit("heal_send", step=step, dst_replica_ranks=list(dst_ranks))
-            super().send_checkpoint(dst_ranks, step, state_dict, timeout)
-
-    manager_timeout = timedelta(seconds=float(os.environ.get("TORCHFT_TIMEOUT_SEC", "60")))
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=opts.pg_timeout_s)),
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        min_replica_size=int(os.environ.get(ENV_MIN_REPLICAS, "1")),
-        use_async_quorum=False,
-        replica_id=f"chaosbench_{group}",
-        store_addr=os.environ["MASTER_ADDR"],
-        store_port=manager_store.port,
-        hostname=os.environ.get(ENV_HOSTNAME) or __import__("socket").gethostname(),
-        heartbeat_interval=timedelta(seconds=float(os.environ.get(ENV_HEARTBEAT_S, "0.1"))),
-        checkpoint_transport=ProbedTransport(timeout=manager_timeout, num_chunks=0),
-        init_sync=False,
-    )
+    loop = FtLoop(probe, group, {"model": module, "optim": optimizer, "scheduler": scheduler}, opts.pg_timeout_s,
+                  healed=f"stage {stage} ", store=(os.environ["MASTER_ADDR"], manager_store.port))  # fmt: skip
 
     def batch(step: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(mix_seed(args.seed, step, slot))
@@ -715,31 +656,15 @@ def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: 
 
     numel = sum(q.numel() for q in params)
     planted = Planted(probe)
-    quorum_id: int | None = None
-    participants_prev: int | None = None
-    errored_streak = False
     loss_value: float | None = None
-    start_groups = int(os.environ.get(ENV_START_GROUPS, "1")) if probe.incarnation == 0 else 1
-    start_deadline = time.monotonic() + float(os.environ.get(ENV_START_TIMEOUT_S, "60"))
-    while manager.current_step() < opts.steps:
-        manager.start_quorum()
-        n = manager.num_participants()
-        if manager.current_step() == 0 and n < start_groups and time.monotonic() < start_deadline:
-            time.sleep(0.05)
+    while loop.current_step() < opts.steps:
+        if (quorum := loop.quorum()) is None:
             continue
-        p = manager.participating_rank()
-        qid = getattr(manager, "_quorum_id", None)  # torchft 0.2.0 keeps it private
-        if qid != quorum_id:
-            probe.emit("quorum", quorum_id=qid, participants=n, previous_participants=participants_prev,
-                       replica_rank=p, step=manager.current_step())  # fmt: skip
-            if participants_prev is not None and n < participants_prev:
-                probe.emit("detect", framework=framework, via="manager", mechanism="quorum change",
-                           reason=f"quorum {qid}: {n} of {participants_prev} replica groups")  # fmt: skip
-            quorum_id, participants_prev = qid, n
-        step = manager.current_step() + 1
+        step = quorum.step
         planted.before_step(step)
         t_step = time.perf_counter()
         buf = torch.zeros(numel + 1, dtype=torch.float64)
+        p, n = quorum.participant, quorum.participants
         for slot in replica_slots(p, n, groups) if p is not None else []:
             x, y = batch(step, slot)
             optimizer.zero_grad(set_to_none=True)
@@ -754,47 +679,30 @@ def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: 
         if opts.step_sleep_s > 0:
             time.sleep(opts.step_sleep_s)
         t_comm = time.perf_counter()
-        manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        loop.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
         buf.div_(groups)
         off = 0
         for q in params:
             q.grad = buf[off : off + q.numel()].to(torch.float32).view_as(q).to(q.device).clone()
             off += q.numel()
         planted.after_backward(step, params)
-        if manager.should_commit():
+        if loop.manager.should_commit():
             optimizer.step()
             scheduler.step()
             planted.after_update(step, params)
-            errored_streak = False
             # the loss lives on the last stage: the group's stages share it over the group's own process group
             loss_t = buf[numel : numel + 1].to(torch.float32).to(d.device)
             if opts.stages > 1:
                 dist.broadcast(loss_t, src=opts.stages - 1)
             loss_value = float(loss_t.item())
             planted.check_loss(step, loss_value)
-            probe.emit("step", step=manager.current_step(), loss=loss_value, duration_s=time.perf_counter() - t_step,
-                       participants=n, quorum_id=qid, committed=True,
-                       global_batch=global_batch(groups, opts.microbatches, opts.microbatch_size))  # fmt: skip
-            print(f"step {manager.current_step()} loss {loss_value:.6f} participants {n}", flush=True)
+            loop.committed(quorum, loss_value, t_step, global_batch(groups, opts.microbatches, opts.microbatch_size))
         else:
-            err = manager.errored()
-            reason = (f"{type(err.original_exception).__name__}: {str(err.original_exception).splitlines()[0][:300]}"
-                      if err is not None else f"not enough replica groups ({n} < min_replica_size)")  # fmt: skip
-            probe.emit("step_skipped", step=step, reason=reason, duration_s=t_comm - t_step,
-                       collective_s=time.perf_counter() - t_comm, participants=n, quorum_id=qid)  # fmt: skip
-            if not errored_streak:
-                timed_out = rank_error(reason) == "collective_timeout" or "timeout" in reason.lower()
-                probe.emit("detect", framework=framework, via="manager", reason=f"step {step} not committed: {reason}",
-                           **({"mechanism": "process-group timeout"} if timed_out else {}))  # fmt: skip
-                errored_streak = True
-            print(f"step {step} skipped: {reason}", flush=True)
+            loop.skipped(quorum, t_step, t_comm)
 
     gathered: list[Any] = [None] * opts.stages
     dist.all_gather_object(gathered, named_param_bytes(module))
-    digest = digest_of_stages(gathered)
-    probe.train_end(manager.current_step(), loss_value, digest)
-    print(f"final digest {digest}", flush=True)
-    manager.shutdown(wait=True)
+    loop.finish(loss_value, digest_of_stages(gathered))
     dist.destroy_process_group()
     return 0
 
