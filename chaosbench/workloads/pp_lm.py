@@ -454,14 +454,79 @@ class _StageRunner:
         return losses
 
 
+class _StageCheckpoints:
+    """This rank's stage in the job's DCP checkpoints (one per save, every rank of the job writing its stage's
+    part under ``stage<N>``, the data position beside it; rank 0 marks it complete), saved and loaded over the
+    job's training group."""
+
+    def __init__(self, ckpt_dir: str, opts: PpLmOptions, where: Placement, probe: Probe, d: Dist, groups: _Groups,
+                 runner: _StageRunner) -> None:  # fmt: skip
+        self.ckpt_dir, self.opts, self.where, self.probe, self.d, self.groups = ckpt_dir, opts, where, probe, d, groups
+        self.runner = runner
+        self.part = f"stage{where.stage}"
+
+    def state(self, step: int) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        r = self.runner
+        msd, osd = get_state_dict(r.module, r.optimizer)
+        return {self.part: {"model": msd, "optim": osd, "scheduler": r.scheduler.state_dict()},
+                "progress": {"step": step, "data_position": step}}  # fmt: skip
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        d = self.d
+        dist.barrier(group=self.groups.train, device_ids=[d.local_rank] if d.backend == "nccl" else None)
+
+    def save(self, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        d, path = self.d, ckpt_path(self.ckpt_dir, step)
+        with self.probe.ckpt_save(step, str(path)) as info:
+            if d.rank == 0:
+                # A directory left by an interrupted save must not be reused (see skeleton.Checkpoints.save).
+                if path.exists():
+                    (path / COMPLETE_MARKER).unlink(missing_ok=True)
+                    shutil.rmtree(path)
+                path.mkdir(parents=True)
+            self._barrier()
+            dcp.save(self.state(step), checkpoint_id=str(path), process_group=self.groups.train)
+            self._barrier()
+            if d.rank == 0:
+                mark_complete(path, {"step": step, "world_size": d.world_size, "stages": self.opts.stages,
+                                     "dp": self.where.dp, "t_ns": time.time_ns()})  # fmt: skip
+            self._barrier()
+            info["complete"] = True
+
+    def load(self, start_step: int, marker: dict[str, Any]) -> int:
+        """Load checkpoint ``start_step`` (``marker``: its COMPLETE marker's fields); returns the data position."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        r, part = self.runner, self.part
+        path = ckpt_path(self.ckpt_dir, start_step)
+        with self.probe.ckpt_load(start_step, str(path)):
+            loaded = self.state(start_step)
+            dcp.load(loaded, checkpoint_id=str(path), process_group=self.groups.train)
+            set_state_dict(r.module, r.optimizer, model_state_dict=loaded[part]["model"],
+                           optim_state_dict=loaded[part]["optim"])  # fmt: skip
+            r.scheduler.load_state_dict(loaded[part]["scheduler"])
+            start = int(loaded["progress"]["data_position"])
+            if int(loaded["progress"]["step"]) != start_step:
+                raise RuntimeError(f"checkpoint {path} holds step {loaded['progress']['step']}, not {start_step}")
+        written_dp = marker.get("dp")
+        resized = f" (written at dp {written_dp})" if written_dp not in (None, self.where.dp) else ""
+        print(f"resumed from {path} at step {start}{resized}", flush=True)
+        return start
+
+
 def _train(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe: Probe, d: Dist, groups: _Groups,
            start_step: int | None, marker: dict[str, Any]) -> tuple[float | None, list[tuple[str, bytes]]]:  # fmt: skip
     """Train this rank's stage from ``start_step`` (None: from scratch); (last loss, this stage's parameter bytes
     if this is replica 0, else nothing)."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     assert where.stage is not None and where.replica is not None
     stage, replica = where.stage, where.replica
@@ -471,50 +536,9 @@ def _train(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe:
     runner = _StageRunner(opts, args.seed, stage, device, groups.pp)
     module, optimizer, scheduler = runner.module, runner.optimizer, runner.scheduler
     last_rank_of_replica = rank_of(opts.stages - 1, replica, where.dp)
-
-    part = f"stage{stage}"
-
-    def state(step: int) -> dict[str, Any]:
-        msd, osd = get_state_dict(module, optimizer)
-        return {part: {"model": msd, "optim": osd, "scheduler": scheduler.state_dict()},
-                "progress": {"step": step, "data_position": step}}  # fmt: skip
-
-    def barrier() -> None:
-        dist.barrier(group=groups.train, device_ids=[d.local_rank] if d.backend == "nccl" else None)
-
-    def save(step: int) -> None:
-        path = ckpt_path(args.ckpt_dir, step)
-        with probe.ckpt_save(step, str(path)) as info:
-            if d.rank == 0:
-                # A directory left by an interrupted save must not be reused (see skeleton.Checkpoints.save).
-                if path.exists():
-                    (path / COMPLETE_MARKER).unlink(missing_ok=True)
-                    shutil.rmtree(path)
-                path.mkdir(parents=True)
-            barrier()
-            dcp.save(state(step), checkpoint_id=str(path), process_group=groups.train)
-            barrier()
-            if d.rank == 0:
-                mark_complete(path, {"step": step, "world_size": d.world_size, "stages": opts.stages,
-                                     "dp": where.dp, "t_ns": time.time_ns()})  # fmt: skip
-            barrier()
-            info["complete"] = True
-
-    start = 0
-    if start_step is not None:
-        path = ckpt_path(args.ckpt_dir, start_step)
-        with probe.ckpt_load(start_step, str(path)):
-            loaded = state(start_step)
-            dcp.load(loaded, checkpoint_id=str(path), process_group=groups.train)
-            set_state_dict(module, optimizer, model_state_dict=loaded[part]["model"],
-                           optim_state_dict=loaded[part]["optim"])  # fmt: skip
-            scheduler.load_state_dict(loaded[part]["scheduler"])
-            start = int(loaded["progress"]["data_position"])
-            if int(loaded["progress"]["step"]) != start_step:
-                raise RuntimeError(f"checkpoint {path} holds step {loaded['progress']['step']}, not {start_step}")
-        written_dp = marker.get("dp")
-        resized = f" (written at dp {written_dp})" if written_dp not in (None, where.dp) else ""
-        print(f"resumed from {path} at step {start}{resized}", flush=True)
+    ckpt = _StageCheckpoints(args.ckpt_dir, opts, where, probe, d, groups, runner)
+    save = ckpt.save
+    start = 0 if start_step is None else ckpt.load(start_step, marker)
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of (1-based) step ``step`` for this replica: a function of (seed, step, replica)."""
