@@ -224,12 +224,7 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
             script=str(script),
             slurm_version=version,
         )
-        requested = 0  # requeues so far (ours, and the scheduler's once seen)
-        handled_restarts = 0  # the job's restart count accounted for
-        handled_failure = False  # the current incarnation's failure was detected (and requeued)
-        last: tuple[str, str, int] | None = None
-        requeue_error = ""
-        clock_threads: list[threading.Thread] = []
+        watch = _RequeueWatch(self.label, o, rt, control, job_id)
         while True:
             stop = control.stop_reason()
             if stop:
@@ -237,100 +232,104 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
             info = rt.slurm.job_info(job_id)
             if info is None:
                 return JobResult("failed", f"job {job_id} is unknown to the scheduler")
-            key = (info.slurm_state, info.reason, info.restarts)
-            if key != last:
-                last = key
-                control.timeline.emit("sched_state", src="framework", framework=self.label, **info.to_event())
-                if info.state is JobState.RUNNING:
-                    for i, snode in enumerate(info.nodes):
-                        th = threading.Thread(
-                            target=rt.measure_clock, args=(snode, f"node{i}", job_id), daemon=True
-                        )
-                        th.start()
-                        clock_threads.append(th)
-            if info.restarts > handled_restarts:
-                if info.restarts > requested and not handled_failure:
-                    cause = info.reason or "no reason"
-                    why = f"the scheduler requeued job {job_id} ({info.slurm_state}, {cause})"
-                    control.timeline.emit(
-                        "detect",
-                        src="framework",
-                        framework=self.label,
-                        by="scheduler",
-                        via="scheduler",
-                        reason=why,
-                        job_id=job_id,
-                        slurm_state=info.slurm_state,
-                    )
-                    control.timeline.emit(
-                        "restart",
-                        src="framework",
-                        framework=self.label,
-                        by="scheduler",
-                        attempt=info.restarts,
-                        reason=why,
-                        job_id=job_id,
-                    )
-                handled_restarts = requested = max(requested, info.restarts)
-                handled_failure = False
-                if info.restarts > o.max_restarts:
-                    reason = f"retry limit reached ({o.max_restarts} requeues)"
-                    control.timeline.emit("give_up", src="framework", framework=self.label, reason=reason)
-                    rt.cancel_batch(job_id)
-                    return JobResult("gave_up", reason)
+            watch.note_state(info)
+            if (ended := watch.requeued_by_the_scheduler(info)) is not None:
+                return ended
             if info.state is JobState.COMPLETED:
                 return JobResult("completed")
             if info.state is JobState.CANCELLED:
                 return JobResult("failed", f"job {job_id} was cancelled ({info.reason or info.slurm_state})")
-            # A job that ended badly is "completing" for a while (its processes end, the epilog runs) with its
-            # exit code already known: that is when the scheduler knows, so detection does not wait for it.
-            ending_badly = (
-                info.state is JobState.STOPPING
-                and info.exit_code not in ("", "0:0")
-                and (info.restarts == handled_restarts)
-            )
-            if info.state in (JobState.FAILED, JobState.LOST) or ending_badly:
-                state = JobState.FAILED if ending_badly else info.state
-                why = f"job {job_id} {info.slurm_state} (exit {info.exit_code}, {info.reason or 'no reason'})"
-                if state.value not in o.requeue_on:
-                    return JobResult("failed", why)
-                if not handled_failure:
-                    handled_failure = True
-                    control.timeline.emit(
-                        "detect",
-                        src="framework",
-                        framework=self.label,
-                        by="harness",
-                        via="scheduler",
-                        reason=f"scheduler state: {why}",
-                        job_id=job_id,
-                        slurm_state=info.slurm_state,
-                    )
-                    if requested >= o.max_restarts:
-                        reason = f"retry limit reached ({o.max_restarts} requeues): {why}"
-                        control.timeline.emit("give_up", src="framework", framework=self.label, reason=reason)
-                        return JobResult("gave_up", why)
-                try:
-                    rt.requeue_batch(job_id)
-                except ChaosbenchError as exc:  # e.g. still completing: try again at the next poll
-                    if str(exc) != requeue_error:
-                        requeue_error = str(exc)
-                        control.timeline.emit(
-                            "log", src="framework", framework=self.label, line=requeue_error[:400]
-                        )
-                else:
-                    requested += 1
-                    control.timeline.emit(
-                        "restart",
-                        src="framework",
-                        framework=self.label,
-                        by="harness",
-                        attempt=requested,
-                        reason=why,
-                        job_id=job_id,
-                        action="scontrol requeue",
-                    )
+            if (ended := watch.failed(info)) is not None:
+                return ended
             control.sleep(o.poll_interval_s)
+
+
+class _RequeueWatch:
+    """What :meth:`SlurmRequeueFramework.supervise` keeps between its polls of job ``job_id``: the requeues so
+    far (its own, and the scheduler's once seen), the restart count accounted for, whether the current
+    incarnation's failure was detected (and requeued), the last state seen and the last requeue error."""
+
+    def __init__(self, label: str, options: SlurmRequeueOptions, rt: Any, control: RunControl, job_id: int) -> None:
+        self.label, self.o, self.rt, self.control, self.job_id = label, options, rt, control, job_id
+        self.requested = 0
+        self.handled_restarts = 0
+        self.handled_failure = False
+        self.last: tuple[str, str, int] | None = None
+        self.requeue_error = ""
+        self.clock_threads: list[threading.Thread] = []
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        self.control.timeline.emit(kind, src="framework", framework=self.label, **data)
+
+    def note_state(self, info: Any) -> None:
+        """A new scheduler state is a ``sched_state`` event; once running, each node's clock is measured."""
+        from chaosbench.runtimes.slurm import JobState
+
+        key = (info.slurm_state, info.reason, info.restarts)
+        if key == self.last:
+            return
+        self.last = key
+        self._emit("sched_state", **info.to_event())
+        if info.state is JobState.RUNNING:
+            for i, snode in enumerate(info.nodes):
+                th = threading.Thread(target=self.rt.measure_clock, args=(snode, f"node{i}", self.job_id), daemon=True)
+                th.start()
+                self.clock_threads.append(th)
+
+    def requeued_by_the_scheduler(self, info: Any) -> JobResult | None:
+        """A requeue the harness did not ask for is the scheduler's detection and restart; past ``max_restarts``
+        the job is cancelled (the result then)."""
+        if info.restarts <= self.handled_restarts:
+            return None
+        if info.restarts > self.requested and not self.handled_failure:
+            why = f"the scheduler requeued job {self.job_id} ({info.slurm_state}, {info.reason or 'no reason'})"
+            self._emit("detect", by="scheduler", via="scheduler", reason=why, job_id=self.job_id,
+                       slurm_state=info.slurm_state)  # fmt: skip
+            self._emit("restart", by="scheduler", attempt=info.restarts, reason=why, job_id=self.job_id)
+        self.handled_restarts = self.requested = max(self.requested, info.restarts)
+        self.handled_failure = False
+        if info.restarts > self.o.max_restarts:
+            reason = f"retry limit reached ({self.o.max_restarts} requeues)"
+            self._emit("give_up", reason=reason)
+            self.rt.cancel_batch(self.job_id)
+            return JobResult("gave_up", reason)
+        return None
+
+    def failed(self, info: Any) -> JobResult | None:
+        """A job that failed, was lost or is ending badly: detected once, requeued (``scontrol requeue``, tried
+        again at the next poll while the scheduler refuses), or the result when its state is not one to requeue
+        on or the retry limit is reached."""
+        from chaosbench.runtimes.slurm import JobState
+
+        o, job_id = self.o, self.job_id
+        # A job that ended badly is "completing" for a while (its processes end, the epilog runs) with its exit
+        # code already known: that is when the scheduler knows, so detection does not wait for it.
+        ending_badly = (info.state is JobState.STOPPING and info.exit_code not in ("", "0:0")
+                        and info.restarts == self.handled_restarts)  # fmt: skip
+        if info.state not in (JobState.FAILED, JobState.LOST) and not ending_badly:
+            return None
+        state = JobState.FAILED if ending_badly else info.state
+        why = f"job {job_id} {info.slurm_state} (exit {info.exit_code}, {info.reason or 'no reason'})"
+        if state.value not in o.requeue_on:
+            return JobResult("failed", why)
+        if not self.handled_failure:
+            self.handled_failure = True
+            self._emit("detect", by="harness", via="scheduler", reason=f"scheduler state: {why}", job_id=job_id,
+                       slurm_state=info.slurm_state)  # fmt: skip
+            if self.requested >= o.max_restarts:
+                self._emit("give_up", reason=f"retry limit reached ({o.max_restarts} requeues): {why}")
+                return JobResult("gave_up", why)
+        try:
+            self.rt.requeue_batch(job_id)
+        except ChaosbenchError as exc:  # e.g. still completing: try again at the next poll
+            if str(exc) != self.requeue_error:
+                self.requeue_error = str(exc)
+                self._emit("log", line=self.requeue_error[:400])
+        else:
+            self.requested += 1
+            self._emit("restart", by="harness", attempt=self.requested, reason=why, job_id=job_id,
+                       action="scontrol requeue")  # fmt: skip
+        return None
 
 
 def scheduler_delays(events: Sequence[Event]) -> list[dict[str, float | None]]:

@@ -118,55 +118,16 @@ def bridge(argv: list[str], poll_s: float) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    open_section: str | None = None
-    # Only sections the monitor's config names: any other one makes the client raise (TimeoutsCalcError: Unknown
-    # section) after the monitor has already recorded it open, and kills the monitor's periodic check (KeyError).
-    known = set(getattr(client.cfg, "rank_section_timeouts", None) or {})
-    skipped = [s for s in BRIDGE_SECTIONS if s not in known]
-    if skipped:
-        print(f"chaosbench nvrx bridge: the rank monitor's config names no section(s) {skipped}: not opening "
-              "them (heartbeats are still sent)", file=sys.stderr, flush=True)  # fmt: skip
-
-    def switch(section: str | None) -> None:
-        nonlocal open_section
-        if section is not None and section not in known:
-            section = None
-        if section == open_section:
-            return
-        if open_section is not None:
-            client.end_section(open_section)
-        if section is not None:
-            client.start_section(section)
-        open_section = section
-
+    monitor = _Monitor(client)
     # Monitoring ends with training, as in nvrx's own Lightning callbacks (shutdown_workload_monitoring at the end
     # of fit): the process-group teardown and interpreter exit after train_end are not watched, so a slow exit
     # (once measured: one rank 30 s after its train_end) is no heartbeat timeout in a fault-free run.
-    monitoring = True
     ended_at: float | None = None
     reported_slow_exit = False
-
-    def stop_monitoring() -> None:
-        nonlocal monitoring
-        if monitoring:
-            switch(None)
-            client.shutdown_workload_monitoring()
-            monitoring = False
-
     while child.poll() is None:
         time.sleep(poll_s)
-        for ev in tail.read() if tail is not None and monitoring else []:
-            kind = ev.get("kind")
-            if kind == "step":
-                switch(None)
-                client.send_heartbeat()
-                switch("step")
-            elif kind == "ckpt_save_begin":
-                switch("checkpoint")
-            elif kind == "ckpt_save_end":
-                switch("step")
-            elif kind == "train_end":
-                stop_monitoring()
+        for ev in tail.read() if tail is not None and monitor.monitoring else []:
+            if monitor.on_event(ev.get("kind")):
                 ended_at = time.monotonic()
                 break
         if ended_at is not None and not reported_slow_exit and time.monotonic() - ended_at > _SLOW_EXIT_S:
@@ -175,9 +136,65 @@ def bridge(argv: list[str], poll_s: float) -> int:
                   "its train_end (no longer monitored)", file=sys.stderr, flush=True)  # fmt: skip
     rc = child.returncode
     if rc == 0:
-        stop_monitoring()
+        monitor.stop()
         return 0
-    if rc < 0:  # die the way the child died, so the launcher reports the same exit
+    return _exit_as(rc)
+
+
+class _Monitor:
+    """The rank monitor fed from the rank's events: a heartbeat per step, the ``step`` section open while a step
+    computes and ``checkpoint`` while it saves; monitoring stops at ``train_end``."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.open_section: str | None = None
+        self.monitoring = True
+        # Only sections the monitor's config names: any other one makes the client raise (TimeoutsCalcError:
+        # Unknown section) after the monitor has already recorded it open, and kills the monitor's periodic check
+        # (KeyError).
+        self.known = set(getattr(client.cfg, "rank_section_timeouts", None) or {})
+        skipped = [s for s in BRIDGE_SECTIONS if s not in self.known]
+        if skipped:
+            print(f"chaosbench nvrx bridge: the rank monitor's config names no section(s) {skipped}: not opening "
+                  "them (heartbeats are still sent)", file=sys.stderr, flush=True)  # fmt: skip
+
+    def switch(self, section: str | None) -> None:
+        if section is not None and section not in self.known:
+            section = None
+        if section == self.open_section:
+            return
+        if self.open_section is not None:
+            self.client.end_section(self.open_section)
+        if section is not None:
+            self.client.start_section(section)
+        self.open_section = section
+
+    def stop(self) -> None:
+        if self.monitoring:
+            self.switch(None)
+            self.client.shutdown_workload_monitoring()
+            self.monitoring = False
+
+    def on_event(self, kind: str | None) -> bool:
+        """One event of the rank's; True at its ``train_end`` (monitoring stopped)."""
+        if kind == "step":
+            self.switch(None)
+            self.client.send_heartbeat()
+            self.switch("step")
+        elif kind == "ckpt_save_begin":
+            self.switch("checkpoint")
+        elif kind == "ckpt_save_end":
+            self.switch("step")
+        elif kind == "train_end":
+            self.stop()
+            return True
+        return False
+
+
+def _exit_as(rc: int) -> int:
+    """Die the way the child died (a signal: the same one, so the launcher reports the same exit); else its
+    exit code (1 for a signal that did not kill)."""
+    if rc < 0:
         died_by = -rc
         if died_by not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(died_by, signal.SIG_DFL)

@@ -362,6 +362,50 @@ def user_tasks(load: Any, started: Counter[str]) -> tuple[dict[Callable[[Any], N
     return {endpoints[name]: weight for name, weight in load.mix.items()}, dict.fromkeys(load.mix)
 
 
+class _Counting:
+    """locust's request listener: each completed request filed in its window (``agg``) with its error kind (the
+    request's own ``expect``-ed statuses are no error), and counted per request name; once ``max_requests`` are
+    counted, ``full`` is called and later completions are abandoned, not counted."""
+
+    def __init__(self, max_requests: int, expect: dict[str, Any], agg: WindowAggregator, clock: _Clock,
+                 full: Callable[[], None]) -> None:  # fmt: skip
+        self.max_requests, self.expect, self.agg, self.clock, self.full = max_requests, expect, agg, clock, full
+        self.counted: dict[str, list[int]] = {name: [0, 0] for name in expect}  # name -> [requests, failures]
+
+    def __call__(self, response_time: float, response: Any = None, exception: BaseException | None = None,
+                 name: str | None = None, **_: Any) -> None:  # fmt: skip
+        agg = self.agg
+        if agg.requests >= self.max_requests:
+            return  # completed after the bound was reached: abandoned, not counted
+        status = getattr(response, "status_code", None)
+        kind = error_kind(status or None, exception, self.expect.get(name or ""))
+        agg.add(self.clock.now_ns(), response_time, kind)
+        if name in self.counted:
+            self.counted[name][0] += 1
+            self.counted[name][1] += kind is not None
+        if agg.requests >= self.max_requests:
+            self.full()
+
+    def by_request(self, started: Counter[str]) -> dict[str, dict[str, int]]:
+        """Per request name: requests counted, failures, and started but never completed."""
+        return {name: {"requests": n, "failures": f, "unfinished": started[name] - n}
+                for name, (n, f) in self.counted.items()}  # fmt: skip
+
+
+def _announce(emit: Callable[..., None], args: LoadArgs, start_ns: int) -> None:
+    """The ``load_start`` event (the load's settings, its request mix, the SLO) and its line."""
+    from chaosbench.workloads.serve import RequestLoadOptions
+
+    lo, slo = args.load, args.slo
+    mix = mix_of(lo)
+    declared = {"requests": [r.model_dump() for r in lo.requests]} if isinstance(lo, RequestLoadOptions) else {}
+    emit("load_start", t_ns=start_ns, target=args.target, users=lo.users, spawn_rate=lo.spawn_rate,
+         duration_s=lo.duration_s, window_s=lo.window_ms / 1000, mix=mix, wait_s=lo.wait_s,
+         request_timeout_s=lo.request_timeout_s, max_requests=lo.max_requests, slo=slo.model_dump(),
+         **declared)  # fmt: skip
+    print(f"load start: {lo.users} users on {args.target} for {lo.duration_s} s, mix {mix}", flush=True)
+
+
 def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     """Drive the load (see the module docstring); returns the exit code."""
     # importing locust monkey-patches this process with gevent (gevent's own import does not)
@@ -370,9 +414,7 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     from locust import HttpUser, constant
     from locust.env import Environment
 
-    from chaosbench.workloads.serve import RequestLoadOptions
-
-    lo, slo = args.load, args.slo
+    lo = args.load
     started: Counter[str] = Counter()
     tasks, expect = user_tasks(lo, started)
     user_class = type("ServeUser", (HttpUser,), {
@@ -395,31 +437,15 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     agg = WindowAggregator(start_ns, window_ns)
     done = gevent.event.Event()
 
-    counted: dict[str, list[int]] = {name: [0, 0] for name in expect}  # name -> [requests, failures]
-
-    def on_request(response_time: float, response: Any = None, exception: BaseException | None = None,
-                   name: str | None = None, **_: Any) -> None:  # fmt: skip
-        if agg.requests >= lo.max_requests:
-            return  # completed after the bound was reached: abandoned, not counted
-        status = getattr(response, "status_code", None)
-        kind = error_kind(status or None, exception, expect.get(name or ""))
-        agg.add(clock.now_ns(), response_time, kind)
-        if name in counted:
-            counted[name][0] += 1
-            counted[name][1] += kind is not None
-        if agg.requests >= lo.max_requests and stop["reason"] is None:
+    def full() -> None:
+        if stop["reason"] is None:
             stop["reason"] = "max_requests"
             done.set()
 
+    on_request = _Counting(lo.max_requests, expect, agg, clock, full)
     env.events.request.add_listener(on_request)
     runner = env.create_local_runner()
-    mix = mix_of(lo)
-    declared = {"requests": [r.model_dump() for r in lo.requests]} if isinstance(lo, RequestLoadOptions) else {}
-    emit("load_start", t_ns=start_ns, target=args.target, users=lo.users, spawn_rate=lo.spawn_rate,
-         duration_s=lo.duration_s, window_s=lo.window_ms / 1000, mix=mix, wait_s=lo.wait_s,
-         request_timeout_s=lo.request_timeout_s, max_requests=lo.max_requests, slo=slo.model_dump(),
-         **declared)  # fmt: skip
-    print(f"load start: {lo.users} users on {args.target} for {lo.duration_s} s, mix {mix}", flush=True)
+    _announce(emit, args, start_ns)
 
     def on_signal() -> None:
         if stop["reason"] is None:
@@ -449,10 +475,8 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     tick.kill()
     emit_windows(agg.finish(end_ns))
     duration_s = (end_ns - start_ns) / 1e9
-    by_request = {name: {"requests": n, "failures": f, "unfinished": started[name] - n}
-                  for name, (n, f) in counted.items()}  # fmt: skip
     emit("load_end", t_ns=end_ns, requests=agg.requests, failures=agg.failures, duration_s=duration_s,
-         reason=stop["reason"], by_request=by_request)  # fmt: skip
+         reason=stop["reason"], by_request=on_request.by_request(started))  # fmt: skip
     print(f"load end ({stop['reason']}): {agg.requests} requests, {agg.failures} failed, in {duration_s:.2f} s",
           flush=True)  # fmt: skip
     return 1 if stop["reason"] == "signal" else 0
