@@ -17,8 +17,11 @@ seed: 19
 control: false
 defaults:
   # agents up ~5 s before their ranks, 30 steps of >= 0.35 s: ~16 s on a quiet machine, seen 22 s on a busy one
-  # (the deadline then cut the orphaned worker and the restarted bridge's rank short); the stalled runs wait it out
-  deadline_s: 35
+  # (the deadline then cut the orphaned worker and the restarted bridge's rank short); the stalled runs wait it out.
+  # nvrx's restart after the bridge's kill at step 10 (its save not complete: it trains again from step 1) took
+  # 19.7 s quiet; on a machine busy with another test file its ranks took 12.6 s from rank_start to their first
+  # step, the restarted ones were up at 24.7 s and had not stepped when a deadline of 35 s cut them (2026-12-07)
+  deadline_s: 50
   workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.35, pg_timeout_s: 10}
 frameworks:
   torchrun: {max_restarts: 2, share_rdzv_tcp_store: false}
