@@ -92,15 +92,20 @@ class RunWallModel:
     once per finished run, asked for every run left (:meth:`estimate_s`).
 
     A run's estimate is the median wall of its own cell (same framework and fault) when one of them finished;
-    else its framework's level times its fault's factor, and at least the level plus the run's ``floor_s``: a
-    fault's factor is the median, over the frameworks that ran it and their control, of the cell's median wall
-    over the control's (a control: 1); a framework's level is its control's median wall, else the median of its
-    runs' walls each over its fault's factor, else (a framework not begun) the median level of the others. A
+    else its framework's level plus its fault's extra, and at least the level plus the run's ``floor_s``: a
+    fault's extra is the median, over the frameworks that ran it and their control, of the seconds the cell's
+    median wall took beyond the control's (a control: 0); a framework's level is its control's median wall, else
+    the median of its runs' walls each less its fault's extra, else (a framework not begun) the median level of
+    the others. A fault adds its cost (the detection's timeouts, a restart, the steps trained again) to a
+    framework's own wall rather than multiplying it: on the compare suite of 2026-12-07 a factor (the cell over
+    its control) took Ray Train's 60 s start-up times the others' 4-7x and put its fault runs at their 180 s bound
+    where they took 49-89 s (the ETA's largest error from 20 % of the suite on: 57 % with factors, 21 % with
+    extras; ``tests/unit/test_eta_replay.py``). A
     fault no framework ran yet stands at the median wall of the framework's finished runs, else of the fault's
     under the other frameworks, else at the run's bound scaled by how much of their bounds the finished runs
     took (each also at least the level plus the floor). No estimate is above the run's bound; one whose floor
     reaches its deadline (a lost node that a fixed-size rendezvous waits for) takes its deadline plus what the
-    finished runs that reached theirs took beyond it (their median; none yet: 0), and such cells set no factor
+    finished runs that reached theirs took beyond it (their median; none yet: 0), and such cells set no extra
     and no level."""
 
     def __init__(self, finished: Sequence[tuple[PlannedRun, float]]) -> None:
@@ -111,11 +116,11 @@ class RunWallModel:
         self.cells = {key: statistics.median(walls) for key, walls in cells.items()}
         self.controls = {fw: m for (fw, fault), m in self.cells.items() if fault == CONTROL}
         # cells whose timeouts made them wait out their deadline: their walls say nothing of what the fault costs
-        # a framework that recovers from it, so they set no factor and no level
+        # a framework that recovers from it, so they set no extra and no level
         self._waited = {(r.framework, r.fault) for r, _ in self.finished
                         if r.deadline_s is not None and r.floor_s >= r.deadline_s}  # fmt: skip
         faults = {fault for _, fault in self.cells}
-        self.factors = {f: k for f in faults if (k := self._factor(f)) is not None}
+        self.extras = {f: x for f in faults if (x := self._extra(f)) is not None}
         frameworks = {fw for fw, _ in self.cells}
         self.levels = {fw: x for fw in frameworks if (x := self._level(fw)) is not None}
         self.median_level = statistics.median(self.levels.values()) if self.levels else None
@@ -127,19 +132,19 @@ class RunWallModel:
         self._past_deadline_s = statistics.median(past) if past else 0.0
         self._by_cell: dict[tuple[str, str, float, float, float | None], float | None] = {}
 
-    def _factor(self, fault: str) -> float | None:
+    def _extra(self, fault: str) -> float | None:
         if fault == CONTROL:
-            return 1.0
-        ratios = [m / self.controls[fw] for (fw, f), m in self.cells.items()
-                  if f == fault and self.controls.get(fw) and (fw, f) not in self._waited]  # fmt: skip
-        return statistics.median(ratios) if ratios else None
+            return 0.0
+        extras = [m - self.controls[fw] for (fw, f), m in self.cells.items()
+                  if f == fault and fw in self.controls and (fw, f) not in self._waited]  # fmt: skip
+        return statistics.median(extras) if extras else None
 
     def _level(self, fw: str) -> float | None:
         if fw in self.controls:
             return self.controls[fw]
-        scaled = [m / k for (f_fw, fault), m in self.cells.items()
-                  if f_fw == fw and (k := self.factors.get(fault)) and (f_fw, fault) not in self._waited]  # fmt: skip
-        return statistics.median(scaled) if scaled else None
+        less = [m - x for (f_fw, fault), m in self.cells.items()
+                if f_fw == fw and (x := self.extras.get(fault)) is not None and (f_fw, fault) not in self._waited]  # fmt: skip
+        return statistics.median(less) if less else None
 
     def estimate_s(self, run: PlannedRun) -> float | None:
         """Seconds ``run`` will take (see the class); None when no run finished."""
@@ -161,9 +166,9 @@ class RunWallModel:
     def _guess_s(self, run: PlannedRun) -> float:
         level = self.levels.get(run.framework, self.median_level)
         floor_s = 0.0 if level is None else level + run.floor_s
-        factor = self.factors.get(run.fault)
-        if factor is not None and level is not None:
-            return max(level * factor, floor_s)
+        extra = self.extras.get(run.fault)
+        if extra is not None and level is not None:
+            return max(level + extra, floor_s)
         for same in ((run.framework, None), (None, run.fault)):
             walls = [s for r, s in self.finished if same[0] in (None, r.framework) and same[1] in (None, r.fault)]
             if walls:
@@ -349,8 +354,8 @@ class SuiteProgress:
     def eta_s(self) -> tuple[float | None, bool]:
         """Seconds until the suite ends and whether that is the deadline bound. With a plan: the estimates of
         the runs not started (:class:`RunWallModel`: their cell's median wall, else their framework's level
-        times their fault's factor, at least the level plus their floor), shared among ``concurrency`` slots, plus each running run's
-        estimate less its time so far (never negative). Without: remaining runs x the mean wall of finished runs,
+        plus their fault's extra, at least the level plus their floor), shared among ``concurrency`` slots, plus
+        each running run's estimate less its time so far (never negative). Without: remaining runs x the mean wall of finished runs,
         plus the current run's remaining share of that mean. Before any run finished: the bound less the time
         elapsed ((None, False) without a bound)."""
         with self._lock:

@@ -228,8 +228,8 @@ def _replay(p: SuiteProgress, clock: FakeClock, runs: list[PlannedRun], walls_s:
 
 
 def test_the_eta_of_a_suite_whose_first_framework_is_fast() -> None:
-    """Framework a's runs take 10-12 s, b's 30-36 s (its fault costs the same share: x1.2). Once a finished
-    and b's control ran, the mean of all runs so far says 2 x 16 s; b's runs left take 72 s."""
+    """Framework a's runs take 10-12 s, b's 30-32 s (its fault costs the same seconds: +2 s). Once a finished
+    and b's control ran, the mean of all runs so far says 2 x 16 s; b's runs left take 64 s."""
     plan = _plan(("a", "control", 1), ("a", "kill", 2), ("b", "control", 1), ("b", "kill", 2))
     walls_s = [10.0, 12.0, 12.0, 30.0]
     old_clock, new_clock = FakeClock(), FakeClock()
@@ -237,14 +237,14 @@ def test_the_eta_of_a_suite_whose_first_framework_is_fast() -> None:
     new = SuiteProgress("s", 6, bound_s=600, stream=io.StringIO(), clock=new_clock, plan=plan)
     _replay(old, old_clock, plan, walls_s)
     _replay(new, new_clock, plan, walls_s)
-    assert old.eta_s() == (32.0, False)  # -56 %
-    assert new.eta_s() == (72.0, False)  # b's level 30 s x kill's factor 1.2, twice
-    assert new._eta_text() == "ETA 1m12s"
+    assert old.eta_s() == (32.0, False)  # -50 %
+    assert new.eta_s() == (64.0, False)  # b's level 30 s + kill's extra 2 s, twice
+    assert new._eta_text() == "ETA 1m04s"
     new.run_started(5, "b/kill #0", 60, control=False)
     new_clock.now += 6.0
-    assert new.eta_s() == (66.0, False)  # the running run's 36 - 6 s, and 36 s waiting
+    assert new.eta_s() == (58.0, False)  # the running run's 32 - 6 s, and 32 s waiting
     new_clock.now += 100.0
-    assert new.eta_s() == (36.0, False)  # it overran its estimate: no share, never negative
+    assert new.eta_s() == (32.0, False)  # it overran its estimate: no share, never negative
 
 
 def test_estimate_run_s_from_cell_framework_fault_and_bound() -> None:
@@ -254,16 +254,16 @@ def test_estimate_run_s_from_cell_framework_fault_and_bound() -> None:
     assert estimate_run_s(a_kill0, []) is None
     done = [(a_ctl, 10.0), (a_kill0, 12.0), (a_kill1, 17.0)]
     assert estimate_run_s(a_kill1, done) == 14.5  # its cell's median
-    assert estimate_run_s(b_kill, done) == pytest.approx(14.5)  # b not begun: the median level (a's 10 s) x 1.45
+    assert estimate_run_s(b_kill, done) == 14.5  # b not begun: the median level (a's 10 s) + kill's 4.5 s
     assert estimate_run_s(a_hang, done) == 12.0  # a fault not seen: its framework's median
     assert estimate_run_s(b_hang, done) == 13.0  # nor its framework: its bound x 39 / 300 s of the bounds
     done += [(a_hang, 30.0), (b_ctl, 20.0)]
-    assert estimate_run_s(b_hang, done) == 60.0  # b's control x hang's factor 3
+    assert estimate_run_s(b_hang, done) == 40.0  # b's control + hang's extra 20 s (a: 30 s against 10 s)
     assert estimate_run_s(c_ctl, done) == 15.0  # c not begun: the median of a's and b's levels
     # c's lose-node is not seen anywhere; its timeouts say it costs at least 40 s beyond a control
     assert estimate_run_s(c_lose, done) == 55.0
-    # b's control has not finished: its level is its kill's wall over kill's factor
-    assert estimate_run_s(b_ctl, [(a_ctl, 10.0), (a_kill0, 12.0), (b_kill, 24.0)]) == pytest.approx(20.0)
+    # b's control has not finished: its level is its kill's wall less kill's extra (a: 2 s)
+    assert estimate_run_s(b_ctl, [(a_ctl, 10.0), (a_kill0, 12.0), (b_kill, 24.0)]) == 22.0
 
 
 def test_a_run_whose_floor_reaches_its_deadline_is_estimated_at_its_deadline() -> None:
@@ -278,14 +278,14 @@ def test_a_run_whose_floor_reaches_its_deadline_is_estimated_at_its_deadline() -
     assert estimate_run_s(other, [(ctl, 10.0), (lose[0], 153.0)]) == 153.0  # 3 s past the deadline, as lose[0]
     # never above the run's bound: hang at 40 s beyond t's level of 200 s would be 240 s
     assert estimate_run_s(hang, [(ctl, 200.0)]) == 180.0
-    # u recovers from a lost node: its lose-node factor comes from the frameworks that recovered (v: x2), not
-    # from t's wait for the deadline (x15.3)
+    # u recovers from a lost node: its lose-node extra comes from the frameworks that recovered (v: +20 s), not
+    # from t's wait for the deadline (+143 s)
     v_ctl, v_lose = (PlannedRun(7, "v/control #0", "v", "control", 180.0, 0.0, 150.0),
                      PlannedRun(8, "v/lose-node #0", "v", "lose-node", 180.0, 0.1, 150.0))  # fmt: skip
     u_ctl, u_lose = (PlannedRun(9, "u/control #0", "u", "control", 180.0, 0.0, 150.0),
                      PlannedRun(10, "u/lose-node #0", "u", "lose-node", 180.0, 0.1, 150.0))  # fmt: skip
     done = [(ctl, 10.0), (lose[0], 153.0), (v_ctl, 20.0), (v_lose, 40.0), (u_ctl, 30.0)]
-    assert estimate_run_s(u_lose, done) == 60.0
+    assert estimate_run_s(u_lose, done) == 50.0
 
 
 def test_suite_plan_of_the_compare_suite() -> None:
