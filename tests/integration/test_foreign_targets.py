@@ -129,7 +129,7 @@ def test_docker_refuses_a_container_without_the_runs_label(tmp_path: Path, docke
         with pytest.raises(ChaosbenchError, match=f"'{foreign.name}' is not a node of this run"):
             act()
     # put where node0's container would be: every action is refused by the engine's own labels
-    node = rt._nodes["node0"]
+    node = rt.pool.nodes["node0"]
     own = node.container
     node.container = foreign
     try:

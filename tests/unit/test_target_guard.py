@@ -25,7 +25,8 @@ from chaosbench.injectors.node_kill import NodeKillInjector, NodeKillParams
 from chaosbench.injectors.node_pause import NodePauseInjector, NodePauseParams
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import ProcessSpec, RunInfo, Runtime
-from chaosbench.runtimes.docker import DockerNodeLossOptions, DockerRuntime, _Node
+from chaosbench.runtimes.docker import DockerNodeLossOptions, DockerRuntime
+from chaosbench.runtimes.docker.nodes import Node
 from chaosbench.runtimes.local import LocalNodeLossOptions, LocalRuntime
 from chaosbench.runtimes.slurm import SlurmCommands, SlurmNodeLossOptions, SlurmOptions, SlurmRuntime
 from chaosbench.runtimes.slurm import cleanup as slurm_cleanup
@@ -151,8 +152,8 @@ def _docker(tmp_path: Path) -> tuple[DockerRuntime, FakeContainer, FakeContainer
     ours = FakeContainer("cb-x-node0", {"chaosbench.run": RUN, "chaosbench.node": "node0"})
     foreign = FakeContainer("someone-elses", {"chaosbench.run": "another-run"})
     foreign.status = "paused"
-    rt._provisioned = True  # provisioned with these two as its nodes: node1's is the mix-up the guard is for
-    rt._nodes = {"node0": _Node("node0", ours), "node1": _Node("node1", foreign)}
+    rt.pool.provisioned = True  # provisioned with these two as its nodes: node1's is the mix-up the guard is for
+    rt.pool.nodes = {"node0": Node("node0", ours), "node1": Node("node1", foreign)}
     return rt, ours, foreign
 
 
@@ -208,7 +209,7 @@ def test_docker_refuses_a_node_that_is_not_the_runs(tmp_path: Path) -> None:
     assert str(err.value) == "pid 1: 'someone-elses' is not a node of this run; not signalling it"
     with pytest.raises(ChaosbenchError, match="^'node7' is not a node of this run; not pausing it$"):
         rt.pause_node("node7")
-    assert sorted(rt._nodes) == ["node0", "node1"]  # and no container was created for it
+    assert sorted(rt.pool.nodes) == ["node0", "node1"]  # and no container was created for it
     assert ours.calls == [] and foreign.calls == []
 
 

@@ -1,0 +1,55 @@
+"""``chaosbench cleanup`` for the docker runtime: what a crashed harness left on the engine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+
+from chaosbench.errors import ChaosbenchError
+from chaosbench.runtimes.docker.nodes import RUN_LABEL
+from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX, NODE_DIR
+from chaosbench.timeline.reader import crashed_run_ids
+
+
+def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = False) -> list[str]:
+    """``chaosbench cleanup`` for docker: remove the containers and networks labelled with the run id of a
+    crashed run below ``results_dir`` (and only those; qdiscs and iptables rules live in the containers'
+    network namespaces and go with them), and the output handover's host directory their containers mounted. Returns one line per action; nothing when no engine answers."""
+    runs = crashed_run_ids(results_dir)
+    if not runs:
+        return []
+    try:
+        from chaosbench.runtimes.docker.image import connect
+
+        client = connect(timeout_s=10)
+    except ChaosbenchError:
+        return []
+    import docker.errors
+
+    actions: list[str] = []
+    for run_id, run_dir in runs.items():
+        flt = {"label": f"{RUN_LABEL}={run_id}"}
+        capture_dirs: set[str] = set()
+        for c in client.containers.list(all=True, filters=flt, ignore_removed=True):
+            capture_dirs |= {m.get("Source", "") for m in c.attrs.get("Mounts") or []
+                             if m.get("Destination") == NODE_DIR
+                             and os.path.basename(m.get("Source", "")).startswith(CAPTURE_DIR_PREFIX)}  # fmt: skip
+            actions.append(f"remove container {c.name} of {run_dir}")
+            if not dry_run:
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    if c.status == "paused":
+                        c.unpause()
+                    c.remove(force=True, v=True)
+        # the output handover's host directory, known from the run's own containers' mounts
+        for d in sorted(capture_dirs):
+            actions.append(f"remove capture directory {d} of {run_dir}")
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
+        for n in client.networks.list(filters=flt):
+            actions.append(f"remove network {n.name} of {run_dir}")
+            if not dry_run:
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    n.remove()
+    client.close()
+    return actions
