@@ -234,7 +234,7 @@ def test_output_stamped_at_the_write_inside_the_container_and_the_exit_at_its_pi
 
 def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
     runs = {}
-    for name in ("crashed", "finished"):
+    for name in ("crashed", "finished", "torn-down"):
         run_dir = tmp_path / "res" / "s" / name / "0"
         run_dir.mkdir(parents=True)
         run_id = f"dk-{name}-" + os.urandom(4).hex()
@@ -246,6 +246,8 @@ def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
         rt = DockerRuntime(RunInfo(run_id, run_dir, timeline))
         rt.provision(1)
         runs[name] = (rt, run_dir, timeline)
+    # a harness killed in its teardown, its containers removed, its network and capture directory not yet
+    runs["torn-down"][0].pool.remove_containers()
     try:
         assert remove_run_objects(tmp_path / "res", dry_run=True)
         assert run_objects(runs["crashed"][1]), "dry run removed something"
@@ -258,6 +260,10 @@ def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
         assert crashed_dir is not None and finished_dir is not None
         assert f"remove capture directory {crashed_dir} of {runs['crashed'][1]}" in actions
         assert not Path(crashed_dir).exists() and Path(finished_dir).exists()
+        # with no container left the network names the directory
+        torn_dir = runs["torn-down"][0].capture_dir
+        assert torn_dir is not None and f"remove capture directory {torn_dir} of {runs['torn-down'][1]}" in actions
+        assert not Path(torn_dir).exists() and run_objects(runs["torn-down"][1]) == []
     finally:
         for rt, _, timeline in runs.values():
             rt.cleanup()

@@ -66,12 +66,19 @@ from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runt
 from chaosbench.runtimes.docker.cleanup import remove_run_objects
 from chaosbench.runtimes.docker.events import EngineEvents
 from chaosbench.runtimes.docker.execs import ExecHandle, Execs
-from chaosbench.runtimes.docker.nodes import CONTAINER_STATES, NODE_LABEL, RUN_DIR_LABEL, RUN_LABEL, NodePool
+from chaosbench.runtimes.docker.nodes import (
+    CAPTURE_DIR_LABEL,
+    CONTAINER_STATES,
+    NODE_LABEL,
+    RUN_DIR_LABEL,
+    RUN_LABEL,
+    NodePool,
+)
 from chaosbench.runtimes.docker.options import DockerNodeLossOptions, DockerOptions
 from chaosbench.runtimes.process import CaptureLimitWatcher
 from chaosbench.timeline import now_ns
 
-__all__ = ["CONTAINER_STATES", "NODE_LABEL", "RUN_DIR_LABEL", "RUN_LABEL", "DockerNodeLossOptions", "DockerOptions",
+__all__ = ["CAPTURE_DIR_LABEL", "CONTAINER_STATES", "NODE_LABEL", "RUN_DIR_LABEL", "RUN_LABEL", "DockerNodeLossOptions", "DockerOptions",
            "DockerRuntime", "ExecHandle", "remove_run_objects"]  # fmt: skip
 
 FIRST_PORT = 29500
@@ -336,11 +343,15 @@ class DockerRuntime(Runtime[DockerOptions]):
         self._closing.set()
         handles = self.execs.close(grace_s)
         if self._client is not None:
-            self.pool.remove_all()
+            self.pool.remove_containers()
         self.execs.join(handles)
         self.events.close()
+        # the capture directory before the network that names it: a harness killed in between leaves what
+        # `chaosbench cleanup` can find
         if self.execs.handover is not None:
             self.execs.handover.close()
+        if self._client is not None:
+            self.pool.remove_network()
         with self._lock:
             self._closed = True
         for c in (self._stream_client, self._client):

@@ -7,7 +7,7 @@ import os
 import shutil
 
 from chaosbench.errors import ChaosbenchError
-from chaosbench.runtimes.docker.nodes import RUN_LABEL
+from chaosbench.runtimes.docker.nodes import CAPTURE_DIR_LABEL, RUN_LABEL
 from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX, NODE_DIR
 from chaosbench.timeline.reader import crashed_run_ids
 
@@ -15,7 +15,9 @@ from chaosbench.timeline.reader import crashed_run_ids
 def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = False) -> list[str]:
     """``chaosbench cleanup`` for docker: remove the containers and networks labelled with the run id of a
     crashed run below ``results_dir`` (and only those; qdiscs and iptables rules live in the containers'
-    network namespaces and go with them), and the output handover's host directory their containers mounted. Returns one line per action; nothing when no engine answers."""
+    network namespaces and go with them), and the output handover's host directory that their containers mounted
+    or their network names (:data:`~chaosbench.runtimes.docker.nodes.CAPTURE_DIR_LABEL`). Returns one line per
+    action; nothing when no engine answers."""
     runs = crashed_run_ids(results_dir)
     if not runs:
         return []
@@ -31,22 +33,26 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
     for run_id, run_dir in runs.items():
         flt = {"label": f"{RUN_LABEL}={run_id}"}
         capture_dirs: set[str] = set()
+        networks = client.networks.list(filters=flt)
+        capture_dirs |= {(n.attrs.get("Labels") or {}).get(CAPTURE_DIR_LABEL) or "" for n in networks}
         for c in client.containers.list(all=True, filters=flt, ignore_removed=True):
-            capture_dirs |= {m.get("Source", "") for m in c.attrs.get("Mounts") or []
-                             if m.get("Destination") == NODE_DIR
-                             and os.path.basename(m.get("Source", "")).startswith(CAPTURE_DIR_PREFIX)}  # fmt: skip
+            capture_dirs |= {m.get("Source", "") for m in c.attrs.get("Mounts") or [] if m.get("Destination") == NODE_DIR}
             actions.append(f"remove container {c.name} of {run_dir}")
             if not dry_run:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     if c.status == "paused":
                         c.unpause()
                     c.remove(force=True, v=True)
-        # the output handover's host directory, known from the run's own containers' mounts
+        # the output handover's host directory, known from the run's own containers' mounts and network's label:
+        # only a directory the handover makes (absolute, its prefix, not a link) and only while it is there
         for d in sorted(capture_dirs):
+            if not (os.path.isabs(d) and os.path.basename(d).startswith(CAPTURE_DIR_PREFIX) and os.path.isdir(d)
+                    and not os.path.islink(d)):  # fmt: skip
+                continue
             actions.append(f"remove capture directory {d} of {run_dir}")
             if not dry_run:
                 shutil.rmtree(d, ignore_errors=True)
-        for n in client.networks.list(filters=flt):
+        for n in networks:
             actions.append(f"remove network {n.name} of {run_dir}")
             if not dry_run:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):

@@ -24,6 +24,9 @@ from chaosbench.waiting import wait_until
 RUN_LABEL = "chaosbench.run"
 NODE_LABEL = "chaosbench.node"
 RUN_DIR_LABEL = "chaosbench.run_dir"
+#: On the run's network: the output handover's host directory, so that ``chaosbench cleanup`` finds it after a
+#: crash that left the network but no container (whose mounts name it too).
+CAPTURE_DIR_LABEL = "chaosbench.capture_dir"
 #: Docker container states -> what the runtime makes of them.
 CONTAINER_STATES = {"running": "up", "paused": "paused", "restarting": "transient", "removing": "transient",
                     "created": "down", "exited": "down", "dead": "down"}  # fmt: skip
@@ -78,8 +81,9 @@ class NodePool:
     def create(self, nodes: int, capture_dir: str | None) -> None:
         """Create the network, ``nodes`` node containers and the spares, and start them (in parallel); the
         output handover's ``capture_dir`` is mounted in each. Called with :attr:`provision_lock` held."""
+        labels = self.labels() | ({CAPTURE_DIR_LABEL: capture_dir} if capture_dir is not None else {})
         self.network = self.client.networks.create(
-            self.network_name, driver="bridge", internal=True, labels=self.labels(), check_duplicate=True
+            self.network_name, driver="bridge", internal=True, labels=labels, check_duplicate=True
         )
         self._create_spec = self._container_spec(capture_dir)
         names = [f"node{i}" for i in range(nodes)] + [f"spare{i}" for i in range(self.opts.spare_nodes)]
@@ -355,7 +359,7 @@ class NodePool:
             return bool(self.client.containers.get(cid).status == "paused")
         return False
 
-    def remove_all(self) -> None:
+    def remove_containers(self) -> None:
         import docker.errors
 
         with self.lock:
@@ -366,6 +370,11 @@ class NodePool:
                 if c.status == "paused":
                     c.unpause()
                 c.remove(force=True, v=True)
+
+    def remove_network(self) -> None:
+        """The run's network, last: until it is gone it names the capture directory (:data:`CAPTURE_DIR_LABEL`)."""
+        import docker.errors
+
         if self.network is not None:
             with contextlib.suppress(docker.errors.NotFound):
                 self.network.remove()
