@@ -207,7 +207,17 @@ def test_torn_write_kills_the_rank_that_is_saving(ckpt: Path) -> None:
     d = injector(mode="torn-write").inject(ctx)
     assert rt.signals == [(4243, signal.SIGKILL, 77)]
     assert d["step"] == 20 and d["checkpoint"] == path and d["killed"] == [{"rank": 1, "pid": 4243}]
-    assert d["marker_at_kill"] is True and "__0_0.distcp" in d["files_at_kill"]
+    assert d["marker_at_kill"] is True and "__0_0.distcp" in d["files_at_kill"] and d["dir_at_kill"] is True
+
+
+def test_a_torn_write_before_the_saves_directory_exists_says_so(ckpt: Path) -> None:
+    """Seen in CI under load: the kill landed after the begin, before rank 0 had made the directory."""
+    path = str(ckpt / "step_00000030")
+    events = [ev(1, "ckpt_save_begin", rank=0, step=30, path=path, incarnation=0)]
+    ctx, rt = context(ckpt, [1], events)
+    d = injector(mode="torn-write").inject(ctx)
+    assert rt.signals == [(4243, signal.SIGKILL, 77)]
+    assert (d["dir_at_kill"], d["files_at_kill"], d["marker_at_kill"]) == (False, {}, False)
 
 
 def test_torn_write_needs_a_save_in_progress(ckpt: Path) -> None:

@@ -374,9 +374,13 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                                "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets],
                                **effect_of(delivered, "SIGKILL delivered during the save")}  # fmt: skip
         d = Path(path) if path else None
-        if d is not None and d.is_dir():  # what the dead rank left (the others may still be writing)
-            out["files_at_kill"] = {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
-            out["marker_at_kill"] = (d / cf.COMPLETE_MARKER).is_file()
+        if d is not None:  # what the dead rank left (the others may still be writing)
+            # the kill can land before the save has made its directory (rank 0 makes it after the begin): no
+            # files, no marker, said as such (dir_at_kill)
+            out["dir_at_kill"] = d.is_dir()
+            out["files_at_kill"] = ({f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
+                                    if out["dir_at_kill"] else {})  # fmt: skip
+            out["marker_at_kill"] = out["dir_at_kill"] and (d / cf.COMPLETE_MARKER).is_file()
         return out
 
     @staticmethod
