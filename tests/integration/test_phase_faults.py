@@ -20,6 +20,11 @@ frameworks:
   restart: {max_restarts: 3, heartbeat_timeout_s: 6}
   torchft:
     heartbeat_timeout_ms: 3000
+    # a step commits only with both groups in it: the survivor waits for the restarted group, which then heals
+    # from it. With 1 the survivor trained on alone and, once (CI, 2026-12-07, a busy machine), finished its 15
+    # steps left 4.7 s after the kill while the restarted group took 9.3 s to join: no heal, the second fault
+    # never fired
+    min_replica_size: 2
     workload: {name: ft-mlp, steps: 30, step_sleep_s: 0.1, pg_timeout_s: 10}
 faults:
   kill: {injector: kill, target: 1, trigger: {at_step: 15}}
