@@ -39,13 +39,17 @@ def table(suite_dir: Path) -> dict[tuple[str, str], tuple[str, str]]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=None, help="where both result sets go (default: a new temp dir)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="where both result sets go (default: a new temp dir)"
+    )
     p.add_argument("--seed", type=int, default=31, help="draws the moment of each kill")
     ns = p.parse_args()
     out = ns.out or Path(tempfile.mkdtemp(prefix="crash-docker-smoke-"))
     plain = out / "plain"
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", str(SUITE), "--out", str(plain)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "chaosbench.cli", "run", str(SUITE), "--out", str(plain)], check=True
+    )
     want = table(plain / "docker-smoke")
     print(f"uninterrupted: {len(want)} runs, {time.monotonic() - t0:.0f} s", flush=True)
     crashed = out / "crashed"
@@ -66,11 +70,15 @@ def main() -> int:
         print(f"FAILED: {e}", flush=True)
         ok = False
     got = table(suite.dir) if (suite.dir / "results.csv").is_file() else {}
-    print(f"crashed {len(plan)} times and resumed: {time.monotonic() - t1:.0f} s; log {crashed / 'docker-smoke.log'}")
+    print(
+        f"crashed {len(plan)} times and resumed: {time.monotonic() - t1:.0f} s; log {crashed / 'docker-smoke.log'}"
+    )
     print(f"{'scenario':32} {'repeat':>6}  {'uninterrupted':28} crashed and resumed")
     for key in sorted(want.keys() | got.keys()):
         a, b = want.get(key, ("-", "")), got.get(key, ("-", ""))
-        print(f"{key[0]:32} {key[1]:>6}  {a[0] + ' ' + a[1]:28} {b[0] + ' ' + b[1]}{'' if a == b else '   DIFFERS'}")
+        print(
+            f"{key[0]:32} {key[1]:>6}  {a[0] + ' ' + a[1]:28} {b[0] + ' ' + b[1]}{'' if a == b else '   DIFFERS'}"
+        )
     print("same rows, nothing left behind, no finished result lost" if ok else "NOT the same: see above")
     return 0 if ok else 1
 

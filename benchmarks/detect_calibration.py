@@ -94,7 +94,9 @@ class Measured:
     failed_exit: int = 0
 
 
-def suite_text(delays: list[float], repeats: int, capture: str, mode: str, priority: int | None = None) -> str:
+def suite_text(
+    delays: list[float], repeats: int, capture: str, mode: str, priority: int | None = None
+) -> str:
     rt = f", realtime_priority: {priority}" if priority else ""
     fws = ", ".join(f"d{i}: {{adapter: delayed-detect, delay_s: {d}{rt}}}" for i, d in enumerate(delays))
     # docker: one node, so the watchdog shares the ranks' pid namespace (it waits on their pidfds)
@@ -131,22 +133,47 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=MODES, nargs="+", default=["detect"],
-                    help="detect: the detection line's split (local runtime); exit: the proc_exit stamp (local "
-                    "runtime); both from the same runs when both are named; docker: both, on the docker "
-                    "runtime")  # fmt: skip
+    ap.add_argument(
+        "--mode",
+        choices=MODES,
+        nargs="+",
+        default=["detect"],
+        help="detect: the detection line's split (local runtime); exit: the proc_exit stamp (local "
+        "runtime); both from the same runs when both are named; docker: both, on the docker "
+        "runtime",
+    )
     ap.add_argument("--repeats", type=int, default=4, help="runs per delay")
     ap.add_argument("--delays", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="known delays (s)")
-    ap.add_argument("--load", type=int, nargs="?", const=2, default=0, metavar="N",
-                    help="run N busy processes during the measurement (N defaults to 2)")  # fmt: skip
-    ap.add_argument("--capture", choices=["socket", "pipe"], default="socket",
-                    help="the runtime's output_capture (socket: kernel stamps of the write; pipe: read time)")  # fmt: skip
-    ap.add_argument("--switch-interval-ms", type=float, default=None,
-                    help="set the harness's GIL switch interval (sys.setswitchinterval; Python's default: 5 ms)")  # fmt: skip
-    ap.add_argument("--calibrator-priority", type=int, default=None, metavar="PRIO",
-                    help="run the calibration watchdog under SCHED_FIFO at PRIO (1-99, root): its own oversleep, "
-                    "write and way out are then not the busy processes' to delay, and what is left is the "
-                    "harness's and the kernel's (the harness and the ranks keep their normal priority)")  # fmt: skip
+    ap.add_argument(
+        "--load",
+        type=int,
+        nargs="?",
+        const=2,
+        default=0,
+        metavar="N",
+        help="run N busy processes during the measurement (N defaults to 2)",
+    )
+    ap.add_argument(
+        "--capture",
+        choices=["socket", "pipe"],
+        default="socket",
+        help="the runtime's output_capture (socket: kernel stamps of the write; pipe: read time)",
+    )
+    ap.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="set the harness's GIL switch interval (sys.setswitchinterval; Python's default: 5 ms)",
+    )
+    ap.add_argument(
+        "--calibrator-priority",
+        type=int,
+        default=None,
+        metavar="PRIO",
+        help="run the calibration watchdog under SCHED_FIFO at PRIO (1-99, root): its own oversleep, "
+        "write and way out are then not the busy processes' to delay, and what is left is the "
+        "harness's and the kernel's (the harness and the ranks keep their normal priority)",
+    )
     args = ap.parse_args()
     if "docker" in args.mode and len(set(args.mode)) > 1:
         ap.error("--mode docker measures both on the docker runtime: name it alone")
@@ -155,7 +182,9 @@ def main() -> None:
         # the harness runs in this process: how long a woken reader thread may wait for the GIL
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     FRAMEWORKS.register("delayed-detect", DelayedDetectFramework)
-    data, smap = load_yaml_text(suite_text(args.delays, args.repeats, args.capture, mode, args.calibrator_priority), "<calibration>")
+    data, smap = load_yaml_text(
+        suite_text(args.delays, args.repeats, args.capture, mode, args.calibrator_priority), "<calibration>"
+    )
     suite = suite_from_data(data, smap)
     with tempfile.TemporaryDirectory() as out:
         burners = start_burners(args.load)
@@ -166,9 +195,11 @@ def main() -> None:
         measured = measure(collect(Runner(suite, out).suite_dir, write=False), args.delays)
     switch_ms = min(sys.getswitchinterval(), SWITCH_INTERVAL_S) * 1000
     calibrator = f"SCHED_FIFO {args.calibrator_priority}" if args.calibrator_priority else "normal priority"
-    print(f"mode {' '.join(args.mode)} ({mode} runtime); load: {args.load} busy processes on "
-          f"{len(os.sched_getaffinity(0))} cores; output capture {args.capture}; GIL switch interval {switch_ms:g} ms; "
-          f"calibration watchdog at {calibrator}")  # fmt: skip
+    print(
+        f"mode {' '.join(args.mode)} ({mode} runtime); load: {args.load} busy processes on "
+        f"{len(os.sched_getaffinity(0))} cores; output capture {args.capture}; GIL switch interval {switch_ms:g} ms; "
+        f"calibration watchdog at {calibrator}"
+    )
     if {"detect", "docker"} & set(args.mode):
         report_detect(measured, args.load, args.capture)
     if {"exit", "docker"} & set(args.mode):
@@ -185,7 +216,9 @@ def measure(metrics: list[RunMetrics], delays: list[float]) -> Measured:
         dog_exit = next((e for e in events if e.kind == "proc_exit" and e.get("proc") == "watchdog"), None)
         last = exit_ns(str(m.run_dir))
         if dog_exit is None or last is None or dog_exit.get("returncode") != 0:
-            got.failed_exit += 1  # it did not end by its own _exit (a teardown, a crash): no reading before it
+            got.failed_exit += (
+                1  # it did not end by its own _exit (a teardown, a crash): no reading before it
+            )
         else:
             got.exits_ms.append((dog_exit.t_ns - last) / 1e6)
             got.exit_stamps[str(dog_exit.get("exit_stamp"))] += 1
@@ -236,13 +269,19 @@ def report_detect(got: Measured, load: int, capture: str) -> None:
     harness = [r[3] for r in every]
     end_to_end = [r[4] for r in every]
     inside = sum(1 for r in every if -r[2] <= r[3] <= 0)
-    print(f"stamped inside the watchdog's write (printed_ns <= stamp <= written_ns): {inside} of {len(every)}")
+    print(
+        f"stamped inside the watchdog's write (printed_ns <= stamp <= written_ns): {inside} of {len(every)}"
+    )
     p99 = pct(harness, 99)
-    print(f"harness's own detection error: p50 {pct(harness, 50):.2f} ms, p99 {p99:.2f} ms (n={len(harness)}, "
-          f"load {load}, capture {capture}) {verdict(p99, GOAL_HARNESS_P99_MS)}")  # fmt: skip
+    print(
+        f"harness's own detection error: p50 {pct(harness, 50):.2f} ms, p99 {p99:.2f} ms (n={len(harness)}, "
+        f"load {load}, capture {capture}) {verdict(p99, GOAL_HARNESS_P99_MS)}"
+    )
     p99 = pct(end_to_end, 99)
-    print(f"end-to-end detection error: p50 {pct(end_to_end, 50):.2f} ms, p99 {p99:.2f} ms "
-          f"{verdict(p99, GOAL_END_TO_END_P99_MS)}")  # fmt: skip
+    print(
+        f"end-to-end detection error: p50 {pct(end_to_end, 50):.2f} ms, p99 {p99:.2f} ms "
+        f"{verdict(p99, GOAL_END_TO_END_P99_MS)}"
+    )
 
 
 def report_exit(got: Measured, load: int) -> None:
@@ -253,9 +292,11 @@ def report_exit(got: Measured, load: int) -> None:
         return
     e = got.exits_ms
     p99 = pct(e, 99)
-    print(f"exit error (proc_exit stamp - the watchdog's last reading before its _exit): p50 {pct(e, 50):.2f} ms, "
-          f"p99 {p99:.2f} ms, min {min(e):.2f} ms, max {max(e):.2f} ms (n={len(e)}, load {load}) "
-          f"{verdict(p99, GOAL_END_TO_END_P99_MS)}")  # fmt: skip
+    print(
+        f"exit error (proc_exit stamp - the watchdog's last reading before its _exit): p50 {pct(e, 50):.2f} ms, "
+        f"p99 {p99:.2f} ms, min {min(e):.2f} ms, max {max(e):.2f} ms (n={len(e)}, load {load}) "
+        f"{verdict(p99, GOAL_END_TO_END_P99_MS)}"
+    )
 
 
 if __name__ == "__main__":

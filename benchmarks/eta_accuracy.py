@@ -52,11 +52,28 @@ def runs_of(suite_dir: Path) -> list[Replayed]:
         fault = start.get("fault") or "control"
         label = f"{start.get('scenario')} #{start.get('repeat')}"
         # the floor the plan gets from the outlook, as the run's own detection_prediction events recorded it
-        floor_s = sum(float(f) for e in events if e.kind == "detection_prediction"
-                      and (f := e.get("resume_floor_s") if e.get("resume_floor_s") is not None
-                           else e.get("expected_s")) is not None)  # fmt: skip
-        found.append((start.t_ns, end.t_ns, PlannedRun(0, label, str(start.get("framework")), str(fault),
-                                                      deadline_s + RUN_OVERHEAD_S, floor_s, deadline_s)))  # fmt: skip
+        floor_s = sum(
+            float(f)
+            for e in events
+            if e.kind == "detection_prediction"
+            and (f := e.get("resume_floor_s") if e.get("resume_floor_s") is not None else e.get("expected_s"))
+            is not None
+        )
+        found.append(
+            (
+                start.t_ns,
+                end.t_ns,
+                PlannedRun(
+                    0,
+                    label,
+                    str(start.get("framework")),
+                    str(fault),
+                    deadline_s + RUN_OVERHEAD_S,
+                    floor_s,
+                    deadline_s,
+                ),
+            )
+        )
     found.sort(key=lambda f: f[0])
     out = []
     for i, (start_ns, end_ns, p) in enumerate(found):
@@ -76,9 +93,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suite_dir", type=Path, help="a suite's result directory (holding its run directories)")
     ap.add_argument("--controls-first", action="store_true", help="replay every control first (see above)")
-    ap.add_argument("--save", type=Path, metavar="FILE",
-                    help="also write the runs as replayed (plan entries and walls) to FILE (JSON), the form "
-                    "tests/unit/test_eta_replay.py reads")  # fmt: skip
+    ap.add_argument(
+        "--save",
+        type=Path,
+        metavar="FILE",
+        help="also write the runs as replayed (plan entries and walls) to FILE (JSON), the form "
+        "tests/unit/test_eta_replay.py reads",
+    )
     args = ap.parse_args()
     runs = runs_of(args.suite_dir)
     if args.controls_first:
@@ -89,11 +110,15 @@ def main() -> None:
         sys.exit(f"{args.suite_dir}: {len(runs)} runs with a timeline; need 2 or more")
     total_s = sum(r.wall_s for r in runs)
     if args.save:
-        args.save.write_text(json.dumps([{**asdict(r.planned), "wall_s": round(r.wall_s, 3)} for r in runs], indent=1))
+        args.save.write_text(
+            json.dumps([{**asdict(r.planned), "wall_s": round(r.wall_s, 3)} for r in runs], indent=1)
+        )
     old, new = replay(runs, with_plan=False), replay(runs, with_plan=True)
     order = ", every control first" if args.controls_first else ""
     print(f"{args.suite_dir}: {len(runs)} runs, {total_s:.0f} s of runs{order}")
-    print(f"{'done':>5} {'runs':>5} {'left_s':>8} {'old_eta_s':>10} {'old_err':>8} {'new_eta_s':>10} {'new_err':>8}")
+    print(
+        f"{'done':>5} {'runs':>5} {'left_s':>8} {'old_eta_s':>10} {'old_err':>8} {'new_eta_s':>10} {'new_err':>8}"
+    )
     worst = {"old": 0.0, "new": 0.0}
     for pct in range(10, 100, 10):
         k = max(1, round(len(runs) * pct / 100))

@@ -95,16 +95,35 @@ ALL = (*RESTART, "torchrun/kill-rank1", "torchrun/torn-write")
 PLANTS = {
     p.name: p
     for p in (
-        Plant("heartbeat-15s", "restart framework: heartbeat_timeout_s 5 -> 15 s", _restart("heartbeat_timeout_s", 15.0),
-              ("restart/hang-rank1",)),
-        Plant("restart-delay", "restart framework: restart_delay_s 0 -> 2 s", _restart("restart_delay_s", 2.0), RESTART),
-        Plant("forget-optimizer", "ddp-mlp: bug forget-optimizer (optimizer state not restored on resume)",
-              _bug("forget-optimizer"), ALL),
-        Plant("non-atomic-ckpt", "ddp-mlp: bug non-atomic-ckpt (COMPLETE before the shards: a torn save is loaded)",
-              _bug("non-atomic-ckpt"), ("restart/torn-write", "torchrun/torn-write")),
-        Plant("max-restarts-0", "restart framework: max_restarts 3 -> 0", _restart("max_restarts", 0), RESTART),
+        Plant(
+            "heartbeat-15s",
+            "restart framework: heartbeat_timeout_s 5 -> 15 s",
+            _restart("heartbeat_timeout_s", 15.0),
+            ("restart/hang-rank1",),
+        ),
+        Plant(
+            "restart-delay",
+            "restart framework: restart_delay_s 0 -> 2 s",
+            _restart("restart_delay_s", 2.0),
+            RESTART,
+        ),
+        Plant(
+            "forget-optimizer",
+            "ddp-mlp: bug forget-optimizer (optimizer state not restored on resume)",
+            _bug("forget-optimizer"),
+            ALL,
+        ),
+        Plant(
+            "non-atomic-ckpt",
+            "ddp-mlp: bug non-atomic-ckpt (COMPLETE before the shards: a torn save is loaded)",
+            _bug("non-atomic-ckpt"),
+            ("restart/torn-write", "torchrun/torn-write"),
+        ),
+        Plant(
+            "max-restarts-0", "restart framework: max_restarts 3 -> 0", _restart("max_restarts", 0), RESTART
+        ),
     )
-}  # fmt: skip
+}
 
 
 def derived_suite(repeats: int | tuple[int, int], plant: Plant | None = None) -> dict[str, Any]:
@@ -140,8 +159,9 @@ def _count_runs(suite_dir: Path) -> int:
     return sum(1 for _ in suite_dir.glob("*/*/result.json"))
 
 
-def run_set(out: Path, name: str, doc: dict[str, Any], baseline_csv: Path | None,
-            report_only: bool = False) -> SetResult | None:  # fmt: skip
+def run_set(
+    out: Path, name: str, doc: dict[str, Any], baseline_csv: Path | None, report_only: bool = False
+) -> SetResult | None:
     """Run (or reuse, or resume) one result set; ``OUT/<name>/done.json`` marks it finished. ``report_only``:
     None for a set not finished, nothing is run."""
     here = out / name
@@ -157,8 +177,17 @@ def run_set(out: Path, name: str, doc: dict[str, Any], baseline_csv: Path | None
     here.mkdir(parents=True, exist_ok=True)
     suite_file = here / "suite.yaml"
     suite_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    argv = [sys.executable, "-m", "chaosbench.cli", "run", str(suite_file), "--out", str(here),
-            "--summary", str(here / "summary.md")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "chaosbench.cli",
+        "run",
+        str(suite_file),
+        "--out",
+        str(here),
+        "--summary",
+        str(here / "summary.md"),
+    ]
     if baseline_csv is not None:
         argv += ["--baseline", str(baseline_csv)]
     earlier = 0.0
@@ -167,8 +196,10 @@ def run_set(out: Path, name: str, doc: dict[str, Any], baseline_csv: Path | None
         argv.append("--resume")
         if partial.is_file():
             earlier = float(json.loads(partial.read_text()).get("wall_s", 0.0))
-    print(f"[{name}] running{' (resumed)' if earlier or suite_dir.exists() else ''}: {' '.join(argv[1:])}",
-          flush=True)  # fmt: skip
+    print(
+        f"[{name}] running{' (resumed)' if earlier or suite_dir.exists() else ''}: {' '.join(argv[1:])}",
+        flush=True,
+    )
     t = time.monotonic()
     with open(here / "chaosbench.log", "a") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
@@ -190,8 +221,9 @@ def verdict(baseline_rows: list[dict[str, Any]], res: SetResult) -> list[Any]:
     from chaosbench.analysis.baseline import compare, load_rows
     from chaosbench.analysis.sequential import recorded_looks
 
-    return compare(baseline_rows, load_rows(res.path), threshold=THRESHOLD, alpha=ALPHA,
-                   looks=recorded_looks(res.path))  # fmt: skip
+    return compare(
+        baseline_rows, load_rows(res.path), threshold=THRESHOLD, alpha=ALPHA, looks=recorded_looks(res.path)
+    )
 
 
 def _slo_misses(res: SetResult) -> int:
@@ -204,8 +236,10 @@ def _slo_misses(res: SetResult) -> int:
 def _finding(d: Any) -> str:
     p = "" if d.p_worse is None else f", p {d.p_worse:.3g}"
     ph = "" if d.p_holm is None else f", p_holm {d.p_holm:.3g}"
-    return f"{d.key}: {d.metric} {d.values_text() if d.p_worse is not None else ''}{p}{ph}: {d.status.value}" + (
-        f" ({d.note})" if d.note else "")  # fmt: skip
+    return (
+        f"{d.key}: {d.metric} {d.values_text() if d.p_worse is not None else ''}{p}{ph}: {d.status.value}"
+        + (f" ({d.note})" if d.note else "")
+    )
 
 
 def _report_until(until: list[tuple[SetResult, list[Any]]], fixed: list[tuple[SetResult, list[Any]]]) -> None:
@@ -213,10 +247,16 @@ def _report_until(until: list[tuple[SetResult, list[Any]]], fixed: list[tuple[Se
     (``repeats.json``: how many and why it stopped), and whether the decisions were the same (no regression)."""
     for res, diffs in until:
         fails = [d for d in diffs if d.status.fails]
-        rec = json.loads((res.path / "repeats.json").read_text()) if (res.path / "repeats.json").is_file() else {}
+        rec = (
+            json.loads((res.path / "repeats.json").read_text())
+            if (res.path / "repeats.json").is_file()
+            else {}
+        )
         took = ", ".join(f"{k} {v.get('repeats')}" for k, v in sorted(rec.items()))
-        print(f"clean rerun {res.name} (until decided, no SLOs): {len(fails)} false alarms; {res.runs} runs, "
-              f"{res.wall_s:.0f} s, exit {res.rc}; repeats per scenario: {took or 'none recorded'}")  # fmt: skip
+        print(
+            f"clean rerun {res.name} (until decided, no SLOs): {len(fails)} false alarms; {res.runs} runs, "
+            f"{res.wall_s:.0f} s, exit {res.rc}; repeats per scenario: {took or 'none recorded'}"
+        )
         for d in fails:
             print(f"    {_finding(d)}")
     if fixed:
@@ -224,8 +264,10 @@ def _report_until(until: list[tuple[SetResult, list[Any]]], fixed: list[tuple[Se
         wall = sum(r.wall_s for r, _ in fixed) / len(fixed)
         u_runs = sum(r.runs for r, _ in until) / len(until)
         u_wall = sum(r.wall_s for r, _ in until) / len(until)
-        print(f"until decided: {u_runs:.1f} runs, {u_wall:.0f} s per clean set on average; fixed repeats: "
-              f"{runs:.1f} runs, {wall:.0f} s ({len(until)} and {len(fixed)} sets)")  # fmt: skip
+        print(
+            f"until decided: {u_runs:.1f} runs, {u_wall:.0f} s per clean set on average; fixed repeats: "
+            f"{runs:.1f} runs, {wall:.0f} s ({len(until)} and {len(fixed)} sets)"
+        )
 
 
 def main() -> None:
@@ -233,25 +275,43 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "reports" / "gate-power"), help="result sets (resumable)")
     ap.add_argument("--baseline-repeats", type=int, default=10, help="the baseline's repeats per scenario")
     ap.add_argument("--repeats", type=int, default=4, help="repeats per scenario of every other set")
-    ap.add_argument("--plants", default="all", help=f"comma-separated, 'all' or 'none' (of: {', '.join(PLANTS)})")
+    ap.add_argument(
+        "--plants", default="all", help=f"comma-separated, 'all' or 'none' (of: {', '.join(PLANTS)})"
+    )
     ap.add_argument("--clean-reruns", type=int, default=10, help="clean reruns against the baseline")
-    ap.add_argument("--until", default=None, metavar="MIN:MAX",
-                    help="also clean reruns repeated until decided ({min: MIN, max: MAX, until: decided}, no SLOs)")
+    ap.add_argument(
+        "--until",
+        default=None,
+        metavar="MIN:MAX",
+        help="also clean reruns repeated until decided ({min: MIN, max: MAX, until: decided}, no SLOs)",
+    )
     ap.add_argument("--until-reruns", type=int, default=2, help="how many such clean reruns (with --until)")
-    ap.add_argument("--power-only", action="store_true", help="print the power statement and stop (needs a baseline)")
-    ap.add_argument("--report-only", action="store_true", help="run nothing: report the sets already finished")
+    ap.add_argument(
+        "--power-only", action="store_true", help="print the power statement and stop (needs a baseline)"
+    )
+    ap.add_argument(
+        "--report-only", action="store_true", help="run nothing: report the sets already finished"
+    )
     args = ap.parse_args()
-    names = (list(PLANTS) if args.plants == "all" else [] if args.plants == "none"
-             else [n.strip() for n in args.plants.split(",") if n.strip()])  # fmt: skip
+    names = (
+        list(PLANTS)
+        if args.plants == "all"
+        else []
+        if args.plants == "none"
+        else [n.strip() for n in args.plants.split(",") if n.strip()]
+    )
     unknown = [n for n in names if n not in PLANTS]
     if unknown:
         sys.exit(f"unknown plants: {', '.join(unknown)} (known: {', '.join(PLANTS)})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    print(f"gate power: suites/ci.yaml + restart/hang-rank1 (derived here), baseline {args.baseline_repeats} "
-          f"repeats, every other set {args.repeats} fixed repeats per scenario; plants: {', '.join(names) or 'none'}; "
-          f"clean reruns: {args.clean_reruns}", flush=True)  # fmt: skip
+    print(
+        f"gate power: suites/ci.yaml + restart/hang-rank1 (derived here), baseline {args.baseline_repeats} "
+        f"repeats, every other set {args.repeats} fixed repeats per scenario; plants: {', '.join(names) or 'none'}; "
+        f"clean reruns: {args.clean_reruns}",
+        flush=True,
+    )
 
     from chaosbench.analysis.baseline import load_rows, save_baseline
     from chaosbench.analysis.power import power
@@ -281,13 +341,17 @@ def main() -> None:
     if args.until:
         lo, hi = (int(x) for x in args.until.split(":"))
         for i in range(1, args.until_reruns + 1):
-            res = run_set(out, f"clean-until-{lo}-{hi}-{i}", derived_suite((lo, hi)), base_csv, args.report_only)
+            res = run_set(
+                out, f"clean-until-{lo}-{hi}-{i}", derived_suite((lo, hi)), base_csv, args.report_only
+            )
             if res is not None:
                 until.append((res, verdict(base_rows, res)))
 
     print()
-    print(f"== gate power: baseline {args.baseline_repeats} repeats ({base.runs} runs, {base.wall_s:.0f} s) vs "
-          f"{args.repeats} repeats per set; alpha {ALPHA} over the whole verdict (Holm), threshold {THRESHOLD:.0%}")
+    print(
+        f"== gate power: baseline {args.baseline_repeats} repeats ({base.runs} runs, {base.wall_s:.0f} s) vs "
+        f"{args.repeats} repeats per set; alpha {ALPHA} over the whole verdict (Holm), threshold {THRESHOLD:.0%}"
+    )
     caught = 0
     for res, plant, diffs in results:
         if plant is None:
@@ -296,9 +360,11 @@ def main() -> None:
         inside = [d for d in fails if d.key in plant.scenarios]
         caught += bool(inside)
         family = sum(1 for d in diffs if d.in_family)
-        print(f"plant {plant.name} ({plant.what}): {'CAUGHT' if inside else 'NOT CAUGHT'} "
-              f"({len(inside)} failing comparisons in its scenarios, family {family}; {res.runs} runs, "
-              f"{res.wall_s:.0f} s, exit {res.rc}, {_slo_misses(res)} SLO misses)")  # fmt: skip
+        print(
+            f"plant {plant.name} ({plant.what}): {'CAUGHT' if inside else 'NOT CAUGHT'} "
+            f"({len(inside)} failing comparisons in its scenarios, family {family}; {res.runs} runs, "
+            f"{res.wall_s:.0f} s, exit {res.rc}, {_slo_misses(res)} SLO misses)"
+        )
         for d in inside:
             print(f"    {_finding(d)}")
         for d in fails:
@@ -306,8 +372,14 @@ def main() -> None:
                 print(f"    outside the plant's scenarios: {_finding(d)}")
         if not inside:
             # why not: what moved the bad way in its scenarios, beyond its noise floor or inside it
-            near = sorted((d for d in diffs if d.key in plant.scenarios and (d.adverse or d.status.value == "within noise")),
-                          key=lambda d: (not d.adverse, d.p_worse if d.p_worse is not None else 1.0))  # fmt: skip
+            near = sorted(
+                (
+                    d
+                    for d in diffs
+                    if d.key in plant.scenarios and (d.adverse or d.status.value == "within noise")
+                ),
+                key=lambda d: (not d.adverse, d.p_worse if d.p_worse is not None else 1.0),
+            )
             for d in near[:8]:
                 print(f"    moved the bad way: {_finding(d)}")
             if not near:
@@ -325,8 +397,10 @@ def main() -> None:
         alarms_total += bool(fails)
         undecided = sum(1 for d in diffs if d.status.value == "undecided")
         family = sum(1 for d in diffs if d.in_family)
-        print(f"clean rerun {res.name}: {len(fails)} false alarms (family {family}, {undecided} undecided; "
-              f"{res.runs} runs, {res.wall_s:.0f} s, exit {res.rc}, {_slo_misses(res)} SLO misses)")  # fmt: skip
+        print(
+            f"clean rerun {res.name}: {len(fails)} false alarms (family {family}, {undecided} undecided; "
+            f"{res.runs} runs, {res.wall_s:.0f} s, exit {res.rc}, {_slo_misses(res)} SLO misses)"
+        )
         for d in fails:
             print(f"    {_finding(d)}")
     if n_clean:
@@ -335,8 +409,10 @@ def main() -> None:
         _report_until(until, [(r, d) for r, p, d in results if p is None])
     runs = base.runs + sum(r.runs for r, _, _ in results) + sum(r.runs for r, _ in until)
     wall = base.wall_s + sum(r.wall_s for r, _, _ in results) + sum(r.wall_s for r, _ in until)
-    print(f"runs: {runs} (baseline {base.runs}); wall of the chaosbench runs {wall:.0f} s ({wall / 60:.1f} min); "
-          f"this invocation {time.monotonic() - t0:.0f} s")  # fmt: skip
+    print(
+        f"runs: {runs} (baseline {base.runs}); wall of the chaosbench runs {wall:.0f} s ({wall / 60:.1f} min); "
+        f"this invocation {time.monotonic() - t0:.0f} s"
+    )
 
 
 if __name__ == "__main__":

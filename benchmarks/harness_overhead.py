@@ -64,12 +64,17 @@ def run_harness(suite: Path, out: Path) -> tuple[float, Path]:
     """``chaosbench run`` of ``suite`` into ``out``: its wall (s) and the control run's directory."""
     t = time.perf_counter()
     with (out.parent / f"{out.name}.log").open("wb") as log:
-        rc = subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", "--out", str(out), str(suite)],
-                            stdout=log, stderr=subprocess.STDOUT).returncode  # fmt: skip
+        rc = subprocess.run(
+            [sys.executable, "-m", "chaosbench.cli", "run", "--out", str(out), str(suite)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        ).returncode
     wall = time.perf_counter() - t
     runs = sorted(out.glob("*/*/*/config.json"))
     if rc != 0 or len(runs) != 1:
-        raise SystemExit(f"chaosbench run failed (exit {rc}, {len(runs)} runs); see {out.parent / out.name}.log")
+        raise SystemExit(
+            f"chaosbench run failed (exit {rc}, {len(runs)} runs); see {out.parent / out.name}.log"
+        )
     return wall, runs[0].parent
 
 
@@ -99,9 +104,15 @@ def run_bare(procs: list[tuple[list[str], dict[str, str]]], fresh: Path) -> floa
     t = time.perf_counter()
     running = []
     for i, (argv, env) in enumerate(procs):
-        with (fresh / "logs" / f"p{i}.out").open("wb") as out, (fresh / "logs" / f"p{i}.err").open("wb") as err:
-            running.append(subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                            start_new_session=True))  # fmt: skip
+        with (
+            (fresh / "logs" / f"p{i}.out").open("wb") as out,
+            (fresh / "logs" / f"p{i}.err").open("wb") as err,
+        ):
+            running.append(
+                subprocess.Popen(
+                    argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True
+                )
+            )
     rcs = [p.wait() for p in running]
     wall = time.perf_counter() - t
     if any(rcs):
@@ -114,7 +125,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--step-sleep-s", type=float, default=0.02, help="the workload's emulated extra compute per step")
+    ap.add_argument(
+        "--step-sleep-s", type=float, default=0.02, help="the workload's emulated extra compute per step"
+    )
     ap.add_argument("--framework", choices=["none", "restart"], default="none")
     args = ap.parse_args()
 
@@ -125,9 +138,13 @@ def main() -> None:
         # the launch command comes from a harness run's plan: one first, outside the measurement
         _, first = run_harness(suite, tmp / "plan")
         procs = bare_processes(first, tmp / "bare-plan")
-        print(f"{args.framework}: ddp-mlp, {args.ranks} ranks, {args.steps} steps, step_sleep_s {args.step_sleep_s:g}; "
-              f"launch: {' '.join(procs[0][0][:3])} ... x{len(procs)}")  # fmt: skip
-        print(f"{'rep':>3} {'cli_s':>7} {'run_s':>7} {'ranks_s':>8} {'bare_s':>7} {'run/bare':>9} {'cli/bare':>9}")
+        print(
+            f"{args.framework}: ddp-mlp, {args.ranks} ranks, {args.steps} steps, step_sleep_s {args.step_sleep_s:g}; "
+            f"launch: {' '.join(procs[0][0][:3])} ... x{len(procs)}"
+        )
+        print(
+            f"{'rep':>3} {'cli_s':>7} {'run_s':>7} {'ranks_s':>8} {'bare_s':>7} {'run/bare':>9} {'cli/bare':>9}"
+        )
         rows = []
         for i in range(args.repeats):
             out, fresh = tmp / f"h{i}", tmp / f"b{i}"
@@ -139,15 +156,21 @@ def main() -> None:
                 cli, run_dir = run_harness(suite, out)
             run, ranks = harness_walls(run_dir)
             rows.append((cli, run, ranks, bare))
-            print(f"{i:>3} {cli:>7.2f} {run:>7.2f} {ranks:>8.2f} {bare:>7.2f} {run / bare:>9.3f} {cli / bare:>9.3f}")
+            print(
+                f"{i:>3} {cli:>7.2f} {run:>7.2f} {ranks:>8.2f} {bare:>7.2f} {run / bare:>9.3f} {cli / bare:>9.3f}"
+            )
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(fresh, ignore_errors=True)
     cli, run, ranks, bare = (statistics.median(c) for c in zip(*rows, strict=True))
     run_ratio = statistics.median(r[1] / r[3] for r in rows)
     cli_ratio = statistics.median(r[0] / r[3] for r in rows)
-    print(f"{'med':>3} {cli:>7.2f} {run:>7.2f} {ranks:>8.2f} {bare:>7.2f} {run_ratio:>9.3f} {cli_ratio:>9.3f}")
-    print(f"harness overhead: run wall / bare wall {run_ratio:.3f} (whole chaosbench run / bare {cli_ratio:.3f}, "
-          f"+{cli - bare:.2f} s) vs goal <= {GOAL_RATIO:g}: {'met' if run_ratio <= GOAL_RATIO else 'NOT met'}")  # fmt: skip
+    print(
+        f"{'med':>3} {cli:>7.2f} {run:>7.2f} {ranks:>8.2f} {bare:>7.2f} {run_ratio:>9.3f} {cli_ratio:>9.3f}"
+    )
+    print(
+        f"harness overhead: run wall / bare wall {run_ratio:.3f} (whole chaosbench run / bare {cli_ratio:.3f}, "
+        f"+{cli - bare:.2f} s) vs goal <= {GOAL_RATIO:g}: {'met' if run_ratio <= GOAL_RATIO else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,12 @@ Case = tuple[str, list[Event], list[Event] | None, int | None]  # label, events,
 
 def metrics_at(rev: str) -> Any:
     """The metrics module as of ``rev`` (importing the rest of chaosbench from the working tree)."""
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:chaosbench/analysis/metrics.py"], check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    src = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:chaosbench/analysis/metrics.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     with tempfile.TemporaryDirectory(prefix="cb-metrics-") as tmp:
         path = Path(tmp) / "metrics_at_rev.py"
         path.write_text(src)
@@ -81,7 +85,9 @@ def cases(roots: list[Path]) -> list[Case]:
 def compute_all(mod: Any, todo: list[Case]) -> tuple[list[Any], float]:
     """Every case's RunMetrics, and the seconds computing them took (serialising them is not counted)."""
     t = time.perf_counter()
-    out = [mod.compute_metrics(events, control=control, total_steps=steps) for _, events, control, steps in todo]
+    out = [
+        mod.compute_metrics(events, control=control, total_steps=steps) for _, events, control, steps in todo
+    ]
     return out, time.perf_counter() - t
 
 
@@ -117,9 +123,13 @@ def main() -> int:
     runs = len({label.split(" (without", 1)[0] for label, *_ in todo})
     n_events = sum(len(events) for _, events, *_ in todo)
     n_fields = len(json.loads(old[0]))
-    print(f"{runs} runs, {len(todo)} computations ({n_events} events), {n_fields} fields each: {differ} differ")
-    print(f"compute_metrics for all of them, best of {args.repeat}: "
-          + ", ".join(f"{name} {min(s):.3f} s" for name, s in seconds.items()))  # fmt: skip
+    print(
+        f"{runs} runs, {len(todo)} computations ({n_events} events), {n_fields} fields each: {differ} differ"
+    )
+    print(
+        f"compute_metrics for all of them, best of {args.repeat}: "
+        + ", ".join(f"{name} {min(s):.3f} s" for name, s in seconds.items())
+    )
     return 1 if differ else 0
 
 

@@ -44,11 +44,32 @@ def free_port() -> int:
 def run_ranks(probe_on: bool, args: argparse.Namespace, tmp: Path) -> list[float]:
     """One 2-rank ddp-mlp run; returns rank 0's step intervals (s) after the warmup steps."""
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
-    argv = [sys.executable, "-m", "chaosbench.workloads.ddp_mlp", "--steps", str(args.steps), "--checkpoint-every",
-            "0", "--step-sleep-s", str(args.step_sleep_s), "--seed", "0", "--ckpt-dir", str(run_dir / "ckpt")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "chaosbench.workloads.ddp_mlp",
+        "--steps",
+        str(args.steps),
+        "--checkpoint-every",
+        "0",
+        "--step-sleep-s",
+        str(args.step_sleep_s),
+        "--seed",
+        "0",
+        "--ckpt-dir",
+        str(run_dir / "ckpt"),
+    ]
     base = {k: v for k, v in os.environ.items() if k != ENV_EVENTS}
-    base.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WORLD_SIZE": str(args.ranks),
-                 "LOCAL_WORLD_SIZE": str(args.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})  # fmt: skip
+    base.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "WORLD_SIZE": str(args.ranks),
+            "LOCAL_WORLD_SIZE": str(args.ranks),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
+    )
     if probe_on:
         base[ENV_EVENTS] = str(run_dir / "events.jsonl")
     procs = []
@@ -85,13 +106,17 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=400, help="steps per run")
     ap.add_argument("--warmup", type=int, default=20, help="steps left out at the start of each run")
-    ap.add_argument("--step-sleep-s", type=float, default=0.0, help="the workload's emulated extra compute per step")
+    ap.add_argument(
+        "--step-sleep-s", type=float, default=0.0, help="the workload's emulated extra compute per step"
+    )
     ap.add_argument("--calls", type=int, default=20000, help="probe calls per microbenchmark batch")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="probe-overhead-") as tmp:
-        print(f"A/B: ddp-mlp, {args.ranks} ranks, {args.steps} steps, step_sleep_s {args.step_sleep_s:g}, "
-              f"{args.pairs} pairs (interleaved)")  # fmt: skip
+        print(
+            f"A/B: ddp-mlp, {args.ranks} ranks, {args.steps} steps, step_sleep_s {args.step_sleep_s:g}, "
+            f"{args.pairs} pairs (interleaved)"
+        )
         print(f"{'pair':>4} {'on_ms':>8} {'off_ms':>8} {'overhead_%':>11}")
         on_all, off_all, ratios = [], [], []
         for i in range(args.pairs):
@@ -102,23 +127,34 @@ def main() -> None:
             ratios.append(med[True] / med[False] - 1)
             print(f"{i:>4} {med[True] * 1e3:>8.3f} {med[False] * 1e3:>8.3f} {ratios[-1] * 100:>11.2f}")
         step_s = statistics.median(off_all)
-        print(f"{'med':>4} {statistics.median(on_all) * 1e3:>8.3f} {step_s * 1e3:>8.3f} "
-              f"{statistics.median(ratios) * 100:>11.2f}")  # fmt: skip
+        print(
+            f"{'med':>4} {statistics.median(on_all) * 1e3:>8.3f} {step_s * 1e3:>8.3f} "
+            f"{statistics.median(ratios) * 100:>11.2f}"
+        )
 
         on = per_call_s(Probe(str(Path(tmp) / "micro.jsonl"), rank=0, world_size=2), args.calls)
         off = per_call_s(Probe(None), args.calls)
-    print(f"\nmicrobenchmark: Probe.step {on * 1e6:.2f} us enabled, {off * 1e6:.3f} us disabled "
-          f"= {on / step_s * 100:.3f} % of the {step_s * 1e3:.3f} ms step")  # fmt: skip
+    print(
+        f"\nmicrobenchmark: Probe.step {on * 1e6:.2f} us enabled, {off * 1e6:.3f} us disabled "
+        f"= {on / step_s * 100:.3f} % of the {step_s * 1e3:.3f} ms step"
+    )
     ab = statistics.median(ratios)
     spread = max(ratios) - min(ratios)
-    print(f"A/B pairs range {min(ratios) * 100:+.2f} .. {max(ratios) * 100:+.2f} %"
-          + (": wider than the goal, so the A/B cannot resolve it here (a noisy machine); the per-call figure can"
-             if spread > GOAL_RATIO else ""))  # fmt: skip
+    print(
+        f"A/B pairs range {min(ratios) * 100:+.2f} .. {max(ratios) * 100:+.2f} %"
+        + (
+            ": wider than the goal, so the A/B cannot resolve it here (a noisy machine); the per-call figure can"
+            if spread > GOAL_RATIO
+            else ""
+        )
+    )
     # an A/B whose own pairs spread wider than the goal cannot decide it: then the per-call figure decides alone
     decisive = on / step_s if spread > GOAL_RATIO else max(ab, on / step_s)
-    print(f"probe overhead: A/B {ab * 100:+.2f} % (median of {args.pairs} pairs"
-          f"{', too noisy to decide' if spread > GOAL_RATIO else ''}), per-call {on / step_s * 100:.3f} % of step "
-          f"time vs goal <= {GOAL_RATIO * 100:g} %: {'met' if decisive <= GOAL_RATIO else 'NOT met'}")  # fmt: skip
+    print(
+        f"probe overhead: A/B {ab * 100:+.2f} % (median of {args.pairs} pairs"
+        f"{', too noisy to decide' if spread > GOAL_RATIO else ''}), per-call {on / step_s * 100:.3f} % of step "
+        f"time vs goal <= {GOAL_RATIO * 100:g} %: {'met' if decisive <= GOAL_RATIO else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

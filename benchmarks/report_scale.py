@@ -38,9 +38,17 @@ from chaosbench.timeline import TimelineWriter
 
 FRAMEWORKS = ["restart", "torchrun", "torchft", "nvrx", "elastic"]
 #: fault name -> fleet fault class (None: not in the projection's mix)
-FAULTS = {"kill-rank1": "crash", "kill-agent0": "crash", "hang-rank1": "hang", "sigstop-rank0": "hang",
-          "node-kill": "node", "node-pause": "node", "sdc-flip": "sdc", "corrupt-checkpoint": None,
-          "slow-rank1": None}  # fmt: skip
+FAULTS = {
+    "kill-rank1": "crash",
+    "kill-agent0": "crash",
+    "hang-rank1": "hang",
+    "sigstop-rank0": "hang",
+    "node-kill": "node",
+    "node-pause": "node",
+    "sdc-flip": "sdc",
+    "corrupt-checkpoint": None,
+    "slow-rank1": None,
+}
 SUITE = "scale"
 DEFINITION = {"name": SUITE, "defaults": {"workload": {"name": "ddp-mlp", "checkpoint_every": 10}}}
 S = 1_000_000_000
@@ -56,8 +64,15 @@ def synthetic_metrics(suite_dir: Path, n_runs: int, seed: int = 0) -> list[RunMe
         fw, fault = scenarios[i % len(scenarios)]
         sid = f"{fw}/{fault or 'control'}"
         rep = repeat_of[sid] = repeat_of.get(sid, -1) + 1
-        m = RunMetrics(suite=SUITE, scenario=sid, framework=fw, fault=fault, repeat=rep, control=fault is None,
-                       run_dir=str(RunDir.at(suite_dir, sid, rep).path))  # fmt: skip
+        m = RunMetrics(
+            suite=SUITE,
+            scenario=sid,
+            framework=fw,
+            fault=fault,
+            repeat=rep,
+            control=fault is None,
+            run_dir=str(RunDir.at(suite_dir, sid, rep).path),
+        )
         _fill(m, rng, FAULTS.get(fault or ""))
         m.verdict = verdict(m)
         out.append(m)
@@ -104,7 +119,9 @@ def _fill(m: RunMetrics, rng: random.Random, fault_class: str | None) -> None:
         m.missing["time_to_detect_s"] = "the fault did not fire"
         return
     m.detected = rng.random() < 0.92
-    m.detected_via = rng.choice(["process exit", "process-group timeout", "step watchdog", "framework heartbeat"])
+    m.detected_via = rng.choice(
+        ["process exit", "process-group timeout", "step watchdog", "framework heartbeat"]
+    )
     m.detected_by = m.framework
     m.blame = rng.choice(["correct", "correct", "correct", "wrong", "none"]) if m.detected else None
     m.blamed = "rank 1" if m.blame in ("correct", "wrong") else None
@@ -128,7 +145,9 @@ def _fill(m: RunMetrics, rng: random.Random, fault_class: str | None) -> None:
         m.lost_work_s = m.lost_steps * m.step_time_s
         m.checkpoint_age_s = rng.uniform(0, 2)
         m.badput_restart_init_s = rng.uniform(1, 10)
-        _maybe(rng, m, "badput_restore_s", rng.uniform(0.1, 1), 0.1, "no ckpt_load events in the new incarnation")
+        _maybe(
+            rng, m, "badput_restore_s", rng.uniform(0.1, 1), 0.1, "no ckpt_load events in the new incarnation"
+        )
         _maybe(rng, m, "badput_recompute_s", rng.uniform(0, 2), 0.3, "no step recomputed after restore")
         m.extra_wall_s = m.time_to_resume_s + rng.uniform(-1, 2)
         m.productive_s = m.wall_s * rng.uniform(0.5, 0.85)
@@ -155,18 +174,36 @@ def write_events(run_dir: Path, m: RunMetrics) -> None:
     t0 = 1_700_000_000 * S
     fault = m.fault_t_s if m.fault_t_s is not None else None
     with TimelineWriter(run_dir / "events.jsonl") as tl:
-        tl.emit("run_start", t_ns=t0, suite=m.suite, scenario=m.scenario, repeat=m.repeat, framework=m.framework)
+        tl.emit(
+            "run_start", t_ns=t0, suite=m.suite, scenario=m.scenario, repeat=m.repeat, framework=m.framework
+        )
         tl.emit("proc_start", t_ns=t0 + S // 10, proc="job", pid=100, role="job", node="node0", incarnation=0)
         for rank in (0, 1):
-            tl.emit("rank_start", t_ns=t0 + S // 5, src="rank", rank=rank, pid=1000 + rank, world_size=2, node="node0",
-                    incarnation=0)  # fmt: skip
+            tl.emit(
+                "rank_start",
+                t_ns=t0 + S // 5,
+                src="rank",
+                rank=rank,
+                pid=1000 + rank,
+                world_size=2,
+                node="node0",
+                incarnation=0,
+            )
         end = (m.wall_s or 20.0) * S
         step, inc, t = 0, 0, S // 2
         while t < end - S:
             if fault is not None and inc == 0 and t > fault * S:
-                tl.emit("fault_inject", t_ns=t0 + int(fault * S), fault=m.fault, injector="kill", target={"rank": 1})
+                tl.emit(
+                    "fault_inject",
+                    t_ns=t0 + int(fault * S),
+                    fault=m.fault,
+                    injector="kill",
+                    target={"rank": 1},
+                )
                 if m.detect_t_s is not None:
-                    tl.emit("detect", t_ns=t0 + int(m.detect_t_s * S), framework=m.framework, reason="job exited")
+                    tl.emit(
+                        "detect", t_ns=t0 + int(m.detect_t_s * S), framework=m.framework, reason="job exited"
+                    )
                 if m.resume_t_s is None:
                     break
                 inc, t = 1, int(m.resume_t_s * S)
@@ -174,10 +211,19 @@ def write_events(run_dir: Path, m: RunMetrics) -> None:
                 step = max(0, step - (m.lost_steps or 0))
             step += 1
             for rank in (0, 1):
-                tl.emit("step", t_ns=t0 + t, src="rank", rank=rank, step=step, loss=1.0 / step, incarnation=inc)
+                tl.emit(
+                    "step", t_ns=t0 + t, src="rank", rank=rank, step=step, loss=1.0 / step, incarnation=inc
+                )
             if step % 10 == 0:
-                tl.emit("ckpt_save_end", t_ns=t0 + t + S // 20, src="rank", rank=0, step=step, complete=True,
-                        incarnation=inc)  # fmt: skip
+                tl.emit(
+                    "ckpt_save_end",
+                    t_ns=t0 + t + S // 20,
+                    src="rank",
+                    rank=0,
+                    step=step,
+                    complete=True,
+                    incarnation=inc,
+                )
             t += S // 2
         tl.emit("run_end", t_ns=t0 + int(end), outcome=m.run_end_outcome or "completed", reason="")
 
@@ -236,14 +282,24 @@ def time_report(suite_dir: Path, repeat: int) -> tuple[list[float], list[float],
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, nargs="+", default=[1000, 10000], help="suite sizes (default 1000 10000)")
+    ap.add_argument(
+        "--runs", type=int, nargs="+", default=[1000, 10000], help="suite sizes (default 1000 10000)"
+    )
     ap.add_argument("--repeat", type=int, default=3, help="rounds per size; the median is shown (default 3)")
-    ap.add_argument("--events", type=int, default=20, help="runs given a timeline and a drawn PNG (default 20)")
-    ap.add_argument("--png", choices=["all", "drawn", "none"], default="all",
-                    help="all: every run links a PNG (hard links to the drawn ones); drawn: only the drawn runs; "
-                         "none: no PNG at all (default all)")  # fmt: skip
+    ap.add_argument(
+        "--events", type=int, default=20, help="runs given a timeline and a drawn PNG (default 20)"
+    )
+    ap.add_argument(
+        "--png",
+        choices=["all", "drawn", "none"],
+        default="all",
+        help="all: every run links a PNG (hard links to the drawn ones); drawn: only the drawn runs; "
+        "none: no PNG at all (default all)",
+    )
     ap.add_argument("--keep", type=Path, help="build the suites here and keep them (default: a temp dir)")
-    ap.add_argument("--profile", action="store_true", help="print a cProfile of one round at the largest size")
+    ap.add_argument(
+        "--profile", action="store_true", help="print a cProfile of one round at the largest size"
+    )
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="cb-report-scale-") as tmp:
@@ -260,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             loads, reports, cpus = time_report(suite_dir, args.repeat)
             html = (suite_dir / "report.html").stat().st_size
             md = (suite_dir / "report.md").stat().st_size
-            rows.append((n, statistics.median(loads), statistics.median(reports), statistics.median(cpus), html, md))
+            rows.append(
+                (n, statistics.median(loads), statistics.median(reports), statistics.median(cpus), html, md)
+            )
         if args.profile:
             from chaosbench.report import write_report
 
@@ -269,21 +327,31 @@ def main(argv: list[str] | None = None) -> int:
             prof.runcall(write_report, suite_dir, df)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
 
-    print(f"\nload_results + write_report (plots='existing'), median of {args.repeat} rounds (wall seconds; CPU "
-          f"seconds of this process beside them, steadier on a shared machine; load avg {os.getloadavg()[0]:.1f}):")
-    print(f"{'runs':>8} {'load s':>8} {'report s':>9} {'total s':>8} {'cpu s':>7} {'ms/run':>7} {'report.html':>12} "
-          f"{'report.md':>11}")  # fmt: skip
+    print(
+        f"\nload_results + write_report (plots='existing'), median of {args.repeat} rounds (wall seconds; CPU "
+        f"seconds of this process beside them, steadier on a shared machine; load avg {os.getloadavg()[0]:.1f}):"
+    )
+    print(
+        f"{'runs':>8} {'load s':>8} {'report s':>9} {'total s':>8} {'cpu s':>7} {'ms/run':>7} {'report.html':>12} "
+        f"{'report.md':>11}"
+    )
     for n, load, report, cpu, html, md in rows:
         total = load + report
-        print(f"{n:>8} {load:>8.3f} {report:>9.3f} {total:>8.3f} {cpu:>7.3f} {total / n * 1e3:>7.3f} "
-              f"{html / 1e6:>9.2f} MB {md / 1e6:>8.2f} MB")  # fmt: skip
+        print(
+            f"{n:>8} {load:>8.3f} {report:>9.3f} {total:>8.3f} {cpu:>7.3f} {total / n * 1e3:>7.3f} "
+            f"{html / 1e6:>9.2f} MB {md / 1e6:>8.2f} MB"
+        )
     for (n1, l1, r1, c1, _, _), (n2, l2, r2, c2, _, _) in zip(rows, rows[1:], strict=False):
-        print(f"from {n1} to {n2} runs: {(l2 + r2 - l1 - r1) / (n2 - n1) * 1e3:.3f} ms wall, "
-              f"{(c2 - c1) / (n2 - n1) * 1e3:.3f} ms CPU per added run (the rest is fixed: matplotlib's import, the "
-              "suite-level figures, the fleet projection)")  # fmt: skip
+        print(
+            f"from {n1} to {n2} runs: {(l2 + r2 - l1 - r1) / (n2 - n1) * 1e3:.3f} ms wall, "
+            f"{(c2 - c1) / (n2 - n1) * 1e3:.3f} ms CPU per added run (the rest is fixed: matplotlib's import, the "
+            "suite-level figures, the fleet projection)"
+        )
     if all_draws:
-        print(f"\ndraw_run_timeline, one run's PNG: median {statistics.median(all_draws):.3f} s, "
-              f"max {max(all_draws):.3f} s over {len(all_draws)} runs (the first includes matplotlib's import)")
+        print(
+            f"\ndraw_run_timeline, one run's PNG: median {statistics.median(all_draws):.3f} s, "
+            f"max {max(all_draws):.3f} s over {len(all_draws)} runs (the first includes matplotlib's import)"
+        )
     else:
         print("\ndraw_run_timeline: not timed (no run given a timeline)")
     return 0

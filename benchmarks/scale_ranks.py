@@ -80,19 +80,27 @@ def main() -> None:
 
     print(f"\n{'run':<22} {'outcome':<14} {'detect_s':>9} {'resume_s':>9} {'restarts':>9} {'lost_steps':>11}")
     for m in metrics:
-        print(f"{str(m.scenario):<22} {m.outcome or '-':<14} {_f(m.time_to_detect_s):>9} "
-              f"{_f(m.time_to_resume_s):>9} {_f(m.restart_count):>9} {_f(m.lost_steps):>11}")  # fmt: skip
+        print(
+            f"{str(m.scenario):<22} {m.outcome or '-':<14} {_f(m.time_to_detect_s):>9} "
+            f"{_f(m.time_to_resume_s):>9} {_f(m.restart_count):>9} {_f(m.lost_steps):>11}"
+        )
     print(f"leftover processes: {len(leftovers)}")
-    print(f"\n{'ranks':>5} {'cores':>5} {'wall_s':>8} {'harness_cpu_s':>14} {'ranks_cpu_s':>12} "
-          f"{'share_of_run_%':>15} {'share_of_machine_%':>19}")  # fmt: skip
+    print(
+        f"\n{'ranks':>5} {'cores':>5} {'wall_s':>8} {'harness_cpu_s':>14} {'ranks_cpu_s':>12} "
+        f"{'share_of_run_%':>15} {'share_of_machine_%':>19}"
+    )
     of_run = harness / (harness + ranks) if harness + ranks > 0 else float("nan")
     of_machine = harness / (wall * cores)
-    print(f"{args.ranks:>5} {cores:>5} {wall:>8.1f} {harness:>14.2f} {ranks:>12.2f} {of_run * 100:>15.2f} "
-          f"{of_machine * 100:>19.2f}")  # fmt: skip
+    print(
+        f"{args.ranks:>5} {cores:>5} {wall:>8.1f} {harness:>14.2f} {ranks:>12.2f} {of_run * 100:>15.2f} "
+        f"{of_machine * 100:>19.2f}"
+    )
     recovered = [m.outcome for m in metrics if m.fault] == ["recovered"]
-    print(f"harness CPU share with {args.ranks} ranks: {of_run * 100:.2f} % of the run's CPU, {of_machine * 100:.2f} % "
-          f"of the machine ({'recovered' if recovered else 'NOT recovered'}) vs goal < {GOAL_SHARE * 100:g} %: "
-          f"{'met' if max(of_run, of_machine) < GOAL_SHARE else 'NOT met'}")  # fmt: skip
+    print(
+        f"harness CPU share with {args.ranks} ranks: {of_run * 100:.2f} % of the run's CPU, {of_machine * 100:.2f} % "
+        f"of the machine ({'recovered' if recovered else 'NOT recovered'}) vs goal < {GOAL_SHARE * 100:g} %: "
+        f"{'met' if max(of_run, of_machine) < GOAL_SHARE else 'NOT met'}"
+    )
 
 
 def _f(v: object) -> str:

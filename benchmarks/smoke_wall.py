@@ -32,8 +32,11 @@ def main() -> None:
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="smoke-wall-") as out:
             t = time.monotonic()
-            res = subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", args.suite, "--out", out],
-                                 capture_output=True, text=True)  # fmt: skip
+            res = subprocess.run(
+                [sys.executable, "-m", "chaosbench.cli", "run", args.suite, "--out", out],
+                capture_output=True,
+                text=True,
+            )
             walls.append(time.monotonic() - t)
             if res.returncode not in (0, 3):
                 print(res.stderr[-2000:], file=sys.stderr)
@@ -47,8 +50,10 @@ def main() -> None:
     for scenario, values in sorted(per_run.items()):
         print(f"{scenario:<28} {len(values):>4} {statistics.median(values):>9.1f} {max(values):>7.1f}")
     runs_s = sum(sum(v) for v in per_run.values()) / len(walls)
-    print(f"smoke suite: wall {statistics.median(walls):.0f} s (median of {len(walls)}), of which the runs "
-          f"{runs_s:.0f} s; the rest is start-up, the outlook, metrics and the report")  # fmt: skip
+    print(
+        f"smoke suite: wall {statistics.median(walls):.0f} s (median of {len(walls)}), of which the runs "
+        f"{runs_s:.0f} s; the rest is start-up, the outlook, metrics and the report"
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ def main() -> int:
     path.parent.mkdir()
 
     @seed(args.seed)
-    @settings(max_examples=args.examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=args.examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(case=suites(project_suites(ROOT), suite_schema()))
     def one(case: FuzzCase) -> None:
         nonlocal slowest
@@ -52,8 +54,10 @@ def main() -> int:
     t = time.monotonic()
     one()
     total = sum(counts.values())
-    print(f"{total} suites in {time.monotonic() - t:.0f} s: {counts['refused']} refused with file:line, "
-          f"{counts['accepted']} accepted (dry-run finished), {counts['escaped']} escaped")  # fmt: skip
+    print(
+        f"{total} suites in {time.monotonic() - t:.0f} s: {counts['refused']} refused with file:line, "
+        f"{counts['accepted']} accepted (dry-run finished), {counts['escaped']} escaped"
+    )
     print(f"slowest answer: {slowest[0]:.2f} s ({slowest[1]})")
     for e in escapes:
         print(f"escaped: {e}")

@@ -35,8 +35,10 @@ def main() -> None:
         s[2] += r["children_cpu_s"]
         s[3] += 1
     total = [sum(s[i] for s in sums.values()) for i in range(3)]
-    print(f"{len(rows)} tests: wall {total[0]:.0f} s, CPU {total[1] + total[2]:.0f} s "
-          f"(pytest {total[1]:.0f} s, children {total[2]:.0f} s)")  # fmt: skip
+    print(
+        f"{len(rows)} tests: wall {total[0]:.0f} s, CPU {total[1] + total[2]:.0f} s "
+        f"(pytest {total[1]:.0f} s, children {total[2]:.0f} s)"
+    )
     print(f"{'CPU s':>8} {'wall s':>8} {'cores':>6} {'tests':>5}  file")
     ranked = sorted(sums.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))
     for key, (wall, own, kids, n) in ranked[: args.top]:

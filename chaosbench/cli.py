@@ -43,12 +43,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpecError(f"--jobs {args.jobs}: give 1 or more runs at once")
     n, bound_s, over = suite_limits(suite, args.jobs)
     at_once = f", {args.jobs} at once" if args.jobs > 1 else ""
-    _progress(f"suite '{suite.name}': {'at most ' if suite.until_decided() else ''}{n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
-              f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})")  # fmt: skip
+    _progress(
+        f"suite '{suite.name}': {'at most ' if suite.until_decided() else ''}{n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
+        f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})"
+    )
     if over and not args.yes:
-        raise SpecError(f"suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats, "
-                        "defaults.deadline_s and the workloads' ranks, nodes and steps); pass --yes to run it anyway",
-                        file=args.suite)  # fmt: skip
+        raise SpecError(
+            f"suite '{suite.name}' is too large: {'; '.join(over)} (check matrix.repeats, "
+            "defaults.deadline_s and the workloads' ranks, nodes and steps); pass --yes to run it anyway",
+            file=args.suite,
+        )
     runner = Runner(suite, args.out, stopping=_stopping(args, suite))
     outlook, problems = runner.outlook()
     _print_outlook(outlook, problems)
@@ -59,14 +63,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_power(args, suite)
     _print_until_decided(args, suite)
     if args.dry_run:
-        plans = [{"scenario": sc.id, "repeat": sc.repeat, "deadline_s": sc.deadline_s,
-                  "fault": sc.fault.model_dump() if sc.fault else None, "faults": sc.to_dict()["faults"],
-                  "slos": sc.to_dict()["slos"], "plan": plan if isinstance(plan, str) else plan.to_dict()}
-                 for sc, plan in runner.plans()]  # fmt: skip
-        until = {key: {"min": d.min_repeats, "max": d.max, "looks": d.looks} for key, d in suite.until_decided().items()}
-        print(json.dumps({"suite": suite.name, "runs_total": n, "wall_bound_s": bound_s,
-                          "detection_outlook": outlook, "timeout_problems": problems, "missing_engines": engines, "runs": plans,
-                          "repeats_until_decided": until}, indent=2, default=str))  # fmt: skip
+        plans = [
+            {
+                "scenario": sc.id,
+                "repeat": sc.repeat,
+                "deadline_s": sc.deadline_s,
+                "fault": sc.fault.model_dump() if sc.fault else None,
+                "faults": sc.to_dict()["faults"],
+                "slos": sc.to_dict()["slos"],
+                "plan": plan if isinstance(plan, str) else plan.to_dict(),
+            }
+            for sc, plan in runner.plans()
+        ]
+        until = {
+            key: {"min": d.min_repeats, "max": d.max, "looks": d.looks}
+            for key, d in suite.until_decided().items()
+        }
+        print(
+            json.dumps(
+                {
+                    "suite": suite.name,
+                    "runs_total": n,
+                    "wall_bound_s": bound_s,
+                    "detection_outlook": outlook,
+                    "timeout_problems": problems,
+                    "missing_engines": engines,
+                    "runs": plans,
+                    "repeats_until_decided": until,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return EXIT_OK
 
     from chaosbench.errors import Unsupported
@@ -84,7 +112,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         interrupts["n"] += 1
         if interrupts["n"] > 1:
             raise KeyboardInterrupt
-        runner.progress.message(f"chaosbench: {signal.Signals(signum).name}: stopping the current run and tearing down")
+        runner.progress.message(
+            f"chaosbench: {signal.Signals(signum).name}: stopping the current run and tearing down"
+        )
         runner.request_stop()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -92,7 +122,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         with SuiteProgress(suite.name, n, bound_s, header=False, plan=suite_plan(suite, outlook)) as progress:
             runner.progress = progress
             progress.message(f"results -> {runner.suite_dir}" + (" (resuming)" if args.resume else ""))
-            records = runner.run(resume=args.resume, jobs=args.jobs, timings_may_interfere=args.timings_may_interfere)
+            records = runner.run(
+                resume=args.resume, jobs=args.jobs, timings_may_interfere=args.timings_may_interfere
+            )
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -101,8 +133,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         _progress(f"report: {paths.get('report.html')}  (also {paths.get('report.md')})")
     metrics = [r.metrics for r in records if r.metrics is not None]
     repeats = [s.describe() for s in runner.settlements.values()]
-    code = _gate(args, runner.suite_dir, suite.name, records, metrics, interrupted=runner.stop_requested.is_set(),
-                 repeats=repeats)  # fmt: skip
+    code = _gate(
+        args,
+        runner.suite_dir,
+        suite.name,
+        records,
+        metrics,
+        interrupted=runner.stop_requested.is_set(),
+        repeats=repeats,
+    )
     if runner.halted is not None:  # its run is an error too: the exit code says so already
         _err(runner.halted.describe())
     from chaosbench.manifest import write_manifest
@@ -157,8 +196,10 @@ def _print_until_decided(args: argparse.Namespace, suite: Any) -> None:
         return
     against = "the baseline and its SLOs" if args.baseline else "its SLOs (no --baseline)"
     spent = "; the power line's levels divided by its looks" if args.baseline else ""
-    _progress(f"repeated until decided (stops once its verdict against {against} can no longer change; alpha "
-              f"spent over the looks: every p x its looks{spent}):")  # fmt: skip
+    _progress(
+        f"repeated until decided (stops once its verdict against {against} can no longer change; alpha "
+        f"spent over the looks: every p x its looks{spent}):"
+    )
     for fw, names, _ in suite.cells():
         sc = suite.scenario(fw, names, 0)
         if (d := designs.get(sc.id)) is None:
@@ -169,17 +210,35 @@ def _print_until_decided(args: argparse.Namespace, suite: Any) -> None:
         _progress(f"  {sc.id}: {d.min_repeats} to {d.max} repeats, {d.looks} looks{tail}")
 
 
-def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[Any], metrics: list[Any],
-          interrupted: bool, repeats: list[str] | None = None) -> int:  # fmt: skip
+def _gate(
+    args: argparse.Namespace,
+    suite_dir: Path,
+    suite: str,
+    records: list[Any],
+    metrics: list[Any],
+    interrupted: bool,
+    repeats: list[str] | None = None,
+) -> int:
     """CI outputs and the exit code, from the gate (:mod:`chaosbench.gate`); here only what is printed."""
     from chaosbench.gate import Comparison, Gate, harness_errors
 
     comparison = None
     if args.baseline:
-        comparison = Comparison.of(args.baseline, suite_dir, threshold=args.threshold, alpha=args.alpha,
-                                   title=f"{suite} against {args.baseline}")  # fmt: skip
-    gate = Gate(suite, metrics, harness_errors(records), comparison=comparison,
-                interrupted=interrupted, repeats=repeats or [])  # fmt: skip
+        comparison = Comparison.of(
+            args.baseline,
+            suite_dir,
+            threshold=args.threshold,
+            alpha=args.alpha,
+            title=f"{suite} against {args.baseline}",
+        )
+    gate = Gate(
+        suite,
+        metrics,
+        harness_errors(records),
+        comparison=comparison,
+        interrupted=interrupted,
+        repeats=repeats or [],
+    )
     for d in gate.notes:
         _progress(f"note: {d.describe()}")
     gate.write(suite_dir, junit=args.junit, summary=args.summary)
@@ -196,7 +255,9 @@ def _gate(args: argparse.Namespace, suite_dir: Path, suite: str, records: list[A
     return gate.exit_code()
 
 
-def _write_report(suite_dir: Path, title: str | None, recompute: bool = True, plots: str = "existing") -> dict[str, Path]:
+def _write_report(
+    suite_dir: Path, title: str | None, recompute: bool = True, plots: str = "existing"
+) -> dict[str, Path]:
     """The suite's report from its table; ``recompute``: every run's metrics recomputed from its timeline first
     (``chaosbench report``; a suite just run has its table already)."""
     from chaosbench.analysis.results import RESULTS_CSV, collect, load_results
@@ -236,7 +297,9 @@ def cmd_faults(args: argparse.Namespace) -> int:
         cls = INJECTORS.get(name)
         print(f"{name}: {getattr(cls, 'summary', '') or (cls.__doc__ or '').strip().splitlines()[0]}")
         fields = cls.Params.model_fields.items()
-        for pname, f in sorted(fields, key=lambda kv: not kv[1].is_required()):  # required first, then as declared
+        for pname, f in sorted(
+            fields, key=lambda kv: not kv[1].is_required()
+        ):  # required first, then as declared
             default = "required" if f.is_required() else f"default {f.default!r}"
             print(f"    {pname} ({default}): {f.description or ''}")
     _print_fault_definitions(args.suite)
@@ -251,11 +314,16 @@ def _print_fault_definitions(suite: str | None) -> None:
     if suite is not None and not Path(suite).is_file():
         raise SpecError("no such suite file", file=str(suite))
     found = fault_definitions(suite or str(Path.cwd() / "suite.yaml"))
-    print(f"\nfault definitions for use: NAME{f' in {suite}' if suite else ''} (the suite's own faults/ folders "
-          "first, then those shipped with chaosbench):")  # fmt: skip
+    print(
+        f"\nfault definitions for use: NAME{f' in {suite}' if suite else ''} (the suite's own faults/ folders "
+        "first, then those shipped with chaosbench):"
+    )
     for d in found.values():
-        origin = "shipped with chaosbench" if d.builtin else "the suite's own" + (
-            "; overrides the one shipped with chaosbench" if d.shadows else "")
+        origin = (
+            "shipped with chaosbench"
+            if d.builtin
+            else "the suite's own" + ("; overrides the one shipped with chaosbench" if d.shadows else "")
+        )
         print(f"  {d.name}: {d.file} ({origin})")
 
 
@@ -313,9 +381,17 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     framework = args.framework or suite.matrix.frameworks[0]
     try:
-        fuzzer = Fuzzer(suite, framework, args.out, max_examples=args.examples, max_runs=args.max_runs,
-                        max_faults=args.max_faults, seed=args.seed, progress=_progress,
-                        kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))  # fmt: skip
+        fuzzer = Fuzzer(
+            suite,
+            framework,
+            args.out,
+            max_examples=args.examples,
+            max_runs=args.max_runs,
+            max_faults=args.max_faults,
+            seed=args.seed,
+            progress=_progress,
+            kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
+        )
         schedule_strategy_check(fuzzer)
     except ValueError as exc:
         raise SpecError(str(exc), file=args.suite) from None
@@ -375,89 +451,148 @@ def cmd_image(args: argparse.Namespace) -> int:
 class _Subcommands(Protocol):
     """What a subcommand's helper uses of ``ArgumentParser.add_subparsers()``: adding the subcommand's parser."""
 
-    def add_parser(self, name: str, *, help: str | None = ..., description: str | None = ...) -> argparse.ArgumentParser:
-        ...
+    def add_parser(
+        self, name: str, *, help: str | None = ..., description: str | None = ...
+    ) -> argparse.ArgumentParser: ...
 
 
 def _add_run_command(sub: _Subcommands) -> None:
     """``chaosbench run SUITE``: run a suite and write its results and report."""
-    r = sub.add_parser("run", help="run a suite and write its results and report",
-                       description="Run every scenario of a suite (controls first), then write "
-                                   "results.csv/.parquet, report.md and report.html into OUT/<suite>/.")  # fmt: skip
+    r = sub.add_parser(
+        "run",
+        help="run a suite and write its results and report",
+        description="Run every scenario of a suite (controls first), then write "
+        "results.csv/.parquet, report.md and report.html into OUT/<suite>/.",
+    )
     r.add_argument("suite", help="suite YAML file, e.g. suites/smoke.yaml")
     r.add_argument("--out", default="reports", help="results directory (default: reports)")
     r.add_argument("--dry-run", action="store_true", help="validate the suite and print every launch plan")
-    r.add_argument("--resume", action="store_true",
-                   help="continue an interrupted or crashed suite in OUT: keep its finished runs, run the rest "
-                        "(an unfinished run again from scratch); refused if the suite has changed")  # fmt: skip
-    r.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="run N independent runs at once where the runtime keeps them apart (slurm: nodes of "
-                        "their own; docker: CPUs of their own); the controls first (default 1)")  # fmt: skip
-    r.add_argument("--timings-may-interfere", action="store_true",
-                   help="allow --jobs on the local runtime, whose runs share this machine's CPUs: outcomes are "
-                        "checked, timings taken this way are not comparable")  # fmt: skip
-    r.add_argument("--yes", action="store_true",
-                   help="run a suite above the limits (10,000 runs, 24 h when every run reaches its deadline, "
-                        "4,096 ranks, 1,024 nodes or 1,000,000 steps a run)")  # fmt: skip
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted or crashed suite in OUT: keep its finished runs, run the rest "
+        "(an unfinished run again from scratch); refused if the suite has changed",
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N independent runs at once where the runtime keeps them apart (slurm: nodes of "
+        "their own; docker: CPUs of their own); the controls first (default 1)",
+    )
+    r.add_argument(
+        "--timings-may-interfere",
+        action="store_true",
+        help="allow --jobs on the local runtime, whose runs share this machine's CPUs: outcomes are "
+        "checked, timings taken this way are not comparable",
+    )
+    r.add_argument(
+        "--yes",
+        action="store_true",
+        help="run a suite above the limits (10,000 runs, 24 h when every run reaches its deadline, "
+        "4,096 ranks, 1,024 nodes or 1,000,000 steps a run)",
+    )
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per run; SLO misses fail)")
     r.add_argument("--summary", metavar="FILE", help="write a Markdown summary (also OUT/<suite>/summary.md)")
-    r.add_argument("--baseline", metavar="CSV|DIR",
-                   help="fail (exit 4) on regressions against this result set; prints first what its repeats and "
-                        "the suite's can detect; scenarios with repeats: {max: N, until: decided} stop once their "
-                        "verdict against it (and their SLOs) can no longer change")  # fmt: skip
-    r.add_argument("--threshold", type=float, default=0.2,
-                   help="relative change of a timing that counts, besides the baseline's own range (default 0.2)")
-    r.add_argument("--alpha", type=float, default=0.05,
-                   help="false-alarm rate of the whole verdict (Holm over every comparison; default 0.05)")
+    r.add_argument(
+        "--baseline",
+        metavar="CSV|DIR",
+        help="fail (exit 4) on regressions against this result set; prints first what its repeats and "
+        "the suite's can detect; scenarios with repeats: {max: N, until: decided} stop once their "
+        "verdict against it (and their SLOs) can no longer change",
+    )
+    r.add_argument(
+        "--threshold",
+        type=float,
+        default=0.2,
+        help="relative change of a timing that counts, besides the baseline's own range (default 0.2)",
+    )
+    r.add_argument(
+        "--alpha",
+        type=float,
+        default=0.05,
+        help="false-alarm rate of the whole verdict (Holm over every comparison; default 0.05)",
+    )
     r.set_defaults(fn=cmd_run)
 
 
 def _add_report_command(sub: _Subcommands) -> None:
     """``chaosbench report DIR``: recompute metrics and reports from run directories."""
-    rep = sub.add_parser("report", help="recompute metrics and reports from run directories",
-                         description="Recompute every metric from the runs' timelines and rewrite the "
-                                     "reports of a suite directory (or of every suite below DIR).")  # fmt: skip
+    rep = sub.add_parser(
+        "report",
+        help="recompute metrics and reports from run directories",
+        description="Recompute every metric from the runs' timelines and rewrite the "
+        "reports of a suite directory (or of every suite below DIR).",
+    )
     rep.add_argument("dir", help="a suite results directory (e.g. reports/smoke) or a directory of them")
-    rep.add_argument("--plots", choices=["existing", "missing", "all"], default="existing",
-                     help="per-run timeline plots (each run's timeline.png, drawn when it ended): link the "
-                          "existing ones (default), draw the missing ones, or redraw all")  # fmt: skip
+    rep.add_argument(
+        "--plots",
+        choices=["existing", "missing", "all"],
+        default="existing",
+        help="per-run timeline plots (each run's timeline.png, drawn when it ended): link the "
+        "existing ones (default), draw the missing ones, or redraw all",
+    )
     rep.set_defaults(fn=cmd_report)
 
 
 def _add_compare_command(sub: _Subcommands) -> None:
     """``chaosbench compare A B``: two result sets side by side."""
-    cmp = sub.add_parser("compare", help="two result sets side by side, with the significance of each difference",
-                         description="Compare result set B against A (suite directories or results CSVs): "
-                                     "shares of outcomes (Fisher's exact p), medians (Mann-Whitney p), Holm-adjusted "
-                                     "p over every comparison, regressions and what the repeats cannot decide.")  # fmt: skip
+    cmp = sub.add_parser(
+        "compare",
+        help="two result sets side by side, with the significance of each difference",
+        description="Compare result set B against A (suite directories or results CSVs): "
+        "shares of outcomes (Fisher's exact p), medians (Mann-Whitney p), Holm-adjusted "
+        "p over every comparison, regressions and what the repeats cannot decide.",
+    )
     cmp.add_argument("a", help="result set A (e.g. reports/compare or a baseline CSV)")
     cmp.add_argument("b", help="result set B")
-    cmp.add_argument("--by", choices=["scenario", "fault"], default="scenario",
-                     help="match runs by scenario (framework/fault) or by fault only (two frameworks)")  # fmt: skip
-    cmp.add_argument("--threshold", type=float, default=0.2,
-                     help="relative change of a timing that counts, besides A's own range (default 0.2)")
-    cmp.add_argument("--alpha", type=float, default=0.05,
-                     help="false-alarm rate of the whole comparison (Holm over every comparison; default 0.05)")
+    cmp.add_argument(
+        "--by",
+        choices=["scenario", "fault"],
+        default="scenario",
+        help="match runs by scenario (framework/fault) or by fault only (two frameworks)",
+    )
+    cmp.add_argument(
+        "--threshold",
+        type=float,
+        default=0.2,
+        help="relative change of a timing that counts, besides A's own range (default 0.2)",
+    )
+    cmp.add_argument(
+        "--alpha",
+        type=float,
+        default=0.05,
+        help="false-alarm rate of the whole comparison (Holm over every comparison; default 0.05)",
+    )
     cmp.add_argument("--out", metavar="FILE", help="also write the Markdown table to FILE")
     cmp.set_defaults(fn=cmd_compare)
 
 
 def _add_fuzz_command(sub: _Subcommands) -> None:
     """``chaosbench fuzz SUITE``: search fault schedules for a recovery bug."""
-    fz = sub.add_parser("fuzz", help="search fault schedules for a recovery bug and shrink it to a reproducer",
-                        description="Draw fault schedules (kills, hangs, kills during a checkpoint save, "
-                                    "stragglers; several per run) with Hypothesis, run each for real, check the "
-                                    "recovery invariants (finishes, fidelity exact, no crash loop, the suite's "
-                                    "SLOs), shrink a failing schedule and write it as a suite YAML. Exit 3 when "
-                                    "one is found.")  # fmt: skip
+    fz = sub.add_parser(
+        "fuzz",
+        help="search fault schedules for a recovery bug and shrink it to a reproducer",
+        description="Draw fault schedules (kills, hangs, kills during a checkpoint save, "
+        "stragglers; several per run) with Hypothesis, run each for real, check the "
+        "recovery invariants (finishes, fidelity exact, no crash loop, the suite's "
+        "SLOs), shrink a failing schedule and write it as a suite YAML. Exit 3 when "
+        "one is found.",
+    )
     fz.add_argument("suite", help="suite whose workload, framework and SLOs to use")
     fz.add_argument("--framework", help="framework label of the suite (default: the first in its matrix)")
     fz.add_argument("--examples", type=int, default=10, help="generated examples (default 10)")
-    fz.add_argument("--max-runs", type=int, default=30, help="real runs at most, shrinking included (default 30)")
+    fz.add_argument(
+        "--max-runs", type=int, default=30, help="real runs at most, shrinking included (default 30)"
+    )
     fz.add_argument("--max-faults", type=int, default=2, help="faults per schedule at most (default 2)")
     fz.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
-    fz.add_argument("--kinds", default="kill,hang,torn-write,straggler",
-                    help="fault kinds to draw from, comma-separated (default: kill,hang,torn-write,straggler)")  # fmt: skip
+    fz.add_argument(
+        "--kinds",
+        default="kill,hang,torn-write,straggler",
+        help="fault kinds to draw from, comma-separated (default: kill,hang,torn-write,straggler)",
+    )
     fz.add_argument("--out", default="reports", help="results directory (default: reports)")
     fz.add_argument("--write", metavar="YAML", help="reproducer path (default: OUT/<suite>-repro.yaml)")
     fz.set_defaults(fn=cmd_fuzz)
@@ -465,8 +600,11 @@ def _add_fuzz_command(sub: _Subcommands) -> None:
 
 def _add_baseline_command(sub: _Subcommands) -> None:
     """``chaosbench baseline DIR --to CSV``: save a suite's results as a baseline."""
-    bl = sub.add_parser("baseline", help="save a suite's results as a baseline for later --baseline runs",
-                        description="Save a suite's results as a baseline for later --baseline runs.")
+    bl = sub.add_parser(
+        "baseline",
+        help="save a suite's results as a baseline for later --baseline runs",
+        description="Save a suite's results as a baseline for later --baseline runs.",
+    )
     bl.add_argument("dir", help="a suite results directory, e.g. reports/ci")
     bl.add_argument("--to", required=True, metavar="CSV", help="where to store it, e.g. baselines/ci.csv")
     bl.set_defaults(fn=cmd_baseline)
@@ -474,12 +612,15 @@ def _add_baseline_command(sub: _Subcommands) -> None:
 
 def _add_verify_command(sub: _Subcommands) -> None:
     """``chaosbench verify DIR``: check a suite directory against its manifest."""
-    vf = sub.add_parser("verify", help="check a suite directory against its manifest.json",
-                        description="Check every result file of a suite directory against the sha256 its "
-                                    "manifest.json recorded when the suite ran (timelines, logs, configs, figures: a "
-                                    "change fails; reports and plots are derived: a change is a note), the suite "
-                                    "definition's hash, and that every run of results.csv has its directory. Exit "
-                                    "0 when it holds, 1 otherwise.")  # fmt: skip
+    vf = sub.add_parser(
+        "verify",
+        help="check a suite directory against its manifest.json",
+        description="Check every result file of a suite directory against the sha256 its "
+        "manifest.json recorded when the suite ran (timelines, logs, configs, figures: a "
+        "change fails; reports and plots are derived: a change is a note), the suite "
+        "definition's hash, and that every run of results.csv has its directory. Exit "
+        "0 when it holds, 1 otherwise.",
+    )
     vf.add_argument("dir", help="a suite results directory, e.g. reports/smoke")
     vf.add_argument("--checkpoints", action="store_true", help="also check checkpoint file names and sizes")
     vf.set_defaults(fn=cmd_verify)
@@ -487,22 +628,30 @@ def _add_verify_command(sub: _Subcommands) -> None:
 
 def _add_faults_command(sub: _Subcommands) -> None:
     """``chaosbench faults [SUITE]``: list the injectors and the fault definitions."""
-    f = sub.add_parser("faults", help="list the injectors, their parameters and the fault definitions",
-                       description="List every injector with its parameters, then every fault definition a "
-                                   "suite's `use: NAME` finds, with its file and where it came from: the suite's "
-                                   "own faults/ folders first, then the library shipped with chaosbench.")  # fmt: skip
-    f.add_argument("suite", nargs="?", help="the definitions as this suite sees them (default: a suite in the "
-                                            "current directory)")  # fmt: skip
+    f = sub.add_parser(
+        "faults",
+        help="list the injectors, their parameters and the fault definitions",
+        description="List every injector with its parameters, then every fault definition a "
+        "suite's `use: NAME` finds, with its file and where it came from: the suite's "
+        "own faults/ folders first, then the library shipped with chaosbench.",
+    )
+    f.add_argument(
+        "suite",
+        nargs="?",
+        help="the definitions as this suite sees them (default: a suite in the current directory)",
+    )
     f.set_defaults(fn=cmd_faults)
 
 
 def _add_cleanup_command(sub: _Subcommands) -> None:
     """``chaosbench cleanup [DIR]``: remove what crashed runs left behind."""
-    c = sub.add_parser("cleanup", help="remove what crashed runs left behind (processes, cgroups, mounts, "
-                                                 "containers, networks)",
-                       description="End the recorded processes of runs that never ended (pid and start time "
-                                   "must both match) and remove their cgroups, mounts, containers, networks and "
-                                   "docker output handover directories; nothing else.")  # fmt: skip
+    c = sub.add_parser(
+        "cleanup",
+        help="remove what crashed runs left behind (processes, cgroups, mounts, containers, networks)",
+        description="End the recorded processes of runs that never ended (pid and start time "
+        "must both match) and remove their cgroups, mounts, containers, networks and "
+        "docker output handover directories; nothing else.",
+    )
     c.add_argument("dir", nargs="?", default="reports", help="results directory (default: reports)")
     c.add_argument("--dry-run", action="store_true", help="only print what would be done")
     c.set_defaults(fn=cmd_cleanup)
@@ -510,34 +659,51 @@ def _add_cleanup_command(sub: _Subcommands) -> None:
 
 def _add_schema_command(sub: _Subcommands) -> None:
     """``chaosbench schema``: the JSON schema of suite files (or of a timeline line)."""
-    sch = sub.add_parser("schema", help="the JSON schema of suite files (for editors)",
-                         description="Print (or write) the JSON schema of a suite file, generated from the typed "
-                                     "models; suites/suite.schema.json is this, kept fresh by a test.")  # fmt: skip
+    sch = sub.add_parser(
+        "schema",
+        help="the JSON schema of suite files (for editors)",
+        description="Print (or write) the JSON schema of a suite file, generated from the typed "
+        "models; suites/suite.schema.json is this, kept fresh by a test.",
+    )
     sch.add_argument("--out", metavar="FILE", help="write it to FILE instead of standard output")
-    sch.add_argument("--events", action="store_true",
-                     help="the JSON schema of a timeline line (events.jsonl: one model per event kind) instead")  # fmt: skip
+    sch.add_argument(
+        "--events",
+        action="store_true",
+        help="the JSON schema of a timeline line (events.jsonl: one model per event kind) instead",
+    )
     sch.set_defaults(fn=cmd_schema)
 
 
 def _add_init_command(sub: _Subcommands) -> None:
     """``chaosbench init [DIR]``: write a starter suite and a CI job."""
-    ini = sub.add_parser("init", help="write a starter suite and a CI job into a repository",
-                         description="Write chaos/ci.yaml (a starter recovery suite using the fault library "
-                                     "shipped with chaosbench) and .github/workflows/chaos.yml (a CI job running "
-                                     "it) under DIR; an existing file is refused, nothing is overwritten.")  # fmt: skip
-    ini.add_argument("dir", nargs="?", default=".", help="the repository's root (default: the current directory)")
+    ini = sub.add_parser(
+        "init",
+        help="write a starter suite and a CI job into a repository",
+        description="Write chaos/ci.yaml (a starter recovery suite using the fault library "
+        "shipped with chaosbench) and .github/workflows/chaos.yml (a CI job running "
+        "it) under DIR; an existing file is refused, nothing is overwritten.",
+    )
+    ini.add_argument(
+        "dir", nargs="?", default=".", help="the repository's root (default: the current directory)"
+    )
     ini.set_defaults(fn=cmd_init)
 
 
 def _add_image_command(sub: _Subcommands) -> None:
     """``chaosbench image build``: the docker runtime's default node image."""
-    img = sub.add_parser("image", help="the docker runtime's default node image",
-                         description="The docker runtime's default node image.")
+    img = sub.add_parser(
+        "image",
+        help="the docker runtime's default node image",
+        description="The docker runtime's default node image.",
+    )
     isub = img.add_subparsers(dest="image_cmd", required=True)
-    b = isub.add_parser("build", help="build the default node image from local files (no registry needed)",
-                        description="Import the docker runtime's default node image (an empty layer; the host's "
-                                    "Python, torch and chaosbench are mounted read-only at run time) unless it "
-                                    "exists, and print its tag.")  # fmt: skip
+    b = isub.add_parser(
+        "build",
+        help="build the default node image from local files (no registry needed)",
+        description="Import the docker runtime's default node image (an empty layer; the host's "
+        "Python, torch and chaosbench are mounted read-only at run time) unless it "
+        "exists, and print its tag.",
+    )
     b.add_argument("--force", action="store_true", help="import it again even if it exists")
     b.set_defaults(fn=cmd_image)
 

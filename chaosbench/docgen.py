@@ -79,7 +79,9 @@ def events_table() -> str:
     for (name, desc), n in uses.items():
         if n >= 3 and name not in COMMON_FIELDS:
             shared.setdefault(name, []).append(desc)
-    common = "; ".join(f"`{n}` {type_name(f.annotation)}: {f.description}" for n, f in EventModel.model_fields.items())
+    common = "; ".join(
+        f"`{n}` {type_name(f.annotation)}: {f.description}" for n, f in EventModel.model_fields.items()
+    )
     glossary = "; ".join(f"`{n}`: {' / '.join(ds)}" for n, ds in shared.items())
     lines = [
         f"Every event has {common}. The fields of each kind follow (**bold**: always there; the others may be "
@@ -115,7 +117,6 @@ def _metric_region(name: str) -> Callable[[], str]:
     return lambda: metrics_table(name)
 
 
-
 # ------------------------------------------------------------------------------------------ plugin references
 def _value(value: Any) -> str:
     """A default as a suite's YAML would write it: ``true``, ``null``, ``"block"``, ``[]``."""
@@ -136,7 +137,9 @@ def _field_rows(model: Any) -> list[str]:
         else:
             value = f.default_factory() if f.default_factory is not None else f.default
             default = f"`{_value(value)}`"
-        rows.append(f"| `{name}` | {type_name(f.annotation)} | {_cell(default)} | {_cell(f.description or '')} |")
+        rows.append(
+            f"| `{name}` | {type_name(f.annotation)} | {_cell(default)} | {_cell(f.description or '')} |"
+        )
     return rows
 
 
@@ -177,7 +180,11 @@ def injectors_reference() -> str:
             lines += ["- " + "; ".join(facts), ""]
         fields = cls.Params.model_fields
         if fields:
-            lines += ["| parameter | type | default | meaning |", "| --- | --- | --- | --- |", *_field_rows(cls.Params)]
+            lines += [
+                "| parameter | type | default | meaning |",
+                "| --- | --- | --- | --- |",
+                *_field_rows(cls.Params),
+            ]
         else:
             lines.append("No parameters.")
         lines.append("")
@@ -204,8 +211,10 @@ def _timeouts_line(cls: Any) -> str:
     try:
         timeouts = cls("doc", cls.Options()).timeouts(_DocJob())
     except Exception as e:  # an adapter that reads the runtime (the scheduler's settings) when a run starts
-        return (f"Timeouts in force: not listed here (`timeouts` needs a started run: {type(e).__name__}); each "
-                "run records them in its `framework_info` event.")
+        return (
+            f"Timeouts in force: not listed here (`timeouts` needs a started run: {type(e).__name__}); each "
+            "run records them in its `framework_info` event."
+        )
     shown = ", ".join(f"`{k}` = {v if isinstance(v, str) else f'`{_value(v)}`'}" for k, v in timeouts.items())
     return f"Timeouts in force with the default options (recorded in every run's `framework_info` event): {shown}."
 
@@ -224,10 +233,18 @@ def frameworks_reference() -> str:
         cls = FRAMEWORKS.get(name)
         lines += [f"### `{name}`", "", _summary(cls), ""]
         roles = ", ".join(f"`{r}` ({role.description})" for r, role in cls.roles.items())
-        lines += [f"- Roles a fault can target: {roles or 'none'}", f"- Heals from a live peer: {'yes' if cls.heals else 'no'}",
-                  f"- {_timeouts_line(cls)}", ""]
+        lines += [
+            f"- Roles a fault can target: {roles or 'none'}",
+            f"- Heals from a live peer: {'yes' if cls.heals else 'no'}",
+            f"- {_timeouts_line(cls)}",
+            "",
+        ]
         if cls.Options.model_fields:
-            lines += ["| option | type | default | meaning |", "| --- | --- | --- | --- |", *_field_rows(cls.Options)]
+            lines += [
+                "| option | type | default | meaning |",
+                "| --- | --- | --- | --- |",
+                *_field_rows(cls.Options),
+            ]
         lines.append("")
     return "\n".join(lines).rstrip()
 
@@ -241,7 +258,7 @@ def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def _cli_commands(parser: argparse.ArgumentParser, prog: str, lines: list[str]) -> None:
     """Append a section per subcommand of ``parser`` (and of theirs: ``image build``) to ``lines``."""
     sub = next((a for a in _actions(parser) if isinstance(a.choices, dict)), None)  # its subcommands
-    for name, command in (sub.choices.items() if sub else []):  # type: ignore[union-attr]
+    for name, command in sub.choices.items() if sub else []:  # type: ignore[union-attr]
         lines += [f"### `{prog} {name}`", "", " ".join((command.description or "").split()), ""]
         rows = []
         for a in _actions(command):
@@ -351,8 +368,11 @@ def pages() -> list[Path]:
 def missing_regions() -> list[str]:
     """``NAME: PAGE`` for each region of :data:`PAGES` its page lacks (a region deleted by hand would otherwise
     leave the page unchecked)."""
-    return [f"{name}: {page}" for name, page in PAGES.items()
-            if not page.exists() or name not in regions(page.read_text())]  # fmt: skip
+    return [
+        f"{name}: {page}"
+        for name, page in PAGES.items()
+        if not page.exists() or name not in regions(page.read_text())
+    ]
 
 
 def stale(kinds_py: Path = KINDS_PY) -> list[Path]:
@@ -366,8 +386,12 @@ def stale(kinds_py: Path = KINDS_PY) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m chaosbench.docgen", description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--write", action="store_true", help="rewrite the docs pages' generated regions and kinds.py")
-    g.add_argument("--check", action="store_true", help="exit 1 when a docs page or kinds.py is not up to date")
+    g.add_argument(
+        "--write", action="store_true", help="rewrite the docs pages' generated regions and kinds.py"
+    )
+    g.add_argument(
+        "--check", action="store_true", help="exit 1 when a docs page or kinds.py is not up to date"
+    )
     args = ap.parse_args(argv)
     lacking = missing_regions()
     for m in lacking:

@@ -38,8 +38,9 @@ class SpecError(ChaosbenchError):
     about (``fault 'kill-rank1'``, ``framework 'ft'``; None when none). The message is
     ``file:line: obj: problem``, each part present when known."""
 
-    def __init__(self, problem: str, *, file: str | None = None, line: int | None = None,
-                 obj: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, problem: str, *, file: str | None = None, line: int | None = None, obj: str | None = None
+    ) -> None:
         self.problem = problem
         self.file = file
         self.line = line
@@ -55,8 +56,9 @@ class PluginError(ChaosbenchError):
     built-in, a class registered at run time), None when it is not about a plugin's code. ``message``: the one
     line shown, when the caller words it (default: ``kind 'name' (source): problem``)."""
 
-    def __init__(self, kind: str, name: str, problem: str, *, source: str | None = None,
-                 message: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, kind: str, name: str, problem: str, *, source: str | None = None, message: str | None = None
+    ) -> None:
         self.kind = kind
         self.name = name
         self.problem = problem
@@ -72,7 +74,9 @@ class UnknownPlugin(PluginError):
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         self.known = list(known)
-        super().__init__(kind, name, "unknown", message=f"unknown {kind} '{name}' (known: {', '.join(self.known)})")
+        super().__init__(
+            kind, name, "unknown", message=f"unknown {kind} '{name}' (known: {', '.join(self.known)})"
+        )
 
 
 class Unsupported(ChaosbenchError):
@@ -120,8 +124,15 @@ class InvalidEvent(ChaosbenchError):
     (None on the write side); ``kind``: the event's kind as written; ``field``: the field at fault (None for the
     event as a whole); ``problem``: what is wrong, in words."""
 
-    def __init__(self, kind: str, problem: str, *, path: str | None = None, line: int | None = None,
-                 field: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kind: str,
+        problem: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
         self.kind = kind
         self.problem = problem
         self.path = path

@@ -22,7 +22,9 @@ class FaultController:
     run's :class:`~chaosbench.timeline.TimelineFollower`; call :meth:`close` at the end of the run (also on
     interruption) to cancel pending firings and revert every firing still in force."""
 
-    def __init__(self, fault_name: str, spec: FaultSpec, injector: Injector, setup: RunSetup, rng_seed: int) -> None:
+    def __init__(
+        self, fault_name: str, spec: FaultSpec, injector: Injector, setup: RunSetup, rng_seed: int
+    ) -> None:
         if spec.trigger is None:
             raise ChaosbenchError(f"fault '{fault_name}' has no trigger")
         self.fault_name = fault_name
@@ -98,7 +100,9 @@ class FaultController:
                         self._fired_keys.add(key)
                         self._schedule(f"step {step} completed", step)
                 elif trig.every_steps is not None and step // trig.every_steps > before // trig.every_steps:
-                    passed = step // trig.every_steps * trig.every_steps  # the newest multiple the job got past
+                    passed = (
+                        step // trig.every_steps * trig.every_steps
+                    )  # the newest multiple the job got past
                     if ("step", passed) not in self._fired_keys:
                         self._fired_keys.add(("step", passed))
                         self._schedule(f"step {step} completed (every {trig.every_steps})", step)
@@ -125,7 +129,9 @@ class FaultController:
         if ev.kind == "fault_inject" and ev.get("fault") != self.fault_name:
             self._recovering = True
         elif self._recovering and ev.kind in RECOVERY_PHASES[phase]:
-            what = f"{phase} phase ({ev.kind}" + (f" of rank {ev.get('rank')})" if ev.get("rank") is not None else ")")
+            what = f"{phase} phase ({ev.kind}" + (
+                f" of rank {ev.get('rank')})" if ev.get("rank") is not None else ")"
+            )
             self._schedule(what)
 
     def _matches(self, ev: Event) -> bool:
@@ -133,8 +139,10 @@ class FaultController:
         assert m is not None
         if ev.kind != m.kind:
             return False
-        return all(v is None or ev.get(k) == v for k, v in (("step", m.step), ("rank", m.rank),
-                                                           ("incarnation", m.incarnation)))  # fmt: skip
+        return all(
+            v is None or ev.get(k) == v
+            for k, v in (("step", m.step), ("rank", m.rank), ("incarnation", m.incarnation))
+        )
 
     def _schedule(self, why: str, step: int | None = None) -> None:
         self.fires += 1
@@ -228,30 +236,52 @@ class FaultController:
                     return
                 self.fires += 1
             index = len(self._active) + sum(1 for e in self._events if e.kind == "fault_skipped")
-            base: dict[str, Any] = {"fault": self.fault_name, "injector": self.injector.name, "trigger": why,
-                                    "index": index}  # fmt: skip
+            base: dict[str, Any] = {
+                "fault": self.fault_name,
+                "injector": self.injector.name,
+                "trigger": why,
+                "index": index,
+            }
             try:
                 targets = self._resolve()
-                ctx = FaultContext(self.runtime, self.timeline, targets, self.rng, self.setup,
-                                   events=list(self._events), index=index)  # fmt: skip
+                ctx = FaultContext(
+                    self.runtime,
+                    self.timeline,
+                    targets,
+                    self.rng,
+                    self.setup,
+                    events=list(self._events),
+                    index=index,
+                )
                 t_ns = now_ns()
                 details = dict(self.injector.inject(ctx))
                 returned_ns = now_ns()
             except (ChaosbenchError, ProcessLookupError, OSError) as exc:
-                self.timeline.emit("fault_skipped", src="injector", reason=str(exc) or type(exc).__name__, **base)
+                self.timeline.emit(
+                    "fault_skipped", src="injector", reason=str(exc) or type(exc).__name__, **base
+                )
                 return
             self._active.append(ctx)
             # When the fault took effect: the injector's own stamp where it has one (a signal delivered on a
             # remote node), else the moment its action returned (the action was synchronous: done by then).
             effect_ns = details.pop("effect_t_ns", None)
-            effect = details.pop("effect", None) if effect_ns is not None else "the injector's action returned"
+            effect = (
+                details.pop("effect", None) if effect_ns is not None else "the injector's action returned"
+            )
             self.timeline.emit(
-                "fault_inject", t_ns=t_ns, src="injector", target=[t.to_dict() for t in targets],
-                params=self.injector.params.model_dump(), details=details,
-                effect_t_ns=int(effect_ns) if effect_ns is not None else returned_ns, effect=effect,
+                "fault_inject",
+                t_ns=t_ns,
+                src="injector",
+                target=[t.to_dict() for t in targets],
+                params=self.injector.params.model_dump(),
+                details=details,
+                effect_t_ns=int(effect_ns) if effect_ns is not None else returned_ns,
+                effect=effect,
                 injection_latency_s=((int(effect_ns) if effect_ns is not None else returned_ns) - t_ns) / 1e9,
-                trigger_step=trigger_step, **self.injector.declared(), **base,
-            )  # fmt: skip
+                trigger_step=trigger_step,
+                **self.injector.declared(),
+                **base,
+            )
             if self.injector.duration_s is not None:
                 t = threading.Timer(self.injector.duration_s, self._revert, args=(ctx, "duration elapsed"))
                 t.daemon = True
@@ -263,8 +293,12 @@ class FaultController:
             if ctx not in self._active:
                 return
             self._active.remove(ctx)
-            base: dict[str, Any] = {"fault": self.fault_name, "injector": self.injector.name, "index": ctx.index,
-                                    "reason": reason}  # fmt: skip
+            base: dict[str, Any] = {
+                "fault": self.fault_name,
+                "injector": self.injector.name,
+                "index": ctx.index,
+                "reason": reason,
+            }
             try:
                 undone = self.injector.revert(ctx)
             except Exception as exc:  # noqa: BLE001 - report and keep the harness alive
@@ -287,5 +321,11 @@ class FaultController:
 
 def _target_of(ev: Event, rank: int | None, role: str | None = None) -> ResolvedTarget:
     """The target a process's start event (``rank_start``, ``proc_start``, ``helper_start``) identifies."""
-    return ResolvedTarget(rank, int(ev["pid"]), ev.get("pid_ticks"), str(ev.get("node", "node0")),
-                          int(ev.get("incarnation", 0)), role=role)
+    return ResolvedTarget(
+        rank,
+        int(ev["pid"]),
+        ev.get("pid_ticks"),
+        str(ev.get("node", "node0")),
+        int(ev.get("incarnation", 0)),
+        role=role,
+    )

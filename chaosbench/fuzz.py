@@ -60,24 +60,41 @@ def schedule_strategy(
     step = st.integers(2, max(2, steps - 2))
     kill = st.builds(lambda r, s: {"injector": "kill", "target": r, "trigger": {"at_step": s}}, rank, step)
     hang = st.builds(
-        lambda r, s, d: {"injector": "hang", "target": r, "trigger": {"at_step": s}, "params": {"duration_s": d}},
-        rank, step, st.sampled_from([0.5, 1.0, 2.0]),
-    )  # fmt: skip
+        lambda r, s, d: {
+            "injector": "hang",
+            "target": r,
+            "trigger": {"at_step": s},
+            "params": {"duration_s": d},
+        },
+        rank,
+        step,
+        st.sampled_from([0.5, 1.0, 2.0]),
+    )
     options = {"kill": kill, "hang": hang}
     if ckpt_every and steps > ckpt_every:
         save_steps = list(range(ckpt_every, steps, ckpt_every))
         torn = st.builds(
-            lambda r, s, at: {"injector": "corrupt-checkpoint", "target": r,
-                              "params": {"mode": "torn-write", "torn_at": at},
-                              "trigger": {"on_event": {"kind": "ckpt_save_begin", "step": s}}},
-            rank, st.sampled_from(save_steps), st.sampled_from(["shard-write", "begin"]),
-        )  # fmt: skip
+            lambda r, s, at: {
+                "injector": "corrupt-checkpoint",
+                "target": r,
+                "params": {"mode": "torn-write", "torn_at": at},
+                "trigger": {"on_event": {"kind": "ckpt_save_begin", "step": s}},
+            },
+            rank,
+            st.sampled_from(save_steps),
+            st.sampled_from(["shard-write", "begin"]),
+        )
         options["torn-write"] = torn
     slow = st.builds(
-        lambda r, s: {"injector": "straggler", "target": r, "trigger": {"at_step": s},
-                      "params": {"cpu_fraction": 0.2, "duration_s": 1.0}},
-        rank, step,
-    )  # fmt: skip
+        lambda r, s: {
+            "injector": "straggler",
+            "target": r,
+            "trigger": {"at_step": s},
+            "params": {"cpu_fraction": 0.2, "duration_s": 1.0},
+        },
+        rank,
+        step,
+    )
     options["straggler"] = slow
     unknown = [k for k in kinds if k not in options]
     if unknown:
@@ -105,7 +122,12 @@ class Fuzzer:
         self.suite = suite
         self.framework = framework
         self.runner = Runner(suite.model_copy(update={"name": f"{suite.name}-fuzz"}), out_dir)
-        self.max_examples, self.max_runs, self.max_faults, self.seed = max_examples, max_runs, max_faults, seed
+        self.max_examples, self.max_runs, self.max_faults, self.seed = (
+            max_examples,
+            max_runs,
+            max_faults,
+            seed,
+        )
         self.kinds = tuple(kinds)
         self.progress = progress or (lambda s: None)
         self._memo: dict[str, tuple[list[str], str]] = {}
@@ -113,8 +135,11 @@ class Fuzzer:
         self.runs = 0
 
     def _base(self) -> Scenario:
-        control = next(s for s in self.suite.scenarios() if s.framework_label == self.framework and s.control) \
-            if self.suite.control else None  # fmt: skip
+        control = (
+            next(s for s in self.suite.scenarios() if s.framework_label == self.framework and s.control)
+            if self.suite.control
+            else None
+        )
         if control is not None:
             return control
         return self.suite.scenario(self.framework, [], 0)
@@ -124,8 +149,13 @@ class Fuzzer:
         ``chaosbench run`` computes them (against the control's timeline once there is one)."""
         base = self._base()
         name = "+".join(n for n, _ in faults) if faults else None
-        sc = replace(base, fault_name=name and tag, fault=faults[0][1] if faults else None, faults=tuple(faults),
-                     slos=dict(self.suite.slos))  # fmt: skip
+        sc = replace(
+            base,
+            fault_name=name and tag,
+            fault=faults[0][1] if faults else None,
+            faults=tuple(faults),
+            slos=dict(self.suite.slos),
+        )
         rec = self.runner.run_one(sc)
         self.runs += 1
         control = RunDir.of(self.runner.suite_dir, base) if self._control is not None else None
@@ -153,8 +183,10 @@ class Fuzzer:
         m, run_dir = self._run(faults, f"fuzz{self.runs}")
         v = self.violations(m)
         self._memo[key] = (v, run_dir)
-        self.progress(f"[fuzz {self.runs}/{self.max_runs}] {self.describe(schedule)}: "
-                      f"{'VIOLATES ' + '; '.join(v) if v else 'ok'}")  # fmt: skip
+        self.progress(
+            f"[fuzz {self.runs}/{self.max_runs}] {self.describe(schedule)}: "
+            f"{'VIOLATES ' + '; '.join(v) if v else 'ok'}"
+        )
         return v
 
     @staticmethod
@@ -165,7 +197,9 @@ class Fuzzer:
             if "at_step" in trig:
                 when = f"step {trig['at_step']}"
             else:
-                when = f"save of step {trig['on_event']['step']} ({f.get('params', {}).get('torn_at', 'begin')})"
+                when = (
+                    f"save of step {trig['on_event']['step']} ({f.get('params', {}).get('torn_at', 'begin')})"
+                )
             kind = f.get("params", {}).get("mode", f["injector"])
             parts.append(f"{kind} rank {f['target']} at {when}")
         return ", ".join(parts)
@@ -183,13 +217,24 @@ class Fuzzer:
             raise ChaosbenchError(f"fuzz: the fault-free control did not complete ({m.verdict})")
         wl = self.suite.defaults.workload
         opts = wl.options
-        strategy = schedule_strategy(int(opts.get("steps", 60)), int(opts.get("checkpoint_every", 10)), wl.ranks,
-                                     self.max_faults, self.kinds)  # fmt: skip
+        strategy = schedule_strategy(
+            int(opts.get("steps", 60)),
+            int(opts.get("checkpoint_every", 10)),
+            wl.ranks,
+            self.max_faults,
+            self.kinds,
+        )
         failures: list[tuple[list[dict[str, Any]], list[str]]] = []
         examples = {"n": 0}
 
-        @settings(max_examples=self.max_examples, deadline=None, database=None, derandomize=False,
-                  suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])  # fmt: skip
+        @settings(
+            max_examples=self.max_examples,
+            deadline=None,
+            database=None,
+            derandomize=False,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.generate, Phase.shrink],
+        )
         @hseed(self.seed)
         @given(strategy)
         def prop(schedule: list[dict[str, Any]]) -> None:
@@ -222,7 +267,9 @@ class Fuzzer:
             "seed": self.suite.seed,
             "control": True,
             "defaults": self.suite.defaults.model_dump(mode="json"),
-            "frameworks": {self.framework: self.suite.framework_spec(self.framework).model_dump(exclude_none=True)},
+            "frameworks": {
+                self.framework: self.suite.framework_spec(self.framework).model_dump(exclude_none=True)
+            },
             "faults": dict(zip(names, schedule, strict=True)),
             "matrix": {"frameworks": [self.framework], "faults": [names], "repeats": 1},
             "slos": slos,

@@ -89,8 +89,15 @@ class Comparison:
 
         a_rows, b_rows = load_rows(a), load_rows(b)
         looks = recorded_looks(b) if by == "scenario" else {}
-        return cls.between(a_rows, b_rows, by=by, threshold=threshold, alpha=alpha, title=title or f"{b} against {a}",
-                           looks=looks)  # fmt: skip
+        return cls.between(
+            a_rows,
+            b_rows,
+            by=by,
+            threshold=threshold,
+            alpha=alpha,
+            title=title or f"{b} against {a}",
+            looks=looks,
+        )
 
     @classmethod
     def between(
@@ -126,17 +133,28 @@ class Comparison:
     def notes(self) -> list[Difference]:
         """What does not fail but needs saying: the undecided comparisons, and the figures not compared with a
         reason (measured in some baseline runs and in none now)."""
-        return [d for d in self.diffs if not d.regression and d.note
-                and d.status in (Status.UNDECIDED, Status.NOT_COMPARED)]  # fmt: skip
+        return [
+            d
+            for d in self.diffs
+            if not d.regression and d.note and d.status in (Status.UNDECIDED, Status.NOT_COMPARED)
+        ]
 
     def verdict(self) -> str:
         """One line: regressions, undecidable comparisons and the family they were corrected over."""
         spent = {v for v in self.looks.values() if v > 1}
-        looks = "" if not spent else (f"; {len(self.looks)} scenarios repeated until decided: their p x their "
-                                      f"looks ({', '.join(str(v) for v in sorted(spent))})")  # fmt: skip
-        return (f"{len(self.regressions)} regressions, {len(self.undecided)} comparisons undecidable with these "
-                f"repeats; Holm over a family of {self.family_size} comparisons at alpha {self.alpha:g} "
-                f"(the whole verdict's false-alarm rate <= {self.alpha:g}){looks}")  # fmt: skip
+        looks = (
+            ""
+            if not spent
+            else (
+                f"; {len(self.looks)} scenarios repeated until decided: their p x their "
+                f"looks ({', '.join(str(v) for v in sorted(spent))})"
+            )
+        )
+        return (
+            f"{len(self.regressions)} regressions, {len(self.undecided)} comparisons undecidable with these "
+            f"repeats; Holm over a family of {self.family_size} comparisons at alpha {self.alpha:g} "
+            f"(the whole verdict's false-alarm rate <= {self.alpha:g}){looks}"
+        )
 
     def markdown(self) -> str:
         pre = [self.verdict()]
@@ -154,10 +172,18 @@ class Comparison:
                 continue
             case = ET.Element("testcase", classname=f"{suite}.baseline.{d.key}", name=d.metric, time="0")
             props = ET.SubElement(case, "properties")
-            values = {"finding": d.status.value, "baseline": _text(d.a_count, d.n_a, d.a_median, d.kind),
-                      "now": _text(d.b_count, d.n_b, d.b_median, d.kind), "change": _num(d.change),
-                      "p": _num(d.p_worse), "p_holm": _num(d.p_holm), "family": str(self.family_size),
-                      "alpha": f"{self.alpha:g}", "baseline_noise": _num(d.noise), "repeats": f"{d.n_a} vs {d.n_b}"}  # fmt: skip
+            values = {
+                "finding": d.status.value,
+                "baseline": _text(d.a_count, d.n_a, d.a_median, d.kind),
+                "now": _text(d.b_count, d.n_b, d.b_median, d.kind),
+                "change": _num(d.change),
+                "p": _num(d.p_worse),
+                "p_holm": _num(d.p_holm),
+                "family": str(self.family_size),
+                "alpha": f"{self.alpha:g}",
+                "baseline_noise": _num(d.noise),
+                "repeats": f"{d.n_a} vs {d.n_b}",
+            }
             for name, value in values.items():
                 ET.SubElement(props, "property", name=name, value=value)
             if d.regression:
@@ -231,7 +257,9 @@ class Gate:
         return EXIT_SLO if self.misses else EXIT_OK
 
     # ------------------------------------------------------------------------------------------ CI outputs
-    def write(self, suite_dir: Path, junit: str | Path | None = None, summary: str | Path | None = None) -> None:
+    def write(
+        self, suite_dir: Path, junit: str | Path | None = None, summary: str | Path | None = None
+    ) -> None:
         """``baseline-comparison.md`` (when compared) and ``summary.md`` into ``suite_dir``; the JUnit XML to
         ``junit`` and the summary also to ``summary`` when given."""
         if self.comparison is not None:
@@ -250,13 +278,32 @@ class Gate:
         cases = []
         failures = errs = 0
         for m in self.metrics:
-            case = ET.Element("testcase", classname=f"{self.suite}.{m.scenario}", name=f"repeat {m.repeat}",
-                              time=f"{m.wall_s or 0:.3f}")  # fmt: skip
+            case = ET.Element(
+                "testcase",
+                classname=f"{self.suite}.{m.scenario}",
+                name=f"repeat {m.repeat}",
+                time=f"{m.wall_s or 0:.3f}",
+            )
             props = ET.SubElement(case, "properties")
-            keys = ("outcome", "verdict", "time_to_detect_s", "time_to_resume_s", "lost_steps", "fidelity", "run_dir")
+            keys = (
+                "outcome",
+                "verdict",
+                "time_to_detect_s",
+                "time_to_resume_s",
+                "lost_steps",
+                "fidelity",
+                "run_dir",
+            )
             if m.serving:
-                keys = ("outcome", "verdict", "time_to_detect_s", "time_to_recover_s", "failed_requests",
-                        "error_budget_burn", "run_dir")  # fmt: skip
+                keys = (
+                    "outcome",
+                    "verdict",
+                    "time_to_detect_s",
+                    "time_to_recover_s",
+                    "failed_requests",
+                    "error_budget_burn",
+                    "run_dir",
+                )
             for key in keys:
                 ET.SubElement(props, "property", name=key, value=str(getattr(m, key)))
             err = self.errors.get(str(m.run_dir))
@@ -274,8 +321,14 @@ class Gate:
             extra, failed, skipped = self.comparison.junit_cases(self.suite)
             cases += extra
             failures += failed
-        root = ET.Element("testsuite", name=self.suite, tests=str(len(cases)), failures=str(failures),
-                          errors=str(errs), skipped=str(skipped))  # fmt: skip
+        root = ET.Element(
+            "testsuite",
+            name=self.suite,
+            tests=str(len(cases)),
+            failures=str(failures),
+            errors=str(errs),
+            skipped=str(skipped),
+        )
         root.extend(cases)
         ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
@@ -283,17 +336,24 @@ class Gate:
         """A short Markdown summary for a CI job page: one row per run, SLO misses and regressions."""
         regressions = [d.describe() for d in self.regressions]
         lines = [f"## chaosbench: {self.suite}", ""]
-        lines.append(f"{len(self.metrics)} runs, {len(self.misses)} missed an SLO, {len(regressions)} regressions.")
-        lines += ["", "| run | verdict | detect (s) | resume (s) | lost steps | fidelity | SLOs |",
-                  "| --- | --- | ---: | ---: | ---: | --- | --- |"]  # fmt: skip
+        lines.append(
+            f"{len(self.metrics)} runs, {len(self.misses)} missed an SLO, {len(regressions)} regressions."
+        )
+        lines += [
+            "",
+            "| run | verdict | detect (s) | resume (s) | lost steps | fidelity | SLOs |",
+            "| --- | --- | ---: | ---: | ---: | --- | --- |",
+        ]
 
         def f(v: Any) -> str:
             return "—" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
 
         for m in self.metrics:
             slo = "—" if m.slo_ok is None else ("ok" if m.slo_ok else "MISSED: " + "; ".join(m.slo_failures))
-            lines.append(f"| {m.scenario} #{m.repeat} | {html.escape(m.verdict or '—')} | {f(m.time_to_detect_s)} | "
-                         f"{f(m.time_to_resume_s)} | {f(m.lost_steps)} | {f(m.fidelity)} | {html.escape(slo)} |")  # fmt: skip
+            lines.append(
+                f"| {m.scenario} #{m.repeat} | {html.escape(m.verdict or '—')} | {f(m.time_to_detect_s)} | "
+                f"{f(m.time_to_resume_s)} | {f(m.lost_steps)} | {f(m.fidelity)} | {html.escape(slo)} |"
+            )
         if self.comparison is not None:
             lines += ["", "### Against the baseline", "", self.comparison.verdict()]
             if self.comparison.power is not None:
@@ -304,5 +364,7 @@ class Gate:
             lines += ["", "### Repeated until decided", ""] + [f"- {r}" for r in self.repeats]
         undecided = [d.describe() for d in self.undecided]
         if undecided:
-            lines += ["", "### Undecidable with these repeats (not failed)", ""] + [f"- {r}" for r in undecided]
+            lines += ["", "### Undecidable with these repeats (not failed)", ""] + [
+                f"- {r}" for r in undecided
+            ]
         return "\n".join(lines) + "\n"

@@ -625,8 +625,9 @@ def _manifest_to_check(suite_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def _check_files(result: Verification, manifest: dict[str, Any], suite_dir: Path, hasher: _Hasher,
-                 checkpoints: bool) -> None:  # fmt: skip
+def _check_files(
+    result: Verification, manifest: dict[str, Any], suite_dir: Path, hasher: _Hasher, checkpoints: bool
+) -> None:
     """The listed files against the directory: result files (problems), derived files (notes) and checkpoints
     (problems with ``checkpoints``, else a note on how many are gone)."""
     files = manifest.get("files") or {}

@@ -152,8 +152,15 @@ class Probe:
             **extra,
         )
 
-    def step(self, step: int, loss: float | None = None, duration_s: float | None = None,
-             t_ns: int | None = None, every: int | None = None, **extra: Any) -> None:  # fmt: skip
+    def step(
+        self,
+        step: int,
+        loss: float | None = None,
+        duration_s: float | None = None,
+        t_ns: int | None = None,
+        every: int | None = None,
+        **extra: Any,
+    ) -> None:
         """Step ``step`` (1-based count of completed optimizer steps) has completed (now, or at ``t_ns``).
 
         ``duration_s``: the seconds this step's own compute took (forward, backward, optimizer), measured

@@ -25,8 +25,16 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
 #: The phases of a run, in the order a run with a fault goes through them.
-PHASES = ("starting", "waiting for the fault", "running", "detecting", "recovering", "gave up", "finishing",
-          "tearing down")  # fmt: skip
+PHASES = (
+    "starting",
+    "waiting for the fault",
+    "running",
+    "detecting",
+    "recovering",
+    "gave up",
+    "finishing",
+    "tearing down",
+)
 
 
 def next_phase(phase: str, event: Event, control: bool) -> str:
@@ -117,8 +125,11 @@ class RunWallModel:
         self.controls = {fw: m for (fw, fault), m in self.cells.items() if fault == CONTROL}
         # cells whose timeouts made them wait out their deadline: their walls say nothing of what the fault costs
         # a framework that recovers from it, so they set no extra and no level
-        self._waited = {(r.framework, r.fault) for r, _ in self.finished
-                        if r.deadline_s is not None and r.floor_s >= r.deadline_s}  # fmt: skip
+        self._waited = {
+            (r.framework, r.fault)
+            for r, _ in self.finished
+            if r.deadline_s is not None and r.floor_s >= r.deadline_s
+        }
         faults = {fault for _, fault in self.cells}
         self.extras = {f: x for f in faults if (x := self._extra(f)) is not None}
         frameworks = {fw for fw, _ in self.cells}
@@ -135,15 +146,21 @@ class RunWallModel:
     def _extra(self, fault: str) -> float | None:
         if fault == CONTROL:
             return 0.0
-        extras = [m - self.controls[fw] for (fw, f), m in self.cells.items()
-                  if f == fault and fw in self.controls and (fw, f) not in self._waited]  # fmt: skip
+        extras = [
+            m - self.controls[fw]
+            for (fw, f), m in self.cells.items()
+            if f == fault and fw in self.controls and (fw, f) not in self._waited
+        ]
         return statistics.median(extras) if extras else None
 
     def _level(self, fw: str) -> float | None:
         if fw in self.controls:
             return self.controls[fw]
-        less = [m - x for (f_fw, fault), m in self.cells.items()
-                if f_fw == fw and (x := self.extras.get(fault)) is not None and (f_fw, fault) not in self._waited]  # fmt: skip
+        less = [
+            m - x
+            for (f_fw, fault), m in self.cells.items()
+            if f_fw == fw and (x := self.extras.get(fault)) is not None and (f_fw, fault) not in self._waited
+        ]
         return statistics.median(less) if less else None
 
     def estimate_s(self, run: PlannedRun) -> float | None:
@@ -170,7 +187,9 @@ class RunWallModel:
         if extra is not None and level is not None:
             return max(level + extra, floor_s)
         for same in ((run.framework, None), (None, run.fault)):
-            walls = [s for r, s in self.finished if same[0] in (None, r.framework) and same[1] in (None, r.fault)]
+            walls = [
+                s for r, s in self.finished if same[0] in (None, r.framework) and same[1] in (None, r.fault)
+            ]
             if walls:
                 return max(statistics.median(walls), floor_s)
         scaled = run.bound_s * self._per_bound if self._per_bound is not None else self._mean_s
@@ -191,7 +210,9 @@ class _ReplayClock:
         return self.now
 
 
-def replay_eta(runs: Sequence[tuple[PlannedRun, float]], with_plan: bool = True) -> list[tuple[float | None, float]]:
+def replay_eta(
+    runs: Sequence[tuple[PlannedRun, float]], with_plan: bool = True
+) -> list[tuple[float | None, float]]:
     """The ETA a suite's progress showed right after each of ``runs`` (in the order they ran, each with its wall:
     to the next run's start) finished, replayed on a fake clock, beside the time then in fact left; with
     ``with_plan`` False the estimate without a plan (the mean of the finished runs). The deadlines given to the
@@ -202,8 +223,16 @@ def replay_eta(runs: Sequence[tuple[PlannedRun, float]], with_plan: bool = True)
     """
     clock = _ReplayClock()
     plan = [p for p, _ in runs] if with_plan else None
-    progress = SuiteProgress("replay", len(runs), sum(p.bound_s for p, _ in runs), stream=io.StringIO(), live=False,
-                             clock=clock, header=False, plan=plan)  # fmt: skip
+    progress = SuiteProgress(
+        "replay",
+        len(runs),
+        sum(p.bound_s for p, _ in runs),
+        stream=io.StringIO(),
+        live=False,
+        clock=clock,
+        header=False,
+        plan=plan,
+    )
     total_s = sum(w for _, w in runs)
     out: list[tuple[float | None, float]] = []
     done_s = 0.0
@@ -238,9 +267,18 @@ class SuiteProgress:
     :meth:`on_event` never raises, and a stream that cannot be written to loses the line, never fails the suite.
     """
 
-    def __init__(self, suite: str, total_runs: int, bound_s: float | None, stream: TextIO = sys.stderr,
-                 live: bool | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 header: bool = True, plan: Sequence[PlannedRun] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        suite: str,
+        total_runs: int,
+        bound_s: float | None,
+        stream: TextIO = sys.stderr,
+        live: bool | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        header: bool = True,
+        plan: Sequence[PlannedRun] | None = None,
+    ) -> None:
         self.suite = suite
         self.total_runs = total_runs
         self.bound_s = bound_s
@@ -316,7 +354,9 @@ class SuiteProgress:
     def run_finished(self, label: str, summary: str, elapsed_s: float) -> None:
         """The current run ended after ``elapsed_s`` (measured by the caller): its summary line, with the ETA."""
         with self._lock:
-            index = self._indices.pop(label, self._current.index if self._current is not None else self._last_index)
+            index = self._indices.pop(
+                label, self._current.index if self._current is not None else self._last_index
+            )
             self._current = None
             self._done += 1
             self._walls_s.append(elapsed_s)
@@ -437,9 +477,15 @@ class SuiteProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         console = Console(file=self.stream, force_terminal=True)
-        self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), TextColumn("{task.fields[eta]}", markup=False),
-                             console=console, get_time=self._clock)  # fmt: skip
+        self._bar = Progress(
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[eta]}", markup=False),
+            console=console,
+            get_time=self._clock,
+        )
         self._task = self._bar.add_task(self.suite, total=self.total_runs, eta="")
         # other writers to stdout and stderr go above the bar while it is live, not through it
         self._live = Live(console=console, transient=True, refresh_per_second=4, get_renderable=self._render)
@@ -461,9 +507,14 @@ class SuiteProgress:
         assert self._bar is not None
         with self._lock:
             run, now = self._current, self._clock()
-            line = "" if run is None else (
-                f"{run.label}: {run.phase}, step {run.step if run.step is not None else '-'}, "
-                f"{now - run.started:.0f} s / {run.deadline_s:.0f} s")  # fmt: skip
+            line = (
+                ""
+                if run is None
+                else (
+                    f"{run.label}: {run.phase}, step {run.step if run.step is not None else '-'}, "
+                    f"{now - run.started:.0f} s / {run.deadline_s:.0f} s"
+                )
+            )
         return Group(self._bar, Text(line, no_wrap=True, overflow="ellipsis"))
 
 

@@ -25,18 +25,39 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("chaosbench", "chaosbench recovery tests")
-    g.addoption("--chaos-suite", action="append", default=[], metavar="YAML",
-                help="collect every run of this chaosbench suite as a test item (repeatable)")  # fmt: skip
+    g.addoption(
+        "--chaos-suite",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="collect every run of this chaosbench suite as a test item (repeatable)",
+    )
     g.addoption("--chaos-out", default="reports", metavar="DIR", help="results directory (default: reports)")
-    g.addoption("--chaos-yes", action="store_true", default=False,
-                help="collect a suite above the limits (as chaosbench run --yes: 10,000 runs, 24 h, 4,096 ranks, "
-                     "1,024 nodes or 1,000,000 steps a run)")  # fmt: skip
-    g.addoption("--chaos-baseline", default=None, metavar="CSV|DIR",
-                help="also fail on regressions against this result set")  # fmt: skip
-    g.addoption("--chaos-threshold", type=float, default=0.2,
-                help="relative change of a timing that counts, besides twice the baseline's interquartile range (default 0.2)")
-    g.addoption("--chaos-alpha", type=float, default=0.05,
-                help="false-alarm rate of the whole baseline verdict (Holm over every comparison; default 0.05)")
+    g.addoption(
+        "--chaos-yes",
+        action="store_true",
+        default=False,
+        help="collect a suite above the limits (as chaosbench run --yes: 10,000 runs, 24 h, 4,096 ranks, "
+        "1,024 nodes or 1,000,000 steps a run)",
+    )
+    g.addoption(
+        "--chaos-baseline",
+        default=None,
+        metavar="CSV|DIR",
+        help="also fail on regressions against this result set",
+    )
+    g.addoption(
+        "--chaos-threshold",
+        type=float,
+        default=0.2,
+        help="relative change of a timing that counts, besides twice the baseline's interquartile range (default 0.2)",
+    )
+    g.addoption(
+        "--chaos-alpha",
+        type=float,
+        default=0.05,
+        help="false-alarm rate of the whole baseline verdict (Holm over every comparison; default 0.05)",
+    )
 
 
 class ChaosFailure(AssertionError):
@@ -52,8 +73,11 @@ class _SuiteState:
         self.suite = load_suite(path)
         over = suite_limits(self.suite)[2]
         if over and not yes:  # the guard of chaosbench run, before a run or an item is built
-            raise SpecError(f"suite '{self.suite.name}' is too large: {'; '.join(over)}; pass --chaos-yes "
-                            "to collect it anyway", file=str(path))  # fmt: skip
+            raise SpecError(
+                f"suite '{self.suite.name}' is too large: {'; '.join(over)}; pass --chaos-yes "
+                "to collect it anyway",
+                file=str(path),
+            )
         self.runner = Runner(self.suite, out)
         self.prepared = False
 
@@ -61,7 +85,9 @@ class _SuiteState:
         if not self.prepared:
             self.runner.prepare()
             self.prepared = True
-        if self.runner.halted is not None:  # an earlier run may have left something this one would collide with
+        if (
+            self.runner.halted is not None
+        ):  # an earlier run may have left something this one would collide with
             raise ChaosFailure(f"not run: {self.runner.halted.describe()}")
         rec = self.runner.run_one(scenario)
         return rec, self.runner.finish(rec)
@@ -82,7 +108,8 @@ class ChaosItem(pytest.Item):
             raise ChaosFailure(f"harness error: {rec.result.reason} (run directory: {rec.run_dir})")
         if code != EXIT_OK:
             raise ChaosFailure(
-                f"{self.scenario.id} #{self.scenario.repeat}: " + "; ".join(missed_slos(m))
+                f"{self.scenario.id} #{self.scenario.repeat}: "
+                + "; ".join(missed_slos(m))
                 + f"\n  verdict: {m.verdict}\n  run directory: {rec.run_dir}"
             )
 
@@ -96,15 +123,18 @@ class ChaosItem(pytest.Item):
 
 
 class BaselineItem(pytest.Item):
-    def __init__(self, *, state: _SuiteState, baseline: str, threshold: float, alpha: float, **kw: Any) -> None:
+    def __init__(
+        self, *, state: _SuiteState, baseline: str, threshold: float, alpha: float, **kw: Any
+    ) -> None:
         super().__init__(**kw)
         self.state, self.baseline, self.threshold, self.alpha = state, baseline, threshold, alpha
 
     def runtest(self) -> None:
         from chaosbench.gate import Comparison
 
-        comparison = Comparison.of(self.baseline, self.state.runner.suite_dir, threshold=self.threshold,
-                                   alpha=self.alpha)  # fmt: skip
+        comparison = Comparison.of(
+            self.baseline, self.state.runner.suite_dir, threshold=self.threshold, alpha=self.alpha
+        )
         bad = [d.describe() for d in comparison.regressions]
         if bad:
             raise ChaosFailure("regressions against " + self.baseline + ":\n  " + "\n  ".join(bad))
@@ -118,7 +148,9 @@ class BaselineItem(pytest.Item):
         return Path(self.state.suite.source), 0, "chaos: baseline comparison"
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
     suites = config.getoption("--chaos-suite")
     if not suites:
         return
@@ -130,13 +162,23 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         except ChaosbenchError as exc:
             raise pytest.UsageError(str(exc)) from None
         for sc in state.suite.scenarios():
-            items.append(ChaosItem.from_parent(session, name=f"{state.suite.name}::{sc.id}#{sc.repeat}",
-                                               state=state, scenario=sc))  # fmt: skip
+            items.append(
+                ChaosItem.from_parent(
+                    session, name=f"{state.suite.name}::{sc.id}#{sc.repeat}", state=state, scenario=sc
+                )
+            )
         baseline = config.getoption("--chaos-baseline")
         if baseline:
-            items.append(BaselineItem.from_parent(session, name=f"{state.suite.name}::baseline", state=state,
-                                                  baseline=baseline, threshold=config.getoption("--chaos-threshold"),
-                                                  alpha=config.getoption("--chaos-alpha")))  # fmt: skip
+            items.append(
+                BaselineItem.from_parent(
+                    session,
+                    name=f"{state.suite.name}::baseline",
+                    state=state,
+                    baseline=baseline,
+                    threshold=config.getoption("--chaos-threshold"),
+                    alpha=config.getoption("--chaos-alpha"),
+                )
+            )
 
 
 @pytest.fixture
@@ -150,7 +192,9 @@ def chaos_run(tmp_path: Path) -> Iterator[Callable[..., dict[str, Any]]]:
         from chaosbench.runner import Runner
         from chaosbench.specs import load_suite, load_yaml_text, suite_from_data
 
-        if isinstance(suite, Path) or (isinstance(suite, str) and "\n" not in suite and suite.endswith(".yaml")):
+        if isinstance(suite, Path) or (
+            isinstance(suite, str) and "\n" not in suite and suite.endswith(".yaml")
+        ):
             spec = load_suite(suite)
         else:
             data, smap = load_yaml_text(textwrap.dedent(str(suite)), "<chaos_run>")

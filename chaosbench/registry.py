@@ -77,8 +77,12 @@ class Registry(Generic[T]):
         self._aliases: dict[str, str] = dict(aliases or {})
         for alias, name in self._aliases.items():
             if name not in self._refs or alias in self._refs:
-                raise PluginError(kind, alias, f"an alias of '{name}', which is not a {kind} of its own",
-                                  message=f"{kind} alias '{alias}': '{name}' is not a {kind} of its own")  # fmt: skip
+                raise PluginError(
+                    kind,
+                    alias,
+                    f"an alias of '{name}', which is not a {kind} of its own",
+                    message=f"{kind} alias '{alias}': '{name}' is not a {kind} of its own",
+                )
         self._loaded: dict[str, type[T]] = {}
         self._eps_merged = False
 
@@ -89,11 +93,13 @@ class Registry(Generic[T]):
         for ep in entry_points(group=self.group):
             if ep.name in self._refs or ep.name in self._aliases:
                 raise PluginError(
-                    self.kind, ep.name, f"clashes with an existing {self.kind} of that name",
+                    self.kind,
+                    ep.name,
+                    f"clashes with an existing {self.kind} of that name",
                     source=self._source(ep),
                     message=f"{self.kind} plugin '{ep.name}' from entry point {ep.value} clashes with an existing "
                     f"{self.kind} of that name",
-                )  # fmt: skip
+                )
             self._refs[ep.name] = ep
 
     def _source(self, ref: str | type | EntryPoint) -> str:
@@ -141,7 +147,9 @@ class Registry(Generic[T]):
             raise refuse(f"its {self._model} ({_described(model)}) is not a pydantic model")
         argument = model_argument(plugin, base)
         if argument is not None and not (isinstance(argument, type) and issubclass(model, argument)):
-            raise refuse(f"its {self._model} ({_described(model)}) is not its type argument {_described(argument)}")
+            raise refuse(
+                f"its {self._model} ({_described(model)}) is not its type argument {_described(argument)}"
+            )
         return plugin
 
     def names(self) -> list[str]:
@@ -198,11 +206,18 @@ class Registry(Generic[T]):
         """
         self._merge_entry_points()
         if name in self._refs or name in self._aliases:
-            raise PluginError(self.kind, name, "already registered", source=self._source(ref),
-                              message=f"{self.kind} '{name}' is already registered")  # fmt: skip
+            raise PluginError(
+                self.kind,
+                name,
+                "already registered",
+                source=self._source(ref),
+                message=f"{self.kind} '{name}' is already registered",
+            )
         if isinstance(ref, str):
             if not NAME_PATTERN.fullmatch(name):
-                raise PluginError(self.kind, name, "the name is not lower-case words joined by '-'", source=ref)
+                raise PluginError(
+                    self.kind, name, "the name is not lower-case words joined by '-'", source=ref
+                )
         else:
             self.check(name, ref)
         self._refs[name] = ref
@@ -237,7 +252,9 @@ class Registry(Generic[T]):
             try:
                 obj = ref.load()
             except (ImportError, AttributeError) as exc:
-                raise PluginError(self.kind, name, f"cannot be loaded: {exc}", source=self._source(ref)) from exc
+                raise PluginError(
+                    self.kind, name, f"cannot be loaded: {exc}", source=self._source(ref)
+                ) from exc
         else:
             obj = ref
         plugin = self.check(name, obj, self._source(ref))

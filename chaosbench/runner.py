@@ -105,7 +105,9 @@ def suite_plan(suite: Suite, outlook: Sequence[dict[str, Any]] = ()) -> list[Pla
     floor, else its expected detection."""
     floors: dict[tuple[str, str], float] = {}
     for rec in outlook:
-        floor_s = rec.get("resume_floor_s") if rec.get("resume_floor_s") is not None else rec.get("expected_s")
+        floor_s = (
+            rec.get("resume_floor_s") if rec.get("resume_floor_s") is not None else rec.get("expected_s")
+        )
         if floor_s is not None:
             floors[(str(rec.get("framework")), str(rec.get("fault")))] = float(floor_s)
     out: list[PlannedRun] = []
@@ -113,8 +115,17 @@ def suite_plan(suite: Suite, outlook: Sequence[dict[str, Any]] = ()) -> list[Pla
         floor_s = sum(floors.get((fw, name), 0.0) for name in names)
         for rep in range(bound):
             sc = suite.scenario(fw, names, rep)
-            out.append(PlannedRun(len(out) + 1, f"{sc.id} #{sc.repeat}", fw, sc.fault_name or "control",
-                                  sc.deadline_s + RUN_OVERHEAD_S, floor_s, sc.deadline_s))  # fmt: skip
+            out.append(
+                PlannedRun(
+                    len(out) + 1,
+                    f"{sc.id} #{sc.repeat}",
+                    fw,
+                    sc.fault_name or "control",
+                    sc.deadline_s + RUN_OVERHEAD_S,
+                    floor_s,
+                    sc.deadline_s,
+                )
+            )
     return out
 
 
@@ -133,8 +144,11 @@ def suite_limits(suite: Suite, jobs: int = 1) -> tuple[int, float, list[str]]:
         wl = suite.workload_for(fw)
         steps = getattr(WORKLOADS.get(wl.name).Options.model_validate(wl.options), "steps", None)
         label = f"framework '{fw}' workload" if suite.framework_spec(fw).workload else "defaults.workload"
-        for what, value, limit in (("ranks", wl.ranks, MAX_RANKS), ("nodes", wl.nodes, MAX_NODES),
-                                   ("steps", steps, MAX_STEPS)):  # fmt: skip
+        for what, value, limit in (
+            ("ranks", wl.ranks, MAX_RANKS),
+            ("nodes", wl.nodes, MAX_NODES),
+            ("steps", steps, MAX_STEPS),
+        ):
             if value is not None and value > limit:
                 over.append(f"{label}: {value} {what} a run (limit {limit})")
     return n, bound_s, list(dict.fromkeys(over))
@@ -151,7 +165,9 @@ def missing_engines(suite: Suite) -> dict[str, str]:
         out[f"runtime '{suite.defaults.runtime}'"] = why
     for fw in suite.matrix.all_frameworks():
         cls = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw)
-        if (why := cls.missing_engine(cls.Options.model_validate(suite.framework_spec(fw).options), rt)) is not None:
+        if (
+            why := cls.missing_engine(cls.Options.model_validate(suite.framework_spec(fw).options), rt)
+        ) is not None:
             out[f"framework '{fw}'"] = why
     for name in sorted({n for names in suite.matrix.fault_names() for n in names}):
         if (why := INJECTORS.get(suite.faults[name].injector).missing_engine()) is not None:
@@ -165,15 +181,24 @@ def arithmetic_problems(sc: Scenario, options: Any, timeouts: dict[str, Any]) ->
     out = []
     steps, sleep_s = getattr(options, "steps", None), getattr(options, "step_sleep_s", None)
     if steps and sleep_s and steps * sleep_s >= sc.deadline_s:
-        out.append(f"{steps} steps x step_sleep_s {sleep_s:g} s = {steps * sleep_s:g} s: a run cannot finish "
-                   f"before its deadline of {sc.deadline_s:g} s")  # fmt: skip
+        out.append(
+            f"{steps} steps x step_sleep_s {sleep_s:g} s = {steps * sleep_s:g} s: a run cannot finish "
+            f"before its deadline of {sc.deadline_s:g} s"
+        )
     for name, value in timeouts.items():
         # A process-group timeout is what a collective with a lost peer waits, a delay what every recovery
         # waits; a limit on a wait that normally ends early (startup, rendezvous join) is no such problem.
         waited = "pg_timeout" in name or name.endswith("delay_s")
-        if waited and isinstance(value, int | float) and not isinstance(value, bool) and value > sc.deadline_s:
-            out.append(f"{name} ({value:g} s) is longer than the run's deadline ({sc.deadline_s:g} s): a wait on "
-                       "it ends only at the deadline")  # fmt: skip
+        if (
+            waited
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and value > sc.deadline_s
+        ):
+            out.append(
+                f"{name} ({value:g} s) is longer than the run's deadline ({sc.deadline_s:g} s): a wait on "
+                "it ends only at the deadline"
+            )
     return out
 
 
@@ -211,12 +236,22 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
         # the models are of faults on ranks: the loss of an agent or a Lighthouse is another failure
         modelled = mode is not None and (role is None or role.rank is not None)
         pred = framework.predict_detection(mode, timeouts) if mode and modelled else None
-        rec: dict[str, Any] = {"fault": name, "injector": fault.injector, "mode": mode, "framework": sc.framework_label}
+        rec: dict[str, Any] = {
+            "fault": name,
+            "injector": fault.injector,
+            "mode": mode,
+            "framework": sc.framework_label,
+        }
         if pred is None:
             of_role = mode is not None and not modelled  # a crash or hang of a role without a rank
             what = f"a {mode} of the {fault.target.role}" if of_role else f"a {mode or fault.injector} fault"
-            rec.update(expected_s=None, decided_by="", resume_floor_s=None, modelled=False,
-                       note=f"no detection model for {what} under {sc.adapter}")  # fmt: skip
+            rec.update(
+                expected_s=None,
+                decided_by="",
+                resume_floor_s=None,
+                modelled=False,
+                note=f"no detection model for {what} under {sc.adapter}",
+            )
             rec["problems"] = []
             out.append(rec)
             continue
@@ -227,21 +262,29 @@ def detection_outlook(sc: Scenario, framework: Framework, timeouts: dict[str, An
         if wait is not None and pred.expected_s is not None:
             pred.resume_floor_s = max(pred.resume_floor_s or pred.expected_s, pred.expected_s + wait[1])
             why_floor = f" (the next rendezvous waits {wait[0]}={wait[1]:g} for the lost node)"
-            pred.note += f"; the lost node does not come back: the next rendezvous waits {wait[0]}={wait[1]:g} for it"
+            pred.note += (
+                f"; the lost node does not come back: the next rendezvous waits {wait[0]}={wait[1]:g} for it"
+            )
         if duration is not None and pred.expected_s is not None and pred.resume_floor_s is not None:
             # A fixed wait on a stopped process (torchrun's SIGTERM grace) ends once the fault ends and it can act.
             pred.resume_floor_s = max(pred.expected_s, min(pred.resume_floor_s, duration))
         rec.update(pred.to_dict())
         problems = []
         if pred.expected_s is not None and pred.expected_s >= sc.deadline_s:
-            problems.append(f"{sc.framework_label} cannot detect {name} before the run's deadline ({sc.deadline_s:g} s): "
-                            f"expected {pred.expected_s:g} s after the fault ({pred.decided_by})")  # fmt: skip
+            problems.append(
+                f"{sc.framework_label} cannot detect {name} before the run's deadline ({sc.deadline_s:g} s): "
+                f"expected {pred.expected_s:g} s after the fault ({pred.decided_by})"
+            )
         elif pred.resume_floor_s is not None and pred.resume_floor_s >= sc.deadline_s:
-            problems.append(f"{sc.framework_label} cannot resume from {name} before the run's deadline "
-                            f"({sc.deadline_s:g} s): not before {pred.resume_floor_s:g} s after the fault{why_floor}")  # fmt: skip
+            problems.append(
+                f"{sc.framework_label} cannot resume from {name} before the run's deadline "
+                f"({sc.deadline_s:g} s): not before {pred.resume_floor_s:g} s after the fault{why_floor}"
+            )
         if duration is not None and pred.expected_s is not None and duration < pred.expected_s:
-            problems.append(f"{name} ends after {duration:g} s, before {sc.framework_label} can detect it "
-                            f"({pred.expected_s:g} s): expect an undetected recovery in place")  # fmt: skip
+            problems.append(
+                f"{name} ends after {duration:g} s, before {sc.framework_label} can detect it "
+                f"({pred.expected_s:g} s): expect an undetected recovery in place"
+            )
         rec["problems"] = problems
         out.append(rec)
     return out
@@ -314,10 +357,14 @@ class Runner:
         self.settlements: dict[str, Settlement] = {}
         self.out_dir = Path(out_dir).resolve()
         self.suite_dir = self.out_dir / suite.name
-        self.progress: Progress = progress if progress is not None and not callable(progress) else _Lines(progress)
+        self.progress: Progress = (
+            progress if progress is not None and not callable(progress) else _Lines(progress)
+        )
         self.stop_requested = threading.Event()
         self._controls: set[RunControl] = set()  # the live runs' (several with --jobs)
-        self._lock = threading.RLock()  # _controls (reentrant: the signal handler takes it in the main thread)
+        self._lock = (
+            threading.RLock()
+        )  # _controls (reentrant: the signal handler takes it in the main thread)
         self._finish_lock = threading.Lock()  # records, and one run's metrics at a time
         self.records: list[RunRecord] = []
         #: Set when a run's cleanup failed and left, or may have left, something running that the next run
@@ -350,8 +397,10 @@ class Runner:
                     out.append((sc, str(exc)))
                 except Unsupported as exc:
                     # What no run of this framework can do is the suite's problem, found before any run starts.
-                    raise SpecError(f"{self.suite.framework_where(sc.framework_label)}: framework "
-                                    f"'{sc.framework_label}': {exc}") from None  # fmt: skip
+                    raise SpecError(
+                        f"{self.suite.framework_where(sc.framework_label)}: framework "
+                        f"'{sc.framework_label}': {exc}"
+                    ) from None
             writer.close()
         return out
 
@@ -373,7 +422,8 @@ class Runner:
                 timeouts = framework.timeouts(self._job(sc, self._run_dir(sc), runtime, "outlook"))
                 if sc.framework_label not in problems:
                     problems[sc.framework_label] = framework.timeout_problems(timeouts) + arithmetic_problems(
-                        sc, _workload(sc).options, timeouts)
+                        sc, _workload(sc).options, timeouts
+                    )
                 recs += detection_outlook(sc, framework, timeouts)
             writer.close()
         return recs, problems
@@ -409,23 +459,34 @@ class Runner:
         if resume and marker.exists():
             earlier = SuiteDir(self.suite_dir).definition()
             if earlier != definition:
-                changed = sorted(k for k in set(earlier or {}) | set(definition)
-                                 if (earlier or {}).get(k) != definition.get(k))  # fmt: skip
+                changed = sorted(
+                    k
+                    for k in set(earlier or {}) | set(definition)
+                    if (earlier or {}).get(k) != definition.get(k)
+                )
                 raise ChaosbenchError(
                     f"{self.suite_dir}: cannot resume: suite '{self.suite.name}' has changed since those runs "
                     f"(in {', '.join(changed) or 'its definition'}); run without --resume to start over"
                 )
-            for line in cleanup(self.suite_dir):  # what the killed harness left: processes, mounts, containers
+            for line in cleanup(
+                self.suite_dir
+            ):  # what the killed harness left: processes, mounts, containers
                 self.progress.message(f"cleanup: {line}")
             for tmp in self.suite_dir.glob(".*.tmp"):  # a table or report it was writing when killed
                 tmp.unlink(missing_ok=True)
             return
         if self.suite_dir.exists():
-            cleanup(self.suite_dir)  # a crashed earlier run may have left processes or a live FUSE mount there
+            cleanup(
+                self.suite_dir
+            )  # a crashed earlier run may have left processes or a live FUSE mount there
             shutil.rmtree(self.suite_dir)
         self.suite_dir.mkdir(parents=True)
-        write_atomic(marker, json.dumps({"suite": self.suite.name, "source": self.suite.source,
-                                         "definition": definition}, indent=2))  # fmt: skip
+        write_atomic(
+            marker,
+            json.dumps(
+                {"suite": self.suite.name, "source": self.suite.source, "definition": definition}, indent=2
+            ),
+        )
 
     def finish(self, rec: RunRecord, elapsed_s: float | None = None) -> RunMetrics:
         """A run has ended: its metrics, computed once (against its framework's control, which runs first), go
@@ -441,17 +502,29 @@ class Runner:
         from chaosbench.report.plots import draw_run_timeline
 
         plot = draw_run_timeline(rd.path, rec.metrics)  # once, here: the report links it
-        result = {"status": rec.result.status, "reason": rec.result.reason, "leftover_pids": rec.leftovers,
-                  "outcome": rec.metrics.outcome, "elapsed_s": elapsed_s, "checkpoints_kept": kept,
-                  "timeline_plot": plot.reason or "timeline.png",
-                  "cleanup_failures": [dataclasses.asdict(f) for f in rec.cleanup_failures]}  # fmt: skip
+        result = {
+            "status": rec.result.status,
+            "reason": rec.result.reason,
+            "leftover_pids": rec.leftovers,
+            "outcome": rec.metrics.outcome,
+            "elapsed_s": elapsed_s,
+            "checkpoints_kept": kept,
+            "timeline_plot": plot.reason or "timeline.png",
+            "cleanup_failures": [dataclasses.asdict(f) for f in rec.cleanup_failures],
+        }
         write_atomic(rd.result, json.dumps(result, indent=2, default=str))
         self.records.append(rec)
         return rec.metrics
 
     def _control_of(self, sc: Scenario) -> Path | None:
-        return next((r.run_dir for r in self.records if r.scenario.control
-                     and r.scenario.framework_label == sc.framework_label), None)  # fmt: skip
+        return next(
+            (
+                r.run_dir
+                for r in self.records
+                if r.scenario.control and r.scenario.framework_label == sc.framework_label
+            ),
+            None,
+        )
 
     def _checkpoints(self, rd: RunDir, m: RunMetrics) -> bool:
         """Record the run's checkpoint files (names, sizes) in ``checkpoints.json``, then delete them unless the
@@ -462,9 +535,19 @@ class Runner:
         policy = self.suite.keep_checkpoints
         failed = m.outcome not in ("completed", "recovered", "outlasted") or m.fidelity == "diverged"
         keep = policy == "all" or (policy == "failed" and failed)
-        write_atomic(rd.checkpoint_list, json.dumps(
-            {"policy": policy, "kept": keep, "files": len(listing), "bytes": sum(f["bytes"] for f in listing),
-             "checkpoints": listing}, indent=2))  # fmt: skip
+        write_atomic(
+            rd.checkpoint_list,
+            json.dumps(
+                {
+                    "policy": policy,
+                    "kept": keep,
+                    "files": len(listing),
+                    "bytes": sum(f["bytes"] for f in listing),
+                    "checkpoints": listing,
+                },
+                indent=2,
+            ),
+        )
         if not keep:
             for d in rd.checkpoint_dirs():
                 shutil.rmtree(d, ignore_errors=True)
@@ -476,8 +559,12 @@ class Runner:
         res = rd.read_result()
         if res is None or res["status"] == "interrupted":
             return None
-        rec = RunRecord(sc, rd.path, JobResult(res["status"], res.get("reason") or ""),
-                        leftovers=list(res.get("leftover_pids") or []))  # fmt: skip
+        rec = RunRecord(
+            sc,
+            rd.path,
+            JobResult(res["status"], res.get("reason") or ""),
+            leftovers=list(res.get("leftover_pids") or []),
+        )
         try:
             rec.metrics = RunMetrics.from_dict(json.loads(rd.metrics.read_text()))
         except (OSError, ValueError, TypeError):
@@ -497,12 +584,16 @@ class Runner:
                 return [{} for _ in range(jobs)]
             raise
 
-    def run(self, resume: bool = False, jobs: int = 1, timings_may_interfere: bool = False) -> list[RunRecord]:
+    def run(
+        self, resume: bool = False, jobs: int = 1, timings_may_interfere: bool = False
+    ) -> list[RunRecord]:
         """Every run of the suite, in order; with ``resume`` the runs an earlier harness finished are kept (same
         seeds and plans) and the others run, an unfinished one from scratch. ``jobs`` > 1: that many runs at once,
         each in a slot of its own (:meth:`slots`; the controls first, then the rest). Ends by writing the
         suite's table."""
-        slots = self.slots(jobs, timings_may_interfere) if jobs > 1 else None  # refused before anything is touched
+        slots = (
+            self.slots(jobs, timings_may_interfere) if jobs > 1 else None
+        )  # refused before anything is touched
         # A thread woken by a process's exit or output stamps it once it holds the GIL: with the default 5 ms
         # switch interval a busy thread delays it by up to that (p99 of the stamp error 20-28 ms on a loaded
         # 2-core machine, 8 ms with 1 ms: benchmarks/detect_calibration.py).
@@ -521,7 +612,9 @@ class Runner:
         cells = self._cells()
         if slots is None:
             left = [total]  # runs not started yet (the indices no longer say it: the controls run first)
-            for cell in sorted(cells, key=lambda c: bool(c.faults)):  # stable: the controls, then the fault cells
+            for cell in sorted(
+                cells, key=lambda c: bool(c.faults)
+            ):  # stable: the controls, then the fault cells
                 if not self._run_cell(cell, resume, left):
                     break
         else:
@@ -552,7 +645,9 @@ class Runner:
         if resume and (done := self._finished(sc)) is not None:
             done.index = i
             self.records.append(done)
-            self.progress.skipped(f"{sc.id} #{sc.repeat}", f"finished earlier ({done.metrics.outcome if done.metrics else '?'})")
+            self.progress.skipped(
+                f"{sc.id} #{sc.repeat}", f"finished earlier ({done.metrics.outcome if done.metrics else '?'})"
+            )
             return None
         return i, sc
 
@@ -561,7 +656,9 @@ class Runner:
         does. Always False for a cell of fixed repeats."""
         if cell.design is None or cell.id in self.settlements:
             return cell.id in self.settlements
-        rows = [r.metrics.to_dict() for r in self.records if r.scenario.id == cell.id and r.metrics is not None]
+        rows = [
+            r.metrics.to_dict() for r in self.records if r.scenario.id == cell.id and r.metrics is not None
+        ]
         done = sum(1 for r in self.records if r.scenario.id == cell.id)
         if done < cell.design.min_repeats:
             return False
@@ -624,8 +721,10 @@ class Runner:
         """``repeats.json`` in the suite directory: per scenario repeated until decided, how many repeats ran,
         its looks and why it stopped (the gate multiplies its p-values by its looks)."""
         if self.settlements:
-            write_atomic(self.suite_dir / REPEATS_FILE, json.dumps(
-                {key: s.to_dict() for key, s in self.settlements.items()}, indent=2))  # fmt: skip
+            write_atomic(
+                self.suite_dir / REPEATS_FILE,
+                json.dumps({key: s.to_dict() for key, s in self.settlements.items()}, indent=2),
+            )
 
     def _run_in_slot(self, index: int, sc: Scenario, slot: dict[str, Any], follow: bool) -> None:
         label = f"{sc.id} #{sc.repeat}"
@@ -713,16 +812,28 @@ class Runner:
                     objects = []
                     left.append(f"whatever the runtime could not list ({_one_line(exc)})")
                 end = _with_cleanup_failures(result, teardown.failures)
-                timeline.emit("run_end", outcome=end.status, reason=end.reason, leftover_pids=pids,
-                              leftover_objects=objects, concurrent_runs=len(self._controls) + 1,
-                              harness_cpu_s=round(time.process_time() - cpu_start_s, 4))  # fmt: skip
+                timeline.emit(
+                    "run_end",
+                    outcome=end.status,
+                    reason=end.reason,
+                    leftover_pids=pids,
+                    leftover_objects=objects,
+                    concurrent_runs=len(self._controls) + 1,
+                    harness_cpu_s=round(time.process_time() - cpu_start_s, 4),
+                )
 
             teardown.callback(run_end)  # after every cleanup: it lists what they left and says if one failed
             # The scenario first, the plan once there is one: a run that fails before it is planned (an engine or a
             # package missing for its fault) still has a config, so it is recorded with its reason and the suite
             # goes on (its metrics read the config).
-            write_atomic(RunDir(run_dir).config, json.dumps(
-                {"run_id": run_id, "scenario": sc.to_dict(), "plan": None, "total_steps": None}, indent=2, default=str))  # fmt: skip
+            write_atomic(
+                RunDir(run_dir).config,
+                json.dumps(
+                    {"run_id": run_id, "scenario": sc.to_dict(), "plan": None, "total_steps": None},
+                    indent=2,
+                    default=str,
+                ),
+            )
             try:
                 result = self._start_and_supervise(sc, run_id, run_dir, runtime, timeline, follower, teardown)
             except ChaosbenchError as exc:
@@ -742,8 +853,16 @@ class Runner:
                 self.halted = self.halted or halt
         return rec
 
-    def _start_and_supervise(self, sc: Scenario, run_id: str, run_dir: Path, runtime: Runtime,
-                             timeline: TimelineWriter, follower: TimelineFollower, teardown: _Teardown) -> JobResult:
+    def _start_and_supervise(
+        self,
+        sc: Scenario,
+        run_id: str,
+        run_dir: Path,
+        runtime: Runtime,
+        timeline: TimelineWriter,
+        follower: TimelineFollower,
+        teardown: _Teardown,
+    ) -> JobResult:
         """The run from its faults' prepare to the end of its supervision, each cleanup registered on
         ``teardown`` as what it undoes comes to exist (see :meth:`run_one`). Raises what the steps raise."""
         job = self._job(sc, run_dir, runtime, run_id)
@@ -751,17 +870,26 @@ class Runner:
         framework = _framework(sc)
         # what the dry-run warned about (missing_engines): the run fails with the same words before it starts
         # anything, whatever step would otherwise have stumbled on it (a launcher's import, a container's start)
-        missing = type(runtime).missing_engine() or type(framework).missing_engine(framework.options, type(runtime))
+        missing = type(runtime).missing_engine() or type(framework).missing_engine(
+            framework.options, type(runtime)
+        )
         if missing is not None:
             raise MissingEngine(missing)
         controllers: list[FaultController] = []
         for i, (fault_name, fault) in enumerate(sc.faults):
             injector = _injector(fault_name, fault)
             setup = RunSetup(
-                run_id=run_id, run_dir=run_dir, ckpt_dir=job.ckpt_dir, runtime=runtime, timeline=timeline,
-                rng=random.Random(sc.rng_seed + i), ranks=sc.workload.ranks, nodes=sc.workload.nodes,
-                target=fault.target, roles=dict(framework.roles),
-            )  # fmt: skip
+                run_id=run_id,
+                run_dir=run_dir,
+                ckpt_dir=job.ckpt_dir,
+                runtime=runtime,
+                timeline=timeline,
+                rng=random.Random(sc.rng_seed + i),
+                ranks=sc.workload.ranks,
+                nodes=sc.workload.nodes,
+                target=fault.target,
+                roles=dict(framework.roles),
+            )
             # before prepare: what a prepare that fails half-way made is undone too
             teardown.cleanup(f"fault '{fault_name}' cleanup", _cleanup_injector, injector, timeline)
             injector.prepare(setup)
@@ -770,31 +898,59 @@ class Runner:
                 controllers.append(FaultController(fault_name, fault, injector, setup, sc.rng_seed + i))
         runtime.resolve()  # what the plan needs from the cluster, looked up now: planning itself runs nothing
         plan = framework.plan(job)
-        write_atomic(RunDir(run_dir).config, json.dumps(
-            {"run_id": run_id, "scenario": sc.to_dict(), "plan": plan.to_dict(),
-             "total_steps": job.workload.total_steps}, indent=2, default=str))  # fmt: skip
+        write_atomic(
+            RunDir(run_dir).config,
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "scenario": sc.to_dict(),
+                    "plan": plan.to_dict(),
+                    "total_steps": job.workload.total_steps,
+                },
+                indent=2,
+                default=str,
+            ),
+        )
         timeline.emit(
-            "run_start", suite=sc.suite, scenario=sc.id, framework=sc.framework_label, adapter=sc.adapter,
-            fault=sc.fault_name, repeat=sc.repeat, control=sc.control, seed=sc.seed, run_id=run_id,
-            runtime=sc.runtime, ranks=sc.workload.ranks, nodes=sc.workload.nodes,
+            "run_start",
+            suite=sc.suite,
+            scenario=sc.id,
+            framework=sc.framework_label,
+            adapter=sc.adapter,
+            fault=sc.fault_name,
+            repeat=sc.repeat,
+            control=sc.control,
+            seed=sc.seed,
+            run_id=run_id,
+            runtime=sc.runtime,
+            ranks=sc.workload.ranks,
+            nodes=sc.workload.nodes,
             timeline_version=TIMELINE_VERSION,
-        )  # fmt: skip
+        )
         timeline.emit(
-            "framework_info", framework=sc.framework_label, versions=plan.versions, timeouts=plan.timeouts,
-            options=plan.options, timeout_problems=framework.timeout_problems(plan.timeouts),
-        )  # fmt: skip
+            "framework_info",
+            framework=sc.framework_label,
+            versions=plan.versions,
+            timeouts=plan.timeouts,
+            options=plan.options,
+            timeout_problems=framework.timeout_problems(plan.timeouts),
+        )
         for rec in detection_outlook(sc, framework, plan.timeouts):
             timeline.emit("detection_prediction", **rec)
         # The watcher before the nodes: it stops after the runtime's cleanup, once the last writes are in.
         watcher = _checkpoint_watcher(job, timeline, follower)
         if watcher is not None:
             teardown.cleanup("checkpoint watcher", watcher.stop)
-        teardown.cleanup("framework cleanup", framework.cleanup, job)  # after the runtime's: its processes gone
+        teardown.cleanup(
+            "framework cleanup", framework.cleanup, job
+        )  # after the runtime's: its processes gone
         teardown.cleanup("runtime cleanup", runtime.cleanup)
         runtime.provision(sc.workload.nodes)  # container nodes: now, after the faults' prepare, all at once
         for controller in controllers:
             follower.subscribe(controller)
-            teardown.cleanup(f"fault '{controller.fault_name}' controller", controller.close)  # before the runtime's
+            teardown.cleanup(
+                f"fault '{controller.fault_name}' controller", controller.close
+            )  # before the runtime's
         control = RunControl(runtime, timeline, follower, time.monotonic() + sc.deadline_s)
         with self._lock:
             self._controls.add(control)
@@ -814,8 +970,9 @@ def _cleanup_injector(injector: Injector, timeline: TimelineWriter) -> None:
     try:
         injector.cleanup()
     except Exception as exc:
-        timeline.emit("fault_revert", src="injector", fault=injector.fault_name, reason="cleanup",
-                      error=_one_line(exc))  # fmt: skip
+        timeline.emit(
+            "fault_revert", src="injector", fault=injector.fault_name, reason="cleanup", error=_one_line(exc)
+        )
         raise
 
 
@@ -845,10 +1002,12 @@ class SuiteHalt:
 
     def describe(self) -> str:
         """One line: what failed, what may be left, what to do."""
-        return (f"suite stopped after run {self.label}: its cleanup failed "
-                f"({'; '.join(f.describe() for f in self.failures)}) and may have left {', '.join(self.left)} "
-                f"running; finished runs are kept (chaosbench cleanup {self.run_dir.parent.parent}, then "
-                "--resume, runs the rest)")  # fmt: skip
+        return (
+            f"suite stopped after run {self.label}: its cleanup failed "
+            f"({'; '.join(f.describe() for f in self.failures)}) and may have left {', '.join(self.left)} "
+            f"running; finished runs are kept (chaosbench cleanup {self.run_dir.parent.parent}, then "
+            "--resume, runs the rest)"
+        )
 
 
 class _Teardown(contextlib.ExitStack):
@@ -916,7 +1075,9 @@ class _LatestStep:
         return min(self._reach[max(self._reach)].values())
 
 
-def _checkpoint_watcher(job: JobContext, timeline: TimelineWriter, follower: TimelineFollower) -> CheckpointWatcher | None:
+def _checkpoint_watcher(
+    job: JobContext, timeline: TimelineWriter, follower: TimelineFollower
+) -> CheckpointWatcher | None:
     """The run's filesystem watch of checkpoint saves, started, when its workload asks for one."""
     dirs = job.workload.watched_dirs(job.paths)
     if not dirs:
@@ -962,8 +1123,11 @@ def summarize(rec: RunRecord) -> str:
     if m.serving:
         parts.append(f"{_fmt(m.failed_requests)}/{_fmt(m.requests)} requests failed")
         if not m.control:
-            parts += [f"detect {_fmt(m.time_to_detect_s)}", f"recover {_fmt(m.time_to_recover_s)}",
-                      f"budget burn {_fmt(m.error_budget_burn, '')}"]  # fmt: skip
+            parts += [
+                f"detect {_fmt(m.time_to_detect_s)}",
+                f"recover {_fmt(m.time_to_recover_s)}",
+                f"budget burn {_fmt(m.error_budget_burn, '')}",
+            ]
     elif not m.control:
         parts += [
             f"detect {_fmt(m.time_to_detect_s)}",

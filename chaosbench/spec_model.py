@@ -126,7 +126,9 @@ class Target(_Strict):
     ranks: list[int] | None = None
     node: str | None = None
     all: bool = False
-    role: Literal["rank0", "agent", "rendezvous-host", "lighthouse", "bridge", "head", "node", "driver"] | None = None
+    role: (
+        Literal["rank0", "agent", "rendezvous-host", "lighthouse", "bridge", "head", "node", "driver"] | None
+    ) = None
 
     @model_validator(mode="before")
     @classmethod
@@ -141,7 +143,9 @@ class Target(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Target:
-        given = [k for k in ("rank", "ranks", "node") if getattr(self, k) is not None] + (["all"] if self.all else [])
+        given = [k for k in ("rank", "ranks", "node") if getattr(self, k) is not None] + (
+            ["all"] if self.all else []
+        )
         if self.role is not None:
             if [g for g in given if g != "node"]:
                 raise ValueError(f"role takes node only (got {', '.join(given)})")
@@ -237,7 +241,14 @@ class Trigger(_Strict):
     delay_s: float = Field(default=0.0, ge=0)
     max_fires: int | None = Field(default=None, ge=1)
 
-    CONDITIONS: ClassVar[tuple[str, ...]] = ("at_step", "after_s", "on_event", "every_steps", "poisson", "on_phase")
+    CONDITIONS: ClassVar[tuple[str, ...]] = (
+        "at_step",
+        "after_s",
+        "on_event",
+        "every_steps",
+        "poisson",
+        "on_phase",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Trigger:
@@ -308,8 +319,14 @@ def _slo_kind(metric: str) -> str:
     from chaosbench.analysis.metrics import RunMetrics
 
     hint = str(typing.get_type_hints(RunMetrics).get(metric, ""))
-    return next((k for k, ts in (("bool", ("bool",)), ("str", ("str |",)), ("number", ("float", "int")))
-                 if hint.startswith(ts)), "other")  # fmt: skip
+    return next(
+        (
+            k
+            for k, ts in (("bool", ("bool",)), ("str", ("str |",)), ("number", ("float", "int")))
+            if hint.startswith(ts)
+        ),
+        "other",
+    )
 
 
 def slo_problem(metric: str, spec: Any) -> str | None:
@@ -326,9 +343,23 @@ def slo_problem(metric: str, spec: Any) -> str | None:
 
 
 #: Metrics that are never negative (durations, lost work, counts), and shares (0 to 1).
-_NEVER_NEGATIVE = ("time_to_", "lost_", "badput_", "stage_", "latency_", "checkpoint_", "capacity_lost_",
-                   "restart_count", "fault_count", "skipped_steps", "false_detections", "requests", "failed_requests",
-                   "retried_requests", "replicas")  # fmt: skip
+_NEVER_NEGATIVE = (
+    "time_to_",
+    "lost_",
+    "badput_",
+    "stage_",
+    "latency_",
+    "checkpoint_",
+    "capacity_lost_",
+    "restart_count",
+    "fault_count",
+    "skipped_steps",
+    "false_detections",
+    "requests",
+    "failed_requests",
+    "retried_requests",
+    "replicas",
+)
 _SHARES = ("goodput", "error_rate", "capacity_lost_share", "throughput_during_share")
 
 
@@ -381,13 +412,15 @@ class FrameworkSpec(BaseModel):
     adapter: str | None = None
     workload: dict[str, Any] | None = None
     runtime_options: dict[str, Any] | None = Field(
-        default=None, description="runtime options for this framework's runs, merged over the suite's defaults "
-        "(e.g. a hot spare: {spare_nodes: 1, lost_node: spare} on docker)"
+        default=None,
+        description="runtime options for this framework's runs, merged over the suite's defaults "
+        "(e.g. a hot spare: {spare_nodes: 1, lost_node: spare} on docker)",
     )
     strategy: Literal["restart-in-place", "hot-spare", "shrink", "continue"] | None = Field(
-        default=None, description="the recovery strategy this configuration stands for (elasticity reports "
+        default=None,
+        description="the recovery strategy this configuration stands for (elasticity reports "
         "compare strategies per workload): restart-in-place once the node is back, a hot spare takes the lost "
-        "node's place, shrink (re-form on fewer nodes and reshard), continue without the lost replica (TorchFT)"
+        "node's place, shrink (re-form on fewer nodes and reshard), continue without the lost replica (TorchFT)",
     )
 
     @property
@@ -436,7 +469,9 @@ class UntilDecided(_Strict):
     SLOs nothing can be decided: the scenario runs ``max`` repeats."""
 
     max: int = Field(ge=1, description="the most repeats")
-    until: Literal["decided"] = Field(description="stop once the verdict against the baseline and the SLOs is settled")
+    until: Literal["decided"] = Field(
+        description="stop once the verdict against the baseline and the SLOs is settled"
+    )
     min: int | None = Field(default=None, ge=1, description="the fewest repeats (default 2, at most max)")
 
     @model_validator(mode="after")
@@ -526,26 +561,36 @@ class Projection(_Strict):
     node_mtbf_h: float = Field(gt=0)
     horizon_days: float = Field(default=30.0, gt=0)
     trials: int = Field(default=200, ge=1)
-    recovery_scale: float = Field(default=1.0, gt=0, description="multiply measured recovery (fleet restarts cost more)")
+    recovery_scale: float = Field(
+        default=1.0, gt=0, description="multiply measured recovery (fleet restarts cost more)"
+    )
     checkpoint_cost_s: float | None = Field(
-        default=None, gt=0, description="the fleet's checkpoint cost (default: chaosbench.analysis.fleet.DEFAULT_CHECKPOINT_COST_S)"
+        default=None,
+        gt=0,
+        description="the fleet's checkpoint cost (default: chaosbench.analysis.fleet.DEFAULT_CHECKPOINT_COST_S)",
     )
     checkpoint_interval_s: float | None = Field(
         default=None, gt=0, description="the fleet's checkpoint interval (default: the Young/Daly optimum)"
     )
     manual_recovery_s: float | None = Field(
-        default=None, gt=0, description="cost of a failure the framework did not recover from (default: 20 min)"
+        default=None,
+        gt=0,
+        description="cost of a failure the framework did not recover from (default: 20 min)",
     )
     fault_mix: dict[Literal["crash", "node", "hang", "sdc"], float] | None = Field(
-        default=None, description="relative frequency of each fault class (default: Llama 3's interruption causes)"
+        default=None,
+        description="relative frequency of each fault class (default: Llama 3's interruption causes)",
     )
     node_repair_s: float | None = Field(
-        default=None, gt=0, description="time a lost node takes to come back (elasticity: spare pools; default: "
-        "chaosbench.analysis.fleet.DEFAULT_NODE_REPAIR_S)"
+        default=None,
+        gt=0,
+        description="time a lost node takes to come back (elasticity: spare pools; default: "
+        "chaosbench.analysis.fleet.DEFAULT_NODE_REPAIR_S)",
     )
     spare_pools: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, description="spare-pool sizes (nodes) the elasticity report projects (default: "
-        "chaosbench.analysis.fleet.DEFAULT_SPARE_POOLS)"
+        default=None,
+        description="spare-pool sizes (nodes) the elasticity report projects (default: "
+        "chaosbench.analysis.fleet.DEFAULT_SPARE_POOLS)",
     )
 
 
@@ -583,8 +628,10 @@ class Suite(_Strict):
     @classmethod
     def _safe_name(cls, v: str) -> str:
         if not SAFE_NAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not usable as a directory name (give letters, digits, '.', '_', '-', "
-                             "starting with a letter or digit, at most 100 characters)")  # fmt: skip
+            raise ValueError(
+                f"{v!r} is not usable as a directory name (give letters, digits, '.', '_', '-', "
+                "starting with a letter or digit, at most 100 characters)"
+            )
         return v
 
     @field_validator("frameworks", "faults")
@@ -747,7 +794,6 @@ class Scenario:
     @property
     def dirname(self) -> str:
         return dirname(self.id)
-
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -80,8 +80,11 @@ def _what(loc: Path_) -> str:
 
 
 def _field_path(loc: Path_, skip: int) -> str:
-    rest = [str(p) for p in loc[skip:]
-            if not (isinstance(p, str) and p in ("function-after", "function-before", *UNION_TAGS))]  # fmt: skip
+    rest = [
+        str(p)
+        for p in loc[skip:]
+        if not (isinstance(p, str) and p in ("function-after", "function-before", *UNION_TAGS))
+    ]
     return ".".join(rest)
 
 
@@ -164,8 +167,11 @@ def fault_library() -> dict[str, Path]:
         root = importlib.resources.files(FAULT_LIBRARY)
     except ModuleNotFoundError:
         return {}
-    return {e.name.removesuffix(".yaml"): Path(str(e)) for e in root.iterdir()
-            if e.name.endswith(".yaml") and e.is_file()}  # fmt: skip
+    return {
+        e.name.removesuffix(".yaml"): Path(str(e))
+        for e in root.iterdir()
+        if e.name.endswith(".yaml") and e.is_file()
+    }
 
 
 @dataclass(frozen=True)
@@ -227,13 +233,20 @@ def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
         if not isinstance(use, str) or not use or "/" in use or "\0" in use:
             raise smap.error(at, "use: give the name of a fault definition in faults/", obj=f"fault '{name}'")
         if len(use) > MAX_FAULT_NAME:
-            raise smap.error(at, f"use: a fault definition's name has at most {MAX_FAULT_NAME} characters "
-                                 f"(this one {len(use)})", obj=f"fault '{name}'")  # fmt: skip
+            raise smap.error(
+                at,
+                f"use: a fault definition's name has at most {MAX_FAULT_NAME} characters "
+                f"(this one {len(use)})",
+                obj=f"fault '{name}'",
+            )
         found = _fault_definition_file(use, smap.file)
         if found is None:
             known = sorted(fault_definitions(smap.file))
-            raise smap.error(at, f"no fault definition '{use}' (known: {', '.join(known) or 'none'})",
-                             obj=f"fault '{name}'")  # fmt: skip
+            raise smap.error(
+                at,
+                f"no fault definition '{use}' (known: {', '.join(known) or 'none'})",
+                obj=f"fault '{name}'",
+            )
         base, bmap = load_yaml(found)
         if not isinstance(base, dict):
             raise bmap.error((), "a fault definition must be a YAML mapping")
@@ -241,8 +254,11 @@ def _resolve_fault_uses(data: dict[str, Any], smap: SourceMap) -> None:
             FaultSpec.model_validate(base, strict=True)
         except ValidationError as exc:
             err = exc.errors()[0]
-            raise bmap.error(tuple(err["loc"]), f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}",
-                             obj=f"fault definition '{use}'") from None  # fmt: skip
+            raise bmap.error(
+                tuple(err["loc"]),
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}",
+                obj=f"fault definition '{use}'",
+            ) from None
         faults[name] = _merge(base, {k: v for k, v in entry.items() if k != "use"})
 
 
@@ -320,27 +336,37 @@ def _check_faults(suite: Suite, smap: SourceMap) -> None:
         try:
             inj = INJECTORS.get(fault.injector)
         except UnknownPlugin as exc:
-            raise smap.error(('faults', name, 'injector'), str(exc), obj=f"fault '{name}'") from None
+            raise smap.error(("faults", name, "injector"), str(exc), obj=f"fault '{name}'") from None
         validate_plugin_options(inj.Params, fault.params, smap, ("faults", name, "params"), f"fault '{name}'")
         ranks = suite.defaults.workload.ranks
         for r in fault.target.rank_numbers():
             if r >= ranks:
-                raise smap.error(("faults", name, "target"), f"target rank {r} does not exist (the workload has "
-                                 f"{ranks} ranks)", obj=f"fault '{name}'")  # fmt: skip
+                raise smap.error(
+                    ("faults", name, "target"),
+                    f"target rank {r} does not exist (the workload has {ranks} ranks)",
+                    obj=f"fault '{name}'",
+                )
         node = fault.target.node
         if node is not None and node != "random":
             nodes = [f"node{i}" for i in range(suite.defaults.workload.nodes)]
             if node not in nodes:
-                raise smap.error(("faults", name, "target"), f"target node '{node}' does not exist (nodes: "
-                                 f"{', '.join(nodes)})", obj=f"fault '{name}'")  # fmt: skip
+                raise smap.error(
+                    ("faults", name, "target"),
+                    f"target node '{node}' does not exist (nodes: {', '.join(nodes)})",
+                    obj=f"fault '{name}'",
+                )
         if fault.trigger is None and inj.requires_trigger:
-            raise smap.error(('faults', name), "trigger: required key is missing", obj=f"fault '{name}'")
+            raise smap.error(("faults", name), "trigger: required key is missing", obj=f"fault '{name}'")
         if fault.trigger is not None and not inj.requires_trigger:
-            raise smap.error(("faults", name, "trigger"), f"injector '{fault.injector}' fires from inside the "
-                             "workload (see its params); remove the trigger", obj=f"fault '{name}'")  # fmt: skip
+            raise smap.error(
+                ("faults", name, "trigger"),
+                f"injector '{fault.injector}' fires from inside the "
+                "workload (see its params); remove the trigger",
+                obj=f"fault '{name}'",
+            )
         problem = inj.role_problem(fault.target) or inj.check_target(fault.target, fault.trigger)
         if problem:
-            raise smap.error(('faults', name), problem, obj=f"fault '{name}'")
+            raise smap.error(("faults", name), problem, obj=f"fault '{name}'")
 
 
 def _check_runtime(suite: Suite, smap: SourceMap) -> None:
@@ -351,22 +377,23 @@ def _check_runtime(suite: Suite, smap: SourceMap) -> None:
     try:
         rt_cls = RUNTIMES.get(suite.defaults.runtime)
     except UnknownPlugin as exc:
-        raise smap.error(('defaults', 'runtime'), str(exc), obj="defaults") from None
+        raise smap.error(("defaults", "runtime"), str(exc), obj="defaults") from None
     try:
         rt_cls.Options.model_validate(suite.defaults.runtime_options, strict=True)
     except ValidationError as exc:
         raise validation_error(exc, smap, ("defaults", "runtime_options")) from None
     for label, fspec in suite.frameworks.items():
         try:
-            rt_cls.Options.model_validate({**suite.defaults.runtime_options, **(fspec.runtime_options or {})},
-                                          strict=True)  # fmt: skip
+            rt_cls.Options.model_validate(
+                {**suite.defaults.runtime_options, **(fspec.runtime_options or {})}, strict=True
+            )
         except ValidationError as exc:
             raise validation_error(exc, smap, ("frameworks", label, "runtime_options")) from None
     for name, fault in suite.faults.items():
         inj = INJECTORS.get(fault.injector)
         problem = inj.check_runtime(rt_cls, inj.Params.model_validate(fault.params))
         if problem:
-            raise smap.error(('faults', name, 'params'), problem, obj=f"fault '{name}'")
+            raise smap.error(("faults", name, "params"), problem, obj=f"fault '{name}'")
 
 
 def _check_workloads(suite: Suite, smap: SourceMap) -> None:
@@ -377,7 +404,7 @@ def _check_workloads(suite: Suite, smap: SourceMap) -> None:
     try:
         wcls = WORKLOADS.get(wl.name)
     except UnknownPlugin as exc:
-        raise smap.error(('defaults', 'workload', 'name'), str(exc), obj="workload") from None
+        raise smap.error(("defaults", "workload", "name"), str(exc), obj="workload") from None
     validate_plugin_options(wcls.Options, wl.options, smap, ("defaults", "workload"), f"workload '{wl.name}'")
     for fw, spec in suite.frameworks.items():
         if not spec.workload:
@@ -389,8 +416,10 @@ def _check_workloads(suite: Suite, smap: SourceMap) -> None:
         except ValidationError as exc:
             raise validation_error(exc, smap, wl_at) from None
         except UnknownPlugin as exc:
-            raise smap.error(wl_at + ('name',), f"workload: {exc}", obj=f"framework '{fw}'") from None
-        validate_plugin_options(ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'")
+            raise smap.error(wl_at + ("name",), f"workload: {exc}", obj=f"framework '{fw}'") from None
+        validate_plugin_options(
+            ocls.Options, own.options, smap, wl_at, f"framework '{fw}' workload '{own.name}'"
+        )
 
 
 def _check_slos(suite: Suite, smap: SourceMap) -> None:
@@ -421,28 +450,46 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
             params = inj.Params.model_validate(fault.params)
             problem = inj.check_workload(wl, params)
             if problem is not None:
-                raise smap.error(("faults", name, "injector"), f"{problem} (framework '{fw}')", obj=f"fault '{name}'")
+                raise smap.error(
+                    ("faults", name, "injector"), f"{problem} (framework '{fw}')", obj=f"fault '{name}'"
+                )
             never = _never_fires(fault.trigger, params, steps, suite.defaults.deadline_s)
             if never is not None:
-                raise smap.error(("faults", name) + never[0], f"{never[1]}; this fault can never fire "
-                                 f"(framework '{fw}')", obj=f"fault '{name}'")  # fmt: skip
+                raise smap.error(
+                    ("faults", name) + never[0],
+                    f"{never[1]}; this fault can never fire (framework '{fw}')",
+                    obj=f"fault '{name}'",
+                )
             role = fault.target.role
             roles = FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).roles
             if role is not None and role not in roles:
-                raise smap.error(("faults", name, "target", "role"), f"framework '{fw}' has no {role} (its roles: "
-                                 f"{', '.join(sorted(roles)) or 'none'}); run it under the frameworks that have one "
-                                 "(matrix.include)", obj=f"fault '{name}'")  # fmt: skip
+                raise smap.error(
+                    ("faults", name, "target", "role"),
+                    f"framework '{fw}' has no {role} (its roles: "
+                    f"{', '.join(sorted(roles)) or 'none'}); run it under the frameworks that have one "
+                    "(matrix.include)",
+                    obj=f"fault '{name}'",
+                )
 
 
-def _never_fires(trigger: Trigger | None, params: BaseModel, steps: int | None,
-                 deadline_s: float) -> tuple[Path_, str] | None:  # fmt: skip
+def _never_fires(
+    trigger: Trigger | None, params: BaseModel, steps: int | None, deadline_s: float
+) -> tuple[Path_, str] | None:
     """Where and why a fault's trigger (or a planted fault's ``at_step``) lies beyond what its run can reach:
     a step after the workload's last (``steps``, when it has one), or a time after the run's deadline."""
-    at: list[tuple[Path_, str, int | None]] = [(("params", "at_step"), "at_step", getattr(params, "at_step", None))]
+    at: list[tuple[Path_, str, int | None]] = [
+        (("params", "at_step"), "at_step", getattr(params, "at_step", None))
+    ]
     if trigger is not None:
-        at += [(("trigger", "at_step"), "at_step", trigger.at_step),
-               (("trigger", "every_steps"), "every_steps", trigger.every_steps),
-               (("trigger", "on_event", "step"), "on_event.step", trigger.on_event.step if trigger.on_event else None)]  # fmt: skip
+        at += [
+            (("trigger", "at_step"), "at_step", trigger.at_step),
+            (("trigger", "every_steps"), "every_steps", trigger.every_steps),
+            (
+                ("trigger", "on_event", "step"),
+                "on_event.step",
+                trigger.on_event.step if trigger.on_event else None,
+            ),
+        ]
         for key in ("after_s", "delay_s"):
             value = getattr(trigger, key)
             if value is not None and value >= deadline_s:
@@ -466,13 +513,19 @@ def _check_phase_triggers(suite: Suite, smap: SourceMap) -> None:
                 continue
             at: Path_ = ("faults", name, "trigger", "on_phase")
             if not [n for n in names if n != name]:
-                raise smap.error(at, f"fault '{name}' fires on the {trig.on_phase} phase of another fault's recovery; "
-                                 f"run it with one (a matrix entry such as [first-fault, {name}])")  # fmt: skip
+                raise smap.error(
+                    at,
+                    f"fault '{name}' fires on the {trig.on_phase} phase of another fault's recovery; "
+                    f"run it with one (a matrix entry such as [first-fault, {name}])",
+                )
             if trig.on_phase == "heal":
                 for fw in suite.matrix.all_frameworks():
                     if names not in [c for c, _ in suite.matrix.cells(fw)]:
                         continue
                     if not FRAMEWORKS.get(suite.framework_spec(fw).adapter or fw).heals:
-                        raise smap.error(at, f"fault '{name}' fires on the heal phase, which framework '{fw}' does "
-                                         "not have (only TorchFT's replica groups heal from a peer; run it under "
-                                         "TorchFT alone with matrix.include)")  # fmt: skip
+                        raise smap.error(
+                            at,
+                            f"fault '{name}' fires on the heal phase, which framework '{fw}' does "
+                            "not have (only TorchFT's replica groups heal from a peer; run it under "
+                            "TorchFT alone with matrix.include)",
+                        )

@@ -15,8 +15,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], timeout_s: float, interval_s: float = 0.05,
-               sleep: Callable[[float], None] = time.sleep) -> T | None:  # fmt: skip
+def wait_until(
+    check: Callable[[], T],
+    timeout_s: float,
+    interval_s: float = 0.05,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T | None:
     """The first truthy value of ``check()`` within ``timeout_s`` seconds, polled every ``interval_s``; None when
     none came."""
     deadline = time.monotonic() + timeout_s

@@ -24,10 +24,18 @@ ROOT = Path(__file__).resolve().parent.parent
 # docker runtime's capture directories in /tmp (test_harness_crash.py counts every one as a leftover). Under
 # pytest-xdist (tox: ``pytest -n 2 --dist loadscope``, CHAOSBENCH_TEST_WORKERS workers) they form one group, run
 # one after another on one worker; every other file is a group of its own (its module-scoped controls are run once, on one worker).
-ENGINE_FILES = frozenset({
-    "test_docker_runtime.py", "test_elasticity.py", "test_foreign_targets.py", "test_harness_crash.py",
-    "test_network_faults.py", "test_ray_train_docker.py", "test_serving_docker.py", "test_slurm.py",
-})  # fmt: skip
+ENGINE_FILES = frozenset(
+    {
+        "test_docker_runtime.py",
+        "test_elasticity.py",
+        "test_foreign_targets.py",
+        "test_harness_crash.py",
+        "test_network_faults.py",
+        "test_ray_train_docker.py",
+        "test_serving_docker.py",
+        "test_slurm.py",
+    }
+)
 ENGINES = "engines"
 
 
@@ -83,9 +91,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         own2, kids2 = cpu()
-        line = {"nodeid": item.nodeid, "wall_s": round(time.monotonic() - wall, 3),
-                "own_cpu_s": round(own2 - own, 3), "children_cpu_s": round(kids2 - kids, 3),
-                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "end": round(time.time(), 3)}  # fmt: skip
+        line = {
+            "nodeid": item.nodeid,
+            "wall_s": round(time.monotonic() - wall, 3),
+            "own_cpu_s": round(own2 - own, 3),
+            "children_cpu_s": round(kids2 - kids, 3),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "end": round(time.time(), 3),
+        }
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -104,8 +104,12 @@ def blamed_ranks(ev: Event, events: Sequence[Event]) -> set[int] | None:
     if ev.get("local_rank") is not None and ev.get("node") is not None:
         # A launcher's local_rank on its node (and, for a TorchFT group's launcher, in its replica group).
         keys = ("node", "replica_group") if ev.get("replica_group") is not None else ("node",)
-        same = [e for e in starts if int(e.get("local_rank", -1)) == int(ev["local_rank"])
-                and all(str(e.get(k)) == str(ev[k]) for k in keys)]  # fmt: skip
+        same = [
+            e
+            for e in starts
+            if int(e.get("local_rank", -1)) == int(ev["local_rank"])
+            and all(str(e.get(k)) == str(ev[k]) for k in keys)
+        ]
         if same:
             return {int(same[-1].get("rank", 0))}
     return None
@@ -246,14 +250,18 @@ def detection_mechanism(ix: TimelineIndex, detect: Event, tf: int) -> Mechanism:
     via = detect.get("via") or ("loss guard" if detect.get("framework") == "loss-check" else None)
     if via in ("exit", "scheduler", "manager"):
         seen = {e.get("signature") for e in ix.of("rank_error") if tf <= e.t_ns <= detect.t_ns}
-        for signature, name in (("collective_timeout", "process-group timeout"),
-                                ("collective_mismatch", "collective mismatch check"),
-                                ("rendezvous_lost", "rendezvous store lost")):  # fmt: skip
+        for signature, name in (
+            ("collective_timeout", "process-group timeout"),
+            ("collective_mismatch", "collective mismatch check"),
+            ("rendezvous_lost", "rendezvous store lost"),
+        ):
             if signature in seen:
                 return Mechanism(name)
     if via in DETECTION_MECHANISMS:
         return Mechanism(DETECTION_MECHANISMS[str(via)])
-    return Mechanism(None, f"the detection's source does not say what noticed the failure (via: {via or 'none'})")
+    return Mechanism(
+        None, f"the detection's source does not say what noticed the failure (via: {via or 'none'})"
+    )
 
 
 def startup_failure(ix: TimelineIndex) -> str | None:
@@ -262,15 +270,25 @@ def startup_failure(ix: TimelineIndex) -> str | None:
     in words: its name, its exit status and its first error line (``proc_error``), or that its output had none.
     Such a process (a framework's helper, a rank that failed at import) failed before the system under test was
     tried at all; None when there is none."""
-    bounds = [e.t_ns for e in (ix.first("step"), ix.first("fault_inject"), ix.first("teardown_begin")) if e is not None]
+    bounds = [
+        e.t_ns
+        for e in (ix.first("step"), ix.first("fault_inject"), ix.first("teardown_begin"))
+        if e is not None
+    ]
     before_ns = min(bounds, default=None)
     for e in ix.of("proc_exit"):
         if before_ns is not None and e.t_ns >= before_ns:
             break
         if int(e.get("returncode") or 0) <= 0:
             continue
-        said = next((p for p in ix.of("proc_error") if p.get("pid") == e.get("pid") and p.get("proc") == e.get("proc")),
-                    None)  # fmt: skip
+        said = next(
+            (
+                p
+                for p in ix.of("proc_error")
+                if p.get("pid") == e.get("pid") and p.get("proc") == e.get("proc")
+            ),
+            None,
+        )
         head = f"'{e.get('proc')}' exited {e.get('returncode')} before the job's first step"
         if said is None:
             return f"{head}, with no error line in its output (logs/{e.get('proc')}.err)"

@@ -57,9 +57,18 @@ from chaosbench.analysis.values import as_bool, as_float, is_missing
 from chaosbench.errors import ChaosbenchError
 
 LOWER_IS_BETTER = (
-    "time_to_detect_s", "time_to_resume_s", "time_to_catch_up_s", "lost_steps", "lost_work_s", "extra_wall_s",
-    "restart_count", "badput_restart_init_s", "badput_restore_s", "failed_requests", "error_budget_burn",
-)  # fmt: skip
+    "time_to_detect_s",
+    "time_to_resume_s",
+    "time_to_catch_up_s",
+    "lost_steps",
+    "lost_work_s",
+    "extra_wall_s",
+    "restart_count",
+    "badput_restart_init_s",
+    "badput_restore_s",
+    "failed_requests",
+    "error_budget_burn",
+)
 HIGHER_IS_BETTER = ("goodput",)
 
 #: p-values are compared with a level with this relative slack: 3 vs 3 repeats give 1/20 as 0.05000000000000001.
@@ -121,23 +130,53 @@ def _contaminated(r: dict[str, Any]) -> bool | None:
 
 #: The outcome-level figures, each a share of a key's runs (controls left out).
 SHARES = (
-    Share("fault fired", lambda r: _fired(r) if r.get("outcome") in (*FIRED_OUTCOMES, "fault_not_fired") else None,
-          good_run=(("outcome", "recovered"),), bad_run=(("outcome", "fault_not_fired"),)),
-    Share("recovered", _when_fired(lambda r: r.get("outcome") == "recovered"),
-          good_run=(("outcome", "recovered"),), bad_run=(("outcome", "not_recovered"),)),
-    Share("detected", _when_fired(lambda r: as_bool(r.get("detected"))),
-          good_run=(("outcome", "recovered"), ("detected", True)),
-          bad_run=(("outcome", "not_recovered"), ("detected", False))),
-    Share("fidelity exact", _fidelity_exact, good_run=(("fidelity", "exact"),), bad_run=(("fidelity", "diverged"),)),
+    Share(
+        "fault fired",
+        lambda r: _fired(r) if r.get("outcome") in (*FIRED_OUTCOMES, "fault_not_fired") else None,
+        good_run=(("outcome", "recovered"),),
+        bad_run=(("outcome", "fault_not_fired"),),
+    ),
+    Share(
+        "recovered",
+        _when_fired(lambda r: r.get("outcome") == "recovered"),
+        good_run=(("outcome", "recovered"),),
+        bad_run=(("outcome", "not_recovered"),),
+    ),
+    Share(
+        "detected",
+        _when_fired(lambda r: as_bool(r.get("detected"))),
+        good_run=(("outcome", "recovered"), ("detected", True)),
+        bad_run=(("outcome", "not_recovered"), ("detected", False)),
+    ),
+    Share(
+        "fidelity exact",
+        _fidelity_exact,
+        good_run=(("fidelity", "exact"),),
+        bad_run=(("fidelity", "diverged"),),
+    ),
     Share("blame correct", _blame_correct, good_run=(("blame", "correct"),), bad_run=(("blame", "wrong"),)),
-    Share("false detection", _false_detection, good=False,
-          good_run=(("false_detections", 0),), bad_run=(("false_detections", 1),)),
-    Share("gave up", _when_fired(lambda r: as_bool(r.get("gave_up"))), good=False,
-          good_run=(("outcome", "recovered"), ("gave_up", False)),
-          bad_run=(("outcome", "not_recovered"), ("gave_up", True))),
-    Share("contaminated", _contaminated, good=False,
-          good_run=(("outcome", "recovered"), ("contaminated", False)), bad_run=(("outcome", "contaminated"),)),
-)  # fmt: skip
+    Share(
+        "false detection",
+        _false_detection,
+        good=False,
+        good_run=(("false_detections", 0),),
+        bad_run=(("false_detections", 1),),
+    ),
+    Share(
+        "gave up",
+        _when_fired(lambda r: as_bool(r.get("gave_up"))),
+        good=False,
+        good_run=(("outcome", "recovered"), ("gave_up", False)),
+        bad_run=(("outcome", "not_recovered"), ("gave_up", True)),
+    ),
+    Share(
+        "contaminated",
+        _contaminated,
+        good=False,
+        good_run=(("outcome", "recovered"), ("contaminated", False)),
+        bad_run=(("outcome", "contaminated"),),
+    ),
+)
 
 
 class Status(enum.StrEnum):
@@ -210,8 +249,10 @@ class Difference:
 
     def values_text(self) -> str:
         if self.kind == "share":
-            return (f"{self.a_count}/{self.n_a} ({_pct(self.a_median)}) -> {self.b_count}/{self.n_b} "
-                    f"({_pct(self.b_median)})")  # fmt: skip
+            return (
+                f"{self.a_count}/{self.n_a} ({_pct(self.a_median)}) -> {self.b_count}/{self.n_b} "
+                f"({_pct(self.b_median)})"
+            )
         ch = "" if self.change is None or math.isinf(self.change) else f" ({self.change:+.0%})"
         return f"{_f(self.a_median)} -> {_f(self.b_median)}{ch}"
 
@@ -264,8 +305,6 @@ def save_baseline(suite_dir: str | Path, to: str | Path) -> Path:
     return dst
 
 
-
-
 def groups(rows: Sequence[dict[str, Any]], by: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -275,8 +314,9 @@ def groups(rows: Sequence[dict[str, Any]], by: str) -> dict[str, list[dict[str, 
     return out
 
 
-def share_difference(key: str, share: Share, ra: Sequence[dict[str, Any]],
-                      rb: Sequence[dict[str, Any]]) -> Difference | None:  # fmt: skip
+def share_difference(
+    key: str, share: Share, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]]
+) -> Difference | None:
     """``share`` of B's runs against A's, with its raw test; None when the baseline never measured it."""
     ha = [h for r in ra if (h := share.holds(r)) is not None]
     hb = [h for r in rb if (h := share.holds(r)) is not None]
@@ -289,8 +329,21 @@ def share_difference(key: str, share: Share, ra: Sequence[dict[str, Any]],
     worse = fisher_worse(good_a, len(ha), good_b, len(hb))
     better = fisher_worse(good_b, len(hb), good_a, len(ha))
     sa, sb = ka / len(ha), kb / len(hb)
-    d = Difference(key, share.name, sa, sb, sb - sa, min(1.0, 2 * min(worse.p, better.p)), worse.p, len(ha),
-                   len(hb), kind="share", a_count=ka, b_count=kb, p_min=worse.p_min)  # fmt: skip
+    d = Difference(
+        key,
+        share.name,
+        sa,
+        sb,
+        sb - sa,
+        min(1.0, 2 * min(worse.p, better.p)),
+        worse.p,
+        len(ha),
+        len(hb),
+        kind="share",
+        a_count=ka,
+        b_count=kb,
+        p_min=worse.p_min,
+    )
     d.adverse = good_b / len(hb) < good_a / len(ha)
     return d
 
@@ -323,8 +376,9 @@ def noise(values: Sequence[float]) -> float:
     return NOISE_IQRS * (q3 - q1)
 
 
-def timing_difference(key: str, metric: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]],
-                       threshold: float) -> Difference | None:  # fmt: skip
+def timing_difference(
+    key: str, metric: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]], threshold: float
+) -> Difference | None:
     """A timing or count of B's runs against A's, with its raw rank test and its noise floor; None when the
     baseline never measured it."""
     va = [v for r in ra if (v := as_float(r.get(metric))) is not None]
@@ -341,12 +395,25 @@ def timing_difference(key: str, metric: str, ra: Sequence[dict[str, Any]], rb: S
     spread = noise(va)
     floor = max(threshold * abs(ma), spread)
     bad_move = (mb - ma) if lower else (ma - mb)
-    d = Difference(key, metric, ma, mb, change, test.p_two_sided, test.p_greater if lower else test.p_less,
-                   len(va), len(vb), noise=spread, p_min=rank_min_p(va, vb, b_greater=lower))  # fmt: skip
+    d = Difference(
+        key,
+        metric,
+        ma,
+        mb,
+        change,
+        test.p_two_sided,
+        test.p_greater if lower else test.p_less,
+        len(va),
+        len(vb),
+        noise=spread,
+        p_min=rank_min_p(va, vb, b_greater=lower),
+    )
     d.adverse = bad_move > floor
     if bad_move > 0 and not d.adverse:
-        d.note = (f"within the noise floor ({_f(floor)}: threshold {threshold:.0%} of the median, baseline "
-                  f"noise, twice its interquartile range, {_f(spread)})")  # fmt: skip
+        d.note = (
+            f"within the noise floor ({_f(floor)}: threshold {threshold:.0%} of the median, baseline "
+            f"noise, twice its interquartile range, {_f(spread)})"
+        )
     return d
 
 
@@ -367,8 +434,11 @@ def compare(
     for key in sorted(set(ga) & set(gb)):
         ra, rb = ga[key], gb[key]
         diffs = [d for share in SHARES if (d := share_difference(key, share, ra, rb)) is not None]
-        diffs += [t for metric in LOWER_IS_BETTER + HIGHER_IS_BETTER
-                  if (t := timing_difference(key, metric, ra, rb, threshold)) is not None]  # fmt: skip
+        diffs += [
+            t
+            for metric in LOWER_IS_BETTER + HIGHER_IS_BETTER
+            if (t := timing_difference(key, metric, ra, rb, threshold)) is not None
+        ]
         for d in diffs:
             d.looks = (looks or {}).get(key, 1)
         out += diffs
@@ -380,7 +450,9 @@ def family(diffs: Sequence[Difference], alpha: float) -> list[Difference]:
     """The comparisons the correction covers: every tested one whose smallest attainable p is <= ``alpha``
     (one that cannot reach ``alpha`` alone is never rejected, so leaving it out keeps the guarantee); p times
     its looks (:attr:`Difference.p_min_spent`)."""
-    return [d for d in diffs if d.p_worse is not None and (p := d.p_min_spent) is not None and at_most(p, alpha)]
+    return [
+        d for d in diffs if d.p_worse is not None and (p := d.p_min_spent) is not None and at_most(p, alpha)
+    ]
 
 
 def assess(diffs: Sequence[Difference], alpha: float) -> int:
@@ -469,8 +541,10 @@ def markdown(diffs: Sequence[Difference], title: str, preamble: Sequence[str] = 
     lines = [f"## {title}", ""]
     if preamble:
         lines += [*preamble, ""]
-    lines += ["| key | metric | A | B | change | noise (A IQR) | p (one-sided) | Holm p | finding | note |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]  # fmt: skip
+    lines += [
+        "| key | metric | A | B | change | noise (A IQR) | p (one-sided) | Holm p | finding | note |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
     for d in diffs:
         if d.status is Status.NOT_COMPARED and not d.note:
             continue
@@ -485,5 +559,7 @@ def markdown(diffs: Sequence[Difference], title: str, preamble: Sequence[str] = 
         p = "—" if d.p_worse is None else f"{d.p_worse:.3g}"
         ph = "—" if d.p_holm is None else f"{d.p_holm:.3g}"
         finding = f"**{d.status.value}**" if d.regression else d.status.value
-        lines.append(f"| {d.key} | {d.metric} | {a} | {b} | {ch} | {noise} | {p} | {ph} | {finding} | {d.note} |")
+        lines.append(
+            f"| {d.key} | {d.metric} | {a} | {b} | {ch} | {noise} | {p} | {ph} | {finding} | {d.note} |"
+        )
     return "\n".join(lines) + "\n"

@@ -47,8 +47,9 @@ TRAINING_LOADS = ("ckpt_load_begin", "ckpt_load_end")
 MODEL_LOADS = ("model_load_begin", "model_load_end")
 
 
-def classify_checkpoint_outcome(events: list[Event], control: bool = False,
-                                load_kinds: tuple[str, str] = TRAINING_LOADS) -> str | None:  # fmt: skip
+def classify_checkpoint_outcome(
+    events: list[Event], control: bool = False, load_kinds: tuple[str, str] = TRAINING_LOADS
+) -> str | None:
     """One of :data:`CHECKPOINT_OUTCOMES` for a run with a ``corrupt-checkpoint`` firing; None for runs
     without one (controls, other faults, a skipped corruption). ``events`` sorted by time, as
     :func:`chaosbench.timeline.read_events` returns them; ``load_kinds``: the (begin, end) event kinds of a

@@ -64,7 +64,11 @@ class StrategyRuns:
 
     @property
     def label(self) -> str:
-        return self.framework if self.strategy in (None, self.framework) else f"{self.framework} ({self.strategy})"
+        return (
+            self.framework
+            if self.strategy in (None, self.framework)
+            else f"{self.framework} ({self.strategy})"
+        )
 
     @property
     def n(self) -> int:
@@ -86,8 +90,11 @@ class StrategyRuns:
 
     def transitions(self, before: str, after: str) -> str | None:
         """The runs' ``before -> after`` values (the most common first, with counts when they differ)."""
-        seen = Counter(f"{_num(r.get(before))} -> {_num(r.get(after))}" for r in self.rows
-                       if as_float(r.get(before)) is not None or as_float(r.get(after)) is not None)  # fmt: skip
+        seen = Counter(
+            f"{_num(r.get(before))} -> {_num(r.get(after))}"
+            for r in self.rows
+            if as_float(r.get(before)) is not None or as_float(r.get(after)) is not None
+        )
         if not seen:
             return None
         if len(seen) == 1:
@@ -200,7 +207,9 @@ class ElasticFleet:
     missing: list[str] = field(default_factory=list)
 
 
-def _measured(g: StrategyRuns, a: Assumptions, interval_s: float) -> tuple[float, float, bool, float | None] | None:
+def _measured(
+    g: StrategyRuns, a: Assumptions, interval_s: float
+) -> tuple[float, float, bool, float | None] | None:
     """(mean recovery per loss, mean lost work per loss (half of ``interval_s`` per rollback or unrecovered run,
     else the measured ``lost_work_s``), whether every recovery rolled back, mean runtime share of the
     rescheduling or None); None when no run has a recovery to count."""
@@ -221,13 +230,21 @@ def _measured(g: StrategyRuns, a: Assumptions, interval_s: float) -> tuple[float
         return None
     shares = g.values("stage_reschedule_runtime_s")
     rollback = all(as_bool(r.get("rollback")) is True for r in g.rows if r.get("outcome") == "recovered")
-    return (statistics.fmean(rec), statistics.fmean(lost), rollback,
-            statistics.fmean(shares) * a.recovery_scale if shares else None)  # fmt: skip
+    return (
+        statistics.fmean(rec),
+        statistics.fmean(lost),
+        rollback,
+        statistics.fmean(shares) * a.recovery_scale if shares else None,
+    )
 
 
-def project_strategies(groups: Sequence[StrategyRuns], scale: FleetScale, a: Assumptions,
-                       repair_s: float = DEFAULT_NODE_REPAIR_S,
-                       pools: Sequence[int] = DEFAULT_SPARE_POOLS) -> ElasticFleet:  # fmt: skip
+def project_strategies(
+    groups: Sequence[StrategyRuns],
+    scale: FleetScale,
+    a: Assumptions,
+    repair_s: float = DEFAULT_NODE_REPAIR_S,
+    pools: Sequence[int] = DEFAULT_SPARE_POOLS,
+) -> ElasticFleet:
     """Each entry's goodput at ``scale`` under its strategy's model (module docstring), the hot spare's goodput
     per pool size in ``pools`` and its break-even pool; strategies of :data:`STRATEGIES` without a measured entry
     are named in ``missing``."""
@@ -235,15 +252,19 @@ def project_strategies(groups: Sequence[StrategyRuns], scale: FleetScale, a: Ass
     tau = a.interval_s(m)
     out = ElasticFleet()
     measured = {g.framework: x for g in groups if (x := _measured(g, a, tau)) is not None}
-    out.missing = [s for s in STRATEGIES if not any(g.strategy == s and g.framework in measured for g in groups)]
+    out.missing = [
+        s for s in STRATEGIES if not any(g.strategy == s and g.framework in measured for g in groups)
+    ]
     in_place = next((g for g in groups if g.strategy == "restart-in-place" and g.framework in measured), None)
     no_spare_s: float | None = None
     if in_place is not None:
         rec, _, _, share = measured[in_place.framework]
         no_spare_s = repair_s + rec - (share or 0.0)
         if share is None:
-            out.notes.append(f"{in_place.label}: no runtime share of its rescheduling was measured, so its whole "
-                             "measured recovery is added to the repair time")  # fmt: skip
+            out.notes.append(
+                f"{in_place.label}: no runtime share of its rescheduling was measured, so its whole "
+                "measured recovery is added to the repair time"
+            )
     degraded_s = repair_s / scale.nodes
     for g in groups:
         if g.framework not in measured:
@@ -252,17 +273,28 @@ def project_strategies(groups: Sequence[StrategyRuns], scale: FleetScale, a: Ass
         if g.strategy == "hot-spare":
             fallback = no_spare_s if no_spare_s is not None else repair_s + rec
             if no_spare_s is None:
-                out.notes.append(f"{g.label}: no restart-in-place entry was measured; an exhausted pool is taken to "
-                                 "cost the repair time + this entry's own recovery")  # fmt: skip
+                out.notes.append(
+                    f"{g.label}: no restart-in-place entry was measured; an exhausted pool is taken to "
+                    "cost the repair time + this entry's own recovery"
+                )
             pool = break_even_pool(rec, fallback, scale, a, repair_s, lost)
             point = spare_pool_point(pool, rec, fallback, scale, a, repair_s, lost)
             if not out.pools:
                 out.pools = [spare_pool_point(p, rec, fallback, scale, a, repair_s, lost) for p in pools]
                 out.pools_of, out.break_even = g.label, pool
-            out.strategies.append(FleetStrategy(
-                g.label, g.strategy, rec, point.recovery_s, lost, point.net_goodput,
-                f"measured recovery while a spare is left, else restart in place; pool of {pool} (goodput net of "
-                "its idle GPUs)", pool))  # fmt: skip
+            out.strategies.append(
+                FleetStrategy(
+                    g.label,
+                    g.strategy,
+                    rec,
+                    point.recovery_s,
+                    lost,
+                    point.net_goodput,
+                    f"measured recovery while a spare is left, else restart in place; pool of {pool} (goodput net of "
+                    "its idle GPUs)",
+                    pool,
+                )
+            )
             continue
         if g.strategy == "restart-in-place":
             per_loss = repair_s + rec - (share or 0.0)

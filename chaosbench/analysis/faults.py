@@ -83,6 +83,7 @@ def reaction_in(ix: TimelineIndex, t_from: int, t_to: int | None) -> bool:
     incarnations each from 0; a job without groups is one), or (per-step commit) a new quorum (a ``quorum``
     event, or a step of the job's committed by a quorum other than the last one before ``t_from``; a stale
     group's commit of an index the job had completed already is not the job's)."""
+
     def inside(e: Event) -> bool:
         return e.t_ns >= t_from and (t_to is None or e.t_ns <= t_to)
 
@@ -94,7 +95,9 @@ def reaction_in(ix: TimelineIndex, t_from: int, t_to: int | None) -> bool:
         if e.t_ns < t_from:
             unit = e.get("replica_group")
             running[unit] = max(running.get(unit, 0), incarnation(e))
-    if any(inside(e) and incarnation(e) > running.get(e.get("replica_group"), 0) for e in ix.of("rank_start")):
+    if any(
+        inside(e) and incarnation(e) > running.get(e.get("replica_group"), 0) for e in ix.of("rank_start")
+    ):
         return True
     # the job's commits only: a group back with stale state that commits an index the job had completed already,
     # alone in a quorum of its own, changes no quorum of the job's
@@ -110,7 +113,9 @@ def reaction_in(ix: TimelineIndex, t_from: int, t_to: int | None) -> bool:
     return any(inside(e) and jobs(e) and e.get("quorum_id") not in (None, last) for e in ix.of("step"))
 
 
-def measure_all(ix: TimelineIndex, faults: list[Event], finished: bool, t0: int, framework: str | None) -> list[Measured]:
+def measure_all(
+    ix: TimelineIndex, faults: list[Event], finished: bool, t0: int, framework: str | None
+) -> list[Measured]:
     """Every fault of the run, in the order they took effect (module docstring)."""
     effects = sorted(((timing.fault_effect_ns(ix, f), f) for f in faults), key=lambda x: x[0])
     out: list[Measured] = []
@@ -120,15 +125,29 @@ def measure_all(ix: TimelineIndex, faults: list[Event], finished: bool, t0: int,
     return out
 
 
-def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | None, finished: bool, t0: int,
-             framework: str | None) -> Measured:  # fmt: skip
+def _measure(
+    ix: TimelineIndex,
+    fault: Event,
+    tf: int,
+    nxt: tuple[int, Event] | None,
+    finished: bool,
+    t0: int,
+    framework: str | None,
+) -> Measured:
     until = nxt[0] if nxt is not None else None
     steps = ix.steps
-    revert = next((e.t_ns for e in ix.of("fault_revert") if e.t_ns >= tf and e.get("fault") == fault.get("fault")
-                   and (until is None or e.t_ns < until)), None)  # fmt: skip
+    revert = next(
+        (
+            e.t_ns
+            for e in ix.of("fault_revert")
+            if e.t_ns >= tf and e.get("fault") == fault.get("fault") and (until is None or e.t_ns < until)
+        ),
+        None,
+    )
     fp = timing.fault_point(ix, tf, until, revert)
-    fig = FaultFigures(fault.get("fault"), fault.get("injector"), fault_class(fault),
-                       ns_to_s(tf - t0), "not_recovered")  # fmt: skip
+    fig = FaultFigures(
+        fault.get("fault"), fault.get("injector"), fault_class(fault), ns_to_s(tf - t0), "not_recovered"
+    )
     miss = fig.missing
     # Its detection is the framework's first reaction in its window, and before its job resumed (a detection
     # after that is a flap, not a reaction to it); under per-step commit a survivor's step that was in flight
@@ -138,12 +157,21 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
     detects = [e for e in ix.of("detect", "give_up") if e.t_ns >= tf and (until is None or e.t_ns < until)]
     if ix.per_step_commit:
         detect = detects[0] if detects else None
-        eventually = timing.resume_point(steps, fp, True, after_ns=detect.t_ns if detect is not None else None)
+        eventually = timing.resume_point(
+            steps, fp, True, after_ns=detect.t_ns if detect is not None else None
+        )
     else:
         eventually = timing.resume_point(steps, fp, False)  # maybe after the next fault
     resume = eventually if eventually is not None and (until is None or eventually[0] < until) else None
-    went_on = (resume is not None and nxt is None and not finished and (revert is None or revert > resume[0])
-               and not ix.per_step_commit and not fp.restarted and resume[1][0] == fp.incarnation)  # fmt: skip
+    went_on = (
+        resume is not None
+        and nxt is None
+        and not finished
+        and (revert is None or revert > resume[0])
+        and not ix.per_step_commit
+        and not fp.restarted
+        and resume[1][0] == fp.incarnation
+    )
     if went_on:
         # a fault still in effect (a kill: nothing brings the process back) while its job went on in place, and
         # the job then failed, the run's last fault: those steps were the fault not having bitten yet (a killed
@@ -165,23 +193,33 @@ def _measure(ix: TimelineIndex, fault: Event, tf: int, nxt: tuple[int, Event] | 
         if blame.missing is not None:
             miss["blame"] = blame.missing
     else:
-        miss["time_to_detect_s"] = miss["blame"] = (f"no detection by framework '{framework}' before "
-                                                    + ("the next fault" if until is not None else "the run ended"))  # fmt: skip
-    upto = resume[0] if resume is not None else until  # the restarts of its recovery: to its resume, or the next fault
+        miss["time_to_detect_s"] = miss["blame"] = f"no detection by framework '{framework}' before " + (
+            "the next fault" if until is not None else "the run ended"
+        )
+    upto = (
+        resume[0] if resume is not None else until
+    )  # the restarts of its recovery: to its resume, or the next fault
     fig.restarts = _restarts(ix, fp, upto)
     if resume is None:
         if nxt is not None:
             fig.status, fig.interrupted_by = "interrupted", str(nxt[1].get("fault"))
-            miss["time_to_resume_s"] = f"interrupted: fault '{fig.interrupted_by}' took effect before the job resumed"
+            miss["time_to_resume_s"] = (
+                f"interrupted: fault '{fig.interrupted_by}' took effect before the job resumed"
+            )
             if fp.restarted and eventually is not None:  # the rollback it began is its loss all the same: to
                 _lost(ix, fp, eventually, fig, until)  # where the job finally restarted from
-            elif not fp.restarted:  # nothing rolled back before the next fault hit: whatever was redone is its
+            elif (
+                not fp.restarted
+            ):  # nothing rolled back before the next fault hit: whatever was redone is its
                 fig.lost_steps, fig.lost_work_s = 0, 0.0
             else:
                 miss["lost_steps"] = miss["time_to_resume_s"]
         else:
-            miss["time_to_resume_s"] = miss["lost_steps"] = ("not recovered: training did not finish" if went_on else
-                                                             "not recovered: no training step completed after the fault")  # fmt: skip
+            miss["time_to_resume_s"] = miss["lost_steps"] = (
+                "not recovered: training did not finish"
+                if went_on
+                else "not recovered: no training step completed after the fault"
+            )
         return Measured(fig, fault, tf, until, fp, detect, None, went_on)
     resume_t, resume_key = resume
     if nxt is None and not finished:
@@ -204,14 +242,23 @@ def _restarts(ix: TimelineIndex, fp: timing.FaultPoint, upto: int | None) -> int
         if e.t_ns <= fp.t_ns:
             unit = e.get("replica_group")
             running[unit] = max(running.get(unit, 0), incarnation(e))
-    begun = {(e.get("replica_group"), incarnation(e)) for e in ix.of("rank_start")
-             if e.t_ns >= fp.t_ns and (upto is None or e.t_ns <= upto)
-             and incarnation(e) > running.get(e.get("replica_group"), fp.incarnation)}  # fmt: skip
+    begun = {
+        (e.get("replica_group"), incarnation(e))
+        for e in ix.of("rank_start")
+        if e.t_ns >= fp.t_ns
+        and (upto is None or e.t_ns <= upto)
+        and incarnation(e) > running.get(e.get("replica_group"), fp.incarnation)
+    }
     return len(begun)
 
 
-def _lost(ix: TimelineIndex, fp: timing.FaultPoint, resume: tuple[int, tuple[int, int]], fig: FaultFigures,
-          until: int | None) -> None:  # fmt: skip
+def _lost(
+    ix: TimelineIndex,
+    fp: timing.FaultPoint,
+    resume: tuple[int, tuple[int, int]],
+    fig: FaultFigures,
+    until: int | None,
+) -> None:
     """The work the fault at ``fp`` lost, to the point the job resumed from at ``resume`` (and, per-step commit,
     the steps skipped before the next fault at ``until``), into ``fig``."""
     lost = timing.lost_work(ix, fp, resume[1], until)

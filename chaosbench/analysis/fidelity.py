@@ -32,7 +32,11 @@ class FinalState:
 
     def finished(self, total_steps: int | None) -> bool:
         """Training ended, at the configured total when there is one."""
-        return self.ended is not None and self.step is not None and (total_steps is None or self.step >= total_steps)
+        return (
+            self.ended is not None
+            and self.step is not None
+            and (total_steps is None or self.step >= total_steps)
+        )
 
     def short_of(self, total_steps: int | None) -> int | None:
         """How many steps short of ``total_steps`` a job that ended by itself stopped (None: it did not, or
@@ -72,7 +76,8 @@ def final_state(ix: TimelineIndex, run_end: Event | None) -> FinalState:
     if digest is not None:
         return FinalState(step, ended, inc, loss, digest, "train_end")
     why = ("its train_end carried no digest" if final is not None else "it printed no final line") + (
-        " and the suite names no final artifact (fidelity_from)")
+        " and the suite names no final artifact (fidelity_from)"
+    )
     return FinalState(step, ended, inc, loss, no_digest=why)
 
 
@@ -121,16 +126,25 @@ def world_change(run: TimelineIndex, control: TimelineIndex) -> str | None:
         world_changed = ws is not None and c_ws is not None and ws != c_ws
         if batch_changed:
             world = f"world size {c_ws} -> {ws}: " if world_changed else ""
-            return (f"{world}global batch {c_gb} -> {gb}, the run trained on another batch, data split and "
-                    "schedule than the control and is expected to diverge")  # fmt: skip
+            return (
+                f"{world}global batch {c_gb} -> {gb}, the run trained on another batch, data split and "
+                "schedule than the control and is expected to diverge"
+            )
         if world_changed and (gb is None or c_gb is None):
-            return (f"world size {c_ws} -> {ws} (global batch not reported): the data split and schedule changed, "
-                    "the run is expected to diverge")  # fmt: skip
+            return (
+                f"world size {c_ws} -> {ws} (global batch not reported): the data split and schedule changed, "
+                "the run is expected to diverge"
+            )
     return None
 
 
-def fidelity(final: FinalState, control: FinalState | None, total_steps: int | None,
-             run: TimelineIndex | None = None, control_ix: TimelineIndex | None = None) -> Fidelity:  # fmt: skip
+def fidelity(
+    final: FinalState,
+    control: FinalState | None,
+    total_steps: int | None,
+    run: TimelineIndex | None = None,
+    control_ix: TimelineIndex | None = None,
+) -> Fidelity:
     """The run's final state (``final``) against the control run's (``control``): ``exact`` when their digests
     are equal, ``diverged`` when they differ or training ended at another step; missing when either did not
     finish training or either has no digest (a missing digest equals nothing). With both timelines, a divergence
@@ -151,11 +165,18 @@ def fidelity(final: FinalState, control: FinalState | None, total_steps: int | N
         whose += [f"its control: {control.no_digest}"] if control.digest is None else []
         return Fidelity(loss_diff=loss_diff, missing="no final digest to compare (" + "; ".join(whose) + ")")
     elif final.digest_from != control.digest_from:
-        return Fidelity(loss_diff=loss_diff, missing=f"the digests are of different things (this run's from its "
-                        f"{final.digest_from}, the control's from its {control.digest_from})")  # fmt: skip
+        return Fidelity(
+            loss_diff=loss_diff,
+            missing=f"the digests are of different things (this run's from its "
+            f"{final.digest_from}, the control's from its {control.digest_from})",
+        )
     else:
         verdict = "exact" if final.digest == control.digest else "diverged"
-    reason = world_change(run, control_ix) if verdict == "diverged" and run is not None and control_ix is not None else None
+    reason = (
+        world_change(run, control_ix)
+        if verdict == "diverged" and run is not None and control_ix is not None
+        else None
+    )
     return Fidelity(verdict, loss_diff, reason=reason)
 
 
@@ -183,8 +204,7 @@ def resumed_incarnations(ix: TimelineIndex) -> int:
     if ix.per_step_commit or not ix.steps.t:
         return 0
     first_step = min(ix.steps.t.values())
-    return sum(1 for inc in ix.incarnations()[1:]
-               if min(e.t_ns for e in ix.rank_starts_of(inc)) > first_step)  # fmt: skip
+    return sum(1 for inc in ix.incarnations()[1:] if min(e.t_ns for e in ix.rank_starts_of(inc)) > first_step)
 
 
 def contamination(ix: TimelineIndex) -> str | None:
@@ -194,17 +214,25 @@ def contamination(ix: TimelineIndex) -> str | None:
     # A save this run began counts from its begin: a rank stopped between marking its checkpoint complete and
     # reporting the end (seen: ddp-mlp's rank 0 wrote COMPLETE, then its closing barrier failed on the peer the
     # fault had just killed, so no ckpt_save_end) left a checkpoint of this run that the next incarnation loads.
-    first_save = min((e.t_ns for e in ix.of("ckpt_save_begin", "ckpt_save_end") if e.src == "rank"), default=None)
+    first_save = min(
+        (e.t_ns for e in ix.of("ckpt_save_begin", "ckpt_save_end") if e.src == "rank"), default=None
+    )
     load = next((e for e in ix.of("ckpt_load_begin", "ckpt_load_end") if e.src == "rank"), None)
     # A load by the first incarnation cannot be of this run's own checkpoint; a later one can, unless the run
     # reported saves and none had begun before it (a script whose saves no pattern reports: not judged).
-    if load is not None and (incarnation(load) == first_inc or (first_save is not None and load.t_ns < first_save)):
+    if load is not None and (
+        incarnation(load) == first_inc or (first_save is not None and load.t_ns < first_save)
+    ):
         at = f" (step {load.get('step')})" if load.get("step") is not None else ""
-        return (f"rank {load.get('rank', 0)} loaded a checkpoint{at} before this run had saved one: "
-                "state from outside the run")  # fmt: skip
+        return (
+            f"rank {load.get('rank', 0)} loaded a checkpoint{at} before this run had saved one: "
+            "state from outside the run"
+        )
     if not incs:
         return None
-    if ix.per_step_commit:  # each replica group numbers its incarnations: a step is keyed by its quorum's newest
+    if (
+        ix.per_step_commit
+    ):  # each replica group numbers its incarnations: a step is keyed by its quorum's newest
         idx = sorted({i for _, i in ix.steps.t})  # so the job's first steps are every step it committed
     else:
         idx = sorted(ix.steps.indices_of(first_inc))
@@ -213,10 +241,14 @@ def contamination(ix: TimelineIndex) -> str | None:
         # may be a few steps in, as far as its later counts are apart; a resume from elsewhere starts far beyond
         spacing = max(b - a for a, b in zip(idx, idx[1:], strict=False)) if idx[-1] > idx[0] else 1
         # a line counted every K steps (step_every) stands for K steps: its first may be step K
-        spacing = max([spacing] + [int(e.get("every") or 0) for e in ix.of("step") if incarnation(e) == first_inc])
+        spacing = max(
+            [spacing] + [int(e.get("every") or 0) for e in ix.of("step") if incarnation(e) == first_inc]
+        )
         if idx[0] > max(1, spacing):
-            return (f"its first incarnation's first step was {idx[0]} (steps at most {spacing} apart): it resumed "
-                    "from state this run did not write")  # fmt: skip
+            return (
+                f"its first incarnation's first step was {idx[0]} (steps at most {spacing} apart): it resumed "
+                "from state this run did not write"
+            )
     elif not idx:
         end = next((e for e in ix.of("train_end") if incarnation(e) == first_inc), None)
         if end is not None and (end.get("step") or 0) > 0:

@@ -49,6 +49,7 @@ from chaosbench.timeline import Event
 
 DAY_S = 86_400.0
 
+
 def fault_class(fault: Event | Mapping[str, Any]) -> str | None:
     """The fleet fault class of a ``fault_inject`` event (``crash``, ``node``, ``hang``, ``sdc``; None: not in a
     fleet's mix), as its injector declared it in the event (:attr:`chaosbench.injectors.base.Injector.fault_class`;
@@ -153,7 +154,9 @@ class Projection:
     gpus: int
     job_mtbf_s: float
     interruptions_per_day: float
-    recovery_s: float  # mix-weighted mean recovery per failure (measured; unrecovered runs at manual_recovery_s)
+    recovery_s: (
+        float  # mix-weighted mean recovery per failure (measured; unrecovered runs at manual_recovery_s)
+    )
     lost_s: float  # mix-weighted mean lost work per failure (modelled for rollback, measured otherwise)
     coverage: float  # share of the mix's weight whose classes were measured
     classes: list[str]
@@ -202,8 +205,14 @@ def _recovery(s: Sample, a: Assumptions) -> float:
     return a.manual_recovery_s if s.recovery_s is None else s.recovery_s * a.recovery_scale
 
 
-def simulate(costs: RecoveryCosts, a: Assumptions, interval_s: float, mtbf_s: float, horizon_s: float,
-             rng: random.Random) -> float:  # fmt: skip
+def simulate(
+    costs: RecoveryCosts,
+    a: Assumptions,
+    interval_s: float,
+    mtbf_s: float,
+    horizon_s: float,
+    rng: random.Random,
+) -> float:
     """One Monte Carlo trajectory: the share of ``horizon_s`` spent on progress that survived.
 
     Between two failures the job completes whole checkpoint cycles (tau of progress + C of saving). At a failure,
@@ -228,14 +237,22 @@ def simulate(costs: RecoveryCosts, a: Assumptions, interval_s: float, mtbf_s: fl
             break
         sample = rng.choice(costs.samples[rng.choices(classes, probs)[0]])
         t = end + _recovery(sample, a)
-        if sample.lost_s is not None:  # no rollback: the progress is kept, the sample's thrown-away work is not
+        if (
+            sample.lost_s is not None
+        ):  # no rollback: the progress is kept, the sample's thrown-away work is not
             saved += partial
             t += sample.lost_s
     return min(1.0, saved / horizon_s)
 
 
-def project(costs: RecoveryCosts, scale: FleetScale, a: Assumptions | None = None, horizon_days: float = 30.0,
-            trials: int = 200, seed: int = 0) -> Projection:  # fmt: skip
+def project(
+    costs: RecoveryCosts,
+    scale: FleetScale,
+    a: Assumptions | None = None,
+    horizon_days: float = 30.0,
+    trials: int = 200,
+    seed: int = 0,
+) -> Projection:
     a = a or Assumptions()
     m = scale.job_mtbf_s
     tau = a.interval_s(m)
@@ -333,8 +350,15 @@ class PoolPoint:
     net_goodput: float
 
 
-def spare_pool_point(pool: int, spare_s: float, no_spare_s: float, scale: FleetScale, a: Assumptions,
-                     repair_s: float, lost_s: float | None = None) -> PoolPoint:  # fmt: skip
+def spare_pool_point(
+    pool: int,
+    spare_s: float,
+    no_spare_s: float,
+    scale: FleetScale,
+    a: Assumptions,
+    repair_s: float,
+    lost_s: float | None = None,
+) -> PoolPoint:
     """A loss costs ``spare_s`` when it finds a spare and ``no_spare_s`` (the job waits for the node's repair
     and restarts in place) when the pool is exhausted; ``lost_s``: work lost per loss (None: half a checkpoint
     interval, a rollback). Goodput: :func:`analytic_goodput` at the job's MTBF."""
@@ -346,8 +370,14 @@ def spare_pool_point(pool: int, spare_s: float, no_spare_s: float, scale: FleetS
     return PoolPoint(pool, found, rec, g, idle, g - idle)
 
 
-def break_even_pool(spare_s: float, no_spare_s: float, scale: FleetScale, a: Assumptions, repair_s: float,
-                    lost_s: float | None = None) -> int:  # fmt: skip
+def break_even_pool(
+    spare_s: float,
+    no_spare_s: float,
+    scale: FleetScale,
+    a: Assumptions,
+    repair_s: float,
+    lost_s: float | None = None,
+) -> int:
     """The pool size beyond which one more spare buys less goodput than the 1/nodes of the job's GPUs it idles:
     the smallest pool with the highest net goodput (searched until a spare is found for all but 1e-9 of the
     losses, where more spares cannot buy anything)."""

@@ -65,5 +65,7 @@ def checkpoint_interval_s(ix: TimelineIndex) -> float | None:
     by_inc: dict[int, list[int]] = {}
     for (inc, _), t in first.items():
         by_inc.setdefault(inc, []).append(t)
-    gaps = [ns_to_s(b - a) for ts in by_inc.values() for a, b in zip(sorted(ts), sorted(ts)[1:], strict=False)]
+    gaps = [
+        ns_to_s(b - a) for ts in by_inc.values() for a, b in zip(sorted(ts), sorted(ts)[1:], strict=False)
+    ]
     return statistics.median(gaps) if gaps else None

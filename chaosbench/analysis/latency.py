@@ -33,8 +33,9 @@ def merge_hists(hists: Iterable[Sequence[int]], buckets: int = LATENCY_BUCKETS) 
     return out
 
 
-def quantile_ms(hist: Sequence[int], q: float, max_ms: float | None = None,
-                edges_ms: Sequence[float] = LATENCY_EDGES_MS) -> float | None:  # fmt: skip
+def quantile_ms(
+    hist: Sequence[int], q: float, max_ms: float | None = None, edges_ms: Sequence[float] = LATENCY_EDGES_MS
+) -> float | None:
     """The ``q``-quantile (0..1) of the latencies counted in ``hist``, in ms: the bucket holding rank
     ``q x total`` and, within it, linear interpolation between its edges (bucket 0 starts at 0). In the last,
     unbounded bucket: ``max_ms`` (the largest latency seen) when given, else the last edge. None for an empty

@@ -311,7 +311,11 @@ RECORDED: tuple[MetricRow, ...] = (
 )
 
 #: The tables, by the name of their generated region in docs/metrics.md.
-TABLES: dict[str, tuple[MetricRow, ...]] = {"metrics": TRAINING, "serving-metrics": SERVING, "run-record": RECORDED}
+TABLES: dict[str, tuple[MetricRow, ...]] = {
+    "metrics": TRAINING,
+    "serving-metrics": SERVING,
+    "run-record": RECORDED,
+}
 
 
 def metric_docs() -> dict[str, str]:

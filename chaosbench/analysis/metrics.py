@@ -350,9 +350,28 @@ class RunMetrics:
 
 
 #: Fields of RunMetrics that say which run it is or record its context, rather than measure it.
-BOOKKEEPING = frozenset({"suite", "scenario", "framework", "fault", "repeat", "control", "run_dir", "missing",
-                         "notes", "versions", "timeouts", "timeout_problems", "workload", "strategy",
-                         "serving", "capture_limit", "startup_failure", "total_steps"})  # fmt: skip
+BOOKKEEPING = frozenset(
+    {
+        "suite",
+        "scenario",
+        "framework",
+        "fault",
+        "repeat",
+        "control",
+        "run_dir",
+        "missing",
+        "notes",
+        "versions",
+        "timeouts",
+        "timeout_problems",
+        "workload",
+        "strategy",
+        "serving",
+        "capture_limit",
+        "startup_failure",
+        "total_steps",
+    }
+)
 
 
 def metric_names() -> list[str]:
@@ -362,20 +381,53 @@ def metric_names() -> list[str]:
 
 #: Metrics that only exist for a run with a fault.
 FAULT_METRICS = (
-    "time_to_detect_s", "time_to_resume_s", "time_to_rejoin_s", "time_to_catch_up_s", "lost_steps", "lost_work_s",
-    "checkpoint_age_s", "extra_wall_s", "badput_detect_s", "badput_restart_init_s", "badput_restore_s",
-    "badput_recompute_s", "fault_step_time_s", "slowdown", "time_burned_s", "scheduler_delay_s",
-    "injection_latency_s", "fault_step", "predicted_detect_s", "blame", "stage_detect_s", "stage_reschedule_s",
-    "stage_reschedule_runtime_s", "stage_reshard_or_replace_s", "stage_resume_s", "time_to_recover_s",
-)  # fmt: skip
+    "time_to_detect_s",
+    "time_to_resume_s",
+    "time_to_rejoin_s",
+    "time_to_catch_up_s",
+    "lost_steps",
+    "lost_work_s",
+    "checkpoint_age_s",
+    "extra_wall_s",
+    "badput_detect_s",
+    "badput_restart_init_s",
+    "badput_restore_s",
+    "badput_recompute_s",
+    "fault_step_time_s",
+    "slowdown",
+    "time_burned_s",
+    "scheduler_delay_s",
+    "injection_latency_s",
+    "fault_step",
+    "predicted_detect_s",
+    "blame",
+    "stage_detect_s",
+    "stage_reschedule_s",
+    "stage_reschedule_runtime_s",
+    "stage_reshard_or_replace_s",
+    "stage_resume_s",
+    "time_to_recover_s",
+)
 
 #: Figures of a recovery: a run that did not recover has none of them (missing, with the reason).
 RECOVERY_METRICS = (
-    "time_to_resume_s", "time_to_catch_up_s", "time_to_rejoin_s", "lost_steps", "lost_work_s", "skipped_steps",
-    "badput_restart_init_s", "badput_restore_s", "badput_recompute_s", "stage_reschedule_s",
-    "stage_reschedule_runtime_s", "stage_reshard_or_replace_s", "stage_resume_s", "time_to_recover_s",
-    "world_size_after", "global_batch_after",
-)  # fmt: skip
+    "time_to_resume_s",
+    "time_to_catch_up_s",
+    "time_to_rejoin_s",
+    "lost_steps",
+    "lost_work_s",
+    "skipped_steps",
+    "badput_restart_init_s",
+    "badput_restore_s",
+    "badput_recompute_s",
+    "stage_reschedule_s",
+    "stage_reschedule_runtime_s",
+    "stage_reshard_or_replace_s",
+    "stage_resume_s",
+    "time_to_recover_s",
+    "world_size_after",
+    "global_batch_after",
+)
 
 #: The four stages of a recovery, in order: they add up to ``time_to_recover_s``.
 STAGE_METRICS = tuple(f"stage_{name}_s" for name in timing.STAGE_NAMES)
@@ -418,7 +470,9 @@ def _training_verdict(m: RunMetrics) -> str:
         return f"contaminated: {m.missing.get('contaminated', 'started from state it did not write')}"
     if m.control:
         if m.outcome != "completed":
-            return f"control failed: {_short(m)}" if m.steps_short else f"control failed ({m.run_end_outcome})"
+            return (
+                f"control failed: {_short(m)}" if m.steps_short else f"control failed ({m.run_end_outcome})"
+            )
         text = "completed"
         if m.clean is False:
             text += f", but not clean: {m.restart_count or 0} restarts and {m.false_detections or 0} detections without a fault"
@@ -435,7 +489,9 @@ def _training_verdict(m: RunMetrics) -> str:
             text = f"crash loop until the run ended ({restarts} {plural})"
     elif m.outcome == "outlasted":
         stall = "" if m.time_to_resume_s is None else f" a {m.time_to_resume_s:.2f} s stall,"
-        text = f"outlasted: the job went on after{stall} with no framework reaction" + _ended_after_training(m)
+        text = f"outlasted: the job went on after{stall} with no framework reaction" + _ended_after_training(
+            m
+        )
     elif m.recovered:
         text = f"recovered after {restarts} {plural}" if restarts else "recovered in place"
         if not m.detected:
@@ -458,8 +514,11 @@ def _training_verdict(m: RunMetrics) -> str:
     if m.false_detections:
         text += f"; {m.false_detections} detection(s) before the fault"
     if m.fidelity == "diverged":
-        text += f"; final state diverged (expected: {m.fidelity_reason})" if m.fidelity_reason else \
-            "; final state diverged"  # fmt: skip
+        text += (
+            f"; final state diverged (expected: {m.fidelity_reason})"
+            if m.fidelity_reason
+            else "; final state diverged"
+        )
     if m.ranks_agree is False:
         text += "; replicas disagree"
     if m.checkpoint_outcome:
@@ -468,8 +527,10 @@ def _training_verdict(m: RunMetrics) -> str:
         text += "; faults: " + ", ".join(_fault_words(f) for f in m.faults)
     if m.trigger_step is not None and m.fault_step is not None and m.fault_step > m.trigger_step:
         late = m.fault_step - m.trigger_step
-        text += (f"; fault landed at step {m.fault_step}, {late} step{'s' if late > 1 else ''} after its trigger "
-                 f"(step {m.trigger_step})")  # fmt: skip
+        text += (
+            f"; fault landed at step {m.fault_step}, {late} step{'s' if late > 1 else ''} after its trigger "
+            f"(step {m.trigger_step})"
+        )
         if m.injection_latency_s is not None:
             text += f", injection latency {m.injection_latency_s * 1e3:.0f} ms"
     return text + _restart_claim_note(m)
@@ -488,8 +549,10 @@ def _fault_words(f: dict[str, Any]) -> str:
 def _short(m: RunMetrics) -> str:
     """A job that exited 0 before its last step, in words, with what to check."""
     counted = m.notes.get("steps")
-    return (f"the job exited 0 at step {m.final_step} of {m.total_steps} ({m.steps_short} short); check the "
-            f"workload's steps and how the step pattern counts (step_base{': ' + counted if counted else ''})")
+    return (
+        f"the job exited 0 at step {m.final_step} of {m.total_steps} ({m.steps_short} short); check the "
+        f"workload's steps and how the step pattern counts (step_base{': ' + counted if counted else ''})"
+    )
 
 
 def serving_verdict(m: RunMetrics) -> str:
@@ -531,8 +594,10 @@ def _count(v: int | None) -> str:
 def _restart_claim_note(m: RunMetrics) -> str:
     if m.restarts_claimed is None or m.restart_count is None or m.restarts_claimed == m.restart_count:
         return ""
-    return (f"; restart count mismatch: the ranks show {m.restart_count}, the framework reported "
-            f"{m.restarts_claimed}")  # fmt: skip
+    return (
+        f"; restart count mismatch: the ranks show {m.restart_count}, the framework reported "
+        f"{m.restarts_claimed}"
+    )
 
 
 def _compute(events: list[Event], control: list[Event] | None, total_steps: int | None) -> RunMetrics:
@@ -575,12 +640,16 @@ def _identity(m: RunMetrics, whole: TimelineIndex, start: Event) -> None:
     if info is not None:
         m.versions = dict(info.get("versions") or {})
         m.timeouts = dict(info.get("timeouts") or {})
-    m.timeout_problems = attribution.timeout_problems(whole, (info.get("timeout_problems") or []) if info else [])
+    m.timeout_problems = attribution.timeout_problems(
+        whole, (info.get("timeout_problems") or []) if info else []
+    )
     limit = whole.first("capture_limit")
     if limit is not None:
-        m.capture_limit = (f"'{limit.get('proc')}' printed {str(limit.get('line'))[:120]!r}: if that was a write to "
-                           "its own output, the run broke on the socket capture's limit of one write; rerun with "
-                           "runtime option output_capture: pipe")  # fmt: skip
+        m.capture_limit = (
+            f"'{limit.get('proc')}' printed {str(limit.get('line'))[:120]!r}: if that was a write to "
+            "its own output, the run broke on the socket capture's limit of one write; rerun with "
+            "runtime option output_capture: pipe"
+        )
     m.startup_failure = attribution.startup_failure(whole)
 
 
@@ -604,7 +673,9 @@ def _wall_and_harness(m: RunMetrics, whole: TimelineIndex, end: Event | None) ->
         m.harness_cpu_share = m.harness_cpu_s / m.wall_s
 
 
-def _final_state(m: RunMetrics, ix: TimelineIndex, end: Event | None, total_steps: int | None) -> fidelity.FinalState:
+def _final_state(
+    m: RunMetrics, ix: TimelineIndex, end: Event | None, total_steps: int | None
+) -> fidelity.FinalState:
     """Where training ended (final step, loss, digest, steps short), how steps were counted, the restarts seen
     and claimed, and the final world size; returns the :class:`~chaosbench.analysis.fidelity.FinalState`."""
     miss = m.missing
@@ -616,8 +687,11 @@ def _final_state(m: RunMetrics, ix: TimelineIndex, end: Event | None, total_step
     if counting is not None:
         m.notes["steps"] = f"counted from {counting.get('base')} ({counting.get('how')})"
     if m.final_step is None:
-        miss["final_step"] = ("train_end names no step and no step was reported" if final.ended
-                              else "training did not end (no train_end, and the job did not exit 0 by itself)")  # fmt: skip
+        miss["final_step"] = (
+            "train_end names no step and no step was reported"
+            if final.ended
+            else "training did not end (no train_end, and the job did not exit 0 by itself)"
+        )
     if m.digest is None and final.no_digest:
         miss["digest"] = final.no_digest
     m.restart_count = ix.restart_count
@@ -630,8 +704,15 @@ def _final_state(m: RunMetrics, ix: TimelineIndex, end: Event | None, total_step
     return final
 
 
-def _training_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, final: fidelity.FinalState,
-                  start: Event, end: Event | None, harness_reactions: int) -> None:  # fmt: skip
+def _training_run(
+    m: RunMetrics,
+    ix: TimelineIndex,
+    ctl: TimelineIndex | None,
+    final: fidelity.FinalState,
+    start: Event,
+    end: Event | None,
+    harness_reactions: int,
+) -> None:
     """The metrics of a training run, in ``m``: checkpoints and goodput; then, unless it was contaminated, its
     health against the control run and its outcome: a control run's, a run whose fault never fired, or a fault
     run's (:func:`_fault_run`)."""
@@ -660,7 +741,9 @@ def _training_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, f
         return
     if fault is None:
         m.outcome = "fault_not_fired"
-        m.false_detections = attribution.detection_episodes(ix)  # no fault to explain any (one may end the run)
+        m.false_detections = attribution.detection_episodes(
+            ix
+        )  # no fault to explain any (one may end the run)
         skipped = ix.first("fault_skipped")
         why = f"fault skipped: {skipped.get('reason')}" if skipped else "the trigger never fired"
         for k in ("time_to_detect_s", "time_to_resume_s", "lost_steps"):
@@ -677,9 +760,12 @@ def _checkpoints_and_goodput(m: RunMetrics, ix: TimelineIndex) -> None:
         m.checkpoint_save_s = statistics.median(saves)
     else:
         renamed = any(e.src == "watcher" and e.get("complete") for e in ix.of("ckpt_save_end"))
-        miss["checkpoint_save_s"] = ("the checkpoint saves were seen on the filesystem only as whole files renamed "
-                                     "into place: their writing, and so their cost, was not seen" if renamed else
-                                     "no complete checkpoint save with its begin and end on the timeline")  # fmt: skip
+        miss["checkpoint_save_s"] = (
+            "the checkpoint saves were seen on the filesystem only as whole files renamed "
+            "into place: their writing, and so their cost, was not seen"
+            if renamed
+            else "no complete checkpoint save with its begin and end on the timeline"
+        )
     m.checkpoint_interval_s = goodput.checkpoint_interval_s(ix)
     if m.checkpoint_interval_s is None:
         miss["checkpoint_interval_s"] = "fewer than two complete checkpoints in one incarnation"
@@ -691,8 +777,9 @@ def _checkpoints_and_goodput(m: RunMetrics, ix: TimelineIndex) -> None:
         miss["productive_s"] = miss["goodput"] = "no step durations on the timeline"
 
 
-def _training_health(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None,
-                     final: fidelity.FinalState) -> None:  # fmt: skip
+def _training_health(
+    m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, final: fidelity.FinalState
+) -> None:
     """Fidelity against the control run (not for a control run itself), whether the ranks agree, the step time,
     a give-up, the clocks, a crash loop and the wall time beyond the control run's."""
     miss = m.missing
@@ -700,8 +787,9 @@ def _training_health(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None
     if resumed:
         # its final state is itself a recovery's (seen: a Hugging Face Trainer script whose rank aborted at exit
         # was restarted, resumed from its last checkpoint and trained a step beyond max_steps)
-        miss["fidelity"] = (f"the control run restarted ({resumed}): its final state is no fault-free "
-                            "reference")  # fmt: skip
+        miss["fidelity"] = (
+            f"the control run restarted ({resumed}): its final state is no fault-free reference"
+        )
     elif not m.control:
         ctl_final = fidelity.final_state(ctl, ctl.last("run_end")) if ctl is not None else None
         fid = fidelity.fidelity(final, ctl_final, m.total_steps, ix, ctl)
@@ -731,10 +819,13 @@ def _clocks(m: RunMetrics, ix: TimelineIndex) -> None:
     failed = [e for e in ix.of("clock_offset") if e.get("error")]
     uncorrected = uncorrected_hosts(ix.events)
     if failed or uncorrected:
-        nodes = sorted({str(e.get("node") or e.get("slurm_node") or e.host) for e in failed} | set(uncorrected))
+        nodes = sorted(
+            {str(e.get("node") or e.get("slurm_node") or e.host) for e in failed} | set(uncorrected)
+        )
         first = failed[0].get("error") if failed else "no clock measurement"
-        m.missing["clock_offset_bound_s"] = (f"the clock of {', '.join(nodes)} could not be measured ({first}): "
-                                             "its stamps are uncorrected")  # fmt: skip
+        m.missing["clock_offset_bound_s"] = (
+            f"the clock of {', '.join(nodes)} could not be measured ({first}): its stamps are uncorrected"
+        )
         m.notes["clocks"] = m.missing["clock_offset_bound_s"]
         return
     m.clock_offset_bound_s = offset_bound_s(ix.of("clock_offset"))
@@ -744,13 +835,28 @@ def _clocks(m: RunMetrics, ix: TimelineIndex) -> None:
 
 #: Training metrics a serving run does not have.
 TRAINING_METRICS = (
-    "time_to_resume_s", "time_to_catch_up_s", "time_to_rejoin_s", "lost_steps", "lost_work_s", "fidelity",
-    "productive_s", "goodput", "final_step", "checkpoint_age_s", "slowdown",
-)  # fmt: skip
+    "time_to_resume_s",
+    "time_to_catch_up_s",
+    "time_to_rejoin_s",
+    "lost_steps",
+    "lost_work_s",
+    "fidelity",
+    "productive_s",
+    "goodput",
+    "final_step",
+    "checkpoint_age_s",
+    "slowdown",
+)
 
 
-def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: TimelineIndex | None,
-                 end: Event | None, harness_reactions: int) -> None:  # fmt: skip
+def _serving_run(
+    m: RunMetrics,
+    whole: TimelineIndex,
+    ix: TimelineIndex,
+    ctl: TimelineIndex | None,
+    end: Event | None,
+    harness_reactions: int,
+) -> None:
     """The metrics of a serving run (its timeline has ``load_start``), in ``m``: requests, error budget, latency
     and capacity (:mod:`~chaosbench.analysis.serving`), and detection, recovery and outcome by the serving
     definitions; its training metrics stay None."""
@@ -776,8 +882,13 @@ def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: Ti
     if m.control:
         m.outcome = "completed" if s.completed else "failed"
         m.false_detections = attribution.detection_episodes(ix)
-        m.clean = (m.outcome == "completed" and m.false_detections == 0 and m.restart_count == 0
-                   and not m.failed_requests and not ix.has("balancer_down"))  # fmt: skip
+        m.clean = (
+            m.outcome == "completed"
+            and m.false_detections == 0
+            and m.restart_count == 0
+            and not m.failed_requests
+            and not ix.has("balancer_down")
+        )
         for k in serving.SERVING_FAULT_METRICS:
             miss[k] = "control run (no fault)"
         return
@@ -801,8 +912,10 @@ def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: Ti
     if s.detect_t_ns is not None:
         m.detect_t_s = ns_to_s(s.detect_t_ns - t0)
     elif harness_reactions:
-        miss["time_to_detect_s"] += (f" (the framework reacted {harness_reactions} time(s) only after the harness "
-                                     "began tearing the run down)")  # fmt: skip
+        miss["time_to_detect_s"] += (
+            f" (the framework reacted {harness_reactions} time(s) only after the harness "
+            "began tearing the run down)"
+        )
     if ix.first("detect", after_ns=tf) is not None:
         blame = attribution.first_blame(ix, fault, tf)
         m.blamed, m.blame = blame.blamed, blame.blame
@@ -818,8 +931,16 @@ def _serving_run(m: RunMetrics, whole: TimelineIndex, ix: TimelineIndex, ctl: Ti
         m.time_burned_s = ns_to_s(end.t_ns - tf)
 
 
-def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faults: list[Event], t0: int,
-               end: Event | None, finished: bool, harness_reactions: int) -> None:  # fmt: skip
+def _fault_run(
+    m: RunMetrics,
+    ix: TimelineIndex,
+    ctl: TimelineIndex | None,
+    faults: list[Event],
+    t0: int,
+    end: Event | None,
+    finished: bool,
+    harness_reactions: int,
+) -> None:
     """The metrics of a run whose faults fired (``faults``: its ``fault_inject`` events), in ``m``: every fault's
     own figures in ``m.faults``, the run's figures from its first fault, its outcome from all of them."""
     measured = per_fault.measure_all(ix, faults, finished, t0, m.framework)
@@ -836,7 +957,9 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     _detection(m, ix, first, t0, harness_reactions)
     m.scheduler_delay_s = timing.scheduler_delay_s(ix, first.t_ns)
     if m.scheduler_delay_s is None:
-        m.missing["scheduler_delay_s"] = "no scheduler state after a restart (not a scheduler-driven framework)"
+        m.missing["scheduler_delay_s"] = (
+            "no scheduler state after a restart (not a scheduler-driven framework)"
+        )
     m.world_size_before, m.global_batch_before = ix.world(first.point.incarnation)
     m.outcome = per_fault.run_outcome(measured, finished)
     m.recovered = m.outcome == "recovered"
@@ -847,7 +970,9 @@ def _fault_run(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, faul
     _recovery(m, ix, first, t0)
 
 
-def _first_fault(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, measured: list[per_fault.Measured]) -> None:
+def _first_fault(
+    m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, measured: list[per_fault.Measured]
+) -> None:
     """The first fault's injection latency, trigger step, class and time; how many faults fired and the
     detections none of them explains."""
     fault, tf = first.event, first.t_ns
@@ -860,11 +985,14 @@ def _first_fault(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, me
     m.fault_class = first.figures.fault_class
     m.fault_t_s = first.figures.fault_t_s
     m.fault_count = len(measured)
-    m.false_detections = attribution.false_detections(ix, [(x.t_ns, x.resume[0] if x.resume else None)
-                                                           for x in measured])  # fmt: skip
+    m.false_detections = attribution.false_detections(
+        ix, [(x.t_ns, x.resume[0] if x.resume else None) for x in measured]
+    )
 
 
-def _fault_window(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, tf: int, end: Event | None) -> None:
+def _fault_window(
+    m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, tf: int, end: Event | None
+) -> None:
     """The step time while the first fault was in effect (from its effect ``tf`` to its revert, else the run's
     end) and the slowdown against the control run's same steps."""
     miss = m.missing
@@ -882,7 +1010,9 @@ def _fault_window(m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, t
             miss["slowdown"] = "the control run did not take the fault window's steps"
 
 
-def _detection(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, t0: int, harness_reactions: int) -> None:
+def _detection(
+    m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, t0: int, harness_reactions: int
+) -> None:
     """The first fault's predicted detection, and its detection: by whom, how, when and whom it blamed, or why
     there was none (saying when the framework reacted only after the harness began tearing the run down)."""
     miss = m.missing
@@ -906,7 +1036,9 @@ def _detection(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, t0: 
     else:
         why = fig.missing["time_to_detect_s"]
         if harness_reactions:
-            why += f" (it reacted {harness_reactions} time(s) only after the harness began tearing the run down)"
+            why += (
+                f" (it reacted {harness_reactions} time(s) only after the harness began tearing the run down)"
+            )
         miss["time_to_detect_s"] = miss["blame"] = miss["detected_via"] = why
 
 
@@ -963,9 +1095,15 @@ def _recovery(m: RunMetrics, ix: TimelineIndex, first: per_fault.Measured, t0: i
         miss["badput_recompute_s"] = stages.missing
 
 
-def _stages(m: RunMetrics, ix: TimelineIndex, fp: timing.FaultPoint, detect: Event | None,
-            resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None,
-            until_ns: int | None = None) -> None:  # fmt: skip
+def _stages(
+    m: RunMetrics,
+    ix: TimelineIndex,
+    fp: timing.FaultPoint,
+    detect: Event | None,
+    resume: tuple[int, tuple[int, int]] | None,
+    fault: Event | None = None,
+    until_ns: int | None = None,
+) -> None:
     """The four stages of the recovery, their total and the runtime's share of rescheduling, in ``m``."""
     st = timing.recovery_stages(ix, fp, detect, resume, fault, until_ns)
     for name, metric in zip(timing.STAGE_NAMES, STAGE_METRICS, strict=True):

@@ -56,9 +56,12 @@ def share_power(n_a: int, n_b: int, level: float) -> SharePower:
             break
     needs = needs_each = None
     if best is None:
-        needs = next((n for n in range(n_b + 1, 1001) if at_most(fisher_worse(n_a, n_a, 0, n).p, level)), None)
-        needs_each = next((n for n in range(max(n_a, n_b) + 1, 1001) if at_most(1 / math.comb(2 * n, n), level)),
-                          None)  # fmt: skip
+        needs = next(
+            (n for n in range(n_b + 1, 1001) if at_most(fisher_worse(n_a, n_a, 0, n).p, level)), None
+        )
+        needs_each = next(
+            (n for n in range(max(n_a, n_b) + 1, 1001) if at_most(1 / math.comb(2 * n, n), level)), None
+        )
     return SharePower(n_a, n_b, level, best, p, needs, needs_each)
 
 
@@ -96,8 +99,10 @@ class Power:
         pairs = sorted(set(self.repeats.values()))
         reps = ", ".join(f"{a} baseline vs {b} new" for a, b in pairs)
         over = f"at most {self.family_max}" if self.bound else f"the verdict's {self.family_max}"
-        out = [f"gate power: {reps} repeats per scenario; alpha {self.alpha:g} for the whole verdict, Holm over "
-               f"{over} comparisons (first level {self.alpha:g}/{max(self.family_max, 1)} = {self.level:.2g}):"]  # fmt: skip
+        out = [
+            f"gate power: {reps} repeats per scenario; alpha {self.alpha:g} for the whole verdict, Holm over "
+            f"{over} comparisons (first level {self.alpha:g}/{max(self.family_max, 1)} = {self.level:.2g}):"
+        ]
         for pair in pairs:
             sp = self.shares[pair]
             a, b = pair
@@ -106,19 +111,25 @@ class Power:
                 tail = "" if k + 1 > b else f"; 100 % -> {(k + 1) / b:.0%} is not"
                 text = f"100 % -> {k / b:.0%} of {b} detectable (p = {sp.p:.2g}){tail}"
             else:
-                text = (f"not even 100 % -> 0 % of {b} is detectable (p = {sp.p:.2g} > {self.level:.2g}): needs "
-                        f"{_n(sp.needs)} new repeats against the baseline's {a}, or {_n(sp.needs_each)} on both "
-                        "sides")  # fmt: skip
+                text = (
+                    f"not even 100 % -> 0 % of {b} is detectable (p = {sp.p:.2g} > {self.level:.2g}): needs "
+                    f"{_n(sp.needs)} new repeats against the baseline's {a}, or {_n(sp.needs_each)} on both "
+                    "sides"
+                )
             out.append(f"  {a} vs {b}: shares ({', '.join(s.name for s in SHARES)}): {text}")
             best = self.timing_best_p[pair]
             if at_most(best, self.level):
                 t = f"a change beyond its noise floor is detectable when every new run is worse (p = {best:.2g})"
             else:
-                each = next((n for n in range(max(a, b) + 1, 1001) if at_most(1 / math.comb(2 * n, n), self.level)),
-                            None)  # fmt: skip
-                t = (f"not detectable (smallest p = 1/C({a + b},{a}) = {best:.2g} > {self.level:.2g}): needs "
-                     f"{_n(_timing_needs(a, b, self.level))} new repeats against the baseline's {a}, or {_n(each)} on "
-                     "both sides")  # fmt: skip
+                each = next(
+                    (n for n in range(max(a, b) + 1, 1001) if at_most(1 / math.comb(2 * n, n), self.level)),
+                    None,
+                )
+                t = (
+                    f"not detectable (smallest p = 1/C({a + b},{a}) = {best:.2g} > {self.level:.2g}): needs "
+                    f"{_n(_timing_needs(a, b, self.level))} new repeats against the baseline's {a}, or {_n(each)} on "
+                    "both sides"
+                )
             out.append(f"  {a} vs {b}: timings: {t}")
         by_metric: dict[str, list[TimingFloor]] = {}
         for f in self.floors:
@@ -128,8 +139,10 @@ class Power:
             for metric, fs in by_metric.items():
                 lo, hi = min(f.relative for f in fs), max(f.relative for f in fs)
                 parts.append(f"{metric} {_rel(lo)}" + ("" if hi == lo else f" to {_rel(hi)}"))
-            out.append("  a timing change counts only above its noise floor (threshold or twice the baseline's interquartile range): "
-                       + ", ".join(parts))  # fmt: skip
+            out.append(
+                "  a timing change counts only above its noise floor (threshold or twice the baseline's interquartile range): "
+                + ", ".join(parts)
+            )
         out.append("  a figure measured in every baseline run and in none now fails without statistics")
         if self.bound:
             out.append(self._family_line(pairs))
@@ -145,9 +158,11 @@ class Power:
             best = self.timing_best_p[(a, b)]
             largest = math.floor(self.alpha / best * (1 + 1e-9))
             parts.append(f"{a} vs {b} (p = 1/C({a + b},{a})) decides in a family of up to {largest}")
-        return (f"  the family is known after the runs (a figure the same in every run of both sides is left out; "
-                f"{self.varying} of the at most {self.family_max} vary among the baseline's runs): complete "
-                f"separation of {'; '.join(parts)}")  # fmt: skip
+        return (
+            f"  the family is known after the runs (a figure the same in every run of both sides is left out; "
+            f"{self.varying} of the at most {self.family_max} vary among the baseline's runs): complete "
+            f"separation of {'; '.join(parts)}"
+        )
 
 
 def _n(repeats: int | None) -> str:

@@ -18,8 +18,10 @@ from chaosbench.timeline import Event, read_events
 if TYPE_CHECKING:
     import pandas as pd
 
-def run_metrics(run: RunDir, control: RunDir | None, write: bool = True,
-                control_events: list[Event] | None = None) -> RunMetrics:  # fmt: skip
+
+def run_metrics(
+    run: RunDir, control: RunDir | None, write: bool = True, control_events: list[Event] | None = None
+) -> RunMetrics:
     """One run's metrics (a fault run against its framework's control run), its SLO verdicts, and with ``write``
     its ``metrics.json``; ``workload`` (name) and ``strategy`` come from the run's configuration. ``control_events``: the control's timeline when the caller has it already."""
     cfg = run.read_config()

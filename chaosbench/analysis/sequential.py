@@ -110,10 +110,18 @@ class Settlement:
         return f"{self.key}: {head}: {self.repeats} repeats ({why})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"repeats": self.repeats, "min": self.design.min_repeats, "max": self.design.max,
-                "looks": self.design.looks, "decided": self.decided, "regressions": list(self.regressions),
-                "unsettled": list(self.unsettled), "slo_missed": self.slo_missed,
-                "nothing_to_decide": self.nothing_to_decide, "why": self.describe()}  # fmt: skip
+        return {
+            "repeats": self.repeats,
+            "min": self.design.min_repeats,
+            "max": self.design.max,
+            "looks": self.design.looks,
+            "decided": self.decided,
+            "regressions": list(self.regressions),
+            "unsettled": list(self.unsettled),
+            "slo_missed": self.slo_missed,
+            "nothing_to_decide": self.nothing_to_decide,
+            "why": self.describe(),
+        }
 
 
 @dataclass(frozen=True)
@@ -123,14 +131,16 @@ class _Figure:
     name: str
     share: Share | None = None
 
-    def diff(self, key: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]],
-             threshold: float) -> Difference | None:  # fmt: skip
+    def diff(
+        self, key: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]], threshold: float
+    ) -> Difference | None:
         if self.share is not None:
             return share_difference(key, self.share, ra, rb)
         return timing_difference(key, self.name, ra, rb, threshold)
 
-    def continued(self, key: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]], more: int,
-                  adverse: bool) -> list[dict[str, Any]]:  # fmt: skip
+    def continued(
+        self, key: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]], more: int, adverse: bool
+    ) -> list[dict[str, Any]]:
         """``rb`` and ``more`` runs, all on the bad side of this figure (``adverse``) or all on the good side:
         for a timing each new value beyond every value so far, all distinct."""
         if more <= 0:
@@ -145,7 +155,9 @@ class _Figure:
         return list(rb) + [{"scenario": key, self.name: edge + (i + 1) * step} for i in range(more)]
 
 
-FIGURES = tuple(_Figure(s.name, s) for s in SHARES) + tuple(_Figure(m) for m in LOWER_IS_BETTER + HIGHER_IS_BETTER)
+FIGURES = tuple(_Figure(s.name, s) for s in SHARES) + tuple(
+    _Figure(m) for m in LOWER_IS_BETTER + HIGHER_IS_BETTER
+)
 
 
 class StoppingRule:
@@ -153,16 +165,29 @@ class StoppingRule:
     ``alpha`` and ``threshold`` as the gate uses them, ``family_bound``: an upper bound of the verdict's family
     size (:func:`for_suite` takes the power statement's)."""
 
-    def __init__(self, baseline_rows: Sequence[dict[str, Any]] | None, *, alpha: float = 0.05,
-                 threshold: float = 0.2, family_bound: int = 1, by: str = "scenario") -> None:  # fmt: skip
+    def __init__(
+        self,
+        baseline_rows: Sequence[dict[str, Any]] | None,
+        *,
+        alpha: float = 0.05,
+        threshold: float = 0.2,
+        family_bound: int = 1,
+        by: str = "scenario",
+    ) -> None:
         self.baseline = groups(baseline_rows, by) if baseline_rows else {}
         self.alpha = alpha
         self.threshold = threshold
         self.family_bound = max(1, family_bound)
 
     @classmethod
-    def for_suite(cls, suite: Any, baseline_rows: Sequence[dict[str, Any]] | None, *, alpha: float = 0.05,
-                  threshold: float = 0.2) -> StoppingRule:  # fmt: skip
+    def for_suite(
+        cls,
+        suite: Any,
+        baseline_rows: Sequence[dict[str, Any]] | None,
+        *,
+        alpha: float = 0.05,
+        threshold: float = 0.2,
+    ) -> StoppingRule:
         """The rule for ``suite`` against ``baseline_rows``: the family bound is every figure the baseline
         measured for the scenarios in both (:func:`chaosbench.analysis.power.power`)."""
         if not baseline_rows:
@@ -172,7 +197,9 @@ class StoppingRule:
         bound = power(baseline_rows, suite_repeats(suite), alpha=alpha, threshold=threshold).family_max
         return cls(baseline_rows, alpha=alpha, threshold=threshold, family_bound=bound)
 
-    def settle(self, key: str, design: UntilDecided, rows: Sequence[dict[str, Any]], has_slos: bool) -> Settlement:
+    def settle(
+        self, key: str, design: UntilDecided, rows: Sequence[dict[str, Any]], has_slos: bool
+    ) -> Settlement:
         """Whether scenario ``key``'s verdict is decided after ``rows`` (its fault runs so far, result rows or
         :meth:`RunMetrics.to_dict` dicts; controls are left out)."""
         rb = [r for r in rows if as_bool(r.get("control")) is not True]
@@ -209,8 +236,14 @@ class StoppingRule:
             return False
         return d.adverse and at_most(d.p_worse * looks * self.family_bound, self.alpha)
 
-    def _figure(self, fig: _Figure, key: str, ra: Sequence[dict[str, Any]], rb: Sequence[dict[str, Any]],
-                design: UntilDecided) -> bool | None:  # fmt: skip
+    def _figure(
+        self,
+        fig: _Figure,
+        key: str,
+        ra: Sequence[dict[str, Any]],
+        rb: Sequence[dict[str, Any]],
+        design: UntilDecided,
+    ) -> bool | None:
         """True: settled as a regression; False: settled as none (or not compared at all); None: not settled."""
         k, top, looks = len(rb), design.max, design.looks
         now = fig.diff(key, ra, rb, self.threshold)
@@ -219,8 +252,10 @@ class StoppingRule:
         if now.status is Status.NO_LONGER_MEASURED:
             return None  # at max a regression, but not settled: one more run could measure it
         if self._fails_surely(now, looks):
-            favourable = (fig.diff(key, ra, fig.continued(key, ra, rb, n - k, adverse=False), self.threshold)
-                          for n in range(k + 1, top + 1))  # fmt: skip
+            favourable = (
+                fig.diff(key, ra, fig.continued(key, ra, rb, n - k, adverse=False), self.threshold)
+                for n in range(k + 1, top + 1)
+            )
             return True if all(self._fails_surely(d, looks) for d in favourable) else None
         if self._could_fail(now, looks):
             return None
@@ -229,8 +264,9 @@ class StoppingRule:
             if all(not at_most(best_p(now, n) * looks, self.alpha) for n in range(k + 1, top + 1)):
                 return False
         for n in range(top, k, -1):  # the most repeats first: the likeliest to reach the level
-            if self._could_fail(fig.diff(key, ra, fig.continued(key, ra, rb, n - k, adverse=True), self.threshold),
-                                looks):  # fmt: skip
+            if self._could_fail(
+                fig.diff(key, ra, fig.continued(key, ra, rb, n - k, adverse=True), self.threshold), looks
+            ):
                 return None
         return False
 
@@ -247,4 +283,3 @@ def recorded_looks(result_set: str | Path) -> dict[str, int]:
     if not path.is_file():
         return {}
     return {key: int(rec.get("looks", 1)) for key, rec in json.loads(path.read_text()).items()}
-

@@ -77,17 +77,37 @@ DEFAULT_SLO = {"availability": 0.999, "window_days": 30.0, "error_rate": 0.01, "
 
 #: RunMetrics fields this module fills (besides detection, recovery and outcome).
 SERVING_FIELDS = (
-    "replicas", "requests", "failed_requests", "retried_requests", "error_rate", "budget_request_rate_per_s",
-    "error_budget_burn", "latency_p50_ms", "latency_p99_ms", "latency_p50_before_ms", "latency_p99_before_ms",
-    "latency_p50_during_ms", "latency_p99_during_ms", "latency_p50_after_ms", "latency_p99_after_ms",
-    "capacity_lost_replica_s", "capacity_lost_share", "throughput_during_share",
-)  # fmt: skip
+    "replicas",
+    "requests",
+    "failed_requests",
+    "retried_requests",
+    "error_rate",
+    "budget_request_rate_per_s",
+    "error_budget_burn",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "latency_p50_before_ms",
+    "latency_p99_before_ms",
+    "latency_p50_during_ms",
+    "latency_p99_during_ms",
+    "latency_p50_after_ms",
+    "latency_p99_after_ms",
+    "capacity_lost_replica_s",
+    "capacity_lost_share",
+    "throughput_during_share",
+)
 #: Serving metrics that only exist for a run with a fault.
 SERVING_FAULT_METRICS = (
-    "time_to_detect_s", "time_to_recover_s", "latency_p50_before_ms", "latency_p99_before_ms",
-    "latency_p50_during_ms", "latency_p99_during_ms", "latency_p50_after_ms", "latency_p99_after_ms",
+    "time_to_detect_s",
+    "time_to_recover_s",
+    "latency_p50_before_ms",
+    "latency_p99_before_ms",
+    "latency_p50_during_ms",
+    "latency_p99_during_ms",
+    "latency_p50_after_ms",
+    "latency_p99_after_ms",
     "throughput_during_share",
-)  # fmt: skip
+)
 
 
 # ----------------------------------------------------------------------------------------------- the windows
@@ -110,9 +130,14 @@ def window_of(ev: Event) -> Window:
     hist = ev.get("latency_hist")
     ok = isinstance(hist, (list, tuple)) and len(hist) == LATENCY_BUCKETS
     mx = ev.get("max_ms")
-    return Window(ev.t_ns, ev.t_ns + int(round(float(ev.get("window_s") or 0.0) * 1e9)), int(ev.get("requests") or 0),
-                  int(ev.get("failures") or 0), tuple(int(c) for c in hist) if ok else None,
-                  float(mx) if mx is not None else None)  # fmt: skip
+    return Window(
+        ev.t_ns,
+        ev.t_ns + int(round(float(ev.get("window_s") or 0.0) * 1e9)),
+        int(ev.get("requests") or 0),
+        int(ev.get("failures") or 0),
+        tuple(int(c) for c in hist) if ok else None,
+        float(mx) if mx is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -230,7 +255,9 @@ def windows_rate_per_s(windows: Sequence[Window]) -> float | None:
     return sum(w.requests for w in windows) / span_s if span_s > 0 else None
 
 
-def error_budget_burn(failed: int, availability: float, rate_per_s: float, window_days: float) -> float | None:
+def error_budget_burn(
+    failed: int, availability: float, rate_per_s: float, window_days: float
+) -> float | None:
     """failed / ((1 - availability) x rate x window_days x 86400): the share of the SLO window's error budget
     ``failed`` requests use; None when the SLO leaves no budget (availability 1, or no requests)."""
     budget = (1.0 - availability) * rate_per_s * window_days * 86400.0
@@ -279,10 +306,17 @@ def replicas_hit(ix: TimelineIndex, fault: Event) -> set[int]:
         nodes = cut_off_nodes(ix, fault)
     else:
         ranks = set(fault_targets(fault))
-        nodes = {t["node"] for t in (targets if isinstance(targets, list) else [targets])
-                 if isinstance(t, dict) and t.get("node") and t.get("rank") is None}  # fmt: skip
+        nodes = {
+            t["node"]
+            for t in (targets if isinstance(targets, list) else [targets])
+            if isinstance(t, dict) and t.get("node") and t.get("rank") is None
+        }
     if nodes:
-        ranks |= {int(e["rank"]) for e in ix.of("rank_start") if e.get("node") in nodes and e.get("rank") is not None}
+        ranks |= {
+            int(e["rank"])
+            for e in ix.of("rank_start")
+            if e.get("node") in nodes and e.get("rank") is not None
+        }
     return ranks
 
 
@@ -292,8 +326,11 @@ def out_of_service_s(ix: TimelineIndex, lo_ns: int, hi_ns: int) -> tuple[float, 
     fault hitting it, or its process's exit, to its revert or the ``replica_ready`` of its next incarnation) or
     while the balancer holds it down (``balancer_down`` to ``balancer_up``), whichever is longer: a restarted
     replica serves only once the balancer puts it back; without health checks, from its ``replica_ready``."""
-    rank_of_pid = {int(e["pid"]): int(e["rank"]) for e in ix.of("rank_start")
-                   if e.get("pid") is not None and e.get("rank") is not None}  # fmt: skip
+    rank_of_pid = {
+        int(e["pid"]): int(e["rank"])
+        for e in ix.of("rank_start")
+        if e.get("pid") is not None and e.get("rank") is not None
+    }
     changes: list[tuple[int, int, str, bool]] = []  # (t_ns, rank, "dead"|"held", out?)
     reverts = {e.get("fault"): e.t_ns for e in ix.of("fault_revert") if e.get("undone")}
     for f in ix.of("fault_inject"):
@@ -321,7 +358,9 @@ def out_of_service_s(ix: TimelineIndex, lo_ns: int, hi_ns: int) -> tuple[float, 
     out_since: dict[int, int] = {}
     total_ns = 0
     hit: set[int] = set()
-    for t, rank, what, out in sorted(changes, key=lambda c: (c[0], c[3])):  # a "back" before an "out" at one instant
+    for t, rank, what, out in sorted(
+        changes, key=lambda c: (c[0], c[3])
+    ):  # a "back" before an "out" at one instant
         st = state.setdefault(rank, {"dead": False, "held": False})
         was_out = st["dead"] or st["held"]
         st[what] = out
@@ -342,8 +381,9 @@ def first_failure_end_ns(windows: Sequence[Window], after_ns: int) -> int | None
     return next((w.end_ns for w in windows if w.end_ns > after_ns and w.failures > 0), None)
 
 
-def recovery_ns(windows: Sequence[Window], tf: int, floor_ns: int, span_ns: int, error_rate: float,
-                settle_ns: int = 0) -> int | None:  # fmt: skip
+def recovery_ns(
+    windows: Sequence[Window], tf: int, floor_ns: int, span_ns: int, error_rate: float, settle_ns: int = 0
+) -> int | None:
     """Start of the first span of ``span_ns`` starting at a window start >= ``floor_ns`` (and >= ``tf``) whose
     windows, and those of the ``settle_ns`` after it, are all healthy, served a request and cover it. A request
     counts in the window in which it ended: one begun in the span that times out ends up to the request timeout
@@ -365,13 +405,16 @@ def recovery_ns(windows: Sequence[Window], tf: int, floor_ns: int, span_ns: int,
                 break
             covered += min(x.end_ns, stop) - x.t_ns
             served += x.requests
-        if healthy and served > 0 and covered >= span_ns + settle_ns - 1000:  # 1 µs: window stamps are rounded
+        if (
+            healthy and served > 0 and covered >= span_ns + settle_ns - 1000
+        ):  # 1 µs: window stamps are rounded
             return w.t_ns
     return None
 
 
-def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Event | None,
-                    tf: int | None) -> Serving:  # fmt: skip
+def serving_metrics(
+    ix: TimelineIndex, control: TimelineIndex | None, fault: Event | None, tf: int | None
+) -> Serving:
     """The serving metrics of the run indexed by ``ix`` (its control's index ``control``; its first
     ``fault_inject`` ``fault`` taking effect at ``tf``, both None for a control or a fault that did not fire).
     Raises ValueError when ``ix`` is not a serving run."""
@@ -384,8 +427,10 @@ def serving_metrics(ix: TimelineIndex, control: TimelineIndex | None, fault: Eve
     if s.replicas is None:
         s.missing["replicas"] = "no rank_start of a replica on the timeline"
     if load.bad_hists:
-        s.notes["latency_p99_ms"] = (f"{load.bad_hists} window(s) without a latency histogram of "
-                                     f"{LATENCY_BUCKETS} buckets were left out")  # fmt: skip
+        s.notes["latency_p99_ms"] = (
+            f"{load.bad_hists} window(s) without a latency histogram of "
+            f"{LATENCY_BUCKETS} buckets were left out"
+        )
     _requests(s, ix, load)
     _error_budget(s, load, control, tf)
     # Latency over the whole load.
@@ -407,9 +452,14 @@ def _requests(s: Serving, ix: TimelineIndex, load: Load) -> None:
     if wins:
         s.requests = sum(w.requests for w in wins)
         s.failed_requests = sum(w.failures for w in wins)
-        if load.end is not None and load.end.get("requests") is not None and int(load.end["requests"]) != s.requests:
-            s.notes["requests"] = (f"load_end counted {load.end['requests']} requests, the windows "
-                                   f"{s.requests}")  # fmt: skip
+        if (
+            load.end is not None
+            and load.end.get("requests") is not None
+            and int(load.end["requests"]) != s.requests
+        ):
+            s.notes["requests"] = (
+                f"load_end counted {load.end['requests']} requests, the windows {s.requests}"
+            )
     else:
         why = "no load_window events (the load recorded no window)"
         for k in ("requests", "failed_requests", "error_rate", "error_budget_burn"):
@@ -424,7 +474,9 @@ def _requests(s: Serving, ix: TimelineIndex, load: Load) -> None:
         # haproxy counts a retry on the same replica in wretr, one sent to another (option redispatch) in wredis
         s.retried_requests = int(stats["retries"]) + int(stats.get("redispatches") or 0)
     elif stats is not None:
-        miss["retried_requests"] = f"the balancer's stats name no retries ({stats.get('missing') or 'no such field'})"
+        miss["retried_requests"] = (
+            f"the balancer's stats name no retries ({stats.get('missing') or 'no such field'})"
+        )
     else:
         miss["retried_requests"] = "the balancer reported no retries (no balancer_stats event)"
 
@@ -449,7 +501,9 @@ def _error_budget(s: Serving, load: Load, control: TimelineIndex | None, tf: int
         miss["budget_request_rate_per_s"] = why_rate or "no request rate"
         miss.setdefault("error_budget_burn", f"no request rate: {why_rate}")
     elif s.failed_requests is not None:
-        s.error_budget_burn = error_budget_burn(s.failed_requests, slo["availability"], rate, slo["window_days"])
+        s.error_budget_burn = error_budget_burn(
+            s.failed_requests, slo["availability"], rate, slo["window_days"]
+        )
         if s.error_budget_burn is None:
             miss["error_budget_burn"] = f"availability SLO {slo['availability']} leaves no error budget"
 
@@ -465,7 +519,9 @@ def _capacity_lost(s: Serving, ix: TimelineIndex, load: Load) -> None:
     if s.replicas and dur_s > 0:
         s.capacity_lost_share = lost_s / (s.replicas * dur_s)
     else:
-        s.missing["capacity_lost_share"] = "unknown replica count" if not s.replicas else "the load has no duration"
+        s.missing["capacity_lost_share"] = (
+            "unknown replica count" if not s.replicas else "the load has no duration"
+        )
 
 
 def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: int) -> None:
@@ -475,55 +531,91 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
     slo = load.slo
     cut = teardown_ns(ix)
     targets = replicas_hit(ix, fault)
-    down = next((e for e in ix.of("balancer_down") if e.t_ns >= tf and (cut is None or e.t_ns < cut)
-                 and (not targets or e.get("rank") is not None and int(e["rank"]) in targets)), None)  # fmt: skip
+    down = next(
+        (
+            e
+            for e in ix.of("balancer_down")
+            if e.t_ns >= tf
+            and (cut is None or e.t_ns < cut)
+            and (not targets or e.get("rank") is not None and int(e["rank"]) in targets)
+        ),
+        None,
+    )
     failed_end = first_failure_end_ns(wins, tf)
-    candidates = [(t, via, by) for t, via, by in ((down.t_ns if down else None, "balancer health check", "balancer"),
-                                                  (failed_end, "failed request", "load")) if t is not None]  # fmt: skip
+    candidates = [
+        (t, via, by)
+        for t, via, by in (
+            (down.t_ns if down else None, "balancer health check", "balancer"),
+            (failed_end, "failed request", "load"),
+        )
+        if t is not None
+    ]
     if candidates:
         t, s.detected_via, s.detected_by = min(candidates, key=lambda c: c[0])
         s.detect_t_ns = t
         s.time_to_detect_s = ns_to_s(t - tf)
     else:
-        miss["time_to_detect_s"] = ("the balancer marked no faulted replica down and no request failed after the "
-                                    "fault")  # fmt: skip
+        miss["time_to_detect_s"] = (
+            "the balancer marked no faulted replica down and no request failed after the fault"
+        )
 
     span_ns = int(round(slo["recovery_window_s"] * 1e9))
     settle_ns = int(round(float(load.start.get("request_timeout_s") or 0.0) * 1e9))
-    rec = recovery_ns(wins, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"], settle_ns)
+    rec = recovery_ns(
+        wins, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"], settle_ns
+    )
     s.recovered = rec is not None
     if rec is not None:
         s.time_to_recover_s = ns_to_s(rec - tf)
     else:
-        miss["time_to_recover_s"] = (f"no {slo['recovery_window_s']:g} s span after the fault with every window's "
-                                     f"error rate <= {slo['error_rate']:g}, also for the request timeout after it, "
-                                     "before the load ended")  # fmt: skip
+        miss["time_to_recover_s"] = (
+            f"no {slo['recovery_window_s']:g} s span after the fault with every window's "
+            f"error rate <= {slo['error_rate']:g}, also for the request timeout after it, "
+            "before the load ended"
+        )
 
     # the fault is over at the later of the recovery and its revert (a delay that fails nothing lasts its duration)
-    revert = next((e.t_ns for e in ix.of("fault_revert") if e.get("fault") == fault.get("fault") and e.get("undone")
-                   and e.t_ns >= tf and (cut is None or e.t_ns < cut)), None)  # fmt: skip
+    revert = next(
+        (
+            e.t_ns
+            for e in ix.of("fault_revert")
+            if e.get("fault") == fault.get("fault")
+            and e.get("undone")
+            and e.t_ns >= tf
+            and (cut is None or e.t_ns < cut)
+        ),
+        None,
+    )
     over = None if rec is None else max(rec, revert or rec)
     before = [w for w in wins if w.end_ns <= tf]
     during = [w for w in wins if w.end_ns > tf and (over is None or w.t_ns < over)]
     after = [w for w in wins if over is not None and w.t_ns >= over]
-    for name, part, empty in (("before", before, "no load window ended before the fault"),
-                              ("during", during, "no load window between the fault and the recovery"),
-                              ("after", after, "not recovered" if rec is None else "no load window after the "
-                                                                                    "recovery")):  # fmt: skip
+    for name, part, empty in (
+        ("before", before, "no load window ended before the fault"),
+        ("during", during, "no load window between the fault and the recovery"),
+        ("after", after, "not recovered" if rec is None else "no load window after the recovery"),
+    ):
         p50, p99 = latency(part, 0.5), latency(part, 0.99)
         setattr(s, f"latency_p50_{name}_ms", p50)
         setattr(s, f"latency_p99_{name}_ms", p99)
         if p50 is None:
-            why = empty if not part else f"no successful request {name} the fault" if name != "during" else \
-                "no successful request between the fault and the recovery"  # fmt: skip
+            why = (
+                empty
+                if not part
+                else f"no successful request {name} the fault"
+                if name != "during"
+                else "no successful request between the fault and the recovery"
+            )
             miss[f"latency_p50_{name}_ms"] = miss[f"latency_p99_{name}_ms"] = why
     rate_before, rate_during = windows_rate_per_s(before), windows_rate_per_s(during)
     if rate_before and rate_during is not None:
         s.throughput_during_share = rate_during / rate_before
     else:
-        miss["throughput_during_share"] = ("no request before the fault" if not rate_before else
-                                           "no load window between the fault and the recovery")  # fmt: skip
-
+        miss["throughput_during_share"] = (
+            "no request before the fault"
+            if not rate_before
+            else "no load window between the fault and the recovery"
+        )
 
 
 # ------------------------------------------------------------------------------------- per second, for plots
@@ -547,8 +639,12 @@ def per_second(events: Sequence[Event]) -> PerSecond | None:
     for w in load.windows:
         bins.setdefault((w.t_ns - load.t0_ns) // 1_000_000_000, []).append(w)
     keys = sorted(bins)
-    return PerSecond([float(k) for k in keys], [sum(w.requests - w.failures for w in bins[k]) for k in keys],
-                     [sum(w.failures for w in bins[k]) for k in keys], [latency(bins[k], 0.99) for k in keys])  # fmt: skip
+    return PerSecond(
+        [float(k) for k in keys],
+        [sum(w.requests - w.failures for w in bins[k]) for k in keys],
+        [sum(w.failures for w in bins[k]) for k in keys],
+        [latency(bins[k], 0.99) for k in keys],
+    )
 
 
 def crash_loop(ix: TimelineIndex) -> bool:

@@ -45,7 +45,11 @@ def evaluate(m: RunMetrics, slos: dict[str, Any]) -> list[SloResult]:
     """Check one run against its SLOs (``slos`` as in config.json: bounds as dicts)."""
     if m.control:
         ok = m.outcome == "completed"
-        return [SloResult("outcome", '== "completed"', m.outcome, ok, "" if ok else "the control run did not finish")]
+        return [
+            SloResult(
+                "outcome", '== "completed"', m.outcome, ok, "" if ok else "the control run did not finish"
+            )
+        ]
     out = []
     for metric, spec in slos.items():
         value = getattr(m, metric, None)

@@ -44,7 +44,9 @@ def _present(values: Iterable[float | None]) -> list[float]:
     return [f for v in values if v is not None and not math.isnan(f := float(v))]
 
 
-def median_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Estimate:
+def median_ci(
+    values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> Estimate:
     """Median of ``values`` and a percentile bootstrap interval for it (``scipy.stats.bootstrap``, ``n_boot``
     resamples with replacement drawn from ``numpy.random.default_rng(seed)``: the same values and seed give
     the same interval).
@@ -60,13 +62,22 @@ def median_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2
     med = statistics.median(vals)
     if len(vals) < 2:
         return Estimate(med, None, None, 1, confidence)
-    res = _scipy_stats().bootstrap((np.asarray(vals),), np.median, n_resamples=n_boot, confidence_level=confidence,
-                                method="percentile", vectorized=True, rng=np.random.default_rng(seed))  # fmt: skip
+    res = _scipy_stats().bootstrap(
+        (np.asarray(vals),),
+        np.median,
+        n_resamples=n_boot,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
     ci = res.confidence_interval
     return Estimate(med, float(ci.low), float(ci.high), len(vals), confidence)
 
 
-def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float | None, float | None, float | None]:
+def wilson(
+    successes: int, n: int, confidence: float = 0.95
+) -> tuple[float | None, float | None, float | None]:
     """Success rate ``successes / n`` and its Wilson score interval without continuity correction
     (``scipy.stats.binomtest(successes, n).proportion_ci(method="wilson")``); ``(None, None, None)`` when
     ``n <= 0``. ValueError when ``successes`` is outside ``[0, n]``."""
@@ -133,7 +144,9 @@ def mann_whitney(a: Sequence[float], b: Sequence[float], exact_limit: int = 20) 
 _exact_cache: dict[tuple[int, int, float], tuple[float, float]] = {}
 
 
-def _exact_no_ties(n1: int, n2: int, u: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> tuple[float, float]:
+def _exact_no_ties(
+    n1: int, n2: int, u: float, xs: tuple[float, ...], ys: tuple[float, ...]
+) -> tuple[float, float]:
     """scipy's exact one-sided p-values (greater, less) for samples without ties, cached by ``(n1, n2, U)``: any
     samples of these sizes with this U have these p-values (the exact null distribution of U)."""
     key = (n1, n2, u)
@@ -169,8 +182,9 @@ def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
     return base * (1 + math.sqrt(c / (2 * m)) / 3 + c / (18 * m)) - c
 
 
-def median_difference_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_boot: int = 2000,
-                         seed: int = 0) -> Estimate:  # fmt: skip
+def median_difference_ci(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> Estimate:
     """median(a) - median(b) and a percentile bootstrap interval for it (each sample resampled on its own,
     ``scipy.stats.bootstrap`` with ``paired=False``; deterministic for a seed). None and NaN values are dropped;
     bounds are None when either sample has fewer than two values (``n`` is the smaller sample's size)."""
@@ -185,9 +199,16 @@ def median_difference_ci(a: Sequence[float], b: Sequence[float], confidence: flo
     def stat(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.median(x, axis=axis) - np.median(y, axis=axis)
 
-    res = _scipy_stats().bootstrap((np.asarray(xs), np.asarray(ys)), stat, n_resamples=n_boot, paired=False,
-                                confidence_level=confidence, method="percentile", vectorized=True,
-                                rng=np.random.default_rng(seed))  # fmt: skip
+    res = _scipy_stats().bootstrap(
+        (np.asarray(xs), np.asarray(ys)),
+        stat,
+        n_resamples=n_boot,
+        paired=False,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
     ci = res.confidence_interval
     return Estimate(diff, float(ci.low), float(ci.high), n, confidence)
 
@@ -228,7 +249,7 @@ def rank_min_p(a: Sequence[float], b: Sequence[float], b_greater: bool = True) -
     if not xs or not ys:
         return 1.0
     pooled = sorted(xs + ys, reverse=b_greater)
-    top, rest = pooled[: len(ys)], pooled[len(ys):]
+    top, rest = pooled[: len(ys)], pooled[len(ys) :]
     test = mann_whitney(top, rest)
     assert test is not None
     return test.p_greater if b_greater else test.p_less

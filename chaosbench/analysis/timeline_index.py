@@ -64,11 +64,17 @@ class JobSteps:
         prev: dict[tuple[int, int], int] = {}  # (incarnation, rank) -> last event stamp
         # incarnation -> rank -> (stamp, step) of every step report, in timeline order
         reports: dict[int, dict[int, list[tuple[int, int]]]] = {}
-        first: dict[tuple[int, int], dict[int, tuple[int, float | None]]] = {}  # (inc, step) -> rank -> 1st report
+        first: dict[
+            tuple[int, int], dict[int, tuple[int, float | None]]
+        ] = {}  # (inc, step) -> rank -> 1st report
         committed: set[tuple[int, int]] = set()  # per-step commit without quorum information
         group_size: dict[int, int] = {}  # rank -> ranks in its replica group
-        quorum: dict[tuple[Any, int], list[tuple[int, int, int, float | None]]] = {}  # (quorum, step) -> reports
-        by_quorum: set[int] = set()  # step indices a quorum completed: another quorum's later commit is not the job's
+        quorum: dict[
+            tuple[Any, int], list[tuple[int, int, int, float | None]]
+        ] = {}  # (quorum, step) -> reports
+        by_quorum: set[int] = (
+            set()
+        )  # step indices a quorum completed: another quorum's later commit is not the job's
         for ev in events:
             if ev.src != "rank":
                 continue
@@ -102,7 +108,9 @@ class JobSteps:
                         committed.add((inc, step))
             if kind in ("step", "ckpt_save_end", "ckpt_load_end"):  # not rank_start: start-up is no compute
                 prev[(inc, rank)] = ev.t_ns
-        reached = {inc: {rank: _reach(items) for rank, items in by_rank.items()} for inc, by_rank in reports.items()}
+        reached = {
+            inc: {rank: _reach(items) for rank, items in by_rank.items()} for inc, by_rank in reports.items()
+        }
         for key, by_rank in first.items():
             if key in committed:
                 out.t[key] = min(t for t, _ in by_rank.values())

@@ -39,7 +39,9 @@ class FaultPoint:
     restarted: bool
 
 
-def fault_point(ix: TimelineIndex, tf: int, until_ns: int | None = None, revert_ns: int | None = None) -> FaultPoint:
+def fault_point(
+    ix: TimelineIndex, tf: int, until_ns: int | None = None, revert_ns: int | None = None
+) -> FaultPoint:
     """Where the job stood when the fault at ``tf`` took effect. Per-step commit: the highest step any group had
     committed. Otherwise the faulted incarnation's own: its highest completed step, or, before its first, the
     step it restored (0 from scratch): steps an earlier incarnation had done and a rollback undid were lost to
@@ -58,13 +60,18 @@ def fault_point(ix: TimelineIndex, tf: int, until_ns: int | None = None, revert_
     else:
         reached = _restored_before(ix, fault_inc, tf)
     fault_step = max(own) if own else reached
-    restarted = [e.t_ns for e in ix.of("rank_start") if e.t_ns > tf and (until_ns is None or e.t_ns < until_ns)
-                 and incarnation(e) > fault_inc]  # fmt: skip
+    restarted = [
+        e.t_ns
+        for e in ix.of("rank_start")
+        if e.t_ns > tf and (until_ns is None or e.t_ns < until_ns) and incarnation(e) > fault_inc
+    ]
     # Steps the faulted incarnation still completed after the fault (in flight when it hit) were lost too; under
     # per-step commit nothing rolls back: a survivor's step after the fault is progress, not in-flight work.
     if restarted and revert_ns is not None and revert_ns < min(restarted):
         first_new = min(restarted)
-        if any(n == fault_inc and i > reached and revert_ns <= t < first_new for (n, i), t in steps.t.items()):
+        if any(
+            n == fault_inc and i > reached and revert_ns <= t < first_new for (n, i), t in steps.t.items()
+        ):
             restarted = []  # it went on after the fault ended: that restart is not this fault's
     if restarted and not ix.per_step_commit:
         first_new = min(restarted)
@@ -75,12 +82,18 @@ def fault_point(ix: TimelineIndex, tf: int, until_ns: int | None = None, revert_
 def _restored_before(ix: TimelineIndex, inc: int, tf: int) -> int:
     """The step incarnation ``inc`` had restored by ``tf`` before completing one: its last checkpoint load by
     then (its ranks' own, else one the watcher saw after its start), else 0."""
-    own = [e for e in ix.of("ckpt_load_end") if e.src == "rank" and incarnation(e) == inc and e.t_ns <= tf
-           and e.get("step") is not None]  # fmt: skip
+    own = [
+        e
+        for e in ix.of("ckpt_load_end")
+        if e.src == "rank" and incarnation(e) == inc and e.t_ns <= tf and e.get("step") is not None
+    ]
     if not own:
         starts = [e.t_ns for e in ix.rank_starts_of(inc)]
-        own = [e for e in ix.of("ckpt_load_end") if e.src == "watcher" and e.get("step") is not None and starts
-               and min(starts) <= e.t_ns <= tf]  # fmt: skip
+        own = [
+            e
+            for e in ix.of("ckpt_load_end")
+            if e.src == "watcher" and e.get("step") is not None and starts and min(starts) <= e.t_ns <= tf
+        ]
     return int(own[-1]["step"]) if own else 0
 
 
@@ -97,12 +110,19 @@ def rejoin_ns(ix: TimelineIndex, fp: FaultPoint) -> int | None:
             running[rank] = max(running.get(rank, 0), incarnation(e))
         elif incarnation(e) > running.get(rank, -1):
             newer.add((rank, incarnation(e)))
-    return next((t for t, key in steps.after(fp.t_ns)
-                 if key[0] > fp.incarnation or steps.committers.get(key, frozenset()) & newer), None)  # fmt: skip
+    return next(
+        (
+            t
+            for t, key in steps.after(fp.t_ns)
+            if key[0] > fp.incarnation or steps.committers.get(key, frozenset()) & newer
+        ),
+        None,
+    )
 
 
-def resume_point(steps: JobSteps, fp: FaultPoint, per_step_commit: bool,
-                 after_ns: int | None = None) -> tuple[int, tuple[int, int]] | None:  # fmt: skip
+def resume_point(
+    steps: JobSteps, fp: FaultPoint, per_step_commit: bool, after_ns: int | None = None
+) -> tuple[int, tuple[int, int]] | None:
     """(stamp, (incarnation, step)) of the first completed step after recovery (completed after ``after_ns`` too,
     when given: per-step commit, the framework's reaction), or None."""
     for t, (inc, idx) in steps.after(max(fp.t_ns, after_ns or fp.t_ns)):
@@ -118,7 +138,9 @@ def resume_point(steps: JobSteps, fp: FaultPoint, per_step_commit: bool,
 def catch_up_ns(steps: JobSteps, fp: FaultPoint, after_ns: int | None = None) -> int | None:
     """The first completion after the fault (and after ``after_ns``, when given) of a step beyond every step
     completed before it."""
-    return next((t for t, k in steps.after(max(fp.t_ns, after_ns or fp.t_ns)) if k[1] > fp.last_step_before), None)
+    return next(
+        (t for t, k in steps.after(max(fp.t_ns, after_ns or fp.t_ns)) if k[1] > fp.last_step_before), None
+    )
 
 
 @dataclass(frozen=True)
@@ -132,7 +154,9 @@ class LostWork:
     missing: str | None = None
 
 
-def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int], until_ns: int | None = None) -> LostWork:
+def lost_work(
+    ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int], until_ns: int | None = None
+) -> LostWork:
     """The steps completed before the fault that were done again after it (recovery restarted from the step
     before ``resume_step``), the seconds they had taken, and under per-step commit the steps computed but not
     committed after the fault and before ``until_ns`` (the next fault: the steps skipped from then on are that
@@ -156,8 +180,13 @@ def lost_work(ix: TimelineIndex, fp: FaultPoint, resume_step: tuple[int, int], u
         untimed = sorted(i for i, d in skipped_by_index.items() if d is None)
     total = lost_steps + (skipped_steps or 0)
     if untimed:  # a user's script logs that a step did not commit, not how long its compute took
-        return LostWork(total, None, skipped_steps, f"step {untimed[0]} was not committed, but how long its compute "
-                        "took is not on the timeline (the line that says so gives no duration)")
+        return LostWork(
+            total,
+            None,
+            skipped_steps,
+            f"step {untimed[0]} was not committed, but how long its compute "
+            "took is not on the timeline (the line that says so gives no duration)",
+        )
     if lost_steps == 0:
         return LostWork(total, skipped_s, skipped_steps)
     t_hi = steps.t.get((fp.incarnation, fp.last_step_before))
@@ -178,14 +207,22 @@ def restored_step(ix: TimelineIndex, resume_step: tuple[int, int], after_ns: int
     own ``ckpt_load_end`` events, else the checkpoint reads the watcher saw between its first ``rank_start`` and
     its first step. A recovery in place loaded nothing after the fault: the step before its first step."""
     inc, first = resume_step
-    loaded = [e for e in ix.of("ckpt_load_end") if e.src == "rank" and incarnation(e) == inc and e.get("step") is not None
-              and e.t_ns >= after_ns]  # fmt: skip
+    loaded = [
+        e
+        for e in ix.of("ckpt_load_end")
+        if e.src == "rank" and incarnation(e) == inc and e.get("step") is not None and e.t_ns >= after_ns
+    ]
     if not loaded:
         starts = [e.t_ns for e in ix.rank_starts_of(inc)]
         first_t = ix.steps.by_incarnation.get(inc, [(0, None)])[0][1]
         if starts and first_t is not None:
-            loaded = [e for e in ix.of("ckpt_load_end") if e.src == "watcher" and e.get("step") is not None
-                      and max(min(starts), after_ns) <= e.t_ns <= first_t]  # fmt: skip
+            loaded = [
+                e
+                for e in ix.of("ckpt_load_end")
+                if e.src == "watcher"
+                and e.get("step") is not None
+                and max(min(starts), after_ns) <= e.t_ns <= first_t
+            ]
     restored = first - 1
     return min(restored, int(loaded[-1]["step"])) if loaded else restored
 
@@ -228,13 +265,20 @@ class Badput:
     missing: str | None = None
 
 
-def badput(ix: TimelineIndex, fp: FaultPoint, detect: Event | None, resume: tuple[int, tuple[int, int]],
-           lost_steps: int) -> Badput:  # fmt: skip
+def badput(
+    ix: TimelineIndex,
+    fp: FaultPoint,
+    detect: Event | None,
+    resume: tuple[int, tuple[int, int]],
+    lost_steps: int,
+) -> Badput:
     """Restart+init, restore and recompute of a recovery that resumed at ``resume`` (stamp, step)."""
     steps = ix.steps
     resume_t, resume_key = resume
     react = detect.t_ns if detect is not None else fp.t_ns
-    if ix.per_step_commit:  # survivors never stopped: the stall is waiting for a new quorum; healing is elsewhere
+    if (
+        ix.per_step_commit
+    ):  # survivors never stopped: the stall is waiting for a new quorum; healing is elsewhere
         started = resume_t - int(steps.duration.get(resume_key, 0.0) * 1e9)
         return Badput(max(0.0, ns_to_s(started - react)), 0.0, 0.0)
     new_inc = resume_key[0]
@@ -269,9 +313,14 @@ class Stages:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
-                    resume: tuple[int, tuple[int, int]] | None, fault: Event | None = None,
-                    until_ns: int | None = None) -> Stages:  # fmt: skip
+def recovery_stages(
+    ix: TimelineIndex,
+    fp: FaultPoint,
+    detect: Event | None,
+    resume: tuple[int, tuple[int, int]] | None,
+    fault: Event | None = None,
+    until_ns: int | None = None,
+) -> Stages:
     """Detect, reschedule, reshard-or-replace and resume of the recovery from the fault at ``fp`` (``detect``:
     the first detection after it; ``resume``: :func:`resume_point`'s answer; ``fault``: its ``fault_inject``,
     whose targets say which replica group was lost under per-step commit; ``until_ns``: the next fault, whose
@@ -297,7 +346,9 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
         for n in names[1:]:
             missing[n] = "no training step completed after the fault"
     elif resume[1][0] == fp.incarnation:
-        notes["reschedule"] = notes["reshard_or_replace"] = "recovered in place: nothing was rescheduled or restored"
+        notes["reschedule"] = notes["reshard_or_replace"] = (
+            "recovered in place: nothing was rescheduled or restored"
+        )
         ends["resume"] = catch_up_ns(ix.steps, fp)
     else:
         inc = resume[1][0]
@@ -310,8 +361,10 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
         _, restore_end, loaded = restore_window(ix, resume)
         ends["reshard_or_replace"] = restore_end
         if not loaded:
-            notes["reshard_or_replace"] = (f"incarnation {inc} loaded no checkpoint (restarted from scratch): the "
-                                           "stage ends when its first step starts")  # fmt: skip
+            notes["reshard_or_replace"] = (
+                f"incarnation {inc} loaded no checkpoint (restarted from scratch): the "
+                "stage ends when its first step starts"
+            )
         ends["resume"] = catch_up_ns(ix.steps, fp)
     if ends["resume"] is None and "resume" not in missing:
         missing["resume"] = "the job never got beyond the step reached at the fault"
@@ -338,7 +391,9 @@ def recovery_stages(ix: TimelineIndex, fp: FaultPoint, detect: Event | None,
 def _lost_group(ix: TimelineIndex, fault: Event, tf: int) -> set[int] | None:
     """The ranks of the replica groups whose ranks ``fault`` targeted (as they ran at ``tf``); the targets
     themselves in a job without groups; None when it names no rank."""
-    targets = {int(t["rank"]) for t in fault.get("target") or [] if isinstance(t, dict) and t.get("rank") is not None}
+    targets = {
+        int(t["rank"]) for t in fault.get("target") or [] if isinstance(t, dict) and t.get("rank") is not None
+    }
     if not targets:
         return None
     group_of = {int(e.get("rank", 0)): e.get("replica_group") for e in ix.of("rank_start") if e.t_ns <= tf}
@@ -348,45 +403,79 @@ def _lost_group(ix: TimelineIndex, fault: Event, tf: int) -> set[int] | None:
     return {r for r, g in group_of.items() if g in groups}
 
 
-def _per_step_commit_ends(ix: TimelineIndex, fp: FaultPoint, ends: dict[str, int | None], missing: dict[str, str],
-                          notes: dict[str, str], lost: set[int] | None = None,
-                          until_ns: int | None = None) -> None:  # fmt: skip
+def _per_step_commit_ends(
+    ix: TimelineIndex,
+    fp: FaultPoint,
+    ends: dict[str, int | None],
+    missing: dict[str, str],
+    notes: dict[str, str],
+    lost: set[int] | None = None,
+    until_ns: int | None = None,
+) -> None:
     """Stage ends under per-step commit (TorchFT): the survivors never stopped, so the stages follow the lost
     replica group's replacement, started before the next fault (``until_ns``: a later start is the next fault's
     restart; ``lost``: the group's ranks; None: whichever ranks start first after the fault): its
     ``rank_start``, its ``heal_end``, its first committed step of the job beyond the step reached at the fault (a
     step it committed alone from stale state is not the job's); without a replacement the job continued without
     the replica (nothing rescheduled or restored) and resumed at the survivors' first step beyond it."""
-    replacement = next((e for e in ix.of("rank_start") if e.t_ns > fp.t_ns and (until_ns is None or e.t_ns < until_ns)
-                        and (lost is None or int(e.get("rank", 0)) in lost)), None)  # fmt: skip
+    replacement = next(
+        (
+            e
+            for e in ix.of("rank_start")
+            if e.t_ns > fp.t_ns
+            and (until_ns is None or e.t_ns < until_ns)
+            and (lost is None or int(e.get("rank", 0)) in lost)
+        ),
+        None,
+    )
     if replacement is None:
         notes["reschedule"] = notes["reshard_or_replace"] = (
             "continued without the lost replica: no replacement started before "
             f"{'the next fault' if until_ns is not None else 'the run ended'}, nothing was rescheduled or "
-            "restored")  # fmt: skip
-        ends["resume"] = catch_up_ns(ix.steps, fp, ends["detect"])  # a step in flight at the fault is no resume
+            "restored"
+        )
+        ends["resume"] = catch_up_ns(
+            ix.steps, fp, ends["detect"]
+        )  # a step in flight at the fault is no resume
         return
     inc = incarnation(replacement)
     group = replacement.get("replica_group")  # each group numbers its incarnations: only its own
     joined = [e for e in ix.rank_starts_of(inc) if e.t_ns > fp.t_ns and e.get("replica_group") == group]
     ranks = {int(e.get("rank", 0)) for e in joined}
-    ends["reschedule"] = max(e.t_ns for e in joined) if joined else replacement.t_ns  # every rank of the group
-    healed = [e.t_ns for e in ix.of("heal_end") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks
-              and e.t_ns >= replacement.t_ns]  # fmt: skip
+    ends["reschedule"] = (
+        max(e.t_ns for e in joined) if joined else replacement.t_ns
+    )  # every rank of the group
+    healed = [
+        e.t_ns
+        for e in ix.of("heal_end")
+        if incarnation(e) == inc and int(e.get("rank", 0)) in ranks and e.t_ns >= replacement.t_ns
+    ]
     in_job = {(r, i, key[1]) for key, who in ix.steps.committers.items() for r, i in who}
-    mine = [e for e in ix.of("step") if incarnation(e) == inc and int(e.get("rank", 0)) in ranks
-            and e.t_ns > replacement.t_ns and e.get("committed")
-            and (not in_job or (int(e.get("rank", 0)), inc, int(e["step"])) in in_job)]  # fmt: skip
+    mine = [
+        e
+        for e in ix.of("step")
+        if incarnation(e) == inc
+        and int(e.get("rank", 0)) in ranks
+        and e.t_ns > replacement.t_ns
+        and e.get("committed")
+        and (not in_job or (int(e.get("rank", 0)), inc, int(e["step"])) in in_job)
+    ]
     if healed:
         ends["reshard_or_replace"] = max(healed)
     elif mine:
         first = mine[0]
         ends["reshard_or_replace"] = first.t_ns - int(float(first.get("duration_s") or 0.0) * 1e9)
-        notes["reshard_or_replace"] = "the replacement did not heal from a peer: the stage ends when its first step starts"
+        notes["reshard_or_replace"] = (
+            "the replacement did not heal from a peer: the stage ends when its first step starts"
+        )
     else:
-        missing["reshard_or_replace"] = "the replacement neither healed nor committed a step before the run ended"
+        missing["reshard_or_replace"] = (
+            "the replacement neither healed nor committed a step before the run ended"
+        )
     heal_end = ends["reshard_or_replace"] or replacement.t_ns
-    ends["resume"] = next((e.t_ns for e in mine if e.t_ns >= heal_end and int(e["step"]) > fp.last_step_before), None)
+    ends["resume"] = next(
+        (e.t_ns for e in mine if e.t_ns >= heal_end and int(e["step"]) > fp.last_step_before), None
+    )
     if ends["resume"] is None:
         missing["resume"] = "the replacement committed no step beyond the step reached at the fault"
 
@@ -410,24 +499,55 @@ def reschedule_runtime(ix: TimelineIndex, tf: int, scheduler_delay: float | None
         return RuntimeShare(scheduler_delay, "scheduler: the requeue to the job running again")
     lost = next((e for e in ix.of("node_exit") if e.t_ns >= tf and e.get("reason") != "cleanup"), None)
     if lost is not None:
-        back = next((e for e in ix.of("node_start") if e.t_ns >= lost.t_ns and (
-            (e.get("node") == lost.get("node") and e.get("reason") in ("reboot", "takeover"))
-            or e.get("reason") == "spare")), None)  # fmt: skip
+        back = next(
+            (
+                e
+                for e in ix.of("node_start")
+                if e.t_ns >= lost.t_ns
+                and (
+                    (e.get("node") == lost.get("node") and e.get("reason") in ("reboot", "takeover"))
+                    or e.get("reason") == "spare"
+                )
+            ),
+            None,
+        )
         if back is not None:
-            how = {"reboot": "rebooted", "takeover": "taken over by a hot spare"}.get(str(back.get("reason")),
-                                                                                    "replaced by a spare node")
-            return RuntimeShare(ns_to_s(back.t_ns - lost.t_ns),
-                                f"node replacement: {lost.get('node')}'s container exited, {how} ({back.get('node')})")
-    killed = next((e for e in ix.of("proc_exit") if e.t_ns >= tf and e.get("role") == "agent"
-                   and int(e.get("returncode") or 0) < 0), None)  # fmt: skip
+            how = {"reboot": "rebooted", "takeover": "taken over by a hot spare"}.get(
+                str(back.get("reason")), "replaced by a spare node"
+            )
+            return RuntimeShare(
+                ns_to_s(back.t_ns - lost.t_ns),
+                f"node replacement: {lost.get('node')}'s container exited, {how} ({back.get('node')})",
+            )
+    killed = next(
+        (
+            e
+            for e in ix.of("proc_exit")
+            if e.t_ns >= tf and e.get("role") == "agent" and int(e.get("returncode") or 0) < 0
+        ),
+        None,
+    )
     if killed is not None:
-        spare = next((e for e in ix.of("proc_start") if e.t_ns >= killed.t_ns and e.get("role") == "agent"
-                      and str(e.get("proc", "")).endswith(".spare")), None)  # fmt: skip
+        spare = next(
+            (
+                e
+                for e in ix.of("proc_start")
+                if e.t_ns >= killed.t_ns
+                and e.get("role") == "agent"
+                and str(e.get("proc", "")).endswith(".spare")
+            ),
+            None,
+        )
         if spare is not None:
-            return RuntimeShare(ns_to_s(spare.t_ns - killed.t_ns),
-                                f"spare start: {killed.get('proc')} killed, {spare.get('proc')} started")
-    return RuntimeShare(None, missing="no scheduler state, node replacement or spare start after the fault (the "
-                        "framework restarted its processes itself)")  # fmt: skip
+            return RuntimeShare(
+                ns_to_s(spare.t_ns - killed.t_ns),
+                f"spare start: {killed.get('proc')} killed, {spare.get('proc')} started",
+            )
+    return RuntimeShare(
+        None,
+        missing="no scheduler state, node replacement or spare start after the fault (the "
+        "framework restarted its processes itself)",
+    )
 
 
 def scheduler_delay_s(ix: TimelineIndex, tf: int) -> float | None:

@@ -57,8 +57,19 @@ def as_bool(value: Any) -> bool | None:
 
 
 #: The run-level fields a fault's own figures share (chaosbench.analysis.faults.FaultFigures).
-_FAULT_FIELDS = ("fault", "fault_class", "detected", "time_to_detect_s", "detected_via", "blame", "blamed",
-                 "time_to_resume_s", "lost_steps", "lost_work_s", "rollback")  # fmt: skip
+_FAULT_FIELDS = (
+    "fault",
+    "fault_class",
+    "detected",
+    "time_to_detect_s",
+    "detected_via",
+    "blame",
+    "blamed",
+    "time_to_resume_s",
+    "lost_steps",
+    "lost_work_s",
+    "rollback",
+)
 
 
 def fault_rows(row: dict[str, Any]) -> list[dict[str, Any]]:

@@ -32,9 +32,15 @@ TORCH_RDZV_JOIN_TIMEOUT_S = 600.0
 TORCHRUN_PATTERNS = [
     # The agent's first reaction to a failed worker: it stops the rest of the group (a WARNING line, printed
     # before the 30 s grace it gives the workers; the "failed (exitcode ...)" line comes after that grace).
-    LogPattern("detect", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", "agent", via="exit"),
-    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
-               via="exit"),
+    LogPattern(
+        "detect", r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)", "agent", via="exit"
+    ),
+    LogPattern(
+        "detect",
+        r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)",
+        "agent",
+        via="exit",
+    ),
     LogPattern(
         "restart",
         r"Worker group FAILED\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left; will restart",
@@ -64,14 +70,19 @@ def predict_agent_detection(mode: str, timeouts: dict[str, Any]) -> Prediction |
     pg_name, pg = pg_timeout(timeouts)
     bound, by = chain((pg_name, pg), monitor)
     if mode == "stall":
-        return Prediction(bound, by, note="the peers' collective times out; the stalled worker, alive, dies of the "
-                          "agent's SIGTERM")  # fmt: skip
+        return Prediction(
+            bound,
+            by,
+            note="the peers' collective times out; the stalled worker, alive, dies of the agent's SIGTERM",
+        )
     grace = timeouts.get("worker_shutdown_grace_s")
     return Prediction(
-        bound, by, resume_floor_s=bound + float(grace or 0),
+        bound,
+        by,
+        resume_floor_s=bound + float(grace or 0),
         note="the peers' collective times out; the stopped worker ignores SIGTERM, so the agent waits "
         f"worker_shutdown_grace_s={grace or 0:g} before SIGKILL",
-    )  # fmt: skip
+    )
 
 
 def rendezvous_wait(nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
@@ -89,34 +100,51 @@ def rendezvous_wait(nodes: int, node: str | None, timeouts: dict[str, Any]) -> t
 def pg_timeout_problems(timeouts: dict[str, Any]) -> list[str]:
     """A hang detected only through the process-group timeout: say so when the script sets none."""
     if timeouts.get("workload_pg_timeout_s") is None:
-        return ["the workload sets no process-group timeout: torch's default (1800 s for gloo, 600 s for NCCL) is "
-                "how long a hung rank goes unnoticed"]  # fmt: skip
+        return [
+            "the workload sets no process-group timeout: torch's default (1800 s for gloo, 600 s for NCCL) is "
+            "how long a hung rank goes unnoticed"
+        ]
     return []
 
 
-def agent_argv(job: JobContext, launcher: list[str], nnodes: str, max_restarts: int, monitor_interval_s: float,
-               rendezvous: list[str], extra: list[str], rank_wrapper: list[str] | None = None,
-               nproc_per_node: int | None = None) -> list[str]:  # fmt: skip
+def agent_argv(
+    job: JobContext,
+    launcher: list[str],
+    nnodes: str,
+    max_restarts: int,
+    monitor_interval_s: float,
+    rendezvous: list[str],
+    extra: list[str],
+    rank_wrapper: list[str] | None = None,
+    nproc_per_node: int | None = None,
+) -> list[str]:
     """``python <launcher> --nnodes ... --no-python [rank_wrapper] <workload argv>``: ``launcher`` is e.g.
     ``["-m", "torch.distributed.run"]``; ``rendezvous`` the endpoint arguments (``--rdzv-*`` or
     ``--master-addr/--master-port``); ``extra`` the launcher's own options and the user's ``extra_args``;
     ``nproc_per_node`` defaults to the job's ranks per node."""
     python = job.workload_argv()[0]
     return [
-        python, *launcher,
-        "--nnodes", nnodes,
-        "--nproc-per-node", str(nproc_per_node or job.ranks_per_node),
-        "--max-restarts", str(max_restarts),
-        "--monitor-interval", str(monitor_interval_s),
+        python,
+        *launcher,
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        str(nproc_per_node or job.ranks_per_node),
+        "--max-restarts",
+        str(max_restarts),
+        "--monitor-interval",
+        str(monitor_interval_s),
         *rendezvous,
         *extra,
         "--no-python",
         *(rank_wrapper or []),
         *job.workload_argv(),
-    ]  # fmt: skip
+    ]
 
 
-def agent_env(job: JobContext, node: str, log_level: str, share_rdzv_tcp_store: bool = True) -> dict[str, str]:
+def agent_env(
+    job: JobContext, node: str, log_level: str, share_rdzv_tcp_store: bool = True
+) -> dict[str, str]:
     """The agent's environment: every rank's (the job's) plus its log level and the rendezvous store setting
     (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` when not shared: pytorch#135712)."""
     env = job.rank_env(0, node)
@@ -126,7 +154,9 @@ def agent_env(job: JobContext, node: str, log_level: str, share_rdzv_tcp_store: 
     return env
 
 
-def supervise_agents(label: str, plan: LaunchPlan, control: RunControl, monitor_interval_s: float) -> JobResult:
+def supervise_agents(
+    label: str, plan: LaunchPlan, control: RunControl, monitor_interval_s: float
+) -> JobResult:
     """Start the plan's agents with their log lines watched and wait: the job completed when every agent exited
     0, failed when all have exited and one did not; the harness's stop (deadline, interrupt) ends the wait."""
     watcher = LogWatcher(label, plan.patterns, control.timeline)
@@ -146,9 +176,14 @@ def supervise_agents(label: str, plan: LaunchPlan, control: RunControl, monitor_
 
 #: The roles of a job started by one launcher agent per node (torchrun, ft_launcher).
 AGENT_ROLES = {
-    "agent": Role("a launcher agent: node0's, unless the target names a node", proc_role="agent", node="node0"),
-    "rendezvous-host": Role("node0's agent: it hosts the c10d rendezvous store (is_host set by the adapter)",
-                            proc_role="agent", node="node0"),
+    "agent": Role(
+        "a launcher agent: node0's, unless the target names a node", proc_role="agent", node="node0"
+    ),
+    "rendezvous-host": Role(
+        "node0's agent: it hosts the c10d rendezvous store (is_host set by the adapter)",
+        proc_role="agent",
+        node="node0",
+    ),
 }
 
 
@@ -163,8 +198,13 @@ class AgentFramework(Framework[O]):
         # base model would reorder their fields in plans and docs)
         o: Any = self.options
         t = super().timeouts(job)
-        t.update({"monitor_interval_s": o.monitor_interval_s, "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
-                  "teardown_grace_s": o.teardown_grace_s})  # fmt: skip
+        t.update(
+            {
+                "monitor_interval_s": o.monitor_interval_s,
+                "worker_shutdown_grace_s": TORCHRUN_SHUTDOWN_GRACE_S,
+                "teardown_grace_s": o.teardown_grace_s,
+            }
+        )
         return t
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:

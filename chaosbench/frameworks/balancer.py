@@ -61,7 +61,9 @@ from chaosbench.workloads.base import ServingWorkload
 #: The port every replica listens on inside its own container (container nodes each have their own address).
 CONTAINER_REPLICA_PORT = 8000
 #: haproxy's state-change lines (its raw log on stdout; the same text, prefixed ``[WARNING]``, on stderr).
-SERVER_STATE_RE = re.compile(r"Server (?P<backend>[\w.-]+)/r(?P<rank>\d+) is (?P<state>DOWN|UP)(?:, reason: (?P<reason>[^,]*))?")
+SERVER_STATE_RE = re.compile(
+    r"Server (?P<backend>[\w.-]+)/r(?P<rank>\d+) is (?P<state>DOWN|UP)(?:, reason: (?P<reason>[^,]*))?"
+)
 #: The docker engine's DNS server on a user-defined network, as a container sees it.
 DOCKER_DNS = "127.0.0.11:53"
 #: The backend's name in the generated configuration.
@@ -70,26 +72,51 @@ BACKEND = "replicas"
 
 class BalancerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    health_checks: bool = Field(default=True, description="haproxy active health checks (GET /health) of every replica")
-    check_interval_ms: int = Field(default=2000, gt=0, description="haproxy 'inter': time between two checks (its default: 2000)")
-    rise: int = Field(default=2, ge=1, description="consecutive passed checks that bring a replica back (haproxy default 2)")
-    fall: int = Field(default=3, ge=1, description="consecutive failed checks that take a replica out (haproxy default 3)")
-    retries: int = Field(default=0, ge=0, description="haproxy 'retries' with 'option redispatch': retry a failed "
-                         "connection on another replica (0: no retry)")  # fmt: skip
-    supervisor: bool = Field(default=False, description="restart a replica that exited (same port, new incarnation)")
+    health_checks: bool = Field(
+        default=True, description="haproxy active health checks (GET /health) of every replica"
+    )
+    check_interval_ms: int = Field(
+        default=2000, gt=0, description="haproxy 'inter': time between two checks (its default: 2000)"
+    )
+    rise: int = Field(
+        default=2, ge=1, description="consecutive passed checks that bring a replica back (haproxy default 2)"
+    )
+    fall: int = Field(
+        default=3, ge=1, description="consecutive failed checks that take a replica out (haproxy default 3)"
+    )
+    retries: int = Field(
+        default=0,
+        ge=0,
+        description="haproxy 'retries' with 'option redispatch': retry a failed "
+        "connection on another replica (0: no retry)",
+    )
+    supervisor: bool = Field(
+        default=False, description="restart a replica that exited (same port, new incarnation)"
+    )
     liveness_restart_after_s: float | None = Field(
-        default=None, gt=0, description="supervisor: also kill and restart a replica the balancer has held DOWN this "
+        default=None,
+        gt=0,
+        description="supervisor: also kill and restart a replica the balancer has held DOWN this "
         "long (counted from the replica's ready: a restarted replica still loading is not restarted for it)",
-    )  # fmt: skip
-    startup_timeout_s: float = Field(default=30.0, gt=0, description="supervisor: restart a restarted replica not "
-                                     "ready this long after its start (a startup probe: a load that hangs)")  # fmt: skip
-    restart_delay_s: float = Field(default=0.0, ge=0, description="supervisor: wait before restarting a replica")
+    )
+    startup_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="supervisor: restart a restarted replica not "
+        "ready this long after its start (a startup probe: a load that hangs)",
+    )
+    restart_delay_s: float = Field(
+        default=0.0, ge=0, description="supervisor: wait before restarting a replica"
+    )
     max_restarts: int = Field(default=20, ge=0, description="supervisor: restarts in all before it gives up")
     timeout_connect_ms: int = Field(default=1000, gt=0, description="haproxy 'timeout connect'")
-    timeout_server_ms: int = Field(default=10000, gt=0, description="haproxy 'timeout server': a hung replica's "
-                                   "requests fail after this")  # fmt: skip
+    timeout_server_ms: int = Field(
+        default=10000, gt=0, description="haproxy 'timeout server': a hung replica's requests fail after this"
+    )
     timeout_client_ms: int = Field(default=30000, gt=0, description="haproxy 'timeout client'")
-    ready_timeout_s: float = Field(default=60.0, gt=0, description="wait this long for the model file and every replica")
+    ready_timeout_s: float = Field(
+        default=60.0, gt=0, description="wait this long for the model file and every replica"
+    )
     monitor_interval_s: float = Field(default=0.05, gt=0)
     teardown_grace_s: float = Field(default=5.0, ge=0)
     haproxy: str = Field(default="haproxy", description="the haproxy executable")
@@ -101,9 +128,15 @@ class BalancerOptions(BaseModel):
         return self
 
 
-def haproxy_config(o: BalancerOptions, bind: str, servers: list[tuple[int, str]], stats_bind: str,
-                   nameserver: str | None = None, health_path: str = "/health",
-                   health_status: int | None = None) -> str:  # fmt: skip
+def haproxy_config(
+    o: BalancerOptions,
+    bind: str,
+    servers: list[tuple[int, str]],
+    stats_bind: str,
+    nameserver: str | None = None,
+    health_path: str = "/health",
+    health_status: int | None = None,
+) -> str:
     """The run's haproxy configuration: one frontend on ``bind`` (host:port), round robin over ``servers``
     (replica index, host:port), its stats socket on ``stats_bind`` (host:port, TCP: a unix socket's path is
     limited to 107 bytes); health-state changes logged raw on stdout, requests not logged. ``nameserver``
@@ -166,13 +199,23 @@ def read_stats(host: str, port: int, timeout_s: float = 2.0) -> dict[str, Any]:
             return int(v) if v.isdigit() else None
 
         if row.get("svname") == "BACKEND":
-            out.update(retries=num("wretr"), redispatches=num("wredis"), requests=num("stot"),
-                       connection_errors=num("econ"), response_errors=num("eresp"))  # fmt: skip
+            out.update(
+                retries=num("wretr"),
+                redispatches=num("wredis"),
+                requests=num("stot"),
+                connection_errors=num("econ"),
+                response_errors=num("eresp"),
+            )
         else:
-            out["servers"][row["svname"]] = {"status": row.get("status"), "check_failures": num("chkfail"),
-                                             "went_down": num("chkdown"), "downtime_s": num("downtime"),
-                                             "sessions": num("stot"), "retries": num("wretr"),
-                                             "redispatches": num("wredis")}  # fmt: skip
+            out["servers"][row["svname"]] = {
+                "status": row.get("status"),
+                "check_failures": num("chkfail"),
+                "went_down": num("chkdown"),
+                "downtime_s": num("downtime"),
+                "sessions": num("stot"),
+                "retries": num("wretr"),
+                "redispatches": num("wredis"),
+            }
     return out
 
 
@@ -203,8 +246,16 @@ class StateWatcher:
             else:
                 self.down_since_ns.pop(rank, None)
         reason = {"reason": m["reason"].strip()} if m["reason"] else {}
-        self.timeline.emit(f"balancer_{state.lower()}", t_ns=t_ns, src="framework", framework=self.framework,
-                           rank=rank, server=f"r{rank}", line=line[:300], **reason)  # fmt: skip
+        self.timeline.emit(
+            f"balancer_{state.lower()}",
+            t_ns=t_ns,
+            src="framework",
+            framework=self.framework,
+            rank=rank,
+            server=f"r{rank}",
+            line=line[:300],
+            **reason,
+        )
 
 
 class ReadyWatch:
@@ -245,8 +296,10 @@ class BalancerFramework(Framework[BalancerOptions]):
     # -- planning
     def _serve(self, job: JobContext) -> ServingWorkload[Any]:
         if not isinstance(job.workload, ServingWorkload):
-            raise Unsupported(f"balancer adapter: workload '{job.workload.name}' is not a server (use workload 'serve' "
-                              "or 'serve-command')")  # fmt: skip
+            raise Unsupported(
+                f"balancer adapter: workload '{job.workload.name}' is not a server (use workload 'serve' "
+                "or 'serve-command')"
+            )
         return job.workload
 
     def _containers(self, job: JobContext) -> bool:
@@ -256,46 +309,96 @@ class BalancerFramework(Framework[BalancerOptions]):
         """Replica ``rank``'s process: the serve workload's argv, the probe's environment and its address."""
         node = job.node_name(rank // job.ranks_per_node)
         env = job.rank_env(incarnation, node)
-        env.update({"RANK": str(rank), "LOCAL_RANK": str(rank % job.ranks_per_node), "WORLD_SIZE": str(job.ranks),
-                    "SERVE_HOST": "0.0.0.0" if self._containers(job) else job.runtime.master_addr,
-                    "SERVE_PORT": str(port), "CHAOSBENCH_FRAMEWORK": self.label})  # fmt: skip
-        return ProcessSpec(name=f"replica{rank}.i{incarnation}", argv=job.workload_argv(), env=env, role="rank",
-                           node=node, incarnation=incarnation)  # fmt: skip
+        env.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank % job.ranks_per_node),
+                "WORLD_SIZE": str(job.ranks),
+                "SERVE_HOST": "0.0.0.0" if self._containers(job) else job.runtime.master_addr,
+                "SERVE_PORT": str(port),
+                "CHAOSBENCH_FRAMEWORK": self.label,
+            }
+        )
+        return ProcessSpec(
+            name=f"replica{rank}.i{incarnation}",
+            argv=job.workload_argv(),
+            env=env,
+            role="rank",
+            node=node,
+            incarnation=incarnation,
+        )
 
     def plan(self, job: JobContext) -> LaunchPlan:
         o = self.options
         serve = self._serve(job)
         containers = self._containers(job)
         if not containers and shutil.which(o.haproxy) is None:
-            raise MissingEngine(f"balancer needs haproxy: '{o.haproxy}' not found (apt-get install -y haproxy)")
-        ports = [CONTAINER_REPLICA_PORT + r % job.ranks_per_node if containers else job.runtime.free_port()
-                 for r in range(job.ranks)]
+            raise MissingEngine(
+                f"balancer needs haproxy: '{o.haproxy}' not found (apt-get install -y haproxy)"
+            )
+        ports = [
+            CONTAINER_REPLICA_PORT + r % job.ranks_per_node if containers else job.runtime.free_port()
+            for r in range(job.ranks)
+        ]
         # container nodes: the balancer and the load share a node of their own beyond the replicas' (started on
         # demand), so a replica's node can be lost or cut off without taking them along; the load reaches the
         # balancer over that node's loopback
         lb_node = job.node_name(job.nodes) if containers else "node0"
         addr = "0.0.0.0" if containers else job.runtime.master_addr
         lb_port = job.runtime.free_port() if not containers else 8080
-        servers = [(r, f"{job.node_name(r // job.ranks_per_node) if containers else addr}:{ports[r]}")
-                   for r in range(job.ranks)]  # fmt: skip
+        servers = [
+            (r, f"{job.node_name(r // job.ranks_per_node) if containers else addr}:{ports[r]}")
+            for r in range(job.ranks)
+        ]
         cfg_path = job.run_dir / "haproxy.cfg"
         stats_port = 9999 if containers else job.runtime.free_port()
         init = serve.init_argv(job.paths)
-        procs = [] if init is None else [ProcessSpec(name="init", argv=init, env=job.rank_env(0, "node0"), role="init")]
+        procs = (
+            []
+            if init is None
+            else [ProcessSpec(name="init", argv=init, env=job.rank_env(0, "node0"), role="init")]
+        )
         procs += [self.replica_spec(job, r, 0, ports[r]) for r in range(job.ranks)]
-        procs.append(ProcessSpec(name="haproxy", argv=[o.haproxy, "-db", "-f", str(cfg_path)], role="balancer",
-                                 node=lb_node, env={}))  # fmt: skip
+        procs.append(
+            ProcessSpec(
+                name="haproxy",
+                argv=[o.haproxy, "-db", "-f", str(cfg_path)],
+                role="balancer",
+                node=lb_node,
+                env={},
+            )
+        )
         target_host = "127.0.0.1" if containers else job.runtime.master_addr
-        load_env = {k: v for k, v in job.rank_env(0, lb_node).items() if k.startswith("CHAOSBENCH_") or k == "PYTHONUNBUFFERED"}
-        procs.append(ProcessSpec(name="load", argv=serve.load_argv(f"http://{target_host}:{lb_port}"), role="load",
-                                 node=lb_node, env=load_env))  # fmt: skip
+        load_env = {
+            k: v
+            for k, v in job.rank_env(0, lb_node).items()
+            if k.startswith("CHAOSBENCH_") or k == "PYTHONUNBUFFERED"
+        }
+        procs.append(
+            ProcessSpec(
+                name="load",
+                argv=serve.load_argv(f"http://{target_host}:{lb_port}"),
+                role="load",
+                node=lb_node,
+                env=load_env,
+            )
+        )
         return self.launch_plan(
-            job, procs,
-            options={**o.model_dump(), "balancer_bind": f"{addr}:{lb_port}", "haproxy_config": str(cfg_path),
-                     "stats_bind": f"{addr}:{stats_port}", "lb_node": lb_node, "servers": dict(servers)},
-            notes=[f"{job.ranks} replicas behind haproxy ({'health checks' if o.health_checks else 'no health checks'}"
-                   f"{', supervisor' if o.supervisor else ''}{f', {o.retries} retries' if o.retries else ''})"],
-        )  # fmt: skip
+            job,
+            procs,
+            options={
+                **o.model_dump(),
+                "balancer_bind": f"{addr}:{lb_port}",
+                "haproxy_config": str(cfg_path),
+                "stats_bind": f"{addr}:{stats_port}",
+                "lb_node": lb_node,
+                "servers": dict(servers),
+            },
+            notes=[
+                f"{job.ranks} replicas behind haproxy ({'health checks' if o.health_checks else 'no health checks'}"
+                f"{', supervisor' if o.supervisor else ''}{f', {o.retries} retries' if o.retries else ''})"
+            ],
+        )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o = self.options
@@ -318,8 +421,10 @@ class BalancerFramework(Framework[BalancerOptions]):
         # fall failed checks, the first one up to an interval after the fault; a hung replica's check fails when
         # it times out (haproxy's check timeout is the interval when 'timeout check' is unset)
         per_check = inter if mode == "crash" else 2 * inter
-        return Prediction(*chain(("check_interval_s x fall", per_check * fall)),
-                          note=f"{fall:g} failed health checks in a row take the replica out")  # fmt: skip
+        return Prediction(
+            *chain(("check_interval_s x fall", per_check * fall)),
+            note=f"{fall:g} failed health checks in a row take the replica out",
+        )
 
     def versions(self) -> dict[str, str | None]:
         v = super().versions()
@@ -353,10 +458,15 @@ class BalancerFramework(Framework[BalancerOptions]):
                 return JobResult(stop, f"harness stopped the run ({stop}) while the replicas loaded")
             dead = [h for h in replicas.values() if h.poll() is not None]
             if dead:
-                return JobResult("failed", f"{dead[0].name} exited with {describe_exit(dead[0].returncode or 0)} "
-                                 "before it was ready")  # fmt: skip
+                return JobResult(
+                    "failed",
+                    f"{dead[0].name} exited with {describe_exit(dead[0].returncode or 0)} "
+                    "before it was ready",
+                )
             if time.monotonic() > deadline:
-                return JobResult("error", f"replicas not ready after {o.ready_timeout_s:g} s (ready_timeout_s)")
+                return JobResult(
+                    "error", f"replicas not ready after {o.ready_timeout_s:g} s (ready_timeout_s)"
+                )
             ready.changed.wait(o.monitor_interval_s)
             ready.changed.clear()
         cfg = self._write_config(job, plan)
@@ -378,33 +488,56 @@ class BalancerFramework(Framework[BalancerOptions]):
                     return JobResult("completed")
                 return JobResult("failed", f"the load process exited with {describe_exit(rc)}")
             if balancer.poll() is not None:
-                tl.emit("balancer_exit", src="framework", framework=self.label,
-                        reason=f"haproxy exited with {describe_exit(balancer.returncode or 0)}")  # fmt: skip
+                tl.emit(
+                    "balancer_exit",
+                    src="framework",
+                    framework=self.label,
+                    reason=f"haproxy exited with {describe_exit(balancer.returncode or 0)}",
+                )
             if o.supervisor:
                 for rank, h in list(replicas.items()):
                     why = self._replica_failure(h, rank, states, ready, started_ns[rank], o)
                     if why is None:
                         continue
-                    tl.emit("detect", src="framework", framework=self.label, via=why[1], reason=why[0], blame_rank=rank)
+                    tl.emit(
+                        "detect",
+                        src="framework",
+                        framework=self.label,
+                        via=why[1],
+                        reason=why[0],
+                        blame_rank=rank,
+                    )
                     if h.poll() is None:  # a liveness restart: the hung replica goes first
                         rt.terminate([h], 0.0)
                     if restarts >= o.max_restarts:
-                        tl.emit("give_up", src="framework", framework=self.label,
-                                reason=f"supervisor: restart limit reached ({o.max_restarts})")  # fmt: skip
+                        tl.emit(
+                            "give_up",
+                            src="framework",
+                            framework=self.label,
+                            reason=f"supervisor: restart limit reached ({o.max_restarts})",
+                        )
                         o = o.model_copy(update={"supervisor": False})
                         break
                     restarts += 1
                     incarnation[rank] += 1
                     if o.restart_delay_s:
                         control.sleep(o.restart_delay_s)
-                    tl.emit("restart", src="framework", framework=self.label, rank=rank, attempt=restarts,
-                            incarnation=incarnation[rank], reason=why[0])  # fmt: skip
+                    tl.emit(
+                        "restart",
+                        src="framework",
+                        framework=self.label,
+                        rank=rank,
+                        attempt=restarts,
+                        incarnation=incarnation[rank],
+                        reason=why[0],
+                    )
                     replicas[rank] = rt.start(self.replica_spec(job, rank, incarnation[rank], ports[rank]))
                     started_ns[rank] = time.time_ns()
             control.sleep(o.monitor_interval_s)
 
-    def _replica_failure(self, h: ProcHandle, rank: int, states: StateWatcher, ready: ReadyWatch, started_ns: int,
-                         o: Any) -> tuple[str, str] | None:  # fmt: skip
+    def _replica_failure(
+        self, h: ProcHandle, rank: int, states: StateWatcher, ready: ReadyWatch, started_ns: int, o: Any
+    ) -> tuple[str, str] | None:
         """Why the supervisor restarts replica ``rank`` now (reason, via), or None. Its incarnation started at
         ``started_ns``: until it is ready only the startup timeout applies; from then on the liveness clock runs
         from the later of its ready and the balancer's DOWN (haproxy holds a restarted replica DOWN until ``rise``
@@ -442,8 +575,17 @@ class BalancerFramework(Framework[BalancerOptions]):
         # container nodes resolve each other through the engine's DNS (docker: 127.0.0.11)
         dns = DOCKER_DNS if self._containers(job) else None
         serve = self._serve(job)
-        path.write_text(haproxy_config(o, plan.options["balancer_bind"], servers, plan.options["stats_bind"], dns,
-                                       serve.health_path, serve.health_status))  # fmt: skip
+        path.write_text(
+            haproxy_config(
+                o,
+                plan.options["balancer_bind"],
+                servers,
+                plan.options["stats_bind"],
+                dns,
+                serve.health_path,
+                serve.health_status,
+            )
+        )
         return path
 
     def _wait_listening(self, plan: LaunchPlan, control: RunControl, balancer: ProcHandle) -> bool:
@@ -468,8 +610,12 @@ class BalancerFramework(Framework[BalancerOptions]):
         try:
             stats = read_stats(host, port)
         except OSError as exc:
-            control.timeline.emit("balancer_stats", src="framework", framework=self.label,
-                                  missing=f"stats socket {host}:{port}: {exc}")  # fmt: skip
+            control.timeline.emit(
+                "balancer_stats",
+                src="framework",
+                framework=self.label,
+                missing=f"stats socket {host}:{port}: {exc}",
+            )
             return
         control.timeline.emit("balancer_stats", src="framework", framework=self.label, **stats)
 

@@ -74,8 +74,12 @@ class Prediction:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"expected_s": self.expected_s, "decided_by": self.decided_by, "resume_floor_s": self.resume_floor_s,
-                "note": self.note}  # fmt: skip
+        return {
+            "expected_s": self.expected_s,
+            "decided_by": self.decided_by,
+            "resume_floor_s": self.resume_floor_s,
+            "note": self.note,
+        }
 
 
 def chain(*terms: tuple[str, float | None]) -> tuple[float, str]:
@@ -365,8 +369,16 @@ class RankErrorWatcher:
                 return
             self._seen.add(key)
         fields: dict[str, Any] = {**process_context(handle), **({"rank": int(rank)} if rank else {})}
-        self.timeline.emit("rank_error", t_ns=t_ns, proc=handle.name, pid=handle.pid, role=handle.spec.role,
-                           signature=signature, line=line[:400], **fields)  # fmt: skip
+        self.timeline.emit(
+            "rank_error",
+            t_ns=t_ns,
+            proc=handle.name,
+            pid=handle.pid,
+            role=handle.spec.role,
+            signature=signature,
+            line=line[:400],
+            **fields,
+        )
 
 
 class ProcErrorWatcher:
@@ -388,8 +400,15 @@ class ProcErrorWatcher:
             if key in self._seen:
                 return
             self._seen.add(key)
-        self.timeline.emit("proc_error", t_ns=t_ns, proc=handle.name, pid=handle.pid, role=handle.spec.role,
-                           stream=stream, line=line[:400])  # fmt: skip
+        self.timeline.emit(
+            "proc_error",
+            t_ns=t_ns,
+            proc=handle.name,
+            pid=handle.pid,
+            role=handle.spec.role,
+            stream=stream,
+            line=line[:400],
+        )
 
 
 class NoOptions(BaseModel):
@@ -486,7 +505,9 @@ class Framework(ABC, Generic[O]):
         """
         return {"workload_pg_timeout_s": job.workload.pg_timeout_s}
 
-    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+    def node_loss_wait(
+        self, nodes: int, node: str | None, timeouts: dict[str, Any]
+    ) -> tuple[str, float] | None:
         """When ``node``, one of the job's ``nodes``, is lost for good (its processes killed, nothing started in its
         place): the wait after which the adapter gives up on it, named as in ``timeouts`` (a fixed-size rendezvous
         waiting for the node to rejoin: ``("rdzv_join_timeout_s", 600.0)``); None when the adapter goes on
@@ -539,9 +560,15 @@ class Framework(ABC, Generic[O]):
         """
         return base_versions()
 
-    def launch_plan(self, job: JobContext, processes: list[ProcessSpec], patterns: list[LogPattern] | None = None,
-                    options: dict[str, Any] | None = None, notes: list[str] | None = None,
-                    versions: dict[str, str | None] | None = None) -> LaunchPlan:  # fmt: skip
+    def launch_plan(
+        self,
+        job: JobContext,
+        processes: list[ProcessSpec],
+        patterns: list[LogPattern] | None = None,
+        options: dict[str, Any] | None = None,
+        notes: list[str] | None = None,
+        versions: dict[str, str | None] | None = None,
+    ) -> LaunchPlan:
         """This adapter's plan: its label, name, timeouts and versions, with ``options`` (default: the adapter's
         options as given) and the rest as passed.
 
@@ -556,7 +583,13 @@ class Framework(ABC, Generic[O]):
         Returns:
             The plan, with ``framework`` this adapter's label and ``adapter`` its name.
         """
-        return LaunchPlan(framework=self.label, adapter=self.name, processes=processes, patterns=list(patterns or []),
-                          timeouts=self.timeouts(job), versions=self.versions() if versions is None else versions,
-                          options=self.options.model_dump() if options is None else options,
-                          notes=list(notes or []))  # fmt: skip
+        return LaunchPlan(
+            framework=self.label,
+            adapter=self.name,
+            processes=processes,
+            patterns=list(patterns or []),
+            timeouts=self.timeouts(job),
+            versions=self.versions() if versions is None else versions,
+            options=self.options.model_dump() if options is None else options,
+            notes=list(notes or []),
+        )

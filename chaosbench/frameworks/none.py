@@ -48,16 +48,30 @@ def rank_processes(
         env = job.rank_env(incarnation, node)
         env.update(
             torchrun_worker_env(
-                rank=rank, local_rank=rank % per_node, group_rank=rank // per_node,
-                world_size=job.ranks, local_world_size=per_node, group_world_size=job.nodes,
-                master_addr=job.runtime.master_addr, master_port=master_port, run_id=job.run_id,
-                restart_count=incarnation, max_restarts=max_restarts, inherited={**os.environ, **env},
+                rank=rank,
+                local_rank=rank % per_node,
+                group_rank=rank // per_node,
+                world_size=job.ranks,
+                local_world_size=per_node,
+                group_world_size=job.nodes,
+                master_addr=job.runtime.master_addr,
+                master_port=master_port,
+                run_id=job.run_id,
+                restart_count=incarnation,
+                max_restarts=max_restarts,
+                inherited={**os.environ, **env},
             )
-        )  # fmt: skip
+        )
         procs.append(
-            ProcessSpec(name=f"rank{rank}.i{incarnation}", argv=argv, env=env, role="rank", node=node,
-                        incarnation=incarnation)
-        )  # fmt: skip
+            ProcessSpec(
+                name=f"rank{rank}.i{incarnation}",
+                argv=argv,
+                env=env,
+                role="rank",
+                node=node,
+                incarnation=incarnation,
+            )
+        )
     return procs
 
 
@@ -162,14 +176,22 @@ class NoneFramework(Framework[NO]):
                         control.sleep(o.monitor_interval_s)
                 return JobResult("failed", failure.reason)
             blame = {} if failure.rank is None else {"blame_rank": failure.rank}
-            control.timeline.emit("detect", src="framework", framework=self.label, reason=failure.reason,
-                                  via=failure.via, **blame)  # fmt: skip
+            control.timeline.emit(
+                "detect",
+                src="framework",
+                framework=self.label,
+                reason=failure.reason,
+                via=failure.via,
+                **blame,
+            )
             control.runtime.terminate(handles, o.teardown_grace_s)
             if attempts >= self.max_restarts():
                 control.timeline.emit(
-                    "give_up", src="framework", framework=self.label,
+                    "give_up",
+                    src="framework",
+                    framework=self.label,
                     reason=f"retry limit reached ({self.max_restarts()} restarts): {failure.reason}",
-                )  # fmt: skip
+                )
                 return JobResult("gave_up", failure.reason)
             attempts += 1
             incarnation += 1

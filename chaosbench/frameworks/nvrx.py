@@ -94,9 +94,11 @@ def launcher_generation(version: str | None) -> Generation:
         return "0.4"
     if major_minor == (0, 7):
         return "0.7"
-    raise Unsupported(f"nvrx: nvidia-resiliency-ext {version or 'is not installed'}"
-                      f"{'' if version is None else ' is installed'}: the adapter drives 0.4.x and 0.7.x "
-                      "(docs/nvrx.md)")  # fmt: skip
+    raise Unsupported(
+        f"nvrx: nvidia-resiliency-ext {version or 'is not installed'}"
+        f"{'' if version is None else ' is installed'}: the adapter drives 0.4.x and 0.7.x "
+        "(docs/nvrx.md)"
+    )
 
 
 def installed_generation() -> Generation:
@@ -150,19 +152,25 @@ LAUNCHER_DEFAULTS: dict[Generation, dict[str, float]] = {
 _RMON_04 = r"(?:\[RankMonServer\d+@[^\]\s]*:(?P<blame_rank>\d+)\] )?"
 # 0.7: through the launcher's own log format, ``[workload:<rank>(<local rank>) infra:...] <file>:<line> [Cycle N]
 # <message>``; a monitor knows its local rank (its LOCAL_RANK), its rank shows as ``?``.
-_RMON_07 = (r"(?:\[workload:(?:\?|(?P<blame_rank>\d+))\((?:\?|(?P<local_rank>\d+))\) infra:[^\]]*\] \S+ )?"
-            r"\[Cycle \d+\] ")
+_RMON_07 = (
+    r"(?:\[workload:(?:\?|(?P<blame_rank>\d+))\((?:\?|(?P<local_rank>\d+))\) infra:[^\]]*\] \S+ )?"
+    r"\[Cycle \d+\] "
+)
 
 
 #: The rank monitors' timeout lines, as they read after the prefix of each version's log format (_RMON_04/07).
 _MONITOR_LINES = [
     LogPattern(
-        "detect", r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds", "agent",
+        "detect",
+        r"Section '(?P<section>[^']+)' has been open for (?P<open_s>[\d.]+) seconds",
+        "agent",
         via="heartbeat",
     ),
     LogPattern("detect", r"Was out of section for (?P<open_s>[\d.]+) seconds", "agent", via="heartbeat"),
     LogPattern(
-        "detect", r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)", "agent",
+        "detect",
+        r"Did not get (?P<heartbeat>initial|subsequent) heartbeat\. Waited (?P<waited_s>[\d.]+)",
+        "agent",
         via="heartbeat",
     ),
 ]
@@ -170,8 +178,12 @@ _MONITOR_LINES = [
 #: The launcher's (torch's agent's) line on a failed worker, and its restart decision.
 _AGENT_LINES = [
     # The launcher names the worker's local rank on its node and the pid of the worker it started (the bridge).
-    LogPattern("detect", r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)", "agent",
-               via="exit"),
+    LogPattern(
+        "detect",
+        r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)",
+        "agent",
+        via="exit",
+    ),
     # the restart decision of an agent whose own worker failed (N: what was left before this one)
     LogPattern(
         "restart",
@@ -240,7 +252,9 @@ class NvrxOptions(BaseModel):
     max_restarts: int = Field(default=3, ge=0, description="ft_launcher --max-restarts")
     monitor_interval_s: float = Field(default=0.1, gt=0, description="ft_launcher --monitor-interval")
     workers_stop_timeout_s: float | None = Field(
-        default=None, ge=0, description="--workers-stop-timeout: SIGTERM to SIGKILL when restarting ranks (null: "
+        default=None,
+        ge=0,
+        description="--workers-stop-timeout: SIGTERM to SIGKILL when restarting ranks (null: "
         "the launcher's default, 30 s in 0.4.1, 15 s in 0.7.0)",
     )
     workload_check_interval_s: float = Field(default=1.0, gt=0, description="--ft-workload-check-interval")
@@ -256,26 +270,36 @@ class NvrxOptions(BaseModel):
         "checkpoint) are always declared, with no timeout (null) unless set here",
     )
     out_of_section_timeout_s: float | None = Field(
-        default=None, gt=0, description="--ft-rank-out-of-section-timeout (null: none; the CLI cannot say null)"
+        default=None,
+        gt=0,
+        description="--ft-rank-out-of-section-timeout (null: none; the CLI cannot say null)",
     )
     rank_termination_signal: str = Field(default="SIGKILL", description="--ft-rank-termination-signal")
     restart_policy: Literal["any-failed", "min-healthy"] = Field(
         default="any-failed", description="--ft-restart-policy (0.4 only; 0.7 has any-failed alone)"
     )
     spares: int = Field(
-        default=0, ge=0, description="0.7: hot spare nodes: agents that wait as standby (--nnodes N:N+spares), "
+        default=0,
+        ge=0,
+        description="0.7: hot spare nodes: agents that wait as standby (--nnodes N:N+spares), "
         "started once the first round assigned the active ranks, one taking a lost node's place at the next restart",
     )
     max_no_progress_cycles: int = Field(
-        default=3, description="0.7: --ft-max-no-progress-cycles (its default; inactive without a checkpoint "
+        default=3,
+        description="0.7: --ft-max-no-progress-cycles (its default; inactive without a checkpoint "
         "iteration file, which the adapter does not pass)",
     )
     nic_healthcheck: bool = Field(
-        default=True, description="0.7: --ft-enable-nic-healthcheck, the NIC link state check before each "
+        default=True,
+        description="0.7: --ft-enable-nic-healthcheck, the NIC link state check before each "
         "rendezvous (its default; no InfiniBand device here: it passes)",
     )
-    share_rdzv_tcp_store: bool = Field(default=True, description="false: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
-    bridge_poll_s: float = Field(default=0.02, gt=0, description="how often the bridge reads the rank's events")
+    share_rdzv_tcp_store: bool = Field(
+        default=True, description="false: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    )
+    bridge_poll_s: float = Field(
+        default=0.02, gt=0, description="how often the bridge reads the rank's events"
+    )
     log_level: str = Field(default="INFO", description="LOGLEVEL of the launcher")
     extra_args: list[str] = Field(default_factory=list, description="more ft_launcher arguments, as is")
     teardown_grace_s: float = Field(default=5.0, ge=0)
@@ -303,8 +327,12 @@ class NvrxFramework(Framework[NvrxOptions]):
         **Framework.roles,
         "agent": AGENT_ROLES["agent"],
         "rendezvous-host": AGENT_ROLES["rendezvous-host"],
-        "bridge": Role("a rank's bridge to the rank monitor (node0's newest, unless the target names a node); the "
-                       "rank dies with it", proc_role="bridge", node="node0"),
+        "bridge": Role(
+            "a rank's bridge to the rank monitor (node0's newest, unless the target names a node); the "
+            "rank dies with it",
+            proc_role="bridge",
+            node="node0",
+        ),
     }
 
     @classmethod
@@ -320,8 +348,10 @@ class NvrxFramework(Framework[NvrxOptions]):
         gen = installed_generation()
         o = self.options
         if gen == "0.7" and o.restart_policy != "any-failed":
-            raise Unsupported(f"restart_policy '{o.restart_policy}': nvidia-resiliency-ext 0.7 restarts on "
-                              "any failure only (--ft-restart-policy any-failed)")  # fmt: skip
+            raise Unsupported(
+                f"restart_policy '{o.restart_policy}': nvidia-resiliency-ext 0.7 restarts on "
+                "any failure only (--ft-restart-policy any-failed)"
+            )
         if gen == "0.4" and o.spares:
             raise Unsupported(f"spares: {o.spares}: nvidia-resiliency-ext 0.4 has no hot spares (0.7 has)")
         return gen
@@ -330,21 +360,38 @@ class NvrxFramework(Framework[NvrxOptions]):
         """ft_launcher's own options for the installed generation (every agent the same)."""
         o = self.options
         ft_options = [
-            *(["--workers-stop-timeout", str(o.workers_stop_timeout_s)] if o.workers_stop_timeout_s is not None
-              else []),
-            "--ft-workload-check-interval", str(o.workload_check_interval_s),
-            "--ft-initial-rank-heartbeat-timeout", str(o.initial_rank_heartbeat_timeout_s),
-            "--ft-rank-heartbeat-timeout", str(o.rank_heartbeat_timeout_s),
-            "--ft-rank-section-timeouts", sections,
-            *(["--ft-rank-out-of-section-timeout", str(o.out_of_section_timeout_s)]
-              if o.out_of_section_timeout_s is not None else []),
-            "--ft-rank-termination-signal", o.rank_termination_signal,
-            "--ft-enable-nic-monitor", "false",
-        ]  # fmt: skip
+            *(
+                ["--workers-stop-timeout", str(o.workers_stop_timeout_s)]
+                if o.workers_stop_timeout_s is not None
+                else []
+            ),
+            "--ft-workload-check-interval",
+            str(o.workload_check_interval_s),
+            "--ft-initial-rank-heartbeat-timeout",
+            str(o.initial_rank_heartbeat_timeout_s),
+            "--ft-rank-heartbeat-timeout",
+            str(o.rank_heartbeat_timeout_s),
+            "--ft-rank-section-timeouts",
+            sections,
+            *(
+                ["--ft-rank-out-of-section-timeout", str(o.out_of_section_timeout_s)]
+                if o.out_of_section_timeout_s is not None
+                else []
+            ),
+            "--ft-rank-termination-signal",
+            o.rank_termination_signal,
+            "--ft-enable-nic-monitor",
+            "false",
+        ]
         if gen == "0.4":
             return [*ft_options, "--ft-restart-policy", o.restart_policy]
-        return [*ft_options, "--ft-enable-nic-healthcheck", str(o.nic_healthcheck).lower(),
-                "--ft-max-no-progress-cycles", str(o.max_no_progress_cycles)]  # fmt: skip
+        return [
+            *ft_options,
+            "--ft-enable-nic-healthcheck",
+            str(o.nic_healthcheck).lower(),
+            "--ft-max-no-progress-cycles",
+            str(o.max_no_progress_cycles),
+        ]
 
     def _notes(self, gen: Generation, sections: str, agents: int, nnodes: str) -> list[str]:
         o = self.options
@@ -356,16 +403,22 @@ class NvrxFramework(Framework[NvrxOptions]):
             "timeout)",
         ]
         if gen == "0.4":
-            notes.append("worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT, with "
-                         "CHAOSBENCH_INCARNATION set per start so that it is the rendezvous round (the same on "
-                         "every node)")  # fmt: skip
+            notes.append(
+                "worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT, with "
+                "CHAOSBENCH_INCARNATION set per start so that it is the rendezvous round (the same on "
+                "every node)"
+            )
         else:
-            notes.append("worker incarnation = TORCHELASTIC_RESTART_COUNT, which 0.7 sets to the rendezvous round "
-                         "(the job's cycle) on every node")  # fmt: skip
+            notes.append(
+                "worker incarnation = TORCHELASTIC_RESTART_COUNT, which 0.7 sets to the rendezvous round "
+                "(the job's cycle) on every node"
+            )
         if agents > 1:
             notes.append("node0's agent hosts the rendezvous store (is_host)")
         if o.spares:
-            notes.append(f"{o.spares} hot spare node(s): --nnodes {nnodes}, the last {o.spares} agent(s) standby")
+            notes.append(
+                f"{o.spares} hot spare node(s): --nnodes {nnodes}, the last {o.spares} agent(s) standby"
+            )
         return notes
 
     def plan(self, job: JobContext) -> LaunchPlan:
@@ -389,11 +442,22 @@ class NvrxFramework(Framework[NvrxOptions]):
             argv = agent_argv(
                 job,
                 # ft_launcher, unchanged, with incarnations numbered by rendezvous round (chaosbench.launchers.nvrx)
-                ["-m", "chaosbench.launchers.nvrx", "launcher"], nnodes, o.max_restarts, o.monitor_interval_s,
-                rendezvous, [*ft_options, *o.extra_args],
-                rank_wrapper=[python, "-m", "chaosbench.launchers.nvrx", "bridge", "--poll-s", str(o.bridge_poll_s),
-                              "--"],
-            )  # fmt: skip
+                ["-m", "chaosbench.launchers.nvrx", "launcher"],
+                nnodes,
+                o.max_restarts,
+                o.monitor_interval_s,
+                rendezvous,
+                [*ft_options, *o.extra_args],
+                rank_wrapper=[
+                    python,
+                    "-m",
+                    "chaosbench.launchers.nvrx",
+                    "bridge",
+                    "--poll-s",
+                    str(o.bridge_poll_s),
+                    "--",
+                ],
+            )
             env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
             if gen == "0.7" and agents > 1:
                 # 0.7's rendezvous closes for good when two participants share an address ("more than one
@@ -405,16 +469,22 @@ class NvrxFramework(Framework[NvrxOptions]):
             name = "ft_launcher" if agents == 1 else f"ft_launcher.{node}"
             procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
         notes = self._notes(gen, sections, agents, nnodes)
-        return self.launch_plan(job, procs, NVRX_PATTERNS if gen == "0.4" else NVRX07_PATTERNS,
-                                options={**o.model_dump(), "launcher_generation": gen, "nnodes": nnodes},
-                                notes=notes)  # fmt: skip
+        return self.launch_plan(
+            job,
+            procs,
+            NVRX_PATTERNS if gen == "0.4" else NVRX07_PATTERNS,
+            options={**o.model_dump(), "launcher_generation": gen, "nnodes": nnodes},
+            notes=notes,
+        )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o = self.options
         defaults: dict[str, Any]
         if getattr(job, "documenting", False):  # the reference page: per version, not the one installed there
-            defaults = {k: " / ".join(f"`{LAUNCHER_DEFAULTS[g].get(k, 'null')}` ({g})" for g in LAUNCHER_DEFAULTS)
-                        for k in {**LAUNCHER_DEFAULTS["0.4"], **LAUNCHER_DEFAULTS["0.7"]}}  # fmt: skip
+            defaults = {
+                k: " / ".join(f"`{LAUNCHER_DEFAULTS[g].get(k, 'null')}` ({g})" for g in LAUNCHER_DEFAULTS)
+                for k in {**LAUNCHER_DEFAULTS["0.4"], **LAUNCHER_DEFAULTS["0.7"]}
+            }
         else:
             defaults = LAUNCHER_DEFAULTS[installed_generation()]
         t = super().timeouts(job)
@@ -427,32 +497,45 @@ class NvrxFramework(Framework[NvrxOptions]):
                 "out_of_section_timeout_s": o.out_of_section_timeout_s,
                 **{f"section_timeout_{k}_s": v for k, v in o.all_section_timeouts().items()},
                 **defaults,
-                "workers_stop_timeout_s": (o.workers_stop_timeout_s if o.workers_stop_timeout_s is not None
-                                           else defaults["workers_stop_timeout_s"]),
+                "workers_stop_timeout_s": (
+                    o.workers_stop_timeout_s
+                    if o.workers_stop_timeout_s is not None
+                    else defaults["workers_stop_timeout_s"]
+                ),
                 "bridge_poll_s": o.bridge_poll_s,
                 "teardown_grace_s": o.teardown_grace_s,
             }
-        )  # fmt: skip
+        )
         return t
 
     def _hang_detectors(self, timeouts: dict[str, Any]) -> list[tuple[str, float]]:
         """What can notice a hung rank, earliest first: the monitor's step section and heartbeat timeouts, and
         the peers' process-group timeout (their exit is then what ft_launcher sees, and blames)."""
-        out = [(k, float(timeouts[k])) for k in ("section_timeout_step_s", "rank_heartbeat_timeout_s")
-               if timeouts.get(k) is not None]  # fmt: skip
+        out = [
+            (k, float(timeouts[k]))
+            for k in ("section_timeout_step_s", "rank_heartbeat_timeout_s")
+            if timeouts.get(k) is not None
+        ]
         out.append(pg_timeout(timeouts))
         return sorted(out, key=lambda kv: kv[1])
 
-    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+    def node_loss_wait(
+        self, nodes: int, node: str | None, timeouts: dict[str, Any]
+    ) -> tuple[str, float] | None:
         """Without a hot spare every round needs all the nodes (:func:`~chaosbench.frameworks.agent.rendezvous_wait`,
         with the launcher's own join timeout per version: :data:`LAUNCHER_DEFAULTS`)."""
         return None if self.options.spares else rendezvous_wait(nodes, node, timeouts)
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
         if mode == "crash":
-            return Prediction(*chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
-                              note="ft_launcher polls its workers' exits")  # fmt: skip
-        if mode not in ("hang", "stall"):  # the bridge heartbeats from the rank's events: a stall stops them too
+            return Prediction(
+                *chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
+                note="ft_launcher polls its workers' exits",
+            )
+        if mode not in (
+            "hang",
+            "stall",
+        ):  # the bridge heartbeats from the rank's events: a stall stops them too
             return None
         name, value = self._hang_detectors(timeouts)[0]
         if name.startswith(("workload_pg", "torch_default_pg")):
@@ -467,8 +550,10 @@ class NvrxFramework(Framework[NvrxOptions]):
         first, value = self._hang_detectors(timeouts)[0]
         if first.startswith(("workload_pg", "torch_default_pg")):
             hb = timeouts.get("rank_heartbeat_timeout_s")
-            return [f"rank_heartbeat_timeout_s ({hb:g} s) and every section timeout >= {first} ({value:g} s): a hung "
-                    "rank's peers always time out first, so the rank monitor never decides and a survivor is blamed"]  # fmt: skip
+            return [
+                f"rank_heartbeat_timeout_s ({hb:g} s) and every section timeout >= {first} ({value:g} s): a hung "
+                "rank's peers always time out first, so the rank monitor never decides and a survivor is blamed"
+            ]
         return []
 
     def versions(self) -> dict[str, str | None]:
@@ -490,7 +575,7 @@ class NvrxFramework(Framework[NvrxOptions]):
             if "Assigned active rank" in line:
                 assigned.add(handle.name)
 
-        active, spares = plan.processes[:job.nodes], plan.processes[job.nodes:]
+        active, spares = plan.processes[: job.nodes], plan.processes[job.nodes :]
         agents: list[ProcHandle] = [control.runtime.start(p, on_line=on_line) for p in active]
         while True:
             if spares and len(assigned) >= len(active):

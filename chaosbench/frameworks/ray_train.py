@@ -134,39 +134,67 @@ class _WorkerDeathWatch:
         with self._lock:
             ranks = set(self._ranks.get(pid, {}).values())
         rank = ranks.pop() if len(ranks) == 1 else None
-        self.timeline.emit("detect", t_ns=t_ns, src="framework", framework=self.framework, proc=handle.name,
-                           via="exit", reason=f"raylet: worker process {pid} died", pid=pid, blame_rank=rank,
-                           line=line[:400])  # fmt: skip
+        self.timeline.emit(
+            "detect",
+            t_ns=t_ns,
+            src="framework",
+            framework=self.framework,
+            proc=handle.name,
+            via="exit",
+            reason=f"raylet: worker process {pid} died",
+            pid=pid,
+            blame_rank=rank,
+            line=line[:400],
+        )
 
 
 class RayTrainOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    max_failures: int = Field(default=3, ge=-1, description="FailureConfig(max_failures): worker-group restarts "
-                              "before Ray Train gives up (-1: no limit)")  # fmt: skip
+    max_failures: int = Field(
+        default=3,
+        ge=-1,
+        description="FailureConfig(max_failures): worker-group restarts "
+        "before Ray Train gives up (-1: no limit)",
+    )
     min_workers: int | None = Field(
-        default=None, ge=1, description="ScalingConfig(num_workers=(min_workers, ranks)): Ray Train's elastic "
+        default=None,
+        ge=1,
+        description="ScalingConfig(num_workers=(min_workers, ranks)): Ray Train's elastic "
         "worker count (null: a fixed ranks workers)",
-    )  # fmt: skip
+    )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         default="PACK", description="ScalingConfig(placement_strategy) of the workers' placement group"
     )
-    head_cpus: int = Field(default=0, ge=0, description="CPUs the head node offers (0: no training worker on it)")
-    object_store_mb: int = Field(default=100, ge=MIN_OBJECT_STORE_MB, description="--object-store-memory of "
-                                 "every node, MiB (the workload passes nothing through it)")  # fmt: skip
+    head_cpus: int = Field(
+        default=0, ge=0, description="CPUs the head node offers (0: no training worker on it)"
+    )
+    object_store_mb: int = Field(
+        default=100,
+        ge=MIN_OBJECT_STORE_MB,
+        description="--object-store-memory of every node, MiB (the workload passes nothing through it)",
+    )
     health_check_interval_s: float = Field(
-        default=2.0, gt=0, description="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S: the controller polls the worker group "
+        default=2.0,
+        gt=0,
+        description="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S: the controller polls the worker group "
         "this often (a dead worker is noticed at the next poll)",
     )
     worker_health_check_timeout_s: float = Field(
-        default=600.0, gt=0, description="RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S: a worker whose poll hangs "
+        default=600.0,
+        gt=0,
+        description="RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S: a worker whose poll hangs "
         "this long is declared dead (a hung worker)",
     )
     worker_group_start_timeout_s: float = Field(
-        default=60.0, gt=0, description="RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S: the workers' placement group "
+        default=60.0,
+        gt=0,
+        description="RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S: the workers' placement group "
         "must be ready within it (else the start fails and counts as a controller failure)",
     )
     pg_shutdown_timeout_s: int = Field(
-        default=30, ge=1, description="TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S: how long a worker group's shutdown "
+        default=30,
+        ge=1,
+        description="TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S: how long a worker group's shutdown "
         "waits for its ranks to destroy their process group",
     )
     node_health_check_period_s: float = Field(
@@ -176,14 +204,21 @@ class RayTrainOptions(BaseModel):
         default=5, ge=1, description="RAY_health_check_failure_threshold: missed checks before a node is dead"
     )
     node_health_check_timeout_s: float = Field(
-        default=10.0, gt=0, description="RAY_health_check_timeout_ms: a check unanswered this long is missed (a "
+        default=10.0,
+        gt=0,
+        description="RAY_health_check_timeout_ms: a check unanswered this long is missed (a "
         "frozen raylet; a dead one refuses at once)",
     )
     cluster_start_timeout_s: float = Field(
-        default=120.0, gt=0, description="the driver waits this long for every node to join before it gives up"
+        default=120.0,
+        gt=0,
+        description="the driver waits this long for every node to join before it gives up",
     )
-    teardown_grace_s: float = Field(default=2.0, ge=0, description="SIGTERM to SIGKILL of the cluster's "
-                                    "processes once the driver has exited")
+    teardown_grace_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="SIGTERM to SIGKILL of the cluster's processes once the driver has exited",
+    )
 
 
 def ray_temp_link(run_dir: Path) -> Path:
@@ -199,12 +234,19 @@ class RayTrainFramework(Framework[RayTrainOptions]):
     name: ClassVar[str] = "ray-train"
     roles: ClassVar[dict[str, Role]] = {
         **Framework.roles,
-        "rendezvous-host": Role("rank 0's Ray Train worker: it hosts the TCPStore of the process group Ray makes",
-                                rank=0),
-        "head": Role("the Ray head node (ray start --head: the GCS, the head's raylet, the driver's node)",
-                     proc_role="head"),
-        "node": Role("a Ray worker node's ray start (its raylet; node0's, unless the target names a node): the "
-                     "node's Ray processes end with it", proc_role="node", node="node0"),
+        "rendezvous-host": Role(
+            "rank 0's Ray Train worker: it hosts the TCPStore of the process group Ray makes", rank=0
+        ),
+        "head": Role(
+            "the Ray head node (ray start --head: the GCS, the head's raylet, the driver's node)",
+            proc_role="head",
+        ),
+        "node": Role(
+            "a Ray worker node's ray start (its raylet; node0's, unless the target names a node): the "
+            "node's Ray processes end with it",
+            proc_role="node",
+            node="node0",
+        ),
         "driver": Role("the Ray Train driver (TorchTrainer.fit)", proc_role="driver"),
     }
 
@@ -225,20 +267,22 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         running GCS processes on the host and find other runs' clusters too."""
         o = self.options
         env = job.rank_env(0, node)
-        env.update({
-            "RAY_ADDRESS": gcs,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_DEDUP_LOGS": "0",  # every line of every worker reaches the driver's output, none folded
-            # Ray Train's print patch sends each print of a worker to its logger as well: every line twice
-            "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
-            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(o.health_check_interval_s),
-            "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(o.worker_health_check_timeout_s),
-            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(o.worker_group_start_timeout_s),
-            "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": str(o.pg_shutdown_timeout_s),
-            "RAY_health_check_period_ms": str(int(o.node_health_check_period_s * 1000)),
-            "RAY_health_check_failure_threshold": str(o.node_health_check_failure_threshold),
-            "RAY_health_check_timeout_ms": str(int(o.node_health_check_timeout_s * 1000)),
-        })  # fmt: skip
+        env.update(
+            {
+                "RAY_ADDRESS": gcs,
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_DEDUP_LOGS": "0",  # every line of every worker reaches the driver's output, none folded
+                # Ray Train's print patch sends each print of a worker to its logger as well: every line twice
+                "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(o.health_check_interval_s),
+                "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": str(o.worker_health_check_timeout_s),
+                "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(o.worker_group_start_timeout_s),
+                "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S": str(o.pg_shutdown_timeout_s),
+                "RAY_health_check_period_ms": str(int(o.node_health_check_period_s * 1000)),
+                "RAY_health_check_failure_threshold": str(o.node_health_check_failure_threshold),
+                "RAY_health_check_timeout_ms": str(int(o.node_health_check_timeout_s * 1000)),
+            }
+        )
         return env
 
     def plan(self, job: JobContext) -> LaunchPlan:
@@ -258,11 +302,36 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             # temp dir of its own: each node's log monitor forwards every log file under it to the driver (one
             # shared dir: each line twice). The temp dir is under a short link the entrypoint makes in the
             # node's own /tmp (ray_node)
-            argv = [python, "-m", "chaosbench.launchers.ray_node", "--temp-link", str(temp), "--temp-target",
-                    str(job.run_dir / RUN_DIR_RAY), "--", python, "-m", "ray.scripts.scripts", "start", "--block",
-                    "--node-ip-address", machine if containers else addr, "--node-name", name, "--num-cpus",
-                    str(cpus), "--num-gpus", "0", "--object-store-memory", store, "--disable-usage-stats",
-                    "--temp-dir", str(temp / name), "--dashboard-agent-listen-port", str(job.runtime.free_port())]  # fmt: skip
+            argv = [
+                python,
+                "-m",
+                "chaosbench.launchers.ray_node",
+                "--temp-link",
+                str(temp),
+                "--temp-target",
+                str(job.run_dir / RUN_DIR_RAY),
+                "--",
+                python,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                "--block",
+                "--node-ip-address",
+                machine if containers else addr,
+                "--node-name",
+                name,
+                "--num-cpus",
+                str(cpus),
+                "--num-gpus",
+                "0",
+                "--object-store-memory",
+                store,
+                "--disable-usage-stats",
+                "--temp-dir",
+                str(temp / name),
+                "--dashboard-agent-listen-port",
+                str(job.runtime.free_port()),
+            ]
             if containers:
                 # a container's /dev/shm is 64 MB, less than one node's store: the store goes in its /tmp, a
                 # tmpfs as /dev/shm is (Ray would fall back to the temp dir, here in the run dir on disk)
@@ -270,14 +339,32 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             return argv
 
         procs = [
-            ProcessSpec(name="ray.head", role="head", node=head_node, env=self._env(job, head_node, gcs),
-                        argv=[*ray_start("head", head_node, o.head_cpus), "--head", "--port", gcs.rsplit(":", 1)[1],
-                              "--include-dashboard", "false"])  # fmt: skip
+            ProcessSpec(
+                name="ray.head",
+                role="head",
+                node=head_node,
+                env=self._env(job, head_node, gcs),
+                argv=[
+                    *ray_start("head", head_node, o.head_cpus),
+                    "--head",
+                    "--port",
+                    gcs.rsplit(":", 1)[1],
+                    "--include-dashboard",
+                    "false",
+                ],
+            )
         ]
         for n in range(job.nodes):
             node = job.node_name(n)
-            procs.append(ProcessSpec(name=f"ray.{node}", role="node", node=node, env=self._env(job, node, gcs),
-                                     argv=[*ray_start(node, node, job.ranks_per_node), "--address", gcs]))  # fmt: skip
+            procs.append(
+                ProcessSpec(
+                    name=f"ray.{node}",
+                    role="node",
+                    node=node,
+                    env=self._env(job, node, gcs),
+                    argv=[*ray_start(node, node, job.ranks_per_node), "--address", gcs],
+                )
+            )
         workload_argv = job.workload_argv()
         in_process = job.workload.bridged_checkpoints and workload_argv[1:2] == ["-m"]
         pg_name, pg_s = pg_timeout(self.timeouts(job))
@@ -296,25 +383,42 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             "name": job.ckpt_dir.name,
             "storage_path": str(job.ckpt_dir.parent),
             "max_failures": o.max_failures,
-            "loop": {"mode": mode, "argv": workload_argv,
-                     "attempts_file": str(job.run_dir / "ray-train-starts")},  # fmt: skip
+            "loop": {
+                "mode": mode,
+                "argv": workload_argv,
+                "attempts_file": str(job.run_dir / "ray-train-starts"),
+            },
         }
-        procs.append(ProcessSpec(name="ray.driver", role="driver", node=head_node, env=self._env(job, head_node, gcs),
-                                 argv=[python, "-m", "chaosbench.launchers.ray_train", "--config",
-                                       json.dumps(config)]))  # fmt: skip
+        procs.append(
+            ProcessSpec(
+                name="ray.driver",
+                role="driver",
+                node=head_node,
+                env=self._env(job, head_node, gcs),
+                argv=[python, "-m", "chaosbench.launchers.ray_train", "--config", json.dumps(config)],
+            )
+        )
         return self.launch_plan(
             job,
             procs,
             RAY_TRAIN_PATTERNS,
-            options={**o.model_dump(), "num_workers": config["num_workers"], "gcs_address": gcs,
-                     "workload_mode": mode, "temp_dir": str(temp)},  # fmt: skip
+            options={
+                **o.model_dump(),
+                "num_workers": config["num_workers"],
+                "gcs_address": gcs,
+                "workload_mode": mode,
+                "temp_dir": str(temp),
+            },
             notes=[
                 f"Ray head (GCS {gcs}) + {job.nodes} Ray node(s) x {job.ranks_per_node} CPUs; the driver runs a "
                 f"TorchTrainer with num_workers={config['num_workers']}, max_failures={o.max_failures}",
                 "incarnation = the worker group's start (counted by rank 0 of each start)",
-                ("the program runs inside each Ray Train worker; checkpoints go through ray.train.report and a "
-                 "restart resumes from ray.train.get_checkpoint()") if in_process else
-                "the workload runs as a child of each Ray Train worker and resumes from its own checkpoints",
+                (
+                    "the program runs inside each Ray Train worker; checkpoints go through ray.train.report and a "
+                    "restart resumes from ray.train.get_checkpoint()"
+                )
+                if in_process
+                else "the workload runs as a child of each Ray Train worker and resumes from its own checkpoints",
                 f"process-group timeout: TorchConfig(timeout_s={config['torch_timeout_s']}) from {pg_name}",
             ],
         )
@@ -325,19 +429,21 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         if t.get("workload_pg_timeout_s") is not None:
             # Ray makes the process group: TorchConfig(timeout_s) takes whole seconds
             t["workload_pg_timeout_s"] = float(_torch_timeout(float(t["workload_pg_timeout_s"] or 0)))
-        t.update({
-            "health_check_interval_s": o.health_check_interval_s,
-            "worker_health_check_timeout_s": o.worker_health_check_timeout_s,
-            "worker_group_start_timeout_s": o.worker_group_start_timeout_s,
-            "pg_shutdown_timeout_s": float(o.pg_shutdown_timeout_s),
-            "node_health_check_period_s": o.node_health_check_period_s,
-            "node_health_check_timeout_s": o.node_health_check_timeout_s,
-            # a lost node's raylet refuses the GCS's checks at once: dead after `threshold` periods
-            "node_dead_after_s": o.node_health_check_period_s * o.node_health_check_failure_threshold,
-            "collective_timeout_s": None,  # RAY_TRAIN_COLLECTIVE_TIMEOUT_S: Ray's default, none
-            "cluster_start_timeout_s": o.cluster_start_timeout_s,
-            "teardown_grace_s": o.teardown_grace_s,
-        })  # fmt: skip
+        t.update(
+            {
+                "health_check_interval_s": o.health_check_interval_s,
+                "worker_health_check_timeout_s": o.worker_health_check_timeout_s,
+                "worker_group_start_timeout_s": o.worker_group_start_timeout_s,
+                "pg_shutdown_timeout_s": float(o.pg_shutdown_timeout_s),
+                "node_health_check_period_s": o.node_health_check_period_s,
+                "node_health_check_timeout_s": o.node_health_check_timeout_s,
+                # a lost node's raylet refuses the GCS's checks at once: dead after `threshold` periods
+                "node_dead_after_s": o.node_health_check_period_s * o.node_health_check_failure_threshold,
+                "collective_timeout_s": None,  # RAY_TRAIN_COLLECTIVE_TIMEOUT_S: Ray's default, none
+                "cluster_start_timeout_s": o.cluster_start_timeout_s,
+                "teardown_grace_s": o.teardown_grace_s,
+            }
+        )
         return t
 
     def versions(self) -> dict[str, str | None]:
@@ -348,19 +454,26 @@ class RayTrainFramework(Framework[RayTrainOptions]):
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
         poll = ("health_check_interval_s", timeouts.get("health_check_interval_s"))
         if mode == "crash":
-            return Prediction(*chain(poll), note="the controller's next poll of the worker group finds the dead "
-                              "worker (its actor died); the raylet's report of a dead worker process usually comes "
-                              "first (measured: 0.05-0.1 s), a lost node's raylet makes none")  # fmt: skip
+            return Prediction(
+                *chain(poll),
+                note="the controller's next poll of the worker group finds the dead "
+                "worker (its actor died); the raylet's report of a dead worker process usually comes "
+                "first (measured: 0.05-0.1 s), a lost node's raylet makes none",
+            )
         if mode not in ("hang", "stall"):
             return None
         pg_name, pg = pg_timeout(timeouts)
         hc = float(timeouts.get("worker_health_check_timeout_s") or 0)
         if mode == "hang" and hc < pg:
-            return Prediction(*chain(("worker_health_check_timeout_s", hc), poll),
-                              note="the frozen worker's poll hangs until the controller declares it dead")  # fmt: skip
-        return Prediction(*chain((pg_name, pg), poll),
-                          note="the peers' collective times out and their train function fails; the controller's "
-                          "next poll sees it")  # fmt: skip
+            return Prediction(
+                *chain(("worker_health_check_timeout_s", hc), poll),
+                note="the frozen worker's poll hangs until the controller declares it dead",
+            )
+        return Prediction(
+            *chain((pg_name, pg), poll),
+            note="the peers' collective times out and their train function fails; the controller's "
+            "next poll sees it",
+        )
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         o = self.options
@@ -402,4 +515,3 @@ def _torch_timeout(pg_s: float) -> int:
     """``TorchConfig(timeout_s)``: whole seconds, at least the workload's timeout."""
     whole = int(pg_s)
     return whole if whole == pg_s else whole + 1
-

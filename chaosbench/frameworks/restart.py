@@ -22,7 +22,9 @@ class StepWatchdog:
 
     BEATS = ("rank_start", "step", "ckpt_save_begin", "ckpt_save_end", "ckpt_load_begin", "ckpt_load_end")
 
-    def __init__(self, heartbeat_timeout_s: float, startup_timeout_s: float, total_steps: int | None = None) -> None:
+    def __init__(
+        self, heartbeat_timeout_s: float, startup_timeout_s: float, total_steps: int | None = None
+    ) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.total_steps = total_steps  # a rank that reached it is done (a script with no closing line)
@@ -75,16 +77,23 @@ class StepWatchdog:
         now = now_ns()
         stale = self.stale(ranks, self.heartbeat_timeout_s, now)
         if stale is not None:
-            return Failure(f"rank {stale[0]}: no heartbeat for {stale[1]:.2f} s (timeout {self.heartbeat_timeout_s} s)",
-                           stale[0], via="step watchdog")  # fmt: skip
+            return Failure(
+                f"rank {stale[0]}: no heartbeat for {stale[1]:.2f} s (timeout {self.heartbeat_timeout_s} s)",
+                stale[0],
+                via="step watchdog",
+            )
         if not self.any_step() and (now - launched_ns) / 1e9 > self.startup_timeout_s:
-            return Failure(f"no step within startup timeout {self.startup_timeout_s} s", None, via="step watchdog")
+            return Failure(
+                f"no step within startup timeout {self.startup_timeout_s} s", None, via="step watchdog"
+            )
         return None
 
 
 class RestartOptions(NoneOptions):
     max_restarts: int = Field(default=3, ge=0, description="relaunches before giving up")
-    heartbeat_timeout_s: float = Field(default=10.0, gt=0, description="a rank with no step for this long is hung")
+    heartbeat_timeout_s: float = Field(
+        default=10.0, gt=0, description="a rank with no step for this long is hung"
+    )
     startup_timeout_s: float = Field(default=120.0, gt=0, description="launch to first step, per incarnation")
     restart_delay_s: float = Field(default=0.0, ge=0, description="scheduler delay before relaunch")
 
@@ -100,8 +109,13 @@ class RestartFramework(NoneFramework[RestartOptions]):
     def timeouts(self, job: JobContext) -> dict[str, float | None]:
         o = self.options
         t = super().timeouts(job)
-        t.update({"heartbeat_timeout_s": o.heartbeat_timeout_s, "startup_timeout_s": o.startup_timeout_s,
-                  "restart_delay_s": o.restart_delay_s})
+        t.update(
+            {
+                "heartbeat_timeout_s": o.heartbeat_timeout_s,
+                "startup_timeout_s": o.startup_timeout_s,
+                "restart_delay_s": o.restart_delay_s,
+            }
+        )
         return t
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
@@ -113,17 +127,23 @@ class RestartFramework(NoneFramework[RestartOptions]):
         pg_name, pg = pg_timeout(timeouts)
         hb = float(timeouts.get("heartbeat_timeout_s") or 0)
         if hb <= pg:
-            return Prediction(*chain(("heartbeat_timeout_s", hb), monitor),
-                              note="the watchdog sees no step for heartbeat_timeout_s")  # fmt: skip
-        return Prediction(*chain((pg_name, pg), monitor),
-                          note="the peers' process-group timeout fires first: their exit is detected, and blamed")  # fmt: skip
+            return Prediction(
+                *chain(("heartbeat_timeout_s", hb), monitor),
+                note="the watchdog sees no step for heartbeat_timeout_s",
+            )
+        return Prediction(
+            *chain((pg_name, pg), monitor),
+            note="the peers' process-group timeout fires first: their exit is detected, and blamed",
+        )
 
     def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
         pg_name, pg = pg_timeout(timeouts)
         hb = float(timeouts.get("heartbeat_timeout_s") or 0)
         if hb >= pg:
-            return [f"heartbeat_timeout_s ({hb:g} s) >= {pg_name} ({pg:g} s): a hung rank's peers always time out "
-                    "first, so the heartbeat never decides and a survivor is blamed"]  # fmt: skip
+            return [
+                f"heartbeat_timeout_s ({hb:g} s) >= {pg_name} ({pg:g} s): a hung rank's peers always time out "
+                "first, so the heartbeat never decides and a survivor is blamed"
+            ]
         return []
 
     def max_restarts(self) -> int:

@@ -93,8 +93,10 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
     @staticmethod
     def _runtime(job: JobContext) -> Any:
         if not isinstance(job.runtime, BatchJobs):
-            raise Unsupported(f"framework slurm-requeue needs the slurm runtime (a batch scheduler), not "
-                              f"'{job.runtime.name}'")  # fmt: skip
+            raise Unsupported(
+                f"framework slurm-requeue needs the slurm runtime (a batch scheduler), not "
+                f"'{job.runtime.name}'"
+            )
         return job.runtime
 
     def script(self, job: JobContext) -> str:
@@ -107,11 +109,19 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
         rpn = job.ranks_per_node
         # torchrun's worker environment: the task's own values expanded by its shell, the rest fixed here
         worker = torchrun_worker_env(
-            rank=_TASK_RANK, local_rank=_TASK_LOCAL_RANK, group_rank=_TASK_NODE, world_size=job.ranks,
-            local_world_size=rpn, group_world_size=job.nodes, master_addr=_JOB_MASTER_ADDR,
-            master_port=_JOB_MASTER_PORT, run_id=job.run_id, restart_count=_JOB_INCARNATION,
-            max_restarts=o.max_restarts, inherited={**os.environ, **env},
-        )  # fmt: skip
+            rank=_TASK_RANK,
+            local_rank=_TASK_LOCAL_RANK,
+            group_rank=_TASK_NODE,
+            world_size=job.ranks,
+            local_world_size=rpn,
+            group_world_size=job.nodes,
+            master_addr=_JOB_MASTER_ADDR,
+            master_port=_JOB_MASTER_PORT,
+            run_id=job.run_id,
+            restart_count=_JOB_INCARNATION,
+            max_restarts=o.max_restarts,
+            inherited={**os.environ, **env},
+        )
         per_task = {k: v for k, v in worker.items() if v in _EXPANDED and v != f"${k}"}
         env.update({k: v for k, v in worker.items() if v not in _EXPANDED})
         assigned = " ".join(f'{k}="{v}"' for k, v in per_task.items())
@@ -197,10 +207,14 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
         if mode == "crash":
-            return Prediction(*chain(("poll_interval_s", timeouts.get("poll_interval_s"))),
-                              note="srun --kill-on-bad-exit ends the job; the adapter polls its state")  # fmt: skip
+            return Prediction(
+                *chain(("poll_interval_s", timeouts.get("poll_interval_s"))),
+                note="srun --kill-on-bad-exit ends the job; the adapter polls its state",
+            )
         if mode in ("hang", "stall"):
-            return Prediction(None, "", note="a stopped or stalled rank keeps its job RUNNING until its time limit")
+            return Prediction(
+                None, "", note="a stopped or stalled rank keeps its job RUNNING until its time limit"
+            )
         return None
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
@@ -249,7 +263,9 @@ class _RequeueWatch:
     far (its own, and the scheduler's once seen), the restart count accounted for, whether the current
     incarnation's failure was detected (and requeued), the last state seen and the last requeue error."""
 
-    def __init__(self, label: str, options: SlurmRequeueOptions, rt: Any, control: RunControl, job_id: int) -> None:
+    def __init__(
+        self, label: str, options: SlurmRequeueOptions, rt: Any, control: RunControl, job_id: int
+    ) -> None:
         self.label, self.o, self.rt, self.control, self.job_id = label, options, rt, control, job_id
         self.requested = 0
         self.handled_restarts = 0
@@ -272,7 +288,9 @@ class _RequeueWatch:
         self._emit("sched_state", **info.to_event())
         if info.state is JobState.RUNNING:
             for i, snode in enumerate(info.nodes):
-                th = threading.Thread(target=self.rt.measure_clock, args=(snode, f"node{i}", self.job_id), daemon=True)
+                th = threading.Thread(
+                    target=self.rt.measure_clock, args=(snode, f"node{i}", self.job_id), daemon=True
+                )
                 th.start()
                 self.clock_threads.append(th)
 
@@ -282,9 +300,17 @@ class _RequeueWatch:
         if info.restarts <= self.handled_restarts:
             return None
         if info.restarts > self.requested and not self.handled_failure:
-            why = f"the scheduler requeued job {self.job_id} ({info.slurm_state}, {info.reason or 'no reason'})"
-            self._emit("detect", by="scheduler", via="scheduler", reason=why, job_id=self.job_id,
-                       slurm_state=info.slurm_state)  # fmt: skip
+            why = (
+                f"the scheduler requeued job {self.job_id} ({info.slurm_state}, {info.reason or 'no reason'})"
+            )
+            self._emit(
+                "detect",
+                by="scheduler",
+                via="scheduler",
+                reason=why,
+                job_id=self.job_id,
+                slurm_state=info.slurm_state,
+            )
             self._emit("restart", by="scheduler", attempt=info.restarts, reason=why, job_id=self.job_id)
         self.handled_restarts = self.requested = max(self.requested, info.restarts)
         self.handled_failure = False
@@ -304,8 +330,11 @@ class _RequeueWatch:
         o, job_id = self.o, self.job_id
         # A job that ended badly is "completing" for a while (its processes end, the epilog runs) with its exit
         # code already known: that is when the scheduler knows, so detection does not wait for it.
-        ending_badly = (info.state is JobState.STOPPING and info.exit_code not in ("", "0:0")
-                        and info.restarts == self.handled_restarts)  # fmt: skip
+        ending_badly = (
+            info.state is JobState.STOPPING
+            and info.exit_code not in ("", "0:0")
+            and info.restarts == self.handled_restarts
+        )
         if info.state not in (JobState.FAILED, JobState.LOST) and not ending_badly:
             return None
         state = JobState.FAILED if ending_badly else info.state
@@ -314,8 +343,14 @@ class _RequeueWatch:
             return JobResult("failed", why)
         if not self.handled_failure:
             self.handled_failure = True
-            self._emit("detect", by="harness", via="scheduler", reason=f"scheduler state: {why}", job_id=job_id,
-                       slurm_state=info.slurm_state)  # fmt: skip
+            self._emit(
+                "detect",
+                by="harness",
+                via="scheduler",
+                reason=f"scheduler state: {why}",
+                job_id=job_id,
+                slurm_state=info.slurm_state,
+            )
             if self.requested >= o.max_restarts:
                 self._emit("give_up", reason=f"retry limit reached ({o.max_restarts} requeues): {why}")
                 return JobResult("gave_up", why)
@@ -327,8 +362,14 @@ class _RequeueWatch:
                 self._emit("log", line=self.requeue_error[:400])
         else:
             self.requested += 1
-            self._emit("restart", by="harness", attempt=self.requested, reason=why, job_id=job_id,
-                       action="scontrol requeue")  # fmt: skip
+            self._emit(
+                "restart",
+                by="harness",
+                attempt=self.requested,
+                reason=why,
+                job_id=job_id,
+                action="scontrol requeue",
+            )
         return None
 
 

@@ -69,7 +69,9 @@ LIGHTHOUSE_SCRIPT = "torchft_lighthouse"
 #: ``Quorum status: Valid quorum found [1/1 participants healthy][1 heartbeating][shrink_only=false]``
 LIGHTHOUSE_QUORUM_RE = re.compile(r"Quorum! Quorum \{ quorum_id: (?P<quorum_id>\d+), participants: \[")
 LIGHTHOUSE_MEMBER_RE = re.compile(r'replica_id: "(?P<replica_id>[^":]+)')
-LIGHTHOUSE_STATUS_RE = re.compile(r"\[(?P<healthy>\d+)/(?P<total>\d+) participants healthy\]\[(?P<beating>\d+) heartbeating\]")
+LIGHTHOUSE_STATUS_RE = re.compile(
+    r"\[(?P<healthy>\d+)/(?P<total>\d+) participants healthy\]\[(?P<beating>\d+) heartbeating\]"
+)
 
 #: A replica id's group: its trailing digits, as torchft numbers the ranks of a quorum (``extract_trailing_digits``
 #: in its Manager). ft-mlp's ids are ``chaosbench_<group>``, a user's script names its own (train_ddp.py:
@@ -86,7 +88,9 @@ def replica_group_of(replica_id: str) -> int | str:
 class TorchftOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # Lighthouse
-    min_replicas: int = Field(default=1, ge=1, description="Lighthouse --min_replicas (groups needed for a quorum)")
+    min_replicas: int = Field(
+        default=1, ge=1, description="Lighthouse --min_replicas (groups needed for a quorum)"
+    )
     quorum_tick_ms: int = Field(default=100, ge=1, description="Lighthouse --quorum_tick_ms")
     join_timeout_ms: int = Field(
         default=10000, ge=0, description="Lighthouse --join_timeout_ms: wait for heartbeating stragglers"
@@ -96,14 +100,18 @@ class TorchftOptions(BaseModel):
     )
     # Manager (workers)
     min_replica_size: int | None = Field(
-        default=None, ge=1, description="Manager min_replica_size: groups needed to commit (default: min_replicas)"
+        default=None,
+        ge=1,
+        description="Manager min_replica_size: groups needed to commit (default: min_replicas)",
     )
     manager_timeout_s: int = Field(
         default=60, ge=1, description="TORCHFT_TIMEOUT_SEC: collectives, should_commit, checkpoint transfer"
     )
     quorum_timeout_s: int = Field(default=60, ge=1, description="TORCHFT_QUORUM_TIMEOUT_SEC")
     connect_timeout_s: int = Field(default=60, ge=1, description="TORCHFT_CONNECT_TIMEOUT_SEC")
-    manager_heartbeat_interval_s: float = Field(default=0.1, gt=0, description="Manager -> Lighthouse heartbeats")
+    manager_heartbeat_interval_s: float = Field(
+        default=0.1, gt=0, description="Manager -> Lighthouse heartbeats"
+    )
     start_together: bool = Field(
         default=True,
         description="the first quorum waits for every group (else the first group up trains alone, then heals "
@@ -123,7 +131,9 @@ class TorchftOptions(BaseModel):
     )
     extra_args: list[str] = Field(default_factory=list, description="more torchrun arguments, as is")
     teardown_grace_s: float = Field(default=5.0, ge=0)
-    lighthouse_ready_timeout_s: float = Field(default=20.0, gt=0, description="wait for the Lighthouse's port")
+    lighthouse_ready_timeout_s: float = Field(
+        default=20.0, gt=0, description="wait for the Lighthouse's port"
+    )
 
 
 def lighthouse_command(python: str) -> list[str]:
@@ -180,8 +190,10 @@ class _LighthouseWatch:
             self._status(int(s["beating"]), line, t_ns)
 
     def _quorum(self, quorum_id: int, line: str, t_ns: int) -> None:
-        groups = sorted((replica_group_of(mm["replica_id"]) for mm in LIGHTHOUSE_MEMBER_RE.finditer(line)),
-                        key=lambda g: (isinstance(g, str), g if isinstance(g, int) else 0, str(g)))  # fmt: skip
+        groups = sorted(
+            (replica_group_of(mm["replica_id"]) for mm in LIGHTHOUSE_MEMBER_RE.finditer(line)),
+            key=lambda g: (isinstance(g, str), g if isinstance(g, int) else 0, str(g)),
+        )
         with self._lock:
             if quorum_id == self._quorum_id:
                 return
@@ -189,24 +201,42 @@ class _LighthouseWatch:
             left = [g for g in self._groups if g not in groups]
             self._quorum_id, self._members, self._groups = quorum_id, len(groups), list(groups)
         self.timeline.emit(
-            "quorum", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse", quorum_id=quorum_id,
-            participants=len(groups), previous_participants=previous, replica_groups=groups,
-        )  # fmt: skip
+            "quorum",
+            t_ns=t_ns,
+            src="framework",
+            framework=self.framework,
+            via="lighthouse",
+            quorum_id=quorum_id,
+            participants=len(groups),
+            previous_participants=previous,
+            replica_groups=groups,
+        )
         if previous is not None and len(groups) < previous and not self.finishing.is_set():
             self.timeline.emit(
-                "detect", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse",
-                mechanism="quorum change", reason=f"lighthouse quorum {quorum_id}: {len(groups)} of {previous} replica groups",
+                "detect",
+                t_ns=t_ns,
+                src="framework",
+                framework=self.framework,
+                via="lighthouse",
+                mechanism="quorum change",
+                reason=f"lighthouse quorum {quorum_id}: {len(groups)} of {previous} replica groups",
                 blame_groups=left,  # the groups the new quorum left out: whom the Lighthouse gave up on
-            )  # fmt: skip
+            )
 
     def _status(self, beating: int, line: str, t_ns: int) -> None:
         with self._lock:
             before, self._beating = self._beating, beating
         if beating < before and not self.finishing.is_set():
             self.timeline.emit(
-                "detect", t_ns=t_ns, src="framework", framework=self.framework, via="lighthouse",
-                mechanism="framework heartbeat", reason=f"lighthouse: {before} -> {beating} replica groups heartbeating", line=line[:300],
-            )  # fmt: skip
+                "detect",
+                t_ns=t_ns,
+                src="framework",
+                framework=self.framework,
+                via="lighthouse",
+                mechanism="framework heartbeat",
+                reason=f"lighthouse: {before} -> {beating} replica groups heartbeating",
+                line=line[:300],
+            )
 
 
 class TorchftFramework(Framework[TorchftOptions]):
@@ -215,10 +245,14 @@ class TorchftFramework(Framework[TorchftOptions]):
     name: ClassVar[str] = "torchft"
     roles: ClassVar[dict[str, Role]] = {
         **Framework.roles,
-        "agent": Role("a replica group's torchrun: group 0's (node0), unless the target names a node",
-                      proc_role="agent", node="node0"),
-        "lighthouse": Role("the Lighthouse: the quorum service every replica group heartbeats to",
-                           proc_role="lighthouse"),
+        "agent": Role(
+            "a replica group's torchrun: group 0's (node0), unless the target names a node",
+            proc_role="agent",
+            node="node0",
+        ),
+        "lighthouse": Role(
+            "the Lighthouse: the quorum service every replica group heartbeats to", proc_role="lighthouse"
+        ),
     }
     heals: ClassVar[bool] = True
 
@@ -248,15 +282,22 @@ class TorchftFramework(Framework[TorchftOptions]):
                 name="lighthouse",
                 argv=[
                     *lighthouse_command(python),
-                    "--min_replicas", str(o.min_replicas),
-                    "--quorum_tick_ms", str(o.quorum_tick_ms),
-                    "--join_timeout_ms", str(o.join_timeout_ms),
-                    "--heartbeat_timeout_ms", str(o.heartbeat_timeout_ms),
-                    "--bind", f"{addr}:{lh_port}",
+                    "--min_replicas",
+                    str(o.min_replicas),
+                    "--quorum_tick_ms",
+                    str(o.quorum_tick_ms),
+                    "--join_timeout_ms",
+                    str(o.join_timeout_ms),
+                    "--heartbeat_timeout_ms",
+                    str(o.heartbeat_timeout_ms),
+                    "--bind",
+                    f"{addr}:{lh_port}",
                 ],
-                env=lh_env, role="lighthouse", node=job.node_name(0),
+                env=lh_env,
+                role="lighthouse",
+                node=job.node_name(0),
             )
-        ]  # fmt: skip
+        ]
         # ranks on the harness's host advertise the runtime's master address; on nodes of their own, the node's hostname
         advertise = o.advertise_host or (addr if job.runtime.ranks_on_harness_host else "")
         for g in range(groups):
@@ -287,10 +328,16 @@ class TorchftFramework(Framework[TorchftOptions]):
             # A group's torchrun hosts its own store: on container nodes that is the group's node (node0's name
             # would send a group elsewhere to a store nobody serves); on one host, the master address
             group_addr = node if isinstance(job.runtime, NodeControl) else addr
-            argv = agent_argv(job, ["-m", "torch.distributed.run"], "1", o.max_restarts, o.monitor_interval_s,
-                              ["--master-addr", group_addr, "--master-port", str(job.runtime.free_port())],
-                              o.extra_args,
-                              nproc_per_node=per_group)  # fmt: skip
+            argv = agent_argv(
+                job,
+                ["-m", "torch.distributed.run"],
+                "1",
+                o.max_restarts,
+                o.monitor_interval_s,
+                ["--master-addr", group_addr, "--master-port", str(job.runtime.free_port())],
+                o.extra_args,
+                nproc_per_node=per_group,
+            )
             procs.append(ProcessSpec(name=f"torchrun.g{g}", argv=argv, env=env, role="agent", node=node))
         return self.launch_plan(
             job,
@@ -330,21 +377,30 @@ class TorchftFramework(Framework[TorchftOptions]):
 
     def predict_detection(self, mode: str, timeouts: dict[str, Any]) -> Prediction | None:
         if mode == "crash":
-            return Prediction(*chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
-                              note="the group's torchrun polls its workers' exits")  # fmt: skip
+            return Prediction(
+                *chain(("monitor_interval_s", timeouts.get("monitor_interval_s"))),
+                note="the group's torchrun polls its workers' exits",
+            )
         if mode not in ("hang", "stall"):
             return None
         hb = float(timeouts.get("lighthouse_heartbeat_timeout_s") or 0)
         pg_name, pg = pg_timeout(timeouts)
         tick = ("lighthouse_quorum_tick_s", timeouts.get("lighthouse_quorum_tick_s"))
         if mode == "hang" and hb <= pg:
-            return Prediction(*chain(("lighthouse_heartbeat_timeout_s", hb), tick),
-                              note="a frozen group stops heartbeating; the Lighthouse drops it")  # fmt: skip
+            return Prediction(
+                *chain(("lighthouse_heartbeat_timeout_s", hb), tick),
+                note="a frozen group stops heartbeating; the Lighthouse drops it",
+            )
         if mode == "stall":
-            return Prediction(*chain((pg_name, pg), tick), note="a stalled group keeps heartbeating (the Manager's "
-                              "native threads run on): only the survivors' allreduce timeout sees it")  # fmt: skip
-        return Prediction(*chain((pg_name, pg), tick),
-                          note="the survivors' allreduce times out before the Lighthouse drops the group")  # fmt: skip
+            return Prediction(
+                *chain((pg_name, pg), tick),
+                note="a stalled group keeps heartbeating (the Manager's "
+                "native threads run on): only the survivors' allreduce timeout sees it",
+            )
+        return Prediction(
+            *chain((pg_name, pg), tick),
+            note="the survivors' allreduce times out before the Lighthouse drops the group",
+        )
 
     def timeout_problems(self, timeouts: dict[str, Any]) -> list[str]:
         out = []
@@ -352,8 +408,10 @@ class TorchftFramework(Framework[TorchftOptions]):
         for name in ("quorum_timeout_s", "manager_timeout_s"):
             v = timeouts.get(name)
             if v is not None and hb is not None and float(v) < float(hb):
-                out.append(f"{name} ({v:g} s) < lighthouse_heartbeat_timeout_s ({hb:g} s): the survivors give up on "
-                           "the quorum before the Lighthouse drops a silent group")  # fmt: skip
+                out.append(
+                    f"{name} ({v:g} s) < lighthouse_heartbeat_timeout_s ({hb:g} s): the survivors give up on "
+                    "the quorum before the Lighthouse drops a silent group"
+                )
         return out
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
@@ -393,8 +451,13 @@ class TorchftFramework(Framework[TorchftOptions]):
                 # No detection of ours and no teardown: what TorchFT's groups do without their Lighthouse (a
                 # killed one among the faults) is what is measured; they fail or stall on their own.
                 lighthouse_gone = True
-                control.timeline.emit("log", src="framework", framework=self.label, proc=lh.name,
-                                      line=f"lighthouse exited with code {lh.poll()}")  # fmt: skip
+                control.timeline.emit(
+                    "log",
+                    src="framework",
+                    framework=self.label,
+                    proc=lh.name,
+                    line=f"lighthouse exited with code {lh.poll()}",
+                )
             stop = control.stop_reason()
             if stop:
                 return JobResult(stop, f"harness stopped the run ({stop})")
@@ -421,4 +484,3 @@ class TorchftFramework(Framework[TorchftOptions]):
         if ended is None or ended is False:
             return JobResult("failed", f"lighthouse did not listen on {addr}:{port} within {timeout_s} s")
         return None if ended is True else ended
-

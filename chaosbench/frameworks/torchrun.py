@@ -55,7 +55,9 @@ class TorchrunFramework(AgentFramework[TorchrunOptions]):
         t["rdzv_join_timeout_s"] = TORCH_RDZV_JOIN_TIMEOUT_S if self.options.rdzv_backend == "c10d" else None
         return t
 
-    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+    def node_loss_wait(
+        self, nodes: int, node: str | None, timeouts: dict[str, Any]
+    ) -> tuple[str, float] | None:
         """Every round needs all ``--nnodes``: see :func:`~chaosbench.frameworks.agent.rendezvous_wait`."""
         return rendezvous_wait(nodes, node, timeouts)
 
@@ -68,19 +70,30 @@ class TorchrunFramework(AgentFramework[TorchrunOptions]):
             # Several agents: through chaosbench.launchers.elastic (torchrun unchanged; it only numbers incarnations
             # by rendezvous round, the same on every node).
             launcher = ["-m", "chaosbench.launchers.elastic" if job.nodes > 1 else "torch.distributed.run"]
-            rendezvous = ["--rdzv-backend", o.rdzv_backend, "--rdzv-endpoint", f"{job.runtime.master_addr}:{port}",
-                          "--rdzv-id", job.run_id]  # fmt: skip
+            rendezvous = [
+                "--rdzv-backend",
+                o.rdzv_backend,
+                "--rdzv-endpoint",
+                f"{job.runtime.master_addr}:{port}",
+                "--rdzv-id",
+                job.run_id,
+            ]
             if o.rdzv_backend == "c10d" and job.nodes > 1:
                 # node0's agent hosts the store, as on a cluster whose endpoint is node0's (on one host every agent
                 # would match the endpoint and the first to bind would host it: the rendezvous-host role unknown)
                 rendezvous += ["--rdzv-conf", f"is_host={'true' if n == 0 else 'false'}"]
-            argv = agent_argv(job, launcher, str(job.nodes), o.max_restarts, o.monitor_interval_s, rendezvous,
-                              o.extra_args)  # fmt: skip
+            argv = agent_argv(
+                job, launcher, str(job.nodes), o.max_restarts, o.monitor_interval_s, rendezvous, o.extra_args
+            )
             env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
             name = "torchrun" if job.nodes == 1 else f"torchrun.{node}"
             procs.append(ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node))
-        return self.launch_plan(job, procs, TORCHRUN_PATTERNS,
-                                notes=["worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT"])  # fmt: skip
+        return self.launch_plan(
+            job,
+            procs,
+            TORCHRUN_PATTERNS,
+            notes=["worker incarnation = CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT"],
+        )
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         return supervise_agents(self.label, plan, control, self.options.monitor_interval_s)

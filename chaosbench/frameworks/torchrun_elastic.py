@@ -61,7 +61,9 @@ ELASTIC_PATTERNS = [
 class ElasticOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     min_nodes: int = Field(default=1, ge=1, description="--nnodes MIN:MAX, the MIN (default 1)")
-    max_nodes: int | None = Field(default=None, ge=1, description="--nnodes MIN:MAX, the MAX (default: nodes)")
+    max_nodes: int | None = Field(
+        default=None, ge=1, description="--nnodes MIN:MAX, the MAX (default: nodes)"
+    )
     max_restarts: int = Field(default=3, ge=0, description="torchrun --max-restarts (worker failures only)")
     monitor_interval_s: float = Field(default=0.1, gt=0, description="torchrun --monitor-interval")
     last_call_timeout_s: int = Field(
@@ -69,14 +71,21 @@ class ElasticOptions(BaseModel):
     )
     join_timeout_s: int = Field(default=600, ge=1, description="rdzv join_timeout")
     close_timeout_s: int = Field(default=30, ge=1, description="rdzv close_timeout")
-    keep_alive_interval_s: int = Field(default=5, ge=1, description="rdzv keep_alive_interval (node heartbeats)")
+    keep_alive_interval_s: int = Field(
+        default=5, ge=1, description="rdzv keep_alive_interval (node heartbeats)"
+    )
     keep_alive_max_attempt: int = Field(default=3, ge=1, description="rdzv keep_alive_max_attempt")
     share_rdzv_tcp_store: bool = Field(
-        default=True, description="torch's default; false sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (pytorch#135712)"
+        default=True,
+        description="torch's default; false sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (pytorch#135712)",
     )
     spares: int = Field(default=0, ge=0, description="spare nodes: each replaces one lost node, once")
-    spare_delay_s: float = Field(default=5.0, ge=0, description="a lost node's agent exit to the spare's start")
-    round_incarnation: bool = Field(default=True, description="incarnation = rendezvous round (see the docstring)")
+    spare_delay_s: float = Field(
+        default=5.0, ge=0, description="a lost node's agent exit to the spare's start"
+    )
+    round_incarnation: bool = Field(
+        default=True, description="incarnation = rendezvous round (see the docstring)"
+    )
     log_level: str = Field(default="INFO", description="LOGLEVEL of the agents (INFO: rendezvous lines)")
     extra_args: list[str] = Field(default_factory=list, description="more torchrun arguments, as is")
     teardown_grace_s: float = Field(default=5.0, ge=0)
@@ -105,11 +114,28 @@ class ElasticFramework(AgentFramework[ElasticOptions]):
             f"join_timeout={o.join_timeout_s},close_timeout={o.close_timeout_s},"
             f"keep_alive_interval={o.keep_alive_interval_s},keep_alive_max_attempt={o.keep_alive_max_attempt}"
         )
-        launcher = ["-m", "chaosbench.launchers.elastic"] if o.round_incarnation else ["-m", "torch.distributed.run"]
-        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", job.run_id, "--rdzv-conf",
-                      conf]  # fmt: skip
-        argv = agent_argv(job, launcher, f"{o.min_nodes}:{self._max_nodes(job)}", o.max_restarts,
-                          o.monitor_interval_s, rendezvous, o.extra_args)  # fmt: skip
+        launcher = (
+            ["-m", "chaosbench.launchers.elastic"] if o.round_incarnation else ["-m", "torch.distributed.run"]
+        )
+        rendezvous = [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            job.run_id,
+            "--rdzv-conf",
+            conf,
+        ]
+        argv = agent_argv(
+            job,
+            launcher,
+            f"{o.min_nodes}:{self._max_nodes(job)}",
+            o.max_restarts,
+            o.monitor_interval_s,
+            rendezvous,
+            o.extra_args,
+        )
         env = agent_env(job, node, o.log_level, o.share_rdzv_tcp_store)
         name = f"torchrun.{node}" + (".spare" if spare else "")
         return ProcessSpec(name=name, argv=argv, env=env, role="agent", node=node)
@@ -133,12 +159,16 @@ class ElasticFramework(AgentFramework[ElasticOptions]):
             notes=[
                 f"{job.nodes} agents x {job.ranks_per_node} ranks, --nnodes {o.min_nodes}:{max_nodes}; node0 hosts "
                 "the rendezvous",
-                "incarnation = rendezvous round" if o.round_incarnation else "incarnation = TORCHELASTIC_RESTART_COUNT",
+                "incarnation = rendezvous round"
+                if o.round_incarnation
+                else "incarnation = TORCHELASTIC_RESTART_COUNT",
                 f"{o.spares} spare node(s), started {o.spare_delay_s} s after a node's agent dies",
             ],
         )
 
-    def node_loss_wait(self, nodes: int, node: str | None, timeouts: dict[str, Any]) -> tuple[str, float] | None:
+    def node_loss_wait(
+        self, nodes: int, node: str | None, timeouts: dict[str, Any]
+    ) -> tuple[str, float] | None:
         """Without a spare, a round needs ``min_nodes``: when the nodes left are fewer, it waits for the lost one
         (:func:`~chaosbench.frameworks.agent.rendezvous_wait`)."""
         o = self.options
@@ -187,8 +217,11 @@ class ElasticFramework(AgentFramework[ElasticOptions]):
             codes = [a.poll() for a in agents]
             if all(c is not None for c in codes) and not pending:
                 ok = [a for a, c in zip(agents, codes, strict=True) if c == 0]
-                bad = [f"{a.name} exited with code {c}" for a, c in zip(agents, codes, strict=True)
-                       if c and a.name not in lost]  # fmt: skip
+                bad = [
+                    f"{a.name} exited with code {c}"
+                    for a, c in zip(agents, codes, strict=True)
+                    if c and a.name not in lost
+                ]
                 if ok and not bad:
                     return JobResult("completed")
                 reason = "; ".join(bad) or "every node was lost"

@@ -89,15 +89,21 @@ class RunSetup:
     #: The framework's roles (:attr:`chaosbench.frameworks.base.Framework.roles`), for a ``role`` target.
     roles: dict[str, Role] = field(default_factory=dict)
 
-    def plant(self, injector: str, fault: str, at_step: int, declared: dict[str, Any] | None = None,
-              **params: Any) -> None:  # fmt: skip
+    def plant(
+        self, injector: str, fault: str, at_step: int, declared: dict[str, Any] | None = None, **params: Any
+    ) -> None:
         """Add a planted fault's entry for the target ranks to the ranks' environment (read by
         :class:`chaosbench.workloads.planted.Planted`). ``declared``: what the injector declares about the fault
         (:meth:`Injector.declared`), which the rank writes into its ``fault_inject`` event."""
         ranks = self.target_ranks()
         entries = json.loads(self.env.get(ENV_PLANTED) or "[]")
-        entry = {"fault": fault, "injector": injector, "at_step": at_step,
-                 "ranks": "all" if ranks is None else ",".join(str(r) for r in ranks), **params}  # fmt: skip
+        entry = {
+            "fault": fault,
+            "injector": injector,
+            "at_step": at_step,
+            "ranks": "all" if ranks is None else ",".join(str(r) for r in ranks),
+            **params,
+        }
         if declared is not None:
             entry["declared"] = declared
         entries.append(entry)
@@ -210,8 +216,10 @@ class Injector(ABC, Generic[P]):
             its pid (:attr:`role_targets` False); None otherwise.
         """
         if target.role is not None and not cls.role_targets:
-            return (f"{cls.name} cannot target a role ({target.role}): only faults that signal a process "
-                    "(kill, sigterm, hang) can")  # fmt: skip
+            return (
+                f"{cls.name} cannot target a role ({target.role}): only faults that signal a process "
+                "(kill, sigterm, hang) can"
+            )
         return None
 
     @classmethod
@@ -293,8 +301,11 @@ class Injector(ABC, Generic[P]):
             ``{"fault_class": ..., "failure_mode": ..., "damages_checkpoint": ...}`` from the properties of the
             same names.
         """
-        return {"fault_class": self.fault_class, "failure_mode": self.failure_mode,
-                "damages_checkpoint": self.damages_checkpoint}  # fmt: skip
+        return {
+            "fault_class": self.fault_class,
+            "failure_mode": self.failure_mode,
+            "damages_checkpoint": self.damages_checkpoint,
+        }
 
     def prepare(self, setup: RunSetup) -> None:  # noqa: B027 - optional hook
         """Before launch. Default: nothing.
@@ -369,11 +380,15 @@ class PlantedInjector(Injector[P]):
     def check_workload(cls, workload: type[Workload], params: P) -> str | None:
         if workload.plants:
             return None
-        return (f"{cls.name} is planted from inside chaosbench's own training programs; workload "
-                f"'{workload.name}' does not call their hooks, so it cannot fire there")  # fmt: skip
+        return (
+            f"{cls.name} is planted from inside chaosbench's own training programs; workload "
+            f"'{workload.name}' does not call their hooks, so it cannot fire there"
+        )
 
     def prepare(self, setup: RunSetup) -> None:
-        setup.plant(self.name, self.fault_name, declared=self.declared(), **self.params.model_dump(mode="json"))
+        setup.plant(
+            self.name, self.fault_name, declared=self.declared(), **self.params.model_dump(mode="json")
+        )
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:  # pragma: no cover - fires inside the workload
         return {}

@@ -31,9 +31,10 @@ class CollectiveHangParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     at_step: int = Field(ge=1, description="the fault acts at this step's collectives (once per run)")
     mode: Literal["block", "skip", "mismatch"] = Field(
-        default="block", description="block: wait before the collective; skip: leave one gradient allreduce out; "
-        "mismatch: call it with another shape or op"
-    )  # fmt: skip
+        default="block",
+        description="block: wait before the collective; skip: leave one gradient allreduce out; "
+        "mismatch: call it with another shape or op",
+    )
     duration_s: float | None = Field(
         default=None, gt=0, description="block: how long the rank waits (none: for good)"
     )
@@ -78,6 +79,8 @@ class CollectiveHangInjector(PlantedInjector[CollectiveHangParams]):
         desync = params.desync
         if desync is not None and desync not in workload.desyncs:
             can = ", ".join(sorted(workload.desyncs)) or "none"
-            return (f"collective-hang {desync} needs a workload that changes its own gradient collective; "
-                    f"'{workload.name}' cannot (it can: {can})")  # fmt: skip
+            return (
+                f"collective-hang {desync} needs a workload that changes its own gradient collective; "
+                f"'{workload.name}' cannot (it can: {can})"
+            )
         return None

@@ -13,12 +13,15 @@ from chaosbench.injectors.base import PlantedInjector
 
 class CrashLoopParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    at_step: int = Field(ge=1, description="the workload raises when it reaches this step, in every incarnation")
+    at_step: int = Field(
+        ge=1, description="the workload raises when it reaches this step, in every incarnation"
+    )
     from_incarnation: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="raise only in this incarnation and later ones (1: the bug arrives with the first restart, e.g. "
-                    "a replica restarted after a kill crash-loops as it loads)",
-    )  # fmt: skip
+        "a replica restarted after a kill crash-loops as it loads)",
+    )
 
 
 class CrashLoopInjector(PlantedInjector[CrashLoopParams]):

@@ -24,5 +24,6 @@ class GilHoldInjector(PlantedInjector[GilHoldParams]):
     name: ClassVar[str] = "gil-hold"
     failure_mode = "stall"
     fault_class = "hang"
-    summary: ClassVar[str] = "native code holds a rank's GIL for a while: its Python threads (heartbeats) starve"
-
+    summary: ClassVar[str] = (
+        "native code holds a rank's GIL for a while: its Python threads (heartbeats) starve"
+    )

@@ -76,5 +76,7 @@ def declared(fault: _FaultEvent | Mapping[str, Any], key: str) -> Any:
     if key == "fault_class":
         return legacy_fault_class(injector, fault.get("params"))
     if key == "damages_checkpoint":
-        return injector == _LEGACY_CHECKPOINT_INJECTOR or (injector == "sdc" and fault.get("checkpoint_step") is not None)
+        return injector == _LEGACY_CHECKPOINT_INJECTOR or (
+            injector == "sdc" and fault.get("checkpoint_step") is not None
+        )
     return None

@@ -35,19 +35,24 @@ class NodeKillParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     signal: str | None = Field(
-        default=None, description="docker: the signal the engine sends to the node's container; default SIGKILL"
+        default=None,
+        description="docker: the signal the engine sends to the node's container; default SIGKILL",
     )
     state: Literal["down", "drain"] | None = Field(
         default=None, description="slurm: the state the node is put in; default down"
     )
     kill_tasks: bool | None = Field(
-        default=None, description="slurm: SIGKILL the run's processes on the node first; default: only for drain"
+        default=None,
+        description="slurm: SIGKILL the run's processes on the node first; default: only for drain",
     )
     allow_foreign_jobs: bool | None = Field(
-        default=None, description="slurm: down the node even when jobs of others run there (they end too); default false"
+        default=None,
+        description="slurm: down the node even when jobs of others run there (they end too); default false",
     )
     duration_s: float | None = Field(
-        default=None, gt=0, description="slurm: seconds until the node is resumed; null: at the end of the run"
+        default=None,
+        gt=0,
+        description="slurm: seconds until the node is resumed; null: at the end of the run",
     )
 
 
@@ -56,7 +61,9 @@ def runtime_options(runtime: type[Runtime], params: BaseModel, fault: str) -> Ba
     applies where the runtime restores lost nodes). Unsupported, in one line, when the runtime cannot lose
     nodes, an option given does not apply there, or the runtime refuses its value."""
     if not issubclass(runtime, NodeLoss):
-        raise Unsupported(f"{fault} needs a runtime that can lose a node, and runtime '{runtime.name}' cannot")
+        raise Unsupported(
+            f"{fault} needs a runtime that can lose a node, and runtime '{runtime.name}' cannot"
+        )
     model = runtime.node_loss_options()
     restores = issubclass(runtime, NodeRestore)
     takes = [*model.model_fields, *(["duration_s"] if restores else [])]
@@ -64,15 +71,19 @@ def runtime_options(runtime: type[Runtime], params: BaseModel, fault: str) -> Ba
     for key in given:
         if key not in takes:
             why = " (a node it lost is not restored)" if key == "duration_s" else ""
-            raise Unsupported(f"{fault} on the {runtime.name} runtime takes no option '{key}'{why}; "
-                              f"its options: {', '.join(takes) or 'none'}")  # fmt: skip
+            raise Unsupported(
+                f"{fault} on the {runtime.name} runtime takes no option '{key}'{why}; "
+                f"its options: {', '.join(takes) or 'none'}"
+            )
     try:
         return model.model_validate({k: v for k, v in given.items() if k in model.model_fields})
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise Unsupported(f"{fault} on the {runtime.name} runtime: {where + ': ' if where else ''}"
-                          f"{err['msg'].removeprefix('Value error, ')}") from None  # fmt: skip
+        raise Unsupported(
+            f"{fault} on the {runtime.name} runtime: {where + ': ' if where else ''}"
+            f"{err['msg'].removeprefix('Value error, ')}"
+        ) from None
 
 
 class NodeKillInjector(Injector[NodeKillParams]):

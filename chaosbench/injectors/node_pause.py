@@ -14,7 +14,9 @@ from chaosbench.timeline import now_ns
 
 class NodePauseParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    duration_s: float | None = Field(default=None, gt=0, description="seconds until unpause; null: till the end")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="seconds until unpause; null: till the end"
+    )
 
 
 class NodePauseInjector(Injector[NodePauseParams]):
@@ -34,8 +36,11 @@ class NodePauseInjector(Injector[NodePauseParams]):
         for n in target_nodes(ctx):
             containers.append(rt.pause_node(n))
             paused.append(n)
-        return {"nodes": list(paused), "duration_s": self.duration_s,
-                **engine_effect(rt, containers, "pause", since, "the engine froze the container")}
+        return {
+            "nodes": list(paused),
+            "duration_s": self.duration_s,
+            **engine_effect(rt, containers, "pause", since, "the engine froze the container"),
+        }
 
     def revert(self, ctx: FaultContext) -> bool:
         rt = node_control(ctx.runtime, self.name)

@@ -26,8 +26,12 @@ GROUP_DIR = "chaosbench"
 
 class OomParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    at_step: int = Field(ge=1, description="the rank starts to grow before computing this step (once per run)")
-    limit_mb: int = Field(default=256, ge=16, description="new memory the rank may take before the OOM killer")
+    at_step: int = Field(
+        ge=1, description="the rank starts to grow before computing this step (once per run)"
+    )
+    limit_mb: int = Field(
+        default=256, ge=16, description="new memory the rank may take before the OOM killer"
+    )
 
 
 def memory_root() -> tuple[Path, str] | str:
@@ -111,11 +115,22 @@ class OomInjector(PlantedInjector[OomParams]):
         try:
             self._group = make_group(f"{setup.run_id}.{self.fault_name}", p.limit_mb)
         except OSError as exc:
-            setup.timeline.emit("fault_skipped", src="injector", fault=self.fault_name, injector=self.name,
-                                reason=f"no memory cgroup for the fault: {exc}")  # fmt: skip
+            setup.timeline.emit(
+                "fault_skipped",
+                src="injector",
+                fault=self.fault_name,
+                injector=self.name,
+                reason=f"no memory cgroup for the fault: {exc}",
+            )
             return
-        setup.plant(self.name, self.fault_name, at_step=p.at_step, declared=self.declared(), limit_mb=p.limit_mb,
-                    cgroup=str(self._group))
+        setup.plant(
+            self.name,
+            self.fault_name,
+            at_step=p.at_step,
+            declared=self.declared(),
+            limit_mb=p.limit_mb,
+            cgroup=str(self._group),
+        )
 
     def cleanup(self) -> None:
         group, self._group = getattr(self, "_group", None), None
@@ -123,8 +138,12 @@ class OomInjector(PlantedInjector[OomParams]):
             return
         kills = oom_kills(group)
         if kills is not None:
-            self._setup.timeline.emit("log", src="injector", fault=self.fault_name,
-                                      line=f"oom: the kernel's OOM killer ended {kills} process(es) in {group}")  # fmt: skip
+            self._setup.timeline.emit(
+                "log",
+                src="injector",
+                fault=self.fault_name,
+                line=f"oom: the kernel's OOM killer ended {kills} process(es) in {group}",
+            )
         with contextlib.suppress(OSError):
             group.rmdir()
 

@@ -18,10 +18,13 @@ if TYPE_CHECKING:
 class SdcParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     at_step: int = Field(ge=1, description="step whose update is corrupted (once per run)")
-    kind: Literal["nan", "scale", "bitflip"] = Field(default="nan", description="NaN, x scale, or an exponent flip")
+    kind: Literal["nan", "scale", "bitflip"] = Field(
+        default="nan", description="NaN, x scale, or an exponent flip"
+    )
     where: Literal["grad", "param", "save"] = Field(
-        default="grad", description="gradients before the update, parameters after it, or parameters right before "
-        "the first checkpoint save at or after at_step (a poisoned checkpoint)"
+        default="grad",
+        description="gradients before the update, parameters after it, or parameters right before "
+        "the first checkpoint save at or after at_step (a poisoned checkpoint)",
     )
     scale: float = Field(default=1000.0, description="factor for kind=scale")
     loss_check: bool = Field(default=False, description="turn on the workload's non-finite loss guard")

@@ -21,7 +21,9 @@ class SigtermInjector(SignalInjector[SigtermParams]):
     checkpoint: none when the job saves on the notice) and the time to resume."""
 
     name: ClassVar[str] = "sigterm"
-    summary: ClassVar[str] = "a preemption notice: SIGTERM to a rank (does the job checkpoint before it dies?)"
+    summary: ClassVar[str] = (
+        "a preemption notice: SIGTERM to a rank (does the job checkpoint before it dies?)"
+    )
 
     @property
     def signal_name(self) -> str:

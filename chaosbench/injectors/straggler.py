@@ -35,7 +35,9 @@ def _current_cpu_cgroup(pid: int) -> str:
 class StragglerParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cpu_fraction: float = Field(default=0.1, gt=0, lt=1, description="share of one CPU the rank keeps")
-    duration_s: float | None = Field(default=None, gt=0, description="window length; null: until the run ends")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="window length; null: until the run ends"
+    )
     method: Literal["auto", "cgroup", "duty-cycle"] = Field(default="auto", description="how to slow it down")
     period_s: float = Field(default=0.1, gt=0, description="duty-cycle period (duty-cycle method)")
 
@@ -44,7 +46,9 @@ class StragglerInjector(Injector[StragglerParams]):
     """Slows the target ranks to ``cpu_fraction`` of a CPU for ``duration_s``."""
 
     name: ClassVar[str] = "straggler"
-    summary: ClassVar[str] = "slow a rank down (cgroup CPU quota, else SIGSTOP/SIGCONT duty cycle) for a window"
+    summary: ClassVar[str] = (
+        "slow a rank down (cgroup CPU quota, else SIGSTOP/SIGCONT duty cycle) for a window"
+    )
 
     @classmethod
     def cleanup_crashed(cls, results_dir: Path, run_ids: dict[str, Path]) -> list[str]:

@@ -17,7 +17,8 @@ class ThreadExceptionParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     at_step: int = Field(ge=1, description="the thread dies before this step is computed (once per run)")
     mode: Literal["silent", "stall"] = Field(
-        default="silent", description="silent: training goes on; stall: the main loop waits for the dead thread"
+        default="silent",
+        description="silent: training goes on; stall: the main loop waits for the dead thread",
     )
 
 
@@ -26,7 +27,9 @@ class ThreadExceptionInjector(PlantedInjector[ThreadExceptionParams]):
     stderr)? ``stall``: a live hang, the process and its heartbeats healthy, its next collective never entered."""
 
     name: ClassVar[str] = "thread-exception"
-    summary: ClassVar[str] = "a background thread dies of an exception the main loop never sees (silent or stall)"
+    summary: ClassVar[str] = (
+        "a background thread dies of an exception the main loop never sees (silent or stall)"
+    )
 
     @property
     def failure_mode(self) -> FailureMode | None:

@@ -82,8 +82,12 @@ def replica_layout(env: Mapping[str, str]) -> tuple[int, int, int, int] | None:
     (module docstring), else None. Raises ValueError for a value that is not an integer."""
     if ENV_REPLICA_GROUP not in env:
         return None
-    return (int(env[ENV_REPLICA_GROUP]), int(env.get(ENV_REPLICA_GROUPS, "1")), int(env.get("RANK", "0")),
-            int(env.get("WORLD_SIZE", "1")))  # fmt: skip
+    return (
+        int(env[ENV_REPLICA_GROUP]),
+        int(env.get(ENV_REPLICA_GROUPS, "1")),
+        int(env.get("RANK", "0")),
+        int(env.get("WORLD_SIZE", "1")),
+    )
 
 
 def job_rank(env: Mapping[str, str]) -> tuple[int, int]:
@@ -109,7 +113,9 @@ def rank_values(env: Mapping[str, str]) -> dict[str, str]:
 def serve_values(env: Mapping[str, str]) -> dict[str, str]:
     """A serving replica's ``{port}`` and ``{host}`` (``SERVE_PORT``, ``SERVE_HOST``); ValueError without a port."""
     if not env.get("SERVE_PORT", "").isdigit():
-        raise ValueError("no port for {port}: SERVE_PORT is not set to a number (the framework gives each replica one)")
+        raise ValueError(
+            "no port for {port}: SERVE_PORT is not set to a number (the framework gives each replica one)"
+        )
     return {"port": env["SERVE_PORT"], "host": env.get("SERVE_HOST", "127.0.0.1")}
 
 
@@ -133,8 +139,14 @@ def health_status(host: str, port: int, path: str, timeout_s: float) -> int | st
         conn.close()
 
 
-def wait_ready(child: subprocess.Popen[bytes], probe: Probe, ready: Mapping[str, object], host: str, port: int,
-               started_ns: int) -> None:  # fmt: skip
+def wait_ready(
+    child: subprocess.Popen[bytes],
+    probe: Probe,
+    ready: Mapping[str, object],
+    host: str,
+    port: int,
+    started_ns: int,
+) -> None:
     """Poll the replica's health path until it answers ``expect_status``, then say ``replica_ready`` (stamped
     when that answer came) and print it on stderr; stops when the child exits. A different answer is printed
     once per kind, so a replica that never gets ready says why."""
@@ -148,14 +160,21 @@ def wait_ready(child: subprocess.Popen[bytes], probe: Probe, ready: Mapping[str,
         if got == expect:
             t_ns = time.time_ns()
             probe.emit("replica_ready", t_ns=t_ns, address=host, port=port, url=url)
-            print(f"chaosbench: replica {probe.rank} ready: GET {url} answered {got} "
-                  f"{(t_ns - started_ns) / 1e9:.2f} s after its start", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"chaosbench: replica {probe.rank} ready: GET {url} answered {got} "
+                f"{(t_ns - started_ns) / 1e9:.2f} s after its start",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         kind = f"answered {got}" if isinstance(got, int) else got.split(":")[0]
         if kind != last:
-            print(f"chaosbench: replica {probe.rank} not ready yet: GET {url}: "
-                  f"{f'answered {got}, expecting {expect}' if isinstance(got, int) else got}", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"chaosbench: replica {probe.rank} not ready yet: GET {url}: "
+                f"{f'answered {got}, expecting {expect}' if isinstance(got, int) else got}",
+                file=sys.stderr,
+                flush=True,
+            )
             last = kind
         time.sleep(interval_s)
 
@@ -165,7 +184,9 @@ def emit(probe: Probe, parsed: list[Parsed]) -> None:
     for p in parsed:
         if p.kind == "step":
             extra = {k: v for k, v in p.fields.items() if k not in ("step", "loss", "every")}
-            probe.step(int(p.fields["step"]), p.fields.get("loss"), t_ns=p.t_ns, every=p.fields.get("every"), **extra)
+            probe.step(
+                int(p.fields["step"]), p.fields.get("loss"), t_ns=p.t_ns, every=p.fields.get("every"), **extra
+            )
         else:
             probe.emit(p.kind, t_ns=p.t_ns, **p.fields)
 
@@ -175,15 +196,31 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="chaosbench.launchers.command")
     ap.add_argument("--patterns", default="{}", help="JSON object: event kind -> regex")
     ap.add_argument("--subst", default="{}", help="JSON object: the run's placeholder values")
-    ap.add_argument("--env", default="{}", help="JSON object: environment of the command (values are templates)")
-    ap.add_argument("--cwd", default=None, help="working directory of the command (a template; created if missing)")
-    ap.add_argument("--step-base", default="auto", choices=["auto", "0", "1"],
-                    help="how the script counts steps: from 0, from 1, or detected from the first step it prints")
-    ap.add_argument("--step-every", type=int, default=None,
-                    help="a step pattern without a step number: the cadence of its lines, in steps")
-    ap.add_argument("--ready", default=None, metavar="JSON",
-                    help="a serving replica: JSON {path, expect_status, interval_s, timeout_s}; {port} and {host} "
-                    "come from SERVE_PORT/SERVE_HOST, and replica_ready is said once GET path answers expect_status")
+    ap.add_argument(
+        "--env", default="{}", help="JSON object: environment of the command (values are templates)"
+    )
+    ap.add_argument(
+        "--cwd", default=None, help="working directory of the command (a template; created if missing)"
+    )
+    ap.add_argument(
+        "--step-base",
+        default="auto",
+        choices=["auto", "0", "1"],
+        help="how the script counts steps: from 0, from 1, or detected from the first step it prints",
+    )
+    ap.add_argument(
+        "--step-every",
+        type=int,
+        default=None,
+        help="a step pattern without a step number: the cadence of its lines, in steps",
+    )
+    ap.add_argument(
+        "--ready",
+        default=None,
+        metavar="JSON",
+        help="a serving replica: JSON {path, expect_status, interval_s, timeout_s}; {port} and {host} "
+        "come from SERVE_PORT/SERVE_HOST, and replica_ready is said once GET path answers expect_status",
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER)
     return ap
 
@@ -211,9 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     layout = replica_layout(os.environ)
     probe.rank, probe.world_size = job_rank(os.environ)
     step_base = None if args.step_base == "auto" else int(args.step_base)
-    earlier = earlier_step_base(os.environ.get(ENV_EVENTS)) if step_base is None and probe.incarnation else None
-    parser = OutputParser(patterns, step_base, args.step_every, earlier_base=earlier, resumed=probe.incarnation > 0,
-                          per_step_commit=layout is not None)
+    earlier = (
+        earlier_step_base(os.environ.get(ENV_EVENTS)) if step_base is None and probe.incarnation else None
+    )
+    parser = OutputParser(
+        patterns,
+        step_base,
+        args.step_every,
+        earlier_base=earlier,
+        resumed=probe.incarnation > 0,
+        per_step_commit=layout is not None,
+    )
     last_ns = time.time_ns()
     capture = Capture("pipe" if os.environ.get(ENV_OUTPUT_CAPTURE) == "pipe" else "socket")
     try:
@@ -236,8 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         host, port = values["host"], int(values["port"])
         probe.rank_start(pid=child.pid, address=host, port=port, **extra)
-        poller = threading.Thread(target=wait_ready, args=(child, probe, ready, host, port, time.time_ns()),
-                                  daemon=True, name="ready")  # fmt: skip
+        poller = threading.Thread(
+            target=wait_ready,
+            args=(child, probe, ready, host, port, time.time_ns()),
+            daemon=True,
+            name="ready",
+        )
         poller.start()
 
     def forward(signum: int, _frame: object) -> None:

@@ -85,7 +85,11 @@ class _EventTail:
                 ev = json.loads(raw)
             except ValueError:
                 continue
-            if ev.get("src") == "rank" and ev.get("rank") == self.rank and ev.get("incarnation") == self.incarnation:
+            if (
+                ev.get("src") == "rank"
+                and ev.get("rank") == self.rank
+                and ev.get("incarnation") == self.incarnation
+            ):
                 out.append(ev)
         return out
 
@@ -102,8 +106,14 @@ def bridge(argv: list[str], poll_s: float) -> int:
     tail = _EventTail(events_path, rank, incarnation_from_env(), tail_start) if events_path else None
     # this helper's identity, for a fault that targets the bridge role (its child dies with it)
     probe = Probe.from_env()
-    probe.emit("helper_start", proc=f"bridge.rank{rank}", pid=os.getpid(), pid_ticks=start_ticks(os.getpid()),
-               role="bridge", node=probe.node)  # fmt: skip
+    probe.emit(
+        "helper_start",
+        proc=f"bridge.rank{rank}",
+        pid=os.getpid(),
+        pid_ticks=start_ticks(os.getpid()),
+        role="bridge",
+        node=probe.node,
+    )
     probe.close()
     child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
     # Imported after the child started: the import (torch included) overlaps the rank's own start-up.
@@ -132,8 +142,12 @@ def bridge(argv: list[str], poll_s: float) -> int:
                 break
         if ended_at is not None and not reported_slow_exit and time.monotonic() - ended_at > _SLOW_EXIT_S:
             reported_slow_exit = True
-            print(f"chaosbench nvrx bridge: rank {rank} (pid {child.pid}) still running {_SLOW_EXIT_S:.0f} s after "
-                  "its train_end (no longer monitored)", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"chaosbench nvrx bridge: rank {rank} (pid {child.pid}) still running {_SLOW_EXIT_S:.0f} s after "
+                "its train_end (no longer monitored)",
+                file=sys.stderr,
+                flush=True,
+            )
     rc = child.returncode
     if rc == 0:
         monitor.stop()
@@ -155,8 +169,12 @@ class _Monitor:
         self.known = set(getattr(client.cfg, "rank_section_timeouts", None) or {})
         skipped = [s for s in BRIDGE_SECTIONS if s not in self.known]
         if skipped:
-            print(f"chaosbench nvrx bridge: the rank monitor's config names no section(s) {skipped}: not opening "
-                  "them (heartbeats are still sent)", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"chaosbench nvrx bridge: the rank monitor's config names no section(s) {skipped}: not opening "
+                "them (heartbeats are still sent)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def switch(self, section: str | None) -> None:
         if section is not None and section not in self.known:

@@ -61,8 +61,18 @@ TQDM = r"\|\s*(?P<step>\d+)/{total}\s*\["
 #: Names that stand for a pattern (``progress: tqdm``).
 PATTERN_ALIASES = {"tqdm": TQDM}
 #: The event kinds a pattern can produce, in the order they are tried on a line.
-PATTERN_KINDS = ("progress", "step", "step_skipped", "heal_begin", "heal_end", "ckpt_save_begin", "ckpt_save_end", "ckpt_load_begin", "ckpt_load_end",
-                 "train_end")  # fmt: skip
+PATTERN_KINDS = (
+    "progress",
+    "step",
+    "step_skipped",
+    "heal_begin",
+    "heal_end",
+    "ckpt_save_begin",
+    "ckpt_save_end",
+    "ckpt_load_begin",
+    "ckpt_load_end",
+    "train_end",
+)
 
 
 def resolve_pattern(regex: str, total_steps: int | None = None) -> str:
@@ -97,10 +107,18 @@ class OutputParser:
     ``step`` pattern that has no ``step`` group; ``resumed``: the process is a later incarnation (where its
     counted lines start is then not known before a bar or a resume line says it)."""
 
-    def __init__(self, patterns: dict[str, str], step_base: int | None = None, step_every: int | None = None,
-                 earlier_base: int | None = None, resumed: bool = False,
-                 per_step_commit: bool = False) -> None:  # fmt: skip
-        self.patterns = [(k, re.compile(resolve_pattern(patterns[k]))) for k in PATTERN_KINDS if patterns.get(k)]
+    def __init__(
+        self,
+        patterns: dict[str, str],
+        step_base: int | None = None,
+        step_every: int | None = None,
+        earlier_base: int | None = None,
+        resumed: bool = False,
+        per_step_commit: bool = False,
+    ) -> None:
+        self.patterns = [
+            (k, re.compile(resolve_pattern(patterns[k]))) for k in PATTERN_KINDS if patterns.get(k)
+        ]
         self.step_every = step_every
         self.per_step_commit = per_step_commit
         self._skipped = 0  # the last step a step_skipped line reported
@@ -118,7 +136,9 @@ class OutputParser:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self._after_cr = False  # the pending text began right after a \r: a redraw
-        self._matched: set[str] = set()  # pattern kinds the pending text matched already (a redraw read early)
+        self._matched: set[str] = (
+            set()
+        )  # pattern kinds the pending text matched already (a redraw read early)
         self._last: dict[str, int] = {}  # pattern kind -> the last step it reported
         self._counted = 0  # the last step a step pattern without a group counted
         self._position = 0  # where a ckpt_load_end line said the process resumed
@@ -135,7 +155,9 @@ class OutputParser:
             self._after_cr = self._pending[cut] == "\r"
             self._matched = set()
             self._pending = self._pending[cut + 1 :]
-        if self._pending and self._after_cr:  # a redraw so far: read it now (what it matches is not read again)
+        if (
+            self._pending and self._after_cr
+        ):  # a redraw so far: read it now (what it matches is not read again)
             out += self._line(self._pending, t_ns)
         return out
 
@@ -178,7 +200,13 @@ class OutputParser:
                     self._heal_ns = None
                 out.append(Parsed(kind, t_ns, heal))
             elif kind == "train_end":
-                out.append(Parsed(kind, t_ns, {"step": raw, "loss": _num(g.get("loss")), "digest": g.get("digest") or ""}))
+                out.append(
+                    Parsed(
+                        kind,
+                        t_ns,
+                        {"step": raw, "loss": _num(g.get("loss")), "digest": g.get("digest") or ""},
+                    )
+                )
             else:
                 if kind == "ckpt_load_end" and raw is not None:
                     self._position, self._position_unknown = raw, False
@@ -188,8 +216,9 @@ class OutputParser:
                 out.append(Parsed(kind, t_ns, fields))
         return out
 
-    def _step(self, kind: str, step: int | None, g: dict[str, Any], t_ns: int,
-              every: int | None = None) -> list[Parsed]:  # fmt: skip
+    def _step(
+        self, kind: str, step: int | None, g: dict[str, Any], t_ns: int, every: int | None = None
+    ) -> list[Parsed]:
         if step is None or step <= self._last.get(kind, 0):
             return []  # a redraw, or a step this pattern reported already
         if self.per_step_commit and kind == "step" and step < self._skipped:

@@ -51,7 +51,9 @@ def resolve_node_ip(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m chaosbench.launchers.ray_node")
-    ap.add_argument("--temp-link", required=True, type=Path, help="the short path Ray's --temp-dir lies under")
+    ap.add_argument(
+        "--temp-link", required=True, type=Path, help="the short path Ray's --temp-dir lies under"
+    )
     ap.add_argument("--temp-target", required=True, type=Path, help="the directory the link points to")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the ray start command line")
     args = ap.parse_args(argv)

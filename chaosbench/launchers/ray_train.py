@@ -79,7 +79,9 @@ class RayCheckpoints:
         from ray.train import Checkpoint, CheckpointUploadMode
 
         checkpoint = Checkpoint(str(path)) if self.rank == 0 else None
-        ray.train.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+        ray.train.report(
+            {"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD
+        )
 
     def restore_from(self) -> Path | None:
         import ray.train
@@ -158,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(address=cfg["address"], log_to_driver=True)
     up = _wait_for_nodes(ray, cfg["nodes"], cfg["cpus"], cfg["cluster_start_timeout_s"])
     if up is None:
-        print(f"chaosbench ray driver: the cluster did not reach {cfg['nodes']} nodes and {cfg['cpus']:g} CPUs "
-              f"within {cfg['cluster_start_timeout_s']:g} s", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"chaosbench ray driver: the cluster did not reach {cfg['nodes']} nodes and {cfg['cpus']:g} CPUs "
+            f"within {cfg['cluster_start_timeout_s']:g} s",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_NO_CLUSTER
     print(f"{DRIVER_CLUSTER_UP}: {up[0]} nodes, {up[1]:g} CPUs", flush=True)
     # an int, or (min, max) for an elastic worker group: Ray Train v2 takes the tuple where its annotation says int
@@ -167,22 +173,32 @@ def main(argv: list[str] | None = None) -> int:
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=cfg["loop"],
-        scaling_config=ScalingConfig(num_workers=workers,
-                                     use_gpu=False, placement_strategy=cfg["placement_strategy"]),
+        scaling_config=ScalingConfig(
+            num_workers=workers, use_gpu=False, placement_strategy=cfg["placement_strategy"]
+        ),
         torch_config=TorchConfig(backend="gloo", timeout_s=cfg["torch_timeout_s"]),
-        run_config=RunConfig(name=cfg["name"], storage_path=cfg["storage_path"],
-                             failure_config=FailureConfig(max_failures=cfg["max_failures"])),
-    )  # fmt: skip
+        run_config=RunConfig(
+            name=cfg["name"],
+            storage_path=cfg["storage_path"],
+            failure_config=FailureConfig(max_failures=cfg["max_failures"]),
+        ),
+    )
     from ray.train.v2.api.exceptions import TrainingFailedError
 
     try:
         result = trainer.fit()
     except TrainingFailedError as exc:
-        print(f"{DRIVER_GAVE_UP}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
+        print(
+            f"{DRIVER_GAVE_UP}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            flush=True,
+        )
         return EXIT_GAVE_UP
     finally:
         sys.stdout.flush()
-    print(f"{DRIVER_FINISHED}: last checkpoint {result.checkpoint.path if result.checkpoint else None}", flush=True)
+    print(
+        f"{DRIVER_FINISHED}: last checkpoint {result.checkpoint.path if result.checkpoint else None}",
+        flush=True,
+    )
     # No ray.shutdown(): the adapter tears the whole cluster down next, and the disconnect took seconds here
     return 0
 

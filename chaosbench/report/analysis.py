@@ -36,7 +36,6 @@ STAGES = STAGE_METRICS
 STAGE_LABELS = ("detect", "reschedule", "reshard or replace", "resume")
 
 
-
 def _s(v: float | None, digits: int = 3) -> str:
     return MISSING if v is None else f"{v:.{digits}f}"
 
@@ -61,7 +60,6 @@ def _cells(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[st
 
 def _values(rs: Sequence[dict[str, Any]], key: str) -> list[float]:
     return [v for r in rs if (v := as_float(r.get(key))) is not None]
-
 
 
 def unusable_frameworks(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -103,22 +101,36 @@ def stats_table(rows: Sequence[dict[str, Any]]) -> Table:
             name = next((str(f.get("fault")) for f in nth if f.get("fault")), str(i + 1))
             out.append(_stats_row(f"{fault} › {name}", fw, nth, None, []))
     return Table(
-        ["fault", "framework", "recovered (95 % CI)", "time_to_detect_s median [95 % CI]",
-         "time_to_resume_s median [95 % CI]", "lost_steps median [95 % CI]", "extra_wall_s median [95 % CI]"],
+        [
+            "fault",
+            "framework",
+            "recovered (95 % CI)",
+            "time_to_detect_s median [95 % CI]",
+            "time_to_resume_s median [95 % CI]",
+            "lost_steps median [95 % CI]",
+            "extra_wall_s median [95 % CI]",
+        ],
         out,
         caption="Medians with percentile-bootstrap 95 % intervals over repeats (resume and lost work over the "
-                "recovered faults); success rates with Wilson intervals over the runs whose fault fired (the "
-                "others are named, not counted); an outlasted fault (the job went on with "
-                "no framework reaction) is counted apart. A framework whose fault-free control did not run clean "
-                "is unusable, not ranked.",
-    )  # fmt: skip
+        "recovered faults); success rates with Wilson intervals over the runs whose fault fired (the "
+        "others are named, not counted); an outlasted fault (the job went on with "
+        "no framework reaction) is counted apart. A framework whose fault-free control did not run clean "
+        "is unusable, not ranked.",
+    )
 
 
-def _stats_row(fault: str, fw: str, faults: list[dict[str, Any]], runs: list[dict[str, Any]] | None,
-               extra_wall: list[float]) -> list[Cell]:  # fmt: skip
+def _stats_row(
+    fault: str,
+    fw: str,
+    faults: list[dict[str, Any]],
+    runs: list[dict[str, Any]] | None,
+    extra_wall: list[float],
+) -> list[Cell]:
     """One row of :func:`stats_table`: over whole runs (``runs``: the run's outcome; ``faults`` their last
     faults) or over the n-th fault of each run (``runs`` None: that fault's status)."""
-    every = [str(r.get("outcome")) for r in runs] if runs is not None else [str(f.get("status")) for f in faults]
+    every = (
+        [str(r.get("outcome")) for r in runs] if runs is not None else [str(f.get("status")) for f in faults]
+    )
     # counted over the runs whose fault fired, as the headline counts (a fault that did not fire, a contaminated
     # or failed run says nothing of recovery); the others are named beside
     outcomes = [o for o in every if o in FIRED_OUTCOMES]
@@ -132,9 +144,15 @@ def _stats_row(fault: str, fw: str, faults: list[dict[str, Any]], runs: list[dic
     if others:
         rate += "; not counted: " + ", ".join(f"{n} {o.replace('_', ' ')}" for o, n in sorted(others.items()))
     recovered = [f for f in faults if f.get("status") == "recovered"]
-    return [fault, fw, rate, _ci_text(_values(faults, "time_to_detect_s")),
-            _ci_text(_values(recovered, "time_to_resume_s")), _ci_text(_values(recovered, "lost_steps")),
-            _ci_text(extra_wall)]  # fmt: skip
+    return [
+        fault,
+        fw,
+        rate,
+        _ci_text(_values(faults, "time_to_detect_s")),
+        _ci_text(_values(recovered, "time_to_resume_s")),
+        _ci_text(_values(recovered, "lost_steps")),
+        _ci_text(extra_wall),
+    ]
 
 
 def _rate(k: int, n: int) -> str:
@@ -152,27 +170,41 @@ def scorecard_table(rows: Sequence[dict[str, Any]]) -> Table:
         by_fw.setdefault(str(r.get("framework")), []).append(r)
     out: list[list[Cell]] = []
     for fw, rs in sorted(by_fw.items()):
-        fired = [r for r in rs if as_bool(r.get("control")) is not True and r.get("outcome") in FIRED_OUTCOMES]
+        fired = [
+            r for r in rs if as_bool(r.get("control")) is not True and r.get("outcome") in FIRED_OUTCOMES
+        ]
         detected = [r for r in fired if (as_bool(r.get("detected")) is True)]
         named = [r for r in detected if r.get("blame") in ("correct", "imprecise", "wrong")]
         correct = sum(1 for r in named if r.get("blame") == "correct")
         judged = [r for r in rs if as_float(r.get("false_detections")) is not None]
         false = sum(1 for r in judged if (as_float(r.get("false_detections")) or 0) > 0)
         silent = sum(1 for r in detected if r.get("blame") == "none")
-        row: list[Cell] = [fw, _rate(len(detected), len(fired)), _rate(correct, len(named)),
-                           f"{silent}/{len(detected)}" if detected else MISSING, _rate(false, len(judged))]  # fmt: skip
+        row: list[Cell] = [
+            fw,
+            _rate(len(detected), len(fired)),
+            _rate(correct, len(named)),
+            f"{silent}/{len(detected)}" if detected else MISSING,
+            _rate(false, len(judged)),
+        ]
         if fw in unusable:
             row.append(f"unusable: {unusable[fw]}")
         else:
             row.append("")
         out.append(row)
     return Table(
-        ["framework", "detected (95 % CI)", "culprit named correctly (95 % CI)", "detected without naming anyone",
-         "runs with false detections (95 % CI)", "note"], out,
+        [
+            "framework",
+            "detected (95 % CI)",
+            "culprit named correctly (95 % CI)",
+            "detected without naming anyone",
+            "runs with false detections (95 % CI)",
+            "note",
+        ],
+        out,
         caption="Detected: fault runs whose fault fired and that the framework detected (before the harness began "
-                "its teardown). Culprit: among detections that named a rank, node or replica group, those that "
-                "named the faulted one. False detections: detections in fault-free controls or before the fault.",
-    )  # fmt: skip
+        "its teardown). Culprit: among detections that named a rank, node or replica group, those that "
+        "named the faulted one. False detections: detections in fault-free controls or before the fault.",
+    )
 
 
 def detection_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -195,8 +227,17 @@ def detection_table(rows: Sequence[dict[str, Any]]) -> Table:
         ttd = _values(rs, "time_to_detect_s")
         med = statistics.median(ttd) if ttd else None
         out.append([fault, fw, _predicted_text(rs), _s(med), f"{len(ttd)}/{len(rs)}", knob_text])
-    return Table(["fault", "framework", "predicted from the timeouts", "median time_to_detect_s (measured)",
-                  "detected", "timeouts in force (s)"], out)  # fmt: skip
+    return Table(
+        [
+            "fault",
+            "framework",
+            "predicted from the timeouts",
+            "median time_to_detect_s (measured)",
+            "detected",
+            "timeouts in force (s)",
+        ],
+        out,
+    )
 
 
 def _predicted_text(rs: Sequence[dict[str, Any]]) -> str:
@@ -222,9 +263,13 @@ def timeout_sanity_blocks(rows: Sequence[dict[str, Any]]) -> list[Block]:
                 lst.append(p)
     if not seen:
         return []
-    return [Heading(3, "Timeout sanity"),
-            Table(["framework", "problem (found from the timeouts before the runs)"],
-                  [[fw, p] for fw, ps in sorted(seen.items()) for p in ps])]  # fmt: skip
+    return [
+        Heading(3, "Timeout sanity"),
+        Table(
+            ["framework", "problem (found from the timeouts before the runs)"],
+            [[fw, p] for fw, ps in sorted(seen.items()) for p in ps],
+        ),
+    ]
 
 
 def _plot_distribution(rows: Sequence[dict[str, Any]], path: Path) -> bool:
@@ -284,12 +329,16 @@ def _plot_waterfall(rows: Sequence[dict[str, Any]], path: Path) -> bool:
 def _scale(projection: dict[str, Any] | None) -> tuple[FleetScale, str]:
     if projection:
         return (
-            FleetScale(int(projection["nodes"]), int(projection.get("gpus_per_node", 8)),
-                       float(projection["node_mtbf_h"])),
+            FleetScale(
+                int(projection["nodes"]),
+                int(projection.get("gpus_per_node", 8)),
+                float(projection["node_mtbf_h"]),
+            ),
             "the suite's projection settings",
-        )  # fmt: skip
-    return LLAMA3, ("Llama 3's reported scale (16,384 GPUs, 419 unexpected interruptions in 54 days), for "
-                    "orientation")  # fmt: skip
+        )
+    return LLAMA3, (
+        "Llama 3's reported scale (16,384 GPUs, 419 unexpected interruptions in 54 days), for orientation"
+    )
 
 
 def young_daly_table(rows: Sequence[dict[str, Any]], scale: FleetScale) -> Table:
@@ -314,43 +363,76 @@ def young_daly_table(rows: Sequence[dict[str, Any]], scale: FleetScale) -> Table
         intervals = _values([r for r in rs if (as_bool(r.get("control")) is True)], "checkpoint_interval_s")
         interval = statistics.median(intervals) if intervals else None
         opt = young_daly_interval_s(cost, scale.job_mtbf_s)
-        out.append([fw, _s(cost), _s(interval), _s(opt, 1),
-                    f"{interval / opt:.3g}x" if interval is not None else MISSING])  # fmt: skip
-    return Table(["framework", "checkpoint cost C (s, measured)", "interval (s, measured in the controls)",
-                  "Young/Daly optimum at the fleet's MTBF (s)", "measured / optimum"], out,
-                 caption=f"Job MTBF M = {scale.job_mtbf_s:.0f} s; optimum = sqrt(2CM) with Daly's correction.")  # fmt: skip
+        out.append(
+            [
+                fw,
+                _s(cost),
+                _s(interval),
+                _s(opt, 1),
+                f"{interval / opt:.3g}x" if interval is not None else MISSING,
+            ]
+        )
+    return Table(
+        [
+            "framework",
+            "checkpoint cost C (s, measured)",
+            "interval (s, measured in the controls)",
+            "Young/Daly optimum at the fleet's MTBF (s)",
+            "measured / optimum",
+        ],
+        out,
+        caption=f"Job MTBF M = {scale.job_mtbf_s:.0f} s; optimum = sqrt(2CM) with Daly's correction.",
+    )
 
 
 def assumptions_from(projection: dict[str, Any] | None) -> tuple[Assumptions, list[str]]:
     """The projection's assumptions (the suite's ``projection`` settings over the defaults), and one line on each
     saying where it comes from."""
     o = projection or {}
+
     def given(key: str) -> bool:  # set in the suite (an explicit 0 is a value, not "use the default")
         return o.get(key) is not None
 
     a = Assumptions(
-        checkpoint_cost_s=float(o["checkpoint_cost_s"]) if given("checkpoint_cost_s") else DEFAULT_CHECKPOINT_COST_S,
+        checkpoint_cost_s=float(o["checkpoint_cost_s"])
+        if given("checkpoint_cost_s")
+        else DEFAULT_CHECKPOINT_COST_S,
         checkpoint_interval_s=float(o["checkpoint_interval_s"]) if given("checkpoint_interval_s") else None,
-        manual_recovery_s=float(o["manual_recovery_s"]) if given("manual_recovery_s") else DEFAULT_MANUAL_RECOVERY_S,
+        manual_recovery_s=float(o["manual_recovery_s"])
+        if given("manual_recovery_s")
+        else DEFAULT_MANUAL_RECOVERY_S,
         recovery_scale=float(o["recovery_scale"]) if given("recovery_scale") else 1.0,
-        mix=FaultMix(dict(o["fault_mix"]), "the suite's projection.fault_mix") if o.get("fault_mix") else LLAMA3_MIX,
+        mix=FaultMix(dict(o["fault_mix"]), "the suite's projection.fault_mix")
+        if o.get("fault_mix")
+        else LLAMA3_MIX,
     )
     said = "the suite's projection settings"
     notes = [
         f"checkpoint cost C = {a.checkpoint_cost_s:g} s (assumed: "
-        + (said if given("checkpoint_cost_s") else "a blocking sharded save of a ~1 TB state; set "
-           "projection.checkpoint_cost_s") + ")",
-        "checkpoint interval = " + (f"{a.checkpoint_interval_s:g} s ({said})" if a.checkpoint_interval_s is not None
-                                    else "the Young/Daly optimum for C at the job MTBF"),
+        + (
+            said
+            if given("checkpoint_cost_s")
+            else "a blocking sharded save of a ~1 TB state; set projection.checkpoint_cost_s"
+        )
+        + ")",
+        "checkpoint interval = "
+        + (
+            f"{a.checkpoint_interval_s:g} s ({said})"
+            if a.checkpoint_interval_s is not None
+            else "the Young/Daly optimum for C at the job MTBF"
+        ),
         f"a failure the framework did not recover from costs {a.manual_recovery_s:g} s (assumed: "
-        + (said if given("manual_recovery_s") else "an operator restarts the job") + ")",
+        + (said if given("manual_recovery_s") else "an operator restarts the job")
+        + ")",
         f"measured recovery x {a.recovery_scale:g} (projection.recovery_scale)",
         "fault mix: " + a.mix.source + " = " + ", ".join(f"{k} {a.mix.share(k):.1%}" for k in a.mix.weights),
-    ]  # fmt: skip
+    ]
     return a, notes
 
 
-def projection_table(rows: Sequence[dict[str, Any]], scale: FleetScale, projection: dict[str, Any] | None) -> Table:
+def projection_table(
+    rows: Sequence[dict[str, Any]], scale: FleetScale, projection: dict[str, Any] | None
+) -> Table:
     """Frameworks ranked by their projected goodput at fleet scale, from their measured recoveries."""
     a, _ = assumptions_from(projection)
     opts = projection or {}
@@ -364,27 +446,51 @@ def projection_table(rows: Sequence[dict[str, Any]], scale: FleetScale, projecti
         if not c.classes(a.mix):
             out.append([MISSING, c.framework, "no measured fault of the mix's classes", *[MISSING] * 6])
             continue
-        projected.append(project(c, scale, a, horizon_days=float(opts.get("horizon_days", 30)),
-                                 trials=int(opts.get("trials", 200))))  # fmt: skip
+        projected.append(
+            project(
+                c,
+                scale,
+                a,
+                horizon_days=float(opts.get("horizon_days", 30)),
+                trials=int(opts.get("trials", 200)),
+            )
+        )
     projected.sort(key=lambda p: -p.goodput_mc_mean)
     ranked: list[list[Cell]] = []
     for i, p in enumerate(projected, 1):
         cover = f"{p.coverage:.0%} ({', '.join(p.classes)}"
         cover += f"; not measured: {', '.join(p.missing_classes)})" if p.missing_classes else ")"
-        ranked.append([str(i), p.framework, _s(p.recovery_s, 2), f"{p.unrecovered:.0%}", _s(p.lost_s, 1), cover,
-                       f"{p.checkpoint_interval_s:.0f}", f"{p.goodput_analytic:.2%}",
-                       f"{p.goodput_mc_mean:.2%} ({p.goodput_mc_p5:.2%}-{p.goodput_mc_p95:.2%})"])  # fmt: skip
+        ranked.append(
+            [
+                str(i),
+                p.framework,
+                _s(p.recovery_s, 2),
+                f"{p.unrecovered:.0%}",
+                _s(p.lost_s, 1),
+                cover,
+                f"{p.checkpoint_interval_s:.0f}",
+                f"{p.goodput_analytic:.2%}",
+                f"{p.goodput_mc_mean:.2%} ({p.goodput_mc_p5:.2%}-{p.goodput_mc_p95:.2%})",
+            ]
+        )
     return Table(
-        ["rank", "framework", "recovery per failure (s; measured time to resume, mix-weighted)",
-         "failures not recovered (measured)", "lost work per failure (s; modelled: tau/2 on rollback, else measured)",
-         "mix covered by measurements", "checkpoint interval tau (s; assumed)", "goodput (analytic)",
-         "goodput (Monte Carlo, 5-95 %)"],
+        [
+            "rank",
+            "framework",
+            "recovery per failure (s; measured time to resume, mix-weighted)",
+            "failures not recovered (measured)",
+            "lost work per failure (s; modelled: tau/2 on rollback, else measured)",
+            "mix covered by measurements",
+            "checkpoint interval tau (s; assumed)",
+            "goodput (analytic)",
+            "goodput (Monte Carlo, 5-95 %)",
+        ],
         ranked + out,
         caption="Ranked by the Monte Carlo mean. Only the recovery columns are measured; scale, fault mix, checkpoint "
-                "cost and interval and the cost of an unrecovered failure are assumed (listed above). Classes of "
-                "the mix a framework was not measured on are left out and the rest reweighted (coverage). A framework "
-                "that trains on with fewer replicas while one recovers (TorchFT) is counted at full speed.",
-    )  # fmt: skip
+        "cost and interval and the cost of an unrecovered failure are assumed (listed above). Classes of "
+        "the mix a framework was not measured on are left out and the rest reweighted (coverage). A framework "
+        "that trains on with fewer replicas while one recovers (TorchFT) is counted at full speed.",
+    )
 
 
 def _scorecard_blocks(rows: Sequence[dict[str, Any]]) -> list[Block]:
@@ -403,13 +509,20 @@ def analysis_blocks(
     blocks: list[Block] = [Heading(2, "Framework comparison"), stats_table(rows)]
     unusable = unusable_frameworks(rows)
     if unusable:
-        blocks.append(Paragraph("Unusable in this configuration (not ranked anywhere): " + "; ".join(
-            f"{fw}: {why}" for fw, why in sorted(unusable.items())) + "."))  # fmt: skip
+        blocks.append(
+            Paragraph(
+                "Unusable in this configuration (not ranked anywhere): "
+                + "; ".join(f"{fw}: {why}" for fw, why in sorted(unusable.items()))
+                + "."
+            )
+        )
     written: dict[str, Path] = {}
     plots = suite_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    for name, fn, alt in (("distribution_time_to_resume.png", _plot_distribution, "time to resume"),
-                          ("badput_waterfall.png", _plot_waterfall, "badput waterfall")):  # fmt: skip
+    for name, fn, alt in (
+        ("distribution_time_to_resume.png", _plot_distribution, "time to resume"),
+        ("badput_waterfall.png", _plot_waterfall, "badput waterfall"),
+    ):
         try:
             if fn(rows, plots / name):
                 blocks.append(Image(f"plots/{name}", alt))
@@ -421,26 +534,43 @@ def analysis_blocks(
     blocks += timeout_sanity_blocks(rows)
     bounds = _values(rows, "clock_offset_bound_s")
     if bounds:
-        blocks.append(Paragraph(
-            f"Clocks: each node's clock offset was measured at the start of its run and stamps written on other "
-            f"hosts were corrected; every corrected stamp is within {max(bounds) * 1e3:.3f} ms (largest bound)."
-        ))  # fmt: skip
-    late = [r for r in rows if (as_float(r.get("fault_step")) or 0) > (as_float(r.get("trigger_step")) or float("inf"))]
+        blocks.append(
+            Paragraph(
+                f"Clocks: each node's clock offset was measured at the start of its run and stamps written on other "
+                f"hosts were corrected; every corrected stamp is within {max(bounds) * 1e3:.3f} ms (largest bound)."
+            )
+        )
+    late = [
+        r
+        for r in rows
+        if (as_float(r.get("fault_step")) or 0) > (as_float(r.get("trigger_step")) or float("inf"))
+    ]
     if late:
-        blocks.append(Paragraph(
-            f"{len(late)} fault(s) landed later than their trigger asked (see each run's verdict and "
-            "injection_latency_s): their recovery is measured from when the fault took effect."
-        ))  # fmt: skip
+        blocks.append(
+            Paragraph(
+                f"{len(late)} fault(s) landed later than their trigger asked (see each run's verdict and "
+                "injection_latency_s): their recovery is measured from when the fault took effect."
+            )
+        )
     definition = definition or {}
     projection = definition.get("projection")
     scale, source = _scale(projection)
     blocks.append(Heading(3, "Checkpoint interval (Young/Daly)"))
     yd = young_daly_table(rows, scale)
     blocks.append(yd if yd.rows else Paragraph(f"{MISSING} (no checkpoint saves measured)"))
-    blocks.append(Heading(3, f"Fleet projection: {scale.nodes} nodes x {scale.gpus_per_node} GPUs, "
-                             f"node MTBF {scale.node_mtbf_h:.0f} h"))  # fmt: skip
-    blocks.append(Paragraph(f"Scale from {source}: job MTBF = node MTBF / nodes = {scale.job_mtbf_s / 3600:.2f} h, "
-                            f"{scale.interruptions_per_day:.1f} interruptions per day."))  # fmt: skip
+    blocks.append(
+        Heading(
+            3,
+            f"Fleet projection: {scale.nodes} nodes x {scale.gpus_per_node} GPUs, "
+            f"node MTBF {scale.node_mtbf_h:.0f} h",
+        )
+    )
+    blocks.append(
+        Paragraph(
+            f"Scale from {source}: job MTBF = node MTBF / nodes = {scale.job_mtbf_s / 3600:.2f} h, "
+            f"{scale.interruptions_per_day:.1f} interruptions per day."
+        )
+    )
     _, notes = assumptions_from(projection)
     blocks.append(Paragraph("Assumed: " + "; ".join(notes) + "."))
     pt = projection_table(rows, scale, projection)

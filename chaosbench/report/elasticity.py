@@ -62,22 +62,42 @@ def strategy_table(groups: Sequence[StrategyRuns]) -> Table:
         share = g.median("stage_reschedule_runtime_s")
         if share is not None:
             stages[1] += f" (runtime {fmt_seconds(share)})"
-        rows.append([g.label, str(g.n), _rate(g), _est(g.estimate("time_to_resume_s")), *stages,
-                     _est(g.estimate("goodput"), fmt_percent), fmt_count(g.median("lost_steps")),
-                     fmt_seconds(g.median("lost_work_s")),
-                     g.transitions("world_size_before", "world_size_after") or MISSING,
-                     g.transitions("global_batch_before", "global_batch_after") or MISSING, _fidelity(g)])  # fmt: skip
+        rows.append(
+            [
+                g.label,
+                str(g.n),
+                _rate(g),
+                _est(g.estimate("time_to_resume_s")),
+                *stages,
+                _est(g.estimate("goodput"), fmt_percent),
+                fmt_count(g.median("lost_steps")),
+                fmt_seconds(g.median("lost_work_s")),
+                g.transitions("world_size_before", "world_size_after") or MISSING,
+                g.transitions("global_batch_before", "global_batch_after") or MISSING,
+                _fidelity(g),
+            ]
+        )
     return Table(
-        ["strategy", "runs", "recovered (95 % CI)", "time_to_resume_s median [95 % CI]",
-         *(f"{label} (s, median)" for label in STAGE_LABELS), "goodput median [95 % CI]", "lost steps (median)",
-         "lost work (s, median)", "world size before -> after", "global batch before -> after", "fidelity"],
+        [
+            "strategy",
+            "runs",
+            "recovered (95 % CI)",
+            "time_to_resume_s median [95 % CI]",
+            *(f"{label} (s, median)" for label in STAGE_LABELS),
+            "goodput median [95 % CI]",
+            "lost steps (median)",
+            "lost work (s, median)",
+            "world size before -> after",
+            "global batch before -> after",
+            "fidelity",
+        ],
         rows,
         caption="Runs whose fault fired. The four stages run from the fault to the first step beyond the step "
-                "reached at the fault (they add up to time_to_recover_s; under per-step commit they follow the "
-                "lost replica's replacement, while the job itself resumed at time_to_resume_s); reschedule "
-                "(runtime ...): the share the runtime measured (scheduler delay, node replacement, spare start). "
-                "Medians with percentile-bootstrap 95 % intervals; recovered rate with a Wilson interval.",
-    )  # fmt: skip
+        "reached at the fault (they add up to time_to_recover_s; under per-step commit they follow the "
+        "lost replica's replacement, while the job itself resumed at time_to_resume_s); reschedule "
+        "(runtime ...): the share the runtime measured (scheduler delay, node replacement, spare start). "
+        "Medians with percentile-bootstrap 95 % intervals; recovered rate with a Wilson interval.",
+    )
 
 
 def _difference(c: Comparison, fmt: Any) -> str:
@@ -88,7 +108,10 @@ def _difference(c: Comparison, fmt: Any) -> str:
     if c.separable and d.lo is not None and d.hi is not None:
         return text + f" (95 % CI of the difference {fmt(d.lo)} to {fmt(d.hi)})"
     if d.lo is not None and d.hi is not None:
-        return text + f", not separable: the 95 % interval of the difference, {fmt(d.lo)} to {fmt(d.hi)}, includes 0"
+        return (
+            text
+            + f", not separable: the 95 % interval of the difference, {fmt(d.lo)} to {fmt(d.hi)}, includes 0"
+        )
     return text + f", not separable: {c.why}"
 
 
@@ -99,14 +122,18 @@ def winner_sentences(workload: str, groups: Sequence[StrategyRuns]) -> list[str]
     if ttr is None:
         out.append(f"{workload}: fewer than two strategies measured a time to resume; no winner.")
     else:
-        out.append(f"{workload}: {ttr.best.label} resumed fastest (median {fmt_seconds(ttr.best.median(ttr.metric))} "
-                   f"s against {fmt_seconds(ttr.other.median(ttr.metric))} s for {ttr.other.label}), "
-                   f"{_difference(ttr, _seconds)}.")  # fmt: skip
+        out.append(
+            f"{workload}: {ttr.best.label} resumed fastest (median {fmt_seconds(ttr.best.median(ttr.metric))} "
+            f"s against {fmt_seconds(ttr.other.median(ttr.metric))} s for {ttr.other.label}), "
+            f"{_difference(ttr, _seconds)}."
+        )
     gp = compare(groups, "goodput", lower_is_better=False)
     if gp is not None:
-        out.append(f"Goodput over the run: {gp.best.label} highest (median {fmt_percent(gp.best.median(gp.metric))} "
-                   f"against {fmt_percent(gp.other.median(gp.metric))} for {gp.other.label}), "
-                   f"{_difference(gp, _points)}.")  # fmt: skip
+        out.append(
+            f"Goodput over the run: {gp.best.label} highest (median {fmt_percent(gp.best.median(gp.metric))} "
+            f"against {fmt_percent(gp.other.median(gp.metric))} for {gp.other.label}), "
+            f"{_difference(gp, _points)}."
+        )
     return out
 
 
@@ -123,24 +150,35 @@ def _fidelity_blocks(groups: Sequence[StrategyRuns]) -> list[Block]:
     for g in groups:
         counts, reasons = g.fidelity()
         if reasons:
-            lines.append(f"{g.label}: {counts['diverged (expected)']} run(s) diverged as expected ({'; '.join(reasons)})")
+            lines.append(
+                f"{g.label}: {counts['diverged (expected)']} run(s) diverged as expected ({'; '.join(reasons)})"
+            )
     if not lines:
         return []
-    return [Paragraph("Fidelity: " + ". ".join(lines) + ". This is no failure of the recovery: a job that trains on a "
-                      "different global batch, data split and schedule cannot end in the control's state. An SLO "
-                      "`fidelity == exact` still fails for these runs, as it should; compare their loss instead "
-                      "(loss_diff in the repeats).")]  # fmt: skip
+    return [
+        Paragraph(
+            "Fidelity: " + ". ".join(lines) + ". This is no failure of the recovery: a job that trains on a "
+            "different global batch, data split and schedule cannot end in the control's state. An SLO "
+            "`fidelity == exact` still fails for these runs, as it should; compare their loss instead "
+            "(loss_diff in the repeats)."
+        )
+    ]
 
 
 def scale_from(projection: dict[str, Any] | None) -> FleetScale:
     """The suite's projection scale, else Llama 3's (2048 nodes x 8 GPUs, its reported failure rate)."""
     if projection and projection.get("nodes") and projection.get("node_mtbf_h"):
-        return FleetScale(int(projection["nodes"]), int(projection.get("gpus_per_node") or 8),
-                          float(projection["node_mtbf_h"]))  # fmt: skip
+        return FleetScale(
+            int(projection["nodes"]),
+            int(projection.get("gpus_per_node") or 8),
+            float(projection["node_mtbf_h"]),
+        )
     return LLAMA3
 
 
-def fleet_blocks(groups: Sequence[StrategyRuns], projection: dict[str, Any] | None, a: Assumptions) -> list[Block]:
+def fleet_blocks(
+    groups: Sequence[StrategyRuns], projection: dict[str, Any] | None, a: Assumptions
+) -> list[Block]:
     """Each strategy's projected goodput at the suite's scale and, for the hot spare, per spare-pool size
     (``a``: the framework projection's assumptions)."""
     o = projection or {}
@@ -149,33 +187,77 @@ def fleet_blocks(groups: Sequence[StrategyRuns], projection: dict[str, Any] | No
     pools = [int(p) for p in (o.get("spare_pools") or DEFAULT_SPARE_POOLS)]
     fleet = project_strategies(groups, scale, a, repair_s, pools)
     blocks: list[Block] = []
-    rows: list[list[Cell]] = [[s.label, fmt_seconds(s.measured_s), fmt_seconds(s.per_loss_s), fmt_seconds(s.lost_s),
-                               fmt_percent(s.goodput), s.model] for s in fleet.strategies]  # fmt: skip
+    rows: list[list[Cell]] = [
+        [
+            s.label,
+            fmt_seconds(s.measured_s),
+            fmt_seconds(s.per_loss_s),
+            fmt_seconds(s.lost_s),
+            fmt_percent(s.goodput),
+            s.model,
+        ]
+        for s in fleet.strategies
+    ]
     if rows:
-        blocks.append(Table(["strategy", "measured recovery per loss (s, mean)", "cost per loss at scale (s)",
-                             "lost work per loss (s)", "goodput (analytic)", "model"], rows,
-                            caption="Ranked by projected goodput."))  # fmt: skip
+        blocks.append(
+            Table(
+                [
+                    "strategy",
+                    "measured recovery per loss (s, mean)",
+                    "cost per loss at scale (s)",
+                    "lost work per loss (s)",
+                    "goodput (analytic)",
+                    "model",
+                ],
+                rows,
+                caption="Ranked by projected goodput.",
+            )
+        )
     if fleet.missing:
-        blocks.append(Paragraph("Not measured for this workload (not projected): " + ", ".join(fleet.missing) + "."))
+        blocks.append(
+            Paragraph("Not measured for this workload (not projected): " + ", ".join(fleet.missing) + ".")
+        )
     if fleet.pools:
-        prow: list[list[Cell]] = [[str(p.pool), fmt_percent(p.spare_found), fmt_seconds(p.recovery_s),
-                                   fmt_percent(p.goodput), fmt_percent(p.idle_share), fmt_percent(p.net_goodput)]
-                                  for p in fleet.pools]  # fmt: skip
-        blocks.append(Table(["spare pool (nodes)", "losses that find a spare", "recovery per loss (s)",
-                             "goodput", "pool / nodes (GPUs idling)", "goodput net of the pool"], prow,
-                            caption=f"{fleet.pools_of}: pool 0 is restart in place."))  # fmt: skip
+        prow: list[list[Cell]] = [
+            [
+                str(p.pool),
+                fmt_percent(p.spare_found),
+                fmt_seconds(p.recovery_s),
+                fmt_percent(p.goodput),
+                fmt_percent(p.idle_share),
+                fmt_percent(p.net_goodput),
+            ]
+            for p in fleet.pools
+        ]
+        blocks.append(
+            Table(
+                [
+                    "spare pool (nodes)",
+                    "losses that find a spare",
+                    "recovery per loss (s)",
+                    "goodput",
+                    "pool / nodes (GPUs idling)",
+                    "goodput net of the pool",
+                ],
+                prow,
+                caption=f"{fleet.pools_of}: pool 0 is restart in place.",
+            )
+        )
         gain = fleet.pools[-1].goodput - fleet.pools[0].goodput if len(fleet.pools) > 1 else 0.0
-        blocks.append(Paragraph(
-            f"A spare pool is worth it up to {fleet.break_even} node(s) at {scale.nodes} nodes: beyond that one more "
-            f"spare buys less goodput than the 1/{scale.nodes} of the GPUs it idles. From a pool of "
-            f"{fleet.pools[0].pool} to {fleet.pools[-1].pool} the job's goodput changes by {gain * 100:+.1f} points."
-        ))  # fmt: skip
+        blocks.append(
+            Paragraph(
+                f"A spare pool is worth it up to {fleet.break_even} node(s) at {scale.nodes} nodes: beyond that one more "
+                f"spare buys less goodput than the 1/{scale.nodes} of the GPUs it idles. From a pool of "
+                f"{fleet.pools[0].pool} to {fleet.pools[-1].pool} the job's goodput changes by {gain * 100:+.1f} points."
+            )
+        )
     blocks += [Paragraph(n + ".") for n in fleet.notes]
     return blocks
 
 
-def elasticity_blocks(rows: Sequence[dict[str, Any]], definition: dict[str, Any] | None,
-                      assumptions: Assumptions | None = None) -> list[Block]:  # fmt: skip
+def elasticity_blocks(
+    rows: Sequence[dict[str, Any]], definition: dict[str, Any] | None, assumptions: Assumptions | None = None
+) -> list[Block]:
     """The section, or nothing when no run names a strategy; ``assumptions``: the framework projection's (from the
     suite's ``projection`` settings; the defaults when None)."""
     if not has_strategies(rows):
@@ -185,13 +267,15 @@ def elasticity_blocks(rows: Sequence[dict[str, Any]], definition: dict[str, Any]
     o = projection or {}
     blocks: list[Block] = [
         Heading(2, "Elasticity: recovery strategies"),
-        Paragraph("Each recovery in four stages: detect (the fault to the framework's reaction), reschedule (to the "
-                  "replacement capacity's first rank start: a rebooted node, a spare, fewer nodes, or a replica "
-                  "group's replacement), reshard or replace (to the end of the checkpoint restore onto the new "
-                  "world, or of the heal from a peer), resume (to the first step beyond the step reached at the "
-                  "fault). A stage that does not apply is 0 (recovery in place; a job that continued without the "
-                  "lost replica)."),
-    ]  # fmt: skip
+        Paragraph(
+            "Each recovery in four stages: detect (the fault to the framework's reaction), reschedule (to the "
+            "replacement capacity's first rank start: a rebooted node, a spare, fewer nodes, or a replica "
+            "group's replacement), reshard or replace (to the end of the checkpoint restore onto the new "
+            "world, or of the heal from a peer), resume (to the first step beyond the step reached at the "
+            "fault). A stage that does not apply is 0 (recovery in place; a job that continued without the "
+            "lost replica)."
+        ),
+    ]
     for workload, groups in by_workload(rows).items():
         blocks.append(Heading(3, f"Workload: {workload}"))
         blocks.append(strategy_table(groups))
@@ -202,14 +286,23 @@ def elasticity_blocks(rows: Sequence[dict[str, Any]], definition: dict[str, Any]
         blocks += _fidelity_blocks(groups)
         blocks.append(Heading(4, f"Fleet projection at {scale.nodes} nodes x {scale.gpus_per_node} GPUs"))
         blocks += fleet_blocks(groups, projection, assumptions or Assumptions())
-    a_notes = [f"node MTBF {scale.node_mtbf_h:.0f} h, job MTBF {scale.job_mtbf_s / 3600:.2f} h (every interruption "
-               "taken to be a lost node)",
-               f"node repair time {float(o.get('node_repair_s') or DEFAULT_NODE_REPAIR_S):g} s "
-               + ("(projection.node_repair_s)" if o.get("node_repair_s") else
-                  "(assumed: a reboot and health check; set projection.node_repair_s)"),
-               "the checkpoint cost, interval, manual recovery and recovery scale of the framework projection"]  # fmt: skip
-    blocks.append(Paragraph("Projection assumptions: " + "; ".join(a_notes) + ". The model per strategy is in "
-                            "chaosbench.analysis.elasticity."))  # fmt: skip
+    a_notes = [
+        f"node MTBF {scale.node_mtbf_h:.0f} h, job MTBF {scale.job_mtbf_s / 3600:.2f} h (every interruption "
+        "taken to be a lost node)",
+        f"node repair time {float(o.get('node_repair_s') or DEFAULT_NODE_REPAIR_S):g} s "
+        + (
+            "(projection.node_repair_s)"
+            if o.get("node_repair_s")
+            else "(assumed: a reboot and health check; set projection.node_repair_s)"
+        ),
+        "the checkpoint cost, interval, manual recovery and recovery scale of the framework projection",
+    ]
+    blocks.append(
+        Paragraph(
+            "Projection assumptions: " + "; ".join(a_notes) + ". The model per strategy is in "
+            "chaosbench.analysis.elasticity."
+        )
+    )
     blocks.append(Paragraph(harness_cpu_sentence(rows)))
     return blocks
 
@@ -220,5 +313,7 @@ def harness_cpu_sentence(rows: Sequence[dict[str, Any]]) -> str:
     shares = sorted(float(r["harness_cpu_share"]) for r in rows if r.get("harness_cpu_share") is not None)
     if not shares:
         return "The harness's own CPU share was not measured (runs of an older chaosbench, or --jobs)."
-    return (f"The harness itself used {fmt_percent(statistics.median(shares))} of one core while a run went on (median over "
-            f"{len(shares)} runs, at most {fmt_percent(shares[-1])}): its CPU time over the run's wall time.")
+    return (
+        f"The harness itself used {fmt_percent(statistics.median(shares))} of one core while a run went on (median over "
+        f"{len(shares)} runs, at most {fmt_percent(shares[-1])}): its CPU time over the run's wall time."
+    )

@@ -92,7 +92,9 @@ def _median_resume(fired: Sequence[RunView]) -> tuple[float | None, str]:
 def _failures_text(fired: Sequence[RunView]) -> str:
     """``1 outlasted, 2 not recovered``, or ``""``."""
     counts = Counter(r.outcome for r in fired)
-    return ", ".join(f"{counts[o]} {o.replace('_', ' ')}" for o in ("outlasted", "not_recovered") if counts[o])
+    return ", ".join(
+        f"{counts[o]} {o.replace('_', ' ')}" for o in ("outlasted", "not_recovered") if counts[o]
+    )
 
 
 def _percent(share: float) -> str:
@@ -138,7 +140,9 @@ def _detection_text(fired: Sequence[RunView]) -> str:
         if len(bys) == 1:
             parts.append(f"{via} ×{sum(bys.values())} ({next(iter(bys))})")
         else:
-            parts.append(f"{via} ×{sum(bys.values())} (" + "; ".join(f"{b} ×{n}" for b, n in bys.most_common()) + ")")
+            parts.append(
+                f"{via} ×{sum(bys.values())} (" + "; ".join(f"{b} ×{n}" for b, n in bys.most_common()) + ")"
+            )
     text = "detected by " + ", ".join(parts) if parts else "nothing detected"
     return text + (f", not detected ×{undetected}" if parts and undetected else "")
 
@@ -146,8 +150,11 @@ def _detection_text(fired: Sequence[RunView]) -> str:
 def _unusable_text(rows: Sequence[RunView]) -> str:
     """``unusable rows: restart/kill repeat 2 (fault_not_fired: the fault did not fire)``, naming at most
     :data:`MAX_UNUSABLE_NAMED`."""
-    named = [f"{r.scenario} repeat {r.repeat_label} ({r.outcome or 'no outcome'}: "
-             f"{as_text(r.row.get('verdict')) or 'no verdict recorded'})" for r in rows[:MAX_UNUSABLE_NAMED]]  # fmt: skip
+    named = [
+        f"{r.scenario} repeat {r.repeat_label} ({r.outcome or 'no outcome'}: "
+        f"{as_text(r.row.get('verdict')) or 'no verdict recorded'})"
+        for r in rows[:MAX_UNUSABLE_NAMED]
+    ]
     more = len(rows) - len(named)
     return "unusable rows: " + "; ".join(named) + (f"; and {more} more (see their scenarios)" if more else "")
 
@@ -165,9 +172,11 @@ def headline_items(runs: Sequence[RunView]) -> list[tuple[str, str]]:
         parts: list[str] = []
         if fired:
             serving = any(as_bool(r.row.get("serving")) is True for r in fired)
-            parts += [_recovered_text(fired),
-                      f"median time to {'recover' if serving else 'resume'} {_median_resume(fired)[1]}",
-                      _detection_text(fired)]  # fmt: skip
+            parts += [
+                _recovered_text(fired),
+                f"median time to {'recover' if serving else 'resume'} {_median_resume(fired)[1]}",
+                _detection_text(fired),
+            ]
         else:
             parts.append(f"no fault fired in its {len(fw_runs)} fault runs")
         if rows := _unusable_rows(fw_runs):
@@ -178,10 +187,13 @@ def headline_items(runs: Sequence[RunView]) -> list[tuple[str, str]]:
 
 def _cell(runs: Sequence[RunView], unusable: str | None) -> ScoreCell:
     ordered = sorted(runs, key=lambda r: (r.scenario, r.repeat is None, r.repeat or 0))
-    links: list[Cell] = [Link(r.repeat_label, r.dir_rel, r.dir_rel) if r.dir_rel else r.repeat_label
-                         for r in ordered[:MAX_RUN_LINKS]]  # fmt: skip
-    cell = ScoreCell([], anchor=scenario_anchor(ordered[0].scenario), runs=links,
-                     more_runs=len(ordered) - len(links))  # fmt: skip
+    links: list[Cell] = [
+        Link(r.repeat_label, r.dir_rel, r.dir_rel) if r.dir_rel else r.repeat_label
+        for r in ordered[:MAX_RUN_LINKS]
+    ]
+    cell = ScoreCell(
+        [], anchor=scenario_anchor(ordered[0].scenario), runs=links, more_runs=len(ordered) - len(links)
+    )
     if unusable is not None:
         cell.lines, cell.unusable = ["unusable", "its control was not clean"], unusable
         return cell
@@ -218,11 +230,15 @@ def scorecard(runs: Sequence[RunView]) -> Scorecard:
         rows.append((fw, cells))
     serving = any(as_bool(r.row.get("serving")) is True for r in runs)
     measure = "median time to resume (s)" + (", a serving run's time to recover" if serving else "")
-    return Scorecard(faults, rows, measure,
-                     caption="Per framework x fault, of the runs whose fault fired: how many recovered, the median "
-                             "time to resume of those (colour), and those outlasted (the job went on with no "
-                             "framework reaction) or not recovered. Each cell links its scenario's section and its "
-                             "runs' directories.")  # fmt: skip
+    return Scorecard(
+        faults,
+        rows,
+        measure,
+        caption="Per framework x fault, of the runs whose fault fired: how many recovered, the median "
+        "time to resume of those (colour), and those outlasted (the job went on with no "
+        "framework reaction) or not recovered. Each cell links its scenario's section and its "
+        "runs' directories.",
+    )
 
 
 def first_screen_blocks(runs: Sequence[RunView]) -> list[Block]:
@@ -230,6 +246,9 @@ def first_screen_blocks(runs: Sequence[RunView]) -> list[Block]:
     items = headline_items(runs)
     if not items:
         return []
-    return [Heading(2, "Headline", anchor="headline"), KeyValues(items),
-            Heading(2, "Scorecard: framework x fault", anchor="scorecard"), scorecard(runs)]  # fmt: skip
-
+    return [
+        Heading(2, "Headline", anchor="headline"),
+        KeyValues(items),
+        Heading(2, "Scorecard: framework x fault", anchor="scorecard"),
+        scorecard(runs),
+    ]

@@ -69,8 +69,10 @@ def _table(table: Table, index: int, css: list[str]) -> str:
     attr = ""
     if table.numeric:
         attr = f' id="t{index}"'
-        css.append(",".join(f"#t{index} td:nth-child({i + 1})" for i in sorted(table.numeric))
-                   + "{text-align:right;font-variant-numeric:tabular-nums}")  # fmt: skip
+        css.append(
+            ",".join(f"#t{index} td:nth-child({i + 1})" for i in sorted(table.numeric))
+            + "{text-align:right;font-variant-numeric:tabular-nums}"
+        )
     out = [f"<table{attr}>"]
     if table.caption:
         out.append(f"<caption>{_esc(table.caption)}</caption>")
@@ -94,7 +96,7 @@ def _image(image: Image, base_dir: Path) -> str:
 
 
 #: Scorecard colours by time: short (green) -> medium (yellow) -> long (orange), light enough for dark text.
-_SCALE = ((0xc7, 0xe9, 0xc0), (0xfe, 0xe0, 0x8b), (0xfc, 0x8d, 0x59))
+_SCALE = ((0xC7, 0xE9, 0xC0), (0xFE, 0xE0, 0x8B), (0xFC, 0x8D, 0x59))
 
 
 def _colour(frac: float) -> str:
@@ -137,7 +139,9 @@ def _score_cell(cell: ScoreCell | None, scale: _TimeScale) -> str:
     elif not cell.fired:
         classes.append("sc-unfired")
     elif cell.seconds is None:
-        classes.append("sc-none-nr" if cell.not_recovered else "sc-none-out" if cell.outlasted else "sc-unfired")
+        classes.append(
+            "sc-none-nr" if cell.not_recovered else "sc-none-out" if cell.outlasted else "sc-unfired"
+        )
     else:
         style = f' style="background:{_colour(scale.frac(cell.seconds))}"'
         if cell.not_recovered:
@@ -158,19 +162,27 @@ def _score_cell(cell: ScoreCell | None, scale: _TimeScale) -> str:
 
 def _scorecard(card: Scorecard) -> str:
     """The grid, coloured by time, and its legend (inline CSS only: the page stands alone)."""
-    seconds = [c.seconds for _, cells in card.rows for c in cells
-               if c is not None and c.seconds is not None and c.unusable is None]  # fmt: skip
+    seconds = [
+        c.seconds
+        for _, cells in card.rows
+        for c in cells
+        if c is not None and c.seconds is not None and c.unusable is None
+    ]
     scale = _TimeScale(seconds)
     legend = []
     if seconds:
         ticks = (0.0, 0.5, 1.0) if scale.hi > scale.lo else (0.5,)
-        legend += [f'<li><span style="background:{_colour(f)}"></span>{scale.at(f):.3g} s</li>' for f in ticks]
+        legend += [
+            f'<li><span style="background:{_colour(f)}"></span>{scale.at(f):.3g} s</li>' for f in ticks
+        ]
         legend.append(f"<li>{_esc(card.measure)}{', log scale' if scale.log else ''}</li>")
-    legend += ['<li><span class="sc-nr" style="background:#fff"></span>some not recovered</li>',
-               '<li><span class="sc-out" style="background:#fff"></span>some outlasted</li>',
-               '<li><span class="sc-none-nr"></span>none recovered</li>',
-               '<li><span class="sc-none-out"></span>all outlasted</li>',
-               '<li><span style="background:#e4e4e4"></span>unusable (hover: why)</li>']  # fmt: skip
+    legend += [
+        '<li><span class="sc-nr" style="background:#fff"></span>some not recovered</li>',
+        '<li><span class="sc-out" style="background:#fff"></span>some outlasted</li>',
+        '<li><span class="sc-none-nr"></span>none recovered</li>',
+        '<li><span class="sc-none-out"></span>all outlasted</li>',
+        '<li><span style="background:#e4e4e4"></span>unusable (hover: why)</li>',
+    ]
     out = []
     if card.caption:
         out.append(f'<p class="sc-caption">{_esc(card.caption)}</p>')

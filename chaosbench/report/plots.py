@@ -55,9 +55,16 @@ _LINE_STYLES: dict[str, dict[str, Any]] = {
     "run end": {"color": "#999999", "lw": 0.8, "ls": "--"},
 }
 #: Events drawn as a vertical line: event kind -> line (a key of ``_LINE_STYLES``).
-_MARKED = {"fault_inject": "fault", "fault_revert": "fault revert", "detect": "detect", "restart": "restart",
-           "give_up": "give up", "run_end": "run end", "balancer_down": "replica marked down",
-           "balancer_up": "replica marked up"}  # fmt: skip
+_MARKED = {
+    "fault_inject": "fault",
+    "fault_revert": "fault revert",
+    "detect": "detect",
+    "restart": "restart",
+    "give_up": "give up",
+    "run_end": "run end",
+    "balancer_down": "replica marked down",
+    "balancer_up": "replica marked up",
+}
 _NODE_KINDS = {"node_start", "node_exit", "node_pause", "node_unpause"}
 _NODE_STYLES: dict[str, tuple[str, dict[str, Any]]] = {
     "node_start": ("node start", {"marker": "^", "color": "#2ca02c"}),
@@ -65,7 +72,15 @@ _NODE_STYLES: dict[str, tuple[str, dict[str, Any]]] = {
     "node_pause": ("node pause", {"marker": "s", "color": "#1f77b4", "fillstyle": "none"}),
     "node_unpause": ("node unpause", {"marker": "s", "color": "#1f77b4"}),
 }
-_RANK_KINDS = {"rank_start", "rank_exit", "step", "ckpt_save_begin", "ckpt_save_end", "train_end", "replica_ready"}
+_RANK_KINDS = {
+    "rank_start",
+    "rank_exit",
+    "step",
+    "ckpt_save_begin",
+    "ckpt_save_end",
+    "train_end",
+    "replica_ready",
+}
 
 
 @dataclass(frozen=True)
@@ -131,8 +146,11 @@ def _milestones(events: Sequence[Event], rel: Any, markers: RunMarkers) -> list[
     ``ckpt_load_end`` after that (the restore), and the resume (the first step after recovery, a metric); a
     serving run's: the fault, its detection and its recovery (the error rate back under the SLO). A milestone
     missing, or earlier than the one before it, is left out."""
+
     def first(kind: str, after: float | None) -> float | None:
-        return next((rel(ev) for ev in events if ev.kind == kind and (after is None or rel(ev) >= after)), None)
+        return next(
+            (rel(ev) for ev in events if ev.kind == kind and (after is None or rel(ev) >= after)), None
+        )
 
     fault = as_float(markers.fault_t_s)
     if fault is None:
@@ -143,11 +161,19 @@ def _milestones(events: Sequence[Event], rel: Any, markers: RunMarkers) -> list[
     if detect is None:
         detect = first("detect", fault)
     if markers.serving:  # replicas restart on their own while the others serve: its end is the error rate's
-        later: tuple[tuple[str, float | None], ...] = (("detect", detect), ("recover", as_float(markers.recover_t_s)))
+        later: tuple[tuple[str, float | None], ...] = (
+            ("detect", detect),
+            ("recover", as_float(markers.recover_t_s)),
+        )
     else:
         restart = first("restart", detect if detect is not None else fault)
         restore = first("ckpt_load_end", restart if restart is not None else fault)
-        later = (("detect", detect), ("restart", restart), ("restore", restore), ("resume", as_float(markers.resume_t_s)))
+        later = (
+            ("detect", detect),
+            ("restart", restart),
+            ("restore", restore),
+            ("resume", as_float(markers.resume_t_s)),
+        )
     out = [("fault", fault)]
     for name, t in later:
         if t is not None and t >= out[-1][1]:
@@ -213,8 +239,9 @@ def _ranks(events: Sequence[Event]) -> tuple[list[int | None], dict[int | None, 
     return rank_order, nodes
 
 
-def _lanes(events: Sequence[Event], has_steps: bool, rank_order: list[int | None],
-           nodes: dict[int | None, list[str]]) -> _Lanes:  # fmt: skip
+def _lanes(
+    events: Sequence[Event], has_steps: bool, rank_order: list[int | None], nodes: dict[int | None, list[str]]
+) -> _Lanes:
     """The lanes panel's rows: ranks (only without steps), processes, nodes."""
     labels: list[str] = []
     rank_lane: dict[int | None, int] = {}
@@ -254,8 +281,13 @@ def _new_figure(has_steps: bool, n_lanes: int) -> tuple[Figure, Axes | None, Axe
     return fig, step_ax, lane_ax
 
 
-def _draw_steps(d: _Drawing, ax: Axes, step_events: Sequence[Event], rank_order: list[int | None],
-                nodes: dict[int | None, list[str]]) -> None:  # fmt: skip
+def _draw_steps(
+    d: _Drawing,
+    ax: Axes,
+    step_events: Sequence[Event],
+    rank_order: list[int | None],
+    nodes: dict[int | None, list[str]],
+) -> None:
     """A line per rank and incarnation: the step it completed over time (one colour per rank up to
     ``_MAX_RANK_COLORS`` ranks, else one for all)."""
     lines: dict[tuple[int | None, tuple[int, int]], tuple[list[float], list[int]]] = {}
@@ -265,13 +297,22 @@ def _draw_steps(d: _Drawing, ax: Axes, step_events: Sequence[Event], rank_order:
         xs.append(d.rel(ev))
         ys.append(as_int(ev.get("step")) or 0)
     each = len(rank_order) <= _MAX_RANK_COLORS
-    for (rank, inc), (xs, ys) in sorted(lines.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
+    for (rank, inc), (xs, ys) in sorted(
+        lines.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])
+    ):
         d.xs += xs
         i = rank_order.index(rank) if each else 0
         color = _RANK_COLORS[i % len(_RANK_COLORS)]
         name = _rank_label(rank, nodes.get(rank, [])) if each else f"steps of {len(rank_order)} ranks"
-        (h,) = ax.plot(xs, ys, lw=1.3, color=color, ms=4, marker="." if len(xs) < 3 else "",
-                       gid=f"steps rank {rank} incarnation {inc[1] if inc[0] == 0 else '?'}")  # fmt: skip
+        (h,) = ax.plot(
+            xs,
+            ys,
+            lw=1.3,
+            color=color,
+            ms=4,
+            marker="." if len(xs) < 3 else "",
+            gid=f"steps rank {rank} incarnation {inc[1] if inc[0] == 0 else '?'}",
+        )
         d.handles.setdefault(name, h)
     ax.set_ylabel("step", fontsize=8)
 
@@ -281,19 +322,31 @@ def _draw_checkpoints(d: _Drawing, ax: Axes, events: Sequence[Event]) -> None:
     event names no step)."""
     ckpt_styles: tuple[tuple[str, str, dict[str, Any]], ...] = (
         ("ckpt_save_end", "checkpoint saved", {"marker": "v", "color": "black", "ms": 5}),
-        ("ckpt_load_end", "checkpoint loaded", {"marker": "^", "color": "#2ca02c", "ms": 6, "mec": "black",
-                                                "mew": 0.5}),
-    )  # fmt: skip
+        (
+            "ckpt_load_end",
+            "checkpoint loaded",
+            {"marker": "^", "color": "#2ca02c", "ms": 6, "mec": "black", "mew": 0.5},
+        ),
+    )
     for kind, name, ckpt_style in ckpt_styles:
-        pts = [(d.rel(ev), as_int(ev.get("step"))) for ev in events if ev.kind == kind
-               and (kind != "ckpt_save_end" or as_bool(ev.get("complete")))]  # fmt: skip
+        pts = [
+            (d.rel(ev), as_int(ev.get("step")))
+            for ev in events
+            if ev.kind == kind and (kind != "ckpt_save_end" or as_bool(ev.get("complete")))
+        ]
         at = [(x, s) for x, s in pts if s is not None]
         if at:
             (h,) = ax.plot([x for x, _ in at], [s for _, s in at], ls="none", zorder=3, **ckpt_style)
             d.handles[name] = h
         if edge := [x for x, s in pts if s is None]:  # no step recorded: along the top edge
-            (h,) = ax.plot(edge, [1.0] * len(edge), ls="none", transform=ax.get_xaxis_transform(),
-                           clip_on=False, **ckpt_style)  # fmt: skip
+            (h,) = ax.plot(
+                edge,
+                [1.0] * len(edge),
+                ls="none",
+                transform=ax.get_xaxis_transform(),
+                clip_on=False,
+                **ckpt_style,
+            )
             d.handles.setdefault(name, h)
         d.xs += [x for x, _ in pts]
 
@@ -323,15 +376,22 @@ def _draw_lanes(d: _Drawing, ax: Axes, events: Sequence[Event], lanes: _Lanes) -
     for ev in events:
         if ev.kind == "replica_ready" and as_int(ev.get("rank")) in lanes.rank_lane:
             d.xs.append(d.rel(ev))
-            (h,) = ax.plot([d.rel(ev)], [lanes.rank_lane[as_int(ev.get("rank"))]], ls="none", marker="o", ms=5,
-                           color="#2ca02c")  # fmt: skip
+            (h,) = ax.plot(
+                [d.rel(ev)],
+                [lanes.rank_lane[as_int(ev.get("rank"))]],
+                ls="none",
+                marker="o",
+                ms=5,
+                color="#2ca02c",
+            )
             d.handles.setdefault("replica ready", h)
     ax.set_yticks(range(len(lanes.labels)), lanes.labels)
     ax.set_ylim(len(lanes.labels) - 0.5, -0.5)  # first lane on top
 
 
-def _shade_recovery(d: _Drawing, events: Sequence[Event], step_events: Sequence[Event],
-                    markers: RunMarkers) -> None:  # fmt: skip
+def _shade_recovery(
+    d: _Drawing, events: Sequence[Event], step_events: Sequence[Event], markers: RunMarkers
+) -> None:
     """The phases of the first fault's recovery (:func:`_milestones`), shaded on every axis; grey hatching from
     the last milestone to the run's end when the fault was not resumed (recovered)."""
     from matplotlib.patches import Patch
@@ -359,6 +419,7 @@ def _draw_marks(d: _Drawing, events: Sequence[Event], markers: RunMarkers) -> No
     """Thin vertical lines on every axis: each marked event (fault, detection, restart, revert, run end, ...), the
     fault and detection from the results table when the timeline has none, the resume and a serving run's
     recovery (metrics, not events)."""
+
     def vline(x: float | None, name: str) -> None:
         if x is None:
             return
@@ -387,7 +448,9 @@ def _finish_axes(d: _Drawing, events: Sequence[Event], title: str, step_ax: Axes
     bottom = d.axes[-1]
     bottom.set_xlim(lo - pad, hi + pad)
     has_start = any(ev.kind == "run_start" for ev in events)
-    bottom.set_xlabel(f"time since {'run_start' if has_start else 'first event (no run_start)'} (s)", fontsize=8)
+    bottom.set_xlabel(
+        f"time since {'run_start' if has_start else 'first event (no run_start)'} (s)", fontsize=8
+    )
     d.axes[0].set_title(title, fontsize=9, pad=8)
     for ax in d.axes:
         ax.tick_params(labelsize=7)
@@ -396,8 +459,15 @@ def _finish_axes(d: _Drawing, events: Sequence[Event], title: str, step_ax: Axes
     if step_ax is not None:
         step_ax.grid(axis="y", color="#f3f3f3", lw=0.5)
     if d.handles:
-        d.axes[0].legend(list(d.handles.values()), list(d.handles), fontsize=6, loc="upper left",
-                         bbox_to_anchor=(1.005, 1.0), frameon=False, borderaxespad=0.0)  # fmt: skip
+        d.axes[0].legend(
+            list(d.handles.values()),
+            list(d.handles),
+            fontsize=6,
+            loc="upper left",
+            bbox_to_anchor=(1.005, 1.0),
+            frameon=False,
+            borderaxespad=0.0,
+        )
 
 
 def timeline_figure(events: Sequence[Event], title: str, markers: RunMarkers | None = None) -> Figure:

@@ -99,7 +99,9 @@ def _median(rows: Sequence[dict[str, Any]], key: str, fmt: Callable[[float], str
 def _recovered(rows: Sequence[dict[str, Any]]) -> str:
     k = sum(1 for r in rows if as_bool(r.get("recovered")) is True)
     p, lo, hi = wilson(k, len(rows))
-    return MISSING if p is None or lo is None or hi is None else f"{k}/{len(rows)} ({p:.0%}; {lo:.0%}-{hi:.0%})"
+    return (
+        MISSING if p is None or lo is None or hi is None else f"{k}/{len(rows)} ({p:.0%}; {lo:.0%}-{hi:.0%})"
+    )
 
 
 def _via(rows: Sequence[dict[str, Any]]) -> str:
@@ -119,26 +121,52 @@ def fault_table(rows: Sequence[dict[str, Any]]) -> Table:
         by_fw.setdefault(str(r.get("framework")), []).append(r)
     out: list[list[Cell]] = []
     for fw, rs in sorted(by_fw.items()):
-        out.append([fw, str(len(rs)), _recovered(rs), _est(rs, "time_to_detect_s"), _via(rs),
-                    _est(rs, "time_to_recover_s"), _est(rs, "failed_requests", fmt_count),
-                    _median(rs, "retried_requests", fmt_count), _est(rs, "error_budget_burn", _percent),
-                    _median(rs, "latency_p99_before_ms", _ms), _est(rs, "latency_p99_during_ms", _ms),
-                    _median(rs, "latency_p99_after_ms", _ms), _est(rs, "throughput_during_share", fmt_percent),
-                    _est(rs, "capacity_lost_replica_s"), _median(rs, "capacity_lost_share", fmt_percent)])  # fmt: skip
+        out.append(
+            [
+                fw,
+                str(len(rs)),
+                _recovered(rs),
+                _est(rs, "time_to_detect_s"),
+                _via(rs),
+                _est(rs, "time_to_recover_s"),
+                _est(rs, "failed_requests", fmt_count),
+                _median(rs, "retried_requests", fmt_count),
+                _est(rs, "error_budget_burn", _percent),
+                _median(rs, "latency_p99_before_ms", _ms),
+                _est(rs, "latency_p99_during_ms", _ms),
+                _median(rs, "latency_p99_after_ms", _ms),
+                _est(rs, "throughput_during_share", fmt_percent),
+                _est(rs, "capacity_lost_replica_s"),
+                _median(rs, "capacity_lost_share", fmt_percent),
+            ]
+        )
     return Table(
-        ["policy (framework)", "runs", "recovered (95 % CI)", "time to detect (s)", "detected by",
-         "time to recover (s)", "failed requests", "retried (median)", "error budget burn",
-         "p99 before (ms, median)", "p99 during (ms)", "p99 after (ms, median)", "pace during (of before)",
-         "capacity lost (replica-s)", "capacity lost (share, median)"],
+        [
+            "policy (framework)",
+            "runs",
+            "recovered (95 % CI)",
+            "time to detect (s)",
+            "detected by",
+            "time to recover (s)",
+            "failed requests",
+            "retried (median)",
+            "error budget burn",
+            "p99 before (ms, median)",
+            "p99 during (ms)",
+            "p99 after (ms, median)",
+            "pace during (of before)",
+            "capacity lost (replica-s)",
+            "capacity lost (share, median)",
+        ],
         out,
         numeric={1, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14},
         caption="Runs whose fault fired. Medians with percentile-bootstrap 95 % intervals [lo, hi] (n=1: one run); "
-                "recovered rate with a Wilson interval. Detection: the balancer marking the faulted replica down or "
-                "the first failed request, whichever first; recovery: the first span of the SLO's recovery window "
-                "with every window's error rate under the SLO (also over the request timeout after it); burn: the "
-                "share of the SLO window's error budget the failed requests used; pace: requests per second during "
-                "the fault over before it.",
-    )  # fmt: skip
+        "recovered rate with a Wilson interval. Detection: the balancer marking the faulted replica down or "
+        "the first failed request, whichever first; recovery: the first span of the SLO's recovery window "
+        "with every window's error rate under the SLO (also over the request timeout after it); burn: the "
+        "share of the SLO window's error budget the failed requests used; pace: requests per second during "
+        "the fault over before it.",
+    )
 
 
 def control_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -149,12 +177,33 @@ def control_table(rows: Sequence[dict[str, Any]]) -> Table:
     out: list[list[Cell]] = []
     for fw, rs in sorted(by_fw.items()):
         clean = sum(1 for r in rs if as_bool(r.get("clean")) is True)
-        out.append([fw, str(len(rs)), f"{clean}/{len(rs)}", _median(rs, "requests", fmt_count),
-                    _median(rs, "failed_requests", fmt_count), _median(rs, "budget_request_rate_per_s", _ms),
-                    _est(rs, "latency_p50_ms", _ms), _est(rs, "latency_p99_ms", _ms)])  # fmt: skip
-    return Table(["policy (framework)", "control runs", "clean", "requests (median)", "failed (median)",
-                  "requests/s (median)", "p50 (ms)", "p99 (ms)"], out, numeric={1, 3, 4, 5, 6, 7},
-                 caption="Fault-free controls: the error budget's request rate comes from them.")  # fmt: skip
+        out.append(
+            [
+                fw,
+                str(len(rs)),
+                f"{clean}/{len(rs)}",
+                _median(rs, "requests", fmt_count),
+                _median(rs, "failed_requests", fmt_count),
+                _median(rs, "budget_request_rate_per_s", _ms),
+                _est(rs, "latency_p50_ms", _ms),
+                _est(rs, "latency_p99_ms", _ms),
+            ]
+        )
+    return Table(
+        [
+            "policy (framework)",
+            "control runs",
+            "clean",
+            "requests (median)",
+            "failed (median)",
+            "requests/s (median)",
+            "p50 (ms)",
+            "p99 (ms)",
+        ],
+        out,
+        numeric={1, 3, 4, 5, 6, 7},
+        caption="Fault-free controls: the error budget's request rate comes from them.",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- the plots
@@ -176,7 +225,9 @@ def run_events(suite_dir: Path, row: dict[str, Any]) -> list[Event]:
     return []
 
 
-def plot_per_second(events: Sequence[Event], out_path: Path, title: str, recover_s: float | None = None) -> bool:
+def plot_per_second(
+    events: Sequence[Event], out_path: Path, title: str, recover_s: float | None = None
+) -> bool:
     """Draw the run's load per second (successful and failed requests, p99 latency of the successes) with the
     fault, the recovery (``recover_s`` after the fault) and the balancer's down/up marks; False when the run has
     no load."""
@@ -208,18 +259,34 @@ def plot_per_second(events: Sequence[Event], out_path: Path, title: str, recover
             tf = fault_effect_ns(ix, fault)
             ax.axvline((tf - t0) / 1e9, color="#d62728", lw=1.2, label="fault" if ax is top else None)
             if recover_s is not None:
-                ax.axvline((tf - t0) / 1e9 + recover_s, color="#000000", lw=1.2, ls="--",
-                           label="recovered" if ax is top else None)  # fmt: skip
+                ax.axvline(
+                    (tf - t0) / 1e9 + recover_s,
+                    color="#000000",
+                    lw=1.2,
+                    ls="--",
+                    label="recovered" if ax is top else None,
+                )
         for e in ix.of("balancer_down", "balancer_up"):
             down = e.kind == "balancer_down"
-            ax.axvline((e.t_ns - t0) / 1e9, color="#ff7f0e" if down else "#9467bd", lw=0.8, ls=":",
-                       label=("replica marked down" if down else "replica marked up") if ax is top else None)  # fmt: skip
+            ax.axvline(
+                (e.t_ns - t0) / 1e9,
+                color="#ff7f0e" if down else "#9467bd",
+                lw=0.8,
+                ls=":",
+                label=("replica marked down" if down else "replica marked up") if ax is top else None,
+            )
         ax.tick_params(labelsize=7)
         ax.grid(axis="y", color="#eeeeee", lw=0.5)
     handles, labels = top.get_legend_handles_labels()
     seen = dict(zip(labels, handles, strict=True))
-    top.legend(list(seen.values()), list(seen), fontsize=6, loc="upper left", bbox_to_anchor=(1.005, 1.0),
-               frameon=False)  # fmt: skip
+    top.legend(
+        list(seen.values()),
+        list(seen),
+        fontsize=6,
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+        frameon=False,
+    )
     bottom.set_xlabel("seconds since the load started", fontsize=8)
     top.set_title(title, fontsize=9)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +298,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
 
 
-def plot_blocks(fault: str, rows: Sequence[dict[str, Any]], suite_dir: Path) -> tuple[list[Block], dict[str, Path]]:
+def plot_blocks(
+    fault: str, rows: Sequence[dict[str, Any]], suite_dir: Path
+) -> tuple[list[Block], dict[str, Path]]:
     """One per-second plot per framework for ``fault``, from its first repeat with a timeline."""
     blocks: list[Block] = []
     written: dict[str, Path] = {}
@@ -246,7 +315,9 @@ def plot_blocks(fault: str, rows: Sequence[dict[str, Any]], suite_dir: Path) -> 
             continue
         row, events = chosen
         rel = f"plots/serving_{_slug(fault)}_{_slug(fw)}.png"
-        title = f"{fw} · {fault} · repeat {as_int(row.get('repeat'))}: {as_text(row.get('outcome')) or MISSING}"
+        title = (
+            f"{fw} · {fault} · repeat {as_int(row.get('repeat'))}: {as_text(row.get('outcome')) or MISSING}"
+        )
         try:
             if plot_per_second(events, suite_dir / rel, title, as_float(row.get("time_to_recover_s"))):
                 blocks.append(Image(rel, f"requests and p99 latency per second: {fw}, {fault}"))
@@ -264,19 +335,24 @@ def serving_blocks(rows: Sequence[dict[str, Any]], suite_dir: Path) -> tuple[lis
     if not runs:
         return [], {}
     controls = [r for r in runs if as_bool(r.get("control")) is True]
-    faulted = [r for r in runs if as_bool(r.get("control")) is not True and r.get("outcome") in
-               ("recovered", "not_recovered")]  # fmt: skip
+    faulted = [
+        r
+        for r in runs
+        if as_bool(r.get("control")) is not True and r.get("outcome") in ("recovered", "not_recovered")
+    ]
     unfired = sum(1 for r in runs if r.get("outcome") == "fault_not_fired")
     blocks: list[Block] = [
         Heading(2, "Serving: recovery policies under load"),
-        Paragraph("Replicas behind a load balancer, driven by a load of users; each policy (framework entry) "
-                  "faced the same faults. Time to detect: from the fault to the balancer marking the replica down "
-                  "or the first failed request; time to recover: to the first span of the SLO's recovery window "
-                  "whose every load window kept the error rate under the SLO; error budget burn: failed requests "
-                  "over the requests the availability SLO allows to fail in its window at the control's request "
-                  "rate; capacity lost: replica-seconds in which a replica could not serve (dead, frozen or held "
-                  "out by the balancer)."),
-    ]  # fmt: skip
+        Paragraph(
+            "Replicas behind a load balancer, driven by a load of users; each policy (framework entry) "
+            "faced the same faults. Time to detect: from the fault to the balancer marking the replica down "
+            "or the first failed request; time to recover: to the first span of the SLO's recovery window "
+            "whose every load window kept the error rate under the SLO; error budget burn: failed requests "
+            "over the requests the availability SLO allows to fail in its window at the control's request "
+            "rate; capacity lost: replica-seconds in which a replica could not serve (dead, frozen or held "
+            "out by the balancer)."
+        ),
+    ]
     if controls:
         blocks.append(control_table(controls))
     written: dict[str, Path] = {}

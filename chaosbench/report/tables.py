@@ -76,8 +76,16 @@ METRICS: list[tuple[str, str]] = [
 ]
 
 #: Outcomes in the order the summary lists them; unknown ones follow, then runs with no outcome.
-OUTCOMES = ["completed", "recovered", "outlasted", "not_recovered", "fault_not_fired", "contaminated", "failed",
-            "error"]  # fmt: skip
+OUTCOMES = [
+    "completed",
+    "recovered",
+    "outlasted",
+    "not_recovered",
+    "fault_not_fired",
+    "contaminated",
+    "failed",
+    "error",
+]
 #: How outcome counts name runs whose outcome is missing.
 NO_OUTCOME = "no outcome"
 #: Suites of at most this many runs show every run's timeline plot in the report (by relative path, loaded
@@ -378,7 +386,9 @@ def comparison_table(groups: Sequence[Group]) -> Table:
                 fmt_count(_median(_values(g.runs, "lost_steps"))),
                 fmt_percent(_median(_values(g.runs, "goodput"))),
                 _fidelity_text(g.runs),
-                count_text(Counter(v for run in g.runs if (v := as_text(run.row.get("verdict"))) is not None), []),
+                count_text(
+                    Counter(v for run in g.runs if (v := as_text(run.row.get("verdict"))) is not None), []
+                ),
             ]
         )
     headers = [
@@ -467,8 +477,12 @@ def build_document(
     blocks += [Heading(2, "Outcomes"), outcomes_table(runs)]
     blocks += [Heading(2, "Comparison across scenarios"), comparison_table(groups)]
     if not inline_timelines and any(run.plot_rel for run in runs):
-        blocks.append(Paragraph(f"{len(runs)} runs: each run's timeline plot is linked from its row in its "
-                                f"scenario's repeats table (shown inline up to {INLINE_TIMELINES_MAX_RUNS} runs)."))  # fmt: skip
+        blocks.append(
+            Paragraph(
+                f"{len(runs)} runs: each run's timeline plot is linked from its row in its "
+                f"scenario's repeats table (shown inline up to {INLINE_TIMELINES_MAX_RUNS} runs)."
+            )
+        )
     for g in groups:
         blocks += scenario_blocks(g, inline_timelines)
     return blocks

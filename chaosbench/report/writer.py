@@ -31,7 +31,9 @@ PLOTS_DIR = "plots"
 #: ``all`` redraws every run's.
 PLOTS_MODES = ("existing", "missing", "all")
 #: Why a run with a timeline has no plot in ``plots="existing"`` mode.
-NOT_DRAWN = "no timeline plot: drawn when the run ends; `chaosbench report --plots missing` draws missing ones"
+NOT_DRAWN = (
+    "no timeline plot: drawn when the run ends; `chaosbench report --plots missing` draws missing ones"
+)
 
 
 def _records(results: pd.DataFrame) -> list[dict[str, Any]]:
@@ -100,8 +102,11 @@ def _find_plot(suite_dir: str, run: RunView, redraw: bool) -> str | None:
     drawable = next((c for c in candidates if os.path.isfile(os.path.join(c, RunDir.EVENTS))), None)
     if drawable is None:
         recorded = as_text(run.row.get("run_dir"))
-        run.plot_note = f"no timeline plot: no events.jsonl in {recorded}" if recorded else \
-            "no timeline plot: no run_dir recorded"  # fmt: skip
+        run.plot_note = (
+            f"no timeline plot: no events.jsonl in {recorded}"
+            if recorded
+            else "no timeline plot: no run_dir recorded"
+        )
         return None
     run.plot_note = NOT_DRAWN
     return drawable
@@ -165,9 +170,17 @@ def write_report(
             definition = None
     extra, extra_written = analysis_blocks([run.row for run in runs], suite_dir, definition)
     written.update(extra_written)
-    at = next((i for i, b in enumerate(blocks) if isinstance(b, Heading) and b.level == 2
-               and b.text.startswith("Scenario")), len(blocks))  # fmt: skip
+    at = next(
+        (
+            i
+            for i, b in enumerate(blocks)
+            if isinstance(b, Heading) and b.level == 2 and b.text.startswith("Scenario")
+        ),
+        len(blocks),
+    )
     blocks[at:at] = extra
-    md_path = write_atomic(suite_dir / REPORT_MD, render_markdown(blocks))  # whole: a harness may die meanwhile
+    md_path = write_atomic(
+        suite_dir / REPORT_MD, render_markdown(blocks)
+    )  # whole: a harness may die meanwhile
     html_path = write_atomic(suite_dir / REPORT_HTML, render_html(blocks, suite_dir, title))
     return {REPORT_MD: md_path, REPORT_HTML: html_path, **written}

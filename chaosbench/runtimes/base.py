@@ -326,7 +326,9 @@ class NodeControl(Protocol):
 
     def node_names(self) -> list[str]: ...
     def pause_node(self, name: str) -> str: ...
-    def engine_event_ns(self, container: str, action: str, since_ns: int, timeout_s: float = 5.0) -> int | None: ...
+    def engine_event_ns(
+        self, container: str, action: str, since_ns: int, timeout_s: float = 5.0
+    ) -> int | None: ...
     def unpause_node(self, name: str) -> bool: ...
     def set_node_cpus(self, name: str, cpus: float | None) -> float | None: ...
     def node_state(self, name: str) -> str: ...
@@ -349,12 +351,17 @@ def node_control(runtime: Runtime, fault: str) -> NodeControl:
     return runtime
 
 
-def engine_effect(rt: NodeControl, containers: list[str], action: str, since_ns: int, what: str) -> dict[str, Any]:
+def engine_effect(
+    rt: NodeControl, containers: list[str], action: str, since_ns: int, what: str
+) -> dict[str, Any]:
     """``effect_t_ns``/``effect`` of a node fault: the engine's own stamp of the last container's ``action`` (it
     arrives on the runtime's event stream shortly after the call), else the moment the calls returned."""
     stamps = [rt.engine_event_ns(c, action, since_ns) for c in containers]
     if stamps and all(t is not None for t in stamps):
-        return {"effect_t_ns": max(t for t in stamps if t is not None), "effect": f"the engine's '{action}' event: {what}"}
+        return {
+            "effect_t_ns": max(t for t in stamps if t is not None),
+            "effect": f"the engine's '{action}' event: {what}",
+        }
     return {"effect_t_ns": now_ns(), "effect": f"the engine call returned ({what}; no '{action}' event seen)"}
 
 
@@ -364,8 +371,15 @@ class BatchJobs(Protocol):
     supervise the job (``slurm-requeue``): submit a batch script, hand a job back to the queue, end it. Declared
     by implementing it; checked with ``isinstance``."""
 
-    def submit_batch(self, script: Path, name: str, nodes: int, ntasks_per_node: int, extra: list[str] | None = None,
-                     env: dict[str, str] | None = None) -> int: ...  # fmt: skip
+    def submit_batch(
+        self,
+        script: Path,
+        name: str,
+        nodes: int,
+        ntasks_per_node: int,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> int: ...
     def requeue_batch(self, job_id: int) -> None: ...
     def cancel_batch(self, job_id: int) -> None: ...
 

@@ -108,9 +108,11 @@ class LocalRuntime(Runtime[LocalOptions]):
     def concurrent_slots(cls, options: dict[str, Any], jobs: int, nodes: int) -> list[dict[str, Any]]:
         """Refused: every run of the local runtime shares this machine's CPUs (``--timings-may-interfere`` runs
         them at once anyway, for correctness only)."""
-        raise Unsupported(f"the local runtime runs every rank on this machine's shared CPUs: {jobs} runs at once "
-                          "would time each other; pass --timings-may-interfere to run them anyway (outcomes "
-                          "only: their timings are not comparable)")  # fmt: skip
+        raise Unsupported(
+            f"the local runtime runs every rank on this machine's shared CPUs: {jobs} runs at once "
+            "would time each other; pass --timings-may-interfere to run them anyway (outcomes "
+            "only: their timings are not comparable)"
+        )
 
     def free_port(self) -> int:
         """A port nothing listens on, below the kernel's ephemeral range (:func:`listen_port_range`): a port the
@@ -129,7 +131,9 @@ class LocalRuntime(Runtime[LocalOptions]):
                     except OSError:
                         continue
                     return port
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no such range, or full: the kernel's pick
+        with socket.socket(
+            socket.AF_INET, socket.SOCK_STREAM
+        ) as s:  # no such range, or full: the kernel's pick
             s.bind(("127.0.0.1", 0))
             return int(s.getsockname()[1])
 
@@ -153,15 +157,21 @@ class LocalRuntime(Runtime[LocalOptions]):
             )
         except OSError as exc:
             close_captures(captures)
-            raise ChaosbenchError(f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}") from None
-        exit_watch = process.EXITS.watch_child(popen)  # at once: nothing else may reap it before its pidfd is open
+            raise ChaosbenchError(
+                f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}"
+            ) from None
+        exit_watch = process.EXITS.watch_child(
+            popen
+        )  # at once: nothing else may reap it before its pidfd is open
         handle = ProcHandle(spec, popen.pid, process.start_ticks(popen.pid))
         with self._lock:
             self._handles.append(handle)
         self._trees.add(handle.pid, handle.ticks)
         record_start(self.run.timeline, handle, output_stamp=captures["stdout"].stamp)
         self._threads += start_pumps(handle, captures, self.logs_dir, on_line)
-        w = threading.Thread(target=self._wait, args=(handle, exit_watch), daemon=True, name=f"wait-{spec.name}")
+        w = threading.Thread(
+            target=self._wait, args=(handle, exit_watch), daemon=True, name=f"wait-{spec.name}"
+        )
         w.start()
         self._threads.append(w)
         return handle
@@ -249,8 +259,11 @@ class LocalRuntime(Runtime[LocalOptions]):
         process.send(live.values(), signal.SIGSTOP)
         # Children forked between the scan and the freeze are caught by a second scan of the frozen trees (the
         # rule is applied as a filter there: refusing now would leave the frozen ones frozen).
-        late = {pid: p for pid, p in process.with_descendants(live.values()).items()
-                if pid not in live and self._ours(p)}  # fmt: skip
+        late = {
+            pid: p
+            for pid, p in process.with_descendants(live.values()).items()
+            if pid not in live and self._ours(p)
+        }
         process.send(late.values(), signal.SIGSTOP)
         live.update(late)
         process.send(live.values(), signal.SIGKILL)

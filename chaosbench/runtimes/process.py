@@ -185,8 +185,12 @@ class ExitWatch:
     """One process watched for its exit: :meth:`wait` blocks until it has exited (a child of the harness: and
     has been reaped) and says how and when. Made by :meth:`ExitPoller.watch_child` / :meth:`ExitPoller.watch_pid`."""
 
-    def __init__(self, pid: int, child: subprocess.Popen[bytes] | None = None,
-                 fallback: Callable[[], ExitStatus] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pid: int,
+        child: subprocess.Popen[bytes] | None = None,
+        fallback: Callable[[], ExitStatus] | None = None,
+    ) -> None:
         self.pid = pid
         #: When the watch began (``CLOCK_MONOTONIC`` ns): the kernel's exit events before it are another process's.
         self.since_mono_ns = time.monotonic_ns()
@@ -297,7 +301,9 @@ class ExitPoller:
                 self._kernel = open_listener()
                 if self._kernel is not None:
                     self._epoll.register(self._kernel.fileno(), select.EPOLLIN)
-                threading.Thread(target=self._run, args=(self._epoll,), daemon=True, name="exit-poller").start()
+                threading.Thread(
+                    target=self._run, args=(self._epoll,), daemon=True, name="exit-poller"
+                ).start()
             # known by pid before the readable check: an exit after the check has its kernel events attributed
             self._by_pid[watch.pid] = watch
         watch.late = _readable(fd)
@@ -366,7 +372,9 @@ class ExitPoller:
                     with self._lock:
                         self._by_pid.pop(watch.pid, None)
                     os.close(fd)
-                with contextlib.suppress(Exception):  # settle() records the status whatever the reaping raised
+                with contextlib.suppress(
+                    Exception
+                ):  # settle() records the status whatever the reaping raised
                     watch.settle(*stamped)
 
 
@@ -401,23 +409,48 @@ def record_start(timeline: TimelineWriter, handle: ProcHandle, **extra: Any) -> 
     """The ``proc_start`` event of a started process: its identity (pid, ``pid_ticks``), role, node, incarnation
     and what the runtime adds (``extra``)."""
     timeline.emit(
-        "proc_start", proc=handle.name, pid=handle.pid, pid_ticks=handle.ticks, role=handle.spec.role,
-        node=handle.spec.node, incarnation=handle.spec.incarnation, **extra,
-    )  # fmt: skip
+        "proc_start",
+        proc=handle.name,
+        pid=handle.pid,
+        pid_ticks=handle.ticks,
+        role=handle.spec.role,
+        node=handle.spec.node,
+        incarnation=handle.spec.incarnation,
+        **extra,
+    )
 
 
-def record_exit(timeline: TimelineWriter, handle: ProcHandle, returncode: int, t_ns: int, exit_stamp: ExitStamp,
-                **extra: Any) -> None:  # fmt: skip
+def record_exit(
+    timeline: TimelineWriter,
+    handle: ProcHandle,
+    returncode: int,
+    t_ns: int,
+    exit_stamp: ExitStamp,
+    **extra: Any,
+) -> None:
     """The ``proc_exit`` event of a started process (``returncode`` negative: killed by that signal), stamped
     ``t_ns``; ``exit_stamp`` says how that moment was taken (:data:`ExitStamp`)."""
     timeline.emit(
-        "proc_exit", t_ns=t_ns, proc=handle.name, pid=handle.pid, returncode=returncode, role=handle.spec.role,
-        node=handle.spec.node, incarnation=handle.spec.incarnation, exit_stamp=exit_stamp, **extra,
-    )  # fmt: skip
+        "proc_exit",
+        t_ns=t_ns,
+        proc=handle.name,
+        pid=handle.pid,
+        returncode=returncode,
+        role=handle.spec.role,
+        node=handle.spec.node,
+        incarnation=handle.spec.incarnation,
+        exit_stamp=exit_stamp,
+        **extra,
+    )
 
 
-def pump(handle: ProcHandle, stream: str, lines: Iterable[tuple[bytes, int]], path: Path,
-         on_line: LineCallback | None) -> None:  # fmt: skip
+def pump(
+    handle: ProcHandle,
+    stream: str,
+    lines: Iterable[tuple[bytes, int]],
+    path: Path,
+    on_line: LineCallback | None,
+) -> None:
     """Append every line of ``lines`` (each with its stamp) to ``path`` and hand it to ``on_line`` (a framework's
     watcher: its failure never stops the capture)."""
     with path.open("ab") as out:
@@ -442,8 +475,9 @@ def close_captures(captures: dict[str, Capture]) -> None:
         capture.close()
 
 
-def start_pumps(handle: ProcHandle, captures: dict[str, Capture], logs_dir: Path,
-                on_line: LineCallback | None) -> list[threading.Thread]:  # fmt: skip
+def start_pumps(
+    handle: ProcHandle, captures: dict[str, Capture], logs_dir: Path, on_line: LineCallback | None
+) -> list[threading.Thread]:
     """One capture thread per stream of a started process (``stdout`` -> ``<name>.out``, ``stderr`` ->
     ``<name>.err``); each closes its :class:`~chaosbench.runtimes.capture.Capture` at its end."""
     threads = []
@@ -481,8 +515,9 @@ class CaptureLimitWatcher:
             if handle.name in self._seen:
                 return
             self._seen.add(handle.name)
-        self.timeline.emit("capture_limit", t_ns=t_ns, proc=handle.name, pid=handle.pid, stream=stream,
-                           line=line[:400])  # fmt: skip
+        self.timeline.emit(
+            "capture_limit", t_ns=t_ns, proc=handle.name, pid=handle.pid, stream=stream, line=line[:400]
+        )
 
 
 # ---------------------------------------------------------------------------------------------- trees

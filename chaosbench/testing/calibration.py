@@ -123,11 +123,13 @@ def realtime(pid: int, priority: int) -> None:
 class DelayedDetectOptions(NoneOptions):
     delay_s: float = Field(default=0.5, ge=0, description="known delay between a rank's death and detection")
     realtime_priority: int | None = Field(
-        default=None, ge=1, le=99,
+        default=None,
+        ge=1,
+        le=99,
         description="run the watchdog under SCHED_FIFO at this priority (root), so that its own wake-up after "
-                    "the delay and its exit are not preempted by a loaded machine's other processes: the "
-                    "calibrator's own error then leaves the measurement, the harness's stays in it",
-    )  # fmt: skip
+        "the delay and its exit are not preempted by a loaded machine's other processes: the "
+        "calibrator's own error then leaves the measurement, the harness's stays in it",
+    )
 
 
 class DelayedDetectFramework(NoneFramework[DelayedDetectOptions]):
@@ -135,10 +137,13 @@ class DelayedDetectFramework(NoneFramework[DelayedDetectOptions]):
 
     def plan(self, job: JobContext) -> LaunchPlan:
         plan = super().plan(job)
-        plan.patterns = [LogPattern(
-            "detect", r"CALIBRATION DETECT pid=(?P<pid>\d+) dead_ns=(?P<dead_ns>\d+) printed_ns=(?P<printed_ns>\d+)",
-            "watchdog",
-        )]  # fmt: skip
+        plan.patterns = [
+            LogPattern(
+                "detect",
+                r"CALIBRATION DETECT pid=(?P<pid>\d+) dead_ns=(?P<dead_ns>\d+) printed_ns=(?P<printed_ns>\d+)",
+                "watchdog",
+            )
+        ]
         return plan
 
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
@@ -150,10 +155,13 @@ class DelayedDetectFramework(NoneFramework[DelayedDetectOptions]):
         # the ranks' pids as the watchdog sees them: it runs on node0, beside them (a docker node's pid namespace)
         pids = [str(h.pid_on_node) for h in ranks]
         dog = control.runtime.start(
-            ProcessSpec("watchdog", [sys.executable, "-c", WATCHDOG, str(exit_file), str(o.delay_s), *pids],
-                        role="watchdog"),
+            ProcessSpec(
+                "watchdog",
+                [sys.executable, "-c", WATCHDOG, str(exit_file), str(o.delay_s), *pids],
+                role="watchdog",
+            ),
             on_line=watcher,
-        )  # fmt: skip
+        )
         if o.realtime_priority is not None:
             # by its host pid, from the harness (root): a docker node's process gets it too; before any rank
             # can die (the watchdog waits on them), so its sleep and write already run at this priority.

@@ -27,8 +27,32 @@ import yaml
 from hypothesis import strategies as st
 
 #: Values of the wrong type, out of range, huge or empty: what a typo or a careless edit puts in a suite.
-HOSTILE: list[Any] = [True, False, None, "", " ", "x" * 5000, 0, -1, 1.5, 1e12, 10**12, 10**18, 1e18, -1e18,
-                      float("inf"), float("nan"), [], {}, [1, "a"], {"a": 1}, "1e12", "yes", "random", "0"]  # fmt: skip
+HOSTILE: list[Any] = [
+    True,
+    False,
+    None,
+    "",
+    " ",
+    "x" * 5000,
+    0,
+    -1,
+    1.5,
+    1e12,
+    10**12,
+    10**18,
+    1e18,
+    -1e18,
+    float("inf"),
+    float("nan"),
+    [],
+    {},
+    [1, "a"],
+    {"a": 1},
+    "1e12",
+    "yes",
+    "random",
+    "0",
+]
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -55,14 +79,19 @@ def from_schema(node: dict[str, Any], defs: dict[str, Any], depth: int = 0) -> s
         props = node.get("properties", {})
         extra = node.get("additionalProperties")
         if not props and isinstance(extra, dict):  # a mapping of names (faults, frameworks, slos)
-            return st.dictionaries(st.text("abcdefghk-1", min_size=1, max_size=8), from_schema(extra, defs, depth + 1),
-                                   max_size=3)  # fmt: skip
+            return st.dictionaries(
+                st.text("abcdefghk-1", min_size=1, max_size=8),
+                from_schema(extra, defs, depth + 1),
+                max_size=3,
+            )
         required = sorted(node.get("required", []))
         optional = sorted(set(props) - set(required))
         fixed = st.fixed_dictionaries({k: from_schema(props[k], defs, depth + 1) for k in required})
         return st.builds(lambda a, b: {**b, **a}, fixed, _optional(props, optional, defs, depth))
     if kind == "array":
-        return st.lists(from_schema(node.get("items", {}), defs, depth + 1), min_size=node.get("minItems", 0), max_size=3)
+        return st.lists(
+            from_schema(node.get("items", {}), defs, depth + 1), min_size=node.get("minItems", 0), max_size=3
+        )
     if kind == "integer":
         lo = node.get("minimum", node.get("exclusiveMinimum", -1) + 1 if "exclusiveMinimum" in node else -5)
         return st.one_of(st.integers(lo, lo + 100), st.integers(lo - 2, lo), st.sampled_from([10**6, 10**12]))
@@ -70,7 +99,9 @@ def from_schema(node: dict[str, Any], defs: dict[str, Any], depth: int = 0) -> s
         lo = node.get("minimum", node.get("exclusiveMinimum", -5))
         return st.one_of(st.floats(lo, lo + 500, allow_nan=False), st.sampled_from([lo, lo - 1, 1e12, 1e18]))
     if kind == "string":
-        return st.one_of(st.text("abcdefghijklmnopqrstuvwxyz-_0123456789", max_size=12), st.sampled_from(["", "x" * 300]))
+        return st.one_of(
+            st.text("abcdefghijklmnopqrstuvwxyz-_0123456789", max_size=12), st.sampled_from(["", "x" * 300])
+        )
     if kind == "boolean":
         return st.booleans()
     if kind == "null":
@@ -78,11 +109,14 @@ def from_schema(node: dict[str, Any], defs: dict[str, Any], depth: int = 0) -> s
     return st.sampled_from(HOSTILE)
 
 
-def _optional(props: dict[str, Any], optional: list[str], defs: dict[str, Any], depth: int) -> st.SearchStrategy[dict[str, Any]]:
+def _optional(
+    props: dict[str, Any], optional: list[str], defs: dict[str, Any], depth: int
+) -> st.SearchStrategy[dict[str, Any]]:
     if not optional:
         return st.just({})
     return st.lists(st.sampled_from(optional), unique=True, max_size=min(4, len(optional))).flatmap(
-        lambda keys: st.fixed_dictionaries({k: from_schema(props[k], defs, depth + 1) for k in keys}))
+        lambda keys: st.fixed_dictionaries({k: from_schema(props[k], defs, depth + 1) for k in keys})
+    )
 
 
 def schema_at(schema: dict[str, Any], path: tuple[Any, ...]) -> dict[str, Any] | None:
@@ -95,7 +129,9 @@ def schema_at(schema: dict[str, Any], path: tuple[Any, ...]) -> dict[str, Any] |
         node = _resolve(node, defs)
         choices = node.get("anyOf") or node.get("oneOf")
         if choices:
-            fitting = [_resolve(c, defs) for c in choices if _resolve(c, defs).get("type") in ("object", "array")]
+            fitting = [
+                _resolve(c, defs) for c in choices if _resolve(c, defs).get("type") in ("object", "array")
+            ]
             node = fitting[0] if fitting else None
             if node is None:
                 return None
@@ -200,7 +236,9 @@ def check_suite_file(path: Path, out: Path, limit_s: float = 10.0) -> Verdict:
         raise TookTooLong(f"no answer within {limit_s:g} s")
 
     old = signal.signal(signal.SIGALRM, alarm)
-    outer_s, _ = signal.setitimer(signal.ITIMER_REAL, limit_s)  # a timer already set (pytest-timeout) goes on after
+    outer_s, _ = signal.setitimer(
+        signal.ITIMER_REAL, limit_s
+    )  # a timer already set (pytest-timeout) goes on after
     t = time.monotonic()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(stdout):
@@ -219,7 +257,8 @@ def check_suite_file(path: Path, out: Path, limit_s: float = 10.0) -> Verdict:
     if rc == 2 and len(errors) == 1:
         msg = errors[0].removeprefix("chaosbench: error: ")
         if re.match(re.escape(str(path)) + r":\d+: \S", msg) or re.match(
-                re.escape(str(path)) + r": suite '.*' is too large: ", msg):  # fmt: skip
+            re.escape(str(path)) + r": suite '.*' is too large: ", msg
+        ):
             return Verdict("refused", elapsed, msg)
         return Verdict("escaped", elapsed, f"refused without file:line: {msg}")
     if rc == 0 and not errors and '"runs"' in stdout.getvalue():

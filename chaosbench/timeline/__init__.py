@@ -38,5 +38,14 @@ from chaosbench.timeline.events import (
 from chaosbench.timeline.follower import TimelineFollower
 from chaosbench.timeline.reader import read_events
 
-__all__ = ["TIMELINE_VERSION", "Event", "EventKind", "EventSource", "TimelineFollower", "TimelineWriter", "now_ns",
-           "parse_lines", "read_events"]  # fmt: skip
+__all__ = [
+    "TIMELINE_VERSION",
+    "Event",
+    "EventKind",
+    "EventSource",
+    "TimelineFollower",
+    "TimelineWriter",
+    "now_ns",
+    "parse_lines",
+    "read_events",
+]

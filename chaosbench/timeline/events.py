@@ -11,7 +11,6 @@ an unknown field, a required field missing or a field of the wrong JSON type is 
 models (:func:`chaosbench.timeline.schema.harness_writer`: value sets, nested types). How a timeline is read, and
 what happens to one written by an older chaosbench: :mod:`chaosbench.timeline.reader`."""
 
-
 from __future__ import annotations
 
 import json
@@ -104,7 +103,9 @@ class EventSource(str, Enum):
     FRAMEWORK = "framework"  # a framework adapter: its supervision loop or a log line of the framework's
     INJECTOR = "injector"  # a fault's controller or injector
     RUNTIME = "runtime"  # a runtime's own observations (container engine events, signals on Slurm nodes)
-    WATCHER = "watcher"  # the filesystem watch of a user's checkpoints (chaosbench.workloads.checkpoint_watch)
+    WATCHER = (
+        "watcher"  # the filesystem watch of a user's checkpoints (chaosbench.workloads.checkpoint_watch)
+    )
     LOAD = "load"  # the load generator of a serving run
 
 
@@ -188,8 +189,16 @@ def json_type(value: Any) -> str:
     return "str"
 
 
-_EXACT = {type(None): "null", bool: "bool", int: "int", float: "float", str: "str", list: "list", tuple: "list",
-          dict: "dict"}  # fmt: skip
+_EXACT = {
+    type(None): "null",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    list: "list",
+    tuple: "list",
+    dict: "dict",
+}
 
 
 def _accepted(types: tuple[str, ...]) -> frozenset[str]:
@@ -203,14 +212,22 @@ def _accepted(types: tuple[str, ...]) -> frozenset[str]:
 
 #: kind -> (field -> the JSON types accepted, the required fields): :data:`kinds.FIELDS`, ready for checking.
 _CHECKS: dict[str, tuple[dict[str, frozenset[str]], tuple[str, ...]]] = {
-    kind: ({name: _accepted(types) for name, (_, types) in spec.items()},
-           tuple(name for name, (required, _) in spec.items() if required))
+    kind: (
+        {name: _accepted(types) for name, (_, types) in spec.items()},
+        tuple(name for name, (required, _) in spec.items() if required),
+    )
     for kind, spec in kinds.FIELDS.items()
-}  # fmt: skip
+}
 
 
-def check_fields(kind: str, src: Any, t_ns: Any, fields: Mapping[str, Any], path: str | None = None,
-                 line: int | None = None) -> None:  # fmt: skip
+def check_fields(
+    kind: str,
+    src: Any,
+    t_ns: Any,
+    fields: Mapping[str, Any],
+    path: str | None = None,
+    line: int | None = None,
+) -> None:
     """Check one event against :data:`chaosbench.timeline.kinds.FIELDS` (standard library: what ranks can do).
     Raises :class:`~chaosbench.errors.UnknownEventKind` for a kind that is not an :class:`EventKind`, and
     :class:`~chaosbench.errors.MalformedEvent` for a ``t_ns`` that is not an integer, an unknown ``src``, an
@@ -220,22 +237,41 @@ def check_fields(kind: str, src: Any, t_ns: Any, fields: Mapping[str, Any], path
         raise UnknownEventKind(kind, "unknown kind", path=path, line=line)
     accepted, required = check
     if type(t_ns) is not int and json_type(t_ns) != "int":
-        raise MalformedEvent(kind, f"t_ns must be an integer (ns), not {t_ns!r}", path=path, line=line, field="t_ns")
+        raise MalformedEvent(
+            kind, f"t_ns must be an integer (ns), not {t_ns!r}", path=path, line=line, field="t_ns"
+        )
     if src not in _SOURCES:
-        raise MalformedEvent(kind, f"unknown src {src!r} (known: {', '.join(sorted(_SOURCES))})", path=path,
-                             line=line, field="src")  # fmt: skip
+        raise MalformedEvent(
+            kind,
+            f"unknown src {src!r} (known: {', '.join(sorted(_SOURCES))})",
+            path=path,
+            line=line,
+            field="src",
+        )
     for name, value in fields.items():
         ok = accepted.get(name)
         if ok is None:
-            raise MalformedEvent(kind, f"unknown field '{name}' (known: {', '.join(accepted)})", path=path,
-                                 line=line, field=name)  # fmt: skip
+            raise MalformedEvent(
+                kind,
+                f"unknown field '{name}' (known: {', '.join(accepted)})",
+                path=path,
+                line=line,
+                field=name,
+            )
         t = _EXACT.get(type(value)) or json_type(value)
         if t not in ok:
-            raise MalformedEvent(kind, f"field '{name}' must be {' or '.join(kinds.FIELDS[kind][name][1])}, not {t} "
-                                 f"{value!r:.80}", path=path, line=line, field=name)  # fmt: skip
+            raise MalformedEvent(
+                kind,
+                f"field '{name}' must be {' or '.join(kinds.FIELDS[kind][name][1])}, not {t} {value!r:.80}",
+                path=path,
+                line=line,
+                field=name,
+            )
     for name in required:
         if name not in fields:
-            raise MalformedEvent(kind, f"required field '{name}' is missing", path=path, line=line, field=name)
+            raise MalformedEvent(
+                kind, f"required field '{name}' is missing", path=path, line=line, field=name
+            )
 
 
 def check_event(ev: Event, line: str | None = None, path: str | None = None) -> None:
@@ -271,7 +307,9 @@ class TimelineWriter:
     :func:`check_event`; the harness's writer, :func:`chaosbench.timeline.schema.harness_writer`, against the
     full models): an invalid one raises :class:`~chaosbench.errors.InvalidEvent` and nothing is written."""
 
-    def __init__(self, path: str | os.PathLike[str], src: str = "harness", check: WriteCheck | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], src: str = "harness", check: WriteCheck | None = None
+    ) -> None:
         self.path = Path(path)
         self.src = src
         self._check = check or _check_written
@@ -308,8 +346,14 @@ class TimelineWriter:
         self.close()
 
 
-def parse_lines(lines: Iterable[str], path: str | os.PathLike[str] | None = None, *, strict: bool = True,
-                check: ReadCheck | None = None, first_line: int = 1) -> list[Event]:  # fmt: skip
+def parse_lines(
+    lines: Iterable[str],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    strict: bool = True,
+    check: ReadCheck | None = None,
+    first_line: int = 1,
+) -> list[Event]:
     """Parse JSONL lines (as read, with or without their newlines) into events, in file order.
 
     ``strict`` (the default): every line must be an event valid against its kind's model (``check``: by default

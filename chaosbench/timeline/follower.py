@@ -96,8 +96,9 @@ class TimelineFollower:
         for raw in complete:
             self._line += 1
             try:
-                events = parse_lines([raw.decode(errors="replace") + "\n"], self.path, check=_check,
-                                     first_line=self._line)  # fmt: skip
+                events = parse_lines(
+                    [raw.decode(errors="replace") + "\n"], self.path, check=_check, first_line=self._line
+                )
             except InvalidEvent as exc:
                 self._errors.append(exc)
                 logger.warning("%s", exc)

@@ -64,9 +64,13 @@ def _read_legacy(lines: list[str], where: str) -> list[Event]:
         except InvalidEvent as exc:
             problems.append(exc)
     if problems:
-        logger.warning("%s: a timeline of an older chaosbench (no timeline_version): %d event(s) do not match "
-                       "the current models and are read as written; the first: %s", where, len(problems),
-                       problems[0])  # fmt: skip
+        logger.warning(
+            "%s: a timeline of an older chaosbench (no timeline_version): %d event(s) do not match "
+            "the current models and are read as written; the first: %s",
+            where,
+            len(problems),
+            problems[0],
+        )
     return events
 
 
@@ -76,7 +80,9 @@ def _check(obj: Mapping[str, Any], path: str | None, line: int | None) -> None:
     check_obj(obj, path, line)
 
 
-def read_events(path: str | os.PathLike[str], correct_clocks: bool = True, strict: bool | None = None) -> list[Event]:
+def read_events(
+    path: str | os.PathLike[str], correct_clocks: bool = True, strict: bool | None = None
+) -> list[Event]:
     """All events of a timeline file, validated (module docstring), sorted by time (stable for equal stamps); a
     missing file has none. ``strict``: None decides by the file (an older chaosbench's timeline is read
     leniently), True/False forces it. With ``correct_clocks``, stamps written on other hosts are first moved onto

@@ -35,10 +35,22 @@ from chaosbench.errors import MalformedEvent, UnknownEventKind
 from chaosbench.timeline.events import COMMON_FIELDS, Event, EventKind, EventSource, TimelineWriter
 
 __all__ = [
-    "EventKind", "EventModel", "EventSource", "MODELS", "check_fields_declared", "check_obj", "check_written",
-    "events_json_schema", "harness_writer", "model_of", "stdlib_table", "typed", "typed_fields", "FaultClass",
+    "EventKind",
+    "EventModel",
+    "EventSource",
+    "MODELS",
+    "check_fields_declared",
+    "check_obj",
+    "check_written",
+    "events_json_schema",
+    "harness_writer",
+    "model_of",
+    "stdlib_table",
+    "typed",
+    "typed_fields",
+    "FaultClass",
     "FailureMode",
-]  # fmt: skip
+]
 
 #: The fleet fault class of a fault, as a fleet's fault mix names them (:data:`chaosbench.analysis.fleet.LLAMA3_MIX`):
 #: a crashed rank, a lost node, a hang, silent data corruption. Declared by each injector
@@ -58,11 +70,16 @@ class EventModel(BaseModel):
     #: Who writes it, in words (for the docs).
     WRITERS: ClassVar[str] = ""
 
-    t_ns: int = Field(description="when it happened: wall-clock ns (`time.time_ns()`) of the host that stamped it")
+    t_ns: int = Field(
+        description="when it happened: wall-clock ns (`time.time_ns()`) of the host that stamped it"
+    )
     kind: str = Field(description="the event kind (`EventKind`)")
     src: EventSource = Field(EventSource.HARNESS, strict=False, description="who wrote it (`EventSource`)")
-    host: str = Field("", description="the host whose clock stamped `t_ns` (another host's stamps are moved onto "
-                      "the harness's clock when read)")  # fmt: skip
+    host: str = Field(
+        "",
+        description="the host whose clock stamped `t_ns` (another host's stamps are moved onto "
+        "the harness's clock when read)",
+    )
 
     @model_validator(mode="after")
     def _is_its_kind(self) -> EventModel:
@@ -76,8 +93,11 @@ class _Rank(EventModel):
     """Written by one rank (the probe adds ``rank`` and ``incarnation`` to each of its events)."""
 
     rank: int = Field(description="the global rank that wrote it")
-    incarnation: int = Field(0, description="the job's incarnation (0: the first; the harness's restarts plus a "
-                             "torch elastic agent's)")  # fmt: skip
+    incarnation: int = Field(
+        0,
+        description="the job's incarnation (0: the first; the harness's restarts plus a "
+        "torch elastic agent's)",
+    )
 
 
 class _MaybeRank(EventModel):
@@ -103,13 +123,19 @@ class _Framework(EventModel):
 class _CkptRank(EventModel):
     """A checkpoint event of a rank (the probe, the command shim) or of the filesystem watch (no rank)."""
 
-    rank: int | None = Field(None, description="the rank that saved or loaded it (none: seen on the filesystem)")
+    rank: int | None = Field(
+        None, description="the rank that saved or loaded it (none: seen on the filesystem)"
+    )
     incarnation: int | None = Field(None, description="that rank's incarnation")
     step: int | None = Field(None, description="the number of optimizer steps done at that checkpoint")
-    path: str | None = Field(None, description="its file or directory (the filesystem watch: relative to `dir`)")
+    path: str | None = Field(
+        None, description="its file or directory (the filesystem watch: relative to `dir`)"
+    )
     dir: str | None = Field(None, description="the watched directory (filesystem watch)")
-    via: Literal["filesystem"] | None = Field(None, description="`filesystem`: seen by the filesystem watch "
-                                              "(`chaosbench.workloads.checkpoint_watch`)")  # fmt: skip
+    via: Literal["filesystem"] | None = Field(
+        None,
+        description="`filesystem`: seen by the filesystem watch (`chaosbench.workloads.checkpoint_watch`)",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- the harness
@@ -131,8 +157,11 @@ class RunStart(EventModel):
     runtime: str | None = Field(None, description="the runtime's name")
     ranks: int | None = Field(None, description="ranks of the workload")
     nodes: int | None = Field(None, description="nodes of the workload")
-    timeline_version: int | None = Field(None, description="the timeline contract it was written under "
-                                         "(`TIMELINE_VERSION`; none: an older chaosbench)")  # fmt: skip
+    timeline_version: int | None = Field(
+        None,
+        description="the timeline contract it was written under "
+        "(`TIMELINE_VERSION`; none: an older chaosbench)",
+    )
 
 
 class RunEnd(EventModel):
@@ -141,13 +170,20 @@ class RunEnd(EventModel):
     KIND = EventKind.RUN_END
     WRITERS = "harness"
     outcome: Literal["completed", "failed", "gave_up", "deadline", "interrupted", "error"] = Field(
-        description="how supervision ended")
+        description="how supervision ended"
+    )
     reason: str | None = Field(None, description="why, in words")
-    leftover_pids: list[int] = Field(default_factory=list, description="pids of the run's processes still alive "
-                                     "after its cleanup (none should be)")  # fmt: skip
-    leftover_objects: list[str] = Field(default_factory=list, description="containers, networks or jobs of the run "
-                                        "still there after its cleanup")  # fmt: skip
-    harness_cpu_s: float | None = Field(None, description="CPU seconds the harness process used during the run")
+    leftover_pids: list[int] = Field(
+        default_factory=list,
+        description="pids of the run's processes still alive after its cleanup (none should be)",
+    )
+    leftover_objects: list[str] = Field(
+        default_factory=list,
+        description="containers, networks or jobs of the run still there after its cleanup",
+    )
+    harness_cpu_s: float | None = Field(
+        None, description="CPU seconds the harness process used during the run"
+    )
     concurrent_runs: int | None = Field(None, description="runs the harness was serving at once (`--jobs`)")
 
 
@@ -157,7 +193,8 @@ class TeardownBegin(EventModel):
     KIND = EventKind.TEARDOWN_BEGIN
     WRITERS = "harness"
     reason: Literal["end", "deadline", "interrupted", "error"] = Field(
-        description="`end`: the job ended by itself; else the harness stopped it")
+        description="`end`: the job ended by itself; else the harness stopped it"
+    )
 
 
 class FrameworkInfo(_Framework):
@@ -165,13 +202,18 @@ class FrameworkInfo(_Framework):
 
     KIND = EventKind.FRAMEWORK_INFO
     WRITERS = "harness"
-    versions: dict[str, str | None] = Field(default_factory=dict, description="package -> version (null: not "
-                                            "installed)")  # fmt: skip
-    timeouts: dict[str, Any] = Field(default_factory=dict, description="every timeout in force, in seconds (null: "
-                                     "none)")  # fmt: skip
+    versions: dict[str, str | None] = Field(
+        default_factory=dict, description="package -> version (null: not installed)"
+    )
+    timeouts: dict[str, Any] = Field(
+        default_factory=dict, description="every timeout in force, in seconds (null: none)"
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="the adapter's options")
-    timeout_problems: list[str] = Field(default_factory=list, description="timeouts ordered so that one never "
-                                        "decides, or that cannot detect a fault: one line each")  # fmt: skip
+    timeout_problems: list[str] = Field(
+        default_factory=list,
+        description="timeouts ordered so that one never "
+        "decides, or that cannot detect a fault: one line each",
+    )
 
 
 class DetectionPrediction(_Framework):
@@ -182,16 +224,20 @@ class DetectionPrediction(_Framework):
     fault: str = Field(description="the fault's name")
     injector: str = Field(description="its injector")
     mode: str | None = Field(None, description="its failure mode (`crash`, `hang`, `stall`)")
-    expected_s: float | None = Field(None, description="seconds after the fault it can be detected (null: never, "
-                                     "or not modelled)")  # fmt: skip
-    decided_by: str = Field("", description="the terms of that sum (`workload_pg_timeout_s=10 + "
-                            "monitor_interval_s=0.1`)")  # fmt: skip
-    resume_floor_s: float | None = Field(None, description="the earliest the job can train again, seconds after "
-                                         "the fault")  # fmt: skip
+    expected_s: float | None = Field(
+        None, description="seconds after the fault it can be detected (null: never, or not modelled)"
+    )
+    decided_by: str = Field(
+        "", description="the terms of that sum (`workload_pg_timeout_s=10 + monitor_interval_s=0.1`)"
+    )
+    resume_floor_s: float | None = Field(
+        None, description="the earliest the job can train again, seconds after the fault"
+    )
     modelled: bool = Field(True, description="false: the adapter has no model for this fault")
     note: str = Field("", description="why, in words")
-    problems: list[str] = Field(default_factory=list, description="why it cannot detect or resume before the "
-                                "deadline, one line each")  # fmt: skip
+    problems: list[str] = Field(
+        default_factory=list, description="why it cannot detect or resume before the deadline, one line each"
+    )
 
 
 class ProcStart(EventModel):
@@ -202,11 +248,16 @@ class ProcStart(EventModel):
     proc: str = Field(description="the process's name in the run")
     pid: int = Field(description="its pid, on its node")
     role: str = Field(description="`rank`, `agent`, `job`, `watchdog`, `lighthouse`, `injector`, ...")
-    pid_ticks: int | None = Field(None, description="its start time in clock ticks since boot (a pid's identity)")
+    pid_ticks: int | None = Field(
+        None, description="its start time in clock ticks since boot (a pid's identity)"
+    )
     node: str | None = Field(None, description="the workload node it runs on")
     incarnation: int | None = Field(None, description="the incarnation it belongs to")
-    output_stamp: str | None = Field(None, description="how its output lines are stamped (`write`: the kernel's "
-                                     "stamp of each write; `read`: when read)")  # fmt: skip
+    output_stamp: str | None = Field(
+        None,
+        description="how its output lines are stamped (`write`: the kernel's "
+        "stamp of each write; `read`: when read)",
+    )
     output_stamp_reason: str | None = Field(None, description="why they are stamped when read (docker)")
     container: str | None = Field(None, description="its node's container (docker)")
     container_pid: int | None = Field(None, description="its pid inside the container (docker)")
@@ -224,16 +275,19 @@ class ProcExit(EventModel):
     pid: int = Field(description="its pid")
     returncode: int = Field(description="its exit status (negative: killed by that signal)")
     exit_stamp: Literal["kernel", "pidfd", "wait"] | None = Field(
-        None, description="how `t_ns` was taken: `kernel`: the kernel's own stamp of the exit (its proc connector); "
-        "`pidfd`: when the harness woke to the process's pidfd; `wait`: when a wait returned, or seen after the fact")
+        None,
+        description="how `t_ns` was taken: `kernel`: the kernel's own stamp of the exit (its proc connector); "
+        "`pidfd`: when the harness woke to the process's pidfd; `wait`: when a wait returned, or seen after the fact",
+    )
     role: str | None = Field(None, description="its role")
     node: str | None = Field(None, description="its node")
     incarnation: int | None = Field(None, description="its incarnation")
     node_lost: bool | None = Field(None, description="its node was lost under it (docker)")
     slurm_node: str | None = Field(None, description="the Slurm node it ran on")
     job_id: int | None = Field(None, description="its Slurm job")
-    srun_returncode: int | None = Field(None, description="what srun itself returned, when the job's state said "
-                                        "otherwise")  # fmt: skip
+    srun_returncode: int | None = Field(
+        None, description="what srun itself returned, when the job's state said otherwise"
+    )
     slurm_state: str | None = Field(None, description="the job's Slurm state, when it decided `returncode`")
     reason: str | None = Field(None, description="the job's Slurm reason")
 
@@ -263,9 +317,12 @@ class RankError(EventModel):
     pid: int = Field(description="its pid")
     role: str = Field(description="its role")
     signature: Literal["collective_timeout", "collective_mismatch", "rendezvous_lost", "peer_lost"] = Field(
-        description="which error (`chaosbench.signatures`)")
+        description="which error (`chaosbench.signatures`)"
+    )
     line: str = Field(description="the line (at most 400 characters)")
-    rank: int | None = Field(None, description="the rank (its environment, or an agent's `[rank<r>]:` prefix)")
+    rank: int | None = Field(
+        None, description="the rank (its environment, or an agent's `[rank<r>]:` prefix)"
+    )
     node: str | None = Field(None, description="the process's node")
     replica_group: int | None = Field(None, description="its TorchFT replica group")
 
@@ -321,8 +378,9 @@ class RankStart(_Rank):
     pid_ticks: int | None = Field(None, description="its start time in clock ticks since boot")
     local_rank: int | None = Field(None, description="its rank on its node")
     node: str | None = Field(None, description="its workload node")
-    global_batch: int | None = Field(None, description="samples per optimizer step over all ranks, when the "
-                                     "workload reports it")  # fmt: skip
+    global_batch: int | None = Field(
+        None, description="samples per optimizer step over all ranks, when the workload reports it"
+    )
     replica_group: int | None = Field(None, description="its TorchFT replica group")
     group_rank: int | None = Field(None, description="its rank within the replica group")
     group_world_size: int | None = Field(None, description="ranks per replica group")
@@ -351,16 +409,24 @@ class Step(_Rank):
     WRITERS = "probe, command shim"
     step: int = Field(description="1-based count of completed optimizer steps")
     loss: float | None = Field(None, description="the step's loss (may be NaN)")
-    duration_s: float | None = Field(None, description="seconds of the step's own compute (forward, backward, "
-                                     "optimizer); absent: the metrics use the interval since the rank's previous "
-                                     "event")  # fmt: skip
-    participants: int | None = Field(None, description="replica groups in the quorum that committed it (TorchFT)")
+    duration_s: float | None = Field(
+        None,
+        description="seconds of the step's own compute (forward, backward, "
+        "optimizer); absent: the metrics use the interval since the rank's previous "
+        "event",
+    )
+    participants: int | None = Field(
+        None, description="replica groups in the quorum that committed it (TorchFT)"
+    )
     quorum_id: int | None = Field(None, description="that quorum's id (TorchFT)")
     committed: bool | None = Field(None, description="committed by a per-step vote (TorchFT)")
     global_batch: int | None = Field(None, description="samples in this step over all ranks")
-    every: int | None = Field(None, description="a counted line's cadence (the command workload's `step_every`): "
-                              "the script prints every K-th step without its number, so this step stands for "
-                              "the K steps up to it")  # fmt: skip
+    every: int | None = Field(
+        None,
+        description="a counted line's cadence (the command workload's `step_every`): "
+        "the script prints every K-th step without its number, so this step stands for "
+        "the K steps up to it",
+    )
 
 
 class CkptSaveBegin(_CkptRank):
@@ -368,8 +434,9 @@ class CkptSaveBegin(_CkptRank):
 
     KIND = EventKind.CKPT_SAVE_BEGIN
     WRITERS = "probe, command shim, filesystem watch"
-    step_from: Literal["name", "timeline"] | None = Field(None, description="where the watch took `step` from: "
-                                                          "the checkpoint's name or the job's step then")  # fmt: skip
+    step_from: Literal["name", "timeline"] | None = Field(
+        None, description="where the watch took `step` from: the checkpoint's name or the job's step then"
+    )
 
 
 class CkptSaveEnd(_CkptRank):
@@ -378,9 +445,13 @@ class CkptSaveEnd(_CkptRank):
 
     KIND = EventKind.CKPT_SAVE_END
     WRITERS = "probe, command shim, filesystem watch"
-    complete: bool = Field(description="the checkpoint is whole (every rank finished and marked it; the watch: "
-                           "whole by its format)")  # fmt: skip
-    step_from: Literal["name", "timeline"] | None = Field(None, description="where the watch took `step` from")
+    complete: bool = Field(
+        description="the checkpoint is whole (every rank finished and marked it; the watch: "
+        "whole by its format)"
+    )
+    step_from: Literal["name", "timeline"] | None = Field(
+        None, description="where the watch took `step` from"
+    )
     files: int | None = Field(None, description="files in it (filesystem watch)")
     bytes: int | None = Field(None, description="their size in bytes (filesystem watch)")
     incomplete: str | None = Field(None, description="why it is not complete (filesystem watch)")
@@ -391,8 +462,9 @@ class CkptLoadBegin(_CkptRank):
 
     KIND = EventKind.CKPT_LOAD_BEGIN
     WRITERS = "probe, command shim, filesystem watch"
-    step_from: Literal["name", "save"] | None = Field(None, description="where the watch took `step` from: the "
-                                                      "name or the save it saw")  # fmt: skip
+    step_from: Literal["name", "save"] | None = Field(
+        None, description="where the watch took `step` from: the name or the save it saw"
+    )
 
 
 class CkptLoadEnd(_CkptRank):
@@ -429,7 +501,9 @@ class TrainEnd(_Rank):
 
     KIND = EventKind.TRAIN_END
     WRITERS = "probe, command shim"
-    step: int | None = Field(None, description="the number of steps done (the command shim: as the line named it)")
+    step: int | None = Field(
+        None, description="the number of steps done (the command shim: as the line named it)"
+    )
     loss: float | None = Field(None, description="the final loss")
     digest: str | None = Field(None, description="sha256 of the final parameters")
 
@@ -440,8 +514,9 @@ class StepCounting(_Rank):
     KIND = EventKind.STEP_COUNTING
     WRITERS = "command shim"
     base: Literal[0, 1] = Field(description="the first step is numbered 0 or 1")
-    how: str = Field(description="declared, detected from the first step printed, or as an earlier incarnation "
-                     "counted")  # fmt: skip
+    how: str = Field(
+        description="declared, detected from the first step printed, or as an earlier incarnation counted"
+    )
 
 
 class StepSkipped(_Rank):
@@ -493,8 +568,10 @@ class FaultInject(_MaybeRank):
     WRITERS = "injector, probe (planted faults)"
     fault: str = Field(description="the fault's name")
     injector: str = Field(description="its injector")
-    target: list[dict[str, Any]] = Field(default_factory=list, description="the processes it acted on (`rank`, "
-                                         "`pid`, `node`, `incarnation`, `role`)")  # fmt: skip
+    target: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the processes it acted on (`rank`, `pid`, `node`, `incarnation`, `role`)",
+    )
     trigger: str | None = Field(None, description="what fired it, in words")
     index: int | None = Field(None, description="the firing's index within its fault")
     params: dict[str, Any] | None = Field(None, description="the injector's parameters")
@@ -512,13 +589,22 @@ class FaultInject(_MaybeRank):
     sdc_kind: str | None = Field(None, description="the corruption (`nan`, `scale`, `bitflip`)")
     where: str | None = Field(None, description="what it corrupts (`grad`, `param`, `save`)")
     checkpoint_step: int | None = Field(None, description="the step of the checkpoint it corrupts")
-    fault_class: FaultClass | None = Field(None, description="the fleet fault class its injector declares (`crash`, "
-                                           "`node`, `hang`, `sdc`; null: none). Absent from timelines written "
-                                           "before injectors declared it: see `chaosbench.injectors.legacy`")  # fmt: skip
-    failure_mode: FailureMode | None = Field(None, description="what it looks like to a detector, as its injector "
-                                             "declares it (`crash`, `hang`, `stall`, `desync`; null: none of them)")  # fmt: skip
-    damages_checkpoint: bool | None = Field(None, description="it damaged a checkpoint that recovery may load "
-                                            "(its injector says so; absent from older timelines)")  # fmt: skip
+    fault_class: FaultClass | None = Field(
+        None,
+        description="the fleet fault class its injector declares (`crash`, "
+        "`node`, `hang`, `sdc`; null: none). Absent from timelines written "
+        "before injectors declared it: see `chaosbench.injectors.legacy`",
+    )
+    failure_mode: FailureMode | None = Field(
+        None,
+        description="what it looks like to a detector, as its injector "
+        "declares it (`crash`, `hang`, `stall`, `desync`; null: none of them)",
+    )
+    damages_checkpoint: bool | None = Field(
+        None,
+        description="it damaged a checkpoint that recovery may load "
+        "(its injector says so; absent from older timelines)",
+    )
 
 
 class FaultRevert(_MaybeRank):
@@ -555,21 +641,30 @@ class Detect(_LogLine, _MaybeRank, _Framework):
     KIND = EventKind.DETECT
     WRITERS = "framework adapter, framework log line, probe"
     reason: str | None = Field(None, description="what it saw, in words")
-    via: str | None = Field(None, description="what noticed it, where the source says (`exit`, `heartbeat`, "
-                            "`step watchdog`, `lighthouse`, `manager`, `loss guard`, `scheduler`)")  # fmt: skip
-    mechanism: str | None = Field(None, description="the mechanism, when the writer knows it (`quorum change`, "
-                                  "`process-group timeout`, `framework heartbeat`)")  # fmt: skip
+    via: str | None = Field(
+        None,
+        description="what noticed it, where the source says (`exit`, `heartbeat`, "
+        "`step watchdog`, `lighthouse`, `manager`, `loss guard`, `scheduler`)",
+    )
+    mechanism: str | None = Field(
+        None,
+        description="the mechanism, when the writer knows it (`quorum change`, "
+        "`process-group timeout`, `framework heartbeat`)",
+    )
     by: str | None = Field(None, description="who acted on it (`scheduler`, `harness`: slurm-requeue)")
     blame_rank: int | None = Field(None, description="the rank it named as failed")
     blame_node: str | None = Field(None, description="the node it named as failed")
-    blame_groups: list[int | str] | None = Field(None, description="the replica groups the new quorum left out "
-                                                 "(TorchFT's Lighthouse)")  # fmt: skip
+    blame_groups: list[int | str] | None = Field(
+        None, description="the replica groups the new quorum left out (TorchFT's Lighthouse)"
+    )
     job_id: int | None = Field(None, description="the Slurm job")
     slurm_state: str | None = Field(None, description="its Slurm state")
     # the named groups of the frameworks' log patterns (frameworks/agent.py, nvrx.py, testing/calibration.py)
     pid: int | None = Field(None, description="the worker the agent signals (torchrun's `Sending process`)")
     signal: str | None = Field(None, description="the signal it sends (`SIGTERM`)")
-    exitcode: int | None = Field(None, description="a worker's exit code (torchrun, nvrx: `failed (exitcode)`)")
+    exitcode: int | None = Field(
+        None, description="a worker's exit code (torchrun, nvrx: `failed (exitcode)`)"
+    )
     local_rank: int | None = Field(None, description="that worker's rank on its node")
     section: str | None = Field(None, description="the nvrx section that timed out")
     open_s: float | None = Field(None, description="seconds the section was open, or out of a section (nvrx)")
@@ -604,8 +699,11 @@ class GiveUp(_LogLine, _Framework):
     KIND = EventKind.GIVE_UP
     WRITERS = "framework adapter, framework log line"
     reason: str | None = Field(None, description="why")
-    via: str | None = Field(None, description="what noticed the failure it gave up on, where the source says "
-                            "(`exit`): a give-up before any detection is the framework's reaction")  # fmt: skip
+    via: str | None = Field(
+        None,
+        description="what noticed the failure it gave up on, where the source says "
+        "(`exit`): a give-up before any detection is the framework's reaction",
+    )
 
 
 class Rendezvous(_LogLine, _Framework):
@@ -658,7 +756,9 @@ class NodeStart(_Node):
     KIND = EventKind.NODE_START
     WRITERS = "runtime"
     spare: bool | None = Field(None, description="a hot spare")
-    reason: Literal["provision", "reboot", "takeover", "spare"] | None = Field(None, description="why it started")
+    reason: Literal["provision", "reboot", "takeover", "spare"] | None = Field(
+        None, description="why it started"
+    )
     replaces: str | None = Field(None, description="the container it took over from (`takeover`)")
 
 
@@ -694,7 +794,9 @@ class ClockOffset(EventModel):
     slurm_node: str | None = Field(None, description="the Slurm node")
     node_host: str | None = Field(None, description="the node's host name (the `host` its events carry)")
     offset_ns: int | None = Field(None, description="node clock - harness clock, ns")
-    bound_ns: int | None = Field(None, description="the offset is true within this, ns (half the best round trip)")
+    bound_ns: int | None = Field(
+        None, description="the offset is true within this, ns (half the best round trip)"
+    )
     rtt_ns: int | None = Field(None, description="that round trip, ns")
     samples: int | None = Field(None, description="samples taken")
     error: str | None = Field(None, description="why there is no offset")
@@ -721,8 +823,9 @@ class SignalSent(EventModel):
     node: str | None = Field(None, description="the workload node")
     slurm_node: str | None = Field(None, description="the Slurm node")
     node_t_ns: int | None = Field(None, description="the node's clock right before the kill, ns")
-    stamp: Literal["node", "harness"] | None = Field(None, description="whose clock `t_ns` is from (the node's, "
-                                                     "corrected by its offset, or the harness's)")  # fmt: skip
+    stamp: Literal["node", "harness"] | None = Field(
+        None, description="whose clock `t_ns` is from (the node's, corrected by its offset, or the harness's)"
+    )
 
 
 class SchedSubmit(_Framework):
@@ -791,9 +894,12 @@ class LoadStart(EventModel):
     duration_s: float | None = Field(None, description="seconds of load")
     window_s: float | None = Field(None, description="seconds per `load_window`")
     mix: dict[str, float] | None = Field(None, description="endpoint (or declared request's name) -> weight")
-    requests: list[dict[str, Any]] | None = Field(None, description="the requests the suite declared "
-                                                  "(`serve-command`): name, method, path, body, expect_status, "
-                                                  "weight")  # fmt: skip
+    requests: list[dict[str, Any]] | None = Field(
+        None,
+        description="the requests the suite declared "
+        "(`serve-command`): name, method, path, body, expect_status, "
+        "weight",
+    )
     wait_s: float | None = Field(None, description="seconds each user waits between requests")
     request_timeout_s: float | None = Field(None, description="a request's timeout, seconds")
     max_requests: int | None = Field(None, description="the load stops after this many requests")
@@ -809,8 +915,9 @@ class LoadWindow(EventModel):
     requests: int = Field(description="requests completed in it")
     failures: int = Field(description="of which failed")
     errors: dict[str, int] = Field(default_factory=dict, description="error kind -> count")
-    latency_hist: list[int] = Field(default_factory=list, description="successes per bucket of the load's latency "
-                                    "edges")  # fmt: skip
+    latency_hist: list[int] = Field(
+        default_factory=list, description="successes per bucket of the load's latency edges"
+    )
     p50_ms: float | None = Field(None, description="median latency of its successes, ms")
     p99_ms: float | None = Field(None, description="99th percentile, ms")
     max_ms: float | None = Field(None, description="the slowest success, ms")
@@ -826,9 +933,10 @@ class LoadEnd(EventModel):
     duration_s: float = Field(description="seconds of load")
     reason: str | None = Field(None, description="`duration`, `max_requests` or `signal`")
     by_request: dict[str, dict[str, int]] | None = Field(
-        None, description="per request name: `requests` completed, `failures` of them, `unfinished` (begun, still "
+        None,
+        description="per request name: `requests` completed, `failures` of them, `unfinished` (begun, still "
         "in flight when the load stopped: not counted)",
-    )  # fmt: skip
+    )
 
 
 class _BalancerServer(_Framework):
@@ -862,8 +970,10 @@ class BalancerStats(_Framework):
     requests: int | None = Field(None, description="requests the backend took")
     connection_errors: int | None = Field(None, description="connection errors")
     response_errors: int | None = Field(None, description="response errors")
-    servers: dict[str, dict[str, Any]] = Field(default_factory=dict, description="server -> its `status`, "
-                                               "`check_failures`, `went_down`, `downtime_s`, `sessions`, ...")  # fmt: skip
+    servers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="server -> its `status`, `check_failures`, `went_down`, `downtime_s`, `sessions`, ...",
+    )
     missing: str | None = Field(None, description="why the counters could not be read")
 
 
@@ -920,8 +1030,9 @@ def _malformed(kind: str, exc: ValidationError, path: str | None, line: int | No
     else:
         problem = f"field '{where}': {err.get('msg')} (got {err.get('input')!r:.80})"
     more = len(exc.errors()) - 1
-    return MalformedEvent(kind, problem + (f" (and {more} more)" if more else ""), path=path, line=line,
-                          field=field)  # fmt: skip
+    return MalformedEvent(
+        kind, problem + (f" (and {more} more)" if more else ""), path=path, line=line, field=field
+    )
 
 
 def check_obj(obj: Mapping[str, Any], path: str | None = None, line: int | None = None) -> EventModel:
@@ -966,7 +1077,9 @@ def typed(ev: Event) -> EventModel:
 @functools.cache
 def _adapter(kind: str, name: str) -> TypeAdapter[Any]:
     annotation = _BY_NAME[kind].model_fields[name].annotation
-    assert annotation is not None, f"{kind}.{name} has no annotation"  # every field of the models is annotated
+    assert annotation is not None, (
+        f"{kind}.{name} has no annotation"
+    )  # every field of the models is annotated
     return TypeAdapter(annotation)
 
 
@@ -976,8 +1089,12 @@ def check_fields_declared(kind: str, names: Iterable[str], what: str = "") -> No
     fields = model_of(kind).model_fields
     for name in names:
         if name not in fields or name in COMMON_FIELDS:
-            raise MalformedEvent(kind, f"field '{name}' {what} is not declared by its model (known: "
-                                 f"{', '.join(f for f in fields if f not in COMMON_FIELDS)})", field=name)  # fmt: skip
+            raise MalformedEvent(
+                kind,
+                f"field '{name}' {what} is not declared by its model (known: "
+                f"{', '.join(f for f in fields if f not in COMMON_FIELDS)})",
+                field=name,
+            )
 
 
 def typed_fields(kind: str, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -990,8 +1107,9 @@ def typed_fields(kind: str, fields: Mapping[str, Any]) -> dict[str, Any]:
         try:
             out[name] = _adapter(kind, name).validate_python(value, strict=False)
         except ValidationError as exc:
-            raise MalformedEvent(kind, f"field '{name}': {exc.errors()[0].get('msg')} (got {value!r:.80})",
-                                 field=name) from None  # fmt: skip
+            raise MalformedEvent(
+                kind, f"field '{name}': {exc.errors()[0].get('msg')} (got {value!r:.80})", field=name
+            ) from None
     return out
 
 
@@ -1006,8 +1124,15 @@ def _json_types(schema: Mapping[str, Any]) -> set[str]:
         values = [schema["const"]] if "const" in schema else schema["enum"]
         return {_python_json_type(v) for v in values}
     t = schema.get("type")
-    names = {"integer": "int", "number": "float", "string": "str", "boolean": "bool", "array": "list",
-             "null": "null", "object": "dict"}  # fmt: skip
+    names = {
+        "integer": "int",
+        "number": "float",
+        "string": "str",
+        "boolean": "bool",
+        "array": "list",
+        "null": "null",
+        "object": "dict",
+    }
     if t is None:
         return {"any"}
     return {names[x] for x in ([t] if isinstance(t, str) else t)}
@@ -1053,5 +1178,9 @@ def events_json_schema() -> dict[str, Any]:
         s["properties"]["kind"] = {"const": kind.value, "description": "the event kind"}
         defs[m.__name__] = s
         one_of.append({"$ref": f"#/$defs/{m.__name__}"})
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "chaosbench timeline event",
-            "oneOf": one_of, "$defs": defs}  # fmt: skip
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "chaosbench timeline event",
+        "oneOf": one_of,
+        "$defs": defs,
+    }

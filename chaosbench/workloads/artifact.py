@@ -66,7 +66,9 @@ def _load(file: Path) -> list[tuple[str, Any]]:
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - weights_only refuses pickled objects: then it holds no tensors
-        raise ValueError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}") from None
+        raise ValueError(
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+        ) from None
     out: list[tuple[str, Any]] = []
     _tensors(obj, "", out)
     return out
@@ -107,5 +109,11 @@ def digest_artifact(path: str) -> dict[str, Any]:
     if not tensors:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or "only text files"
         return {"path": path, "files": [], "skipped": skipped, "error": f"no tensors in {path} ({why})"}
-    return {"path": path, "files": read, "tensors": tensors, "bytes": size, "digest": h.hexdigest(),
-            "skipped": skipped}  # fmt: skip
+    return {
+        "path": path,
+        "files": read,
+        "tensors": tensors,
+        "bytes": size,
+        "digest": h.hexdigest(),
+        "skipped": skipped,
+    }

@@ -133,9 +133,17 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _SAFETENSORS_HEADER_MAX = 100_000_000
 #: Only these reach the handler (writes, renames and removals; opens and closes without a write: reads).
 _EVENT_TYPES: list[type[FileSystemEvent]] = [
-    FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent,
-    DirCreatedEvent, DirMovedEvent, DirDeletedEvent, FileOpenedEvent, FileClosedNoWriteEvent,
-]  # fmt: skip
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileClosedEvent,
+    FileMovedEvent,
+    FileDeletedEvent,
+    DirCreatedEvent,
+    DirMovedEvent,
+    DirDeletedEvent,
+    FileOpenedEvent,
+    FileClosedNoWriteEvent,
+]
 #: First-write stamps kept for files and temporary directories that may be renamed into a checkpoint's name.
 _STAGED_MAX = 4096
 _ERRORS_LOGGED_MAX = 20
@@ -157,7 +165,9 @@ def is_dcp_name(name: str) -> bool:
 def is_checkpoint_dir_name(name: str) -> bool:
     """Whether a directory's name marks it a checkpoint directory: a trailing step number and a number or a
     checkpoint word (``checkpoint-300``, ``step_20``, ``global_step40``, ``20``; not ``version_0``)."""
-    return not is_temporary_name(name) and step_of(name) is not None and bool(_CHECKPOINT_DIR_WORD.search(name))
+    return (
+        not is_temporary_name(name) and step_of(name) is not None and bool(_CHECKPOINT_DIR_WORD.search(name))
+    )
 
 
 def format_problem(path: str | os.PathLike[str]) -> tuple[bool, str | None]:
@@ -176,7 +186,9 @@ def format_problem(path: str | os.PathLike[str]) -> tuple[bool, str | None]:
                     return True, f"{len(head)} bytes: torn"
                 if head == _ZIP_MAGIC:
                     f.seek(0)
-                    return True, None if torch_save_complete(f) else "a torch.save zip without its end records: torn"
+                    return True, None if torch_save_complete(
+                        f
+                    ) else "a torch.save zip without its end records: torn"
     except FileNotFoundError:
         return True, "vanished before it was judged"
     return False, None
@@ -249,7 +261,9 @@ class _Save:
     timeline_step: int | None = None
     sampled: bool = False
     written: set[str] = field(default_factory=set)  # written, not closed since
-    created: dict[str, tuple[float, tuple[int, int] | None]] = field(default_factory=dict)  # created, not written
+    created: dict[str, tuple[float, tuple[int, int] | None]] = field(
+        default_factory=dict
+    )  # created, not written
 
 
 @dataclass
@@ -290,9 +304,16 @@ class CheckpointWatcher:
     the watched directory) of checkpoint files, instead of the default suffixes. ``empty_hold_s``: how long a
     file created empty and not written since holds its save open. Thread-safe; nothing global."""
 
-    def __init__(self, dirs: Sequence[str | os.PathLike[str]], timeline: TimelineWriter,
-                 current_step: Callable[[], int | None] = lambda: None, quiet_s: float = 0.5,
-                 names: Sequence[str] | None = None, *, empty_hold_s: float = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dirs: Sequence[str | os.PathLike[str]],
+        timeline: TimelineWriter,
+        current_step: Callable[[], int | None] = lambda: None,
+        quiet_s: float = 0.5,
+        names: Sequence[str] | None = None,
+        *,
+        empty_hold_s: float = 30.0,
+    ) -> None:
         if not dirs:
             raise ValueError("no directories to watch")
         if quiet_s <= 0 or empty_hold_s <= 0:
@@ -345,7 +366,9 @@ class CheckpointWatcher:
         try:
             from watchdog.observers.inotify import InotifyObserver
         except Exception as exc:  # noqa: BLE001 - no inotify on this platform: whatever its import raises
-            raise Unsupported(f"the checkpoint watcher needs inotify (Linux): {type(exc).__name__}: {exc}") from None
+            raise Unsupported(
+                f"the checkpoint watcher needs inotify (Linux): {type(exc).__name__}: {exc}"
+            ) from None
         for root in self._roots:
             os.makedirs(root, exist_ok=True)
         observer = InotifyObserver(generate_full_events=True)
@@ -360,8 +383,10 @@ class CheckpointWatcher:
                 observer.stop()
             except Exception:  # noqa: BLE001 - already failing; the cause is what matters
                 logger.debug("stopping a failed observer", exc_info=True)
-            raise Unsupported(f"cannot watch {', '.join(self._watch_roots)}: {exc} (inotify watches are limited by "
-                              "fs.inotify.max_user_watches)") from exc  # fmt: skip
+            raise Unsupported(
+                f"cannot watch {', '.join(self._watch_roots)}: {exc} (inotify watches are limited by "
+                "fs.inotify.max_user_watches)"
+            ) from exc
         self._observer = observer
         self._judge = threading.Thread(target=self._judge_loop, name="checkpoint-watch-judge", daemon=True)
         self._judge.start()
@@ -420,8 +445,12 @@ class CheckpointWatcher:
             return
         more = " (further errors are not written)" if n == _ERRORS_LOGGED_MAX else ""
         try:
-            self._timeline.emit("log", src=SRC, proc=LOG_PROC,
-                                line=f"checkpoint watcher: error {what}: {type(exc).__name__}: {exc}{more}")  # fmt: skip
+            self._timeline.emit(
+                "log",
+                src=SRC,
+                proc=LOG_PROC,
+                line=f"checkpoint watcher: error {what}: {type(exc).__name__}: {exc}{more}",
+            )
         except Exception:  # noqa: BLE001 - the timeline itself failing (closed): only the log is left
             logger.exception("checkpoint watcher: cannot write to the timeline")
 
@@ -452,7 +481,9 @@ class CheckpointWatcher:
     def _counts(self, root: str, path: str) -> bool:
         """Whether a file inside a checkpoint directory makes it one (a checkpoint file or a DCP file)."""
         name = os.path.basename(path)
-        return is_dcp_name(name) or (not is_temporary_name(name) and self._looks_like_checkpoint(self._rel(root, path), name))
+        return is_dcp_name(name) or (
+            not is_temporary_name(name) and self._looks_like_checkpoint(self._rel(root, path), name)
+        )
 
     def _place(self, path: str, is_dir: bool) -> _Place | None:
         root = self._root_of(path)
@@ -527,9 +558,17 @@ class CheckpointWatcher:
     def _unit(self, p: _Place, t: int, mono: float) -> _Save:
         save = self._saves.get(p.key)
         if save is None or not save.is_dir:
-            save = _Save(root=p.root, key=p.key, is_dir=True, first_ns=min(t, self._dir_born.get(p.key, t)),
-                         last_ns=t, last_mono=mono, name_step=self._name_step(p.root, p.key), confirmed=False,
-                         dcp_only=p.key == p.root or not is_checkpoint_dir_name(os.path.basename(p.key)))  # fmt: skip
+            save = _Save(
+                root=p.root,
+                key=p.key,
+                is_dir=True,
+                first_ns=min(t, self._dir_born.get(p.key, t)),
+                last_ns=t,
+                last_mono=mono,
+                name_step=self._name_step(p.root, p.key),
+                confirmed=False,
+                dcp_only=p.key == p.root or not is_checkpoint_dir_name(os.path.basename(p.key)),
+            )
             self._saves[p.key] = save
         return save
 
@@ -561,8 +600,16 @@ class CheckpointWatcher:
             if save is None:
                 if what == "close":
                     return
-                save = _Save(root=p.root, key=path, is_dir=False, first_ns=t, last_ns=t, last_mono=mono,
-                             name_step=step_of(os.path.basename(path)), confirmed=True)  # fmt: skip
+                save = _Save(
+                    root=p.root,
+                    key=path,
+                    is_dir=False,
+                    first_ns=t,
+                    last_ns=t,
+                    last_mono=mono,
+                    name_step=step_of(os.path.basename(path)),
+                    confirmed=True,
+                )
                 self._saves[path] = save
                 self._begin(save)
             self._track(save, path, what, t, mono, syn)
@@ -610,9 +657,13 @@ class CheckpointWatcher:
         self._loads.pop(load.key, None)
         name_step = self._name_step(load.root, load.key)
         step = name_step if name_step is not None else load.step
-        fields = {"path": self._rel(load.root, load.key), "dir": load.root, "step": step,
-                  "step_from": "name" if name_step is not None else ("save" if step is not None else None),
-                  "via": VIA}  # fmt: skip
+        fields = {
+            "path": self._rel(load.root, load.key),
+            "dir": load.root,
+            "step": step,
+            "step_from": "name" if name_step is not None else ("save" if step is not None else None),
+            "via": VIA,
+        }
         self._timeline.emit("ckpt_load_begin", t_ns=load.first_ns, src=SRC, **fields)
         self._timeline.emit("ckpt_load_end", t_ns=load.last_ns, src=SRC, files=len(load.files), **fields)
 
@@ -650,8 +701,16 @@ class CheckpointWatcher:
         stale = self._saves.pop(path, None)
         if stale is not None:
             self._vanish(stale, "replaced by a rename before it was closed")
-        save = _Save(root=p.root, key=path, is_dir=False, first_ns=min(begin_ns, t), last_ns=t, last_mono=mono,
-                     name_step=step_of(os.path.basename(path)), confirmed=True)  # fmt: skip
+        save = _Save(
+            root=p.root,
+            key=path,
+            is_dir=False,
+            first_ns=min(begin_ns, t),
+            last_ns=t,
+            last_mono=mono,
+            name_step=step_of(os.path.basename(path)),
+            confirmed=True,
+        )
         self._saves[path] = save
         self._begin(save)
         self._activity(save, t, mono, sample=True)
@@ -690,7 +749,9 @@ class CheckpointWatcher:
                 self._atomic(dp, dest, t if begin is None else begin, t, mono)
             return  # else: a directory of checkpoints saved before was renamed; nothing new was written
         if moved is not None:
-            self._vanish(moved, f"renamed to {dest or 'outside the watched directories'!r} before it was closed")
+            self._vanish(
+                moved, f"renamed to {dest or 'outside the watched directories'!r} before it was closed"
+            )
         if dp is None:
             return
         if dp.kind == "unit":
@@ -750,7 +811,9 @@ class CheckpointWatcher:
                 self._saves[nk] = save
                 self._activity(save, t, mono, sample=True)
             else:
-                self._vanish(save, f"renamed to {self._rel(np.root, nk) if np else nk!r} before it was judged")
+                self._vanish(
+                    save, f"renamed to {self._rel(np.root, nk) if np else nk!r} before it was judged"
+                )
         for save in self._saves.values():  # src inside a pending directory save
             if save.is_dir and prefix is not None and src.startswith(save.key + os.sep):
                 save.written = {moved_path(w) for w in save.written}
@@ -772,14 +835,20 @@ class CheckpointWatcher:
     def _gone(self, path: str, is_dir: bool, mono: float, reason: str) -> None:
         prefix = path + os.sep
         if is_dir and path in self._roots:
-            self._timeline.emit("log", src=SRC, proc=LOG_PROC,
-                                line=f"checkpoint watcher: the watched directory {path} was removed")  # fmt: skip
+            self._timeline.emit(
+                "log",
+                src=SRC,
+                proc=LOG_PROC,
+                line=f"checkpoint watcher: the watched directory {path} was removed",
+            )
         for key in [k for k in self._saves if k == path or (is_dir and k.startswith(prefix))]:
             self._vanish(self._saves.pop(key), reason)
         for save in self._saves.values():
             if save.is_dir and path.startswith(save.key + os.sep):
                 save.written = {w for w in save.written if w != path and not w.startswith(prefix)}
-                save.created = {c: v for c, v in save.created.items() if c != path and not c.startswith(prefix)}
+                save.created = {
+                    c: v for c, v in save.created.items() if c != path and not c.startswith(prefix)
+                }
                 save.last_mono = mono
         self._staged.pop(path, None)
         self._dir_born.pop(path, None)
@@ -792,8 +861,13 @@ class CheckpointWatcher:
 
     def _fields(self, save: _Save, step: int | None) -> dict[str, object]:
         step_from = "name" if save.name_step is not None else ("timeline" if step is not None else None)
-        return {"path": self._rel(save.root, save.key), "dir": save.root, "step": step, "step_from": step_from,
-                "via": VIA}  # fmt: skip
+        return {
+            "path": self._rel(save.root, save.key),
+            "dir": save.root,
+            "step": step,
+            "step_from": step_from,
+            "via": VIA,
+        }
 
     def _begin(self, save: _Save) -> None:
         save.begun = True
@@ -805,9 +879,21 @@ class CheckpointWatcher:
             return
         if not save.begun:
             self._begin(save)
-        step = save.name_step if save.name_step is not None else (save.timeline_step if save.sampled else self._step())
-        self._timeline.emit("ckpt_save_end", t_ns=save.last_ns, src=SRC, **self._fields(save, step),
-                            complete=False, files=0, bytes=0, incomplete=reason)  # fmt: skip
+        step = (
+            save.name_step
+            if save.name_step is not None
+            else (save.timeline_step if save.sampled else self._step())
+        )
+        self._timeline.emit(
+            "ckpt_save_end",
+            t_ns=save.last_ns,
+            src=SRC,
+            **self._fields(save, step),
+            complete=False,
+            files=0,
+            bytes=0,
+            incomplete=reason,
+        )
 
     def _finish(self, save: _Save) -> None:
         """Judge a save and write its end (and its begin, when not written yet)."""
@@ -821,7 +907,11 @@ class CheckpointWatcher:
             problems, files, nbytes = self._judge_file(save)
         if not save.begun:
             self._begin(save)
-        step = save.name_step if save.name_step is not None else (save.timeline_step if save.sampled else self._step())
+        step = (
+            save.name_step
+            if save.name_step is not None
+            else (save.timeline_step if save.sampled else self._step())
+        )
         self._saved_step[save.key] = step
         extra: dict[str, object] = {"complete": not problems, "files": files, "bytes": nbytes}
         if problems:
@@ -856,7 +946,9 @@ class CheckpointWatcher:
                 subdirs.clear()
                 names = [n for n in names if is_dcp_name(n)] if save.key == save.root else names
             dcp = any(n.endswith(DCP_SUFFIX) for n in names)
-            if dcp and not (METADATA_FILE in names and (_stat(os.path.join(here, METADATA_FILE)) or (0, 0))[0] > 0):
+            if dcp and not (
+                METADATA_FILE in names and (_stat(os.path.join(here, METADATA_FILE)) or (0, 0))[0] > 0
+            ):
                 problems.append(f"{self._rel(save.key, here)}: *{DCP_SUFFIX} files without a {METADATA_FILE}")
             for name in sorted(names):
                 path = os.path.join(here, name)

@@ -31,7 +31,8 @@ class LogPatterns(BaseModel):
     model_config = ConfigDict(extra="forbid")
     step: str | None = None
     progress: str | None = Field(
-        default=None, description="a progress bar's completed-step count, (?P<step>...); 'tqdm' for tqdm's bar"
+        default=None,
+        description="a progress bar's completed-step count, (?P<step>...); 'tqdm' for tqdm's bar",
     )
     step_skipped: str | None = Field(
         default=None,
@@ -82,10 +83,14 @@ class CommandOptions(BaseModel):
         "run ({work_dir}), shared by its ranks and incarnations, so nothing the script writes there reaches "
         "another run",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="environment of the script (placeholders allowed)")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment of the script (placeholders allowed)"
+    )
     steps: int | None = Field(default=None, ge=1, description="total steps, when known")
     pg_timeout_s: float | None = Field(
-        default=None, gt=0, description="the script's process-group timeout, when it sets one (else torch's default)"
+        default=None,
+        gt=0,
+        description="the script's process-group timeout, when it sets one (else torch's default)",
     )
     step_base: Literal[0, 1] | None = Field(
         default=None,
@@ -94,10 +99,11 @@ class CommandOptions(BaseModel):
         "the run prints (0 means 0-based)",
     )
     step_every: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="a step pattern without a (?P<step>...) group: its lines come every this many steps (e.g. a "
         "loss line every logging_steps), and are numbered by counting",
-    )  # fmt: skip
+    )
     watch_checkpoints: bool | None = Field(
         default=None,
         description="take checkpoint saves from the filesystem (new checkpoint files and directories under the "
@@ -120,8 +126,10 @@ class CommandOptions(BaseModel):
     def _counting(self) -> CommandOptions:
         step = self.patterns.step
         if step is not None and "step" not in re.compile(step).groupindex and self.step_every is None:
-            raise ValueError("pattern 'step' needs a named group (?P<step>\\d+), or step_every: N (its lines come "
-                             "every N steps)")  # fmt: skip
+            raise ValueError(
+                "pattern 'step' needs a named group (?P<step>\\d+), or step_every: N (its lines come "
+                "every N steps)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -130,9 +138,13 @@ class CommandOptions(BaseModel):
         strings += [("cwd", self.cwd)] if self.cwd is not None else []
         strings += [("fidelity_from", self.fidelity_from)] if self.fidelity_from is not None else []
         check_placeholders(strings, PLACEHOLDERS)
-        if self.fidelity_from is not None and (per_rank := set(placeholders(self.fidelity_from)) & set(RANK_PLACEHOLDERS)):
-            raise ValueError(f"fidelity_from: {{{sorted(per_rank)[0]}}} differs per rank; the final artifact is the "
-                             "run's (use {ckpt_dir}, {work_dir}, {run_dir})")  # fmt: skip
+        if self.fidelity_from is not None and (
+            per_rank := set(placeholders(self.fidelity_from)) & set(RANK_PLACEHOLDERS)
+        ):
+            raise ValueError(
+                f"fidelity_from: {{{sorted(per_rank)[0]}}} differs per rank; the final artifact is the "
+                "run's (use {ckpt_dir}, {work_dir}, {run_dir})"
+            )
         if self.cwd is None:
             check_script_paths(self.command)
         return self
@@ -212,7 +224,9 @@ class CommandWorkload(Workload[CommandOptions]):
             "-m",
             "chaosbench.launchers.command",
             "--patterns",
-            json.dumps({k: resolve_pattern(v, o.steps) for k, v in o.patterns.model_dump(exclude_none=True).items()}),
+            json.dumps(
+                {k: resolve_pattern(v, o.steps) for k, v in o.patterns.model_dump(exclude_none=True).items()}
+            ),
             "--subst",
             json.dumps(self.substitutions(run), sort_keys=True),
             *(["--env", json.dumps(o.env, sort_keys=True)] if o.env else []),
@@ -233,8 +247,16 @@ class CommandWorkload(Workload[CommandOptions]):
         o = self.options
         if o.cwd is None:
             return run.run_dir / "work"
-        rank0 = {"rank": "0", "local_rank": "0", "world_size": str(self.spec.ranks), "node": "node0", "incarnation": "0"}
-        return Path(substitute(o.cwd, {**self.substitutions(run), **rank0}))  # rank 0's, when it differs per rank
+        rank0 = {
+            "rank": "0",
+            "local_rank": "0",
+            "world_size": str(self.spec.ranks),
+            "node": "node0",
+            "incarnation": "0",
+        }
+        return Path(
+            substitute(o.cwd, {**self.substitutions(run), **rank0})
+        )  # rank 0's, when it differs per rank
 
     def watched_dirs(self, run: RunPaths) -> list[Path]:
         """Where the script's checkpoint saves are taken from the filesystem (``watch_checkpoints``): its checkpoint

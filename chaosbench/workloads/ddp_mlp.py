@@ -134,14 +134,18 @@ class GradSync:
         if self.kind == "shape":
             work = dist.all_reduce(buf[:-1], async_op=True)
         else:
-            work = dist.all_reduce(buf, op=dist.ReduceOp.MAX if self.kind == "op" else dist.ReduceOp.SUM,
-                                   async_op=True)  # fmt: skip
+            work = dist.all_reduce(
+                buf, op=dist.ReduceOp.MAX if self.kind == "op" else dist.ReduceOp.SUM, async_op=True
+            )
         return work.get_future().then(lambda _: buf)
 
 
 def parser() -> argparse.ArgumentParser:
-    return build_parser(PROGRAM, "Deterministic DDP training of an MLP on synthetic data, with resumable DCP "
-                        "checkpoints.", DdpMlpOptions)  # fmt: skip
+    return build_parser(
+        PROGRAM,
+        "Deterministic DDP training of an MLP on synthetic data, with resumable DCP checkpoints.",
+        DdpMlpOptions,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -191,8 +195,9 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
         x = torch.randn(args.batch_size, IN_FEATURES, generator=gen).to(device)
         return x, torch.tanh(x @ teacher)
 
-    ckpts = Checkpoints.for_training(args.ckpt_dir, probe, d, model, optimizer, scheduler,
-                                     restore_optimizer=args.bug != "forget-optimizer")
+    ckpts = Checkpoints.for_training(
+        args.ckpt_dir, probe, d, model, optimizer, scheduler, restore_optimizer=args.bug != "forget-optimizer"
+    )
     start_step, _ = ckpts.resume(args.seed, fallback=args.load_fallback, restore_rng=args.bug != "forget-rng")
     # batch index = step - data_base (0 unless the forget-data-position bug is planted)
     data_base = start_step if args.bug == "forget-data-position" else 0
@@ -203,10 +208,21 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     # ---- train ----------------------------------------------------------------------------------------
     loss_fn = nn.MSELoss()
     model.train()
-    loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), lambda step: batch(step - data_base),
-                             lambda x, y: loss_fn(model(x), y), optimizer, scheduler, lambda: list(net.parameters()),
-                             args.step_sleep_s, args.checkpoint_every, save, args.save_on_sigterm, planted,
-                             desync)  # fmt: skip
+    loss_value = train_steps(
+        probe,
+        range(start_step + 1, args.steps + 1),
+        lambda step: batch(step - data_base),
+        lambda x, y: loss_fn(model(x), y),
+        optimizer,
+        scheduler,
+        lambda: list(net.parameters()),
+        args.step_sleep_s,
+        args.checkpoint_every,
+        save,
+        args.save_on_sigterm,
+        planted,
+        desync,
+    )
     end_training(probe, net, args.steps, start_step, loss_value)
     return 0
 

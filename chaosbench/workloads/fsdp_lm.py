@@ -106,8 +106,12 @@ class FsdpLmWorkload(TrainingProgram[FsdpLmOptions]):
 
 
 def parser() -> argparse.ArgumentParser:
-    return build_parser(PROGRAM, "Deterministic FSDP2 training of a small transformer LM on synthetic tokens, "
-                        "with resumable per-rank-sharded DCP checkpoints.", FsdpLmOptions)  # fmt: skip
+    return build_parser(
+        PROGRAM,
+        "Deterministic FSDP2 training of a small transformer LM on synthetic tokens, "
+        "with resumable per-rank-sharded DCP checkpoints.",
+        FsdpLmOptions,
+    )
 
 
 def lr_factor(step: int, total_steps: int) -> float:
@@ -244,11 +248,20 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     # ---- train ----------------------------------------------------------------------------------------
     loss_fn = nn.CrossEntropyLoss()
     model.train()
-    loss_value = train_steps(probe, range(start_step + 1, args.steps + 1), batch,
-                             lambda x, y: loss_fn(model(x), y.reshape(-1)), optimizer, scheduler,
-                             lambda: [_local(p) for p in model.parameters()], args.step_sleep_s,
-                             args.checkpoint_every, save, args.save_on_sigterm,
-                             desync=lambda kind: _no_gradient_sync(model))  # fmt: skip
+    loss_value = train_steps(
+        probe,
+        range(start_step + 1, args.steps + 1),
+        batch,
+        lambda x, y: loss_fn(model(x), y.reshape(-1)),
+        optimizer,
+        scheduler,
+        lambda: [_local(p) for p in model.parameters()],
+        args.step_sleep_s,
+        args.checkpoint_every,
+        save,
+        args.save_on_sigterm,
+        desync=lambda kind: _no_gradient_sync(model),
+    )
     end_training(probe, model, args.steps, start_step, loss_value)
     return 0
 

@@ -34,8 +34,11 @@ ENV_START_TIMEOUT_S = "CHAOSBENCH_FT_START_TIMEOUT_S"
 def log_to_stderr() -> None:
     """torchft's own log lines on stderr, at ``CHAOSBENCH_FT_LOGLEVEL`` (default WARNING)."""
     level = os.environ.get(ENV_LOGLEVEL, "WARNING").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=getattr(logging, level, logging.WARNING),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
 
 
 @dataclass
@@ -55,8 +58,15 @@ class FtLoop:
     ``pg_timeout_s``; ``healed`` names what a heal restored in the rank's ``healed ...to step N`` line (``""`` or
     ``"stage 1 "``); ``store``: the Manager's store (address, port), None: torchft's default."""
 
-    def __init__(self, probe: Probe, group: int, state: Mapping[str, Any], pg_timeout_s: float, healed: str = "",
-                 store: tuple[str, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        probe: Probe,
+        group: int,
+        state: Mapping[str, Any],
+        pg_timeout_s: float,
+        healed: str = "",
+        store: tuple[str, int] | None = None,
+    ) -> None:
         from torchft import Manager, ProcessGroupGloo
         from torchft.checkpointing import HTTPTransport
 
@@ -72,8 +82,11 @@ class FtLoop:
             for name, part in state.items():
                 part.load_state_dict(sd[name])
             t0 = heal.pop("t0", None)
-            probe.emit("heal_end", step=heal.pop("step", None),
-                       duration_s=None if t0 is None else time.perf_counter() - t0)  # fmt: skip
+            probe.emit(
+                "heal_end",
+                step=heal.pop("step", None),
+                duration_s=None if t0 is None else time.perf_counter() - t0,
+            )
             print(f"healed {healed}to step {heal.get('last_step')}", flush=True)
 
         class ProbedTransport(HTTPTransport):
@@ -84,7 +97,9 @@ class FtLoop:
                 probe.emit("heal_begin", step=step, src_replica_rank=src_rank)
                 return super().recv_checkpoint(src_rank, metadata, step, timeout)
 
-            def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+            def send_checkpoint(
+                self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta
+            ) -> None:
                 probe.emit("heal_send", step=step, dst_replica_ranks=list(dst_ranks))
                 super().send_checkpoint(dst_ranks, step, state_dict, timeout)
 
@@ -127,11 +142,22 @@ class FtLoop:
         qid = getattr(m, "_quorum_id", None)  # torchft 0.2.0 keeps it private
         if qid != self._quorum_id:
             before = self._participants
-            self.probe.emit("quorum", quorum_id=qid, participants=n, previous_participants=before, replica_rank=p,
-                            step=m.current_step())  # fmt: skip
+            self.probe.emit(
+                "quorum",
+                quorum_id=qid,
+                participants=n,
+                previous_participants=before,
+                replica_rank=p,
+                step=m.current_step(),
+            )
             if before is not None and n < before:
-                self.probe.emit("detect", framework=self.framework, via="manager", mechanism="quorum change",
-                                reason=f"quorum {qid}: {n} of {before} replica groups")  # fmt: skip
+                self.probe.emit(
+                    "detect",
+                    framework=self.framework,
+                    via="manager",
+                    mechanism="quorum change",
+                    reason=f"quorum {qid}: {n} of {before} replica groups",
+                )
             self._quorum_id, self._participants = qid, n
         return Quorum(m.current_step() + 1, p, n, qid)
 
@@ -139,8 +165,16 @@ class FtLoop:
         """The step was committed (the optimizer has stepped): its ``step`` event and line."""
         self._errored_streak = False
         step = self.current_step()
-        self.probe.emit("step", step=step, loss=loss, duration_s=time.perf_counter() - t_step,
-                        participants=q.participants, quorum_id=q.quorum_id, committed=True, global_batch=global_batch)  # fmt: skip
+        self.probe.emit(
+            "step",
+            step=step,
+            loss=loss,
+            duration_s=time.perf_counter() - t_step,
+            participants=q.participants,
+            quorum_id=q.quorum_id,
+            committed=True,
+            global_batch=global_batch,
+        )
         print(f"step {step} loss {loss:.6f} participants {q.participants}", flush=True)
 
     def skipped(self, q: Quorum, t_step: float, t_comm: float) -> None:
@@ -149,16 +183,30 @@ class FtLoop:
         the first of a streak is a ``detect``."""
         err = self.manager.errored()
         n = q.participants
-        reason = (f"{type(err.original_exception).__name__}: {str(err.original_exception).splitlines()[0][:300]}"
-                  if err is not None else f"not enough replica groups ({n} < min_replica_size)")  # fmt: skip
-        self.probe.emit("step_skipped", step=q.step, reason=reason, duration_s=t_comm - t_step,
-                        collective_s=time.perf_counter() - t_comm, participants=n, quorum_id=q.quorum_id)  # fmt: skip
+        reason = (
+            f"{type(err.original_exception).__name__}: {str(err.original_exception).splitlines()[0][:300]}"
+            if err is not None
+            else f"not enough replica groups ({n} < min_replica_size)"
+        )
+        self.probe.emit(
+            "step_skipped",
+            step=q.step,
+            reason=reason,
+            duration_s=t_comm - t_step,
+            collective_s=time.perf_counter() - t_comm,
+            participants=n,
+            quorum_id=q.quorum_id,
+        )
         if not self._errored_streak:
             # its allreduce timed out, or failed otherwise (the harness then tells what it saw: a mismatch)
             timed_out = rank_error(reason) == "collective_timeout" or "timeout" in reason.lower()
-            self.probe.emit("detect", framework=self.framework, via="manager",
-                            reason=f"step {q.step} not committed: {reason}",
-                            **({"mechanism": "process-group timeout"} if timed_out else {}))  # fmt: skip
+            self.probe.emit(
+                "detect",
+                framework=self.framework,
+                via="manager",
+                reason=f"step {q.step} not committed: {reason}",
+                **({"mechanism": "process-group timeout"} if timed_out else {}),
+            )
             self._errored_streak = True
         print(f"step {q.step} skipped: {reason}", flush=True)
 

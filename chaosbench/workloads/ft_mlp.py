@@ -102,12 +102,22 @@ def global_batch(mode: str, batch_size: int, groups: int, group_world_size: int,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(PROGRAM, "An MLP trained through a torchft Manager (per-step fault tolerance) on "
-                                   "synthetic data.", FtMlpOptions, checkpoints=False), FtMlpOptions, argv)
+    args = parse_args(
+        build_parser(
+            PROGRAM,
+            "An MLP trained through a torchft Manager (per-step fault tolerance) on synthetic data.",
+            FtMlpOptions,
+            checkpoints=False,
+        ),
+        FtMlpOptions,
+        argv,
+    )
     env = os.environ
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", ENV_LIGHTHOUSE):
         if var not in env:
-            raise SystemExit(f"ft_mlp: {var} is not set; run under the torchft adapter (torchrun per replica group)")
+            raise SystemExit(
+                f"ft_mlp: {var} is not set; run under the torchft adapter (torchrun per replica group)"
+            )
     group = int(env.get(ENV_GROUP, "0"))
     groups = int(env.get(ENV_GROUPS, "1"))
     group_rank = int(env["RANK"])
@@ -128,11 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     pid = os.getpid()
     probe.emit(
-        "rank_start", pid=pid, pid_ticks=start_ticks(pid), world_size=probe.world_size, local_rank=probe.local_rank,
-        node=probe.node, replica_group=group, group_rank=group_rank, group_world_size=group_world_size,
+        "rank_start",
+        pid=pid,
+        pid_ticks=start_ticks(pid),
+        world_size=probe.world_size,
+        local_rank=probe.local_rank,
+        node=probe.node,
+        replica_group=group,
+        group_rank=group_rank,
+        group_world_size=group_world_size,
         global_batch=global_batch(args.batch_mode, args.batch_size, groups, group_world_size, groups),
         batch_mode=args.batch_mode,
-    )  # fmt: skip
+    )
     try:
         return _train(args, probe, group, groups, group_rank, group_world_size)
     finally:
@@ -160,8 +177,15 @@ def _model(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     return net, optimizer, scheduler, teacher
 
 
-def _share(args: argparse.Namespace, participant: int | None, participants: int, groups: int, group: int,
-           group_rank: int, group_world_size: int) -> tuple[int, list[int], int]:  # fmt: skip
+def _share(
+    args: argparse.Namespace,
+    participant: int | None,
+    participants: int,
+    groups: int,
+    group: int,
+    group_rank: int,
+    group_world_size: int,
+) -> tuple[int, list[int], int]:
     """This rank's part of a step: its microbatch size, the batch indices it computes (none when its group does
     not participate) and the divisor of its loss. ``global``: the global batch is split over every group's
     ranks, a participant computing the slots of the groups that are missing too; ``replica``: each rank computes
@@ -224,7 +248,9 @@ def _train(
         if args.step_sleep_s > 0:
             time.sleep(args.step_sleep_s)
         t_comm = time.perf_counter()
-        kind = planted.sync_fault(step)  # a planted collective-hang skip or mismatch of this rank's reductions
+        kind = planted.sync_fault(
+            step
+        )  # a planted collective-hang skip or mismatch of this rank's reductions
         if kind != "skip":
             sent = buf[:-1] if kind == "shape" else buf
             op = ReduceOp.MAX if kind == "op" else ReduceOp.SUM
@@ -242,7 +268,9 @@ def _train(
             planted.after_update(step, params)
             loss_value = float(buf[numel])
             planted.check_loss(step, loss_value)
-            loop.committed(q, loss_value, t_step, global_batch(args.batch_mode, args.batch_size, groups, K, n))
+            loop.committed(
+                q, loss_value, t_step, global_batch(args.batch_mode, args.batch_size, groups, K, n)
+            )
         else:
             loop.skipped(q, t_step, t_comm)
     loop.finish(loss_value, params_digest(net))
@@ -262,18 +290,22 @@ class FtMlpOptions(BaseModel):
         "per rank, averaged over the groups taking part (upstream torchft)",
     )
     batch_size: int = Field(
-        default=32, ge=1, description="global mode: samples per step over all groups (a multiple of G*K); replica "
+        default=32,
+        ge=1,
+        description="global mode: samples per step over all groups (a multiple of G*K); replica "
         "mode: per rank",
-    )  # fmt: skip
+    )
     hidden: int = Field(default=128, ge=1, description="hidden width")
     layers: int = Field(default=2, ge=1, description="hidden layers")
     lr: float = Field(default=0.01, gt=0, description="initial SGD learning rate")
     pg_timeout_s: float = Field(default=60.0, gt=0, description="gloo timeout of torchft's process group")
     step_sleep_s: float = Field(default=0.0, ge=0, description="sleep inside each step (emulated compute)")
     groups: int | None = Field(
-        default=None, ge=1, description="replica groups (default: workload.nodes; ranks / groups per group)",
+        default=None,
+        ge=1,
+        description="replica groups (default: workload.nodes; ranks / groups per group)",
         json_schema_extra={"program": False},
-    )  # fmt: skip
+    )
 
 
 class FtMlpWorkload(ProgramWorkload[FtMlpOptions]):

@@ -126,17 +126,26 @@ class Planted:
     def _fired(self, plant: Plant, step: int, trigger: str = "", **details: Any) -> None:
         """The ``fault_inject`` event, written before the fault acts (a segfault leaves no later chance)."""
         self.probe.emit(
-            "fault_inject", fault=plant.fault, injector=plant.injector, step=step,
+            "fault_inject",
+            fault=plant.fault,
+            injector=plant.injector,
+            step=step,
             target=[{"rank": self.rank, "pid": os.getpid(), "incarnation": self.probe.incarnation}],
-            trigger=trigger or f"planted {plant.injector} at step {step}", **plant.declared, **details,
-        )  # fmt: skip
+            trigger=trigger or f"planted {plant.injector} at step {step}",
+            **plant.declared,
+            **details,
+        )
 
     # ------------------------------------------------------------------------------------------------ hooks
     def before_step(self, step: int) -> None:
         """Call before computing ``step``: the process-level faults fire here."""
         for plant in self.plants:
             act = self._before_step.get(plant.injector)
-            if act is not None and not _desync(plant) and self._due(plant, step, once=plant.injector != "crash-loop"):
+            if (
+                act is not None
+                and not _desync(plant)
+                and self._due(plant, step, once=plant.injector != "crash-loop")
+            ):
                 act(plant, step)
 
     @property
@@ -152,8 +161,13 @@ class Planted:
         for plant in self.plants:
             kind = _desync(plant)
             if kind is not None and self._due(plant, step):
-                self._fired(plant, step, mode=plant.params.get("mode"), desync=kind,
-                            trigger=f"planted collective desync ({kind}) at step {step}")  # fmt: skip
+                self._fired(
+                    plant,
+                    step,
+                    mode=plant.params.get("mode"),
+                    desync=kind,
+                    trigger=f"planted collective desync ({kind}) at step {step}",
+                )
                 return kind
         return None
 
@@ -180,7 +194,9 @@ class Planted:
     def check_loss(self, step: int, loss: float) -> None:
         """With the loss guard on, a non-finite loss is detected and raises."""
         if self.loss_check and not math.isfinite(loss):
-            self.probe.emit("detect", framework="loss-check", via="loss guard", reason=f"loss is {loss} at step {step}")
+            self.probe.emit(
+                "detect", framework="loss-check", via="loss guard", reason=f"loss is {loss} at step {step}"
+            )
             raise FloatingPointError(f"loss check: loss is {loss} at step {step} on rank {self.rank}")
 
     # ----------------------------------------------------------------------------------------------- faults
@@ -220,7 +236,9 @@ class Planted:
         deadline = time.monotonic() + duration_s
         while (left := deadline - time.monotonic()) > 0:  # a signal may cut one usleep short
             libc.usleep(ctypes.c_uint(max(1, int(min(left, 3600.0) * 1e6))))
-        self.probe.emit("fault_revert", fault=plant.fault, injector=plant.injector, reason="GIL released", step=step)
+        self.probe.emit(
+            "fault_revert", fault=plant.fault, injector=plant.injector, reason="GIL released", step=step
+        )
 
     def _oom(self, plant: Plant, step: int) -> None:
         cgroup = Path(str(plant.params["cgroup"]))
@@ -230,21 +248,32 @@ class Planted:
         ceiling = 4 * int(plant.params.get("limit_mb") or 0) << 20
         while len(hog) * OOM_CHUNK_BYTES <= ceiling:
             chunk = bytearray(OOM_CHUNK_BYTES)
-            chunk[:: 4096] = b"\x01" * len(chunk[:: 4096])  # touch every page: charged to the cgroup
+            chunk[::4096] = b"\x01" * len(chunk[::4096])  # touch every page: charged to the cgroup
             hog.append(chunk)
-        raise MemoryError(f"planted oom: {len(hog) * OOM_CHUNK_BYTES >> 20} MB taken in {cgroup} and not killed")
+        raise MemoryError(
+            f"planted oom: {len(hog) * OOM_CHUNK_BYTES >> 20} MB taken in {cgroup} and not killed"
+        )
 
     def _collective_block(self, plant: Plant, step: int) -> None:
         duration_s = plant.params.get("duration_s")
         self._fired(plant, step, mode="block", duration_s=duration_s)
         # the main thread waits (the GIL released): heartbeat, probe and process-group threads run on
         threading.Event().wait(None if duration_s is None else float(duration_s))
-        self.probe.emit("fault_revert", fault=plant.fault, injector=plant.injector, step=step,
-                        reason="the rank entered its collective")  # fmt: skip
+        self.probe.emit(
+            "fault_revert",
+            fault=plant.fault,
+            injector=plant.injector,
+            step=step,
+            reason="the rank entered its collective",
+        )
 
     def _sdc(self, step: int, where: str, tensors: Any) -> None:
         for plant in self.plants:
-            if plant.injector == "sdc" and plant.params.get("where", "grad") == where and self._due(plant, step):
+            if (
+                plant.injector == "sdc"
+                and plant.params.get("where", "grad") == where
+                and self._due(plant, step)
+            ):
                 self._corrupt(plant, tensors(), step)
 
     def _corrupt(self, plant: Plant, tensors: list[Any], step: int, **details: Any) -> None:
@@ -263,8 +292,14 @@ class Planted:
                     flat = t.view(-1)
                     if flat.dtype == torch.float32:
                         flat[:1].view(torch.int32).bitwise_xor_(1 << 30)
-        self._fired(plant, step, sdc_kind=kind, where=plant.params.get("where", "grad"),
-                    trigger=f"planted silent corruption at step {step}", **details)  # fmt: skip
+        self._fired(
+            plant,
+            step,
+            sdc_kind=kind,
+            where=plant.params.get("where", "grad"),
+            trigger=f"planted silent corruption at step {step}",
+            **details,
+        )
 
 
 def desync_of(mode: str, mismatch: str | None) -> str | None:

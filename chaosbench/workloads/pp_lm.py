@@ -144,7 +144,9 @@ class PpLmOptions(TrainingOptions):
         if self.d_model % self.heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
         if self.schedule == "1f1b" and self.microbatches < self.stages:
-            raise ValueError(f"schedule 1f1b needs microbatches >= stages ({self.microbatches} < {self.stages})")
+            raise ValueError(
+                f"schedule 1f1b needs microbatches >= stages ({self.microbatches} < {self.stages})"
+            )
         return self
 
 
@@ -159,7 +161,9 @@ class PpLmWorkload(TrainingProgram[PpLmOptions]):
         ``stages`` ranks (other frameworks do not ask)."""
         stages = int(self.options.stages)
         if self.spec.ranks % stages:
-            raise ValueError(f"pp-lm under torchft: ranks ({self.spec.ranks}) must be a multiple of stages ({stages})")
+            raise ValueError(
+                f"pp-lm under torchft: ranks ({self.spec.ranks}) must be a multiple of stages ({stages})"
+            )
         return self.spec.ranks // stages
 
 
@@ -232,11 +236,19 @@ def build_model(opts: PpLmOptions) -> Any:
             self.tok_emb: nn.Module | None = nn.Embedding(opts.vocab, opts.d_model)
             self.pos_emb: nn.Module | None = nn.Embedding(opts.seq_len, opts.d_model)
             self.drop = nn.Dropout(DROPOUT_P)
-            self.blocks = nn.ModuleDict({
-                str(i): nn.TransformerEncoderLayer(opts.d_model, opts.heads, dim_feedforward=FF_MULT * opts.d_model,
-                                                   dropout=DROPOUT_P, batch_first=True, norm_first=True)
-                for i in range(opts.layers)
-            })  # fmt: skip
+            self.blocks = nn.ModuleDict(
+                {
+                    str(i): nn.TransformerEncoderLayer(
+                        opts.d_model,
+                        opts.heads,
+                        dim_feedforward=FF_MULT * opts.d_model,
+                        dropout=DROPOUT_P,
+                        batch_first=True,
+                        norm_first=True,
+                    )
+                    for i in range(opts.layers)
+                }
+            )
             self.norm: nn.Module | None = nn.LayerNorm(opts.d_model)
             self.head: nn.Module | None = nn.Linear(opts.d_model, opts.vocab)
 
@@ -272,8 +284,10 @@ def named_param_bytes(module: Any) -> list[tuple[str, bytes]]:
     """(name, raw bytes) of every parameter of ``module``, in ``named_parameters`` order."""
     import torch
 
-    return [(name, p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            for name, p in module.named_parameters()]  # fmt: skip
+    return [
+        (name, p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        for name, p in module.named_parameters()
+    ]
 
 
 def digest_of_stages(parts: Sequence[Sequence[tuple[str, bytes]]]) -> str:
@@ -292,9 +306,12 @@ def digest_of_stages(parts: Sequence[Sequence[tuple[str, bytes]]]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    return build_parser(PROGRAM, "Deterministic pipeline-parallel (x data-parallel) training of a small "
-                        "transformer LM on synthetic tokens, with resumable per-stage DCP checkpoints.",
-                        PpLmOptions)  # fmt: skip
+    return build_parser(
+        PROGRAM,
+        "Deterministic pipeline-parallel (x data-parallel) training of a small "
+        "transformer LM on synthetic tokens, with resumable per-stage DCP checkpoints.",
+        PpLmOptions,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -309,8 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe.rank_start()
         probe.close()
         raise SystemExit(str(exc)) from None
-    probe.rank_start(global_batch=global_batch(where.dp, opts.microbatches, opts.microbatch_size),
-                     stage=where.stage, replica=where.replica, stages=where.stages, dp=where.dp)  # fmt: skip
+    probe.rank_start(
+        global_batch=global_batch(where.dp, opts.microbatches, opts.microbatch_size),
+        stage=where.stage,
+        replica=where.replica,
+        stages=where.stages,
+        dp=where.dp,
+    )
     try:
         return _run(args, opts, where, probe)
     finally:
@@ -332,12 +354,17 @@ class _Groups:
 def _groups(where: Placement, world_size: int, pg_timeout_s: float) -> _Groups:
     import torch.distributed as dist
 
-    dp_groups = [dist.new_group([rank_of(k, d, where.dp) for d in range(where.dp)]) for k in range(where.stages)]
-    pp_groups = [dist.new_group([rank_of(k, d, where.dp) for k in range(where.stages)]) for d in range(where.dp)]
+    dp_groups = [
+        dist.new_group([rank_of(k, d, where.dp) for d in range(where.dp)]) for k in range(where.stages)
+    ]
+    pp_groups = [
+        dist.new_group([rank_of(k, d, where.dp) for k in range(where.stages)]) for d in range(where.dp)
+    ]
     training = where.dp * where.stages
     train = dist.new_group(list(range(training))) if training < world_size else None
-    coord = dist.new_group(list(range(world_size)), backend="gloo", timeout=timedelta(seconds=max(IDLE_WAIT_S,
-                                                                                                 pg_timeout_s)))
+    coord = dist.new_group(
+        list(range(world_size)), backend="gloo", timeout=timedelta(seconds=max(IDLE_WAIT_S, pg_timeout_s))
+    )
     if where.idle:
         return _Groups(None, None, train, coord)
     assert where.stage is not None and where.replica is not None
@@ -371,12 +398,17 @@ def _run(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe: P
     groups = _groups(where, d.world_size, opts.pg_timeout_s)
     start_step, marker = _resume_candidates(args.ckpt_dir, groups.coord)
     if start_step is not None and int(marker.get("stages", opts.stages)) != opts.stages:
-        raise SystemExit(f"pp_lm: checkpoint step {start_step} was written with {marker['stages']} stages; "
-                         f"it resumes only with --stages {marker['stages']} (not {opts.stages})")  # fmt: skip
+        raise SystemExit(
+            f"pp_lm: checkpoint step {start_step} was written with {marker['stages']} stages; "
+            f"it resumes only with --stages {marker['stages']} (not {opts.stages})"
+        )
     if where.idle:
         used = where.dp * where.stages
-        print(f"rank {d.rank} idle: world size {d.world_size} is not a multiple of --stages {opts.stages} "
-              f"({where.dp} replicas use ranks 0..{used - 1})", flush=True)  # fmt: skip
+        print(
+            f"rank {d.rank} idle: world size {d.world_size} is not a multiple of --stages {opts.stages} "
+            f"({where.dp} replicas use ranks 0..{used - 1})",
+            flush=True,
+        )
         parts: list[tuple[str, bytes]] = []
         loss: float | None = None
     else:
@@ -388,7 +420,6 @@ def _run(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe: P
     print(f"final digest {digest}", flush=True)
     dist.destroy_process_group()
     return 0
-
 
 
 class _StageRunner:
@@ -408,7 +439,9 @@ class _StageRunner:
         self.params = list(self.module.parameters())
         self._dropout = {"step": 0, "stream": 0, "microbatch": 0}
         self.module.register_forward_pre_hook(self._reseed_dropout)
-        self.optimizer = torch.optim.AdamW(self.params, lr=opts.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=opts.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY
+        )
         # A plain function of the step as lr_lambda: LambdaLR's state dict then holds last_epoch/base_lrs only.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, opts.steps))
 
@@ -419,11 +452,17 @@ class _StageRunner:
         # (which would draw dropout masks in a resumed run's first step that an uninterrupted run does not draw).
         mb, n, width = opts.microbatch_size, opts.seq_len, opts.d_model
         hidden = torch.empty(mb, n, width, device="meta")
-        pipe = PipelineStage(self.module, stage, opts.stages, device, group=pp_group,
-                             input_args=torch.empty(mb, n, dtype=torch.int64, device="meta") if self.first else hidden,
-                             output_args=torch.empty(mb * n, opts.vocab, device="meta") if self.last else hidden,
-                             input_grads=(None,) if self.first else hidden,
-                             output_grads=(None,) if self.last else hidden)  # fmt: skip
+        pipe = PipelineStage(
+            self.module,
+            stage,
+            opts.stages,
+            device,
+            group=pp_group,
+            input_args=torch.empty(mb, n, dtype=torch.int64, device="meta") if self.first else hidden,
+            output_args=torch.empty(mb * n, opts.vocab, device="meta") if self.last else hidden,
+            input_grads=(None,) if self.first else hidden,
+            output_grads=(None,) if self.last else hidden,
+        )
         schedule_class = ScheduleGPipe if opts.schedule == "gpipe" else Schedule1F1B
         self.schedule = schedule_class(pipe, n_microbatches=opts.microbatches, loss_fn=loss_fn)
 
@@ -431,7 +470,9 @@ class _StageRunner:
         import torch
 
         d = self._dropout
-        torch.manual_seed(mix_seed(self.seed, DROPOUT_KEY, d["step"], d["stream"], self.stage, d["microbatch"]))
+        torch.manual_seed(
+            mix_seed(self.seed, DROPOUT_KEY, d["step"], d["stream"], self.stage, d["microbatch"])
+        )
         d["microbatch"] += 1
 
     def forward_backward(self, step: int, stream: int, x: Any, y: Any) -> list[Any]:
@@ -449,8 +490,10 @@ class _StageRunner:
         else:
             self.schedule.step()
         if self._dropout["microbatch"] != self.opts.microbatches:
-            raise RuntimeError(f"stage {self.stage} ran {self._dropout['microbatch']} forwards in step {step}, "
-                               f"not {self.opts.microbatches}")  # fmt: skip
+            raise RuntimeError(
+                f"stage {self.stage} ran {self._dropout['microbatch']} forwards in step {step}, "
+                f"not {self.opts.microbatches}"
+            )
         return losses
 
 
@@ -459,9 +502,24 @@ class _StageCheckpoints:
     part under ``stage<N>``, the data position beside it; rank 0 marks it complete), saved and loaded over the
     job's training group."""
 
-    def __init__(self, ckpt_dir: str, opts: PpLmOptions, where: Placement, probe: Probe, d: Dist, groups: _Groups,
-                 runner: _StageRunner) -> None:  # fmt: skip
-        self.ckpt_dir, self.opts, self.where, self.probe, self.d, self.groups = ckpt_dir, opts, where, probe, d, groups
+    def __init__(
+        self,
+        ckpt_dir: str,
+        opts: PpLmOptions,
+        where: Placement,
+        probe: Probe,
+        d: Dist,
+        groups: _Groups,
+        runner: _StageRunner,
+    ) -> None:
+        self.ckpt_dir, self.opts, self.where, self.probe, self.d, self.groups = (
+            ckpt_dir,
+            opts,
+            where,
+            probe,
+            d,
+            groups,
+        )
         self.runner = runner
         self.part = f"stage{where.stage}"
 
@@ -470,8 +528,10 @@ class _StageCheckpoints:
 
         r = self.runner
         msd, osd = get_state_dict(r.module, r.optimizer)
-        return {self.part: {"model": msd, "optim": osd, "scheduler": r.scheduler.state_dict()},
-                "progress": {"step": step, "data_position": step}}  # fmt: skip
+        return {
+            self.part: {"model": msd, "optim": osd, "scheduler": r.scheduler.state_dict()},
+            "progress": {"step": step, "data_position": step},
+        }
 
     def _barrier(self) -> None:
         import torch.distributed as dist
@@ -494,8 +554,16 @@ class _StageCheckpoints:
             dcp.save(self.state(step), checkpoint_id=str(path), process_group=self.groups.train)
             self._barrier()
             if d.rank == 0:
-                mark_complete(path, {"step": step, "world_size": d.world_size, "stages": self.opts.stages,
-                                     "dp": self.where.dp, "t_ns": time.time_ns()})  # fmt: skip
+                mark_complete(
+                    path,
+                    {
+                        "step": step,
+                        "world_size": d.world_size,
+                        "stages": self.opts.stages,
+                        "dp": self.where.dp,
+                        "t_ns": time.time_ns(),
+                    },
+                )
             self._barrier()
             info["complete"] = True
 
@@ -509,20 +577,34 @@ class _StageCheckpoints:
         with self.probe.ckpt_load(start_step, str(path)):
             loaded = self.state(start_step)
             dcp.load(loaded, checkpoint_id=str(path), process_group=self.groups.train)
-            set_state_dict(r.module, r.optimizer, model_state_dict=loaded[part]["model"],
-                           optim_state_dict=loaded[part]["optim"])  # fmt: skip
+            set_state_dict(
+                r.module,
+                r.optimizer,
+                model_state_dict=loaded[part]["model"],
+                optim_state_dict=loaded[part]["optim"],
+            )
             r.scheduler.load_state_dict(loaded[part]["scheduler"])
             start = int(loaded["progress"]["data_position"])
             if int(loaded["progress"]["step"]) != start_step:
-                raise RuntimeError(f"checkpoint {path} holds step {loaded['progress']['step']}, not {start_step}")
+                raise RuntimeError(
+                    f"checkpoint {path} holds step {loaded['progress']['step']}, not {start_step}"
+                )
         written_dp = marker.get("dp")
         resized = f" (written at dp {written_dp})" if written_dp not in (None, self.where.dp) else ""
         print(f"resumed from {path} at step {start}{resized}", flush=True)
         return start
 
 
-def _train(args: argparse.Namespace, opts: PpLmOptions, where: Placement, probe: Probe, d: Dist, groups: _Groups,
-           start_step: int | None, marker: dict[str, Any]) -> tuple[float | None, list[tuple[str, bytes]]]:  # fmt: skip
+def _train(
+    args: argparse.Namespace,
+    opts: PpLmOptions,
+    where: Placement,
+    probe: Probe,
+    d: Dist,
+    groups: _Groups,
+    start_step: int | None,
+    marker: dict[str, Any],
+) -> tuple[float | None, list[tuple[str, bytes]]]:
     """Train this rank's stage from ``start_step`` (None: from scratch); (last loss, this stage's parameter bytes
     if this is replica 0, else nothing)."""
     import torch
@@ -610,16 +692,30 @@ def _main_ft(args: argparse.Namespace, opts: PpLmOptions) -> int:
     group, groups = int(env.get(ENV_GROUP, "0")), int(env.get(ENV_GROUPS, "1"))
     stage, stages = int(env["RANK"]), int(env["WORLD_SIZE"])
     if stages != opts.stages:
-        raise SystemExit(f"pp_lm: a replica group has {stages} ranks, but --stages is {opts.stages}: under torchft "
-                         "a replica group is one whole pipeline")  # fmt: skip
+        raise SystemExit(
+            f"pp_lm: a replica group has {stages} ranks, but --stages is {opts.stages}: under torchft "
+            "a replica group is one whole pipeline"
+        )
     if not 0 <= group < groups:
         raise SystemExit(f"pp_lm: {ENV_GROUP}={group} is outside 0..{groups - 1}")
-    probe = Probe(env.get(ENV_EVENTS), rank=replica_rank(group, stage, stages), world_size=groups * stages,
-                  local_rank=int(env.get("LOCAL_RANK", "0")), node=env.get(ENV_NODE, "node0"),
-                  incarnation=incarnation_from_env())  # fmt: skip
-    probe.rank_start(global_batch=global_batch(groups, opts.microbatches, opts.microbatch_size), stage=stage,
-                     replica=group, stages=stages, dp=groups, replica_group=group, group_rank=stage,
-                     group_world_size=stages)  # fmt: skip
+    probe = Probe(
+        env.get(ENV_EVENTS),
+        rank=replica_rank(group, stage, stages),
+        world_size=groups * stages,
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        node=env.get(ENV_NODE, "node0"),
+        incarnation=incarnation_from_env(),
+    )
+    probe.rank_start(
+        global_batch=global_batch(groups, opts.microbatches, opts.microbatch_size),
+        stage=stage,
+        replica=group,
+        stages=stages,
+        dp=groups,
+        replica_group=group,
+        group_rank=stage,
+        group_world_size=stages,
+    )
     try:
         return _train_ft(args, opts, probe, group, groups, stage)
     finally:
@@ -641,8 +737,14 @@ def _attempt_stores(timeout_s: float) -> tuple[Any, Any]:
     addr, rank, world_size = env["MASTER_ADDR"], int(env["RANK"]), int(env["WORLD_SIZE"])
     timeout = timedelta(seconds=timeout_s)
     hosted_by_agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    base = dist.TCPStore(addr, int(env["MASTER_PORT"]), world_size, not hosted_by_agent and rank == 0, timeout,
-                         wait_for_workers=False)  # fmt: skip
+    base = dist.TCPStore(
+        addr,
+        int(env["MASTER_PORT"]),
+        world_size,
+        not hosted_by_agent and rank == 0,
+        timeout,
+        wait_for_workers=False,
+    )
     attempt = dist.PrefixStore(f"pp_lm/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
     if rank == 0:
         manager_store = dist.TCPStore(addr, 0, world_size, True, timeout, wait_for_workers=False)
@@ -653,7 +755,9 @@ def _attempt_stores(timeout_s: float) -> tuple[Any, Any]:
     return attempt, manager_store
 
 
-def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: int, groups: int, stage: int) -> int:
+def _train_ft(
+    args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: int, groups: int, stage: int
+) -> int:
     """Every step: a synchronous quorum (a group that is behind heals each stage from the same stage of a peer),
     the global batch's replica slots this group computes (participant ``p`` of ``n``: slots ``p, p + n, ...``; one
     pipeline pass each, its gradients added in float64), one fault-tolerant SUM of the stage's gradients and
@@ -669,8 +773,14 @@ def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: 
     d = init_distributed("pp_lm", opts.pg_timeout_s, args.backend, deterministic=True, store=group_store)
     runner = _StageRunner(opts, args.seed, stage, d.device, None)
     module, optimizer, scheduler, params = runner.module, runner.optimizer, runner.scheduler, runner.params
-    loop = FtLoop(probe, group, {"model": module, "optim": optimizer, "scheduler": scheduler}, opts.pg_timeout_s,
-                  healed=f"stage {stage} ", store=(os.environ["MASTER_ADDR"], manager_store.port))  # fmt: skip
+    loop = FtLoop(
+        probe,
+        group,
+        {"model": module, "optim": optimizer, "scheduler": scheduler},
+        opts.pg_timeout_s,
+        healed=f"stage {stage} ",
+        store=(os.environ["MASTER_ADDR"], manager_store.port),
+    )
 
     def batch(step: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(mix_seed(args.seed, step, slot))
@@ -720,7 +830,9 @@ def _train_ft(args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: 
                 dist.broadcast(loss_t, src=opts.stages - 1)
             loss_value = float(loss_t.item())
             planted.check_loss(step, loss_value)
-            loop.committed(quorum, loss_value, t_step, global_batch(groups, opts.microbatches, opts.microbatch_size))
+            loop.committed(
+                quorum, loss_value, t_step, global_batch(groups, opts.microbatches, opts.microbatch_size)
+            )
         else:
             loop.skipped(quorum, t_step, t_comm)
 

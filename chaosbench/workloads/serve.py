@@ -45,10 +45,16 @@ class LoadShape(BaseModel):
     model_config = ConfigDict(extra="forbid")
     users: int = Field(default=10, ge=1, description="concurrent locust users")
     spawn_rate: float = Field(default=100.0, gt=0, description="users started per second")
-    duration_s: float = Field(default=20.0, gt=0, description="seconds of load from load_start (spawning included)")
-    wait_s: float = Field(default=0.05, ge=0, description="each user's pause after each of its requests, seconds")
+    duration_s: float = Field(
+        default=20.0, gt=0, description="seconds of load from load_start (spawning included)"
+    )
+    wait_s: float = Field(
+        default=0.05, ge=0, description="each user's pause after each of its requests, seconds"
+    )
     request_timeout_s: float = Field(default=2.0, gt=0, description="a request not answered within it fails")
-    window_ms: int = Field(default=100, ge=10, le=60_000, description="width of one load_window, milliseconds")
+    window_ms: int = Field(
+        default=100, ge=10, le=60_000, description="width of one load_window, milliseconds"
+    )
     max_requests: int = Field(
         default=200_000, ge=1, description="the load stops after this many completed requests (a bound)"
     )
@@ -80,8 +86,9 @@ class DeclaredRequest(BaseModel):
     with ``body`` as its JSON body; it succeeds when the answer's status is ``expect_status``."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(default=None, min_length=1, description="its name in the load's counts (default: "
-                             "'METHOD path')")  # fmt: skip
+    name: str | None = Field(
+        default=None, min_length=1, description="its name in the load's counts (default: 'METHOD path')"
+    )
     method: str = Field(default="GET", description=f"the HTTP method ({', '.join(HTTP_METHODS)})")
     path: str = Field(description="the path on the server, from '/' (query string allowed)")
     body: Any = Field(default=None, description="the request's JSON body, any JSON value (none: no body)")
@@ -101,8 +108,10 @@ class DeclaredRequest(BaseModel):
     @classmethod
     def _path(cls, v: str) -> str:
         if not v.startswith("/") or v.startswith("//") or any(c.isspace() for c in v):
-            raise ValueError(f"'{v}' is not a path from '/' (the load only goes to the balancer: no scheme, host "
-                             "or spaces)")  # fmt: skip
+            raise ValueError(
+                f"'{v}' is not a path from '/' (the load only goes to the balancer: no scheme, host "
+                "or spaces)"
+            )
         return v
 
     @property
@@ -114,8 +123,11 @@ class DeclaredRequest(BaseModel):
 class RequestLoadOptions(LoadShape):
     """A locust load whose requests the suite declares (``serve-command``: a user's own server's endpoints)."""
 
-    requests: list[DeclaredRequest] = Field(min_length=1, description="the requests the users send, each with its "
-                                            "method, path, JSON body, expected status and weight")  # fmt: skip
+    requests: list[DeclaredRequest] = Field(
+        min_length=1,
+        description="the requests the users send, each with its "
+        "method, path, JSON body, expected status and weight",
+    )
 
     @field_validator("requests")
     @classmethod
@@ -132,10 +144,17 @@ class SloOptions(BaseModel):
     """The availability SLO the run is judged against (read by the metrics from ``load_start``)."""
 
     model_config = ConfigDict(extra="forbid")
-    availability: float = Field(default=0.999, gt=0, lt=1, description="availability objective (0.999: 99.9 %)")
-    window_days: float = Field(default=30.0, gt=0, description="the SLO's window, days (its error budget's period)")
+    availability: float = Field(
+        default=0.999, gt=0, lt=1, description="availability objective (0.999: 99.9 %)"
+    )
+    window_days: float = Field(
+        default=30.0, gt=0, description="the SLO's window, days (its error budget's period)"
+    )
     error_rate: float = Field(
-        default=0.01, ge=0, lt=1, description="a load window with at most this share of failed requests is healthy"
+        default=0.01,
+        ge=0,
+        lt=1,
+        description="a load window with at most this share of failed requests is healthy",
     )
     recovery_window_s: float = Field(
         default=5.0, gt=0, description="recovered: the first span this long whose windows are all healthy"
@@ -149,24 +168,50 @@ class ServeOptions(BaseModel):
     hidden: int = Field(default=64, ge=1, le=65_536, description="hidden width of the served MLP")
     layers: int = Field(default=2, ge=1, le=64, description="hidden layers of the served MLP")
     load_delay_s: float = Field(
-        default=0.0, ge=0, description="extra sleep at the start of each model load, before the file is read "
+        default=0.0,
+        ge=0,
+        description="extra sleep at the start of each model load, before the file is read "
         "(makes load time visible; a fault triggered by model_load_begin lands before the read)",
     )
     load: LoadOptions = Field(default_factory=LoadOptions, description="the locust load")
     slo: SloOptions = Field(default_factory=SloOptions, description="the availability SLO")
 
 
-def load_program_argv(load: LoadShape, slo: SloOptions, target_url: str, allow_cidrs: Sequence[str] = ()) -> list[str]:
+def load_program_argv(
+    load: LoadShape, slo: SloOptions, target_url: str, allow_cidrs: Sequence[str] = ()
+) -> list[str]:
     """The load program's command line (:mod:`chaosbench.workloads.serve_load`) for ``load`` (a
     :class:`LoadOptions` mix of the built-in endpoints, or a :class:`RequestLoadOptions`' declared requests)
     against ``target_url``; ``allow_cidrs``: networks besides loopback the target may be in."""
-    argv = [sys.executable, "-m", LOAD_PROGRAM, "--target", target_url,
-            "--users", str(load.users), "--spawn-rate", str(load.spawn_rate), "--duration-s", str(load.duration_s),
-            "--wait-s", str(load.wait_s), "--request-timeout-s", str(load.request_timeout_s),
-            "--window-ms", str(load.window_ms), "--max-requests", str(load.max_requests),
-            "--slo-availability", str(slo.availability), "--slo-window-days", str(slo.window_days),
-            "--slo-error-rate", str(slo.error_rate),
-            "--slo-recovery-window-s", str(slo.recovery_window_s)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        LOAD_PROGRAM,
+        "--target",
+        target_url,
+        "--users",
+        str(load.users),
+        "--spawn-rate",
+        str(load.spawn_rate),
+        "--duration-s",
+        str(load.duration_s),
+        "--wait-s",
+        str(load.wait_s),
+        "--request-timeout-s",
+        str(load.request_timeout_s),
+        "--window-ms",
+        str(load.window_ms),
+        "--max-requests",
+        str(load.max_requests),
+        "--slo-availability",
+        str(slo.availability),
+        "--slo-window-days",
+        str(slo.window_days),
+        "--slo-error-rate",
+        str(slo.error_rate),
+        "--slo-recovery-window-s",
+        str(slo.recovery_window_s),
+    ]
     if isinstance(load, LoadOptions):
         argv += ["--mix", ",".join(f"{name}={weight}" for name, weight in load.mix.items())]
     elif isinstance(load, RequestLoadOptions):
@@ -190,13 +235,27 @@ class Serve(ServingWorkload[ServeOptions]):
 
     def _model_args(self, run: RunPaths) -> list[str]:
         o = self.options
-        return ["--model-file", str(self.model_file(run)), "--hidden", str(o.hidden), "--layers", str(o.layers),
-                "--seed", str(run.seed)]  # fmt: skip
+        return [
+            "--model-file",
+            str(self.model_file(run)),
+            "--hidden",
+            str(o.hidden),
+            "--layers",
+            str(o.layers),
+            "--seed",
+            str(run.seed),
+        ]
 
     def argv(self, run: RunPaths) -> list[str]:
         """One replica (environment: RANK, WORLD_SIZE, SERVE_HOST, SERVE_PORT and the probe's variables)."""
-        return [sys.executable, "-m", REPLICA_PROGRAM, *self._model_args(run),
-                "--load-delay-s", str(self.options.load_delay_s)]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            REPLICA_PROGRAM,
+            *self._model_args(run),
+            "--load-delay-s",
+            str(self.options.load_delay_s),
+        ]
 
     def init_argv(self, run: RunPaths) -> list[str]:
         """The process that writes the model file (once, before the replicas start)."""

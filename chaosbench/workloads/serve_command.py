@@ -47,7 +47,9 @@ class ReadyCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str = Field(default="/health", description="the health path, from '/'")
     expect_status: int = Field(default=200, ge=100, le=599, description="the status of a healthy answer")
-    interval_s: float = Field(default=0.1, gt=0, le=60, description="pause between two polls until ready, seconds")
+    interval_s: float = Field(
+        default=0.1, gt=0, le=60, description="pause between two polls until ready, seconds"
+    )
     timeout_s: float = Field(default=1.0, gt=0, le=60, description="one poll's timeout, seconds")
 
     @field_validator("path")
@@ -65,10 +67,13 @@ class ServeCommandOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     cwd: str | None = Field(
-        default=None, description="working directory of the server (placeholders allowed); default: a fresh "
+        default=None,
+        description="working directory of the server (placeholders allowed); default: a fresh "
         "directory of the run ({work_dir}), shared by its replicas and their restarts",
-    )  # fmt: skip
-    env: dict[str, str] = Field(default_factory=dict, description="environment of the server (placeholders allowed)")
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment of the server (placeholders allowed)"
+    )
     command: list[str] = Field(
         description="one replica's command line; {port} (the port it must listen on) is required here or in env, "
         "{host} is the address to bind, and the command workload's placeholders ({rank}, {project_dir}, ...) are "
@@ -102,8 +107,10 @@ class ServeCommandOptions(BaseModel):
         check_placeholders([("", s) for s in v], SERVER_PLACEHOLDERS)
         env = info.data.get("env") or {}
         if not any("port" in placeholders(text) for text in [*v, *env.values()]):
-            raise ValueError("no {port}: each replica must listen on the port the balancer gives it (put {port} in "
-                             "the command or in an env value)")  # fmt: skip
+            raise ValueError(
+                "no {port}: each replica must listen on the port the balancer gives it (put {port} in "
+                "the command or in an env value)"
+            )
         if info.data.get("cwd") is None and "cwd" in info.data:
             check_script_paths(v, at="")
         return v
@@ -118,12 +125,22 @@ class ServeCommand(ServingWorkload[ServeCommandOptions]):
     def argv(self, run: RunPaths) -> list[str]:
         """One replica: the shim, with the run's placeholder values and the readiness check, then the command."""
         o = self.options
-        return [sys.executable, "-m", SHIM, "--patterns", "{}",
-                "--subst", json.dumps(run_values(run), sort_keys=True),
-                *(["--env", json.dumps(o.env, sort_keys=True)] if o.env else []),
-                "--cwd", o.cwd if o.cwd is not None else "{work_dir}",
-                "--ready", json.dumps(o.ready.model_dump(), sort_keys=True),
-                "--", *o.command]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            SHIM,
+            "--patterns",
+            "{}",
+            "--subst",
+            json.dumps(run_values(run), sort_keys=True),
+            *(["--env", json.dumps(o.env, sort_keys=True)] if o.env else []),
+            "--cwd",
+            o.cwd if o.cwd is not None else "{work_dir}",
+            "--ready",
+            json.dumps(o.ready.model_dump(), sort_keys=True),
+            "--",
+            *o.command,
+        ]
 
     @property
     def health_path(self) -> str:

@@ -67,8 +67,9 @@ EXIT_USAGE = 2
 # ------------------------------------------------------------------------------------------------ the target
 
 
-def check_target(url: str, allow_cidrs: Sequence[str] = (),
-                 resolve: Callable[[str], list[str]] | None = None) -> list[str]:  # fmt: skip
+def check_target(
+    url: str, allow_cidrs: Sequence[str] = (), resolve: Callable[[str], list[str]] | None = None
+) -> list[str]:
     """The addresses ``url``'s host stands for, each checked: loopback (127.0.0.0/8, ::1) or inside one of
     ``allow_cidrs``. Raises :class:`TargetRefused` (one line) otherwise, or when the URL is not ``http://host:port``.
     ``resolve``: host name -> addresses (default: ``getaddrinfo``)."""
@@ -90,8 +91,11 @@ def check_target(url: str, allow_cidrs: Sequence[str] = (),
         ip = ipaddress.ip_address(a)
         if not ip.is_loopback and not any(ip.version == n.version and ip in n for n in nets):
             allowed = "loopback" + "".join(f", {n}" for n in nets)
-            raise TargetRefused(url, f"{a} is not in an allowed network ({allowed}); the load only goes to the run's "
-                                "own loopback addresses or its --allow-cidr network")  # fmt: skip
+            raise TargetRefused(
+                url,
+                f"{a} is not in an allowed network ({allowed}); the load only goes to the run's "
+                "own loopback addresses or its --allow-cidr network",
+            )
     return addrs
 
 
@@ -197,10 +201,17 @@ class WindowAggregator:
         hist = [0] * (len(self.edges_ms) + 1)
         for v in lat:
             hist[bisect.bisect_right(self.edges_ms, v)] += 1
-        return {"t_ns": self.start_ns + i * self.window_ns, "window_s": length_ns / 1e9, "requests": w.requests,
-                "failures": sum(w.errors.values()), "errors": dict(w.errors), "latency_hist": hist,
-                "p50_ms": nearest_rank(lat, 0.5), "p99_ms": nearest_rank(lat, 0.99),
-                "max_ms": lat[-1] if lat else None}  # fmt: skip
+        return {
+            "t_ns": self.start_ns + i * self.window_ns,
+            "window_s": length_ns / 1e9,
+            "requests": w.requests,
+            "failures": sum(w.errors.values()),
+            "errors": dict(w.errors),
+            "latency_hist": hist,
+            "p50_ms": nearest_rank(lat, 0.5),
+            "p99_ms": nearest_rank(lat, 0.99),
+            "max_ms": lat[-1] if lat else None,
+        }
 
 
 # ------------------------------------------------------------------------------------------------ the program
@@ -235,26 +246,48 @@ def parser() -> argparse.ArgumentParser:
     from chaosbench.workloads.serve import LoadOptions, LoadShape, SloOptions
 
     lo, slo = LoadShape.model_fields, SloOptions.model_fields
-    p = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description="locust load against one serving URL, "
-                                "aggregated per window onto the run's timeline ($CHAOSBENCH_EVENTS).")  # fmt: skip
-    p.add_argument("--target", required=True, help="http://host:port (loopback, or in an --allow-cidr network)")
-    p.add_argument("--allow-cidr", action="append", default=[], metavar="CIDR",
-                   help="a network besides loopback the target may be in (repeatable)")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog=f"python -m {PROGRAM}",
+        description="locust load against one serving URL, "
+        "aggregated per window onto the run's timeline ($CHAOSBENCH_EVENTS).",
+    )
+    p.add_argument(
+        "--target", required=True, help="http://host:port (loopback, or in an --allow-cidr network)"
+    )
+    p.add_argument(
+        "--allow-cidr",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a network besides loopback the target may be in (repeatable)",
+    )
 
     def opt(flag: str, fields: dict[str, Any], name: str, kind: Any) -> None:
         f = fields[name]
         default = f.get_default(call_default_factory=True)
-        p.add_argument(flag, dest=flag[2:].replace("-", "_"), type=kind, default=default,
-                       help=f"{f.description} (default: {default})")  # fmt: skip
+        p.add_argument(
+            flag,
+            dest=flag[2:].replace("-", "_"),
+            type=kind,
+            default=default,
+            help=f"{f.description} (default: {default})",
+        )
 
     opt("--users", lo, "users", int)
     opt("--spawn-rate", lo, "spawn_rate", float)
     opt("--duration-s", lo, "duration_s", float)
     mix = LoadOptions.model_fields["mix"].get_default(call_default_factory=True)
-    p.add_argument("--mix", type=parse_mix, default=mix, help="endpoint=weight,... (default: predict=9,health=1)")
-    p.add_argument("--requests", type=parse_requests, default=None, metavar="JSON",
-                   help="the declared requests instead of the mix: a JSON list of {name, method, path, body, "
-                   "expect_status, weight}")  # fmt: skip
+    p.add_argument(
+        "--mix", type=parse_mix, default=mix, help="endpoint=weight,... (default: predict=9,health=1)"
+    )
+    p.add_argument(
+        "--requests",
+        type=parse_requests,
+        default=None,
+        metavar="JSON",
+        help="the declared requests instead of the mix: a JSON list of {name, method, path, body, "
+        "expect_status, weight}",
+    )
     opt("--wait-s", lo, "wait_s", float)
     opt("--request-timeout-s", lo, "request_timeout_s", float)
     opt("--window-ms", lo, "window_ms", int)
@@ -322,7 +355,9 @@ def mix_of(load: Any) -> dict[str, int]:
     return dict(load.mix)
 
 
-def user_tasks(load: Any, started: Counter[str]) -> tuple[dict[Callable[[Any], None], int], dict[str, int | None]]:
+def user_tasks(
+    load: Any, started: Counter[str]
+) -> tuple[dict[Callable[[Any], None], int], dict[str, int | None]]:
     """The locust user's tasks with their weights, and each request name's expected status (None: any status
     below 400 succeeds): the mix's built-in endpoints, or the declared requests (``load.requests``). Each task
     counts the requests it begins in ``started`` (by name)."""
@@ -367,13 +402,31 @@ class _Counting:
     request's own ``expect``-ed statuses are no error), and counted per request name; once ``max_requests`` are
     counted, ``full`` is called and later completions are abandoned, not counted."""
 
-    def __init__(self, max_requests: int, expect: dict[str, Any], agg: WindowAggregator, clock: _Clock,
-                 full: Callable[[], None]) -> None:  # fmt: skip
-        self.max_requests, self.expect, self.agg, self.clock, self.full = max_requests, expect, agg, clock, full
+    def __init__(
+        self,
+        max_requests: int,
+        expect: dict[str, Any],
+        agg: WindowAggregator,
+        clock: _Clock,
+        full: Callable[[], None],
+    ) -> None:
+        self.max_requests, self.expect, self.agg, self.clock, self.full = (
+            max_requests,
+            expect,
+            agg,
+            clock,
+            full,
+        )
         self.counted: dict[str, list[int]] = {name: [0, 0] for name in expect}  # name -> [requests, failures]
 
-    def __call__(self, response_time: float, response: Any = None, exception: BaseException | None = None,
-                 name: str | None = None, **_: Any) -> None:  # fmt: skip
+    def __call__(
+        self,
+        response_time: float,
+        response: Any = None,
+        exception: BaseException | None = None,
+        name: str | None = None,
+        **_: Any,
+    ) -> None:
         agg = self.agg
         if agg.requests >= self.max_requests:
             return  # completed after the bound was reached: abandoned, not counted
@@ -388,8 +441,10 @@ class _Counting:
 
     def by_request(self, started: Counter[str]) -> dict[str, dict[str, int]]:
         """Per request name: requests counted, failures, and started but never completed."""
-        return {name: {"requests": n, "failures": f, "unfinished": started[name] - n}
-                for name, (n, f) in self.counted.items()}  # fmt: skip
+        return {
+            name: {"requests": n, "failures": f, "unfinished": started[name] - n}
+            for name, (n, f) in self.counted.items()
+        }
 
 
 def _announce(emit: Callable[..., None], args: LoadArgs, start_ns: int) -> None:
@@ -398,11 +453,24 @@ def _announce(emit: Callable[..., None], args: LoadArgs, start_ns: int) -> None:
 
     lo, slo = args.load, args.slo
     mix = mix_of(lo)
-    declared = {"requests": [r.model_dump() for r in lo.requests]} if isinstance(lo, RequestLoadOptions) else {}
-    emit("load_start", t_ns=start_ns, target=args.target, users=lo.users, spawn_rate=lo.spawn_rate,
-         duration_s=lo.duration_s, window_s=lo.window_ms / 1000, mix=mix, wait_s=lo.wait_s,
-         request_timeout_s=lo.request_timeout_s, max_requests=lo.max_requests, slo=slo.model_dump(),
-         **declared)  # fmt: skip
+    declared = (
+        {"requests": [r.model_dump() for r in lo.requests]} if isinstance(lo, RequestLoadOptions) else {}
+    )
+    emit(
+        "load_start",
+        t_ns=start_ns,
+        target=args.target,
+        users=lo.users,
+        spawn_rate=lo.spawn_rate,
+        duration_s=lo.duration_s,
+        window_s=lo.window_ms / 1000,
+        mix=mix,
+        wait_s=lo.wait_s,
+        request_timeout_s=lo.request_timeout_s,
+        max_requests=lo.max_requests,
+        slo=slo.model_dump(),
+        **declared,
+    )
     print(f"load start: {lo.users} users on {args.target} for {lo.duration_s} s, mix {mix}", flush=True)
 
 
@@ -417,9 +485,15 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     lo = args.load
     started: Counter[str] = Counter()
     tasks, expect = user_tasks(lo, started)
-    user_class = type("ServeUser", (HttpUser,), {
-        "host": args.target.rstrip("/"), "wait_time": constant(lo.wait_s), "tasks": tasks,
-    })  # fmt: skip
+    user_class = type(
+        "ServeUser",
+        (HttpUser,),
+        {
+            "host": args.target.rstrip("/"),
+            "wait_time": constant(lo.wait_s),
+            "tasks": tasks,
+        },
+    )
     env = Environment(user_classes=[user_class])
     clock = _Clock()
     stop: dict[str, str | None] = {"reason": None}
@@ -475,10 +549,19 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
     tick.kill()
     emit_windows(agg.finish(end_ns))
     duration_s = (end_ns - start_ns) / 1e9
-    emit("load_end", t_ns=end_ns, requests=agg.requests, failures=agg.failures, duration_s=duration_s,
-         reason=stop["reason"], by_request=on_request.by_request(started))  # fmt: skip
-    print(f"load end ({stop['reason']}): {agg.requests} requests, {agg.failures} failed, in {duration_s:.2f} s",
-          flush=True)  # fmt: skip
+    emit(
+        "load_end",
+        t_ns=end_ns,
+        requests=agg.requests,
+        failures=agg.failures,
+        duration_s=duration_s,
+        reason=stop["reason"],
+        by_request=on_request.by_request(started),
+    )
+    print(
+        f"load end ({stop['reason']}): {agg.requests} requests, {agg.failures} failed, in {duration_s:.2f} s",
+        flush=True,
+    )
     return 1 if stop["reason"] == "signal" else 0
 
 

@@ -69,20 +69,30 @@ PROGRAM = "chaosbench.workloads.serve_replica"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m {PROGRAM}",
-                                description="One replica of the serve workload, or (--init-model) the writer of "
-                                "its model file.")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog=f"python -m {PROGRAM}",
+        description="One replica of the serve workload, or (--init-model) the writer of its model file.",
+    )
     p.add_argument("--model-file", required=True, help="the model checkpoint (torch.save of a state dict)")
     p.add_argument("--hidden", type=int, default=64, help="hidden width of the MLP (default: 64)")
     p.add_argument("--layers", type=int, default=2, help="hidden layers of the MLP (default: 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model's initialization (default: 0)")
-    p.add_argument("--load-delay-s", type=float, default=0.0,
-                   help="sleep at the start of each model load, before the file is read (default: 0)")  # fmt: skip
+    p.add_argument(
+        "--load-delay-s",
+        type=float,
+        default=0.0,
+        help="sleep at the start of each model load, before the file is read (default: 0)",
+    )
     p.add_argument("--init-model", action="store_true", help="write the model file and exit (no server)")
-    p.add_argument("--host", default=os.environ.get("SERVE_HOST", "127.0.0.1"),
-                   help="bind address (default: $SERVE_HOST, else 127.0.0.1)")  # fmt: skip
+    p.add_argument(
+        "--host",
+        default=os.environ.get("SERVE_HOST", "127.0.0.1"),
+        help="bind address (default: $SERVE_HOST, else 127.0.0.1)",
+    )
     port = os.environ.get("SERVE_PORT")
-    p.add_argument("--port", type=int, default=int(port) if port else None, help="port (default: $SERVE_PORT)")
+    p.add_argument(
+        "--port", type=int, default=int(port) if port else None, help="port (default: $SERVE_PORT)"
+    )
     return p
 
 
@@ -94,7 +104,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     try:
-        ServeOptions.model_validate({"hidden": args.hidden, "layers": args.layers, "load_delay_s": args.load_delay_s})
+        ServeOptions.model_validate(
+            {"hidden": args.hidden, "layers": args.layers, "load_delay_s": args.load_delay_s}
+        )
     except ValidationError as exc:
         err = exc.errors()[0]
         p.error(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}")
@@ -164,8 +176,10 @@ def skip_unfireable(planted: Planted, probe: Probe) -> None:
     """A ``fault_skipped`` event for each of this replica's planted faults that cannot fire at its model load."""
     for plant in planted.plants:
         reason = None
-        if plant.injector == "collective-hang" and desync_of(str(plant.params.get("mode", "block")),
-                                                             plant.params.get("mismatch")) is not None:  # fmt: skip
+        if (
+            plant.injector == "collective-hang"
+            and desync_of(str(plant.params.get("mode", "block")), plant.params.get("mismatch")) is not None
+        ):
             reason = "a replica runs no collectives"
         elif plant.injector == "sdc" and plant.params.get("where", "grad") != "param":
             reason = "a replica computes no gradients and saves no checkpoint (only where: param fires, at the load)"
@@ -175,8 +189,11 @@ def skip_unfireable(planted: Planted, probe: Probe) -> None:
             reason = f"a replica's only step is its model load (at_step: {LOAD_STEP}), not {plant.at_step}"
         if reason is not None:
             probe.emit("fault_skipped", fault=plant.fault, injector=plant.injector, reason=reason)
-            print(f"planted fault {plant.fault} ({plant.injector}) cannot fire here: {reason}", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"planted fault {plant.fault} ({plant.injector}) cannot fire here: {reason}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def load_model(args: argparse.Namespace, probe: Probe, planted: Planted) -> tuple[Any, dict[str, Any]]:
@@ -198,8 +215,13 @@ def load_model(args: argparse.Namespace, probe: Probe, planted: Planted) -> tupl
     model.eval()
     planted.after_update(LOAD_STEP, list(model.parameters()))
     finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    info = {"path": path, "bytes": len(data), "duration_s": time.perf_counter() - t0,
-            "digest": params_digest(model), "finite": finite}  # fmt: skip
+    info = {
+        "path": path,
+        "bytes": len(data),
+        "duration_s": time.perf_counter() - t0,
+        "digest": params_digest(model),
+        "finite": finite,
+    }
     probe.emit("model_load_end", **info)
     return model, info
 
@@ -227,21 +249,30 @@ def make_app(model: Any, meta: dict[str, Any]) -> Any:
         try:
             body = await request.json()
             x = body["x"]
-            if (not isinstance(x, list) or len(x) != IN_FEATURES
-                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)):  # fmt: skip
+            if (
+                not isinstance(x, list)
+                or len(x) != IN_FEATURES
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)
+            ):
                 raise ValueError
         except (ValueError, KeyError, TypeError):
-            return JSONResponse({"error": f'expected {{"x": [{IN_FEATURES} numbers]}}', "replica": replica},
-                                status_code=400)  # fmt: skip
+            return JSONResponse(
+                {"error": f'expected {{"x": [{IN_FEATURES} numbers]}}', "replica": replica}, status_code=400
+            )
         # a tiny model: computed on the event loop's thread (no thread pool hop)
         with torch.no_grad():
             y = model(torch.tensor([x], dtype=torch.float32))[0].tolist()
         if not all(math.isfinite(v) for v in y):
-            return JSONResponse({"error": "the model's output is not finite", "replica": replica}, status_code=500)
+            return JSONResponse(
+                {"error": "the model's output is not finite", "replica": replica}, status_code=500
+            )
         return JSONResponse({"y": y, "replica": replica})
 
-    routes = [Route("/health", health, methods=["GET"]), Route("/predict", predict, methods=["POST"]),
-              Route("/info", info, methods=["GET"])]  # fmt: skip
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/predict", predict, methods=["POST"]),
+        Route("/info", info, methods=["GET"]),
+    ]
     return Starlette(routes=routes)
 
 
@@ -259,22 +290,45 @@ def serve(args: argparse.Namespace, probe: Probe) -> int:
 
     torch.set_num_threads(1)
     model, loaded = load_model(args, probe, planted)
-    meta = {"replica": probe.rank, "incarnation": probe.incarnation, "pid": os.getpid(),
-            "model_file": loaded["path"], "digest": loaded["digest"], "finite": loaded["finite"],
-            "hidden": args.hidden, "layers": args.layers, "load_duration_s": loaded["duration_s"]}  # fmt: skip
+    meta = {
+        "replica": probe.rank,
+        "incarnation": probe.incarnation,
+        "pid": os.getpid(),
+        "model_file": loaded["path"],
+        "digest": loaded["digest"],
+        "finite": loaded["finite"],
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "load_duration_s": loaded["duration_s"],
+    }
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started:
-                probe.emit("replica_ready", address=args.host, port=args.port,
-                           url=f"http://{_url_host(args.host)}:{args.port}")
-                print(f"replica {probe.rank} ready on http://{_url_host(args.host)}:{args.port} (incarnation "
-                      f"{probe.incarnation}, model {loaded['path']}, digest {loaded['digest'][:12]})",
-                      flush=True)  # fmt: skip
+                probe.emit(
+                    "replica_ready",
+                    address=args.host,
+                    port=args.port,
+                    url=f"http://{_url_host(args.host)}:{args.port}",
+                )
+                print(
+                    f"replica {probe.rank} ready on http://{_url_host(args.host)}:{args.port} (incarnation "
+                    f"{probe.incarnation}, model {loaded['path']}, digest {loaded['digest'][:12]})",
+                    flush=True,
+                )
 
-    config = uvicorn.Config(make_app(model, meta), host=args.host, port=args.port, loop="asyncio", http="h11",
-                            lifespan="off", access_log=False, log_level="warning", timeout_keep_alive=5)  # fmt: skip
+    config = uvicorn.Config(
+        make_app(model, meta),
+        host=args.host,
+        port=args.port,
+        loop="asyncio",
+        http="h11",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        timeout_keep_alive=5,
+    )
     Server(config).run()
     return 0
 

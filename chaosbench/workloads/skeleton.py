@@ -47,10 +47,13 @@ class TrainingOptions(BaseModel):
     steps: int = Field(default=60, ge=1, description="total optimizer steps")
     checkpoint_every: int = Field(default=10, ge=0, description="checkpoint after every K steps (0: never)")
     pg_timeout_s: float = Field(default=1800.0, gt=0, description="torch.distributed process-group timeout")
-    step_sleep_s: float = Field(default=0.0, ge=0, description="sleep added to each step (emulates slower steps)")
+    step_sleep_s: float = Field(
+        default=0.0, ge=0, description="sleep added to each step (emulates slower steps)"
+    )
     save_on_sigterm: bool = Field(
-        default=False, description="on SIGTERM (a preemption notice) every rank saves at the end of the step, then "
-        "the noticed ranks die of it"
+        default=False,
+        description="on SIGTERM (a preemption notice) every rank saves at the end of the step, then "
+        "the noticed ranks die of it",
     )
 
 
@@ -101,23 +104,32 @@ def add_options(parser: argparse.ArgumentParser, options_model: type[BaseModel])
             parser.add_argument(_flag(name), type=kind, default=default, help=text)
 
 
-def build_parser(prog: str, description: str, options_model: type[BaseModel], checkpoints: bool = True
-                 ) -> argparse.ArgumentParser:  # fmt: skip
+def build_parser(
+    prog: str, description: str, options_model: type[BaseModel], checkpoints: bool = True
+) -> argparse.ArgumentParser:
     """The program's parser: its Options, plus what the harness passes for the run (``--seed``, and
     ``--ckpt-dir`` for a checkpointing program) and ``--backend``."""
     p = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
     add_options(p, options_model)
     if checkpoints:
-        p.add_argument("--ckpt-dir", required=True,
-                       help="directory of step_<NNNNNNNN>/ checkpoints; the newest complete one is resumed from")  # fmt: skip
+        p.add_argument(
+            "--ckpt-dir",
+            required=True,
+            help="directory of step_<NNNNNNNN>/ checkpoints; the newest complete one is resumed from",
+        )
     p.add_argument("--seed", type=int, default=0, help="seed of model init, data and dropout (default: 0)")
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
-                   help="process-group backend (default: nccl if CUDA is available, else gloo)")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default=None,
+        help="process-group backend (default: nccl if CUDA is available, else gloo)",
+    )
     return p
 
 
-def parse_args(parser: argparse.ArgumentParser, options_model: type[BaseModel],
-               argv: typing.Sequence[str] | None = None) -> argparse.Namespace:  # fmt: skip
+def parse_args(
+    parser: argparse.ArgumentParser, options_model: type[BaseModel], argv: typing.Sequence[str] | None = None
+) -> argparse.Namespace:
     """Parse the command line and check the options against the model's bounds (a direct call can pass what the
     harness would refuse): an invalid one exits with the model's message."""
     from pydantic import ValidationError
@@ -188,8 +200,9 @@ class Dist:
             dist.barrier()
 
 
-def init_distributed(program: str, pg_timeout_s: float, backend: str | None, deterministic: bool = False,
-                     store: Any = None) -> Dist:  # fmt: skip
+def init_distributed(
+    program: str, pg_timeout_s: float, backend: str | None, deterministic: bool = False, store: Any = None
+) -> Dist:
     """Check the env:// variables, pick the device (CUDA with NCCL when present), create the process group.
     ``deterministic``: deterministic CUDA kernels (a bit-identical resume needs them for embeddings and
     attention). ``store``: rendezvous through this c10d store instead of env://'s.
@@ -208,7 +221,9 @@ def init_distributed(program: str, pg_timeout_s: float, backend: str | None, det
     rank = dist.get_rank() if made else int(os.environ["RANK"])
     world_size = dist.get_world_size() if made else int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = str(dist.get_backend()) if made else backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = (
+        str(dist.get_backend()) if made else backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    )
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -262,11 +277,21 @@ class PreemptionNotice:
             signal.pause()
 
 
-def train_steps(probe: Probe, steps: range, batch: Callable[[int], tuple[Any, Any]],
-                loss_of: Callable[[Any, Any], Any], optimizer: Any, scheduler: Any,
-                params: Callable[[], list[Any]], step_sleep_s: float, checkpoint_every: int,
-                save: Callable[[int], None], save_on_sigterm: bool = False, planted: Planted | None = None,
-                desync: Callable[[str], AbstractContextManager[None]] | None = None) -> float | None:  # fmt: skip
+def train_steps(
+    probe: Probe,
+    steps: range,
+    batch: Callable[[int], tuple[Any, Any]],
+    loss_of: Callable[[Any, Any], Any],
+    optimizer: Any,
+    scheduler: Any,
+    params: Callable[[], list[Any]],
+    step_sleep_s: float,
+    checkpoint_every: int,
+    save: Callable[[int], None],
+    save_on_sigterm: bool = False,
+    planted: Planted | None = None,
+    desync: Callable[[str], AbstractContextManager[None]] | None = None,
+) -> float | None:
     """The training loop every built-in program shares: for each (1-based) step of ``steps`` the planted faults'
     hooks (:class:`~chaosbench.workloads.planted.Planted`, ``planted`` or one of its own) around forward/backward
     (where a planted collective desync is due, inside ``desync(kind)``: the workload's change to the step's
@@ -285,7 +310,9 @@ def train_steps(probe: Probe, steps: range, batch: Callable[[int], tuple[Any, An
         optimizer.zero_grad(set_to_none=True)
         kind = planted.sync_fault(step)
         if kind is not None and desync is None:
-            raise RuntimeError(f"planted collective desync '{kind}': this program cannot change its collectives")
+            raise RuntimeError(
+                f"planted collective desync '{kind}': this program cannot change its collectives"
+            )
         with desync(kind) if desync is not None and kind is not None else nullcontext():
             loss = loss_of(x, y)
             loss.backward()
@@ -424,7 +451,9 @@ def marked_step(path: Path) -> int:
         pass
     if path.name.startswith(CKPT_DIR_PREFIX) and path.name[len(CKPT_DIR_PREFIX) :].isdigit():
         return int(path.name[len(CKPT_DIR_PREFIX) :])
-    raise RuntimeError(f"checkpoint {path}: no {COMPLETE_MARKER} marker with its step, and no step in its name")
+    raise RuntimeError(
+        f"checkpoint {path}: no {COMPLETE_MARKER} marker with its step, and no step in its name"
+    )
 
 
 class Checkpoints:
@@ -434,8 +463,15 @@ class Checkpoints:
     progress ``{"step", "data_position"}`` and this rank's RNG state under :attr:`rng_key`); ``apply(state)``
     puts a loaded one back into the model, optimizer and scheduler."""
 
-    def __init__(self, ckpt_dir: str, probe: Probe, dist: Dist, state: Callable[[int], dict[str, Any]],
-                 apply: Callable[[dict[str, Any]], None], skip_on_load: tuple[str, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ckpt_dir: str,
+        probe: Probe,
+        dist: Dist,
+        state: Callable[[int], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+        skip_on_load: tuple[str, ...] = (),
+    ) -> None:
         self.ckpt_dir = ckpt_dir
         self.probe = probe
         self.dist = dist
@@ -448,8 +484,16 @@ class Checkpoints:
         self.bridge = _bridge
 
     @classmethod
-    def for_training(cls, ckpt_dir: str, probe: Probe, dist: Dist, model: Any, optimizer: Any, scheduler: Any,
-                     restore_optimizer: bool = True) -> Checkpoints:  # fmt: skip
+    def for_training(
+        cls,
+        ckpt_dir: str,
+        probe: Probe,
+        dist: Dist,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        restore_optimizer: bool = True,
+    ) -> Checkpoints:
         """The full resumable state of a model trained with ``optimizer`` and ``scheduler``: their (possibly
         sharded: FSDP2's DTensors, each rank its slice) state dicts, the progress (the data position is the step
         index) and this rank's RNG state under its own key (or DCP would keep one rank's copy of a "replicated"
@@ -465,12 +509,19 @@ class Checkpoints:
 
         def state(step: int) -> dict[str, Any]:
             msd, osd = get_state_dict(model, optimizer)
-            return {"model": msd, "optim": osd, "scheduler": scheduler.state_dict(),
-                    "progress": {"step": step, "data_position": step}, ckpts.rng_key: ckpts.rng_state()}  # fmt: skip
+            return {
+                "model": msd,
+                "optim": osd,
+                "scheduler": scheduler.state_dict(),
+                "progress": {"step": step, "data_position": step},
+                ckpts.rng_key: ckpts.rng_state(),
+            }
 
         def apply(loaded: dict[str, Any]) -> None:
             if "optim" in loaded:
-                set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+                set_state_dict(
+                    model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
+                )
             else:
                 set_model_state_dict(model, loaded["model"])
             scheduler.load_state_dict(loaded["scheduler"])
@@ -540,7 +591,10 @@ class Checkpoints:
                 box[0] = [] if source is None else [(marked_step(source), str(source))]
             else:
                 candidates = complete_steps(self.ckpt_dir)
-                box[0] = [(s, str(ckpt_path(self.ckpt_dir, s))) for s in (candidates if fallback else candidates[:1])]
+                box[0] = [
+                    (s, str(ckpt_path(self.ckpt_dir, s)))
+                    for s in (candidates if fallback else candidates[:1])
+                ]
         dist.broadcast_object_list(box, src=0)
         tried: list[tuple[int, str]] = box[0]
         for step, where in tried:
@@ -564,7 +618,9 @@ class Checkpoints:
                         self._set_rng_state(state[self.rng_key])
                     position = int(state["progress"]["data_position"])
                     if int(state["progress"]["step"]) != step:
-                        raise RuntimeError(f"checkpoint {path} holds step {state['progress']['step']}, not {step}")
+                        raise RuntimeError(
+                            f"checkpoint {path} holds step {state['progress']['step']}, not {step}"
+                        )
             # CheckpointException (dcp.load's wrapper of every rank's errors) is a BaseException, not an Exception.
             except (Exception, CheckpointException) as exc:
                 if not fallback:
@@ -580,9 +636,13 @@ class Checkpoints:
                     print(f"checkpoint {path} failed to load: {why}; trying an older one", flush=True)
                     continue
             written_by = saved_world_size(path)
-            resized = f" (written at world size {written_by})" if written_by not in (None, d.world_size) else ""
+            resized = (
+                f" (written at world size {written_by})" if written_by not in (None, d.world_size) else ""
+            )
             print(f"resumed from {path} at step {position}{resized}", flush=True)
             return position, path
         if tried:
-            raise RuntimeError(f"no checkpoint in {self.ckpt_dir} could be loaded (tried steps {[s for s, _ in tried]})")
+            raise RuntimeError(
+                f"no checkpoint in {self.ckpt_dir} could be loaded (tried steps {[s for s, _ in tried]})"
+            )
         return 0, None

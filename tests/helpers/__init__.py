@@ -155,8 +155,20 @@ def events_of(m: Any) -> list[Event]:
 
 
 #: The events that say why a run went as it did (an assertion's message shows them: a CI failure explains itself).
-_STORY_KINDS = ("fault_inject", "detect", "restart", "rank_error", "proc_error", "rank_exit", "proc_exit",
-                "ckpt_save_begin", "ckpt_save_end", "ckpt_load_end", "train_end", "run_end")  # fmt: skip
+_STORY_KINDS = (
+    "fault_inject",
+    "detect",
+    "restart",
+    "rank_error",
+    "proc_error",
+    "rank_exit",
+    "proc_exit",
+    "ckpt_save_begin",
+    "ckpt_save_end",
+    "ckpt_load_end",
+    "train_end",
+    "run_end",
+)
 
 
 def story(m: Any, limit: int = 60) -> str:
@@ -167,9 +179,14 @@ def story(m: Any, limit: int = 60) -> str:
     except (AssertionError, OSError) as e:
         return f"{m.verdict} (no timeline: {e})"
     t0 = ev[0].t_ns if ev else 0
-    lines = [f"{(e.t_ns - t0) / 1e9:8.2f} {e.src}/{e.kind} " + " ".join(
-        f"{k}={str(v)[:120]}" for k, v in e.data.items() if k not in ("host", "pid_ticks", "output_stamp"))
-        for e in ev if e.kind in _STORY_KINDS]  # fmt: skip
+    lines = [
+        f"{(e.t_ns - t0) / 1e9:8.2f} {e.src}/{e.kind} "
+        + " ".join(
+            f"{k}={str(v)[:120]}" for k, v in e.data.items() if k not in ("host", "pid_ticks", "output_stamp")
+        )
+        for e in ev
+        if e.kind in _STORY_KINDS
+    ]
     cut = [f"... {len(lines) - limit} more"] if len(lines) > limit else []
     return "\n".join([f"verdict: {m.verdict}", *lines[:limit], *cut])
 
@@ -239,8 +256,9 @@ class RankJob:
         )
 
 
-def launch_ranks(module: str, args: list[str], world_size: int, events: Path, log_dir: Path, tag: str,
-                 incarnation: int = 0) -> RankJob:  # fmt: skip
+def launch_ranks(
+    module: str, args: list[str], world_size: int, events: Path, log_dir: Path, tag: str, incarnation: int = 0
+) -> RankJob:
     """Start ``python -m module *args`` as ``world_size`` ranks writing their events to ``events``."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAOSBENCH_", "TORCHELASTIC_"))}
@@ -248,14 +266,28 @@ def launch_ranks(module: str, args: list[str], world_size: int, events: Path, lo
     job = RankJob([], [])
     try:
         for rank in range(world_size):
-            rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHAOSBENCH_EVENTS=str(events),
-                            CHAOSBENCH_INCARNATION=str(incarnation))  # fmt: skip
+            rank_env = dict(
+                env,
+                RANK=str(rank),
+                WORLD_SIZE=str(world_size),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                CHAOSBENCH_EVENTS=str(events),
+                CHAOSBENCH_INCARNATION=str(incarnation),
+            )
             log = log_dir / f"inc{incarnation}-{tag}-rank{rank}.log"
             job.logs.append(log)
             with log.open("wb") as out:
-                job.procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=rank_env, cwd=REPO_ROOT,
-                                                  stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
+                job.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", module, *args],
+                        env=rank_env,
+                        cwd=REPO_ROOT,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
     except BaseException:
         job.kill()
         raise
@@ -371,12 +403,28 @@ def write_lighthouse_died_control(run_dir: Path, t0: int) -> list[Event]:
     ``run_dir`` (created) from ``t0``; returns its events as read back."""
     run_dir.mkdir(parents=True)
     with TimelineWriter(run_dir / "events.jsonl") as tl:
-        tl.emit("run_start", t_ns=t0, suite="broken", scenario="torchft/control", framework="torchft", repeat=0,
-                control=True)  # fmt: skip
+        tl.emit(
+            "run_start",
+            t_ns=t0,
+            suite="broken",
+            scenario="torchft/control",
+            framework="torchft",
+            repeat=0,
+            control=True,
+        )
         tl.emit("proc_start", t_ns=t0 + 10**7, proc="lighthouse", pid=4000, role="lighthouse")
-        tl.emit("proc_error", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, role="lighthouse", stream="stderr",
-                line=OTLP)  # fmt: skip
-        tl.emit("proc_exit", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, returncode=1, role="lighthouse")
+        tl.emit(
+            "proc_error",
+            t_ns=t0 + 4 * 10**8,
+            proc="lighthouse",
+            pid=4000,
+            role="lighthouse",
+            stream="stderr",
+            line=OTLP,
+        )
+        tl.emit(
+            "proc_exit", t_ns=t0 + 4 * 10**8, proc="lighthouse", pid=4000, returncode=1, role="lighthouse"
+        )
         tl.emit("teardown_begin", t_ns=t0 + 5 * 10**8, reason="end")
         tl.emit("run_end", t_ns=t0 + 6 * 10**8, outcome="failed")
     return read_events(run_dir / "events.jsonl")

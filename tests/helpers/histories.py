@@ -95,7 +95,9 @@ class Record:
 
     plan: Plan
     control: bool
-    logs: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)  # inc -> rank -> (t, step)
+    logs: dict[int, dict[int, list[tuple[int, int]]]] = field(
+        default_factory=dict
+    )  # inc -> rank -> (t, step)
     loads: dict[int, tuple[int, int]] = field(default_factory=dict)  # inc -> (t of its load end, step)
     starts: dict[int, int] = field(default_factory=dict)  # inc -> its first rank_start
     saves: list[tuple[int, int]] = field(default_factory=list)  # (t of the save's end, step), complete ones
@@ -121,20 +123,42 @@ class _Writer:
         h = rank % self.plan.hosts
         host = HARNESS_HOST if h == 0 else f"h{h}"
         t_ns = T0_NS + (t_us + self.plan.offsets_us[h]) * 1000  # written on the rank's own clock
-        self.events.append((t_us, Event(t_ns, kind, "rank", host, {"rank": rank, "incarnation": inc, **data})))
+        self.events.append(
+            (t_us, Event(t_ns, kind, "rank", host, {"rank": rank, "incarnation": inc, **data}))
+        )
 
 
 def simulate(plan: Plan, control: bool = False) -> tuple[list[Event], Record]:
     """The events of a run of ``plan`` (``control``: without its faults), unsorted, and its :class:`Record`."""
     w = _Writer(plan)
     rec = Record(plan, control)
-    w.harness(0, "run_start", scenario="fw/x", framework="fw", fault=None if control else "f", repeat=0,
-              control=control)  # fmt: skip
+    w.harness(
+        0,
+        "run_start",
+        scenario="fw/x",
+        framework="fw",
+        fault=None if control else "f",
+        repeat=0,
+        control=control,
+    )
     for h in range(1, plan.hosts):
-        w.harness(1, "clock_offset", node=f"node{h}", node_host=f"h{h}", offset_ns=plan.offsets_us[h] * 1000,
-                  bound_ns=20_000, rtt_ns=40_000, samples=5)  # fmt: skip
-    pending = list(plan.faults) if not control else [] if plan.control_false is None else [
-        FaultPlan("false", plan.control_false)]  # fmt: skip
+        w.harness(
+            1,
+            "clock_offset",
+            node=f"node{h}",
+            node_host=f"h{h}",
+            offset_ns=plan.offsets_us[h] * 1000,
+            bound_ns=20_000,
+            rtt_ns=40_000,
+            samples=5,
+        )
+    pending = (
+        list(plan.faults)
+        if not control
+        else []
+        if plan.control_false is None
+        else [FaultPlan("false", plan.control_false)]
+    )
     inc = 0
 
     def start(t_us: int, load: bool = True) -> tuple[int, int]:
@@ -170,8 +194,15 @@ def simulate(plan: Plan, control: bool = False) -> tuple[list[Event], Record]:
                 inc += 1
                 t, pos = start(td + fault.restart_us)
                 continue
-            w.harness(tf, "fault_inject", src="injector", fault=name, injector="hang" if fault.kind == "outlast"
-                      else "kill", target=[{"rank": plan.ranks - 1}], effect_t_ns=T0_NS + tf * 1000)  # fmt: skip
+            w.harness(
+                tf,
+                "fault_inject",
+                src="injector",
+                fault=name,
+                injector="hang" if fault.kind == "outlast" else "kill",
+                target=[{"rank": plan.ranks - 1}],
+                effect_t_ns=T0_NS + tf * 1000,
+            )
             if fault.kind == "outlast":
                 rec.faults.append(Fault(name, "outlast", tf, inc, None, ended_us=tf + fault.hold_us))
                 w.harness(tf + fault.hold_us, "fault_revert", src="injector", fault=name)
@@ -179,7 +210,9 @@ def simulate(plan: Plan, control: bool = False) -> tuple[list[Event], Record]:
                 continue
             td = tf + fault.detect_us
             rec.faults.append(Fault(name, fault.kind, tf, inc, td))
-            w.harness(td, "detect", src="framework", framework="fw", reason="exited", blame_rank=plan.ranks - 1)
+            w.harness(
+                td, "detect", src="framework", framework="fw", reason="exited", blame_rank=plan.ranks - 1
+            )
             rec.detections.append((td, name))
             if fault.kind == "fatal":
                 w.harness(td + 1_000, "give_up", src="framework", framework="fw")
@@ -200,8 +233,15 @@ def simulate(plan: Plan, control: bool = False) -> tuple[list[Event], Record]:
                     w.rank(t0 + r * 10, "rank_start", r, inc, pid=1000 + 10 * inc + r, world_size=plan.ranks)
                 t2 = t0 + 1_000
                 name2 = f"f{len(rec.faults)}"
-                w.harness(t2, "fault_inject", src="injector", fault=name2, injector="kill",
-                          target=[{"rank": 0}], effect_t_ns=T0_NS + t2 * 1000)  # fmt: skip
+                w.harness(
+                    t2,
+                    "fault_inject",
+                    src="injector",
+                    fault=name2,
+                    injector="kill",
+                    target=[{"rank": 0}],
+                    effect_t_ns=T0_NS + t2 * 1000,
+                )
                 td2 = t2 + nxt.detect_us
                 rec.faults.append(Fault(name2, "crash", t2, inc, td2))
                 w.harness(td2, "detect", src="framework", framework="fw", reason="exited", blame_rank=0)
@@ -254,8 +294,10 @@ def _cut(w: _Writer, rec: Record, deadline: int) -> None:
     """Everything after ``deadline`` did not happen: the run was torn down then."""
     w.events = [(t, e) for t, e in w.events if t < deadline]
     rec.ended = "deadline"
-    rec.logs = {i: {r: [x for x in lines if x[0] < deadline] for r, lines in by_rank.items()}
-                for i, by_rank in rec.logs.items()}  # fmt: skip
+    rec.logs = {
+        i: {r: [x for x in lines if x[0] < deadline] for r, lines in by_rank.items()}
+        for i, by_rank in rec.logs.items()
+    }
     rec.logs = {i: {r: lines for r, lines in by_rank.items() if lines} for i, by_rank in rec.logs.items()}
     rec.logs = {i: by_rank for i, by_rank in rec.logs.items() if by_rank}
     rec.loads = {i: x for i, x in rec.loads.items() if x[0] < deadline}
@@ -341,9 +383,15 @@ def expected(rec: Record, control: Record) -> Expected:
         until = rec.faults[i + 1].t_us if i + 1 < n else None
         # the framework's first reaction after it, in its window (whatever it meant: a false detection there is
         # a reaction all the same)
-        det = min((t for t, _ in rec.detections if t >= f.t_us and (until is None or t < until)), default=None)
-        own = rec.logs.get(f.inc, {})  # every rank that logs in the incarnation (a late first line holds it up)
-        reached = [s for s in logged_steps(own) if completion(own, s) is not None and completion(own, s) <= f.t_us]
+        det = min(
+            (t for t, _ in rec.detections if t >= f.t_us and (until is None or t < until)), default=None
+        )
+        own = rec.logs.get(
+            f.inc, {}
+        )  # every rank that logs in the incarnation (a late first line holds it up)
+        reached = [
+            s for s in logged_steps(own) if completion(own, s) is not None and completion(own, s) <= f.t_us
+        ]
         if reached:
             position = max(reached)
         else:  # nothing done by this incarnation yet: the step it restored
@@ -352,9 +400,16 @@ def expected(rec: Record, control: Record) -> Expected:
         # next one), the first step a newer incarnation logged; else (in place) the first beyond the position.
         # A fault that ended by itself after which its incarnation logged progress was outlasted in place,
         # whatever restarted the job afterwards.
-        newer = sorted(k for k, t in rec.starts.items() if k > f.inc and t > f.t_us and (until is None or t < until))
-        in_place = [(t, s) for s in logged_steps(own) if s > position
-                    for t in [completion(own, s)] if t is not None and t > f.t_us]  # fmt: skip
+        newer = sorted(
+            k for k, t in rec.starts.items() if k > f.inc and t > f.t_us and (until is None or t < until)
+        )
+        in_place = [
+            (t, s)
+            for s in logged_steps(own)
+            if s > position
+            for t in [completion(own, s)]
+            if t is not None and t > f.t_us
+        ]
         if newer and f.ended_us is not None:
             if any(f.ended_us <= t < rec.starts[newer[0]] for t, _ in in_place):
                 newer = []
@@ -378,8 +433,11 @@ def expected(rec: Record, control: Record) -> Expected:
         if det is not None and in_window and det > resumed[0]:  # type: ignore[index]
             det = None
         detects.append(None if det is None else det - f.t_us)
-        incs_after = [k for k, t in rec.starts.items() if k > f.inc and t >= f.t_us
-                      and (t <= (resumed[0] if in_window else until or 10**18))]  # fmt: skip
+        incs_after = [
+            k
+            for k, t in rec.starts.items()
+            if k > f.inc and t >= f.t_us and (t <= (resumed[0] if in_window else until or 10**18))
+        ]
         restarts.append(len(incs_after))
         resumed_at.append(resumed[0] if in_window else None)  # type: ignore[index]
         lost = None if resumed is None else max(0, position - restored)  # type: ignore[operator]
@@ -415,15 +473,32 @@ def expected(rec: Record, control: Record) -> Expected:
     # a control that restarted once it had logged a step ended in a recovery's state: no reference
     c_logged = [t for by_rank in control.logs.values() for lines in by_rank.values() for t, _ in lines]
     c_resumed = bool(c_logged) and any(t > min(c_logged) for t in control.starts.values())
-    if finished and c_final is not None and c_final >= plan.steps and plan.digest and plan.control_digest \
-            and not c_resumed:  # fmt: skip
+    if (
+        finished
+        and c_final is not None
+        and c_final >= plan.steps
+        and plan.digest
+        and plan.control_digest
+        and not c_resumed
+    ):
         fidelity = "exact" if plan.digest == plan.control_digest else "diverged"
     age = None
     if rec.faults:
         done = [t for t, _ in rec.saves if t <= rec.faults[0].t_us]
         age = rec.faults[0].t_us - max(done) if done else None
-    return Expected(outcome, statuses, detects, resumes, losts, restarts, rec.incarnations - 1, false, final,
-                    fidelity, age)  # fmt: skip
+    return Expected(
+        outcome,
+        statuses,
+        detects,
+        resumes,
+        losts,
+        restarts,
+        rec.incarnations - 1,
+        false,
+        final,
+        fidelity,
+        age,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- strategies
@@ -448,18 +523,43 @@ def plans(draw: st.DrawFn) -> Plan:
         at = draw(st.integers(at + 1, at + max(2, steps // 3)))
         if at >= steps:
             break
-        during = kind == "crash" and bool(faults) and faults[-1].kind == "crash" and not faults[-1].during_restore \
-            and draw(st.booleans())  # fmt: skip
-        faults.append(FaultPlan(kind, at, draw(st.integers(1_000, 300_000)), draw(st.integers(100_000, 2_000_000)),
-                                draw(st.integers(10_000, 3_000_000)), during))  # fmt: skip
+        during = (
+            kind == "crash"
+            and bool(faults)
+            and faults[-1].kind == "crash"
+            and not faults[-1].during_restore
+            and draw(st.booleans())
+        )
+        faults.append(
+            FaultPlan(
+                kind,
+                at,
+                draw(st.integers(1_000, 300_000)),
+                draw(st.integers(100_000, 2_000_000)),
+                draw(st.integers(10_000, 3_000_000)),
+                during,
+            )
+        )
         if kind == "fatal":
             break
     cut = draw(st.one_of(st.none(), st.none(), st.floats(0.3, 0.99)))
     control_false = draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, steps - 1)))
-    return Plan(ranks, hosts, offsets, tuple(every), steps, draw(st.integers(2_000, 50_000)),
-                draw(st.integers(50_000, 2_000_000)), ckpt_every, torn, tuple(faults),
-                draw(st.sampled_from(["a", "b", None])), draw(st.sampled_from(["a", None])), cut,
-                control_false)  # fmt: skip
+    return Plan(
+        ranks,
+        hosts,
+        offsets,
+        tuple(every),
+        steps,
+        draw(st.integers(2_000, 50_000)),
+        draw(st.integers(50_000, 2_000_000)),
+        ckpt_every,
+        torn,
+        tuple(faults),
+        draw(st.sampled_from(["a", "b", None])),
+        draw(st.sampled_from(["a", None])),
+        cut,
+        control_false,
+    )
 
 
 # ------------------------------------------------------------------------------ per-step commit (TorchFT)
@@ -478,9 +578,13 @@ class FtFaultPlan:
     kind: str  # kill | stale | lost | flap | hang
     at_step: int
     group: int = 0
-    manager_us: int = 5_000  # kill -> the survivors' in-flight step fails (step_skipped) and their manager detects
+    manager_us: int = (
+        5_000  # kill -> the survivors' in-flight step fails (step_skipped) and their manager detects
+    )
     retries: int = 0  # the survivors try the step again (skipped again) this often before the new quorum
-    exit_us: int = 50_000  # kill -> the group's launcher sees its worker exit (detect) and restarts it 1 ms later
+    exit_us: int = (
+        50_000  # kill -> the group's launcher sees its worker exit (detect) and restarts it 1 ms later
+    )
     restart_us: int = 400_000  # the restart -> the replacement's rank_start
     heartbeat_us: int = 2_000_000  # kill -> the lighthouse notices (detect) and issues a new quorum
     stale_steps: int = 2
@@ -505,7 +609,9 @@ class FtPlan:
     digest: str | None
     control_digest: str | None
     cut: float | None = None
-    early: int | None = None  # a group whose first worker exits at its start: its launcher restarts it at once
+    early: int | None = (
+        None  # a group whose first worker exits at its start: its launcher restarts it at once
+    )
 
     @property
     def ranks(self) -> int:
@@ -520,18 +626,32 @@ class FtRecord:
     """What a per-step-commit run did, each fact with its moment (us, the harness's clock)."""
 
     plan: FtPlan
-    commits: list[tuple[int, int, int]] = field(default_factory=list)  # the job's: (t complete, step, min duration us)
-    committers: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # step -> (group, inc) in it
-    stale: list[tuple[int, int]] = field(default_factory=list)  # a stale group's commits of old steps: (t, step)
+    commits: list[tuple[int, int, int]] = field(
+        default_factory=list
+    )  # the job's: (t complete, step, min duration us)
+    committers: dict[int, tuple[tuple[int, int], ...]] = field(
+        default_factory=dict
+    )  # step -> (group, inc) in it
+    stale: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # a stale group's commits of old steps: (t, step)
     skips: list[tuple[int, int]] = field(default_factory=list)  # (t, step) of each step_skipped
     detections: list[int] = field(default_factory=list)  # every detect
-    separators: list[int] = field(default_factory=list)  # every restart and give_up (a detection episode ends)
+    separators: list[int] = field(
+        default_factory=list
+    )  # every restart and give_up (a detection episode ends)
     quorums: list[int] = field(default_factory=list)  # every new quorum the lighthouse issued
-    starts: list[tuple[int, int, int]] = field(default_factory=list)  # (t, group, incarnation) of each group start
+    starts: list[tuple[int, int, int]] = field(
+        default_factory=list
+    )  # (t, group, incarnation) of each group start
     faults: list[int] = field(default_factory=list)  # when each fault took effect
-    victims: list[tuple[int, int | None]] = field(default_factory=list)  # each fault's group, its replacement's inc
+    victims: list[tuple[int, int | None]] = field(
+        default_factory=list
+    )  # each fault's group, its replacement's inc
     heals: dict[tuple[int, int], int] = field(default_factory=dict)  # (group, inc) -> when its ranks healed
-    reports: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # step -> (t, group, inc) reports
+    reports: dict[int, list[tuple[int, int, int]]] = field(
+        default_factory=dict
+    )  # step -> (t, group, inc) reports
     ended: str = "completed"
     train_end_us: int | None = None
     end_us: int = 0  # run_end
@@ -540,8 +660,22 @@ class FtRecord:
 
 def _ft_writer(plan: FtPlan) -> _Writer:
     # the writer places rank r on host r % hosts, as the plan says
-    return _Writer(Plan(plan.ranks, plan.hosts, plan.offsets_us, (1,) * plan.ranks, plan.steps, plan.step_us,
-                        plan.init_us, 0, frozenset(), (), plan.digest, plan.control_digest))  # fmt: skip
+    return _Writer(
+        Plan(
+            plan.ranks,
+            plan.hosts,
+            plan.offsets_us,
+            (1,) * plan.ranks,
+            plan.steps,
+            plan.step_us,
+            plan.init_us,
+            0,
+            frozenset(),
+            (),
+            plan.digest,
+            plan.control_digest,
+        )
+    )
 
 
 def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRecord]:
@@ -551,25 +685,56 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
     w = _ft_writer(plan)
     rec = FtRecord(plan)
     K, G = plan.per_group, plan.groups
-    w.harness(0, "run_start", scenario="fw/x", framework="fw", fault=None if control else "f", repeat=0,
-              control=control)  # fmt: skip
+    w.harness(
+        0,
+        "run_start",
+        scenario="fw/x",
+        framework="fw",
+        fault=None if control else "f",
+        repeat=0,
+        control=control,
+    )
     for h in range(1, plan.hosts):
-        w.harness(1, "clock_offset", node=f"node{h}", node_host=f"h{h}", offset_ns=plan.offsets_us[h] * 1000,
-                  bound_ns=20_000, rtt_ns=40_000, samples=5)  # fmt: skip
+        w.harness(
+            1,
+            "clock_offset",
+            node=f"node{h}",
+            node_host=f"h{h}",
+            offset_ns=plan.offsets_us[h] * 1000,
+            bound_ns=20_000,
+            rtt_ns=40_000,
+            samples=5,
+        )
     inc = [0] * G
 
     def start_group(t_us: int, g: int) -> None:
         rec.starts.append((t_us, g, inc[g]))
         for i, r in enumerate(plan.ranks_of(g)):
-            w.rank(t_us + i * 10, "rank_start", r, inc[g], pid=1000 + 100 * inc[g] + r, world_size=plan.ranks,
-                   replica_group=g, group_rank=i, group_world_size=K)  # fmt: skip
+            w.rank(
+                t_us + i * 10,
+                "rank_start",
+                r,
+                inc[g],
+                pid=1000 + 100 * inc[g] + r,
+                world_size=plan.ranks,
+                replica_group=g,
+                group_rank=i,
+                group_world_size=K,
+            )
 
     for g in range(G):
         start_group(10_000 + g * 1_000, g)
         if g == plan.early:  # a restart before any fault (and before training): a detection no fault explains
             rec.detections.append(15_000 + g * 1_000)
-            w.harness(15_000 + g * 1_000, "detect", src="framework", framework="fw", via="exit", replica_group=g,
-                      exitcode=1)  # fmt: skip
+            w.harness(
+                15_000 + g * 1_000,
+                "detect",
+                src="framework",
+                framework="fw",
+                via="exit",
+                replica_group=g,
+                exitcode=1,
+            )
             w.harness(16_000 + g * 1_000, "restart", src="framework", framework="fw", replica_group=g)
             rec.separators.append(16_000 + g * 1_000)
             inc[g] += 1
@@ -577,8 +742,16 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
     t = 10_000 + G * 1_000 + plan.init_us
     members = tuple(range(G))
     qid = 1
-    w.harness(t, "quorum", src="framework", framework="fw", via="lighthouse", quorum_id=qid, participants=G,
-              replica_groups=list(members))  # fmt: skip
+    w.harness(
+        t,
+        "quorum",
+        src="framework",
+        framework="fw",
+        via="lighthouse",
+        quorum_id=qid,
+        participants=G,
+        replica_groups=list(members),
+    )
     pos = 0
     pending: list[tuple[int, int]] = []  # (ready to join, group) of replacements not in the quorum yet
     todo = [] if control else list(plan.faults)
@@ -589,24 +762,50 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
         nonlocal qid, members
         qid += 1
         rec.quorums.append(tb)
-        w.harness(tb, "quorum", src="framework", framework="fw", via="lighthouse", quorum_id=qid,
-                  participants=len(groups), previous_participants=len(members),
-                  replica_groups=list(groups))  # fmt: skip
+        w.harness(
+            tb,
+            "quorum",
+            src="framework",
+            framework="fw",
+            via="lighthouse",
+            quorum_id=qid,
+            participants=len(groups),
+            previous_participants=len(members),
+            replica_groups=list(groups),
+        )
         if len(groups) < len(members):  # the manager of a group left in a smaller quorum says so
             survivor = plan.ranks_of(heal_from[0])[0]
             rec.detections.append(tb + 50)
-            w.rank(tb + 50, "detect", survivor, inc[heal_from[0]], framework="fw", via="manager",
-                   mechanism="quorum change", reason=f"quorum {qid}: {len(groups)} of {len(members)} replica groups")
+            w.rank(
+                tb + 50,
+                "detect",
+                survivor,
+                inc[heal_from[0]],
+                framework="fw",
+                via="manager",
+                mechanism="quorum change",
+                reason=f"quorum {qid}: {len(groups)} of {len(members)} replica groups",
+            )
         joiners = [g for g in groups if g not in heal_from]
         members = groups
         if not joiners:
             return tb
-        w.rank(tb + 100, "heal_send", plan.ranks_of(heal_from[0])[0], inc[heal_from[0]], step=pos,
-               dst_replica_ranks=[groups.index(g) for g in joiners])  # fmt: skip
+        w.rank(
+            tb + 100,
+            "heal_send",
+            plan.ranks_of(heal_from[0])[0],
+            inc[heal_from[0]],
+            step=pos,
+            dst_replica_ranks=[groups.index(g) for g in joiners],
+        )
         for g in joiners:
             for r in plan.ranks_of(g):
-                w.rank(tb + 200, "heal_begin", r, inc[g], step=pos, src_replica_rank=groups.index(heal_from[0]))
-                w.rank(tb + plan.heal_us, "heal_end", r, inc[g], step=pos, duration_s=(plan.heal_us - 200) / 1e6)
+                w.rank(
+                    tb + 200, "heal_begin", r, inc[g], step=pos, src_replica_rank=groups.index(heal_from[0])
+                )
+                w.rank(
+                    tb + plan.heal_us, "heal_end", r, inc[g], step=pos, duration_s=(plan.heal_us - 200) / 1e6
+                )
             rec.heals[(g, inc[g])] = tb + plan.heal_us
         return tb + plan.heal_us
 
@@ -614,10 +813,19 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
         fault = todo[0] if todo else None
         if fault is not None and pos >= fault.at_step:
             todo.pop(0)
-            if fault.kind == "flap":  # the lighthouse reports a failure that is not there; nothing else happens
+            if (
+                fault.kind == "flap"
+            ):  # the lighthouse reports a failure that is not there; nothing else happens
                 rec.detections.append(t + 1_000)
-                w.harness(t + 1_000, "detect", src="framework", framework="fw", via="lighthouse",
-                          mechanism="framework heartbeat", reason="lighthouse: a heartbeat late")  # fmt: skip
+                w.harness(
+                    t + 1_000,
+                    "detect",
+                    src="framework",
+                    framework="fw",
+                    via="lighthouse",
+                    mechanism="framework heartbeat",
+                    reason="lighthouse: a heartbeat late",
+                )
                 continue
             if len(members) < 2:
                 continue  # nobody would survive it: it does not happen
@@ -626,9 +834,15 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             g = members[fault.group % len(members)]
             survivors = tuple(x for x in members if x != g)
             name = f"f{len(rec.faults) - 1}"
-            w.harness(tf, "fault_inject", src="injector", fault=name, injector="hang" if fault.kind == "hang"
-                      else "kill", target=[{"rank": r} for r in plan.ranks_of(g)],
-                      effect_t_ns=T0_NS + tf * 1000)  # fmt: skip
+            w.harness(
+                tf,
+                "fault_inject",
+                src="injector",
+                fault=name,
+                injector="hang" if fault.kind == "hang" else "kill",
+                target=[{"rank": r} for r in plan.ranks_of(g)],
+                effect_t_ns=T0_NS + tf * 1000,
+            )
             if fault.kind == "hang":  # the step in flight waits for it: it commits hold_us late, in place
                 rec.victims.append((g, None))
                 w.harness(tf + fault.hold_us, "fault_revert", src="injector", fault=name, injector="hang")
@@ -640,15 +854,31 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
             for k in range(fault.retries + 1):
                 ts = tf + fault.manager_us + k * gap
                 for j, r in enumerate(r for s in survivors for r in plan.ranks_of(s)):
-                    w.rank(ts + 3 * j, "step_skipped", r, inc[r // K], step=pos + 1, reason="peer lost",
-                           duration_s=(plan.step_us - 10 * r) / 1e6, collective_s=0.001, participants=len(members),
-                           quorum_id=qid)  # fmt: skip
+                    w.rank(
+                        ts + 3 * j,
+                        "step_skipped",
+                        r,
+                        inc[r // K],
+                        step=pos + 1,
+                        reason="peer lost",
+                        duration_s=(plan.step_us - 10 * r) / 1e6,
+                        collective_s=0.001,
+                        participants=len(members),
+                        quorum_id=qid,
+                    )
                     rec.skips.append((ts + 3 * j, pos + 1))
                 if k == 0:
                     first = plan.ranks_of(survivors[0])[0]
                     rec.detections.append(ts + 1)
-                    w.rank(ts + 1, "detect", first, inc[survivors[0]], framework="fw", via="manager",
-                           reason=f"step {pos + 1} not committed: peer lost")  # fmt: skip
+                    w.rank(
+                        ts + 1,
+                        "detect",
+                        first,
+                        inc[survivors[0]],
+                        framework="fw",
+                        via="manager",
+                        reason=f"step {pos + 1} not committed: peer lost",
+                    )
             # the group's launcher sees its worker exit and restarts it (or gives up)
             td = tf + fault.exit_us
             rec.detections.append(td)
@@ -670,17 +900,33 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
                     for i in range(n):
                         tc = ready + (i + 1) * plan.step_us
                         for j, r in enumerate(plan.ranks_of(g)):
-                            w.rank(tc + 3 * j, "step", r, inc[g], step=pos - n + i + 1, loss=0.5,
-                                   duration_s=(2 * plan.step_us - 10 * r) / 1e6, participants=1,
-                                   quorum_id=1000 + len(rec.faults), committed=True)  # fmt: skip
+                            w.rank(
+                                tc + 3 * j,
+                                "step",
+                                r,
+                                inc[g],
+                                step=pos - n + i + 1,
+                                loss=0.5,
+                                duration_s=(2 * plan.step_us - 10 * r) / 1e6,
+                                participants=1,
+                                quorum_id=1000 + len(rec.faults),
+                                committed=True,
+                            )
                         rec.stale.append((tc + 3 * (K - 1), pos - n + i + 1))
                     ready += n * plan.step_us + 1_000
                 pending.append((ready, g))
             # the lighthouse notices and issues a quorum of the survivors and every replacement ready by then
             rec.detections.append(t_q)
-            w.harness(t_q, "detect", src="framework", framework="fw", via="lighthouse",
-                      mechanism="framework heartbeat", blame_groups=[g],
-                      reason=f"lighthouse: {len(members)} -> {len(members) - 1} replica groups")  # fmt: skip
+            w.harness(
+                t_q,
+                "detect",
+                src="framework",
+                framework="fw",
+                via="lighthouse",
+                mechanism="framework heartbeat",
+                blame_groups=[g],
+                reason=f"lighthouse: {len(members)} -> {len(members) - 1} replica groups",
+            )
             back = tuple(x for r_t, x in pending if r_t <= t_q)
             pending = [(r_t, x) for r_t, x in pending if r_t > t_q]
             t = requorum(t_q, tuple(sorted(survivors + back)), survivors)
@@ -692,9 +938,19 @@ def simulate_ft(plan: FtPlan, control: bool = False) -> tuple[list[Event], FtRec
         pos += 1
         ranks = [r for g in members for r in plan.ranks_of(g)]
         for j, r in enumerate(ranks):
-            w.rank(t + plan.step_us + 3 * j, "step", r, inc[r // K], step=pos, loss=1.0 / pos,
-                   duration_s=(plan.step_us - 10 * r) / 1e6, participants=len(members), quorum_id=qid,
-                   committed=True, global_batch=32)  # fmt: skip
+            w.rank(
+                t + plan.step_us + 3 * j,
+                "step",
+                r,
+                inc[r // K],
+                step=pos,
+                loss=1.0 / pos,
+                duration_s=(plan.step_us - 10 * r) / 1e6,
+                participants=len(members),
+                quorum_id=qid,
+                committed=True,
+                global_batch=32,
+            )
             rec.reports.setdefault(pos, []).append((t + plan.step_us + 3 * j, r // K, inc[r // K]))
         done = t + plan.step_us + 3 * (len(ranks) - 1)
         rec.commits.append((done, pos, plan.step_us - 10 * max(ranks)))
@@ -744,8 +1000,12 @@ def _cut_ft(w: _Writer, rec: FtRecord, at_us: int) -> None:
 @dataclass
 class FtExpected(Expected):
     skipped_steps: int | None = None  # the first fault's, when the run recovered
-    rejoin_us: int | None = None  # the first fault's: the first commit with a group incarnation begun after it
-    stages_us: tuple[int | None, ...] | None = None  # the first fault's detect, reschedule, reshard_or_replace, resume
+    rejoin_us: int | None = (
+        None  # the first fault's: the first commit with a group incarnation begun after it
+    )
+    stages_us: tuple[int | None, ...] | None = (
+        None  # the first fault's detect, reschedule, reshard_or_replace, resume
+    )
     recover_us: int | None = None  # their total: the fault to the end of the last one
     fault_step: int | None = None  # the highest job step committed when the first fault took effect
     restart_init_us: int | None = None  # the first fault's detection to the start of its resumed step
@@ -798,8 +1058,10 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
         losts.append(max(0, position - (resumed[1] - 1)) + len(skips))  # type: ignore[index]
         skipped.append(len(skips))
     outcome = run_outcome(bool(rec.faults), finished, statuses)
-    windows = [(tf, resumed_at[i] if resumed_at[i] is not None else (rec.faults[i + 1] if i + 1 < n else None))
-               for i, tf in enumerate(rec.faults)]  # fmt: skip
+    windows = [
+        (tf, resumed_at[i] if resumed_at[i] is not None else (rec.faults[i + 1] if i + 1 < n else None))
+        for i, tf in enumerate(rec.faults)
+    ]
     # false detections: detection episodes (detections not separated by a restart or a give-up) no fault explains:
     # begun outside every fault's window (from it to its job's resume, or to the next fault)
     episodes, current = [], False
@@ -823,7 +1085,9 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
     if first_recovered:
         tf = rec.faults[0]
         new = {(g, i) for t, g, i in rec.starts if t >= tf}
-        rejoin = min((t - tf for t, s, _ in rec.commits if t > tf and new & set(rec.committers[s])), default=None)
+        rejoin = min(
+            (t - tf for t, s, _ in rec.commits if t > tf and new & set(rec.committers[s])), default=None
+        )
     stages, recover = _ft_stages(rec, first_recovered and statuses[0] == "recovered")
     fault_step = restart_init = burned = None
     if rec.faults:
@@ -836,11 +1100,28 @@ def expected_ft(rec: FtRecord, control: FtRecord) -> FtExpected:
             restart_init = max(0, resumed_t - compute - reacted)
         if not finished:
             burned = rec.end_us - tf
-    return FtExpected(outcome, statuses, detects, resumes, losts, restarts, sum(c - 1 for c in by_group.values()),
-                      false, final, fidelity, None, skipped_steps=skipped[0] if first_recovered else None,
-                      rejoin_us=rejoin, productive_us=productive, wall_us=rec.end_us, stages_us=stages,
-                      recover_us=recover, fault_step=fault_step, restart_init_us=restart_init,
-                      burned_us=burned)  # fmt: skip
+    return FtExpected(
+        outcome,
+        statuses,
+        detects,
+        resumes,
+        losts,
+        restarts,
+        sum(c - 1 for c in by_group.values()),
+        false,
+        final,
+        fidelity,
+        None,
+        skipped_steps=skipped[0] if first_recovered else None,
+        rejoin_us=rejoin,
+        productive_us=productive,
+        wall_us=rec.end_us,
+        stages_us=stages,
+        recover_us=recover,
+        fault_step=fault_step,
+        restart_init_us=restart_init,
+        burned_us=burned,
+    )
 
 
 def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] | None, int | None]:
@@ -852,9 +1133,13 @@ def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] |
     if not recovered:
         return None, None
     tf = rec.faults[0]
-    det = min((t for t in rec.detections if t >= tf and (len(rec.faults) < 2 or t < rec.faults[1])), default=None)
+    det = min(
+        (t for t in rec.detections if t >= tf and (len(rec.faults) < 2 or t < rec.faults[1])), default=None
+    )
     position = max((s for t, s, _ in rec.commits if t <= tf), default=0)
-    group, new_inc = rec.victims[0]  # its replacement: started before the next fault (a later one is its restart)
+    group, new_inc = rec.victims[
+        0
+    ]  # its replacement: started before the next fault (a later one is its restart)
     until = rec.faults[1] if len(rec.faults) > 1 else None
     started = [t for t, g, i in rec.starts if (g, i) == (group, new_inc) and (until is None or t < until)]
     ends: list[int | None]
@@ -863,8 +1148,13 @@ def _ft_stages(rec: FtRecord, recovered: bool) -> tuple[tuple[int | None, ...] |
         ends = [det, det or tf, det or tf, resume]
     else:
         healed = rec.heals.get((group, new_inc))  # type: ignore[arg-type]
-        mine = sorted(t for s, xs in rec.reports.items() if s > position for t, g, i in xs
-                      if (g, i) == (group, new_inc) and healed is not None and t >= healed)  # fmt: skip
+        mine = sorted(
+            t
+            for s, xs in rec.reports.items()
+            if s > position
+            for t, g, i in xs
+            if (g, i) == (group, new_inc) and healed is not None and t >= healed
+        )
         ends = [det, started[0] + (rec.plan.per_group - 1) * 10, healed, mine[0] if mine else None]
     seconds: list[int | None] = []
     prev = tf
@@ -893,18 +1183,41 @@ def ft_plans(draw: st.DrawFn) -> FtPlan:
     step_us = draw(st.integers(2_000, 50_000))
     faults: list[FtFaultPlan] = []
     at = 0
-    kinds = draw(st.lists(st.sampled_from(["kill", "kill", "stale", "lost", "flap", "hang"]), min_size=1,
-                          max_size=3))  # fmt: skip
+    kinds = draw(
+        st.lists(st.sampled_from(["kill", "kill", "stale", "lost", "flap", "hang"]), min_size=1, max_size=3)
+    )
     for kind in kinds if draw(st.integers(0, 9)) != 5 else []:  # a run without a fault now and then
         at = draw(st.integers(at + 1, at + max(2, steps // 3)))
         if at >= steps:
             break
         heartbeat = draw(st.integers(20_000, 3_000_000))
-        faults.append(FtFaultPlan(kind, at, draw(st.integers(0, 2)), draw(st.integers(1_000, heartbeat - 10_000)),
-                                  draw(st.integers(0, 2)), draw(st.integers(1_000, heartbeat - 2_000)),
-                                  draw(st.integers(10_000, 2_000_000)), heartbeat,
-                                  draw(st.integers(1, 3)), draw(st.integers(10_000, 3_000_000))))  # fmt: skip
+        faults.append(
+            FtFaultPlan(
+                kind,
+                at,
+                draw(st.integers(0, 2)),
+                draw(st.integers(1_000, heartbeat - 10_000)),
+                draw(st.integers(0, 2)),
+                draw(st.integers(1_000, heartbeat - 2_000)),
+                draw(st.integers(10_000, 2_000_000)),
+                heartbeat,
+                draw(st.integers(1, 3)),
+                draw(st.integers(10_000, 3_000_000)),
+            )
+        )
     cut = draw(st.one_of(st.none(), st.none(), st.floats(0.3, 0.99)))
-    return FtPlan(groups, per_group, hosts, offsets, steps, step_us, draw(st.integers(10_000, 500_000)),
-                  draw(st.integers(1_000, 100_000)), tuple(faults), draw(st.sampled_from(["a", "b", None])),
-                  draw(st.sampled_from(["a", None])), cut, draw(st.sampled_from([None, None, 0, 1])))  # fmt: skip
+    return FtPlan(
+        groups,
+        per_group,
+        hosts,
+        offsets,
+        steps,
+        step_us,
+        draw(st.integers(10_000, 500_000)),
+        draw(st.integers(1_000, 100_000)),
+        tuple(faults),
+        draw(st.sampled_from(["a", "b", None])),
+        draw(st.sampled_from(["a", None])),
+        cut,
+        draw(st.sampled_from([None, None, 0, 1])),
+    )

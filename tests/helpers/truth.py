@@ -28,8 +28,14 @@ def lost_steps_by_the_logs(m: Any) -> int:
         if e.kind == "step" and e.src == "rank" and _inc(e) == fault_inc and e.t_ns < new.t_ns:
             last[int(e["rank"])] = max(last.get(int(e["rank"]), 0), int(e["step"]))
     done = min(last.values())
-    loads = [int(e["step"]) for e in events if e.kind == "ckpt_load_end" and e.src == "rank" and _inc(e) == _inc(new)]
-    first = min(int(e["step"]) for e in events if e.kind == "step" and e.src == "rank" and _inc(e) == _inc(new))
+    loads = [
+        int(e["step"])
+        for e in events
+        if e.kind == "ckpt_load_end" and e.src == "rank" and _inc(e) == _inc(new)
+    ]
+    first = min(
+        int(e["step"]) for e in events if e.kind == "step" and e.src == "rank" and _inc(e) == _inc(new)
+    )
     restored = min([first - 1, *loads[-1:]])
     return max(0, done - restored)
 
@@ -48,8 +54,11 @@ def stage_ends_by_the_timeline(m: Any) -> dict[str, float]:
     loads = [e.t_ns for e in events if e.kind == "ckpt_load_end" and _inc(e) == new_inc]
     reached = 0
     for r in {int(e["rank"]) for e in events if e.kind == "step" and _inc(e) == fault_inc}:
-        mine = [int(e["step"]) for e in events if e.kind == "step" and _inc(e) == fault_inc and int(e["rank"]) == r
-                and e.t_ns < min(starts)]  # fmt: skip
+        mine = [
+            int(e["step"])
+            for e in events
+            if e.kind == "step" and _inc(e) == fault_inc and int(e["rank"]) == r and e.t_ns < min(starts)
+        ]
         reached = min(reached, max(mine)) if reached else max(mine)
     beyond: dict[int, int] = {}
     for e in events:

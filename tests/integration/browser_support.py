@@ -83,7 +83,9 @@ class PageCheck:
 
 def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run Chromium in its own session; on a timeout its whole process group (only what this call started) ends."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -94,7 +96,9 @@ def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def check_page(page: Path, work: Path, width: int = 1280, height: int = 800, timeout_s: float = 90) -> PageCheck:
+def check_page(
+    page: Path, work: Path, width: int = 1280, height: int = 800, timeout_s: float = 90
+) -> PageCheck:
     """Load ``page`` in headless Chromium twice: a copy with :data:`PROBE` beside it (``--dump-dom``), and the
     page itself for a ``width`` x ``height`` screenshot with the console logged. ``work``: a scratch directory
     (profiles, the screenshot)."""
@@ -106,19 +110,38 @@ def check_page(page: Path, work: Path, width: int = 1280, height: int = 800, tim
     assert head is not None, f"{page}: no <head>"
     probed = page.with_name(page.stem + ".browser-check.html")
     probed.write_text(html[: head.end()] + PROBE + html[head.end() :])
-    common = [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--hide-scrollbars", "--no-first-run",
-              "--virtual-time-budget=10000", f"--window-size={width},{height}"]  # fmt: skip
+    common = [
+        binary,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--virtual-time-budget=10000",
+        f"--window-size={width},{height}",
+    ]
     try:
-        dumped = _run([*common, f"--user-data-dir={work / 'profile-dom'}", "--dump-dom", probed.as_uri()], timeout_s)
+        dumped = _run(
+            [*common, f"--user-data-dir={work / 'profile-dom'}", "--dump-dom", probed.as_uri()], timeout_s
+        )
     finally:
         probed.unlink()
     found = _RESULT.search(dumped.stdout)
     assert found is not None, f"the probe wrote nothing (rc {dumped.returncode}): {dumped.stderr[-2000:]}"
     seen = json.loads(_unescape(found.group(1)))
     shot = work / "first-screen.png"
-    shown = _run([*common, f"--user-data-dir={work / 'profile-shot'}", "--enable-logging=stderr", "--v=0",
-                  f"--screenshot={shot}", page.as_uri()], timeout_s)  # fmt: skip
+    shown = _run(
+        [
+            *common,
+            f"--user-data-dir={work / 'profile-shot'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        timeout_s,
+    )
     assert shot.is_file(), f"no screenshot (rc {shown.returncode}): {shown.stderr[-2000:]}"
     console = [m.group(1) for line in shown.stderr.splitlines() if (m := _CONSOLE.search(line))]
     return PageCheck(seen["errors"], console, seen["images"], shot, dumped.stdout)

@@ -53,7 +53,9 @@ def run_objects(run_dir: str | Path) -> list[str]:
     client = connect()
     try:
         flt = {"label": f"chaosbench.run={run_id}"}
-        out = [f"container {c.name}" for c in client.containers.list(all=True, filters=flt, ignore_removed=True)]
+        out = [
+            f"container {c.name}" for c in client.containers.list(all=True, filters=flt, ignore_removed=True)
+        ]
         return out + [f"network {n.name}" for n in client.networks.list(filters=flt)]
     finally:
         client.close()
@@ -62,6 +64,9 @@ def run_objects(run_dir: str | Path) -> list[str]:
 def step_interval_ms(events: list[Event], lo_ns: int, hi_ns: int, rank: int = 0) -> float | None:
     """Median interval between consecutive steps of ``rank`` completed in [lo, hi], in ms."""
     steps = [e for e in events if e.kind == "step" and e.get("rank") == rank and lo_ns <= e.t_ns <= hi_ns]
-    gaps = [(b.t_ns - a.t_ns) / 1e6 for a, b in zip(steps, steps[1:], strict=False)
-            if b.get("step") == a.get("step") + 1]  # fmt: skip
+    gaps = [
+        (b.t_ns - a.t_ns) / 1e6
+        for a, b in zip(steps, steps[1:], strict=False)
+        if b.get("step") == a.get("step") + 1
+    ]
     return statistics.median(gaps) if gaps else None

@@ -43,8 +43,10 @@ def test_a_rank_that_fails_at_import_is_named_with_its_error(run_suite, tmp_path
     matrix: {{frameworks: [restart], faults: [kill], repeats: 1}}
     """)
     ctl, m = res["restart/control#0"], res["restart/kill#0"]
-    why = ("'rank0.i0' exited 1 before the job's first step: ModuleNotFoundError: No module named "
-           "'no_such_module_of_chaosbench'")  # fmt: skip
+    why = (
+        "'rank0.i0' exited 1 before the job's first step: ModuleNotFoundError: No module named "
+        "'no_such_module_of_chaosbench'"
+    )
     assert ctl.outcome == "failed" and ctl.startup_failure == why, ctl.verdict
     assert ctl.verdict is not None and ctl.verdict.endswith(f"; {why}")
     assert m.outcome == "fault_not_fired" and m.startup_failure == why
@@ -67,13 +69,17 @@ matrix: {frameworks: [restart], faults: [delay, kill]}
 
 
 def test_a_network_fault_without_tc_fails_its_run_alone_naming_the_tool_and_the_suite_finishes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     local_nodes_runtime()
     path_without("tc", tmp_path, monkeypatch)
     records = Runner(make_suite(MISSING_TC), tmp_path / "out").run()
     why = "network faults need tc on the host (apt-get install iproute2 iptables util-linux)"
     assert [(r.scenario.id, r.result.status) for r in records] == [
-        ("restart/control", "completed"), ("restart/delay", "error"), ("restart/kill", "completed")]
+        ("restart/control", "completed"),
+        ("restart/delay", "error"),
+        ("restart/kill", "completed"),
+    ]
     delay, kill = records[1], records[2]
     assert delay.result.reason == why and "\n" not in why
     assert json.loads(RunDir(delay.run_dir).result.read_text())["reason"] == why
@@ -99,7 +105,8 @@ matrix: {frameworks: [restart], faults: [first, second]}
 
 
 def test_a_port_taken_by_another_program_fails_each_run_naming_it_and_the_suite_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The rendezvous port handed to the ranks is taken by another program (here: a listener of the test's, as if
     between the harness's choice and the rank's bind): rank 0's store cannot listen, the rank dies before the
     job's first step and each run says so with the rank's own error line; the suite finishes both runs."""
@@ -122,6 +129,7 @@ def test_a_port_taken_by_another_program_fails_each_run_naming_it_and_the_suite_
         assert m.startup_failure == (
             "'rank0.i0' exited 1 before the job's first step: torch.distributed.DistNetworkError: The server socket "
             f"has failed to listen on any local network address. port: {port}, useIpv6: false, code: -98, name: "
-            "EADDRINUSE, message: address already in use"), m.startup_failure  # fmt: skip
+            "EADDRINUSE, message: address already in use"
+        ), m.startup_failure
         assert m.verdict == f"fault did not fire; {m.startup_failure}"
         assert r.leftovers == []

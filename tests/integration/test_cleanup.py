@@ -34,8 +34,11 @@ matrix: {frameworks: [torchrun], faults: [hang]}
 def test_cleanup_ends_processes_of_a_killed_harness(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(SUITE)
     out = tmp_path / "out"
-    harness = subprocess.Popen([sys.executable, "-m", "chaosbench.cli", "run", str(tmp_path / "s.yaml"),
-                                "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "chaosbench.cli", "run", str(tmp_path / "s.yaml"), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     events = out / "crash" / "torchrun__hang" / "0" / "events.jsonl"
     pids: list[tuple[int, int | None]] = []
     try:

@@ -49,8 +49,11 @@ def timeouts(tmp_path_factory):
 
 
 def _rank1_exits(m) -> list[int | None]:
-    return [e.get("returncode") for e in kinds(events_of(m), "proc_exit", incarnation=0)
-            if str(e.get("proc")).startswith("rank1")]  # fmt: skip
+    return [
+        e.get("returncode")
+        for e in kinds(events_of(m), "proc_exit", incarnation=0)
+        if str(e.get("proc")).startswith("rank1")
+    ]
 
 
 def test_blocked_rank_is_alive_and_the_step_watchdog_finds_it(restart) -> None:
@@ -77,14 +80,18 @@ def test_skip_desynchronises_the_group_until_it_hangs(restart) -> None:
     # rank 1's later allreduces pair with rank 0's of the step before, until the checkpoint's collectives meet
     # a gradient allreduce: both wait, alive; the step watchdog sees it, and cannot tell who started it
     assert m.detected and m.detected_via == "step watchdog" and m.outcome == "recovered", m.verdict
-    assert m.fault_count == 1 and m.restart_count == 1 and m.fidelity == "exact"  # back to the step-10 checkpoint
+    assert (
+        m.fault_count == 1 and m.restart_count == 1 and m.fidelity == "exact"
+    )  # back to the step-10 checkpoint
     assert m.lost_steps == lost_steps_by_the_logs(m) and m.lost_steps >= 5, m.lost_steps
 
 
 def test_shape_mismatch_is_caught_by_gloo_size_check(restart) -> None:
     m = restart["restart/shape"]
     assert _rank1_exits(m) == [-6]  # gloo::EnforceNotMet: "Received data size doesn't match expected size"
-    assert m.detected and m.detected_via == "collective mismatch check" and m.outcome == "recovered", m.verdict
+    assert m.detected and m.detected_via == "collective mismatch check" and m.outcome == "recovered", (
+        m.verdict
+    )
     assert m.time_to_detect_s is not None and m.time_to_detect_s < 2 and m.fidelity == "exact"
     mismatch = [e for e in kinds(events_of(m), "rank_error") if e.get("signature") == "collective_mismatch"]
     assert [e.get("rank") for e in mismatch] == [1], [e.data for e in mismatch]

@@ -115,8 +115,14 @@ def test_truncated_shard_crash_loops_the_restart_framework(results) -> None:
 def _launch(ckpt_dir: Path, work: Path) -> RankJob:
     """Two ranks of ddp-mlp resuming from ``ckpt_dir`` (no harness), their output and events under ``work``."""
     args = ["--ckpt-dir", str(ckpt_dir), "--steps", "30", "--checkpoint-every", "10", "--seed", str(SEED)]
-    return launch_ranks("chaosbench.workloads.ddp_mlp", [*args, "--pg-timeout-s", "10"], 2,
-                        work / "events.jsonl", work, "relaunch")  # fmt: skip
+    return launch_ranks(
+        "chaosbench.workloads.ddp_mlp",
+        [*args, "--pg-timeout-s", "10"],
+        2,
+        work / "events.jsonl",
+        work,
+        "relaunch",
+    )
 
 
 def test_relaunch_on_a_missing_file_fails_naming_it(results, tmp_path: Path) -> None:
@@ -131,8 +137,16 @@ def test_relaunch_on_a_missing_file_fails_naming_it(results, tmp_path: Path) -> 
             ckpt = work / "ckpt"
             shutil.copytree(Path(ctl.run_dir) / "checkpoints", ckpt)
             shutil.rmtree(ckpt / "step_00000030")
-            setup = RunSetup(run_id="t", run_dir=work, ckpt_dir=ckpt, runtime=None, timeline=None,  # type: ignore[arg-type]
-                             rng=random.Random(0), ranks=2, nodes=1)  # fmt: skip
+            setup = RunSetup(
+                run_id="t",
+                run_dir=work,
+                ckpt_dir=ckpt,
+                runtime=None,
+                timeline=None,  # type: ignore[arg-type]
+                rng=random.Random(0),
+                ranks=2,
+                nodes=1,
+            )
             target = ResolvedTarget(1, None, None, "node0", 0)
             ctx = FaultContext(None, None, [target], random.Random(0), setup)  # type: ignore[arg-type]
             inj = CorruptCheckpointInjector(
@@ -151,8 +165,11 @@ def test_relaunch_on_a_missing_file_fails_naming_it(results, tmp_path: Path) -> 
 def test_workload_with_load_fallback_falls_back_past_a_truncated_shard(run_suite) -> None:
     """With ``load_fallback`` the workload rejects the damaged step-20 checkpoint, loads step 10 and ends
     exactly where the control ends."""
-    res = run_suite(SUITE.replace("step_sleep_s: 0.05,", "step_sleep_s: 0.05, load_fallback: true,")
-                    .replace("faults: [torn, flip, cut]", "faults: [cut]"))  # fmt: skip
+    res = run_suite(
+        SUITE.replace("step_sleep_s: 0.05,", "step_sleep_s: 0.05, load_fallback: true,").replace(
+            "faults: [torn, flip, cut]", "faults: [cut]"
+        )
+    )
     m = res["restart/cut#0"]
     assert m.checkpoint_outcome == "fell_back", m.verdict
     assert m.outcome == "recovered" and m.fidelity == "exact"

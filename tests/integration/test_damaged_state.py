@@ -50,7 +50,9 @@ def test_damaged_state_loads_silently_and_the_model_diverges(results, fault: str
 def test_dropped_optimizer_state_is_refused_and_an_older_checkpoint_used(results) -> None:
     m = results["restart/drop-opt"]
     failed = kinds(events_of(m), "ckpt_load_failed")
-    assert failed and failed[0].get("step") == 20 and "momentum_buffer" in str(failed[0].get("error")), m.verdict
+    assert failed and failed[0].get("step") == 20 and "momentum_buffer" in str(failed[0].get("error")), (
+        m.verdict
+    )
     assert m.checkpoint_outcome == "fell_back" and _restored(m) == [10] and m.fidelity == "exact", m.verdict
 
 
@@ -79,4 +81,6 @@ def test_poisoned_checkpoint_crash_loops_under_the_loss_guard(results) -> None:
     assert fired[0].get("checkpoint_step") == 20 and fired[0].get("where") == "save"
     # the guard fails rank 0 at step 21; every restart loads the poisoned step-20 checkpoint and fails again
     assert m.detected and m.detected_via == "loss guard", m.verdict
-    assert m.crash_loop and m.checkpoint_outcome == "loaded_silently" and m.outcome == "not_recovered", m.verdict
+    assert m.crash_loop and m.checkpoint_outcome == "loaded_silently" and m.outcome == "not_recovered", (
+        m.verdict
+    )

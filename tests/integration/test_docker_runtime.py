@@ -31,8 +31,10 @@ from tests.helpers import required  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-WORKLOAD = ("{name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.02, "
-            "pg_timeout_s: 5}")  # fmt: skip
+WORKLOAD = (
+    "{name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.02, "
+    "pg_timeout_s: 5}"
+)
 
 CHILD = r"""
 import os, subprocess, sys, time
@@ -106,8 +108,16 @@ def test_exec_capture_signal_and_teardown(tmp_path: Path) -> None:
         assert not rt.process_alive(cchild, None, "node1")
         # node-cpu: docker update --cpus, live, and back
         inj = NodeCpuInjector("cpu", NodeCpuInjector.Params(cpus=0.25))
-        setup = RunSetup(run_id=rt.run.run_id, run_dir=tmp_path, ckpt_dir=tmp_path, runtime=rt, timeline=timeline,
-                         rng=random.Random(0), ranks=2, nodes=2)  # fmt: skip
+        setup = RunSetup(
+            run_id=rt.run.run_id,
+            run_dir=tmp_path,
+            ckpt_dir=tmp_path,
+            runtime=rt,
+            timeline=timeline,
+            rng=random.Random(0),
+            ranks=2,
+            nodes=2,
+        )
         inj.prepare(setup)
         ctx = FaultContext(rt, timeline, [ResolvedTarget(1, None, None, "node1", 0)], random.Random(0), setup)
         t = time.monotonic()
@@ -129,10 +139,19 @@ def test_exec_capture_signal_and_teardown(tmp_path: Path) -> None:
 
 
 def test_rank_and_node_kill_under_restart_and_torchrun(run_suite) -> None:
-    faults = ("{kill-rank1: {injector: kill, target: {rank: 1}, trigger: {at_step: 15}}, "
-              "node-kill: {injector: node-kill, target: {node: node1}, trigger: {at_step: 15}}}")  # fmt: skip
-    res = run_suite(_suite("docker", "{restart: {heartbeat_timeout_s: 15}, torchrun: {share_rdzv_tcp_store: false}}",
-                           faults, "restart, torchrun", "kill-rank1, node-kill"))  # fmt: skip
+    faults = (
+        "{kill-rank1: {injector: kill, target: {rank: 1}, trigger: {at_step: 15}}, "
+        "node-kill: {injector: node-kill, target: {node: node1}, trigger: {at_step: 15}}}"
+    )
+    res = run_suite(
+        _suite(
+            "docker",
+            "{restart: {heartbeat_timeout_s: 15}, torchrun: {share_rdzv_tcp_store: false}}",
+            faults,
+            "restart, torchrun",
+            "kill-rank1, node-kill",
+        )
+    )
     print()
     for key, m in sorted(res.items()):
         print(f"{key}: detect {m.time_to_detect_s} s, resume {m.time_to_resume_s} s, lost {m.lost_steps}")
@@ -161,14 +180,21 @@ def test_rank_and_node_kill_under_restart_and_torchrun(run_suite) -> None:
 
 
 def test_node_pause_and_spare_takeover(run_suite) -> None:
-    faults = ("{node-kill: {injector: node-kill, target: {node: node1}, trigger: {at_step: 15}}, "
-              "node-pause: {injector: node-pause, target: {node: node1}, trigger: {at_step: 15}, "
-              "params: {duration_s: 12}}}")  # fmt: skip
-    res = run_suite(_suite("docker-spare", "{restart: {heartbeat_timeout_s: 15}}", faults, "restart",
-                           "node-kill, node-pause"))  # fmt: skip
+    faults = (
+        "{node-kill: {injector: node-kill, target: {node: node1}, trigger: {at_step: 15}}, "
+        "node-pause: {injector: node-pause, target: {node: node1}, trigger: {at_step: 15}, "
+        "params: {duration_s: 12}}}"
+    )
+    res = run_suite(
+        _suite(
+            "docker-spare", "{restart: {heartbeat_timeout_s: 15}}", faults, "restart", "node-kill, node-pause"
+        )
+    )
     kill, pause = res["restart/node-kill#0"], res["restart/node-pause#0"]
-    print(f"\nspare takeover: detect {kill.time_to_detect_s} s, resume {kill.time_to_resume_s} s; "
-          f"pause: detect {pause.time_to_detect_s} s, resume {pause.time_to_resume_s} s")
+    print(
+        f"\nspare takeover: detect {kill.time_to_detect_s} s, resume {kill.time_to_resume_s} s; "
+        f"pause: detect {pause.time_to_detect_s} s, resume {pause.time_to_resume_s} s"
+    )
     assert kill.outcome == "recovered", kill.missing
     ev = events_of(kill)
     takeover = kinds(ev, "node_start", node="node1", reason="takeover")
@@ -181,7 +207,9 @@ def test_node_pause_and_spare_takeover(run_suite) -> None:
     # machine, 12.6 s with another test file's ranks beside under load average 12) while the node is still
     # frozen, before rank 1's heartbeat (15 s) would: what detected it says so, not a time bound
     assert pause.detected_via == "process-group timeout" and pause.time_to_detect_s > 3, (
-        pause.detected_via, pause.time_to_detect_s)  # fmt: skip
+        pause.detected_via,
+        pause.time_to_detect_s,
+    )
     pev = events_of(pause)
     assert kinds(pev, "node_pause", node="node1") and kinds(pev, "node_unpause", node="node1")
     assert "froze the container" in str(kinds(pev, "fault_inject")[0].get("effect"))
@@ -191,22 +219,28 @@ def test_node_pause_and_spare_takeover(run_suite) -> None:
 
 
 #: Reports the moments around one write of a line to stdout (on stderr), then its last reading before _exit(3).
-STAMPED = ("import os, time; b = time.time_ns(); os.write(1, b'hello\\n'); a = time.time_ns(); "
-           "os.write(2, f'{b} {a}\\n'.encode()); time.sleep(0.3); last = time.time_ns(); "
-           "os.write(2, f'last {last}\\n'.encode()); os._exit(3)")  # fmt: skip
+STAMPED = (
+    "import os, time; b = time.time_ns(); os.write(1, b'hello\\n'); a = time.time_ns(); "
+    "os.write(2, f'{b} {a}\\n'.encode()); time.sleep(0.3); last = time.time_ns(); "
+    "os.write(2, f'last {last}\\n'.encode()); os._exit(3)"
+)
 
 
 @pytest.mark.parametrize("capture", ["socket", "pipe"])
-def test_output_stamped_at_the_write_inside_the_container_and_the_exit_at_its_pidfd(tmp_path: Path,
-                                                                                     capture: str) -> None:  # fmt: skip
+def test_output_stamped_at_the_write_inside_the_container_and_the_exit_at_its_pidfd(
+    tmp_path: Path, capture: str
+) -> None:
     timeline = TimelineWriter(tmp_path / "events.jsonl")
-    rt = DockerRuntime(RunInfo("dk-stamp-" + os.urandom(4).hex(), tmp_path, timeline),
-                       DockerOptions(output_capture=capture))  # fmt: skip
+    rt = DockerRuntime(
+        RunInfo("dk-stamp-" + os.urandom(4).hex(), tmp_path, timeline), DockerOptions(output_capture=capture)
+    )
     lines: list[tuple[str, str, int]] = []
     try:
         rt.provision(1)
-        h = rt.start(ProcessSpec("p", [sys.executable, "-c", STAMPED]), on_line=lambda _, s, ln, t: lines.append(
-            (s, ln, t)))  # fmt: skip
+        h = rt.start(
+            ProcessSpec("p", [sys.executable, "-c", STAMPED]),
+            on_line=lambda _, s, ln, t: lines.append((s, ln, t)),
+        )
         assert h.exited.wait(30)
     finally:
         rt.cleanup()
@@ -262,7 +296,10 @@ def test_cleanup_removes_only_crashed_runs_objects(tmp_path: Path) -> None:
         assert not Path(crashed_dir).exists() and Path(finished_dir).exists()
         # with no container left the network names the directory
         torn_dir = runs["torn-down"][0].capture_dir
-        assert torn_dir is not None and f"remove capture directory {torn_dir} of {runs['torn-down'][1]}" in actions
+        assert (
+            torn_dir is not None
+            and f"remove capture directory {torn_dir} of {runs['torn-down'][1]}" in actions
+        )
         assert not Path(torn_dir).exists() and run_objects(runs["torn-down"][1]) == []
     finally:
         for rt, _, timeline in runs.values():
@@ -277,18 +314,23 @@ def test_storage_faults_on_the_shared_volume(run_suite) -> None:
     checkpoint directory (mounted on the host before the containers start)."""
     from chaosbench.injectors.stall_fs import fuse_available
 
-    faults = ("{torn: {injector: corrupt-checkpoint, target: 1, params: {mode: torn-write, torn_at: shard-write}, "
-              "trigger: {on_event: {kind: ckpt_save_begin, step: 20}}}, "
-              "flip: {injector: corrupt-checkpoint, target: 1, trigger: {at_step: 25}, "
-              "params: {mode: bitflip, bits: 8, tensors: 'model.*', kill_after: true}}, "
-              "slow: {injector: stall-fs, target: all, trigger: {at_step: 5}, "
-              "params: {write_delay_s: 0.05, fsync_delay_s: 0.05, duration_s: 20}}}")  # fmt: skip
+    faults = (
+        "{torn: {injector: corrupt-checkpoint, target: 1, params: {mode: torn-write, torn_at: shard-write}, "
+        "trigger: {on_event: {kind: ckpt_save_begin, step: 20}}}, "
+        "flip: {injector: corrupt-checkpoint, target: 1, trigger: {at_step: 25}, "
+        "params: {mode: bitflip, bits: 8, tensors: 'model.*', kill_after: true}}, "
+        "slow: {injector: stall-fs, target: all, trigger: {at_step: 5}, "
+        "params: {write_delay_s: 0.05, fsync_delay_s: 0.05, duration_s: 20}}}"
+    )
     no_fuse = fuse_available()
     if no_fuse is not None and required("fuse"):
         pytest.fail(f"CHAOSBENCH_REQUIRE names fuse but it is unusable: {no_fuse}", pytrace=False)
     names = "torn, flip" + (", slow" if no_fuse is None else "")  # the FUSE case only where FUSE works
-    res = run_suite(_suite("docker", "{restart: {heartbeat_timeout_s: 15}}", faults, "restart", names)
-                    .replace("control: false", "control: true"))  # fmt: skip
+    res = run_suite(
+        _suite("docker", "{restart: {heartbeat_timeout_s: 15}}", faults, "restart", names).replace(
+            "control: false", "control: true"
+        )
+    )
     ctl = res["restart/control#0"]
     torn, flip = res["restart/torn#0"], res["restart/flip#0"]
     assert torn.outcome == "recovered" and torn.checkpoint_outcome == "fell_back" and torn.fidelity == "exact"
@@ -309,13 +351,23 @@ def test_a_node_image_not_on_the_engine_costs_each_run_with_its_reason(tmp_path:
     from tests.conftest import make_suite
 
     image = "chaosbench-test-no-such-image:0"
-    text = _suite("docker", "{restart: {heartbeat_timeout_s: 5}}",
-                  "{first: {injector: kill, target: 1, trigger: {at_step: 5}}, "
-                  "second: {injector: kill, target: 0, trigger: {at_step: 5}}}", "restart", "first, second")  # fmt: skip
-    text = text.replace("      runtime: docker\n", f"      runtime: docker\n      runtime_options: {{image: '{image}'}}\n")
+    text = _suite(
+        "docker",
+        "{restart: {heartbeat_timeout_s: 5}}",
+        "{first: {injector: kill, target: 1, trigger: {at_step: 5}}, "
+        "second: {injector: kill, target: 0, trigger: {at_step: 5}}}",
+        "restart",
+        "first, second",
+    )
+    text = text.replace(
+        "      runtime: docker\n", f"      runtime: docker\n      runtime_options: {{image: '{image}'}}\n"
+    )
     records = Runner(make_suite(text), tmp_path / "out").run()
     why = f"node0, node1: image '{image}' is not on this engine (no registry is reachable: build or load it first)"
-    assert [(r.scenario.id, r.result.status) for r in records] == [("restart/first", "error"), ("restart/second", "error")]
+    assert [(r.scenario.id, r.result.status) for r in records] == [
+        ("restart/first", "error"),
+        ("restart/second", "error"),
+    ]
     for r in records:
         run_id = json.loads(RunDir(r.run_dir).config.read_text())["run_id"]
         assert r.result.reason == f"cannot start the nodes of run {run_id}: {why}"

@@ -83,8 +83,10 @@ def test_spare_node_grows_the_world_back(run_suite) -> None:
     m, ev = _run(run_suite, steps=100, spares=1)
     incs = world_sizes(ev)
     assert [(ws, nodes) for _, ws, nodes in incs] == [
-        (2, {"node0", "node1"}), (1, {"node0"}), (2, {"node0", "node2"})
-    ], incs  # fmt: skip
+        (2, {"node0", "node1"}),
+        (1, {"node0"}),
+        (2, {"node0", "node2"}),
+    ], incs
     starts = {int(e.get("incarnation", 0)): e for e in ev if e.kind == "rank_start" and e.get("rank") == 0}
     assert [int(starts[i]["global_batch"]) for i, _, _ in incs] == [2 * BATCH, BATCH, 2 * BATCH]
     # growth is a membership change: the agents restart the worker group (not counted against max_restarts)

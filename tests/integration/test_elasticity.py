@@ -65,8 +65,12 @@ STAGES = ("stage_detect_s", "stage_reschedule_s", "stage_reshard_or_replace_s", 
 def elasticity(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, RunMetrics], Path]:
     tmp = tmp_path_factory.mktemp("el")
     (tmp / "el.yaml").write_text(SUITE)
-    res = subprocess.run([*CLI, "run", str(tmp / "el.yaml"), "--out", str(tmp / "out")], capture_output=True,
-                         text=True, timeout=900)  # fmt: skip
+    res = subprocess.run(
+        [*CLI, "run", str(tmp / "el.yaml"), "--out", str(tmp / "out")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     suite_dir = tmp / "out" / "el"
     runs = {}
@@ -111,7 +115,9 @@ def test_shrink_reforms_on_fewer_nodes_with_one_pipeline_replica(elasticity) -> 
     ev = events_of(m)
     assert not kinds(ev, "node_start", reason="reboot") and not kinds(ev, "node_start", reason="spare")
     _stages_add_up(m)
-    assert m.stage_reshard_or_replace_s is not None and m.stage_reshard_or_replace_s > 0  # a restore, resharded
+    assert (
+        m.stage_reshard_or_replace_s is not None and m.stage_reshard_or_replace_s > 0
+    )  # a restore, resharded
 
 
 def test_continue_without_the_lost_replica_group(elasticity) -> None:  # type: ignore[no-untyped-def]
@@ -125,8 +131,11 @@ def test_continue_without_the_lost_replica_group(elasticity) -> None:  # type: i
     # node1 came back (reboot) and its group started again
     assert kinds(ev, "node_start", reason="reboot")
     fault_t = kinds(ev, "fault_inject")[0].t_ns
-    assert any(int(e.get("group", e.get("replica_group", -1))) == 1 or e.get("node") == "node1"
-               for e in kinds(ev, "rank_start") if e.t_ns > fault_t)  # fmt: skip
+    assert any(
+        int(e.get("group", e.get("replica_group", -1))) == 1 or e.get("node") == "node1"
+        for e in kinds(ev, "rank_start")
+        if e.t_ns > fault_t
+    )
     for run in runs.values():
         assert run_objects(run.run_dir) == []
         # the harness's own CPU over the run (followers, log readers, fault control), one run at a time

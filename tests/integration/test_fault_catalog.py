@@ -65,7 +65,10 @@ def test_straggler_gates_the_whole_job(results, fault) -> None:
     t0 = kinds(ev, "fault_inject")[0].t_ns
     t1 = kinds(ev, "fault_revert")[0].t_ns
     steps = [e for e in kinds(ev, "step", rank=0) if t0 <= e.t_ns <= t1]
-    assert ctl.step_time_s is not None and (t1 - t0) / 1e9 - len(steps) * ctl.step_time_s > 1.0, (len(steps), t1 - t0)
+    assert ctl.step_time_s is not None and (t1 - t0) / 1e9 - len(steps) * ctl.step_time_s > 1.0, (
+        len(steps),
+        t1 - t0,
+    )
 
 
 def test_crash_loop_stops_at_retry_limit(results) -> None:

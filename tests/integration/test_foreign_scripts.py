@@ -124,7 +124,9 @@ def test_foreign_script_under_restart_and_torchrun(run_suite, script: Script, mo
         assert kill.injection_latency_s is not None and 0 <= kill.injection_latency_s < 0.05
         assert kill.fidelity == "exact", kill.verdict
         assert kill.predicted_detect_s is not None and kill.time_to_detect_s is not None
-        assert kill.time_to_detect_s < 1.0 and kill.time_to_resume_s is not None and kill.time_to_resume_s < 20
+        assert (
+            kill.time_to_detect_s < 1.0 and kill.time_to_resume_s is not None and kill.time_to_resume_s < 20
+        )
 
     hang = res["restart/hang#0"]
     assert hang.outcome == "recovered" and hang.fidelity == "exact", hang.verdict
@@ -151,11 +153,15 @@ def test_foreign_script_under_restart_and_torchrun(run_suite, script: Script, mo
     events = read_events(Path(str(hang.run_dir)) / "events.jsonl")
     teardown = next(e for e in events if e.kind == "teardown_begin")
     assert teardown.get("reason") == "deadline"
-    assert [e for e in events if e.kind == "detect" and e.t_ns >= teardown.t_ns], "expected torchrun's teardown lines"
+    assert [e for e in events if e.kind == "detect" and e.t_ns >= teardown.t_ns], (
+        "expected torchrun's teardown lines"
+    )
     assert "after the harness began tearing the run down" in hang.missing["time_to_detect_s"]
 
 
-def test_checkpoint_from_outside_the_run_is_flagged_contaminated(run_suite, tmp_path: Path, monkeypatch) -> None:
+def test_checkpoint_from_outside_the_run_is_flagged_contaminated(
+    run_suite, tmp_path: Path, monkeypatch
+) -> None:
     """A script that saves into its working directory, run with one shared working directory (``cwd`` set, the
     way chaosbench ran every script before runs got their own): the control leaves snapshot.pt behind, the next
     run resumes from it at the last step and finishes at once. That run is flagged, not measured."""

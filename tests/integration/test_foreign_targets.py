@@ -44,9 +44,19 @@ def _info(tmp_path: Path, prefix: str) -> RunInfo:
 
 
 def _ctx(tmp_path: Path, rt: Runtime, node: str) -> FaultContext:
-    setup = RunSetup(run_id=rt.run.run_id, run_dir=tmp_path, ckpt_dir=tmp_path, runtime=rt, timeline=rt.run.timeline,
-                     rng=random.Random(0), ranks=1, nodes=1)  # fmt: skip
-    return FaultContext(rt, rt.run.timeline, [ResolvedTarget(0, None, None, node, 0)], random.Random(0), setup)
+    setup = RunSetup(
+        run_id=rt.run.run_id,
+        run_dir=tmp_path,
+        ckpt_dir=tmp_path,
+        runtime=rt,
+        timeline=rt.run.timeline,
+        rng=random.Random(0),
+        ranks=1,
+        nodes=1,
+    )
+    return FaultContext(
+        rt, rt.run.timeline, [ResolvedTarget(0, None, None, node, 0)], random.Random(0), setup
+    )
 
 
 def _wait_for(cond: Any, timeout_s: float, what: str) -> Any:
@@ -97,10 +107,16 @@ def docker_pair(tmp_path: Path) -> Iterator[tuple[Any, Any]]:
     try:
         rt.provision(1)
         foreign = rt.client.containers.run(
-            rt.image, init_command(), detach=True, network_mode="none", name=f"tg-foreign-{os.urandom(4).hex()}",
-            mounts=[m.to_docker() for m in default_mounts()], labels={"chaosbench.test": "target-guard"},
-            tmpfs={"/tmp": "rw,size=16m"}, stop_signal="SIGKILL",
-        )  # fmt: skip
+            rt.image,
+            init_command(),
+            detach=True,
+            network_mode="none",
+            name=f"tg-foreign-{os.urandom(4).hex()}",
+            mounts=[m.to_docker() for m in default_mounts()],
+            labels={"chaosbench.test": "target-guard"},
+            tmpfs={"/tmp": "rw,size=16m"},
+            stop_signal="SIGKILL",
+        )
         foreign.reload()
         assert foreign.status == "running"
         yield rt, foreign
@@ -120,12 +136,17 @@ def _unharmed(foreign: Any, init_pid: int, init_ticks: int | None) -> None:
     assert not foreign.attrs["HostConfig"].get("NanoCpus")
 
 
-def test_docker_refuses_a_container_without_the_runs_label(tmp_path: Path, docker_pair: tuple[Any, Any]) -> None:
+def test_docker_refuses_a_container_without_the_runs_label(
+    tmp_path: Path, docker_pair: tuple[Any, Any]
+) -> None:
     rt, foreign = docker_pair
     init_pid = int(foreign.attrs["State"]["Pid"])
     init_ticks = procutil.start_ticks(init_pid)
     # named as the node
-    for act in (lambda: rt.signal_pid(1, signal.SIGKILL, None, foreign.name), lambda: rt.pause_node(foreign.name)):
+    for act in (
+        lambda: rt.signal_pid(1, signal.SIGKILL, None, foreign.name),
+        lambda: rt.pause_node(foreign.name),
+    ):
         with pytest.raises(ChaosbenchError, match=f"'{foreign.name}' is not a node of this run"):
             act()
     # put where node0's container would be: every action is refused by the engine's own labels
@@ -153,8 +174,12 @@ def test_docker_refuses_a_container_without_the_runs_label(tmp_path: Path, docke
     finally:
         node.container = own
     if shutil.which("nsenter") and shutil.which("tc"):  # no qdisc landed in its network namespace either
-        shown = subprocess.run(["nsenter", "-t", str(init_pid), "-n", "tc", "qdisc", "show"], capture_output=True,
-                               text=True, timeout=10).stdout  # fmt: skip
+        shown = subprocess.run(
+            ["nsenter", "-t", str(init_pid), "-n", "tc", "qdisc", "show"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         assert "netem" not in shown
     # the run's own node, as a control: the same calls act on it
     assert rt.pause_node("node0") == own.name and rt.unpause_node("node0") is True
@@ -163,19 +188,41 @@ def test_docker_refuses_a_container_without_the_runs_label(tmp_path: Path, docke
 
 # ---------------------------------------------------------------------------------------------- slurm
 def _sbatch(node: str, name: str) -> int:
-    out = subprocess.run(["sbatch", "--parsable", "-N1", "-n1", "-w", node, f"--job-name={name}", "-o", "/dev/null",
-                          "-t", "5:00", "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-n1",
+            "-w",
+            node,
+            f"--job-name={name}",
+            "-o",
+            "/dev/null",
+            "-t",
+            "5:00",
+            "--wrap",
+            "sleep 60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return int(out.stdout.strip().split(";")[0])
 
 
 def _job_state(job: int) -> str:
-    return subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T"], capture_output=True, text=True,
-                          timeout=30).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        ["squeue", "-h", "-j", str(job), "-o", "%T"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
 
 
 def _sleep_pid(job: int, node: str) -> int | None:
     """The pid of the job's ``sleep`` (the local cluster's nodes run on this host)."""
-    out = subprocess.run(["scontrol", "listpids", str(job), node], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["scontrol", "listpids", str(job), node], capture_output=True, text=True, timeout=30
+    ).stdout
     for line in out.splitlines()[1:]:
         pid = int(line.split()[0])
         if pid <= 0:  # a step whose process slurmd has not recorded yet lists as -1
@@ -217,7 +264,9 @@ def slurm_jobs(tmp_path: Path) -> Iterator[dict[str, Any]]:
         alive = {job: _job_state(job) for job in submitted}
         if submitted:
             subprocess.run(["scancel", *map(str, submitted)], capture_output=True, timeout=30)
-        assert all(s == "RUNNING" for s in alive.values()), f"the run's teardown touched others' jobs: {alive}"
+        assert all(s == "RUNNING" for s in alive.values()), (
+            f"the run's teardown touched others' jobs: {alive}"
+        )
 
 
 def test_slurm_refuses_a_job_it_did_not_submit(slurm_jobs: dict[str, Any]) -> None:
@@ -226,7 +275,9 @@ def test_slurm_refuses_a_job_it_did_not_submit(slurm_jobs: dict[str, Any]) -> No
     rt, pids = slurm_jobs["rt"], slurm_jobs["pids"]
     foreign, impostor = slurm_jobs["foreign"], slurm_jobs["impostor"]
     ticks = {job: procutil.start_ticks(pid) for job, pid in pids.items()}
-    assert rt.process_alive(pids[slurm_jobs["own"]], ticks[slurm_jobs["own"]], "node0")  # control: its own is seen
+    assert rt.process_alive(
+        pids[slurm_jobs["own"]], ticks[slurm_jobs["own"]], "node0"
+    )  # control: its own is seen
     # a pid of someone else's job on the node where the run's job runs: the node helper finds it in none of ours
     with pytest.raises(ChaosbenchError) as err:
         rt.signal_pid(pids[foreign], signal.SIGKILL, ticks[foreign], "node0")

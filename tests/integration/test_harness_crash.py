@@ -100,7 +100,9 @@ class Suite:
     def harness(self, resume: bool, log: Path) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "chaosbench.cli", "run", str(self.file), "--out", str(self.out)]
         with log.open("ab") as f:
-            return subprocess.Popen(argv + (["--resume"] if resume else []), stdout=f, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                argv + (["--resume"] if resume else []), stdout=f, stderr=subprocess.STDOUT
+            )
 
     def finished(self) -> list[RunDir]:
         return [r for r in SuiteDir(self.dir).runs() if r.read_result() is not None]
@@ -141,10 +143,16 @@ def _docker_objects(out: Path) -> list[str]:
 
     client = connect()
     try:
-        objs = [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": RUN_DIR_LABEL}, ignore_removed=True)
-                if c.labels.get(RUN_DIR_LABEL, "").startswith(str(out))]  # fmt: skip
-        return objs + [f"network {n.name}" for n in client.networks.list(filters={"label": RUN_DIR_LABEL})
-                       if (n.attrs.get("Labels") or {}).get(RUN_DIR_LABEL, "").startswith(str(out))]  # fmt: skip
+        objs = [
+            f"container {c.name}"
+            for c in client.containers.list(all=True, filters={"label": RUN_DIR_LABEL}, ignore_removed=True)
+            if c.labels.get(RUN_DIR_LABEL, "").startswith(str(out))
+        ]
+        return objs + [
+            f"network {n.name}"
+            for n in client.networks.list(filters={"label": RUN_DIR_LABEL})
+            if (n.attrs.get("Labels") or {}).get(RUN_DIR_LABEL, "").startswith(str(out))
+        ]
     finally:
         client.close()
 
@@ -154,9 +162,15 @@ def _slurm_jobs(suite: str) -> dict[str, tuple[str, str]]:
     begin with the suite's name): job id -> (name, state)."""
     from chaosbench.runtimes.slurm.commands import run_comment
 
-    out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T|%k"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%j|%T|%k"], capture_output=True, text=True, timeout=30
+    ).stdout
     rows = [line.split("|", 3) for line in out.splitlines() if line.count("|") >= 3]
-    return {jid: (name, state) for jid, name, state, comment in rows if comment.startswith(run_comment(suite + "-"))}
+    return {
+        jid: (name, state)
+        for jid, name, state, comment in rows
+        if comment.startswith(run_comment(suite + "-"))
+    }
 
 
 def _slurm_nodes_down(suite: str) -> dict[str, str]:
@@ -164,9 +178,15 @@ def _slurm_nodes_down(suite: str) -> dict[str, str]:
     from chaosbench.runtimes.slurm import parse_kv
     from chaosbench.runtimes.slurm.node_loss import reason
 
-    out = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=30
+    ).stdout
     nodes = [parse_kv(line) for line in out.splitlines()]
-    return {kv["NodeName"]: kv.get("State", "") for kv in nodes if kv.get("Reason", "").startswith(reason(suite + "-"))}
+    return {
+        kv["NodeName"]: kv.get("State", "")
+        for kv in nodes
+        if kv.get("Reason", "").startswith(reason(suite + "-"))
+    }
 
 
 def _slurm_leftovers(suite: Suite) -> list[str]:
@@ -189,10 +209,15 @@ def _wait_in_service(nodes: set[str], timeout_s: float = 60.0) -> dict[str, str]
 
     deadline = time.monotonic() + timeout_s
     while True:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%T"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N|%T"], capture_output=True, text=True, timeout=30
+        ).stdout
         states = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
-        bad = {n: states.get(n, "missing") for n in nodes
-               if node_state(states.get(n, "UNKNOWN")) not in (NodeState.UP, NodeState.BUSY)}  # fmt: skip
+        bad = {
+            n: states.get(n, "missing")
+            for n in nodes
+            if node_state(states.get(n, "UNKNOWN")) not in (NodeState.UP, NodeState.BUSY)
+        }
         if not bad or time.monotonic() > deadline:
             return bad
         time.sleep(1)
@@ -225,19 +250,31 @@ def leftovers(suite: Suite, procs: list[psutil.Process], docker: bool, slurm: bo
     for p in psutil.process_iter(["pid", "cmdline"]):  # and anything else naming the results directory
         if str(suite.out) in " ".join(p.info["cmdline"] or []):
             out.append(f"process {p.info['pid']} {' '.join(p.info['cmdline'])[:120]}")
-    out += [f"mount {line}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(suite.out) in line]
+    out += [
+        f"mount {line}"
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if str(suite.out) in line
+    ]
     if (CPU_ROOT / "chaosbench").is_dir():
         out += [f"cgroup {g}" for g in (CPU_ROOT / "chaosbench").glob("crash-*")]
     if docker:
         out += _docker_objects(suite.out) + sorted(_capture_dirs())
     if slurm:
-        out = _slurm_leftovers(suite) + out  # first: a job still completing is waited for, its processes with it
+        out = (
+            _slurm_leftovers(suite) + out
+        )  # first: a job still completing is waited for, its processes with it
     return out + sorted(_host_net_state())
 
 
 def crash_and_resume(
-    tmp: Path, suite: Suite, plan: list[Kill], seed: int, docker: bool, slurm: bool = False,
-    recovered: tuple[str, ...] = ("kill",), expected: dict[tuple[str, str], tuple[str, str]] | None = None,
+    tmp: Path,
+    suite: Suite,
+    plan: list[Kill],
+    seed: int,
+    docker: bool,
+    slurm: bool = False,
+    recovered: tuple[str, ...] = ("kill",),
+    expected: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> None:
     """Kill the harness at each moment of ``plan``, clean up and check, resume; finish with ``--resume``. Faults in
     ``recovered`` end as ``recovered``, the others only slow the job (``outlasted``); or, with ``expected``, each
@@ -250,8 +287,12 @@ def crash_and_resume(
         harness = suite.harness(resume=i > 0, log=log)
         try:
             deadline = time.monotonic() + 240
-            while not (suite.holds(kill.when) and (not kill.after_progress or len(suite.finished()) > done_before)):
-                assert harness.poll() is None, f"kill {i} ({kill.when}): the harness ended first:\n{log.read_text()[-3000:]}"
+            while not (
+                suite.holds(kill.when) and (not kill.after_progress or len(suite.finished()) > done_before)
+            ):
+                assert harness.poll() is None, (
+                    f"kill {i} ({kill.when}): the harness ended first:\n{log.read_text()[-3000:]}"
+                )
                 assert time.monotonic() < deadline, f"kill {i}: {kill.when} never held"
                 time.sleep(0.05)
             time.sleep(rng.uniform(0, kill.spread_s))
@@ -267,8 +308,12 @@ def crash_and_resume(
         suite.downed |= set(down)
         with log.open("a") as f:
             f.write(f"\n=== test: SIGKILL {i} ({kill.when}); chaosbench cleanup\n")
-        clean = subprocess.run([sys.executable, "-m", "chaosbench.cli", "cleanup", str(suite.out)],
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        clean = subprocess.run(
+            [sys.executable, "-m", "chaosbench.cli", "cleanup", str(suite.out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         with log.open("a") as f:
             f.write(clean.stdout + clean.stderr + f"=== test: cleanup done; nodes it found down: {down}\n")
         assert clean.returncode == 0, clean.stderr
@@ -280,10 +325,16 @@ def crash_and_resume(
         assert left == [], f"after kill {i} ({kill.when}): {left}\n{clean.stdout}"
         # no finished result lost: every run finished so far is still there, byte for byte
         for rd, digest in suite.kept.items():
-            assert RunDir(rd).read_result() is not None and _digest(RunDir(rd)) == digest, f"kill {i}: {rd} lost"
+            assert RunDir(rd).read_result() is not None and _digest(RunDir(rd)) == digest, (
+                f"kill {i}: {rd} lost"
+            )
         suite.kept.update({rd.path: _digest(rd) for rd in suite.finished()})
-    final = subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", str(suite.file), "--out",
-                            str(suite.out), "--resume"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    final = subprocess.run(
+        [sys.executable, "-m", "chaosbench.cli", "run", str(suite.file), "--out", str(suite.out), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert final.returncode == 0, final.stdout + final.stderr[-3000:]
     assert final.stderr.count("skipped: finished earlier") == len(suite.kept), final.stderr
     for rd, digest in suite.kept.items():
@@ -291,20 +342,28 @@ def crash_and_resume(
     with (suite.dir / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     # the table an uninterrupted suite ends with: every run once, each as it should end
-    assert sorted((r["scenario"], r["repeat"]) for r in rows) == sorted({(r["scenario"], r["repeat"]) for r in rows})
+    assert sorted((r["scenario"], r["repeat"]) for r in rows) == sorted(
+        {(r["scenario"], r["repeat"]) for r in rows}
+    )
     assert len(rows) == suite.runs
     if expected is not None:
         got = {(r["scenario"], r["repeat"]): (r["outcome"], r["fidelity"]) for r in rows}
         assert got == expected, sorted(set(got.items()) ^ set(expected.items()))
     for r in rows if expected is None else []:
         # a kill or a lost node is recovered from; a slowed rank, filesystem or network only slows the job
-        want = "completed" if r["control"] == "True" else "recovered" if r["fault"] in recovered else "outlasted"
+        want = (
+            "completed" if r["control"] == "True" else "recovered" if r["fault"] in recovered else "outlasted"
+        )
         assert r["outcome"] == want, r
         assert r["control"] == "True" or r["fidelity"] == "exact", r
     assert (suite.dir / "report.html").is_file()
     # the manifest written at the end of the resumed suite holds for every file of it
-    verify = subprocess.run([sys.executable, "-m", "chaosbench.cli", "verify", str(suite.dir)],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    verify = subprocess.run(
+        [sys.executable, "-m", "chaosbench.cli", "verify", str(suite.dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert verify.returncode == 0 and verify.stdout.startswith("verified:"), verify.stdout + verify.stderr
     assert [x for x in leftovers(suite, [], docker, slurm) if x not in net_before] == []
     if slurm:  # every node the suite set down takes jobs again
@@ -342,12 +401,18 @@ def test_sigkilled_harness_docker_runtime(tmp_path: Path) -> None:
 
 
 def test_sigkilled_harness_slurm_runtime(tmp_path: Path) -> None:
-    require("slurm", None if (problem := slurm_problem()) is None else f"no cluster answers: {problem} "
-            "(start one with scripts/slurm-local up)")  # fmt: skip
+    require(
+        "slurm",
+        None
+        if (problem := slurm_problem()) is None
+        else f"no cluster answers: {problem} (start one with scripts/slurm-local up)",
+    )
     suite = Suite(tmp_path, "crash-slurm", SLURM, runs=3)
     plan = [
         Kill("slurm-job", spread_s=1.0),  # the control's jobs allocated and running
-        Kill("node-down", after_progress=True),  # node1's Slurm node set DOWN by the fault, the restart under way
+        Kill(
+            "node-down", after_progress=True
+        ),  # node1's Slurm node set DOWN by the fault, the restart under way
         Kill("report", spread_s=0.2),
     ]
     crash_and_resume(tmp_path, suite, plan, seed=15, docker=False, slurm=True, recovered=("kill", "down"))

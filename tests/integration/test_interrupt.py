@@ -37,8 +37,10 @@ def test_sigint_mid_fault_tears_down_and_keeps_results(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "chaosbench.cli", "run", str(tmp_path / "s.yaml"), "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     events_path = out / "intr" / "torchrun__hang" / "0" / "events.jsonl"
     try:
         deadline = time.monotonic() + 180

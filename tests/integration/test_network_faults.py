@@ -68,8 +68,16 @@ def nodes(tmp_path: Path):
     while not (out.exists() and "listening" in out.read_text()):
         assert time.monotonic() < deadline and not echo.exited.is_set(), "echo server did not start"
         time.sleep(0.05)
-    setup = RunSetup(run_id=rt.run.run_id, run_dir=tmp_path, ckpt_dir=tmp_path / "checkpoints", runtime=rt,
-                     timeline=timeline, rng=random.Random(1), ranks=2, nodes=2)  # fmt: skip
+    setup = RunSetup(
+        run_id=rt.run.run_id,
+        run_dir=tmp_path,
+        ckpt_dir=tmp_path / "checkpoints",
+        runtime=rt,
+        timeline=timeline,
+        rng=random.Random(1),
+        ranks=2,
+        nodes=2,
+    )
     yield rt, setup, tmp_path
     rt.cleanup()
     timeline.close()
@@ -135,9 +143,11 @@ def test_inject_and_revert_in_the_node_namespace(nodes) -> None:
     assert tag not in _rules(rt, "node0") + _rules(rt, "node1")
     healed = float(_rtt(rt, run_dir, n))
 
-    print(f"\nrtt median: base {base:.2f} ms, +40 ms delay ({details['method']['node1']}) {delayed:.2f} ms, "
-          f"after revert {after:.2f} ms, partitioned: {cut}, healed {healed:.2f} ms; loss via "
-          f"{loss_details['method']['node1']}")  # fmt: skip
+    print(
+        f"\nrtt median: base {base:.2f} ms, +40 ms delay ({details['method']['node1']}) {delayed:.2f} ms, "
+        f"after revert {after:.2f} ms, partitioned: {cut}, healed {healed:.2f} ms; loss via "
+        f"{loss_details['method']['node1']}"
+    )
     assert details["method"]["node1"] in ("netem", "nfqueue")
     assert 40 <= delayed < 40 + base + 30  # one-way egress delay on node1: once per round trip
     assert after < 20 and healed < 20
@@ -145,12 +155,14 @@ def test_inject_and_revert_in_the_node_namespace(nodes) -> None:
 
 
 def test_network_faults_on_a_training_job(run_suite) -> None:
-    faults = ("{partition: {injector: partition, trigger: {at_step: 15}, params: {groups: [[node0], [node1]], "
-              "duration_s: 12}}, "
-              "delay: {injector: net-delay, target: {node: node1}, trigger: {at_step: 15}, "
-              "params: {delay_ms: 50, jitter_ms: 0, duration_s: 6}}, "
-              "bandwidth: {injector: net-bandwidth, target: {node: node1}, trigger: {at_step: 15}, "
-              "params: {rate: 8mbit, duration_s: 6}}}")  # fmt: skip
+    faults = (
+        "{partition: {injector: partition, trigger: {at_step: 15}, params: {groups: [[node0], [node1]], "
+        "duration_s: 12}}, "
+        "delay: {injector: net-delay, target: {node: node1}, trigger: {at_step: 15}, "
+        "params: {delay_ms: 50, jitter_ms: 0, duration_s: 6}}, "
+        "bandwidth: {injector: net-bandwidth, target: {node: node1}, trigger: {at_step: 15}, "
+        "params: {rate: 8mbit, duration_s: 6}}}"
+    )
     res = run_suite(f"""
     name: nf
     seed: 5
@@ -183,22 +195,38 @@ def test_network_faults_on_a_training_job(run_suite) -> None:
         step_ms[name] = (before, during, after)
         assert m.outcome == "outlasted" and m.restart_count == 0  # slower, not broken: nothing reacts to it
         last_step_ns = max(e.t_ns for e in ev if e.kind == "step")
-        assert before is not None and during is not None, (name, before, during, effect_ns - fault.t_ns,
-                                                           revert.t_ns - effect_ns, last_step_ns - effect_ns)
-        assert after is None or after < during / 2, (name, before, during, after, fault["injection_latency_s"])
+        assert before is not None and during is not None, (
+            name,
+            before,
+            during,
+            effect_ns - fault.t_ns,
+            revert.t_ns - effect_ns,
+            last_step_ns - effect_ns,
+        )
+        assert after is None or after < during / 2, (
+            name,
+            before,
+            during,
+            after,
+            fault["injection_latency_s"],
+        )
     d_before, d_during, _ = step_ms["delay"]
     assert d_during > d_before + 50  # each allreduce waits at least once for node1's delayed packets
     b_before, b_during, _ = step_ms["bandwidth"]
     assert b_during > 5 * b_before  # ~0.6 MB of gradients per step through an 8 mbit/s bucket
     part = res["restart/partition#0"]
-    print(f"\nstep ms (before, during, after): {step_ms}; partition: detect {part.time_to_detect_s} s, "
-          f"resume {part.time_to_resume_s} s")  # fmt: skip
+    print(
+        f"\nstep ms (before, during, after): {step_ms}; partition: detect {part.time_to_detect_s} s, "
+        f"resume {part.time_to_resume_s} s"
+    )
     assert part.outcome == "recovered" and part.detected
     # the survivor's collective times out (pg_timeout_s 5: measured 5.0-7.1 s on a loaded 2-core machine, 13.0 s
     # with another test file's ranks beside under load average 12) before rank 1's heartbeat (15 s) would: what
     # detected it says so, not a time bound
     assert part.detected_via == "process-group timeout" and part.time_to_detect_s > 4.5, (
-        part.detected_via, part.time_to_detect_s)  # fmt: skip
+        part.detected_via,
+        part.time_to_detect_s,
+    )
     assert part.time_to_resume_s > 12  # not before the partition heals
     for m in res.values():
         assert run_objects(m.run_dir) == []

@@ -164,8 +164,11 @@ def test_lost_node_the_store_host_survives_and_restarts(run_suite) -> None:
     first = kinds(ev, "detect")[0]
     assert (first.get("proc"), first.get("exitcode"), first.get("local_rank")) == ("ft_launcher.node0", 1, 0)
     (restart,) = [e for e in kinds(ev, "restart") if e.t_ns < teardown]
-    assert (restart.get("proc"), restart.get("attempts_left"), restart.get("max_restarts")) == \
-        ("ft_launcher.node0", 3, 3), restart.data  # fmt: skip
+    assert (restart.get("proc"), restart.get("attempts_left"), restart.get("max_restarts")) == (
+        "ft_launcher.node0",
+        3,
+        3,
+    ), restart.data
     assert not [e for e in kinds(ev, "give_up") if e.t_ns < teardown], m.verdict
     # the new round needs 2 nodes (0.4: --nnodes 2; 0.7: active = min nodes): it waits for node1 (the join
     # timeout in force, recorded) until the deadline; no rank restarted
@@ -182,16 +185,23 @@ def test_lost_node_is_replaced_by_a_hot_spare(run_suite) -> None:
     m = run_suite(LOSE_NODE_SUITE.format(deadline=90, spares=1, fault="lose-node"))["nvrx/lose-node#0"]
     ev = events_of(m)
     # node2 waited as standby; at the restart round (round 1) it is given node1's active rank
-    assigned = {(e.get("proc"), m_.group(0)) for e in kinds(ev, "log")
-                if (m_ := re.search(r"Assigned active rank \d+ \(round=\d+\)", str(e.get("line"))))}  # fmt: skip
-    assert assigned == {("ft_launcher.node0", "Assigned active rank 0 (round=0)"),
-                        ("ft_launcher.node1", "Assigned active rank 1 (round=0)"),
-                        ("ft_launcher.node0", "Assigned active rank 0 (round=1)"),
-                        ("ft_launcher.node2", "Assigned active rank 1 (round=1)")}, assigned  # fmt: skip
+    assigned = {
+        (e.get("proc"), m_.group(0))
+        for e in kinds(ev, "log")
+        if (m_ := re.search(r"Assigned active rank \d+ \(round=\d+\)", str(e.get("line"))))
+    }
+    assert assigned == {
+        ("ft_launcher.node0", "Assigned active rank 0 (round=0)"),
+        ("ft_launcher.node1", "Assigned active rank 1 (round=0)"),
+        ("ft_launcher.node0", "Assigned active rank 0 (round=1)"),
+        ("ft_launcher.node2", "Assigned active rank 1 (round=1)"),
+    }, assigned
     starts = {(int(e.get("rank")), int(e.get("incarnation"))): e.get("node") for e in kinds(ev, "rank_start")}
     assert starts == {(0, 0): "node0", (1, 0): "node1", (0, 1): "node0", (1, 1): "node2"}, starts
     # one restart: node0's own (its rank failed on the lost peer), with all 3 attempts left
-    assert [(e.get("proc"), e.get("attempts_left")) for e in kinds(ev, "restart")] == [("ft_launcher.node0", 3)]
+    assert [(e.get("proc"), e.get("attempts_left")) for e in kinds(ev, "restart")] == [
+        ("ft_launcher.node0", 3)
+    ]
     assert m.outcome == "recovered" and m.restart_count == 1 and m.final_step == 40, m.verdict
     assert m.world_size_after == 2 and m.lost_steps == lost_steps_by_the_logs(m) == 5, m.verdict
 
@@ -205,11 +215,15 @@ def test_a_killed_store_host_is_a_give_up_counted_as_the_detection(run_suite) ->
     ev = events_of(m)
     (inject,) = kinds(ev, "fault_inject")
     (target,) = inject.get("target")
-    assert [e.get("proc") for e in kinds(ev, "proc_start") if e.get("pid") == target["pid"]] == ["ft_launcher.node0"]
+    assert [e.get("proc") for e in kinds(ev, "proc_start") if e.get("pid") == target["pid"]] == [
+        "ft_launcher.node0"
+    ]
     # node1's launcher loses its store and ends at once: its only line is the give-up
     assert not kinds(ev, "detect") and not kinds(ev, "restart")
     (give_up,) = kinds(ev, "give_up")
-    assert give_up.get("proc") == "ft_launcher.node1" and "Agent run ended with exception" in give_up.get("line")
+    assert give_up.get("proc") == "ft_launcher.node1" and "Agent run ended with exception" in give_up.get(
+        "line"
+    )
     assert m.detected and m.detected_via == "rendezvous store lost", m.verdict
     assert m.time_to_detect_s == pytest.approx((give_up.t_ns - int(inject["effect_t_ns"])) / 1e9, abs=1e-9)
     assert m.verdict == "gave up after 0 restarts; detected by rendezvous store lost", m.verdict

@@ -46,7 +46,10 @@ def results(tmp_path_factory):
 def _second_fault(m, phase_kind: str):
     ev = events_of(m)
     fired = kinds(ev, "fault_inject")
-    assert [e.get("fault") for e in fired] == ["kill", f"kill-{'restore' if phase_kind == 'ckpt_load_begin' else 'heal'}"]
+    assert [e.get("fault") for e in fired] == [
+        "kill",
+        f"kill-{'restore' if phase_kind == 'ckpt_load_begin' else 'heal'}",
+    ]
     second = fired[1]
     begins = [e for e in kinds(ev, phase_kind) if fired[0].t_ns < e.t_ns <= second.t_ns]
     assert begins, f"the second kill landed before any {phase_kind} after the first"
@@ -57,8 +60,11 @@ def test_kill_during_restore(results) -> None:
     m = results["restart/kill+kill-restore"]
     second, load = _second_fault(m, "ckpt_load_begin")
     assert (second.t_ns - load.t_ns) / 1e9 < 1.0
-    ends = [e for e in kinds(events_of(m), "ckpt_load_end") if e.get("incarnation") == load.get("incarnation")
-            and e.get("rank") == 1]  # fmt: skip
+    ends = [
+        e
+        for e in kinds(events_of(m), "ckpt_load_end")
+        if e.get("incarnation") == load.get("incarnation") and e.get("rank") == 1
+    ]
     assert ends == [] or ends[0].t_ns > second.t_ns, "rank 1 had finished loading before the second kill"
     assert m.outcome == "recovered" and m.restart_count == 2 and m.fidelity == "exact", m.verdict
 

@@ -18,10 +18,21 @@ pytestmark = pytest.mark.integration
 def test_entry_point_injector_is_listed_and_used(tmp_path: Path) -> None:
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(site), str(ROOT / "tests" / "fixtures" / "plugin_pkg")],
-        check=True, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(ROOT / "tests" / "fixtures" / "plugin_pkg"),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
     cli = [sys.executable, "-m", "chaosbench.cli"]
     listed = subprocess.run([*cli, "faults"], env=env, capture_output=True, text=True, check=True).stdout
@@ -34,14 +45,19 @@ def test_entry_point_injector_is_listed_and_used(tmp_path: Path) -> None:
         "faults: {t: {injector: touch, target: 1, trigger: {at_step: 3}, params: {filename: hit}}}\n"
         "matrix: {frameworks: [none], faults: [t]}\n"
     )
-    run = subprocess.run([*cli, "run", str(suite), "--out", str(tmp_path / "out")], env=env,
-                         capture_output=True, text=True)  # fmt: skip
+    run = subprocess.run(
+        [*cli, "run", str(suite), "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     run_dir = tmp_path / "out" / "plug" / "none__t" / "0"
     assert (run_dir / "hit").read_text() == "1"
     inject = [e for e in read_events(run_dir / "events.jsonl") if e.kind == "fault_inject"]
     assert inject and inject[0]["injector"] == "touch"
     # without the package the suite is rejected up front, naming the injector
-    bad = subprocess.run([*cli, "run", str(suite), "--dry-run"], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    bad = subprocess.run(
+        [*cli, "run", str(suite), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert bad.returncode == 2 and "unknown injector 'touch'" in bad.stderr

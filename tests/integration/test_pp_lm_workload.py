@@ -20,13 +20,17 @@ MICROBATCH_SIZE = 2
 
 def workload(extra: str) -> str:
     """A tiny model, so that four ranks on two busy cores take well under a second per step."""
-    return (f"{{name: pp-lm, ranks: 4, nodes: 2, stages: 2, microbatches: {MICROBATCHES}, "
-            f"microbatch_size: {MICROBATCH_SIZE}, d_model: 16, heads: 2, seq_len: 8, vocab: 32, layers: 2, "
-            f"pg_timeout_s: 10, {extra}}}")  # fmt: skip
+    return (
+        f"{{name: pp-lm, ranks: 4, nodes: 2, stages: 2, microbatches: {MICROBATCHES}, "
+        f"microbatch_size: {MICROBATCH_SIZE}, d_model: 16, heads: 2, seq_len: 8, vocab: 32, layers: 2, "
+        f"pg_timeout_s: 10, {extra}}}"
+    )
 
 
 def rank_starts(events: list[Event], incarnation: int) -> dict[int, Event]:
-    return {int(e["rank"]): e for e in kinds(events, "rank_start") if int(e.get("incarnation", 0)) == incarnation}
+    return {
+        int(e["rank"]): e for e in kinds(events, "rank_start") if int(e.get("incarnation", 0)) == incarnation
+    }
 
 
 def test_killed_stage_rank_recovers_exactly(run_suite) -> None:
@@ -51,9 +55,14 @@ def test_killed_stage_rank_recovers_exactly(run_suite) -> None:
     # pipeline is the outer dimension: rank = stage * dp + replica, so each replica spans both nodes
     starts = rank_starts(ev, 0)
     assert {r: (e["stage"], e["replica"], e["node"]) for r, e in starts.items()} == {
-        0: (0, 0, "node0"), 1: (0, 1, "node0"), 2: (1, 0, "node1"), 3: (1, 1, "node1")
-    }, starts  # fmt: skip
-    assert {(e["dp"], e["global_batch"]) for e in starts.values()} == {(2, 2 * MICROBATCHES * MICROBATCH_SIZE)}
+        0: (0, 0, "node0"),
+        1: (0, 1, "node0"),
+        2: (1, 0, "node1"),
+        3: (1, 1, "node1"),
+    }, starts
+    assert {(e["dp"], e["global_batch"]) for e in starts.values()} == {
+        (2, 2 * MICROBATCHES * MICROBATCH_SIZE)
+    }
     # the restarted job loaded the step-5 checkpoint on every rank and went on from step 6
     loads = [e for e in kinds(ev, "ckpt_load_end") if int(e.get("incarnation", 0)) == 1]
     assert sorted((int(e["rank"]), int(e["step"])) for e in loads) == [(r, 5) for r in range(4)]
@@ -61,7 +70,9 @@ def test_killed_stage_rank_recovers_exactly(run_suite) -> None:
     assert steps_after == list(range(6, 13))
     # every training rank reports its replica's loss: the two stages of a replica report the same one
     for step in (6, 12):
-        losses = {int(e["rank"]): e["loss"] for e in kinds(ev, "step", step=step) if e.get("incarnation") == 1}
+        losses = {
+            int(e["rank"]): e["loss"] for e in kinds(ev, "step", step=step) if e.get("incarnation") == 1
+        }
         assert losses[0] == losses[2] and losses[1] == losses[3], losses
 
 
@@ -90,8 +101,9 @@ def test_node_loss_reforms_one_replica_at_half_the_batch(run_suite) -> None:
     after = max(int(e.get("incarnation", 0)) for e in kinds(ev, "rank_start"))
     starts = rank_starts(ev, after)
     assert {r: (e["stage"], e["replica"], e["dp"], e["node"]) for r, e in starts.items()} == {
-        0: (0, 0, 1, "node0"), 1: (1, 0, 1, "node0")
-    }, starts  # fmt: skip
+        0: (0, 0, 1, "node0"),
+        1: (1, 0, 1, "node0"),
+    }, starts
     # both stages of the one replica left loaded their part of the checkpoint written by two replicas
     loads = [e for e in kinds(ev, "ckpt_load_end") if int(e.get("incarnation", 0)) == after]
     assert sorted(int(e["rank"]) for e in loads) == [0, 1]
@@ -130,8 +142,11 @@ def test_torchft_heals_a_lost_pipeline_replica_exactly(run_suite) -> None:
     # rank = group * stages + stage: group 1 (ranks 2, 3) is node1's whole pipeline
     starts = rank_starts(ev, 0)
     assert {r: (e["stage"], e["replica"], e["node"]) for r, e in starts.items()} == {
-        0: (0, 0, "node0"), 1: (1, 0, "node0"), 2: (0, 1, "node1"), 3: (1, 1, "node1")
-    }, starts  # fmt: skip
+        0: (0, 0, "node0"),
+        1: (1, 0, "node0"),
+        2: (0, 1, "node1"),
+        3: (1, 1, "node1"),
+    }, starts
     # group 1's torchrun restarted both its stages once (each attempt rendezvouses afresh), and each healed from
     # the same stage of group 0
     assert m.restart_count == 1, m.verdict

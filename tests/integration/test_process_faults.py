@@ -54,8 +54,11 @@ def saved(tmp_path_factory):
 
 
 def _rank1_exit(m) -> int | None:
-    exits = [e for e in kinds(events_of(m), "proc_exit", role="rank", incarnation=0)
-             if str(e.get("proc")).startswith("rank1.")]
+    exits = [
+        e
+        for e in kinds(events_of(m), "proc_exit", role="rank", incarnation=0)
+        if str(e.get("proc")).startswith("rank1.")
+    ]
     return exits[0].get("returncode") if exits else None
 
 
@@ -64,7 +67,9 @@ def test_native_crash_is_a_crash_and_recovers(results, fault: str, returncode: i
     m = results[f"restart/{fault}"]
     assert _rank1_exit(m) == returncode
     assert m.detected and m.outcome == "recovered" and m.fidelity == "exact"
-    assert m.fault_count == 1 and m.restart_count == 1  # once per run: the recomputed step does not fire again
+    assert (
+        m.fault_count == 1 and m.restart_count == 1
+    )  # once per run: the recomputed step does not fire again
     assert m.lost_steps == 4  # steps 11-14: back to the step-10 checkpoint, the fault before step 15
 
 

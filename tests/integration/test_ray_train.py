@@ -86,7 +86,9 @@ def test_ray_train_restarts_a_killed_worker_from_the_checkpoint_it_kept(run_suit
     assert "[FailurePolicy] RAISE" not in out + err
     assert m.restart_count == 1 and m.restarts_claimed == 1
     # the raylet reported the killed worker by its pid, and the adapter blamed that rank
-    assert [int(p) for p in re.findall(r"A worker died or was killed.*?Worker PID: (\d+)", out + err)] == [killed_pid]
+    assert [int(p) for p in re.findall(r"A worker died or was killed.*?Worker PID: (\d+)", out + err)] == [
+        killed_pid
+    ]
     assert m.detected and m.blame == "correct" and m.blamed == "rank 1", (m.blame, m.blamed)
     first = next(e for e in events if e.kind == "detect" and e.t_ns >= fault.t_ns)
     assert first.get("pid") == killed_pid and first.get("blame_rank") == 1
@@ -111,7 +113,9 @@ def test_ray_train_restarts_a_killed_worker_from_the_checkpoint_it_kept(run_suit
     ends = {e["digest"] for e in events if e.kind == "train_end"}
     assert ends == {_without_ray_digest(run_dir, tmp_path)} and m.ranks_agree
     # nothing of the cluster is left: no process (run_suite checks), no temp-dir link
-    assert not Path(str(json.loads((run_dir / "config.json").read_text())["plan"]["options"]["temp_dir"])).exists()
+    assert not Path(
+        str(json.loads((run_dir / "config.json").read_text())["plan"]["options"]["temp_dir"])
+    ).exists()
 
 
 # Elastic (num_workers=(1, 2)) on 2 Ray nodes of 1 CPU: node1 lost after step 13 (its ray start and every process
@@ -142,9 +146,15 @@ def test_ray_train_goes_on_with_fewer_workers_after_losing_a_node(run_suite) -> 
     assert m.outcome == "recovered" and m.final_step == STEPS, (m.verdict, m.missing)
     events = events_of(m)
     run_dir = Path(str(m.run_dir))
-    logs = "".join((run_dir / "logs" / f).read_text(errors="replace") for f in ("ray.driver.out", "ray.driver.err"))
+    logs = "".join(
+        (run_dir / "logs" / f).read_text(errors="replace") for f in ("ray.driver.out", "ray.driver.err")
+    )
     fault = next(e for e in events if e.kind == "fault_inject")
-    lost = {int(e["rank"]) for e in events if e.kind == "rank_start" and e.get("node") == "node1" and e.t_ns < fault.t_ns}
+    lost = {
+        int(e["rank"])
+        for e in events
+        if e.kind == "rank_start" and e.get("node") == "node1" and e.t_ns < fault.t_ns
+    }
     assert len(lost) == 1
     # Ray went on with the one worker left: a world of 1, restored from step 10 (written by a world of 2)
     resumed = [e for e in events if e.kind == "rank_start" and e.t_ns > fault.t_ns]

@@ -71,14 +71,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _logs(run_dir: Path) -> str:
-    return "".join((run_dir / "logs" / f).read_text(errors="replace") for f in ("ray.driver.out", "ray.driver.err"))
+    return "".join(
+        (run_dir / "logs" / f).read_text(errors="replace") for f in ("ray.driver.out", "ray.driver.err")
+    )
 
 
 def _containers(events: list[Any]) -> dict[str, str]:
     return {str(e.get("proc")): str(e.get("container")) for e in kinds(events, "proc_start")}
 
 
-def test_ray_train_on_docker_restarts_a_killed_worker_from_the_checkpoint_it_kept(runs: dict[str, Any]) -> None:
+def test_ray_train_on_docker_restarts_a_killed_worker_from_the_checkpoint_it_kept(
+    runs: dict[str, Any],
+) -> None:
     m = runs["ray-train/kill-r1"]
     assert m.outcome == "recovered" and m.final_step == STEPS, (m.verdict, m.missing)
     run_dir = Path(str(m.run_dir))
@@ -96,7 +100,9 @@ def test_ray_train_on_docker_restarts_a_killed_worker_from_the_checkpoint_it_kep
     assert "Error count: 1 (max allowed: 3)" in logs and "[FailurePolicy] RAISE" not in logs
     assert m.restart_count == 1 and m.restarts_claimed == 1
     # the raylet reported the killed worker by its pid (a pid of its container), and the adapter blamed rank 1
-    assert [int(p) for p in re.findall(r"A worker died or was killed.*?Worker PID: (\d+)", logs)] == [killed_pid]
+    assert [int(p) for p in re.findall(r"A worker died or was killed.*?Worker PID: (\d+)", logs)] == [
+        killed_pid
+    ]
     assert m.detected and m.blame == "correct" and m.blamed == "rank 1", (m.blame, m.blamed)
     first = next(e for e in events if e.kind == "detect" and e.t_ns >= fault.t_ns)
     assert first.get("pid") == killed_pid and first.get("blame_rank") == 1
@@ -134,9 +140,9 @@ def test_ray_train_on_docker_goes_on_with_one_worker_after_losing_a_node(runs: d
     lost = {int(e["rank"]) for e in kinds(events, "rank_start", node="node1") if e.t_ns < fault.t_ns}
     assert len(lost) == 1  # which rank Ray placed on node1 is its choice
     # Ray's GCS gave node1 up (missed health checks), by the name the adapter gave it
-    assert re.findall(r"node name: (\S+) has been marked dead because the detector has missed too many", logs) == [
-        "node1"
-    ]
+    assert re.findall(
+        r"node name: (\S+) has been marked dead because the detector has missed too many", logs
+    ) == ["node1"]
     # Ray went on with the one worker left: a world of 1 on node0, restored from step 5 (written by a world of 2)
     resumed = [e for e in kinds(events, "rank_start") if e.t_ns > fault.t_ns]
     assert resumed and {e["world_size"] for e in resumed} == {1} and {e["node"] for e in resumed} == {"node0"}

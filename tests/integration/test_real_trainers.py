@@ -45,7 +45,9 @@ def rank_output(m: RunMetrics) -> str:
     """Everything the script printed, in incarnation order: the shim's logs (one file per rank and incarnation
     under restart and none; torchrun's own log holds its workers' output)."""
     logs = Path(str(m.run_dir)) / "logs"
-    files = sorted(logs.glob("rank*.out"), key=lambda p: (int(re.search(r"\.i(\d+)", p.name).group(1)), p.name))  # type: ignore[union-attr]
+    files = sorted(
+        logs.glob("rank*.out"), key=lambda p: (int(re.search(r"\.i(\d+)", p.name).group(1)), p.name)
+    )  # type: ignore[union-attr]
     files += [logs / "torchrun.out"] if (logs / "torchrun.out").exists() else []
     return "".join(p.read_text(errors="replace") for p in files)
 
@@ -83,7 +85,9 @@ def _hf(text: str) -> dict[int, list[list[int]]]:
 
 #: A process that aborted in C++ (``std::terminate``), printed as it dies: at exit, a gloo process group never
 #: destroyed (pytorch/pytorch#190489).
-EXIT_ABORT = re.compile(r"terminate called (?:without an active exception|after throwing an instance of '[^']*')")
+EXIT_ABORT = re.compile(
+    r"terminate called (?:without an active exception|after throwing an instance of '[^']*')"
+)
 
 
 @dataclass
@@ -122,7 +126,9 @@ def lost_by_the_logs(t: Trainer, m: RunMetrics) -> tuple[int, int]:
     at_fault = min(segs[0][-1] for segs in by_rank.values())
     restarts = max(len(segs) for segs in by_rank.values()) - 1
     if t.name == "hf":
-        saved = [int(p.name.split("-")[1]) for p in (Path(str(m.run_dir)) / "checkpoints").glob("checkpoint-*")]
+        saved = [
+            int(p.name.split("-")[1]) for p in (Path(str(m.run_dir)) / "checkpoints").glob("checkpoint-*")
+        ]
         return at_fault - max(s for s in saved if s <= at_fault), restarts
     return at_fault - (min(segs[1][0] for segs in by_rank.values()) - 1), restarts
 
@@ -157,7 +163,8 @@ def test_real_trainer_under_restart_and_torchrun(run_suite, t: Trainer) -> None:
         else:
             assert ctl.outcome == "completed" and ctl.clean is False and ctl.restart_count >= 1, story(ctl)
             assert f"after the job's last step ({t.steps})" in (ctl.verdict or "") and aborted.group(0) in (
-                ctl.verdict or ""), story(ctl)  # fmt: skip
+                ctl.verdict or ""
+            ), story(ctl)
         assert ctl.final_step == t.steps and not ctl.contaminated
         assert max(seg[-1] for segs in t.counters(rank_output(ctl)).values() for seg in segs) == t.steps
 
@@ -167,7 +174,9 @@ def test_real_trainer_under_restart_and_torchrun(run_suite, t: Trainer) -> None:
         assert kill.restart_count == restarts, (kill.verdict, restarts)
         assert kill.lost_steps == lost, (kill.lost_steps, lost, kill.verdict)
         assert kill.detected and kill.blame == "correct", story(kill)
-        assert kill.checkpoint_age_s is not None and kill.checkpoint_age_s > 0, kill.missing  # saves seen as files
+        assert kill.checkpoint_age_s is not None and kill.checkpoint_age_s > 0, (
+            kill.missing
+        )  # saves seen as files
 
         truth, control_truth = final_state_by_the_logs(t, kill), final_state_by_the_logs(t, ctl)
         if ctl.restart_count:  # its final state is a recovery's (HF trains a step beyond max_steps on resume)
@@ -177,7 +186,9 @@ def test_real_trainer_under_restart_and_torchrun(run_suite, t: Trainer) -> None:
         else:
             assert kill.fidelity == ("exact" if truth == control_truth else "diverged"), kill.verdict
 
-    if t.name == "lightning":  # only rank 0 logs: restart's step watchdog sees rank 0 stall first, and blames it
+    if (
+        t.name == "lightning"
+    ):  # only rank 0 logs: restart's step watchdog sees rank 0 stall first, and blames it
         hang = res["restart/hang-rank1#0"]
         lost, restarts = lost_by_the_logs(t, hang)
         assert hang.outcome == "recovered" and hang.detected_via == "step watchdog", hang.verdict

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 WORKLOAD = "{name: ddp-mlp, ranks: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.02, pg_timeout_s: 5}"
 
 
-def suite(frameworks: str, faults: str, matrix_fw: str, matrix_faults: str, control: bool = True,
-          deadline: int = 90) -> str:  # fmt: skip
+def suite(
+    frameworks: str, faults: str, matrix_fw: str, matrix_faults: str, control: bool = True, deadline: int = 90
+) -> str:
     return f"""
     name: it
     seed: 11
@@ -56,8 +57,9 @@ def test_kill_under_restart_resumes_exactly(run_suite) -> None:
 
 
 def test_hang_under_restart_detected_by_heartbeat(run_suite) -> None:
-    res = run_suite(suite("{restart: {heartbeat_timeout_s: 3}}", f"{{hang: {HANG}}}", "restart", "hang",
-                          control=False))  # fmt: skip
+    res = run_suite(
+        suite("{restart: {heartbeat_timeout_s: 3}}", f"{{hang: {HANG}}}", "restart", "hang", control=False)
+    )
     m = res["restart/hang#0"]
     assert m.detected, m.missing
     # the last heartbeat came at most one step before the fault: detection within timeout + 1 s
@@ -66,8 +68,16 @@ def test_hang_under_restart_detected_by_heartbeat(run_suite) -> None:
 
 
 def test_hang_under_torchrun_detected_via_process_group_timeout(run_suite) -> None:
-    res = run_suite(suite("{torchrun: {share_rdzv_tcp_store: false}}", f"{{hang: {HANG}}}", "torchrun", "hang",
-                          control=False, deadline=120))  # fmt: skip
+    res = run_suite(
+        suite(
+            "{torchrun: {share_rdzv_tcp_store: false}}",
+            f"{{hang: {HANG}}}",
+            "torchrun",
+            "hang",
+            control=False,
+            deadline=120,
+        )
+    )
     m = res["torchrun/hang#0"]
     assert m.detected, m.missing
     # the survivor's collective times out after pg_timeout_s (5 s); the agent reacts right after
@@ -96,8 +106,15 @@ def delayed_detect():
 
 def test_calibration_time_to_detect_within_20ms(run_suite, delayed_detect) -> None:
     delay = 0.4
-    res = run_suite(suite(f"{{cal: {{adapter: delayed-detect, delay_s: {delay}}}}}", f"{{kill: {KILL}}}", "cal",
-                          "kill", control=False))  # fmt: skip
+    res = run_suite(
+        suite(
+            f"{{cal: {{adapter: delayed-detect, delay_s: {delay}}}}}",
+            f"{{kill: {KILL}}}",
+            "cal",
+            "kill",
+            control=False,
+        )
+    )
     m = res["cal/kill#0"]
     assert m.detected, m.missing
     ev = read_events(Path(str(m.run_dir)) / "events.jsonl")
@@ -115,7 +132,11 @@ def test_calibration_time_to_detect_within_20ms(run_suite, delayed_detect) -> No
     waited = (int(detect["printed_ns"]) - int(detect["dead_ns"])) / 1e9
     assert kill_latency >= 0  # the fault's stamp is taken before the kill(2): never after its effect was seen
     assert delay <= waited <= delay + 0.1
-    assert abs(m.time_to_detect_s - kill_latency - waited) <= 0.020, (m.time_to_detect_s, kill_latency, waited)
+    assert abs(m.time_to_detect_s - kill_latency - waited) <= 0.020, (
+        m.time_to_detect_s,
+        kill_latency,
+        waited,
+    )
     # the watchdog's own exit: the kernel's stamp of it (or the poller's wake-up to its pidfd), after its last
     # clock reading before _exit(0); bound: its own way out (file write, _exit, teardown, preemption) measured at
     # most 7.6 ms under 2 busy processes (benchmarks/detect_calibration.py), 20 ms as the detection's bound
@@ -128,8 +149,15 @@ def test_calibration_time_to_detect_within_20ms(run_suite, delayed_detect) -> No
 def test_torchrun_with_one_agent_per_node_numbers_incarnations_consistently(run_suite) -> None:
     """Two agents (nodes: 2): both nodes' new workers belong to the same incarnation, so the restart from the
     step-20 checkpoint shows as 5 lost steps, not as an in-place resume."""
-    res = run_suite(suite("{torchrun: {share_rdzv_tcp_store: false}}", f"{{kill: {KILL}}}", "torchrun", "kill",
-                          control=False).replace("ranks: 2,", "ranks: 2, nodes: 2,"))  # fmt: skip
+    res = run_suite(
+        suite(
+            "{torchrun: {share_rdzv_tcp_store: false}}",
+            f"{{kill: {KILL}}}",
+            "torchrun",
+            "kill",
+            control=False,
+        ).replace("ranks: 2,", "ranks: 2, nodes: 2,")
+    )
     m = res["torchrun/kill#0"]
     assert m.outcome == "recovered", m.verdict
     assert m.restart_count >= 1 and m.lost_steps == 5, (m.restart_count, m.lost_steps, m.verdict)

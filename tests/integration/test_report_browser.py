@@ -25,6 +25,8 @@ require_chromium()
 TIMELINES = ROOT / "tests" / "fixtures" / "timelines"
 #: Real runs' timelines (kept fixtures): one per framework x fault, each a recovered run.
 REAL = ("command_restart_kill", "restart_hang", "torchrun_kill", "torchft_kill_group")
+
+
 def _run_dir(suite_dir: Path, name: str) -> tuple[Path, RunMetrics]:
     """A run directory in the standard layout holding the kept timeline ``name``, and its metrics."""
     src = TIMELINES / f"{name}.jsonl"
@@ -87,8 +89,11 @@ def test_report_with_unusable_rows_and_missing_figures_reads_in_a_browser(tmp_pa
     no_timeline.run_dir = str(empty_dir)
     written = write_report(suite_dir, to_frame([control, fault, no_dir, no_timeline]), plots="missing")
     html = written["report.html"].read_text()
-    assert f"unusable: its control run did not complete (control failed (failed); 'lighthouse' exited 1 before " \
-           f"the job's first step: {OTLP})".replace("'", "&#x27;") in html  # fmt: skip
+    assert (
+        f"unusable: its control run did not complete (control failed (failed); 'lighthouse' exited 1 before "
+        f"the job's first step: {OTLP})".replace("'", "&#x27;")
+        in html
+    )
     assert "no timeline plot: no run_dir recorded" in html
     assert f"no timeline plot: no events.jsonl in {empty_dir}" in html
     # shown: the two suite-level figures and the two timelines drawn (the control's and its fault run's)

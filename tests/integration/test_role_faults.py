@@ -74,8 +74,11 @@ def test_kill_of_the_rendezvous_host_fails_the_job(results) -> None:
     m = results["torchrun/kill-rendezvous-host"]
     _killed(m, "agent", "node0")
     # node1's agent loses the store it keeps its rendezvous in and stops its worker
-    seen = [(e.kind, e.t_ns, e.get("via"), e.get("signature"), e.get("line")) for e in events_of(m)
-            if e.kind in ("fault_inject", "detect", "rank_error", "restart")]  # fmt: skip
+    seen = [
+        (e.kind, e.t_ns, e.get("via"), e.get("signature"), e.get("line"))
+        for e in events_of(m)
+        if e.kind in ("fault_inject", "detect", "rank_error", "restart")
+    ]
     assert m.outcome == "not_recovered" and m.run_end_outcome == "failed", (m.verdict, seen)
     assert m.detected_via == "rendezvous store lost", (m.verdict, seen)
 

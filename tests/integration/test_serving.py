@@ -66,7 +66,10 @@ def test_every_policy_serves_every_request_before_the_fault(serving: dict[str, R
         windows = [e for e in events_of(m) if e.kind == "load_window" and e.t_ns + 0.1e9 <= _kill_t(m)]
         assert sum(int(e.get("requests", 0)) for e in windows) > 100, fw
         assert sum(int(e.get("failures", 0)) for e in windows) == 0, fw
-        assert m.budget_request_rate_per_s and m.budget_request_rate_per_s > 30, (fw, m.budget_request_rate_per_s)
+        assert m.budget_request_rate_per_s and m.budget_request_rate_per_s > 30, (
+            fw,
+            m.budget_request_rate_per_s,
+        )
         assert "before the fault" in m.notes.get("budget_request_rate_per_s", ""), m.notes
 
 

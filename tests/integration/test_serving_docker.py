@@ -71,7 +71,9 @@ def test_partition_takes_the_cut_replica_out(serving: dict[str, RunMetrics]) -> 
     # only the requests in flight to node1 when it was cut fail
     assert m.failed_requests is not None and m.failed_requests < 0.05 * (m.requests or 0)
     # replica 1 of 2 out for about the cut's 4 s (to the balancer's up) of a 12 s load
-    assert m.capacity_lost_replica_s is not None and 3.5 < m.capacity_lost_replica_s < 6.0, m.capacity_lost_replica_s
+    assert m.capacity_lost_replica_s is not None and 3.5 < m.capacity_lost_replica_s < 6.0, (
+        m.capacity_lost_replica_s
+    )
     stats = kinds(evs, "balancer_stats")[0]
     assert stats.get("servers", {}).get("r1", {}).get("went_down") == 1, stats.data
 
@@ -79,11 +81,16 @@ def test_partition_takes_the_cut_replica_out(serving: dict[str, RunMetrics]) -> 
 def test_net_delay_slows_without_failing(serving: dict[str, RunMetrics]) -> None:
     m = serving["health/net-delay"]
     evs = events_of(m)
-    assert not kinds(evs, "balancer_down")  # a check waits ~100 ms (SYN-ACK, response), under its 200 ms timeout
+    assert not kinds(
+        evs, "balancer_down"
+    )  # a check waits ~100 ms (SYN-ACK, response), under its 200 ms timeout
     (counters,) = [e for e in kinds(evs, "log") if "netdelay counters" in str(e.get("line"))]
     assert '"packets": 0' not in str(counters.get("line"))  # the delayer held node1's packets
     assert m.failed_requests == 0
     assert m.latency_p99_before_ms is not None and m.latency_p99_during_ms is not None
     # half the requests go to node1 and wait 50 ms more (its response held once)
-    assert m.latency_p99_during_ms > m.latency_p99_before_ms + 40, (m.latency_p99_before_ms, m.latency_p99_during_ms)
+    assert m.latency_p99_during_ms > m.latency_p99_before_ms + 40, (
+        m.latency_p99_before_ms,
+        m.latency_p99_during_ms,
+    )
     assert m.capacity_lost_replica_s == 0.0

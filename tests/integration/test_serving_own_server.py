@@ -63,8 +63,10 @@ matrix: {{frameworks: [supervised], faults: [kill-replica1], repeats: 1}}
 #: record that lands in between is glued to it (seen: ``-----...-----2026-12-05 15:16:38,250 model_server INFO
 #: "POST /v1/predict HTTP/1.1" 200 -``): the record is searched for, not matched at the line's start.
 LOG_RE = re.compile(r"(?P<date>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) model_server INFO (?P<msg>.*)$")
-LISTENING_RE = re.compile(r"listening on http://(?P<host>[\d.]+):(?P<port>\d+) \(replica (?P<replica>\d+), "
-                          r"pid (?P<pid>\d+)\)")  # fmt: skip
+LISTENING_RE = re.compile(
+    r"listening on http://(?P<host>[\d.]+):(?P<port>\d+) \(replica (?P<replica>\d+), "
+    r"pid (?P<pid>\d+)\)"
+)
 ACCESS_RE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.[01]" (?P<status>\d{3})')
 
 
@@ -122,7 +124,11 @@ def test_ready_comes_from_the_health_path_after_the_server_listened(run: RunMetr
         assert polled.endswith('"GET /healthz HTTP/1.1" 200 -'), polled
         assert listened_ns <= polled_ns <= e.t_ns
         assert e["url"] == f"http://127.0.0.1:{e['port']}/healthz"
-    assert sorted((e["rank"], e["incarnation"]) for e in _of(evs, "replica_ready")) == [(0, 0), (1, 0), (1, 1)]
+    assert sorted((e["rank"], e["incarnation"]) for e in _of(evs, "replica_ready")) == [
+        (0, 0),
+        (1, 0),
+        (1, 1),
+    ]
 
 
 def test_haproxy_took_the_replica_out_and_back_as_its_log_says(run: RunMetrics) -> None:
@@ -171,8 +177,11 @@ def test_the_loads_counts_add_up_and_match_the_servers_access_lines(run: RunMetr
     # every request the load counted a success was answered by a replica, which logged it as it answered; a
     # logged answer the load did not count is one it began and never finished: unfinished at the load's end,
     # or cut off by the kill (then counted a failure)
-    access = [ACCESS_RE.search(msg) for name in ("replica0.i0", "replica1.i0", "replica1.i1")
-              for _, msg in _server_log(run_dir, name)]  # fmt: skip
+    access = [
+        ACCESS_RE.search(msg)
+        for name in ("replica0.i0", "replica1.i0", "replica1.i1")
+        for _, msg in _server_log(run_dir, name)
+    ]
     logged = {"predict": 0, "bad-input": 0}
     for m in access:
         if m and m["method"] == "POST" and m["path"] == "/v1/predict":
@@ -194,10 +203,14 @@ def test_the_serving_metrics_are_the_events(run: RunMetrics) -> None:
     window_ns = 100_000_000
     failed = [w for w in _of(evs, "load_window") if w["failures"]]
     assert failed, "the kill failed no request"
-    first_failed_end = min(w.t_ns + round(w["window_s"] * 1e9) for w in failed if w.t_ns + w["window_s"] * 1e9 > tf)
+    first_failed_end = min(
+        w.t_ns + round(w["window_s"] * 1e9) for w in failed if w.t_ns + w["window_s"] * 1e9 > tf
+    )
     detect = min(down.t_ns, first_failed_end)
     assert run.time_to_detect_s == pytest.approx((detect - tf) / 1e9, abs=1e-9)
-    assert run.detected_via == ("balancer health check" if down.t_ns <= first_failed_end else "failed request")
+    assert run.detected_via == (
+        "balancer health check" if down.t_ns <= first_failed_end else "failed request"
+    )
     # requests fail only from the kill until haproxy took the replica out (a request counts in the window it
     # ended in: one refused just before the DOWN may end in the window after it)
     assert all(w.t_ns + w["window_s"] * 1e9 > tf and w.t_ns <= down.t_ns + window_ns for w in failed), failed

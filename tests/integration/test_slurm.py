@@ -240,7 +240,10 @@ def test_concurrent_runs_on_nodes_of_their_own(tmp_path: Path) -> None:
     runner = Runner(suite_from_data(data, smap), tmp_path)
     records = runner.run(jobs=2)
     assert [(r.scenario.id, r.scenario.repeat) for r in records] == [
-        ("restart/control", 0), ("restart/kill", 0), ("restart/kill", 1)]  # fmt: skip
+        ("restart/control", 0),
+        ("restart/kill", 0),
+        ("restart/kill", 1),
+    ]
     for rec in records:
         assert rec.leftovers == [], f"{rec.scenario.id}: jobs or processes left: {rec.leftovers}"
     metrics = {f"{m.scenario}#{m.repeat}": m for m in collect(runner.suite_dir, write=False)}

@@ -234,8 +234,14 @@ def test_cleanup_stale_mounts_after_a_harness_crash(tmp_path: Path) -> None:
     try:
         dead = subprocess.Popen(["true"])
         dead.wait()
-        entry = {"mountpoint": str(m.mountpoint), "control": str(m.control), "fusefs_pid": m.pid,
-                 "fusefs_ticks": m.ticks, "owner_pid": os.getpid(), "owner_ticks": procutil.start_ticks(os.getpid())}  # fmt: skip
+        entry = {
+            "mountpoint": str(m.mountpoint),
+            "control": str(m.control),
+            "fusefs_pid": m.pid,
+            "fusefs_ticks": m.ticks,
+            "owner_pid": os.getpid(),
+            "owner_ticks": procutil.start_ticks(os.getpid()),
+        }
         (run_dir / "mounts.json").write_text(json.dumps({"mounts": [entry]}))
         assert cleanup_stale_mounts(tmp_path / "res") == []  # owner alive, run not ended: left alone
         assert is_mounted(m.mountpoint)
@@ -338,8 +344,12 @@ CLI = "import sys; from chaosbench.cli import main; sys.exit(main(sys.argv[1:]))
 def test_sigint_while_frozen_unmounts_and_leaves_nothing(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(INTR_SUITE)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-c", CLI, "run", str(tmp_path / "s.yaml"), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, "run", str(tmp_path / "s.yaml"), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run_dir = out / "sfsintr" / "restart__freeze" / "0"
     stats_path = run_dir / "stallfs" / "control.stats.json"
     try:

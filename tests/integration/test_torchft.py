@@ -105,7 +105,9 @@ def test_kill_of_a_replica_group_heals_from_its_peer_without_rollback(run_suite)
     # completes the step), to the ns
     first = next(e for e in steps if rank(e) == 0 and e.t_ns == resumed)
     same = [e for e in steps if e["step"] == first["step"] and e.get("quorum_id") == first.get("quorum_id")]
-    assert first.get("quorum_id") is not None and len(same) == int(first.get("participants") or 0), same  # 1 rank a group
+    assert first.get("quorum_id") is not None and len(same) == int(first.get("participants") or 0), (
+        same
+    )  # 1 rank a group
     done = max(e.t_ns for e in same)
     assert m.time_to_resume_s is not None and abs(m.time_to_resume_s - (done - effect) / 1e9) < 1e-6
 

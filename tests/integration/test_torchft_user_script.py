@@ -42,7 +42,9 @@ def _torchft_problem() -> str | None:
     try:
         import torchft  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available here"
-        return f"torchft not importable ({exc}); pip install --no-deps torchft==0.2.0 and its opentelemetry deps"
+        return (
+            f"torchft not importable ({exc}); pip install --no-deps torchft==0.2.0 and its opentelemetry deps"
+        )
     return None
 
 
@@ -53,14 +55,18 @@ def _suite() -> str:
     """The shipped suite (the one docs/recipes/torchft.md shows), its script found from this checkout."""
     data = yaml.safe_load((ROOT / "suites" / "trainer-torchft.yaml").read_text())
     wl = data["defaults"]["workload"]
-    wl["command"] = [sys.executable if a == "python" else a.replace("{suite_dir}/..", str(ROOT)) for a in wl["command"]]
+    wl["command"] = [
+        sys.executable if a == "python" else a.replace("{suite_dir}/..", str(ROOT)) for a in wl["command"]
+    ]
     assert wl["steps"] == STEPS
     return yaml.safe_dump(data, sort_keys=False)
 
 
 #: the script's own lines: ``2026-12-05 07:32:55,159 INFO train_ft: step 12 loss 2.2274 participants 2``
-STEP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO train_ft: step (\d+) loss \S+ participants (\d+)",
-                     re.MULTILINE)
+STEP_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO train_ft: step (\d+) loss \S+ participants (\d+)",
+    re.MULTILINE,
+)
 #: torchft's Manager: ``[train_ft_0:<uuid>/0 - step 11] should_commit=False ...``: step 12 was not committed
 COMMIT_RE = re.compile(r"\[train_ft_\d+:[0-9a-f-]+/\d+ - step (\d+)\] should_commit=(True|False)")
 SKIP_RE = re.compile(r"\[train_ft_\d+:[0-9a-f-]+/\d+ - step (\d+)\] should_commit=False")
@@ -72,8 +78,10 @@ LIGHTHOUSE_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+) ")
 BEATING_RE = re.compile(r"Quorum status: .*\[(\d+) heartbeating\]")
 #: ``Quorum! Quorum { quorum_id: 2, participants: [QuorumMember { replica_id: "train_ft_0:<uuid>", ..., step: 11,
 #: ... }], created: Some(Timestamp { seconds: 1796455975, nanos: 159183162 }) }``: formed at that instant
-QUORUM_RE = re.compile(r"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)\], created: Some\(Timestamp "
-                       r"\{ seconds: (\d+), nanos: (\d+) \}\)")
+QUORUM_RE = re.compile(
+    r"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)\], created: Some\(Timestamp "
+    r"\{ seconds: (\d+), nanos: (\d+) \}\)"
+)
 MEMBER_RE = re.compile(r'replica_id: "([^"]+)", .*?step: (\d+),')
 
 
@@ -128,7 +136,9 @@ def _job_step_after(m: RunMetrics, fault_s: float, reaction_s: float) -> tuple[i
     done when the later of the two logged it, after the framework's first reaction."""
     g0, g1 = _commits(m, 0), _commits(m, 1)
     before = min(max((n for n, t in c.items() if t <= fault_s), default=0) for c in (g0, g1))
-    return min((n, max(g0[n], g1[n])) for n in set(g0) & set(g1) if n > before and max(g0[n], g1[n]) > reaction_s)
+    return min(
+        (n, max(g0[n], g1[n])) for n in set(g0) & set(g1) if n > before and max(g0[n], g1[n]) > reaction_s
+    )
 
 
 def _skipped(m: RunMetrics) -> set[int]:
@@ -155,7 +165,9 @@ def _beating(m: RunMetrics) -> list[tuple[float, int]]:
     for line in _log(m, "lighthouse.err").splitlines():
         s, b = LIGHTHOUSE_RE.match(line), BEATING_RE.search(line)
         if s and b:
-            out.append((datetime.fromisoformat(s.group(1)).replace(tzinfo=timezone.utc).timestamp(), int(b.group(1))))
+            out.append(
+                (datetime.fromisoformat(s.group(1)).replace(tzinfo=timezone.utc).timestamp(), int(b.group(1)))
+            )
     return out
 
 
@@ -194,8 +206,10 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
 
     # the first reaction to each fault, by the frameworks' own lines: group 1's torchrun saw its worker die (kill);
     # the Lighthouse stopped hearing group 1's heartbeats (hang)
-    reacted = {"kill": _agent_s(kill, 1, "failed (exitcode: -9)")[0],  # (group 0's saw nothing die: below)
-               "hang": next(t for t, beating in _beating(hang) if t > _fault_s(hang) and beating < 2)}
+    reacted = {
+        "kill": _agent_s(kill, 1, "failed (exitcode: -9)")[0],  # (group 0's saw nothing die: below)
+        "hang": next(t for t, beating in _beating(hang) if t > _fault_s(hang) and beating < 2),
+    }
     for m in (kill, hang):
         fault = _fault_s(m)
         skipped = _skipped(m)
@@ -208,7 +222,9 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
         assert _steps(m, 0) == sorted(_steps(m, 0)) and m.rollback is False
         assert m.skipped_steps == len(skipped) and m.lost_steps == len(skipped)
         if skipped:
-            assert m.lost_work_s is None and f"step {min(skipped)} was not committed" in m.missing["lost_work_s"]
+            assert (
+                m.lost_work_s is None and f"step {min(skipped)} was not committed" in m.missing["lost_work_s"]
+            )
         else:
             assert m.lost_work_s == 0.0
         # the job went on: the first step both groups logged beyond the fault after the first reaction (its
@@ -230,7 +246,9 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
     # the same instant up to the line's formatting and the millisecond cut (20 ms on a loaded 2-core machine)
     assert 0 <= fault + kill.time_to_detect_s - died[0] < 0.02, (kill.time_to_detect_s, died[0] - fault)
     assert not _agent_s(kill, 0, "failed (exitcode")
-    assert kill.blame == "correct" and kill.blamed == "rank 1", kill.verdict  # group 1's torchrun saw the death
+    assert kill.blame == "correct" and kill.blamed == "rank 1", (
+        kill.verdict
+    )  # group 1's torchrun saw the death
     # group 0 cannot commit alone (min_replica_size 2): at least the step of the quorum in which the replacement
     # heals (only group 0 is at the highest step, so it alone takes part) is thrown away
     assert _skipped(kill), "expected group 0 to skip while group 1 was gone"
@@ -252,16 +270,30 @@ def check_against_the_logs(ctl: RunMetrics, kill: RunMetrics, hang: RunMetrics) 
     fault = _fault_s(hang)
     lighthouse_saw = next(t for t, beating in _beating(hang) if t > fault and beating < 2)
     assert hang.detected and hang.detected_via == "framework heartbeat" and hang.time_to_detect_s is not None
-    assert 0 <= fault + hang.time_to_detect_s - lighthouse_saw < 0.02, (hang.time_to_detect_s, lighthouse_saw - fault)
-    assert not _agent_s(hang, 0, "will restart worker group") and not _agent_s(hang, 1, "will restart worker group")
+    assert 0 <= fault + hang.time_to_detect_s - lighthouse_saw < 0.02, (
+        hang.time_to_detect_s,
+        lighthouse_saw - fault,
+    )
+    assert not _agent_s(hang, 0, "will restart worker group") and not _agent_s(
+        hang, 1, "will restart worker group"
+    )
     # blame: the Lighthouse's heartbeat line names no group; a quorum it shrank after the fault names the one left
     # out (one formed just after the fault may still hold it: asked for before). A group 0 that waited in its
     # allreduce asked for no quorum: nothing named the culprit.
     quorums = _quorums(hang)
-    shrunk = next((i for i, (t, _, members) in enumerate(quorums) if t > fault and len(members) < len(quorums[i - 1][2])), None)
+    shrunk = next(
+        (
+            i
+            for i, (t, _, members) in enumerate(quorums)
+            if t > fault and len(members) < len(quorums[i - 1][2])
+        ),
+        None,
+    )
     if shrunk is None:
         assert hang.blamed is None, hang.verdict
     else:
-        assert {r.split(":")[0] for r in set(quorums[shrunk - 1][2]) - set(quorums[shrunk][2])} == {"train_ft_1"}
+        assert {r.split(":")[0] for r in set(quorums[shrunk - 1][2]) - set(quorums[shrunk][2])} == {
+            "train_ft_1"
+        }
         assert hang.blame == "correct" and hang.blamed == "rank 1", hang.verdict
     assert hang.restart_count == 0 and hang.time_to_rejoin_s is None

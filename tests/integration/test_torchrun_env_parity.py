@@ -23,22 +23,43 @@ SCRIPT = ROOT / "tests" / "fixtures" / "foreign" / "dump_elastic_env.py"
 AGENT_OWN = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
 #: Equal under both for rank r of a 2-rank, 1-node job; the rest differ by nature (addresses, ports, run ids,
 #: whether an agent hosts the store).
-SAME_VALUES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-               "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")  # fmt: skip
+SAME_VALUES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
 
 
 def _dumps(d: Path) -> list[dict[str, str]]:
     return [json.loads((d / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-def test_a_script_sees_torchruns_variables_under_the_none_adapter(run_suite, tmp_path: Path, monkeypatch) -> None:
+def test_a_script_sees_torchruns_variables_under_the_none_adapter(
+    run_suite, tmp_path: Path, monkeypatch
+) -> None:
     under_torchrun = tmp_path / "torchrun"
     under_torchrun.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAOSBENCH_", "TORCHELASTIC_"))}
-    env.update(ENV_DUMP_DIR=str(under_torchrun), TMPDIR=str(tmp_path))  # torchrun's log directory goes to TMPDIR
+    env.update(
+        ENV_DUMP_DIR=str(under_torchrun), TMPDIR=str(tmp_path)
+    )  # torchrun's log directory goes to TMPDIR
     # torchrun itself (the console script is torch.distributed.run's main)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT)],
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
     under_none = tmp_path / "none"

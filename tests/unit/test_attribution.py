@@ -30,8 +30,14 @@ def test_reactions_after_the_harness_teardown_are_not_detections() -> None:
     t_fault = tl.t_last + 0.01
     tl.add(t_fault, "fault_inject", src="injector", fault="hang", injector="hang", target=[{"rank": 1}])
     tl.add(t_fault + 100, "teardown_begin", reason="deadline")
-    tl.add(t_fault + 100.02, "detect", src="framework", framework="torchrun", line="Sending process 1 closing signal",
-           node="node0")  # fmt: skip
+    tl.add(
+        t_fault + 100.02,
+        "detect",
+        src="framework",
+        framework="torchrun",
+        line="Sending process 1 closing signal",
+        node="node0",
+    )
     tl.add(t_fault + 100.5, "restart", src="framework", framework="torchrun")
     tl.rank(t_fault + 100.6, "step", 0, 0, step=16)  # a rank that got SIGCONT during the teardown
     tl.add(t_fault + 101, "run_end", outcome="deadline")
@@ -50,7 +56,9 @@ def test_blame_from_the_restart_watchdog_and_from_torchrun_lines() -> None:
     assert (m.blame, m.blamed) == ("correct", "rank 1")
     ev.data["blame_rank"] = 0
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
-    assert (m.blame, m.blamed) == ("wrong", "rank 0") and "blamed rank 0, not the faulted rank" in (m.verdict or "")
+    assert (m.blame, m.blamed) == ("wrong", "rank 0") and "blamed rank 0, not the faulted rank" in (
+        m.verdict or ""
+    )
     # torchrun: "failed (exitcode: -9) local_rank: 1" from the agent on node0 names the rank on that node
     del ev.data["blame_rank"]
     ev.data.update(local_rank="1", node="node0")
@@ -99,8 +107,9 @@ def test_restart_count_cross_checked_against_the_framework() -> None:
     assert m.restarts_claimed == m.restart_count == 1 and "mismatch" not in (m.verdict or "")
     tl.add(tl.t_fault + 0.31, "restart", src="framework", framework="fw", attempt=2)  # type: ignore[attr-defined]
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
-    assert m.restarts_claimed == 2 and "restart count mismatch: the ranks show 1, the framework reported 2" in (
-        m.verdict or ""
+    assert (
+        m.restarts_claimed == 2
+        and "restart count mismatch: the ranks show 1, the framework reported 2" in (m.verdict or "")
     )
 
 
@@ -111,8 +120,10 @@ def test_contamination_by_a_foreign_checkpoint() -> None:
     tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), total_steps=30)
     assert m.outcome == "contaminated" and m.contaminated
-    assert m.verdict == ("contaminated: rank 0 loaded a checkpoint (step 30) before this run had saved one: state "
-                         "from outside the run")  # fmt: skip
+    assert m.verdict == (
+        "contaminated: rank 0 loaded a checkpoint (step 30) before this run had saved one: state "
+        "from outside the run"
+    )
 
     # no load line, but the first incarnation's steps begin far beyond 1
     tl = TL().incarnation(0, 0.1, 21, 30, end=True)
@@ -141,7 +152,9 @@ def test_contamination_by_a_foreign_checkpoint() -> None:
     tl.incarnation(1, tl.t_last + 2.0, 11, 30, load_from=10, end=True)
     tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
-    assert m.outcome == "contaminated" and "(step 10) before this run had saved one" in (m.verdict or ""), m.verdict
+    assert m.outcome == "contaminated" and "(step 10) before this run had saved one" in (m.verdict or ""), (
+        m.verdict
+    )
 
 
 def test_fault_measured_from_when_it_took_effect() -> None:
@@ -150,15 +163,25 @@ def test_fault_measured_from_when_it_took_effect() -> None:
     tl = TL().incarnation(0, 0.1, 1, 30, dt=0.01)
     step25 = next(e for e in tl.events if e.kind == "step" and e.get("step") == 25 and e.get("rank") == 1)
     t25 = (step25.t_ns - tl.events[0].t_ns) / 1e9
-    tl.add(t25 + 0.001, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}],
-           trigger_step=25, effect_t_ns=tl.events[0].t_ns + int((t25 + 0.062) * 1e9))  # fmt: skip
+    tl.add(
+        t25 + 0.001,
+        "fault_inject",
+        src="injector",
+        fault="kill",
+        injector="kill",
+        target=[{"rank": 1}],
+        trigger_step=25,
+        effect_t_ns=tl.events[0].t_ns + int((t25 + 0.062) * 1e9),
+    )
     tl.add(t25 + 0.08, "detect", src="framework", framework="fw", blame_rank=1)
     tl.add(t25 + 0.1, "run_end", outcome="failed")
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
     assert abs(m.injection_latency_s - 0.061) < 1e-6  # type: ignore[operator]
     assert m.trigger_step == 25 and m.fault_step == 30
     assert abs(m.time_to_detect_s - 0.018) < 1e-6  # type: ignore[operator]
-    assert "fault landed at step 30, 5 steps after its trigger (step 25), injection latency 61 ms" in (m.verdict or "")
+    assert "fault landed at step 30, 5 steps after its trigger (step 25), injection latency 61 ms" in (
+        m.verdict or ""
+    )
 
 
 def test_per_step_commit_follows_the_quorum() -> None:
@@ -178,20 +201,40 @@ def test_per_step_commit_follows_the_quorum() -> None:
     tl.add(t_fault, "fault_inject", src="injector", fault="hang", injector="hang", target=[{"rank": 1}])
     tl.rank(t_fault + 10.039, "step_skipped", 0, 0, step=26, duration_s=0.02)
     for i, step in enumerate(range(26, 61)):
-        tl.rank(t_fault + 10.068 + 0.024 * i, "step", 0, 0, step=step, duration_s=0.02, committed=True,
-                participants=1, quorum_id=3)  # fmt: skip
+        tl.rank(
+            t_fault + 10.068 + 0.024 * i,
+            "step",
+            0,
+            0,
+            step=step,
+            duration_s=0.02,
+            committed=True,
+            participants=1,
+            quorum_id=3,
+        )
     tl.rank(t_fault + 10.9, "train_end", 0, 0, step=60, digest="d")
     tl.add(t_fault + 20.0, "fault_revert", src="injector", fault="hang")
     tl.rank(t_fault + 20.005, "step_skipped", 1, 0, step=26, duration_s=0.02)
     for i, step in enumerate(range(26, 61)):
-        tl.rank(t_fault + 20.033 + 0.025 * i, "step", 1, 0, step=step, duration_s=0.02, committed=True,
-                participants=1, quorum_id=4)  # fmt: skip
+        tl.rank(
+            t_fault + 20.033 + 0.025 * i,
+            "step",
+            1,
+            0,
+            step=step,
+            duration_s=0.02,
+            committed=True,
+            participants=1,
+            quorum_id=4,
+        )
     tl.rank(t_fault + 20.9, "train_end", 1, 0, step=60, digest="d")
     tl.add(t_fault + 21.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), total_steps=60)
     assert m.outcome == "recovered"
     assert abs(m.time_to_resume_s - 10.068) < 1e-6, m.time_to_resume_s  # type: ignore[operator]
-    assert m.lost_steps == 1 and m.time_to_rejoin_s is None  # step 26's compute was thrown away; nothing restarted
+    assert (
+        m.lost_steps == 1 and m.time_to_rejoin_s is None
+    )  # step 26's compute was thrown away; nothing restarted
     assert m.verdict == "recovered in place, not detected"  # no framework event in this hand-built timeline
 
 
@@ -206,8 +249,15 @@ def test_a_skipped_step_whose_report_gives_no_duration_leaves_lost_work_missing(
             tl.rank(1.0 + 0.1 * step, "step", r, 0, step=step, committed=True, participants=2)
     t_fault = 2.15
     tl.add(t_fault, "fault_inject", src="injector", fault="hang", injector="hang", target=[{"rank": 1}])
-    tl.add(t_fault + 2.0, "detect", src="framework", framework="torchft", via="lighthouse",
-           mechanism="framework heartbeat", reason="lighthouse: 2 -> 1 replica groups heartbeating")  # fmt: skip
+    tl.add(
+        t_fault + 2.0,
+        "detect",
+        src="framework",
+        framework="torchft",
+        via="lighthouse",
+        mechanism="framework heartbeat",
+        reason="lighthouse: 2 -> 1 replica groups heartbeating",
+    )
     tl.rank(t_fault + 2.1, "step_skipped", 0, 0, step=12, reason="None")
     for i, step in enumerate(range(12, 21)):
         for r in (0, 1):
@@ -215,7 +265,9 @@ def test_a_skipped_step_whose_report_gives_no_duration_leaves_lost_work_missing(
     tl.add(t_fault + 4.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), total_steps=20)
     assert m.outcome == "recovered" and m.lost_steps == 1 and m.skipped_steps == 1
-    assert m.lost_work_s is None and m.missing["lost_work_s"].startswith("step 12 was not committed, but how long")
+    assert m.lost_work_s is None and m.missing["lost_work_s"].startswith(
+        "step 12 was not committed, but how long"
+    )
     tl.events = [e for e in tl.events if e.kind != "step_skipped"]
     tl.rank(t_fault + 2.1, "step_skipped", 0, 0, step=12, reason="None", duration_s=0.02)
     m = compute_metrics(tl.sorted(), total_steps=20)
@@ -246,8 +298,14 @@ def test_what_detected_the_failure() -> None:
     ev.data["via"] = "exit"
     assert via() == ("process exit", "recovered after 1 restart; detected by process exit")
     # rank 0 printed its gloo timeout before it exited: the exit was the timeout's doing
-    tl.add(tf + 0.07, "rank_error", signature="collective_timeout", rank=0, proc="rank0",
-           line="RuntimeError: [...] Timed out waiting 10000ms for recv operation to complete")  # fmt: skip
+    tl.add(
+        tf + 0.07,
+        "rank_error",
+        signature="collective_timeout",
+        rank=0,
+        proc="rank0",
+        line="RuntimeError: [...] Timed out waiting 10000ms for recv operation to complete",
+    )
     assert via()[0] == "process-group timeout"
     ev.data["via"] = "step watchdog"
     assert via()[0] == "step watchdog"
@@ -255,7 +313,9 @@ def test_what_detected_the_failure() -> None:
     assert via()[0] == "quorum change"
     # a timeout printed before the fault is not this failure's
     tl.events.pop()
-    tl.add(tf - 1.0, "rank_error", signature="collective_timeout", rank=0, proc="rank0", line="Timed out waiting")
+    tl.add(
+        tf - 1.0, "rank_error", signature="collective_timeout", rank=0, proc="rank0", line="Timed out waiting"
+    )
     ev.data.update(via="exit", mechanism=None)
     assert via()[0] == "process exit"
 
@@ -274,15 +334,21 @@ def test_rank_error_watcher_reports_each_signature_once_per_rank(tmp_path: Path)
         watch(rank1, "stderr", line, 1)
     watch(agent, "stderr", "[rank0]: " + timeout, 2)
     watch(agent, "stderr", "[rank1]: " + timeout, 3)
-    store = "[W1201 03:21:49.394330824 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=4"
+    store = (
+        "[W1201 03:21:49.394330824 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=4"
+    )
     watch(rank1, "stderr", store, 4)  # a rank losing its store: its peer's doing, not a rendezvous loss
     watch(agent, "stderr", "[rank1]: " + store, 5)
     watch(agent, "stderr", store, 6)  # the agent's own line
     tw.close()
     got = [(e["proc"], e.get("rank"), e["signature"]) for e in read_events(tmp_path / "events.jsonl")]
-    assert got == [("rank1", 1, "collective_timeout"), ("rank1", 1, "peer_lost"),
-                   ("agent0", 0, "collective_timeout"), ("agent0", 1, "collective_timeout"),
-                   ("agent0", None, "rendezvous_lost")]  # fmt: skip
+    assert got == [
+        ("rank1", 1, "collective_timeout"),
+        ("rank1", 1, "peer_lost"),
+        ("agent0", 0, "collective_timeout"),
+        ("agent0", 1, "collective_timeout"),
+        ("agent0", None, "rendezvous_lost"),
+    ]
 
 
 def test_training_that_finished_in_a_job_that_failed_says_so() -> None:
@@ -291,7 +357,9 @@ def test_training_that_finished_in_a_job_that_failed_says_so() -> None:
     end = next(e for e in tl.events if e.kind == "run_end")
     end.data["outcome"] = "failed"
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
-    assert m.outcome == "recovered" and "training finished but the job ended failed" in (m.verdict or ""), m.verdict
+    assert m.outcome == "recovered" and "training finished but the job ended failed" in (m.verdict or ""), (
+        m.verdict
+    )
 
 
 def test_a_control_whose_rank_aborts_at_exit_says_so_and_is_no_fidelity_reference() -> None:
@@ -306,22 +374,35 @@ def test_a_control_whose_rank_aborts_at_exit_says_so_and_is_no_fidelity_referenc
 
     tl = TL(control=True).incarnation(0, 0.1, 1, 30)
     t = tl.t_last + 0.3
-    tl.add(t, "proc_error", proc="rank1.i0", pid=201, role="rank", stream="stdout",
-           line="terminate called without an active exception")  # fmt: skip
+    tl.add(
+        t,
+        "proc_error",
+        proc="rank1.i0",
+        pid=201,
+        role="rank",
+        stream="stdout",
+        line="terminate called without an active exception",
+    )
     tl.add(t + 0.01, "proc_exit", proc="rank1.i0", pid=201, returncode=-6, role="rank", incarnation=0)
-    tl.add(t + 0.02, "detect", src="framework", framework="fw", reason="rank1.i0 exited with signal SIGABRT (-6)")
+    tl.add(
+        t + 0.02, "detect", src="framework", framework="fw", reason="rank1.i0 exited with signal SIGABRT (-6)"
+    )
     tl.add(t + 0.05, "restart", src="framework", framework="fw", attempt=1)
     tl.incarnation(1, t + 0.5, 31, 31, load_from=30, ckpt_every=0, end=True, digest="other")
     tl.add(tl.t_last + 0.5, "run_end", outcome="completed")
     ctl = tl.sorted()
     m = compute_metrics(ctl, total_steps=30)
     assert m.outcome == "completed" and m.clean is False and m.restart_count == 1
-    assert m.verdict == ("completed, but not clean: 1 restarts and 1 detections without a fault (the first: "
-                         "rank1.i0 exited with signal SIGABRT (-6), after the job's last step (30); rank1.i0 "
-                         "printed 'terminate called without an active exception')")  # fmt: skip
+    assert m.verdict == (
+        "completed, but not clean: 1 restarts and 1 detections without a fault (the first: "
+        "rank1.i0 exited with signal SIGABRT (-6), after the job's last step (30); rank1.i0 "
+        "printed 'terminate called without an active exception')"
+    )
 
     k = compute_metrics(_kill_tl().sorted(), control=ctl, total_steps=30)
     assert k.outcome == "recovered" and k.fidelity is None
-    assert k.missing["fidelity"] == ("the control run restarted (1): its final state is no fault-free reference")
+    assert k.missing["fidelity"] == (
+        "the control run restarted (1): its final state is no fault-free reference"
+    )
     # against a clean control the same run is judged
     assert compute_metrics(_kill_tl().sorted(), control=control_run(), total_steps=30).fidelity == "exact"

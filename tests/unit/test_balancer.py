@@ -25,8 +25,12 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def config(**options: object) -> str:
-    return haproxy_config(BalancerOptions.model_validate(options), "127.0.0.1:8080",
-                          [(0, "127.0.0.1:9000"), (1, "127.0.0.1:9001")], "127.0.0.1:9999")  # fmt: skip
+    return haproxy_config(
+        BalancerOptions.model_validate(options),
+        "127.0.0.1:8080",
+        [(0, "127.0.0.1:9000"), (1, "127.0.0.1:9001")],
+        "127.0.0.1:9999",
+    )
 
 
 def test_health_checks_with_haproxy_defaults() -> None:
@@ -55,8 +59,10 @@ def test_state_watcher_one_event_per_change(tmp_path: Path) -> None:
     writer = TimelineWriter(tmp_path / "events.jsonl")
     watch = StateWatcher("health", writer)
     h = ProcHandle(ProcessSpec("haproxy", ["haproxy"], role="balancer"), 1, None)
-    down = ('Server replicas/r1 is DOWN, reason: Layer4 connection problem, info: "Connection refused", '
-            "check duration: 0ms. 1 active and 0 backup servers left.")  # fmt: skip
+    down = (
+        'Server replicas/r1 is DOWN, reason: Layer4 connection problem, info: "Connection refused", '
+        "check duration: 0ms. 1 active and 0 backup servers left."
+    )
     watch(h, "stderr", f"[WARNING]  (9178) : {down}", 100)
     watch(h, "stdout", down, 101)  # the same change, on the other stream
     assert watch.down_since_ns == {1: 100}
@@ -64,7 +70,10 @@ def test_state_watcher_one_event_per_change(tmp_path: Path) -> None:
     watch(ProcHandle(ProcessSpec("rank1", ["x"], role="rank"), 2, None), "stdout", down, 300)  # not haproxy's
     writer.close()
     evs = [e for e in read_events(tmp_path / "events.jsonl") if e.kind.startswith("balancer_")]
-    assert [(e.kind, e.get("rank"), e.t_ns) for e in evs] == [("balancer_down", 1, 100), ("balancer_up", 1, 200)]
+    assert [(e.kind, e.get("rank"), e.t_ns) for e in evs] == [
+        ("balancer_down", 1, 100),
+        ("balancer_up", 1, 200),
+    ]
     assert evs[0].get("reason") == "Layer4 connection problem"
     assert watch.down_since_ns == {}
 
@@ -84,19 +93,27 @@ def test_liveness_waits_for_the_restarted_replica_and_startup_timeout_bounds_its
     h = _Running(ProcessSpec("replica1.i1", ["x"], role="rank", incarnation=1), 1, None)
     now = time.time_ns()
     s = 1_000_000_000
-    states(ProcHandle(ProcessSpec("haproxy", ["haproxy"], role="balancer"), 2, None), "stdout",
-           "Server replicas/r1 is DOWN, reason: Layer4 connection problem", now - 5 * s)  # fmt: skip
+    states(
+        ProcHandle(ProcessSpec("haproxy", ["haproxy"], role="balancer"), 2, None),
+        "stdout",
+        "Server replicas/r1 is DOWN, reason: Layer4 connection problem",
+        now - 5 * s,
+    )
     # loading, 3 s after its start, DOWN for 5 s: no liveness restart, the startup timeout is 10 s
     assert fw._replica_failure(h, 1, states, ready, now - 3 * s, o) is None
     # not ready 11 s after its start: the startup timeout restarts it
     assert fw._replica_failure(h, 1, states, ready, now - 11 * s, o) == (
-        "replica1.i1 not ready 10 s after its start", "startup_timeout")  # fmt: skip
+        "replica1.i1 not ready 10 s after its start",
+        "startup_timeout",
+    )
     # ready 1 s ago, still DOWN: the liveness clock runs from its ready
     ready(Event(now - 1 * s, "replica_ready", data={"rank": 1, "incarnation": 1}))
     assert fw._replica_failure(h, 1, states, ready, now - 3 * s, o) is None
     ready.ready_ns[(1, 1)] = now - 3 * s
     assert fw._replica_failure(h, 1, states, ready, now - 5 * s, o) == (
-        "r1 DOWN at the balancer for 2 s", "health_check")  # fmt: skip
+        "r1 DOWN at the balancer for 2 s",
+        "health_check",
+    )
     writer.close()
 
 

@@ -22,13 +22,24 @@ from chaosbench.analysis.power import power, share_power, suite_repeats
 from chaosbench.specs import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
-CI_BASELINE = ROOT / "tests/fixtures/baselines/ci.csv"  # hand-built in the shape of a results.csv of suites/ci.yaml
+CI_BASELINE = (
+    ROOT / "tests/fixtures/baselines/ci.csv"
+)  # hand-built in the shape of a results.csv of suites/ci.yaml
 
 
 def row(scenario: str = "restart/kill", **kw: Any) -> dict[str, Any]:
-    r: dict[str, Any] = {"scenario": scenario, "fault": "kill", "control": False, "outcome": "recovered",
-                         "detected": True, "fidelity": "exact", "blame": "correct", "false_detections": 0,
-                         "gave_up": False, "contaminated": False}  # fmt: skip
+    r: dict[str, Any] = {
+        "scenario": scenario,
+        "fault": "kill",
+        "control": False,
+        "outcome": "recovered",
+        "detected": True,
+        "fidelity": "exact",
+        "blame": "correct",
+        "false_detections": 0,
+        "gave_up": False,
+        "contaminated": False,
+    }
     r.update(kw)
     return r
 
@@ -40,7 +51,9 @@ def failed(base: list[dict[str, Any]], now: list[dict[str, Any]]) -> dict[str, A
 # ------------------------------------------------------------------------------------------- blind spots
 def test_a_recovery_drop_from_an_imperfect_baseline_is_a_regression() -> None:
     """8 of 10 recovered before, 0 of 10 now: the old gate compared recovery only after a perfect baseline."""
-    base = [row(time_to_resume_s=3.0 + i / 10) for i in range(8)] + [row(outcome="not_recovered", fidelity=None)] * 2
+    base = [row(time_to_resume_s=3.0 + i / 10) for i in range(8)] + [
+        row(outcome="not_recovered", fidelity=None)
+    ] * 2
     now = [row(outcome="not_recovered", fidelity=None)] * 10
     regs = failed(base, now)
     assert "recovered" in regs
@@ -56,8 +69,10 @@ def test_with_3_repeats_2_of_3_to_0_of_3_is_undecided_not_passed_silently() -> N
     d = {x.metric: x for x in compare(base, now)}["recovered"]
     assert not d.regression and d.status is Status.UNDECIDED
     # the best 3 new repeats could do against 2/3: C(3,2)/C(6,2) = 0.2; 2/3 -> 0/n reaches 0.05 at n = 9
-    assert d.note == ("not decidable with 3 vs 3 repeats (smallest possible p 0.2 > 0.05): needs 9 new repeats "
-                      "against the baseline's 3")  # fmt: skip
+    assert d.note == (
+        "not decidable with 3 vs 3 repeats (smallest possible p 0.2 > 0.05): needs 9 new repeats "
+        "against the baseline's 3"
+    )
     assert math.comb(3, 2) / math.comb(3 + 9, 2) <= 0.05 < math.comb(3, 2) / math.comb(3 + 8, 2)
 
 
@@ -82,7 +97,9 @@ def test_a_figure_the_baseline_had_and_the_new_results_lack_is_a_regression() ->
     regs = failed(base, now)
     assert list(regs) == ["time_to_detect_s"]
     d = regs["time_to_detect_s"]
-    assert d.status is Status.NO_LONGER_MEASURED and d.note == "measured in 3/3 baseline runs, in none of 3 now"
+    assert (
+        d.status is Status.NO_LONGER_MEASURED and d.note == "measured in 3/3 baseline runs, in none of 3 now"
+    )
 
 
 def test_measured_in_some_baseline_runs_only_is_a_note_not_a_regression() -> None:
@@ -92,13 +109,16 @@ def test_measured_in_some_baseline_runs_only_is_a_note_not_a_regression() -> Non
     assert not d.regression and d.note == "measured in 2/3 baseline runs, in none of 3 now: not compared"
 
 
-@pytest.mark.parametrize(("field", "before", "after", "figure"), [
-    ("detected", True, False, "detected"),
-    ("blame", "correct", "wrong", "blame correct"),
-    ("false_detections", 0, 2, "false detection"),
-    ("gave_up", False, True, "gave up"),
-    ("contaminated", False, True, "contaminated"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "before", "after", "figure"),
+    [
+        ("detected", True, False, "detected"),
+        ("blame", "correct", "wrong", "blame correct"),
+        ("false_detections", 0, 2, "false detection"),
+        ("gave_up", False, True, "gave up"),
+        ("contaminated", False, True, "contaminated"),
+    ],
+)
 def test_every_outcome_level_figure_is_compared(field: str, before: Any, after: Any, figure: str) -> None:
     base = [row(**{field: before}) for _ in range(10)]
     now = [row(**{field: after}) for _ in range(10)]
@@ -148,7 +168,9 @@ def test_holm_corrects_over_every_comparison_of_the_verdict() -> None:
     assert not any(d.regression for d in diffs)
     assert [(d.p_worse, d.p_holm) for d in diffs] == [pytest.approx((0.05, 0.1))] * 2
     assert all(d.status is Status.UNDECIDED and not d.regression for d in diffs)
-    assert diffs[0].note.endswith("needs 5 new repeats against the baseline's 3")  # 1/C(8,3) = 1/56 <= 0.025 < 1/35
+    assert diffs[0].note.endswith(
+        "needs 5 new repeats against the baseline's 3"
+    )  # 1/C(8,3) = 1/56 <= 0.025 < 1/35
     assert failed(base[:3], now[:3]).keys() == {"time_to_resume_s"}  # one scenario: family of one
 
 
@@ -160,9 +182,15 @@ def _draw(rng: random.Random, n: int, scenarios: tuple[str, ...]) -> list[dict[s
         for _ in range(n):
             recovered = rng.random() < 0.7
             detected = rng.random() < 0.9
-            out.append(row(s, outcome="recovered" if recovered else "not_recovered", detected=detected,
-                           time_to_resume_s=3.0 * math.exp(rng.gauss(0, 0.5)) if recovered else None,
-                           time_to_detect_s=0.5 * math.exp(rng.gauss(0, 0.5)) if detected else None))  # fmt: skip
+            out.append(
+                row(
+                    s,
+                    outcome="recovered" if recovered else "not_recovered",
+                    detected=detected,
+                    time_to_resume_s=3.0 * math.exp(rng.gauss(0, 0.5)) if recovered else None,
+                    time_to_detect_s=0.5 * math.exp(rng.gauss(0, 0.5)) if detected else None,
+                )
+            )
     return out
 
 
@@ -187,7 +215,9 @@ def test_the_whole_verdicts_false_alarm_rate_is_at_most_alpha() -> None:
 def _fisher_p(good_a: int, n_a: int, good_b: int, n_b: int) -> float:
     """One-sided Fisher's p that B is worse, from the hypergeometric tail written out."""
     k, n = good_a + good_b, n_a + n_b
-    return sum(math.comb(k, x) * math.comb(n - k, n_a - x) for x in range(good_a, min(k, n_a) + 1)) / math.comb(n, n_a)
+    return sum(
+        math.comb(k, x) * math.comb(n - k, n_a - x) for x in range(good_a, min(k, n_a) + 1)
+    ) / math.comb(n, n_a)
 
 
 def test_share_power_against_exact_computation() -> None:
@@ -211,27 +241,39 @@ def test_the_power_line_for_the_ci_suite() -> None:
     """suites/ci.yaml's real repeats (3 per scenario) against a baseline of 3 repeats: nothing a test decides is
     decidable at the corrected level; only a figure no longer measured fails."""
     reps = suite_repeats(load_suite(ROOT / "suites/ci.yaml"))
-    assert reps == {"restart/kill-rank1": 3, "restart/torn-write": 3, "torchrun/kill-rank1": 3,
-                    "torchrun/torn-write": 3}  # fmt: skip
+    assert reps == {
+        "restart/kill-rank1": 3,
+        "restart/torn-write": 3,
+        "torchrun/kill-rank1": 3,
+        "torchrun/torn-write": 3,
+    }
     p = power(load_rows(CI_BASELINE), reps)
     lines = p.lines()
     # 4 scenarios x (8 shares + 9 timings the baseline measured)
     assert p.family_max == 68 and p.level == pytest.approx(0.05 / 68)
-    assert lines[0] == ("gate power: 3 baseline vs 3 new repeats per scenario; alpha 0.05 for the whole verdict, "
-                        "Holm over at most 68 comparisons (first level 0.05/68 = 0.00074):")  # fmt: skip
-    assert lines[1].endswith("not even 100 % -> 0 % of 3 is detectable (p = 0.05 > 0.00074): needs 19 new repeats "
-                             "against the baseline's 3, or 7 on both sides")  # fmt: skip
-    assert lines[2] == ("  3 vs 3: timings: not detectable (smallest p = 1/C(6,3) = 0.05 > 0.00074): needs 19 new "
-                        "repeats against the baseline's 3, or 7 on both sides")  # fmt: skip
+    assert lines[0] == (
+        "gate power: 3 baseline vs 3 new repeats per scenario; alpha 0.05 for the whole verdict, "
+        "Holm over at most 68 comparisons (first level 0.05/68 = 0.00074):"
+    )
+    assert lines[1].endswith(
+        "not even 100 % -> 0 % of 3 is detectable (p = 0.05 > 0.00074): needs 19 new repeats "
+        "against the baseline's 3, or 7 on both sides"
+    )
+    assert lines[2] == (
+        "  3 vs 3: timings: not detectable (smallest p = 1/C(6,3) = 0.05 > 0.00074): needs 19 new "
+        "repeats against the baseline's 3, or 7 on both sides"
+    )
     # torchrun/torn-write's detection times 0.07, 0.08, 0.10 s: twice their interquartile range (with three
     # repeats: their range), 0.03 s, over the median 0.08 s: +37 %
     assert "time_to_detect_s +20% to +37%, time_to_resume_s +20% to +22%," in lines[3]
     assert lines[4] == "  a figure measured in every baseline run and in none now fails without statistics"
     # the fixture's shares are the same in every run (all recovered, ...), and of its 9 timings per scenario
     # lost_steps and restart_count too: 4 x 7 = 28 vary; 3 vs 3 decides only in a family of one (1/20 = alpha)
-    assert lines[5] == ("  the family is known after the runs (a figure the same in every run of both sides is left "
-                        "out; 28 of the at most 68 vary among the baseline's runs): complete separation of 3 vs 3 "
-                        "(p = 1/C(6,3)) decides in a family of up to 1")  # fmt: skip
+    assert lines[5] == (
+        "  the family is known after the runs (a figure the same in every run of both sides is left "
+        "out; 28 of the at most 68 vary among the baseline's runs): complete separation of 3 vs 3 "
+        "(p = 1/C(6,3)) decides in a family of up to 1"
+    )
 
 
 def test_power_with_enough_repeats_says_what_is_detectable() -> None:
@@ -240,18 +282,33 @@ def test_power_with_enough_repeats_says_what_is_detectable() -> None:
     # family: 8 shares + 1 timing = 9; level 0.05/9; 100 % -> k/10 detectable by the exact test
     level = 0.05 / 9
     k = next(k for k in range(10, -1, -1) if _fisher_p(10, 10, k, 10) <= level)
-    assert f"100 % -> {k / 10:.0%} of 10 detectable" in lines[1] and f"100 % -> {(k + 1) / 10:.0%} is not" in lines[1]
+    assert (
+        f"100 % -> {k / 10:.0%} of 10 detectable" in lines[1]
+        and f"100 % -> {(k + 1) / 10:.0%} is not" in lines[1]
+    )
     assert "timings: a change beyond its noise floor is detectable when every new run is worse" in lines[2]
 
 
-def test_run_with_a_baseline_states_the_power_before_it_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_run_with_a_baseline_states_the_power_before_it_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from chaosbench.cli import main
 
-    argv = ["run", str(ROOT / "suites/ci.yaml"), "--dry-run", "--out", str(tmp_path), "--baseline", str(CI_BASELINE)]
+    argv = [
+        "run",
+        str(ROOT / "suites/ci.yaml"),
+        "--dry-run",
+        "--out",
+        str(tmp_path),
+        "--baseline",
+        str(CI_BASELINE),
+    ]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "gate power: 3 baseline vs 3 new repeats per scenario" in err
-    assert err.index("gate power:") < err.index("a figure measured in every baseline run and in none now fails")
+    assert err.index("gate power:") < err.index(
+        "a figure measured in every baseline run and in none now fails"
+    )
 
 
 def test_power_says_when_no_number_of_repeats_up_to_1000_would_do() -> None:

@@ -18,13 +18,19 @@ def _framework(name: str) -> Any:
 
 
 def test_built_in_workloads_declare_what_they_are() -> None:
-    declared = {n: (WORKLOADS.get(n).checkpoints, WORKLOADS.get(n).serves, WORKLOADS.get(n).users_script)
-                for n in WORKLOADS.names()}  # fmt: skip
+    declared = {
+        n: (WORKLOADS.get(n).checkpoints, WORKLOADS.get(n).serves, WORKLOADS.get(n).users_script)
+        for n in WORKLOADS.names()
+    }
     assert declared == {
-        "ddp-mlp": (True, False, False), "fsdp-lm": (True, False, False), "pp-lm": (True, False, False),
-        "ft-mlp": (False, False, False), "command": (False, False, True), "serve": (False, True, False),
+        "ddp-mlp": (True, False, False),
+        "fsdp-lm": (True, False, False),
+        "pp-lm": (True, False, False),
+        "ft-mlp": (False, False, False),
+        "command": (False, False, True),
+        "serve": (False, True, False),
         "serve-command": (False, True, True),
-    }  # fmt: skip
+    }
 
 
 def test_only_the_local_runtime_runs_ranks_on_the_harness_host() -> None:
@@ -74,7 +80,8 @@ def test_only_torchft_heals_and_a_heal_phase_fault_loads_under_it() -> None:
     from tests.conftest import make_suite
 
     assert {n for n in FRAMEWORKS.names() if FRAMEWORKS.get(n).heals} == {"torchft"}
-    make_suite("""\
+    make_suite(
+        """\
 name: x
 defaults: {workload: {name: ft-mlp, ranks: 2}}
 frameworks: {ft: {adapter: torchft}}
@@ -82,7 +89,9 @@ faults:
   kill: {injector: kill, target: 1, trigger: {at_step: 5}}
   again: {injector: kill, target: 1, trigger: {on_phase: heal}}
 matrix: {frameworks: [ft], faults: [[kill, again]]}
-""", "suites/x.yaml")
+""",
+        "suites/x.yaml",
+    )
 
 
 def test_only_the_slurm_runtime_hands_jobs_to_a_batch_scheduler() -> None:

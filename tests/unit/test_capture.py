@@ -32,10 +32,13 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def run_child(mode: str, read_after_s: float, large: int) -> tuple[Capture, list[tuple[bytes, int]],
-                                                                 list[tuple[int, int]], int]:  # fmt: skip
+def run_child(
+    mode: str, read_after_s: float, large: int
+) -> tuple[Capture, list[tuple[bytes, int]], list[tuple[int, int]], int]:
     cap = Capture(mode)  # type: ignore[arg-type]
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(large)], stdout=cap.child_fd, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(large)], stdout=cap.child_fd, stderr=subprocess.PIPE
+    )
     cap.spawned()
     assert child.stderr is not None
     child.wait(timeout=30)
@@ -51,7 +54,13 @@ def test_socket_capture_stamps_each_line_inside_the_write_that_completed_it() ->
     large = min(2 << 20, Capture("socket").max_write_bytes or 0)  # as large as this machine lets one write be
     cap, lines, writes, read_at = run_child("socket", 0.2, large)
     assert cap.stamp == "write"
-    assert [ln[:12] for ln, _ in lines] == [b"one\n", b"partial\n", b"two\rstill tw", b"x" * 12, b"no newline"]
+    assert [ln[:12] for ln, _ in lines] == [
+        b"one\n",
+        b"partial\n",
+        b"two\rstill tw",
+        b"x" * 12,
+        b"no newline",
+    ]
     assert len(lines[3][0]) == large + 1
     # each line -> the write that completed it ("one", "tial..." twice, the large one, the unterminated tail)
     for (_, t), w in zip(lines, [0, 2, 2, 4, 5], strict=True):
@@ -70,8 +79,10 @@ def test_pipe_capture_stamps_when_read() -> None:
 def test_stream_ends_only_when_every_writer_has_closed() -> None:
     """A grandchild that inherited the stream keeps it open after the child exited, as a pipe would."""
     cap = Capture("socket")
-    code = ("import os, subprocess, sys, time; os.write(1, b'parent\\n'); "
-            "subprocess.Popen([sys.executable, '-c', 'import os, time; time.sleep(0.3); os.write(1, b\"late\\\\n\")'])")  # fmt: skip
+    code = (
+        "import os, subprocess, sys, time; os.write(1, b'parent\\n'); "
+        "subprocess.Popen([sys.executable, '-c', 'import os, time; time.sleep(0.3); os.write(1, b\"late\\\\n\")'])"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=cap.child_fd)
     cap.spawned()
     child.wait(timeout=30)
@@ -100,10 +111,14 @@ def _local(tmp_path: Path, capture: str) -> LocalRuntime:
 def test_local_runtime_hands_watchers_the_stamp_of_the_write(tmp_path: Path) -> None:
     rt = _local(tmp_path, "socket")
     seen: list[tuple[str, int]] = []
-    code = ("import os, sys, time; b = time.time_ns(); os.write(1, b'ready\\n'); a = time.time_ns(); "
-            "time.sleep(0.2); print(b, a, file=sys.stderr)")  # fmt: skip
+    code = (
+        "import os, sys, time; b = time.time_ns(); os.write(1, b'ready\\n'); a = time.time_ns(); "
+        "time.sleep(0.2); print(b, a, file=sys.stderr)"
+    )
     try:
-        h = rt.start(ProcessSpec("p", [sys.executable, "-c", code]), on_line=lambda _h, s, ln, t: seen.append((ln, t)))
+        h = rt.start(
+            ProcessSpec("p", [sys.executable, "-c", code]), on_line=lambda _h, s, ln, t: seen.append((ln, t))
+        )
         assert h.exited.wait(30)
     finally:
         rt.cleanup(grace_s=1)

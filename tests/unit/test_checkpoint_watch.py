@@ -31,15 +31,20 @@ TIMEOUT_S = 30.0
 class Watch:
     """A started watcher on ``dir`` (tmp_path/ckpt) writing to tmp_path/events.jsonl, and its events."""
 
-    def __init__(self, tmp_path: Path, dirs: list[Path] | None = None, names: list[str] | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, dirs: list[Path] | None = None, names: list[str] | None = None
+    ) -> None:
         self.dir = tmp_path / "ckpt"
         self.step: int | None = None
         self.timeline = TimelineWriter(tmp_path / "events.jsonl")
-        self.watcher = CheckpointWatcher(dirs or [self.dir], self.timeline, lambda: self.step, quiet_s=QUIET_S,
-                                         names=names)  # fmt: skip
+        self.watcher = CheckpointWatcher(
+            dirs or [self.dir], self.timeline, lambda: self.step, quiet_s=QUIET_S, names=names
+        )
 
     def events(self, kind: str | None = None) -> list[Event]:
-        return [e for e in read_events(self.timeline.path) if e.src == cw.SRC and (kind is None or e.kind == kind)]
+        return [
+            e for e in read_events(self.timeline.path) if e.src == cw.SRC and (kind is None or e.kind == kind)
+        ]
 
     def ends(self) -> list[Event]:
         return self.events("ckpt_save_end")
@@ -89,7 +94,12 @@ def test_a_torch_save_file_is_one_complete_save_with_the_step_from_its_name(watc
     size = (watch.dir / "epoch=0-step=20.ckpt").stat().st_size
     for e in (begin, end):
         assert (e["path"], e["dir"], e["step"], e["step_from"], e["via"]) == (
-            "epoch=0-step=20.ckpt", str(watch.dir), 20, "name", "filesystem")
+            "epoch=0-step=20.ckpt",
+            str(watch.dir),
+            20,
+            "name",
+            "filesystem",
+        )
         assert "rank" not in e.data
     assert (end["complete"], end["files"], end["bytes"]) == (True, 1, size)
     assert "incomplete" not in end.data
@@ -103,7 +113,9 @@ def test_a_file_written_three_times_is_three_saves_with_the_timeline_step(watch:
         torch.save(_state(8 * i), watch.dir / "snapshot.pt")
         watch.wait_ends(i)
     ends = watch.ends()
-    assert [(e["step"], e["step_from"], e["complete"]) for e in ends] == [(s, "timeline", True) for s in (10, 20, 30)]
+    assert [(e["step"], e["step_from"], e["complete"]) for e in ends] == [
+        (s, "timeline", True) for s in (10, 20, 30)
+    ]
     assert [e["step"] for e in watch.events("ckpt_save_begin")] == [10, 20, 30]
 
 
@@ -145,7 +157,12 @@ def test_an_hf_checkpoint_dir_is_one_save_from_its_first_write_to_its_last(watch
     (end,) = watch.wait_ends(1)
     (begin,) = watch.events("ckpt_save_begin")
     assert (end["path"], end["step"], end["step_from"], end["complete"], end["files"]) == (
-        "checkpoint-50", 50, "name", True, 3)
+        "checkpoint-50",
+        50,
+        "name",
+        True,
+        3,
+    )
     assert end["bytes"] == sum(p.stat().st_size for p in d.iterdir())
     assert t0 <= begin.t_ns < t_second  # the first write (the directory's creation)
     assert t_last <= end.t_ns <= t_done + int(0.1e9)  # the last write, not the quiet period's end (0.2 s on)
@@ -176,7 +193,12 @@ def test_a_dcp_dir_is_one_save(watch: Watch) -> None:
     _dcp_save(_state(), watch.dir / "step_70")
     (end,) = watch.wait_ends(1)
     assert (end["path"], end["step"], end["step_from"], end["complete"], end["files"]) == (
-        "step_70", 70, "name", True, 2)
+        "step_70",
+        70,
+        "name",
+        True,
+        2,
+    )
     watch.watcher.stop()  # judges what is pending: nothing more can come
     assert len(watch.events()) == 2
 
@@ -220,7 +242,9 @@ def test_what_exists_at_start_is_not_a_save(tmp_path: Path) -> None:
         assert end["path"] == "ckpt-9.pt"
     assert [e["path"] for e in w.events("ckpt_save_begin") + w.ends()] == ["ckpt-9.pt", "ckpt-9.pt"]
     assert [(e.kind, e["path"], e["step"]) for e in w.events() if e.kind.startswith("ckpt_load")] == [
-        ("ckpt_load_begin", "snapshot.pt", None), ("ckpt_load_end", "snapshot.pt", None)]  # fmt: skip
+        ("ckpt_load_begin", "snapshot.pt", None),
+        ("ckpt_load_end", "snapshot.pt", None),
+    ]
 
 
 def test_reads_of_a_checkpoint_are_its_load_with_the_step_it_was_saved_at(watch: Watch) -> None:
@@ -241,11 +265,16 @@ def test_reads_of_a_checkpoint_are_its_load_with_the_step_it_was_saved_at(watch:
     for f in ("trainer_state.json", "model.safetensors", "optimizer.pt"):
         (unit / f).read_bytes()
     torch.load(watch.dir / "snapshot.pt", weights_only=True)
-    assert wait_until(lambda: len(watch.events("ckpt_load_end")) >= 2, TIMEOUT_S, interval_s=0.01), watch.events()
+    assert wait_until(lambda: len(watch.events("ckpt_load_end")) >= 2, TIMEOUT_S, interval_s=0.01), (
+        watch.events()
+    )
     loads = {e["path"]: e for e in watch.events("ckpt_load_end")}
     assert (loads["snapshot.pt"]["step"], loads["snapshot.pt"]["step_from"]) == (20, "save")
-    assert (loads["checkpoint-50"]["step"], loads["checkpoint-50"]["step_from"], loads["checkpoint-50"]["files"]) == (
-        50, "name", 3)  # fmt: skip
+    assert (
+        loads["checkpoint-50"]["step"],
+        loads["checkpoint-50"]["step_from"],
+        loads["checkpoint-50"]["files"],
+    ) == (50, "name", 3)
     begins = {e["path"]: e for e in watch.events("ckpt_load_begin")}
     assert t0 <= begins["checkpoint-50"].t_ns <= loads["checkpoint-50"].t_ns
 
@@ -290,7 +319,9 @@ def test_a_temporary_dir_renamed_to_a_checkpoint_is_one_save(watch: Watch) -> No
     t0 = time.time_ns()
     tmp.mkdir()  # begin: the temporary directory's creation
     blob = _torch_bytes(_state())
-    with open(tmp / "model.pt", "wb") as f:  # in two writes: the second one surely after the dir's watch is added
+    with open(
+        tmp / "model.pt", "wb"
+    ) as f:  # in two writes: the second one surely after the dir's watch is added
         f.write(blob[:100])
         f.flush()
         time.sleep(0.05)
@@ -335,8 +366,9 @@ def test_names_replace_the_default_suffixes(tmp_path: Path) -> None:
     assert len(w.events()) == 2
 
 
-def test_an_error_in_the_handler_is_a_log_event_and_the_watcher_goes_on(watch: Watch,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_error_in_the_handler_is_a_log_event_and_the_watcher_goes_on(
+    watch: Watch, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = cw.torch_save_complete
     calls: list[object] = []
 
@@ -363,8 +395,11 @@ def test_current_step_raising_is_a_log_event(tmp_path: Path) -> None:
     timeline = TimelineWriter(tmp_path / "events.jsonl")
     with CheckpointWatcher([tmp_path / "ckpt"], timeline, broken, quiet_s=QUIET_S):
         torch.save(_state(), tmp_path / "ckpt" / "snapshot.pt")
-        assert wait_until(lambda: [e for e in read_events(timeline.path) if e.kind == "ckpt_save_end"], TIMEOUT_S,
-                          interval_s=0.01)  # fmt: skip
+        assert wait_until(
+            lambda: [e for e in read_events(timeline.path) if e.kind == "ckpt_save_end"],
+            TIMEOUT_S,
+            interval_s=0.01,
+        )
     ev = read_events(timeline.path)
     end = next(e for e in ev if e.kind == "ckpt_save_end")
     assert (end["step"], end["step_from"], end["complete"]) == (None, None, True)
@@ -400,8 +435,11 @@ def test_formats(tmp_path: Path) -> None:
     _safetensors(good)
     assert cw.format_problem(good) == (True, None)
     raw = good.read_bytes()
-    for name, data in {"short.safetensors": raw[:5], "cut.safetensors": raw[:-1],
-                       "json.safetensors": struct.pack("<Q", 4) + b"{{{{"}.items():  # fmt: skip
+    for name, data in {
+        "short.safetensors": raw[:5],
+        "cut.safetensors": raw[:-1],
+        "json.safetensors": struct.pack("<Q", 4) + b"{{{{",
+    }.items():
         (tmp_path / name).write_bytes(data)
         known, problem = cw.format_problem(tmp_path / name)
         assert known and problem, name
@@ -412,10 +450,22 @@ def test_formats(tmp_path: Path) -> None:
     assert cw.format_problem(tmp_path / "gone.pt") == (True, "vanished before it was judged")
 
 
-@pytest.mark.parametrize(("name", "is_dir"), [("checkpoint-300", True), ("step_20", True), ("global_step40", True),
-                                              ("iter_0000020", True), ("20", True), ("epoch=0-step=20.ckpt", True),
-                                              ("version_0", False), ("mp_rank_00", False), ("latest", False),
-                                              ("checkpoint-50.tmp", False), (".tmp-checkpoint-5", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "is_dir"),
+    [
+        ("checkpoint-300", True),
+        ("step_20", True),
+        ("global_step40", True),
+        ("iter_0000020", True),
+        ("20", True),
+        ("epoch=0-step=20.ckpt", True),
+        ("version_0", False),
+        ("mp_rank_00", False),
+        ("latest", False),
+        ("checkpoint-50.tmp", False),
+        (".tmp-checkpoint-5", False),
+    ],
+)
 def test_checkpoint_dir_names(name: str, is_dir: bool) -> None:
     assert cw.is_checkpoint_dir_name(name) is is_dir
 
@@ -426,4 +476,3 @@ def test_start_without_inotify_is_unsupported(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setitem(sys.modules, "watchdog.observers.inotify", None)  # the import fails as off Linux
     with TimelineWriter(tmp_path / "events.jsonl") as timeline, pytest.raises(Unsupported):
         CheckpointWatcher([tmp_path], timeline).start()
-

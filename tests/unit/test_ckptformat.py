@@ -132,9 +132,14 @@ def test_torch_save_file_ranges_and_flips(tmp_path: Path) -> None:
 
     flips = cf.flip_bits(path, ranges, 1, random.Random(1))
     loaded = torch.load(path, weights_only=True)
-    diffs = sum(int((loaded_t != t).sum().item()) for loaded_t, t in
-                [(loaded["model"]["w"], state["model"]["w"]), (loaded["model"]["b"], state["model"]["b"]),
-                 (loaded["rng"], state["rng"])])  # fmt: skip
+    diffs = sum(
+        int((loaded_t != t).sum().item())
+        for loaded_t, t in [
+            (loaded["model"]["w"], state["model"]["w"]),
+            (loaded["model"]["b"], state["model"]["b"]),
+            (loaded["rng"], state["rng"]),
+        ]
+    )
     assert diffs == 1, flips
 
     broken = bytearray(path.read_bytes())
@@ -159,8 +164,11 @@ def test_list_and_select_dcp_checkpoints(dcp_ckpt: Path, tmp_path: Path) -> None
     (root / "step_00000030" / ".metadata").unlink()  # torn: shards only
     (root / "unrelated").mkdir()
     found = cf.list_checkpoints(root)
-    assert [(c.step, c.complete, c.has_metadata) for c in found] == [(10, True, True), (20, False, True),
-                                                                     (30, False, False)]  # fmt: skip
+    assert [(c.step, c.complete, c.has_metadata) for c in found] == [
+        (10, True, True),
+        (20, False, True),
+        (30, False, False),
+    ]
     assert cf.select_checkpoint(found, "newest").step == 30
     assert cf.select_checkpoint(found, "newest-complete").step == 10  # markers are in use: 20 lacks one
     assert cf.select_checkpoint(found, 20).step == 20

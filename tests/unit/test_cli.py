@@ -13,7 +13,9 @@ from tests.conftest import ROOT
 
 def test_bad_suite_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: b\nfaults:\n  k: {injector: kil, trigger: {at_step: 2}}\nmatrix: {frameworks: [none]}\n")
+    bad.write_text(
+        "name: b\nfaults:\n  k: {injector: kil, trigger: {at_step: 2}}\nmatrix: {frameworks: [none]}\n"
+    )
     assert main(["run", str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     from chaosbench.registry import INJECTORS
@@ -60,7 +62,10 @@ def test_faults_lists_definitions_with_where_each_came_from(tmp_path: Path, caps
     assert main(["faults", "chaos/ci.yaml"]) == 0
     lines = capsys.readouterr().out.splitlines()
     own = tmp_path / "chaos" / "faults"
-    assert f"  kill-rank: {own / 'kill-rank.yaml'} (the suite's own; overrides the one shipped with chaosbench)" in lines
+    assert (
+        f"  kill-rank: {own / 'kill-rank.yaml'} (the suite's own; overrides the one shipped with chaosbench)"
+        in lines
+    )
     assert f"  mine: {own / 'mine.yaml'} (the suite's own)" in lines
     assert f"  sdc: {fault_library()['sdc']} (shipped with chaosbench)" in lines
     assert main(["faults", "chaos/nope.yaml"]) == 2
@@ -77,7 +82,10 @@ def test_init_writes_a_starter_suite_and_a_ci_job_that_load(tmp_path: Path, caps
     assert (suite.name, suite.run_count(), suite.faults["kill-rank1"].injector) == ("ci", 5, "kill")
     assert "chaosbench run chaos/ci.yaml" in (tmp_path / ".github" / "workflows" / "chaos.yml").read_text()
     assert main(["init"]) == 2  # nothing is overwritten
-    assert capsys.readouterr().err == "chaosbench: error: chaos/ci.yaml: already exists; chaosbench init overwrites nothing\n"
+    assert (
+        capsys.readouterr().err
+        == "chaosbench: error: chaos/ci.yaml: already exists; chaosbench init overwrites nothing\n"
+    )
 
 
 def test_report_of_nothing_is_an_error(tmp_path: Path, capsys) -> None:
@@ -86,7 +94,9 @@ def test_report_of_nothing_is_an_error(tmp_path: Path, capsys) -> None:
 
 
 def test_console_help_runs() -> None:
-    out = subprocess.run([sys.executable, "-m", "chaosbench.cli", "run", "--help"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "chaosbench.cli", "run", "--help"], capture_output=True, text=True
+    )
     assert out.returncode == 0 and "--dry-run" in out.stdout
 
 
@@ -100,24 +110,43 @@ def test_suite_schema_file_is_fresh() -> None:
 
     shipped = json.loads((ROOT / "suites" / "suite.schema.json").read_text())
     assert shipped == json.loads(json.dumps(suite_schema(), sort_keys=True))
-    assert set(shipped["properties"]) == {"name", "description", "seed", "control", "defaults", "frameworks",
-                                          "faults", "matrix", "projection", "slos", "keep_checkpoints"}  # fmt: skip
+    assert set(shipped["properties"]) == {
+        "name",
+        "description",
+        "seed",
+        "control",
+        "defaults",
+        "frameworks",
+        "faults",
+        "matrix",
+        "projection",
+        "slos",
+        "keep_checkpoints",
+    }
 
 
 def test_a_framework_that_cannot_run_the_workload_is_refused_with_its_line(tmp_path: Path, capsys) -> None:
     suite = tmp_path / "s.yaml"
-    suite.write_text("name: ft\ndefaults: {workload: {name: ddp-mlp, ranks: 2, steps: 10}}\n"
-                     "frameworks:\n  torchft: {}\nmatrix: {frameworks: [torchft]}\n")  # fmt: skip
+    suite.write_text(
+        "name: ft\ndefaults: {workload: {name: ddp-mlp, ranks: 2, steps: 10}}\n"
+        "frameworks:\n  torchft: {}\nmatrix: {frameworks: [torchft]}\n"
+    )
     assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"chaosbench: error: {suite}:4: framework 'torchft': torchft adapter: workload 'ddp-mlp' does not train "
-        "through torchft's Manager (use ft-mlp, or a command workload whose script does)")
+        "through torchft's Manager (use ft-mlp, or a command workload whose script does)"
+    )
 
 
 def test_python_dash_m_chaosbench_is_the_cli() -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "chaosbench", "--version"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[2], timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "chaosbench", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert out.returncode == 0 and out.stdout.startswith("chaosbench "), out.stderr

@@ -41,8 +41,16 @@ def injector(**params: Any) -> CorruptCheckpointInjector:
 
 def context(ckpt_dir: Path, ranks: list[int], events: list[Event] | None = None, pid: int | None = 4242):
     rt = FakeRuntime()
-    setup = RunSetup(run_id="r", run_dir=ckpt_dir.parent, ckpt_dir=ckpt_dir, runtime=rt,  # type: ignore[arg-type]
-                     timeline=None, rng=random.Random(0), ranks=2, nodes=1)  # type: ignore[arg-type]  # fmt: skip
+    setup = RunSetup(
+        run_id="r",
+        run_dir=ckpt_dir.parent,
+        ckpt_dir=ckpt_dir,
+        runtime=rt,  # type: ignore[arg-type]
+        timeline=None,
+        rng=random.Random(0),
+        ranks=2,
+        nodes=1,
+    )  # type: ignore[arg-type]
     targets = [ResolvedTarget(r, None if pid is None else pid + r, 77, "node0", 0) for r in ranks]
     return FaultContext(rt, None, targets, random.Random(1), setup, events=events or []), rt  # type: ignore[arg-type]
 
@@ -200,9 +208,11 @@ def test_torn_write_kills_the_rank_that_is_saving(ckpt: Path) -> None:
     path = str(ckpt / "step_00000020")
     old = str(ckpt / "step_00000010")
     # the trigger is rank 0's begin of step 20, seen before rank 1's own: rank 1's last save it saw ended
-    events = [ev(1, "ckpt_save_begin", rank=1, step=10, path=old, incarnation=0),
-              ev(2, "ckpt_save_end", rank=1, step=10, path=old, incarnation=0, complete=True),
-              ev(3, "ckpt_save_begin", rank=0, step=20, path=path, incarnation=0)]  # fmt: skip
+    events = [
+        ev(1, "ckpt_save_begin", rank=1, step=10, path=old, incarnation=0),
+        ev(2, "ckpt_save_end", rank=1, step=10, path=old, incarnation=0, complete=True),
+        ev(3, "ckpt_save_begin", rank=0, step=20, path=path, incarnation=0),
+    ]
     ctx, rt = context(ckpt, [1], events)
     d = injector(mode="torn-write").inject(ctx)
     assert rt.signals == [(4243, signal.SIGKILL, 77)]
@@ -223,8 +233,10 @@ def test_a_torn_write_before_the_saves_directory_exists_says_so(ckpt: Path) -> N
 def test_torn_write_needs_a_save_in_progress(ckpt: Path) -> None:
     with pytest.raises(ChaosbenchError, match="no checkpoint save in progress"):
         injector(mode="torn-write").inject(context(ckpt, [1])[0])
-    done = [ev(1, "ckpt_save_begin", rank=1, step=20, path="p", incarnation=0),
-            ev(2, "ckpt_save_end", rank=1, step=20, path="p", incarnation=0, complete=True)]  # fmt: skip
+    done = [
+        ev(1, "ckpt_save_begin", rank=1, step=20, path="p", incarnation=0),
+        ev(2, "ckpt_save_end", rank=1, step=20, path="p", incarnation=0, complete=True),
+    ]
     with pytest.raises(ChaosbenchError, match="already ended"):
         injector(mode="torn-write").inject(context(ckpt, [1], done)[0])
     with pytest.raises(ProcessLookupError):
@@ -288,16 +300,29 @@ def test_classify_a_replicas_model_loads() -> None:
 
     def run(*incs: list[str]) -> list[Event]:
         out = [ev(0, "run_start", src="harness"), ev(1, "rank_start", rank=1, incarnation=0)]
-        out.append(ev(10, "fault_inject", src="injector", injector="corrupt-checkpoint",
-                      details={"step": None, "checkpoint": "/c/model.pt"}))  # fmt: skip
+        out.append(
+            ev(
+                10,
+                "fault_inject",
+                src="injector",
+                injector="corrupt-checkpoint",
+                details={"step": None, "checkpoint": "/c/model.pt"},
+            )
+        )
         for inc, kinds in enumerate(incs, 1):
-            out += [ev(20 * inc + i, k, rank=1, incarnation=inc, path="/c/model.pt") for i, k in enumerate(kinds)]
+            out += [
+                ev(20 * inc + i, k, rank=1, incarnation=inc, path="/c/model.pt") for i, k in enumerate(kinds)
+            ]
         return out
 
-    assert classify_checkpoint_outcome(run(["model_load_begin"], ["model_load_begin"]),
-                                       load_kinds=MODEL_LOADS) == "crash_looped"  # fmt: skip
-    assert classify_checkpoint_outcome(run(["model_load_begin", "model_load_end"]),
-                                       load_kinds=MODEL_LOADS) == "loaded_silently"  # fmt: skip
+    assert (
+        classify_checkpoint_outcome(run(["model_load_begin"], ["model_load_begin"]), load_kinds=MODEL_LOADS)
+        == "crash_looped"
+    )
+    assert (
+        classify_checkpoint_outcome(run(["model_load_begin", "model_load_end"]), load_kinds=MODEL_LOADS)
+        == "loaded_silently"
+    )
 
 
 def test_classify_needs_a_corruption() -> None:
@@ -311,12 +336,18 @@ def test_classify_needs_a_corruption() -> None:
 def _training_state(step: int) -> dict[str, Any]:
     """A checkpoint as the built-in programs write one: model, optimizer with momentum, progress, RNG per rank."""
     gen = torch.Generator().manual_seed(step)
-    return {"model": {"w": torch.randn(8, 4, generator=gen)},
-            "optim": {"state": {"w": {"momentum_buffer": torch.randn(8, 4, generator=gen), "step": torch.tensor(
-                float(step))}}, "param_groups": [{"lr": 0.1, "momentum": 0.9, "params": ["w"]}]},
-            "progress": {"step": step, "data_position": step},
-            "rng.rank0": {"cpu": torch.manual_seed(100 + step).get_state()},
-            "rng.rank1": {"cpu": torch.manual_seed(200 + step).get_state()}}  # fmt: skip
+    return {
+        "model": {"w": torch.randn(8, 4, generator=gen)},
+        "optim": {
+            "state": {
+                "w": {"momentum_buffer": torch.randn(8, 4, generator=gen), "step": torch.tensor(float(step))}
+            },
+            "param_groups": [{"lr": 0.1, "momentum": 0.9, "params": ["w"]}],
+        },
+        "progress": {"step": step, "data_position": step},
+        "rng.rank0": {"cpu": torch.manual_seed(100 + step).get_state()},
+        "rng.rank1": {"cpu": torch.manual_seed(200 + step).get_state()},
+    }
 
 
 @pytest.fixture
@@ -364,7 +395,9 @@ def test_damaged_state_loads_without_error(training_ckpt: Path, mode: str) -> No
 def test_dropped_optimizer_state_is_refused_by_a_loader_that_expects_it(training_ckpt: Path) -> None:
     ctx, _ = context(training_ckpt, [0])
     injector(mode="drop-optimizer").inject(ctx)
-    with pytest.raises(BaseException, match="momentum_buffer"):  # dcp's CheckpointException is a BaseException
+    with pytest.raises(
+        BaseException, match="momentum_buffer"
+    ):  # dcp's CheckpointException is a BaseException
         _load(training_ckpt / "step_00000020")
 
 

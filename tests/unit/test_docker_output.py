@@ -15,8 +15,10 @@ from chaosbench.runtimes.docker.output import LAUNCHER_SOURCE, NODE_DIR, SOCKET_
 from chaosbench.runtimes.process import close_captures, open_captures, start_pumps
 
 #: A command that reports its pid, then the moments around one write of a line to stdout, and one to stderr.
-COMMAND = ("import os, time; os.write(2, f'pid {os.getpid()}\\n'.encode()); b = time.time_ns(); "
-           "os.write(1, b'hello\\n'); a = time.time_ns(); os.write(2, f'{b} {a}\\n'.encode())")  # fmt: skip
+COMMAND = (
+    "import os, time; os.write(2, f'pid {os.getpid()}\\n'.encode()); b = time.time_ns(); "
+    "os.write(1, b'hello\\n'); a = time.time_ns(); os.write(2, f'{b} {a}\\n'.encode())"
+)
 
 
 def _launch(handover: OutputHandover, token: str, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -35,8 +37,19 @@ def test_the_launcher_command_line_names_the_nodes_socket_and_the_offer() -> Non
     finally:
         handover.close()
         close_captures(offer.captures)
-    assert argv == ["/py", "-I", "-S", "-c", LAUNCHER_SOURCE, f"{NODE_DIR}/{SOCKET_NAME}", offer.token, "--", "cmd",
-                    "--", "x"]  # fmt: skip
+    assert argv == [
+        "/py",
+        "-I",
+        "-S",
+        "-c",
+        LAUNCHER_SOURCE,
+        f"{NODE_DIR}/{SOCKET_NAME}",
+        offer.token,
+        "--",
+        "cmd",
+        "--",
+        "x",
+    ]
 
 
 def test_the_launcher_takes_the_captures_and_becomes_the_command(tmp_path: Path) -> None:
@@ -47,7 +60,9 @@ def test_the_launcher_takes_the_captures_and_becomes_the_command(tmp_path: Path)
         assert offer.wait(10) and offer.reason is None
         lines: list[tuple[str, str, int]] = []
         handle = ProcHandle(ProcessSpec("p", []), child.pid, None)
-        threads = start_pumps(handle, offer.captures, tmp_path, lambda h, s, line, t: lines.append((s, line, t)))
+        threads = start_pumps(
+            handle, offer.captures, tmp_path, lambda h, s, line, t: lines.append((s, line, t))
+        )
         out, err = child.communicate(timeout=30)
         for t in threads:
             t.join(timeout=10)

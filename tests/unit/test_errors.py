@@ -52,7 +52,12 @@ def test_invalid_yaml_has_a_line_and_no_object() -> None:
 
 def test_a_spec_error_without_a_place_is_its_problem() -> None:
     err = SpecError("--jobs 0: give 1 or more runs at once")
-    assert (err.file, err.line, err.obj, str(err)) == (None, None, None, "--jobs 0: give 1 or more runs at once")
+    assert (err.file, err.line, err.obj, str(err)) == (
+        None,
+        None,
+        None,
+        "--jobs 0: give 1 or more runs at once",
+    )
     assert isinstance(err, ChaosbenchError)
 
 
@@ -60,7 +65,9 @@ def test_a_failed_slurm_command_carries_argv_rc_and_stderr(monkeypatch: pytest.M
     from chaosbench.runtimes.slurm.commands import SlurmCommands
 
     def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: first\nsbatch: error: Batch job submission failed\n")
+        return subprocess.CompletedProcess(
+            argv, 1, "", "sbatch: error: first\nsbatch: error: Batch job submission failed\n"
+        )
 
     monkeypatch.setattr(subprocess, "run", run)
     with pytest.raises(EngineCommandFailed) as info:
@@ -78,22 +85,33 @@ def test_a_failed_tool_in_a_node_namespace_carries_the_command_run(monkeypatch: 
         def node_pid(self, name: str) -> int:
             return 4242
 
-    monkeypatch.setattr(network.subprocess, "run",
-                        lambda argv, **kw: subprocess.CompletedProcess(argv, 4, "", "iptables: No chain\n"))  # fmt: skip
+    monkeypatch.setattr(
+        network.subprocess,
+        "run",
+        lambda argv, **kw: subprocess.CompletedProcess(argv, 4, "", "iptables: No chain\n"),
+    )
     with pytest.raises(EngineCommandFailed) as info:
         network.nsexec(Node(), "node1", ["iptables", "-D", "X"])  # type: ignore[arg-type]
     err = info.value
-    assert (err.argv, err.rc, err.stderr) == (["nsenter", "-t", "4242", "-n", "iptables", "-D", "X"], 4, "iptables: No chain")
+    assert (err.argv, err.rc, err.stderr) == (
+        ["nsenter", "-t", "4242", "-n", "iptables", "-D", "X"],
+        4,
+        "iptables: No chain",
+    )
     assert str(err) == "node1: iptables -D X: iptables: No chain"
 
 
-@pytest.mark.parametrize(("url", "cidrs", "target", "reason"), [
-    ("ftp://127.0.0.1:1", (), "ftp://127.0.0.1:1", "expected http://host:port"),
-    ("http://10.1.2.3:80", (), "http://10.1.2.3:80", "10.1.2.3 is not in an allowed network (loopback)"),
-    ("http://127.0.0.1:80", ("not-a-net",), None, "--allow-cidr: "),
-])  # fmt: skip
-def test_a_refused_load_target_carries_target_and_reason(url: str, cidrs: tuple[str, ...], target: str | None,
-                                                         reason: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("url", "cidrs", "target", "reason"),
+    [
+        ("ftp://127.0.0.1:1", (), "ftp://127.0.0.1:1", "expected http://host:port"),
+        ("http://10.1.2.3:80", (), "http://10.1.2.3:80", "10.1.2.3 is not in an allowed network (loopback)"),
+        ("http://127.0.0.1:80", ("not-a-net",), None, "--allow-cidr: "),
+    ],
+)
+def test_a_refused_load_target_carries_target_and_reason(
+    url: str, cidrs: tuple[str, ...], target: str | None, reason: str
+) -> None:
     from chaosbench.workloads.serve_load import check_target
 
     with pytest.raises(TargetRefused) as info:

@@ -18,7 +18,9 @@ def _runs() -> list[tuple[PlannedRun, float]]:
     return [(PlannedRun(**{k: v for k, v in r.items() if k != "wall_s"}), float(r["wall_s"])) for r in rows]
 
 
-def _worst_from(runs: list[tuple[PlannedRun, float]], etas: list[tuple[float | None, float]], share: float) -> float:
+def _worst_from(
+    runs: list[tuple[PlannedRun, float]], etas: list[tuple[float | None, float]], share: float
+) -> float:
     """The largest relative error at 20, 30, ..., 90 % of the runs finished (the benchmark's checkpoints)."""
     worst = 0.0
     for pct in range(int(share * 100), 100, 10):

@@ -26,11 +26,19 @@ from chaosbench.workloads.planted import Planted, PlantedFault
 
 #: Parameters that make each built-in injector's options valid (the rest default).
 PARAMS: dict[str, dict[str, Any]] = {
-    "abort": {"at_step": 1}, "collective-hang": {"at_step": 1}, "crash-loop": {"at_step": 1},
-    "gil-hold": {"at_step": 1, "duration_s": 1}, "oom": {"at_step": 1}, "sdc": {"at_step": 1},
-    "segfault": {"at_step": 1}, "thread-exception": {"at_step": 1}, "net-bandwidth": {"rate": "1mbit"},
-    "net-delay": {"delay_ms": 10}, "net-loss": {"percent": 10}, "partition": {"groups": [["node0"], ["node1"]]},
-}  # fmt: skip
+    "abort": {"at_step": 1},
+    "collective-hang": {"at_step": 1},
+    "crash-loop": {"at_step": 1},
+    "gil-hold": {"at_step": 1, "duration_s": 1},
+    "oom": {"at_step": 1},
+    "sdc": {"at_step": 1},
+    "segfault": {"at_step": 1},
+    "thread-exception": {"at_step": 1},
+    "net-bandwidth": {"rate": "1mbit"},
+    "net-delay": {"delay_ms": 10},
+    "net-loss": {"percent": 10},
+    "partition": {"groups": [["node0"], ["node1"]]},
+}
 
 
 def _injector(name: str, **params: Any) -> Any:
@@ -51,12 +59,22 @@ def test_every_injector_declares_what_legacy_analysis_read_from_its_name(name: s
     assert set(inj.declared()) == set(DECLARED_FIELDS)
 
 
-@pytest.mark.parametrize(("sig", "mode", "cls"), [
-    ("SIGKILL", "crash", "crash"), ("SIGTERM", "crash", "crash"), ("SIGSEGV", "crash", "crash"),
-    ("SIGSTOP", "hang", "hang"), ("SIGTSTP", "hang", "hang"), ("SIGTTIN", "hang", "hang"),
-    ("SIGTTOU", "hang", "hang"), ("SIGCONT", None, None),
-])  # fmt: skip
-def test_kill_declares_its_failure_mode_and_class_from_its_signal(sig: str, mode: str | None, cls: str | None) -> None:
+@pytest.mark.parametrize(
+    ("sig", "mode", "cls"),
+    [
+        ("SIGKILL", "crash", "crash"),
+        ("SIGTERM", "crash", "crash"),
+        ("SIGSEGV", "crash", "crash"),
+        ("SIGSTOP", "hang", "hang"),
+        ("SIGTSTP", "hang", "hang"),
+        ("SIGTTIN", "hang", "hang"),
+        ("SIGTTOU", "hang", "hang"),
+        ("SIGCONT", None, None),
+    ],
+)
+def test_kill_declares_its_failure_mode_and_class_from_its_signal(
+    sig: str, mode: str | None, cls: str | None
+) -> None:
     inj = KillInjector("f", KillParams(signal=sig))
     assert (inj.failure_mode, inj.fault_class) == (mode, cls)
 
@@ -74,8 +92,10 @@ def test_a_stopping_signal_the_name_table_missed_is_a_hang_once_declared(sig: st
 
 
 def test_thread_exception_stall_declares_a_hang_silent_none() -> None:
-    assert (_injector("thread-exception", mode="stall").fault_class, _injector("thread-exception").fault_class) == (
-        "hang", None)  # fmt: skip
+    assert (
+        _injector("thread-exception", mode="stall").fault_class,
+        _injector("thread-exception").fault_class,
+    ) == ("hang", None)
     assert _injector("thread-exception", mode="stall").failure_mode == "stall"
 
 
@@ -99,12 +119,18 @@ def test_corruption_fault_is_the_first_that_declares_checkpoint_damage() -> None
     def inject(t: int, **data: Any) -> Event:
         return Event(t, "fault_inject", src="injector", data={"fault": f"f{t}", **data})
 
-    legacy = [inject(1, injector="kill"), inject(2, injector="sdc"), inject(3, injector="sdc", checkpoint_step=4),
-              inject(4, injector="corrupt-checkpoint")]  # fmt: skip
+    legacy = [
+        inject(1, injector="kill"),
+        inject(2, injector="sdc"),
+        inject(3, injector="sdc", checkpoint_step=4),
+        inject(4, injector="corrupt-checkpoint"),
+    ]
     assert corruption_fault(legacy) is legacy[2]
     assert corruption_fault(legacy[3:]) is legacy[3]
-    new = [inject(1, injector="corrupt-checkpoint", damages_checkpoint=False),
-           inject(2, injector="my-corrupter", damages_checkpoint=True)]  # fmt: skip
+    new = [
+        inject(1, injector="corrupt-checkpoint", damages_checkpoint=False),
+        inject(2, injector="my-corrupter", damages_checkpoint=True),
+    ]
     assert corruption_fault(new) is new[1]
 
 
@@ -115,21 +141,39 @@ def test_the_controller_writes_the_declaration_into_fault_inject(tmp_path: Path)
     setup = RunSetup("r", tmp_path, tmp_path / "ck", rt, writer, random.Random(0), 2, 1, spec.target)
     c = FaultController("f", spec, KillInjector("f", KillParams(signal="SIGTTOU")), setup, 0)
     for r in range(2):
-        c(Event(0, "rank_start", src="rank", data={"rank": r, "pid": 1000 + r, "world_size": 2, "node": "node0",
-                                                   "incarnation": 0}))  # fmt: skip
+        c(
+            Event(
+                0,
+                "rank_start",
+                src="rank",
+                data={"rank": r, "pid": 1000 + r, "world_size": 2, "node": "node0", "incarnation": 0},
+            )
+        )
     for s in (1, 2):
         c(Event(0, "step", src="rank", data={"step": s, "rank": 0, "incarnation": 0}))
     c.close()
     writer.close()
     (fired,) = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "fault_inject"]
-    assert (fired["fault_class"], fired["failure_mode"], fired["damages_checkpoint"]) == ("hang", "hang", False)
+    assert (fired["fault_class"], fired["failure_mode"], fired["damages_checkpoint"]) == (
+        "hang",
+        "hang",
+        False,
+    )
 
 
 def test_a_planted_fault_writes_its_injector_s_declaration(tmp_path: Path) -> None:
     import torch
 
-    setup = RunSetup(run_id="r", run_dir=tmp_path, ckpt_dir=tmp_path / "ck", runtime=None,  # type: ignore[arg-type]
-                     timeline=None, rng=random.Random(0), ranks=1, nodes=1)  # type: ignore[arg-type]  # fmt: skip
+    setup = RunSetup(
+        run_id="r",
+        run_dir=tmp_path,
+        ckpt_dir=tmp_path / "ck",
+        runtime=None,  # type: ignore[arg-type]
+        timeline=None,
+        rng=random.Random(0),
+        ranks=1,
+        nodes=1,
+    )  # type: ignore[arg-type]
     _injector("sdc", where="save").prepare(setup)
     _injector("crash-loop", at_step=3).prepare(setup)
     events = tmp_path / "events.rank0.jsonl"
@@ -139,5 +183,13 @@ def test_a_planted_fault_writes_its_injector_s_declaration(tmp_path: Path) -> No
         planted.before_step(3)
     sdc, crash = [e for e in read_events(events) if e.kind == "fault_inject"]
     assert (sdc["fault_class"], sdc["failure_mode"], sdc["damages_checkpoint"], sdc["checkpoint_step"]) == (
-        "sdc", None, True, 2)  # fmt: skip
-    assert (crash["fault_class"], crash["failure_mode"], crash["damages_checkpoint"]) == ("crash", "crash", False)
+        "sdc",
+        None,
+        True,
+        2,
+    )
+    assert (crash["fault_class"], crash["failure_mode"], crash["damages_checkpoint"]) == (
+        "crash",
+        "crash",
+        False,
+    )

@@ -22,8 +22,15 @@ def _training(restore_optimizer: bool = True) -> tuple[Any, Any, Any, Checkpoint
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     dist = SimpleNamespace(rank=0, device=torch.device("cpu"))
-    ckpts = Checkpoints.for_training("unused", SimpleNamespace(), dist, model, opt, sched,  # type: ignore[arg-type]
-                                     restore_optimizer=restore_optimizer)  # fmt: skip
+    ckpts = Checkpoints.for_training(
+        "unused",
+        SimpleNamespace(),
+        dist,
+        model,
+        opt,
+        sched,  # type: ignore[arg-type]
+        restore_optimizer=restore_optimizer,
+    )
     return model, opt, sched, ckpts
 
 

@@ -17,15 +17,31 @@ MAX_LINES = 80
 
 #: (module path under chaosbench/, qualified name) -> its length today. These run only in real ranks or engines,
 #: where unit tests do not reach them: split them with the integration tests at hand.
-STILL_TOO_LONG: dict[tuple[str, str], int] = {}
+#: Lengths are of the code as ``ruff format`` writes it (the lint step checks it is): the 13 below went over 80
+#: lines when the formatter first ran over the package (2026-12-07), none of them changed otherwise.
+STILL_TOO_LONG: dict[tuple[str, str], int] = {
+    ("analysis/faults.py", "_measure"): 106,
+    ("analysis/serving.py", "_fault_window"): 92,
+    ("cli.py", "cmd_run"): 115,
+    ("frameworks/balancer.py", "BalancerFramework.supervise"): 99,
+    ("frameworks/ray_train.py", "RayTrainFramework.plan"): 137,
+    ("frameworks/torchft.py", "TorchftFramework.plan"): 82,
+    ("launchers/command.py", "main"): 91,
+    ("report/analysis.py", "analysis_blocks"): 81,
+    ("runner.py", "Runner._start_and_supervise"): 105,
+    ("runner.py", "Runner.run_one"): 84,
+    ("workloads/fsdp_lm.py", "_train"): 89,
+    ("workloads/pp_lm.py", "_train_ft"): 86,
+    ("workloads/serve_load.py", "run_load"): 89,
+}
 
 MAX_CLASS_LINES = 400
 #: The classes still over ``MAX_CLASS_LINES``, their length today a ceiling (the docker runtime, 835 lines, was
 #: split by concern into runtimes/docker/: nodes, execs, events, options, cleanup).
 CLASSES_STILL_TOO_LONG: dict[tuple[str, str], int] = {
-    ("workloads/checkpoint_watch.py", "CheckpointWatcher"): 640,
-    ("runtimes/slurm/runtime.py", "SlurmRuntime"): 570,
-    ("runner.py", "Runner"): 518,
+    ("workloads/checkpoint_watch.py", "CheckpointWatcher"): 718,
+    ("runtimes/slurm/runtime.py", "SlurmRuntime"): 601,
+    ("runner.py", "Runner"): 631,
 }
 
 PACKAGE = Path(chaosbench.__file__).parent
@@ -57,23 +73,25 @@ def test_no_function_over_the_limit() -> None:
     too_long = {
         key: n for key, n in _function_lengths().items() if n > MAX_LINES and key not in STILL_TOO_LONG
     }
-    assert not too_long, (
-        f"functions over {MAX_LINES} lines (split them by concern): "
-        + ", ".join(f"{module} {name} ({n} lines)" for (module, name), n in sorted(too_long.items()))
+    assert not too_long, f"functions over {MAX_LINES} lines (split them by concern): " + ", ".join(
+        f"{module} {name} ({n} lines)" for (module, name), n in sorted(too_long.items())
     )
 
 
 def test_no_class_over_the_limit() -> None:
-    too_long = {key: n for key, n in _function_lengths(classes=True).items()
-                if n > MAX_CLASS_LINES and key not in CLASSES_STILL_TOO_LONG}  # fmt: skip
-    assert not too_long, (
-        f"classes over {MAX_CLASS_LINES} lines (split them by concern): "
-        + ", ".join(f"{module} {name} ({n} lines)" for (module, name), n in sorted(too_long.items()))
+    too_long = {
+        key: n
+        for key, n in _function_lengths(classes=True).items()
+        if n > MAX_CLASS_LINES and key not in CLASSES_STILL_TOO_LONG
+    }
+    assert not too_long, f"classes over {MAX_CLASS_LINES} lines (split them by concern): " + ", ".join(
+        f"{module} {name} ({n} lines)" for (module, name), n in sorted(too_long.items())
     )
 
 
-def _shrinks_only(listed: dict[tuple[str, str], int], lengths: dict[tuple[str, str], int], limit: int,
-                  list_name: str) -> list[str]:  # fmt: skip
+def _shrinks_only(
+    listed: dict[tuple[str, str], int], lengths: dict[tuple[str, str], int], limit: int, list_name: str
+) -> list[str]:
     problems = []
     for (module, name), ceiling in sorted(listed.items()):
         n = lengths.get((module, name))
@@ -88,6 +106,7 @@ def _shrinks_only(listed: dict[tuple[str, str], int], lengths: dict[tuple[str, s
 
 def test_the_still_too_long_lists_only_shrink() -> None:
     problems = _shrinks_only(STILL_TOO_LONG, _function_lengths(), MAX_LINES, "STILL_TOO_LONG")
-    problems += _shrinks_only(CLASSES_STILL_TOO_LONG, _function_lengths(classes=True), MAX_CLASS_LINES,
-                              "CLASSES_STILL_TOO_LONG")  # fmt: skip
+    problems += _shrinks_only(
+        CLASSES_STILL_TOO_LONG, _function_lengths(classes=True), MAX_CLASS_LINES, "CLASSES_STILL_TOO_LONG"
+    )
     assert not problems, "; ".join(problems)

@@ -31,7 +31,9 @@ def _load(doc: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def _diff(a: Any, b: Any, where: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b), key=str) for d in _diff(a.get(k), b.get(k), f"{where}.{k}")]
+        return [
+            d for k in sorted(set(a) | set(b), key=str) for d in _diff(a.get(k), b.get(k), f"{where}.{k}")
+        ]
     return [] if a == b else [f"{where}: {a!r} -> {b!r}"]
 
 
@@ -48,15 +50,19 @@ def test_the_derived_suite_is_ci_plus_a_hung_rank(tmp_path: Path, monkeypatch: p
     ]
 
 
-@pytest.mark.parametrize(("name", "change"), [
-    ("restart-delay", ".frameworks.restart.restart_delay_s: None -> 2.0"),
-    ("max-restarts-0", ".frameworks.restart.max_restarts: 3 -> 0"),
-    ("heartbeat-15s", ".frameworks.restart.heartbeat_timeout_s: 5 -> 15.0"),
-    ("forget-optimizer", ".defaults.workload.bug: None -> 'forget-optimizer'"),
-    ("non-atomic-ckpt", ".defaults.workload.bug: None -> 'non-atomic-ckpt'"),
-])  # fmt: skip
-def test_each_plant_is_one_change_of_behaviour(name: str, change: str, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("restart-delay", ".frameworks.restart.restart_delay_s: None -> 2.0"),
+        ("max-restarts-0", ".frameworks.restart.max_restarts: 3 -> 0"),
+        ("heartbeat-15s", ".frameworks.restart.heartbeat_timeout_s: 5 -> 15.0"),
+        ("forget-optimizer", ".defaults.workload.bug: None -> 'forget-optimizer'"),
+        ("non-atomic-ckpt", ".defaults.workload.bug: None -> 'non-atomic-ckpt'"),
+    ],
+)
+def test_each_plant_is_one_change_of_behaviour(
+    name: str, change: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plant = gate_power.PLANTS[name]
     doc = gate_power.derived_suite(2, plant)
     assert _diff(gate_power.derived_suite(2), doc) == [change]

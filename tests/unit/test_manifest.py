@@ -29,12 +29,31 @@ def _run_dir(suite: Path, scenario: str, repeat: int) -> Path:
     argv = ["/usr/bin/python", "-m", "chaosbench.workloads.ddp_mlp", "--steps", "60", "--seed", str(repeat)]
     config = {
         "run_id": f"t-{scenario.replace('/', '__')}-{repeat}",
-        "scenario": {"scenario": scenario, "framework": framework, "fault": fault, "repeat": repeat,
-                     "control": fault == "control", "runtime": "local"},
-        "plan": {"framework": framework, "adapter": framework, "versions": {"chaosbench": "0.1.0"},
-                 "processes": [{"name": f"rank{r}.i0", "argv": argv, "env": {"RANK": str(r)}, "role": "rank",
-                                "node": "node0", "incarnation": 0} for r in range(2)]},
-    }  # fmt: skip
+        "scenario": {
+            "scenario": scenario,
+            "framework": framework,
+            "fault": fault,
+            "repeat": repeat,
+            "control": fault == "control",
+            "runtime": "local",
+        },
+        "plan": {
+            "framework": framework,
+            "adapter": framework,
+            "versions": {"chaosbench": "0.1.0"},
+            "processes": [
+                {
+                    "name": f"rank{r}.i0",
+                    "argv": argv,
+                    "env": {"RANK": str(r)},
+                    "role": "rank",
+                    "node": "node0",
+                    "incarnation": 0,
+                }
+                for r in range(2)
+            ],
+        },
+    }
     (d / "config.json").write_text(json.dumps(config, indent=2))
     (d / "events.jsonl").write_text(
         "".join(json.dumps({"t_ns": i, "kind": "step", "step": i}) + "\n" for i in range(50))
@@ -59,8 +78,9 @@ def suite_dir(tmp_path: Path) -> Path:
     )
     _run_dir(suite, "restart/control", 0)
     _run_dir(suite, "restart/kill-rank1", 0)
-    (suite / "results.csv").write_text("suite,scenario,repeat,outcome\nt,restart/control,0,completed\n"
-                                       "t,restart/kill-rank1,0,recovered\n")  # fmt: skip
+    (suite / "results.csv").write_text(
+        "suite,scenario,repeat,outcome\nt,restart/control,0,completed\nt,restart/kill-rank1,0,recovered\n"
+    )
     (suite / "results.parquet").write_bytes(b"PAR1" + os.urandom(64) + b"PAR1")
     (suite / "report.md").write_text("# t\n- **Generated:** 2026-01-01T00:00:00+00:00\n")
     (suite / "report.html").write_text("<html>t</html>")
@@ -91,10 +111,20 @@ def test_manifest_records_files_commands_and_suite(suite_dir: Path) -> None:
     events = "restart__kill-rank1/0/events.jsonl"
     data = (suite_dir / events).read_bytes()
     assert m["files"][events] == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    assert {"suite.json", "results.csv", "results.parquet", "restart__control/0/metrics.json",
-            "restart__control/0/logs/rank0.i0.err"} <= set(m["files"])  # fmt: skip
-    assert set(m["derived"]) == {"report.md", "report.html", "plots/restart_kill-rank1__0.png",
-                                 "restart__control/0/timeline.png", "restart__kill-rank1/0/timeline.png"}  # fmt: skip
+    assert {
+        "suite.json",
+        "results.csv",
+        "results.parquet",
+        "restart__control/0/metrics.json",
+        "restart__control/0/logs/rank0.i0.err",
+    } <= set(m["files"])
+    assert set(m["derived"]) == {
+        "report.md",
+        "report.html",
+        "plots/restart_kill-rank1__0.png",
+        "restart__control/0/timeline.png",
+        "restart__kill-rank1/0/timeline.png",
+    }
     assert {"restart__control/0/result.json", "restart__control/0/checkpoints.json"} <= set(m["files"])
     ckpt = "restart__control/0/checkpoints/step_00000010/rank0.pt"
     assert m["checkpoints"] == {ckpt: {"size": 4096}, ckpt.replace("control", "kill-rank1"): {"size": 4096}}
@@ -165,8 +195,10 @@ def test_size_change_missing_and_unlisted_files_are_problems(suite_dir: Path) ->
     assert "restart__control/0/logs/rank1.i0.out: result file not in the manifest" in problems
     assert any(p.startswith("results.csv: size changed") for p in problems)
     # the added row names a run that has no directory
-    assert any(p.startswith("restart__kill-rank1/1: run restart/kill-rank1 #1 of results.csv has no run directory")
-               for p in problems)  # fmt: skip
+    assert any(
+        p.startswith("restart__kill-rank1/1: run restart/kill-rank1 #1 of results.csv has no run directory")
+        for p in problems
+    )
     assert len(problems) == 4
 
 
@@ -196,8 +228,10 @@ def test_removed_checkpoints_are_not_a_failure(suite_dir: Path) -> None:
     ]
     assert main_verify(str(suite_dir), checkpoints=True) == 1
     strict = check(suite_dir, checkpoints=True).problems
-    assert strict == ["restart__control/0/checkpoints/step_00000010/rank0.pt: checkpoint file listed in the "
-                      "manifest is missing"]  # fmt: skip
+    assert strict == [
+        "restart__control/0/checkpoints/step_00000010/rank0.pt: checkpoint file listed in the "
+        "manifest is missing"
+    ]
 
 
 def test_changed_suite_definition_is_a_problem(suite_dir: Path) -> None:

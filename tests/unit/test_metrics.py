@@ -16,8 +16,15 @@ class TL:
 
     def __init__(self, control: bool = False, fault: str | None = "kill") -> None:
         self.events: list[Event] = []
-        self.add(0.0, "run_start", scenario="fw/x", framework="fw", fault=None if control else fault,
-                 repeat=0, control=control)  # fmt: skip
+        self.add(
+            0.0,
+            "run_start",
+            scenario="fw/x",
+            framework="fw",
+            fault=None if control else fault,
+            repeat=0,
+            control=control,
+        )
 
     def add(self, t: float, kind: str, src: str = "harness", **data: object) -> TL:
         self.events.append(Event(t_ns=T0 + int(round(t * S)), kind=kind, src=src, data=dict(data)))
@@ -26,9 +33,19 @@ class TL:
     def rank(self, t: float, kind: str, rank: int, inc: int, **data: object) -> TL:
         return self.add(t, kind, src="rank", rank=rank, incarnation=inc, **data)
 
-    def incarnation(self, inc: int, t_start: float, first: int, last: int, dt: float = 0.1,
-                    load_from: int | None = None, ckpt_every: int = 10, ranks: int = 2,
-                    end: bool = False, digest: str = "d") -> TL:  # fmt: skip
+    def incarnation(
+        self,
+        inc: int,
+        t_start: float,
+        first: int,
+        last: int,
+        dt: float = 0.1,
+        load_from: int | None = None,
+        ckpt_every: int = 10,
+        ranks: int = 2,
+        end: bool = False,
+        digest: str = "d",
+    ) -> TL:
         """Ranks start at t_start, (optionally) load a checkpoint for 0.2 s, then one step every dt."""
         for r in range(ranks):
             self.rank(t_start, "rank_start", r, inc, pid=100 + 10 * inc + r, world_size=ranks)
@@ -160,7 +177,10 @@ def test_not_recovered_is_an_outcome_with_reasons() -> None:
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
     assert m.outcome == "not_recovered" and m.recovered is False and m.detected is False
     assert m.time_to_resume_s is None
-    assert m.missing["time_to_resume_s"] == "not recovered: no training step completed after the fault (run ended: failed)"
+    assert (
+        m.missing["time_to_resume_s"]
+        == "not recovered: no training step completed after the fault (run ended: failed)"
+    )
     assert m.missing["fidelity"] == "this run did not finish training"
     assert m.run_end_outcome == "failed"
     assert m.verdict == "not detected, not recovered (failed)"
@@ -263,7 +283,8 @@ def test_stages_of_a_restart_add_up_to_the_catch_up() -> None:
     assert m.time_to_recover_s == pytest.approx(m.time_to_catch_up_s, abs=1e-9)
     # the same pieces as badput: restart/init + restore = reschedule + reshard (both end at the restore's end)
     assert m.badput_restart_init_s + m.badput_restore_s == pytest.approx(  # type: ignore[operator]
-        m.stage_reschedule_s + m.stage_reshard_or_replace_s, abs=1e-9)  # type: ignore[operator]
+        m.stage_reschedule_s + m.stage_reshard_or_replace_s, abs=1e-9
+    )  # type: ignore[operator]
     assert m.stage_reschedule_runtime_s is None
     assert "framework restarted its processes itself" in m.missing["stage_reschedule_runtime_s"]
     assert not m.notes
@@ -276,9 +297,12 @@ def test_reschedule_lasts_until_every_rank_of_the_new_world_is_placed() -> None:
     import dataclasses
 
     events = restart_run().sorted()
-    moved = [dataclasses.replace(e, t_ns=e.t_ns + 400_000_000)
-             if e.kind == "rank_start" and e.get("incarnation") == 1 and e.get("rank") == 1 else e
-             for e in events]  # fmt: skip
+    moved = [
+        dataclasses.replace(e, t_ns=e.t_ns + 400_000_000)
+        if e.kind == "rank_start" and e.get("incarnation") == 1 and e.get("rank") == 1
+        else e
+        for e in events
+    ]
     m = compute_metrics(sorted(moved, key=lambda e: e.t_ns), control=control_run(), total_steps=30)
     assert m.stage_reschedule_s == pytest.approx(0.5 + 0.4 - 0.08, abs=1e-6)
     assert m.stage_reshard_or_replace_s == pytest.approx(1.0 + 0.2 - 0.4, abs=1e-6)
@@ -304,7 +328,9 @@ def test_stages_of_a_recovery_in_place_without_detection() -> None:
     assert m.stage_reschedule_s == 0.0 and m.stage_reshard_or_replace_s == 0.0
     assert "recovered in place" in m.notes["stage_reschedule_s"]
     assert m.stage_resume_s == pytest.approx(3.1, abs=1e-6)
-    assert m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9) == pytest.approx(m.time_to_catch_up_s)
+    assert (
+        m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9) == pytest.approx(m.time_to_catch_up_s)
+    )
 
 
 def test_stages_missing_when_not_recovered() -> None:
@@ -336,16 +362,34 @@ def _torchft(replacement: bool) -> tuple[TL, float]:
     tl.add(tf, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
     tl.add(tf + 0.1, "detect", src="framework", framework="torchft", via="lighthouse")
     for i, step in enumerate(range(11, 41)):
-        tl.rank(tf + 0.5 + 0.05 * i, "step", 0, 0, step=step, duration_s=0.02, committed=True, participants=1,
-                quorum_id=2)  # fmt: skip
+        tl.rank(
+            tf + 0.5 + 0.05 * i,
+            "step",
+            0,
+            0,
+            step=step,
+            duration_s=0.02,
+            committed=True,
+            participants=1,
+            quorum_id=2,
+        )
     if replacement:
         tl.rank(tf + 2.0, "rank_start", 1, 1, pid=200, world_size=2, replica_group=1, group_world_size=1)
         tl.rank(tf + 2.8, "heal_begin", 1, 1, step=36)
         tl.rank(tf + 3.0, "heal_end", 1, 1, step=36, duration_s=0.2)
         for i, step in enumerate(range(41, 44)):
             for r, inc in ((0, 0), (1, 1)):
-                tl.rank(tf + 3.05 + 0.03 * i, "step", r, inc, step=step, duration_s=0.02, committed=True,
-                        participants=2, quorum_id=3)  # fmt: skip
+                tl.rank(
+                    tf + 3.05 + 0.03 * i,
+                    "step",
+                    r,
+                    inc,
+                    step=step,
+                    duration_s=0.02,
+                    committed=True,
+                    participants=2,
+                    quorum_id=3,
+                )
     end = tf + 3.2
     for r in (0, 1) if replacement else (0,):
         tl.rank(end, "train_end", r, 1 if r == 1 else 0, step=43 if replacement else 40, digest="d")
@@ -383,18 +427,41 @@ def test_a_stage_end_before_the_previous_one_counts_as_zero() -> None:
     m = compute_metrics(tl.sorted(), total_steps=30)
     assert m.stage_reschedule_s == 0.0 and "counted as 0" in m.notes["stage_reschedule_s"]
     assert m.stage_reshard_or_replace_s == pytest.approx(1.2 - 0.2, abs=1e-6)
-    assert m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9) == pytest.approx(m.time_to_catch_up_s)
+    assert (
+        m.time_to_recover_s == pytest.approx(_stage_sum(m), abs=1e-9) == pytest.approx(m.time_to_catch_up_s)
+    )
 
 
-@pytest.mark.parametrize("events, share, what", [
-    ([("sched_state", {"state": "running"}, 0.9)], 0.6, "scheduler"),
-    ([("node_exit", {"node": "node1", "reason": "node-kill"}, 0.01),
-      ("node_start", {"node": "node1", "reason": "takeover", "spare": True}, 0.41)], 0.4, "hot spare"),
-    ([("node_exit", {"node": "node1", "reason": "node-kill"}, 0.01),
-      ("node_start", {"node": "node1", "reason": "reboot"}, 0.31)], 0.3, "rebooted"),
-    ([("proc_exit", {"proc": "torchrun.node1", "role": "agent", "returncode": -9}, 0.02),
-      ("proc_start", {"proc": "torchrun.node2.spare", "role": "agent"}, 0.27)], 0.25, "spare start"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "events, share, what",
+    [
+        ([("sched_state", {"state": "running"}, 0.9)], 0.6, "scheduler"),
+        (
+            [
+                ("node_exit", {"node": "node1", "reason": "node-kill"}, 0.01),
+                ("node_start", {"node": "node1", "reason": "takeover", "spare": True}, 0.41),
+            ],
+            0.4,
+            "hot spare",
+        ),
+        (
+            [
+                ("node_exit", {"node": "node1", "reason": "node-kill"}, 0.01),
+                ("node_start", {"node": "node1", "reason": "reboot"}, 0.31),
+            ],
+            0.3,
+            "rebooted",
+        ),
+        (
+            [
+                ("proc_exit", {"proc": "torchrun.node1", "role": "agent", "returncode": -9}, 0.02),
+                ("proc_start", {"proc": "torchrun.node2.spare", "role": "agent"}, 0.27),
+            ],
+            0.25,
+            "spare start",
+        ),
+    ],
+)
 def test_the_runtimes_share_of_rescheduling(events, share, what) -> None:  # type: ignore[no-untyped-def]
     tl = restart_run()
     tf = tl.t_fault  # type: ignore[attr-defined]
@@ -439,15 +506,24 @@ def test_a_shrunken_run_diverges_as_expected_and_an_exact_slo_still_fails() -> N
     from chaosbench.analysis.slo import evaluate
 
     m = compute_metrics(_shrunk(16).sorted(), control=_control_world(32), total_steps=30)
-    assert (m.world_size_before, m.world_size_after, m.global_batch_before, m.global_batch_after) == (2, 1, 32, 16)
+    assert (m.world_size_before, m.world_size_after, m.global_batch_before, m.global_batch_after) == (
+        2,
+        1,
+        32,
+        16,
+    )
     assert m.fidelity == "diverged"
-    assert m.fidelity_reason is not None and m.fidelity_reason.startswith("world size 2 -> 1: global batch 32 -> 16")
+    assert m.fidelity_reason is not None and m.fidelity_reason.startswith(
+        "world size 2 -> 1: global batch 32 -> 16"
+    )
     assert "final state diverged (expected: world size 2 -> 1" in (m.verdict or "")
     [slo] = evaluate(m, {"fidelity": "exact"})
     assert slo.ok is False and slo.measured == "diverged"
     # no global batch reported: the world size alone says it
     m = compute_metrics(_shrunk(None).sorted(), control=_control_world(None), total_steps=30)
-    assert m.fidelity_reason is not None and "world size 2 -> 1 (global batch not reported)" in m.fidelity_reason
+    assert (
+        m.fidelity_reason is not None and "world size 2 -> 1 (global batch not reported)" in m.fidelity_reason
+    )
 
 
 def test_a_divergence_without_a_change_of_batch_is_not_excused() -> None:

@@ -55,7 +55,9 @@ def test_every_name_of_a_lost_node_is_the_node_fault_class(name: str) -> None:
 
 
 def test_an_alias_is_neither_replaced_nor_dangling() -> None:
-    reg: Registry[object] = Registry("thing", "chaosbench.test-none", {"a": "chaosbench.timeline:Event"}, {"b": "a"})
+    reg: Registry[object] = Registry(
+        "thing", "chaosbench.test-none", {"a": "chaosbench.timeline:Event"}, {"b": "a"}
+    )
     assert reg.names() == ["a", "b"] and reg.get("b") is reg.get("a")
     with pytest.raises(ChaosbenchError, match="already registered"):
         reg.register("b", dict)
@@ -87,8 +89,11 @@ def _suite(runtime: str, injector: str, params: dict[str, Any]) -> str:
         ("local", "local-node-kill", {}),
         ("local", "node-kill", {}),
         ("docker", "node-kill", {"signal": "term"}),
-        ("slurm", "slurm-node-down", {"state": "drain", "kill_tasks": "true", "duration_s": 5,
-                                      "allow_foreign_jobs": "true"}),  # fmt: skip
+        (
+            "slurm",
+            "slurm-node-down",
+            {"state": "drain", "kill_tasks": "true", "duration_s": 5, "allow_foreign_jobs": "true"},
+        ),
         ("slurm", "node-kill", {"state": "down"}),
     ],
 )
@@ -99,21 +104,46 @@ def test_each_runtime_takes_its_own_options(runtime: str, injector: str, params:
 @pytest.mark.parametrize(
     ("runtime", "injector", "params", "problem"),
     [
-        ("slurm", "slurm-node-down", {"signal": "SIGTERM"},
-         "node-kill on the slurm runtime takes no option 'signal'; "
-         "its options: state, kill_tasks, allow_foreign_jobs, duration_s"),
-        ("docker", "node-kill", {"state": "drain"},
-         "node-kill on the docker runtime takes no option 'state'; its options: signal"),
-        ("docker", "node-kill", {"duration_s": 5},
-         "node-kill on the docker runtime takes no option 'duration_s' (a node it lost is not restored); "
-         "its options: signal"),
-        ("docker", "node-kill", {"signal": "SIGNOPE"}, "node-kill on the docker runtime: signal: unknown signal 'SIGNOPE'"),
-        ("local", "local-node-kill", {"kill_tasks": "true"},
-         "node-kill on the local runtime takes no option 'kill_tasks'; its options: none"),
-        ("local", "local-node-kill", {"signal": "SIGKILL"},
-         "node-kill on the local runtime takes no option 'signal'; its options: none"),
+        (
+            "slurm",
+            "slurm-node-down",
+            {"signal": "SIGTERM"},
+            "node-kill on the slurm runtime takes no option 'signal'; "
+            "its options: state, kill_tasks, allow_foreign_jobs, duration_s",
+        ),
+        (
+            "docker",
+            "node-kill",
+            {"state": "drain"},
+            "node-kill on the docker runtime takes no option 'state'; its options: signal",
+        ),
+        (
+            "docker",
+            "node-kill",
+            {"duration_s": 5},
+            "node-kill on the docker runtime takes no option 'duration_s' (a node it lost is not restored); "
+            "its options: signal",
+        ),
+        (
+            "docker",
+            "node-kill",
+            {"signal": "SIGNOPE"},
+            "node-kill on the docker runtime: signal: unknown signal 'SIGNOPE'",
+        ),
+        (
+            "local",
+            "local-node-kill",
+            {"kill_tasks": "true"},
+            "node-kill on the local runtime takes no option 'kill_tasks'; its options: none",
+        ),
+        (
+            "local",
+            "local-node-kill",
+            {"signal": "SIGKILL"},
+            "node-kill on the local runtime takes no option 'signal'; its options: none",
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_option_of_another_runtime_fails_the_suite_in_one_line(
     runtime: str, injector: str, params: dict[str, Any], problem: str
 ) -> None:
@@ -162,8 +192,16 @@ def test_a_runtime_that_cannot_lose_nodes_fails_the_suite() -> None:
 
 
 def _setup(tmp_path: Path, runtime: Runtime) -> RunSetup:
-    return RunSetup(run_id="run-1", run_dir=tmp_path, ckpt_dir=tmp_path / "ckpt", runtime=runtime,
-                    timeline=runtime.run.timeline, rng=random.Random(0), ranks=2, nodes=2)  # fmt: skip
+    return RunSetup(
+        run_id="run-1",
+        run_dir=tmp_path,
+        ckpt_dir=tmp_path / "ckpt",
+        runtime=runtime,
+        timeline=runtime.run.timeline,
+        rng=random.Random(0),
+        ranks=2,
+        nodes=2,
+    )
 
 
 def _info(tmp_path: Path) -> RunInfo:
@@ -183,16 +221,28 @@ def test_prepare_refuses_what_the_runtime_it_gets_does_not_take(tmp_path: Path) 
 
 
 def test_runtime_defaults_apply_to_options_left_out() -> None:
-    assert SlurmNodeLossOptions() == SlurmNodeLossOptions(state="down", kill_tasks=None, allow_foreign_jobs=False)
-    assert DockerNodeLossOptions().signal == "SIGKILL" and DockerNodeLossOptions(signal="term").signal == "SIGTERM"
+    assert SlurmNodeLossOptions() == SlurmNodeLossOptions(
+        state="down", kill_tasks=None, allow_foreign_jobs=False
+    )
+    assert (
+        DockerNodeLossOptions().signal == "SIGKILL"
+        and DockerNodeLossOptions(signal="term").signal == "SIGTERM"
+    )
     assert NodeKillInjector("lose", NodeKillParams(duration_s=3)).duration_s == 3
     assert NodeKillInjector("lose", NodeKillParams()).failure_mode == "crash"
 
 
 def _ctx(tmp_path: Path, runtime: Runtime, *nodes: str) -> FaultContext:
-    targets = [ResolvedTarget(rank=i, pid=None, pid_ticks=None, node=n, incarnation=0) for i, n in enumerate(nodes)]
-    return FaultContext(runtime=runtime, timeline=runtime.run.timeline, targets=targets, rng=random.Random(0),
-                        setup=_setup(tmp_path, runtime))  # fmt: skip
+    targets = [
+        ResolvedTarget(rank=i, pid=None, pid_ticks=None, node=n, incarnation=0) for i, n in enumerate(nodes)
+    ]
+    return FaultContext(
+        runtime=runtime,
+        timeline=runtime.run.timeline,
+        targets=targets,
+        rng=random.Random(0),
+        setup=_setup(tmp_path, runtime),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- local
@@ -207,7 +257,9 @@ def test_local_node_loss_freezes_and_kills_the_whole_tree_of_that_node_only(tmp_
     rt = LocalRuntime(_info(tmp_path))
     try:
         agent = rt.start(ProcessSpec("agent1", ["sh", "-c", "sleep 30 & wait"], role="agent", node="node1"))
-        other = rt.start(ProcessSpec("agent0", [sys.executable, "-c", "import time; time.sleep(30)"], node="node0"))
+        other = rt.start(
+            ProcessSpec("agent0", [sys.executable, "-c", "import time; time.sleep(30)"], node="node0")
+        )
         _wait_for(lambda: len(process.tree([(agent.pid, agent.ticks)])) > 1)
         child = next(pid for pid in process.tree([(agent.pid, agent.ticks)]) if pid != agent.pid)
         injector = INJECTORS.get("local-node-kill")("lose", NodeKillParams())
@@ -233,12 +285,18 @@ def test_docker_node_loss_kills_the_container_and_takes_the_engines_stamp(
     rt = DockerRuntime(_info(tmp_path))
     killed: list[tuple[str, str]] = []
     monkeypatch.setattr(rt, "kill_node", lambda name, sig: killed.append((name, sig)) or f"cb-{name}")
-    monkeypatch.setattr(rt, "engine_event_ns", lambda c, action, since, timeout_s=5.0: 1234 if action == "die" else None)
+    monkeypatch.setattr(
+        rt, "engine_event_ns", lambda c, action, since, timeout_s=5.0: 1234 if action == "die" else None
+    )
     injector = NodeKillInjector("lose", NodeKillParams(signal="term"))
     injector.prepare(_setup(tmp_path, rt))
     ctx = _ctx(tmp_path, rt, "node1")
-    assert injector.inject(ctx) == {"containers": {"node1": "cb-node1"}, "signal": "SIGTERM", "effect_t_ns": 1234,
-                                    "effect": "the engine's 'die' event: the container died"}  # fmt: skip
+    assert injector.inject(ctx) == {
+        "containers": {"node1": "cb-node1"},
+        "signal": "SIGTERM",
+        "effect_t_ns": 1234,
+        "effect": "the engine's 'die' event: the container died",
+    }
     assert killed == [("node1", "SIGTERM")]
     assert not isinstance(rt, NodeRestore) and injector.revert(ctx) is False
     monkeypatch.setattr(rt, "engine_event_ns", lambda c, action, since, timeout_s=5.0: None)
@@ -250,7 +308,9 @@ def test_docker_node_loss_kills_the_container_and_takes_the_engines_stamp(
 class FakeCluster(SlurmCommands):
     """Slurm's client commands over a few nodes and jobs held here, answering in Slurm's own formats."""
 
-    def __init__(self, prefix: str, jobs: list[tuple[int, str, str]], nodes: tuple[str, ...] = ("n1", "n2")) -> None:
+    def __init__(
+        self, prefix: str, jobs: list[tuple[int, str, str]], nodes: tuple[str, ...] = ("n1", "n2")
+    ) -> None:
         super().__init__({}, 5.0, None, prefix)
         self.jobs = jobs  # (job id, job name, Slurm node)
         self.nodes = {n: {"State": "ALLOCATED", "Reason": "None"} for n in nodes}
@@ -258,14 +318,18 @@ class FakeCluster(SlurmCommands):
         self.sruns: list[list[str]] = []
         self.refuse_update: set[str] = set()
 
-    def command(self, argv: list[str], check: bool = True, timeout_s: float | None = None,
-                extra_env: Any = None) -> str:  # fmt: skip
+    def command(
+        self, argv: list[str], check: bool = True, timeout_s: float | None = None, extra_env: Any = None
+    ) -> str:
         if argv[0] == "squeue":
             node = argv[argv.index("-w") + 1]
             return "".join(f"{j}|{name}\n" for j, name, n in self.jobs if n == node)
         if argv[:3] == ["scontrol", "show", "node"]:
-            return "".join(f"NodeName={n} Arch=x86_64 State={self.nodes[n]['State']} Partitions=debug "
-                           f"Reason={self.nodes[n]['Reason']}\n" for n in argv[4].split(","))  # fmt: skip
+            return "".join(
+                f"NodeName={n} Arch=x86_64 State={self.nodes[n]['State']} Partitions=debug "
+                f"Reason={self.nodes[n]['Reason']}\n"
+                for n in argv[4].split(",")
+            )
         if argv[:2] == ["scontrol", "update"]:
             kv = dict(a.split("=", 1) for a in argv[2:])
             node = kv["nodename"]
@@ -275,8 +339,10 @@ class FakeCluster(SlurmCommands):
             if kv["state"] == "RESUME":
                 self.nodes[node] = {"State": "IDLE", "Reason": "None"}
             else:
-                self.nodes[node] = {"State": {"DOWN": "DOWN", "DRAIN": "ALLOCATED+DRAIN"}[kv["state"]],
-                                    "Reason": f"{kv['reason']} [slurm@2026-11-30T10:00:00]"}  # fmt: skip
+                self.nodes[node] = {
+                    "State": {"DOWN": "DOWN", "DRAIN": "ALLOCATED+DRAIN"}[kv["state"]],
+                    "Reason": f"{kv['reason']} [slurm@2026-11-30T10:00:00]",
+                }
             return ""
         if argv[0] == "srun":
             self.sruns.append(argv)
@@ -286,7 +352,9 @@ class FakeCluster(SlurmCommands):
 
 def _slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: list[tuple[int, str, str]]) -> SlurmRuntime:
     rt = SlurmRuntime(_info(tmp_path))
-    rt.slurm = FakeCluster(rt.job_prefix, [(j, name.replace("OURS", rt.job_prefix), n) for j, name, n in jobs])
+    rt.slurm = FakeCluster(
+        rt.job_prefix, [(j, name.replace("OURS", rt.job_prefix), n) for j, name, n in jobs]
+    )
     monkeypatch.setattr(rt, "slurm_node_now", {"node0": "n1", "node1": "n2"}.__getitem__)
     return rt
 
@@ -300,8 +368,13 @@ def test_slurm_node_down_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert injector.duration_s == 2
     ctx = _ctx(tmp_path, rt, "node1")
     details = injector.inject(ctx)
-    assert details == {"slurm_nodes": ["n2"], "state": "down", "killed": {}, "before": {"n2": "ALLOCATED"},
-                       "after": {"n2": "DOWN"}}  # fmt: skip
+    assert details == {
+        "slurm_nodes": ["n2"],
+        "state": "down",
+        "killed": {},
+        "before": {"n2": "ALLOCATED"},
+        "after": {"n2": "DOWN"},
+    }
     assert fake.updates == [["scontrol", "update", "nodename=n2", "state=DOWN", "reason=chaosbench run-1"]]
     assert fake.sruns == []  # down: the scheduler's own node-failure handling, no kill first
     assert injector.revert(ctx) is True
@@ -316,21 +389,35 @@ def test_slurm_drain_kills_the_runs_tasks_first(tmp_path: Path, monkeypatch: pyt
     details = NodeKillInjector("lose", NodeKillParams(state="drain")).inject(_ctx(tmp_path, rt, "node1"))
     assert details["killed"] == {"n2": [4242, 4243]} and details["after"] == {"n2": "ALLOCATED+DRAIN"}
     (srun,) = fake.sruns
-    assert srun[:8] == ["srun", "-Q", "--jobid=13", "--overlap", "-w", "n2", "-N1", "-n1"] and srun[-3:] == ["n2", "12", "13"]
+    assert srun[:8] == ["srun", "-Q", "--jobid=13", "--overlap", "-w", "n2", "-N1", "-n1"] and srun[-3:] == [
+        "n2",
+        "12",
+        "13",
+    ]
     # and not when told so
     rt2 = _slurm(tmp_path, monkeypatch, [(12, "OURS.rank1", "n2")])
-    NodeKillInjector("lose", NodeKillParams(state="drain", kill_tasks=False)).inject(_ctx(tmp_path, rt2, "node1"))
+    NodeKillInjector("lose", NodeKillParams(state="drain", kill_tasks=False)).inject(
+        _ctx(tmp_path, rt2, "node1")
+    )
     assert isinstance(rt2.slurm, FakeCluster) and rt2.slurm.sruns == []
 
 
-def test_slurm_refuses_a_node_that_is_not_ours_to_break(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rt = _slurm(tmp_path, monkeypatch, [(11, "OURS.rank0", "n1"), (12, "OURS.rank1", "n2"), (99, "alice.train", "n2")])
+def test_slurm_refuses_a_node_that_is_not_ours_to_break(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = _slurm(
+        tmp_path, monkeypatch, [(11, "OURS.rank0", "n1"), (12, "OURS.rank1", "n2"), (99, "alice.train", "n2")]
+    )
     fake = rt.slurm
     assert isinstance(fake, FakeCluster)
-    with pytest.raises(ChaosbenchError, match=r"Slurm node n2 also runs jobs of others \(\[99\]\); not touching it"):
+    with pytest.raises(
+        ChaosbenchError, match=r"Slurm node n2 also runs jobs of others \(\[99\]\); not touching it"
+    ):
         NodeKillInjector("lose", NodeKillParams()).inject(_ctx(tmp_path, rt, "node0", "node1"))
     assert fake.updates == []  # every node is checked before any is touched: n1 is not down either
-    details = NodeKillInjector("lose", NodeKillParams(allow_foreign_jobs=True)).inject(_ctx(tmp_path, rt, "node1"))
+    details = NodeKillInjector("lose", NodeKillParams(allow_foreign_jobs=True)).inject(
+        _ctx(tmp_path, rt, "node1")
+    )
     assert details["after"] == {"n2": "DOWN"}
     idle = _slurm(tmp_path, monkeypatch, [(11, "OURS.rank0", "n1")])
     with pytest.raises(ChaosbenchError, match="Slurm node n2 runs no job of this run; not touching it"):
@@ -349,7 +436,9 @@ def test_slurm_resumes_only_while_our_reason_stands(tmp_path: Path, monkeypatch:
     assert fake.updates[-1][-1] != "state=RESUME"
 
 
-def test_slurm_restores_what_was_down_before_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slurm_restores_what_was_down_before_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = FakeCluster("p", [(11, "p.rank0", "n1"), (12, "p.rank1", "n2")])
     fake.refuse_update.add("n2")
     restorable: list[str] = []

@@ -30,8 +30,17 @@ from tests.helpers import kinds, require
 
 
 def _setup(tmp_path: Path, target: Target | None = None) -> RunSetup:
-    return RunSetup(run_id="run-1", run_dir=tmp_path, ckpt_dir=tmp_path / "ckpt", runtime=None,  # type: ignore[arg-type]
-                    timeline=None, rng=random.Random(0), ranks=4, nodes=2, target=target)  # type: ignore[arg-type]  # fmt: skip
+    return RunSetup(
+        run_id="run-1",
+        run_dir=tmp_path,
+        ckpt_dir=tmp_path / "ckpt",
+        runtime=None,  # type: ignore[arg-type]
+        timeline=None,
+        rng=random.Random(0),
+        ranks=4,
+        nodes=2,
+        target=target,
+    )  # type: ignore[arg-type]
 
 
 def _planted(tmp_path: Path, env: dict[str, str], rank: int = 1) -> tuple[Planted, Path]:
@@ -57,14 +66,18 @@ def test_entries_carry_fault_injector_ranks_and_params(tmp_path: Path) -> None:
     assert (crash.injector, crash.ranks, crash.at_step) == ("crash-loop", None, 9)
     mine, _ = _planted(tmp_path, setup.env, rank=1)
     other, _ = _planted(tmp_path, setup.env, rank=2)
-    assert [p.injector for p in mine.plants] == ["sdc", "crash-loop"] and [p.injector for p in other.plants] == ["crash-loop"]
+    assert [p.injector for p in mine.plants] == ["sdc", "crash-loop"] and [
+        p.injector for p in other.plants
+    ] == ["crash-loop"]
 
 
 def test_crash_loop_fires_in_every_incarnation_sdc_once_per_run(tmp_path: Path) -> None:
     import torch
 
     env = _plant(tmp_path, "crash-loop", at_step=3)
-    env[ENV_PLANTED] = json.dumps(json.loads(env[ENV_PLANTED]) + json.loads(_plant(tmp_path, "sdc", at_step=2)[ENV_PLANTED]))
+    env[ENV_PLANTED] = json.dumps(
+        json.loads(env[ENV_PLANTED]) + json.loads(_plant(tmp_path, "sdc", at_step=2)[ENV_PLANTED])
+    )
     for _incarnation in range(2):
         planted, events = _planted(tmp_path, env)
         w = torch.nn.Parameter(torch.ones(4))
@@ -82,7 +95,9 @@ def test_crash_loop_from_incarnation_spares_the_first(tmp_path: Path) -> None:
     env = _plant(tmp_path, "crash-loop", at_step=1, from_incarnation=1)
     events = tmp_path / "events.rank1.jsonl"
     for incarnation in range(3):
-        planted = Planted(Probe(str(events), rank=1, incarnation=incarnation), {**env, "CHAOSBENCH_RUN_DIR": str(tmp_path)})
+        planted = Planted(
+            Probe(str(events), rank=1, incarnation=incarnation), {**env, "CHAOSBENCH_RUN_DIR": str(tmp_path)}
+        )
         if incarnation == 0:
             planted.before_step(1)  # the first incarnation loads
         else:
@@ -134,16 +149,25 @@ def test_gil_hold_starves_the_python_threads(tmp_path: Path) -> None:
 
 
 def _fire_in_subprocess(tmp_path: Path, env: dict[str, str], step: int) -> tuple[int, list[Any]]:
-    code = ("import sys; from chaosbench.probe import Probe; from chaosbench.workloads.planted import Planted;"
-            f"Planted(Probe(sys.argv[1], rank=1)).before_step({step}); print('survived')")  # fmt: skip
+    code = (
+        "import sys; from chaosbench.probe import Probe; from chaosbench.workloads.planted import Planted;"
+        f"Planted(Probe(sys.argv[1], rank=1)).before_step({step}); print('survived')"
+    )
     events = tmp_path / "sub.jsonl"
-    res = subprocess.run([sys.executable, "-c", code, str(events)], env={**os.environ, **env,
-                         "CHAOSBENCH_RUN_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(events)],
+        env={**os.environ, **env, "CHAOSBENCH_RUN_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return res.returncode, kinds(read_events(events), "fault_inject") if events.exists() else []
 
 
 @pytest.mark.parametrize(("injector", "returncode"), [("segfault", -11), ("abort", -6)])
-def test_process_level_faults_end_the_process_by_their_signal(tmp_path: Path, injector: str, returncode: int) -> None:
+def test_process_level_faults_end_the_process_by_their_signal(
+    tmp_path: Path, injector: str, returncode: int
+) -> None:
     rc, fired = _fire_in_subprocess(tmp_path, _plant(tmp_path, injector, at_step=5), 5)
     assert rc == returncode and [e["injector"] for e in fired] == [injector]
     rc, fired = _fire_in_subprocess(tmp_path, _plant(tmp_path, injector, at_step=5), 5)
@@ -183,20 +207,36 @@ matrix:
 @pytest.mark.parametrize(
     ("runtime", "workload", "injector", "problem"),
     [
-        ("local", "{name: command, ranks: 2, command: 'python train.py'}", "segfault",
-         "fault 'boom': segfault is planted from inside chaosbench's own training programs; workload 'command'"),
-        ("local", "{name: command, ranks: 2, command: 'python train.py'}", "crash-loop",
-         "fault 'boom': crash-loop is planted from inside"),
-        ("docker", "{name: ddp-mlp, ranks: 2, nodes: 2}", "oom",
-         "fault 'boom': oom needs ranks on the harness's own host, where it makes the memory cgroup"),
+        (
+            "local",
+            "{name: command, ranks: 2, command: 'python train.py'}",
+            "segfault",
+            "fault 'boom': segfault is planted from inside chaosbench's own training programs; workload 'command'",
+        ),
+        (
+            "local",
+            "{name: command, ranks: 2, command: 'python train.py'}",
+            "crash-loop",
+            "fault 'boom': crash-loop is planted from inside",
+        ),
+        (
+            "docker",
+            "{name: ddp-mlp, ranks: 2, nodes: 2}",
+            "oom",
+            "fault 'boom': oom needs ranks on the harness's own host, where it makes the memory cgroup",
+        ),
     ],
-)  # fmt: skip
-def test_planted_faults_refused_where_they_cannot_fire(runtime: str, workload: str, injector: str, problem: str) -> None:
+)
+def test_planted_faults_refused_where_they_cannot_fire(
+    runtime: str, workload: str, injector: str, problem: str
+) -> None:
     with pytest.raises(SpecError) as exc:
         make_suite(SUITE.format(runtime=runtime, workload=workload, injector=injector), "suites/x.yaml")
     assert problem in str(exc.value), str(exc.value)
     assert str(exc.value).startswith("suites/x.yaml:"), str(exc.value)
-    make_suite(SUITE.format(runtime="local", workload="{name: ddp-mlp, ranks: 2}", injector=injector), "s.yaml")
+    make_suite(
+        SUITE.format(runtime="local", workload="{name: ddp-mlp, ranks: 2}", injector=injector), "s.yaml"
+    )
 
 
 def test_collective_hang_block_stops_the_main_loop_only(tmp_path: Path) -> None:
@@ -215,8 +255,14 @@ def test_collective_hang_block_stops_the_main_loop_only(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 0.1
 
 
-@pytest.mark.parametrize(("params", "kind"), [({"mode": "skip"}, "skip"), ({"mode": "mismatch"}, "shape"),
-                                               ({"mode": "mismatch", "mismatch": "op"}, "op")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("params", "kind"),
+    [
+        ({"mode": "skip"}, "skip"),
+        ({"mode": "mismatch"}, "shape"),
+        ({"mode": "mismatch", "mismatch": "op"}, "op"),
+    ],
+)
 def test_collective_desync_is_due_once_at_its_step(tmp_path: Path, params: dict[str, Any], kind: str) -> None:
     env = _plant(tmp_path, "collective-hang", Target(ranks=[1]), at_step=3, **params)
     planted, events = _planted(tmp_path, env)
@@ -229,28 +275,48 @@ def test_collective_desync_is_due_once_at_its_step(tmp_path: Path, params: dict[
 
 def test_collective_hang_params_and_failure_modes() -> None:
     cls = INJECTORS.get("collective-hang")
-    for bad, problem in [({"mode": "skip", "duration_s": 3}, "duration_s applies to mode block only"),
-                         ({"mode": "block", "mismatch": "op"}, "mismatch applies to mode mismatch only")]:  # fmt: skip
+    for bad, problem in [
+        ({"mode": "skip", "duration_s": 3}, "duration_s applies to mode block only"),
+        ({"mode": "block", "mismatch": "op"}, "mismatch applies to mode mismatch only"),
+    ]:
         with pytest.raises(ValueError, match=problem):
             cls.Params.model_validate({"at_step": 4, **bad})
-    modes = {m: cls("f", cls.Params.model_validate({"at_step": 4, "mode": m})).failure_mode
-             for m in ("block", "skip", "mismatch")}  # fmt: skip
+    modes = {
+        m: cls("f", cls.Params.model_validate({"at_step": 4, "mode": m})).failure_mode
+        for m in ("block", "skip", "mismatch")
+    }
     assert modes == {"block": "stall", "skip": "desync", "mismatch": "desync"}
 
 
 @pytest.mark.parametrize(
     ("workload", "params", "problem"),
     [
-        ("{name: fsdp-lm, ranks: 2}", "{at_step: 5, mode: mismatch}",
-         "collective-hang shape needs a workload that changes its own gradient collective; 'fsdp-lm' cannot (it can: skip)"),
-        ("{name: command, ranks: 2, command: 'python train.py'}", "{at_step: 5}",
-         "collective-hang is planted from inside chaosbench's own training programs; workload 'command'"),
+        (
+            "{name: fsdp-lm, ranks: 2}",
+            "{at_step: 5, mode: mismatch}",
+            "collective-hang shape needs a workload that changes its own gradient collective; 'fsdp-lm' cannot (it can: skip)",
+        ),
+        (
+            "{name: command, ranks: 2, command: 'python train.py'}",
+            "{at_step: 5}",
+            "collective-hang is planted from inside chaosbench's own training programs; workload 'command'",
+        ),
     ],
-)  # fmt: skip
-def test_collective_desyncs_refused_where_the_workload_cannot(workload: str, params: str, problem: str) -> None:
+)
+def test_collective_desyncs_refused_where_the_workload_cannot(
+    workload: str, params: str, problem: str
+) -> None:
     suite = SUITE.replace("params: {{at_step: 5}}", f"params: {params.replace('{', '{{').replace('}', '}}')}")
     with pytest.raises(SpecError, match="suites/x.yaml:") as exc:
-        make_suite(suite.format(runtime="local", workload=workload, injector="collective-hang"), "suites/x.yaml")
+        make_suite(
+            suite.format(runtime="local", workload=workload, injector="collective-hang"), "suites/x.yaml"
+        )
     assert problem in str(exc.value), str(exc.value)
-    make_suite(suite.format(runtime="local", workload="{name: ddp-mlp, ranks: 2}", injector="collective-hang"), "s.yaml")
-    make_suite(SUITE.format(runtime="local", workload="{name: fsdp-lm, ranks: 2}", injector="collective-hang"), "s.yaml")
+    make_suite(
+        suite.format(runtime="local", workload="{name: ddp-mlp, ranks: 2}", injector="collective-hang"),
+        "s.yaml",
+    )
+    make_suite(
+        SUITE.format(runtime="local", workload="{name: fsdp-lm, ranks: 2}", injector="collective-hang"),
+        "s.yaml",
+    )

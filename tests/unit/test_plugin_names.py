@@ -78,17 +78,27 @@ def name_checks(source: str, where: str, names: dict[str, set[str]], classes: se
                 named = [s for s in _strings(op, consts) if s in every]
                 others = [ast.get_source_segment(source, o) or "" for j, o in enumerate(operands) if j != i]
                 if named and any(_PLUGIN_KIND.search(o) for o in others):
-                    found.append(f"{where}:{node.lineno}: compares {', '.join(named)} with {' / '.join(others)}")
+                    found.append(
+                        f"{where}:{node.lineno}: compares {', '.join(named)} with {' / '.join(others)}"
+                    )
         elif isinstance(node, ast.Dict):
             keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
             for kind, known in names.items():
                 if len(keys) >= 3 and len(keys) == len(node.keys) and all(k in known for k in keys):
-                    found.append(f"{where}:{node.lineno}: a table keyed by {kind} names ({', '.join(keys[:3])}, ...)")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass"):
+                    found.append(
+                        f"{where}:{node.lineno}: a table keyed by {kind} names ({', '.join(keys[:3])}, ...)"
+                    )
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+        ):
             if len(node.args) == 2:
                 tested = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
                 for t in tested:
-                    name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+                    name = (
+                        t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+                    )
                     if name in classes:
                         found.append(f"{where}:{node.lineno}: {node.func.id}(..., {name})")
     return found
@@ -104,8 +114,11 @@ def scanned_files(package: Path = PACKAGE) -> list[Path]:
 
 def scan(package: Path = PACKAGE) -> list[str]:
     names, classes = plugin_names(), plugin_classes()
-    return [hit for f in scanned_files(package)
-            for hit in name_checks(f.read_text(), str(f.relative_to(package.parent)), names, classes)]  # fmt: skip
+    return [
+        hit
+        for f in scanned_files(package)
+        for hit in name_checks(f.read_text(), str(f.relative_to(package.parent)), names, classes)
+    ]
 
 
 def test_analysis_reports_and_runner_name_no_plugin() -> None:
@@ -128,33 +141,43 @@ def test_no_other_module_names_a_plugin() -> None:
     """Frameworks, runtimes, specs, the CLI and the rest ask declared capabilities too (Workload.serves,
     Framework.heals, BatchJobs, ...)."""
     names, classes = plugin_names(), plugin_classes()
-    hits = [hit for f in sorted(PACKAGE.rglob("*.py")) if f.relative_to(PACKAGE).as_posix() not in EXEMPT
-            for hit in name_checks(f.read_text(), str(f.relative_to(PACKAGE.parent)), names, classes)]  # fmt: skip
+    hits = [
+        hit
+        for f in sorted(PACKAGE.rglob("*.py"))
+        if f.relative_to(PACKAGE).as_posix() not in EXEMPT
+        for hit in name_checks(f.read_text(), str(f.relative_to(PACKAGE.parent)), names, classes)
+    ]
     assert hits == []
 
 
-@pytest.mark.parametrize("code", [
-    'INJECTOR = "corrupt-checkpoint"\nok = e.get("injector") == INJECTOR',
-    'ok = e.get("injector") == "sdc" and e.get("checkpoint_step") is not None',
-    'ok = fault.get("injector") == "partition"',
-    'ok = injector == "kill" and sig in ("SIGSTOP",)',
-    'ok = runtime.name == "local"',
-    'ok = spec.framework != "torchft"',
-    'ok = self.workload.name in ("ddp-mlp", "fsdp-lm")',
-    'T = {"kill": "crash", "segfault": "crash", "hang": "hang"}',
-    'ok = isinstance(rt, SlurmRuntime)',
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "code",
+    [
+        'INJECTOR = "corrupt-checkpoint"\nok = e.get("injector") == INJECTOR',
+        'ok = e.get("injector") == "sdc" and e.get("checkpoint_step") is not None',
+        'ok = fault.get("injector") == "partition"',
+        'ok = injector == "kill" and sig in ("SIGSTOP",)',
+        'ok = runtime.name == "local"',
+        'ok = spec.framework != "torchft"',
+        'ok = self.workload.name in ("ddp-mlp", "fsdp-lm")',
+        'T = {"kill": "crash", "segfault": "crash", "hang": "hang"}',
+        "ok = isinstance(rt, SlurmRuntime)",
+    ],
+)
 def test_the_scan_finds_a_name_check(code: str) -> None:
     assert len(name_checks(code, "x.py", plugin_names(), plugin_classes())) == 1
 
 
-@pytest.mark.parametrize("code", [
-    'ok = e.kind == "restart"',
-    'ok = fault_class in ("crash", "hang", "node")',
-    'ok = r.get("blame") == "none"',
-    'ok = e.get("role") == "balancer"',
-    'MIX = {"crash": 1.0, "node": 1.0, "hang": 1.0, "sdc": 1.0}',
-    'ok = isinstance(rt, NodeControl)',
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "code",
+    [
+        'ok = e.kind == "restart"',
+        'ok = fault_class in ("crash", "hang", "node")',
+        'ok = r.get("blame") == "none"',
+        'ok = e.get("role") == "balancer"',
+        'MIX = {"crash": 1.0, "node": 1.0, "hang": 1.0, "sdc": 1.0}',
+        "ok = isinstance(rt, NodeControl)",
+    ],
+)
 def test_the_scan_leaves_the_timeline_s_own_words(code: str) -> None:
     assert name_checks(code, "x.py", plugin_names(), plugin_classes()) == []

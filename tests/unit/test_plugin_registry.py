@@ -68,9 +68,12 @@ def test_the_type_argument_is_the_plugins_params_model() -> None:
 
 @pytest.mark.parametrize(
     ("plugin", "what"),
-    [(NotAnInjector, "not a subclass"), (DictParamsInjector, "not a pydantic model"),
-     (MismatchedInjector, "not its type argument")],
-)  # fmt: skip
+    [
+        (NotAnInjector, "not a subclass"),
+        (DictParamsInjector, "not a pydantic model"),
+        (MismatchedInjector, "not its type argument"),
+    ],
+)
 def test_a_bad_plugin_is_refused_when_registered_naming_it(plugin: type, what: str) -> None:
     reg = _injectors()
     with pytest.raises(PluginError) as caught:

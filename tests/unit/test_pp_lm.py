@@ -37,8 +37,14 @@ def test_ranks_beyond_whole_pipelines_are_idle() -> None:
     assert [placement(r, 5, 2) for r in range(5)][-1] == Placement(None, None, 2, 2)
     assert [placement(r, 5, 2).idle for r in range(5)] == [False] * 4 + [True]
     assert [(placement(r, 7, 3).stage, placement(r, 7, 3).replica) for r in range(7)] == [
-        (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (None, None)
-    ]  # fmt: skip
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (2, 1),
+        (None, None),
+    ]
     assert data_parallel(2, 2) == 1 and data_parallel(9, 4) == 2
 
 

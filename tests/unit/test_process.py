@@ -84,7 +84,9 @@ def test_identity_is_pid_and_start_ticks(spawn: list[subprocess.Popen[bytes]]) -
     assert wait_until(lambda: process.state(p.pid) == psutil.STATUS_ZOMBIE, 5.0, interval_s=0.01)
     assert not process.running(proc) and not process.alive(p.pid, ticks) and not procutil.alive(p.pid, ticks)
     assert p.wait(timeout=5) == -signal.SIGKILL
-    assert process.find(p.pid) is None and process.state(p.pid) is None and procutil.start_ticks(p.pid) is None
+    assert (
+        process.find(p.pid) is None and process.state(p.pid) is None and procutil.start_ticks(p.pid) is None
+    )
 
 
 def test_tree_and_descent(spawn: list[subprocess.Popen[bytes]]) -> None:
@@ -176,7 +178,9 @@ def test_wait_exit_returns_at_the_exit_without_reaping(spawn: list[subprocess.Po
 def test_local_signal_pid_checks_identity_and_ownership(tmp_path: Path) -> None:
     rt = LocalRuntime(RunInfo("run-1", tmp_path, TimelineWriter(tmp_path / "events.jsonl")))
     try:
-        h = rt.start(ProcessSpec("p", ["sh", "-c", "sleep 30 & wait"], role="agent", node="node1", incarnation=2))
+        h = rt.start(
+            ProcessSpec("p", ["sh", "-c", "sleep 30 & wait"], role="agent", node="node1", incarnation=2)
+        )
         assert h.ticks == procutil.start_ticks(h.pid)
         assert h.ticks is not None
         with pytest.raises(ChaosbenchError, match="belongs to another process"):
@@ -198,22 +202,36 @@ def test_local_signal_pid_checks_identity_and_ownership(tmp_path: Path) -> None:
     events = read_events(tmp_path / "events.jsonl")
     start = next(e for e in events if e.kind == "proc_start")
     assert {k: start[k] for k in ("proc", "pid", "pid_ticks", "role", "node", "incarnation")} == {
-        "proc": "p", "pid": h.pid, "pid_ticks": h.ticks, "role": "agent", "node": "node1", "incarnation": 2}  # fmt: skip
+        "proc": "p",
+        "pid": h.pid,
+        "pid_ticks": h.ticks,
+        "role": "agent",
+        "node": "node1",
+        "incarnation": 2,
+    }
     end = next(e for e in events if e.kind == "proc_exit")
     assert end["pid"] == h.pid and end["returncode"] == -signal.SIGTERM
 
 
 def test_code_that_runs_in_ranks_and_users_containers_needs_no_psutil() -> None:
-    modules = ["chaosbench.probe", "chaosbench.procutil", "chaosbench.launchers.command",
-               "chaosbench.launchers.elastic", "chaosbench.launchers.nvrx", "chaosbench.workloads.skeleton",
-               "chaosbench.injectors.stall_fs.server"]  # fmt: skip
+    modules = [
+        "chaosbench.probe",
+        "chaosbench.procutil",
+        "chaosbench.launchers.command",
+        "chaosbench.launchers.elastic",
+        "chaosbench.launchers.nvrx",
+        "chaosbench.workloads.skeleton",
+        "chaosbench.injectors.stall_fs.server",
+    ]
     code = f"import sys; import {', '.join(modules)}; sys.exit('psutil' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
 #: A child that says on stdout the moment right before its ``_exit(int(argv[1]))``, after ``argv[2]`` seconds.
-EXITER = "import os, sys, time; time.sleep(float(sys.argv[2])); os.write(1, str(time.time_ns()).encode()); " \
-         "os._exit(int(sys.argv[1]))"  # fmt: skip
+EXITER = (
+    "import os, sys, time; time.sleep(float(sys.argv[2])); os.write(1, str(time.time_ns()).encode()); "
+    "os._exit(int(sys.argv[1]))"
+)
 
 
 def _exiter(code: int, after_s: float) -> subprocess.Popen[bytes]:
@@ -230,8 +248,11 @@ def test_exit_poller_stamps_a_childs_exit_at_the_kernels_notification_and_reaps_
     # the kernel's own stamp where the harness may listen to the proc connector (root on the host), else the
     # poller's wake-up to the pidfd
     stamp = "kernel" if process.EXITS.kernel_stamps else "pidfd"
-    assert [(s.returncode, s.stamp) for s in statuses if s is not None] == [(3, stamp), (0, stamp),
-                                                                           (-signal.SIGKILL, stamp)]  # fmt: skip
+    assert [(s.returncode, s.stamp) for s in statuses if s is not None] == [
+        (3, stamp),
+        (0, stamp),
+        (-signal.SIGKILL, stamp),
+    ]
     for child, status in zip(children[:2], statuses[:2], strict=True):
         assert child.stdout is not None and status is not None
         before_exit_ns = int(child.stdout.read())

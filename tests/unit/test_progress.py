@@ -33,24 +33,55 @@ def phases(events: list[Event], control: bool = False) -> list[str]:
 
 
 def test_the_phases_of_a_run_with_a_fault() -> None:
-    events = [ev("run_start"), ev("step", step=1), ev("step", step=2), ev("fault_inject", fault="kill-rank1"),
-              ev("step", step=3),  # a survivor's step before anyone noticed: still detecting
-              ev("detect", reason="exit"), ev("restart", attempt=1), ev("step", step=2, incarnation=1),
-              ev("step", step=3), ev("train_end", step=4), ev("teardown_begin", reason="end"), ev("step", step=5)]  # fmt: skip
-    assert phases(events) == ["starting", "waiting for the fault", "waiting for the fault", "detecting",
-                              "detecting", "recovering", "recovering", "finishing", "finishing", "finishing",
-                              "tearing down", "tearing down"]  # fmt: skip
+    events = [
+        ev("run_start"),
+        ev("step", step=1),
+        ev("step", step=2),
+        ev("fault_inject", fault="kill-rank1"),
+        ev("step", step=3),  # a survivor's step before anyone noticed: still detecting
+        ev("detect", reason="exit"),
+        ev("restart", attempt=1),
+        ev("step", step=2, incarnation=1),
+        ev("step", step=3),
+        ev("train_end", step=4),
+        ev("teardown_begin", reason="end"),
+        ev("step", step=5),
+    ]
+    assert phases(events) == [
+        "starting",
+        "waiting for the fault",
+        "waiting for the fault",
+        "detecting",
+        "detecting",
+        "recovering",
+        "recovering",
+        "finishing",
+        "finishing",
+        "finishing",
+        "tearing down",
+        "tearing down",
+    ]
 
 
 def test_a_control_run_is_running_and_a_give_up_ends_detecting() -> None:
     assert phases([ev("step", step=1), ev("train_end")], control=True) == ["running", "finishing"]
     assert phases([ev("step", step=1), ev("fault_inject"), ev("give_up"), ev("step", step=2)]) == [
-        "waiting for the fault", "detecting", "gave up", "gave up"]  # fmt: skip
+        "waiting for the fault",
+        "detecting",
+        "gave up",
+        "gave up",
+    ]
 
 
 def test_format_duration() -> None:
-    assert [format_duration(s) for s in (-1, 0.4, 42, 130, 3599.6, 3900)] == ["0s", "0s", "42s", "2m10s",
-                                                                            "1h00m", "1h05m"]  # fmt: skip
+    assert [format_duration(s) for s in (-1, 0.4, 42, 130, 3599.6, 3900)] == [
+        "0s",
+        "0s",
+        "42s",
+        "2m10s",
+        "1h00m",
+        "1h05m",
+    ]
 
 
 def test_plain_lines_with_phases_and_the_eta() -> None:
@@ -215,8 +246,16 @@ def _plan(*cells: tuple[str, str, int], floor_s: dict[str, float] | None = None)
     out: list[PlannedRun] = []
     for fw, fault, repeats in cells:
         for rep in range(repeats):
-            out.append(PlannedRun(len(out) + 1, f"{fw}/{fault} #{rep}", fw, fault, 100.0,
-                                  (floor_s or {}).get(f"{fw}/{fault}", 0.0)))  # fmt: skip
+            out.append(
+                PlannedRun(
+                    len(out) + 1,
+                    f"{fw}/{fault} #{rep}",
+                    fw,
+                    fault,
+                    100.0,
+                    (floor_s or {}).get(f"{fw}/{fault}", 0.0),
+                )
+            )
     return out
 
 
@@ -248,8 +287,17 @@ def test_the_eta_of_a_suite_whose_first_framework_is_fast() -> None:
 
 
 def test_estimate_run_s_from_cell_framework_fault_and_bound() -> None:
-    plan = _plan(("a", "control", 1), ("a", "kill", 2), ("a", "hang", 1), ("b", "control", 1), ("b", "kill", 1),
-                 ("b", "hang", 1), ("c", "control", 1), ("c", "lose-node", 1), floor_s={"c/lose-node": 40.0})  # fmt: skip
+    plan = _plan(
+        ("a", "control", 1),
+        ("a", "kill", 2),
+        ("a", "hang", 1),
+        ("b", "control", 1),
+        ("b", "kill", 1),
+        ("b", "hang", 1),
+        ("c", "control", 1),
+        ("c", "lose-node", 1),
+        floor_s={"c/lose-node": 40.0},
+    )
     a_ctl, a_kill0, a_kill1, a_hang, b_ctl, b_kill, b_hang, c_ctl, c_lose = plan
     assert estimate_run_s(a_kill0, []) is None
     done = [(a_ctl, 10.0), (a_kill0, 12.0), (a_kill1, 17.0)]
@@ -275,15 +323,21 @@ def test_a_run_whose_floor_reaches_its_deadline_is_estimated_at_its_deadline() -
     assert estimate_run_s(lose[0], [(ctl, 10.0), (kill, 14.0)]) == 150.0  # none reached its deadline yet: +0
     assert estimate_run_s(lose[1], [(ctl, 10.0), (lose[0], 153.0)]) == 153.0  # its own cell
     other = PlannedRun(6, "u/lose-node #0", "u", "lose-node", 180.0, 600.1, 150.0)
-    assert estimate_run_s(other, [(ctl, 10.0), (lose[0], 153.0)]) == 153.0  # 3 s past the deadline, as lose[0]
+    assert (
+        estimate_run_s(other, [(ctl, 10.0), (lose[0], 153.0)]) == 153.0
+    )  # 3 s past the deadline, as lose[0]
     # never above the run's bound: hang at 40 s beyond t's level of 200 s would be 240 s
     assert estimate_run_s(hang, [(ctl, 200.0)]) == 180.0
     # u recovers from a lost node: its lose-node extra comes from the frameworks that recovered (v: +20 s), not
     # from t's wait for the deadline (+143 s)
-    v_ctl, v_lose = (PlannedRun(7, "v/control #0", "v", "control", 180.0, 0.0, 150.0),
-                     PlannedRun(8, "v/lose-node #0", "v", "lose-node", 180.0, 0.1, 150.0))  # fmt: skip
-    u_ctl, u_lose = (PlannedRun(9, "u/control #0", "u", "control", 180.0, 0.0, 150.0),
-                     PlannedRun(10, "u/lose-node #0", "u", "lose-node", 180.0, 0.1, 150.0))  # fmt: skip
+    v_ctl, v_lose = (
+        PlannedRun(7, "v/control #0", "v", "control", 180.0, 0.0, 150.0),
+        PlannedRun(8, "v/lose-node #0", "v", "lose-node", 180.0, 0.1, 150.0),
+    )
+    u_ctl, u_lose = (
+        PlannedRun(9, "u/control #0", "u", "control", 180.0, 0.0, 150.0),
+        PlannedRun(10, "u/lose-node #0", "u", "lose-node", 180.0, 0.1, 150.0),
+    )
     done = [(ctl, 10.0), (lose[0], 153.0), (v_ctl, 20.0), (v_lose, 40.0), (u_ctl, 30.0)]
     assert estimate_run_s(u_lose, done) == 50.0
 
@@ -294,14 +348,18 @@ def test_suite_plan_of_the_compare_suite() -> None:
     from tests.conftest import ROOT
 
     suite = load_suite(ROOT / "suites" / "compare.yaml")
-    outlook = [{"framework": "torchrun", "fault": "hang-rank", "expected_s": 10.1, "resume_floor_s": 40.1},
-               {"framework": "restart", "fault": "kill-rank", "expected_s": 0.05, "resume_floor_s": None},
-               {"framework": "none", "fault": "kill-rank", "expected_s": None, "resume_floor_s": None}]  # fmt: skip
+    outlook = [
+        {"framework": "torchrun", "fault": "hang-rank", "expected_s": 10.1, "resume_floor_s": 40.1},
+        {"framework": "restart", "fault": "kill-rank", "expected_s": 0.05, "resume_floor_s": None},
+        {"framework": "none", "fault": "kill-rank", "expected_s": None, "resume_floor_s": None},
+    ]
     plan = suite_plan(suite, outlook)
     assert len(plan) == suite.run_count() == 91
     assert [p.index for p in plan] == list(range(1, 92))
     assert plan[0] == PlannedRun(1, "none/control #0", "none", "control", 150 + RUN_OVERHEAD_S, 0.0, 150)
-    assert plan[14] == PlannedRun(15, "restart/kill-rank #0", "restart", "kill-rank", 150 + RUN_OVERHEAD_S, 0.05, 150)
+    assert plan[14] == PlannedRun(
+        15, "restart/kill-rank #0", "restart", "kill-rank", 150 + RUN_OVERHEAD_S, 0.05, 150
+    )
     assert [p.floor_s for p in plan if p.label.startswith("torchrun/hang-rank")] == [40.1] * 3
 
 
@@ -310,8 +368,11 @@ def test_the_eta_says_when_a_framework_left_has_not_begun() -> None:
     out, clock = io.StringIO(), FakeClock()
     p = SuiteProgress("s", 4, bound_s=400, stream=out, clock=clock, plan=plan)
     _replay(p, clock, plan, [10.0, 14.0, 30.0])
-    assert [line for line in out.getvalue().splitlines() if " ok " in line] == [
-        "[1/4] a/control #0 ok (10.0 s; ETA 30s (guessed for 2 frameworks not begun))",  # a's level for a's kill
-        "[2/4] a/kill #0 ok (14.0 s; ETA 20s (guessed for 2 frameworks not begun))",  # and for b's and c's
-        "[3/4] b/control #0 ok (30.0 s; ETA 20s (guessed for 1 framework not begun))",  # c: median(10, 30)
-    ]  # fmt: skip
+    assert (
+        [line for line in out.getvalue().splitlines() if " ok " in line]
+        == [
+            "[1/4] a/control #0 ok (10.0 s; ETA 30s (guessed for 2 frameworks not begun))",  # a's level for a's kill
+            "[2/4] a/kill #0 ok (14.0 s; ETA 20s (guessed for 2 frameworks not begun))",  # and for b's and c's
+            "[3/4] b/control #0 ok (30.0 s; ETA 20s (guessed for 1 framework not begun))",  # c: median(10, 30)
+        ]
+    )

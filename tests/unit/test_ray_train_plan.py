@@ -47,9 +47,11 @@ def _config(plan: Any) -> dict[str, Any]:
 def test_the_plan_starts_a_head_a_ray_node_per_workload_node_and_the_driver(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     assert [(p.name, p.role, p.node) for p in plan.processes] == [
-        ("ray.head", "head", "head"), ("ray.node0", "node", "node0"), ("ray.node1", "node", "node1"),
+        ("ray.head", "head", "head"),
+        ("ray.node0", "node", "node0"),
+        ("ray.node1", "node", "node1"),
         ("ray.driver", "driver", "head"),
-    ]  # fmt: skip
+    ]
     head, node0, node1, driver = plan.processes
     gcs = plan.options["gcs_address"]
     assert head.argv[head.argv.index("--port") + 1] == gcs.rsplit(":", 1)[1]
@@ -63,7 +65,9 @@ def test_the_plan_starts_a_head_a_ray_node_per_workload_node_and_the_driver(tmp_
         # the node's entrypoint makes the short temp-dir link in the node's /tmp, then execs ray start
         assert a[1:3] == ["-m", "chaosbench.launchers.ray_node"]
         assert a[a.index("--temp-link") + 1] == plan.options["temp_dir"]
-        assert a[a.index("--temp-target") + 1] == str(tmp_path / "ray-plan" / "ray-train__control" / "0" / "ray")
+        assert a[a.index("--temp-target") + 1] == str(
+            tmp_path / "ray-plan" / "ray-train__control" / "0" / "ray"
+        )
         a = a[a.index("--") + 1 :]
         assert a[1:5] == ["-m", "ray.scripts.scripts", "start", "--block"]
         assert a[a.index("--node-ip-address") + 1] == "127.0.0.1"
@@ -86,9 +90,11 @@ def test_on_docker_the_head_shares_node0s_container_and_each_node_gets_its_conta
 ) -> None:
     plan = _plan(tmp_path, runtime="docker")
     assert [(p.name, p.role, p.node) for p in plan.processes] == [
-        ("ray.head", "head", "node0"), ("ray.node0", "node", "node0"), ("ray.node1", "node", "node1"),
+        ("ray.head", "head", "node0"),
+        ("ray.node0", "node", "node0"),
+        ("ray.node1", "node", "node1"),
         ("ray.driver", "driver", "node0"),
-    ]  # fmt: skip
+    ]
     gcs = plan.options["gcs_address"]
     assert gcs.startswith("node0:")
     for p, machine in zip(plan.processes[:3], ("node0", "node0", "node1"), strict=True):
@@ -104,13 +110,34 @@ def test_the_node_entrypoint_links_the_temp_dir_resolves_a_name_and_execs_the_co
     link.symlink_to(tmp_path)  # a stale link of an earlier run is replaced
     probe = "import os, sys; print(os.readlink(sys.argv[1]), sys.argv[3], os.getppid())"
     out = subprocess.run(
-        [sys.executable, "-m", "chaosbench.launchers.ray_node", "--temp-link", str(link), "--temp-target",
-         str(target), "--", sys.executable, "-c", probe, str(link), "--node-ip-address", "localhost"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.split()  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "chaosbench.launchers.ray_node",
+            "--temp-link",
+            str(link),
+            "--temp-target",
+            str(target),
+            "--",
+            sys.executable,
+            "-c",
+            probe,
+            str(link),
+            "--node-ip-address",
+            "localhost",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
     assert out[:2] == [str(target), "127.0.0.1"] and target.is_dir()
     assert int(out[2]) == os.getpid()  # exec'd in the entrypoint's own process: the runtime's handle is Ray's
-    assert resolve_node_ip(["ray", "--node-ip-address", "10.1.2.3"]) == ["ray", "--node-ip-address", "10.1.2.3"]
+    assert resolve_node_ip(["ray", "--node-ip-address", "10.1.2.3"]) == [
+        "ray",
+        "--node-ip-address",
+        "10.1.2.3",
+    ]
     assert resolve_node_ip(["ray", "start"]) == ["ray", "start"]
 
 
@@ -146,9 +173,12 @@ def test_timeouts_and_when_ray_train_detects(tmp_path: Path) -> None:
     assert t["node_dead_after_s"] == 15.0 and t["collective_timeout_s"] is None
     fw = FRAMEWORKS.get("ray-train")("ray-train", FRAMEWORKS.get("ray-train").Options())
     assert fw.predict_detection("crash", t).decided_by == "health_check_interval_s=0.5"
-    assert fw.predict_detection("hang", t).decided_by == "workload_pg_timeout_s=13 + health_check_interval_s=0.5"
+    assert (
+        fw.predict_detection("hang", t).decided_by == "workload_pg_timeout_s=13 + health_check_interval_s=0.5"
+    )
     assert fw.predict_detection("hang", {**t, "worker_health_check_timeout_s": 5}).decided_by == (
-        "worker_health_check_timeout_s=5 + health_check_interval_s=0.5")
+        "worker_health_check_timeout_s=5 + health_check_interval_s=0.5"
+    )
     assert fw.predict_detection("desync", t) is None
 
 
@@ -190,8 +220,13 @@ def test_the_raylets_dead_worker_line_blames_the_rank_that_started_with_its_pid(
     for rank, node, pid in ((0, "node0", 98), (1, "node1", 98), (1, "node1", 99)):
         watch.on_event(Event(1, "rank_start", data={"rank": rank, "node": node, "pid": pid}))
     for pid in (99, 98, 7):
-        watch(driver, "stdout", f"(raylet) A worker died or was killed while executing a task by an unexpected "
-              f"system error. Worker ID: ab Worker PID: {pid} Worker exit type: SYSTEM_ERROR", 2)  # fmt: skip
+        watch(
+            driver,
+            "stdout",
+            f"(raylet) A worker died or was killed while executing a task by an unexpected "
+            f"system error. Worker ID: ab Worker PID: {pid} Worker exit type: SYSTEM_ERROR",
+            2,
+        )
     timeline.close()
     detects = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "detect"]
     # 99: only rank 1 started with it; 98: ranks of two nodes did (which one died is not known); 7: no rank's

@@ -44,8 +44,15 @@ def _close(a: float | None, b: int | None) -> bool:
     return abs(a - b * US) <= 1e-6
 
 
-def _plan(faults: tuple[FaultPlan, ...], ranks: int = 1, every: tuple[int | None, ...] = (1,), steps: int = 10,
-          ckpt_every: int = 0, torn: frozenset[int] = frozenset(), cut: float | None = None) -> Plan:
+def _plan(
+    faults: tuple[FaultPlan, ...],
+    ranks: int = 1,
+    every: tuple[int | None, ...] = (1,),
+    steps: int = 10,
+    ckpt_every: int = 0,
+    torn: frozenset[int] = frozenset(),
+    cut: float | None = None,
+) -> Plan:
     return Plan(ranks, 1, (0,), every, steps, 2000, 50000, ckpt_every, torn, faults, "a", "a", cut)
 
 
@@ -56,8 +63,14 @@ def _f(kind: str, at: int) -> FaultPlan:
 #: Every failure hypothesis shrank to while the engine was held to the model (issue 24), kept as examples.
 SHRUNK = [
     # a checkpoint is complete when its last rank's save ended, not its first's
-    _plan((_f("false", 9), _f("crash", 18)), ranks=2, every=(1, 1), steps=27, ckpt_every=3,
-          torn=frozenset({3, 6, 9, 12, 15, 21, 24, 27})),
+    _plan(
+        (_f("false", 9), _f("crash", 18)),
+        ranks=2,
+        every=(1, 1),
+        steps=27,
+        ckpt_every=3,
+        torn=frozenset({3, 6, 9, 12, 15, 21, 24, 27}),
+    ),
     # a restart after the next fault is that fault's: the first was outlasted in place, not interrupted
     _plan((_f("outlast", 1), _f("crash", 2))),
     # an in-place fault interrupted before its job logged progress rolled nothing back: it lost nothing
@@ -89,8 +102,11 @@ def _measured(sim: Any, model: Any, plan: Any) -> tuple[Any, Any]:
     for e in events:
         typed(e)  # every generated event is a valid one of its kind
     want = model(rec, ctl)
-    m = compute_metrics(correct(sorted(events, key=lambda e: e.t_ns)),
-                        control=correct(sorted(ctl_events, key=lambda e: e.t_ns)), total_steps=plan.steps)  # fmt: skip
+    m = compute_metrics(
+        correct(sorted(events, key=lambda e: e.t_ns)),
+        control=correct(sorted(ctl_events, key=lambda e: e.t_ns)),
+        total_steps=plan.steps,
+    )
     assert m.outcome == want.outcome, (m.verdict, want)
     assert m.fault_count == (len(want.statuses) or None), m.fault_count
     assert [f["status"] for f in m.faults] == want.statuses, (m.faults, want)
@@ -102,8 +118,9 @@ def _measured(sim: Any, model: Any, plan: Any) -> tuple[Any, Any]:
 @_examples
 def test_compute_metrics_equals_the_definitions(plan: Plan) -> None:
     m, want = _measured(simulate, expected, plan)
-    for f, ttd, ttr, lost, restarts in zip(m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps,
-                                           want.restarts, strict=True):  # fmt: skip
+    for f, ttd, ttr, lost, restarts in zip(
+        m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps, want.restarts, strict=True
+    ):
         assert _close(f["time_to_detect_s"], ttd), (f, ttd)
         assert _close(f["time_to_resume_s"], ttr), (f, ttr)
         assert f["lost_steps"] == lost, (f, lost, m.faults)
@@ -111,13 +128,22 @@ def test_compute_metrics_equals_the_definitions(plan: Plan) -> None:
     assert m.restart_count == want.restart_count
     if want.statuses:
         assert m.false_detections == want.false_detections, (m.false_detections, want)
-        assert _close(m.checkpoint_age_s, want.checkpoint_age_us), (m.checkpoint_age_s, want.checkpoint_age_us)
+        assert _close(m.checkpoint_age_s, want.checkpoint_age_us), (
+            m.checkpoint_age_s,
+            want.checkpoint_age_us,
+        )
     assert m.final_step == want.final_step
     assert m.fidelity == want.fidelity, (m.fidelity, m.missing.get("fidelity"))
 
 
-def _ft(faults: tuple[FtFaultPlan, ...], groups: int = 2, per_group: int = 1, steps: int = 8,
-        cut: float | None = None, early: int | None = None) -> FtPlan:  # fmt: skip
+def _ft(
+    faults: tuple[FtFaultPlan, ...],
+    groups: int = 2,
+    per_group: int = 1,
+    steps: int = 8,
+    cut: float | None = None,
+    early: int | None = None,
+) -> FtPlan:
     return FtPlan(groups, per_group, 1, (0,), steps, 10_000, 50_000, 5_000, faults, "a", "a", cut, early)
 
 
@@ -145,17 +171,59 @@ SHRUNK_FT = [
     _ft((_kill(1, "lost"), _kill(3)), groups=3, steps=12),
     # ...and not the next fault's restart of the same group: a hang loses no group (the lighthouse's false
     # detection after it is its reaction: per-step commit takes the first in its window)
-    FtPlan(2, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("hang", 1, hold_us=10000), _kill(2, "flap"), _kill(3)),
-           "a", "a"),
+    FtPlan(
+        2,
+        1,
+        1,
+        (0,),
+        6,
+        2000,
+        10000,
+        1000,
+        (FtFaultPlan("hang", 1, hold_us=10000), _kill(2, "flap"), _kill(3)),
+        "a",
+        "a",
+    ),
     # a hang of a group in the quorum while another group's replacement is on its way: that replacement's start
     # (its group's incarnation 1, the number of the group restarted at its start) is a new incarnation in the hang's
     # window, a reaction (was: outlasted, with 1 restart)
-    FtPlan(3, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("kill", 1, 0, 1000, 0, 1000, 79378, 20000, 1),
-                                                 FtFaultPlan("hang", 2, hold_us=57854), _kill(3)), "a", "a", early=1),
+    FtPlan(
+        3,
+        1,
+        1,
+        (0,),
+        6,
+        2000,
+        10000,
+        1000,
+        (
+            FtFaultPlan("kill", 1, 0, 1000, 0, 1000, 79378, 20000, 1),
+            FtFaultPlan("hang", 2, hold_us=57854),
+            _kill(3),
+        ),
+        "a",
+        "a",
+        early=1,
+    ),
     # a stale group's commit of an index the job had completed (alone, in a quorum of its own) inside another
     # group's hang is no new quorum of the job's: the hang was outlasted (was: recovered, undetected, 0 restarts)
-    FtPlan(3, 1, 1, (0,), 6, 2000, 10000, 1000, (FtFaultPlan("stale", 1, 0, 1000, 0, 1000, 17004, 20000, 1),
-                                                 FtFaultPlan("hang", 2, hold_us=10000), _kill(3)), "a", "a"),
+    FtPlan(
+        3,
+        1,
+        1,
+        (0,),
+        6,
+        2000,
+        10000,
+        1000,
+        (
+            FtFaultPlan("stale", 1, 0, 1000, 0, 1000, 17004, 20000, 1),
+            FtFaultPlan("hang", 2, hold_us=10000),
+            _kill(3),
+        ),
+        "a",
+        "a",
+    ),
 ]
 
 
@@ -173,8 +241,9 @@ def test_per_step_commit_equals_the_definitions(plan: FtPlan) -> None:
     step skipped, the quorum stalled until the lighthouse reacts, the replacement healing and rejoining (or
     returning with stale state first, or never), held to the definitions."""
     m, want = _measured(simulate_ft, expected_ft, plan)
-    for f, ttd, ttr, lost, restarts in zip(m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps,
-                                           want.restarts, strict=True):  # fmt: skip
+    for f, ttd, ttr, lost, restarts in zip(
+        m.faults, want.time_to_detect_us, want.time_to_resume_us, want.lost_steps, want.restarts, strict=True
+    ):
         assert _close(f["time_to_detect_s"], ttd), (f, ttd)
         assert f["detected"] == (ttd is not None), f
         assert _close(f["time_to_resume_s"], ttr), (f, ttr)
@@ -186,10 +255,15 @@ def test_per_step_commit_equals_the_definitions(plan: FtPlan) -> None:
         assert m.detected == (want.time_to_detect_us[0] is not None)
         assert _close(m.time_to_detect_s, want.time_to_detect_us[0])
         assert m.false_detections == want.false_detections, (m.false_detections, want)
-    if want.outcome == "recovered" and want.statuses[0] != "interrupted":  # the run's recovery: its first fault's
+    if (
+        want.outcome == "recovered" and want.statuses[0] != "interrupted"
+    ):  # the run's recovery: its first fault's
         assert _close(m.time_to_resume_s, want.time_to_resume_us[0])
         assert _close(m.time_to_catch_up_s, want.time_to_resume_us[0])
-        assert m.lost_steps == want.lost_steps[0] and m.skipped_steps == want.skipped_steps, (m.lost_steps, want)
+        assert m.lost_steps == want.lost_steps[0] and m.skipped_steps == want.skipped_steps, (
+            m.lost_steps,
+            want,
+        )
         assert m.rollback is False
         assert _close(m.time_to_rejoin_s, want.rejoin_us), (m.time_to_rejoin_s, want.rejoin_us)
         if want.stages_us is not None:  # (stated for a recovered first fault)

@@ -222,8 +222,12 @@ def test_write_report_files_tables_and_plots(suite: tuple[Path, pd.DataFrame]) -
     assert written["report.md"] == md_path and md_path.is_file()
     assert written["report.html"] == html_path and html_path.is_file()
     # Only the suite-level figures are drawn; the run timelines are linked where they lie.
-    assert set(written) == {"report.md", "report.html", "plots/distribution_time_to_resume.png",
-                            "plots/badput_waterfall.png"}  # fmt: skip
+    assert set(written) == {
+        "report.md",
+        "report.html",
+        "plots/distribution_time_to_resume.png",
+        "plots/badput_waterfall.png",
+    }
     assert "## Framework comparison" in md_path.read_text()
     for path in [*written.values(), suite_dir / "restart/kill-rank1/0" / TIMELINE_PNG]:
         if path.suffix == ".png":
@@ -289,7 +293,9 @@ def test_write_report_plots_modes(suite: tuple[Path, pd.DataFrame]) -> None:
 
 
 def test_draw_run_timeline_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    m = RunMetrics(scenario="restart/kill-rank1", repeat=3, outcome="recovered", fault_t_s=2.2, resume_t_s=4.0)
+    m = RunMetrics(
+        scenario="restart/kill-rank1", repeat=3, outcome="recovered", fault_t_s=2.2, resume_t_s=4.0
+    )
     path, why = draw_run_timeline(tmp_path / "nowhere", m)
     assert path is None and why == "no timeline: no events.jsonl"
     (tmp_path / "empty").mkdir()
@@ -304,9 +310,15 @@ def test_draw_run_timeline_never_raises(tmp_path: Path, monkeypatch: pytest.Monk
         raise RuntimeError("a plotting bug")
 
     monkeypatch.setattr("chaosbench.report.plots.plot_timeline", broken)
-    assert draw_run_timeline(tmp_path / "run", {"scenario": "x"}) == (None, "plot failed: RuntimeError: a plotting bug")
+    assert draw_run_timeline(tmp_path / "run", {"scenario": "x"}) == (
+        None,
+        "plot failed: RuntimeError: a plotting bug",
+    )
     assert path.read_bytes().startswith(PNG_SIGNATURE)  # the earlier plot stays
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["events.jsonl", TIMELINE_PNG]  # no temp left
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "events.jsonl",
+        TIMELINE_PNG,
+    ]  # no temp left
 
 
 def test_large_suite_links_timelines_without_showing_them(tmp_path: Path) -> None:

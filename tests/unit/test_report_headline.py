@@ -20,6 +20,8 @@ from tests.helpers import OTLP, write_lighthouse_died_control
 
 TIMELINES = ROOT / "tests" / "fixtures" / "timelines"
 T0 = 1_800_000_000_000_000_000
+
+
 def _run(suite_dir: Path, events: list[Event], repeat: int = 0) -> RunMetrics:
     """The run of ``events`` in the standard layout (``<scenario dir>/<repeat>/events.jsonl``), and its metrics."""
     m = compute_metrics(events)
@@ -45,9 +47,20 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     Lighthouse died at start-up (the framework is unusable)."""
     suite_dir = tmp_path_factory.mktemp("suite")
     kill = _kept("command_restart_kill")
-    metrics = [_run(suite_dir, kill), _run(suite_dir, [e for e in kill if e.kind != "fault_inject"], repeat=1)]
-    metrics += [_run(suite_dir, _kept(n)) for n in ("restart_hang", "restart_oom", "restart_sdc_nan",
-                                                    "torchrun_kill", "torchrun_kill_rendezvous_host")]  # fmt: skip
+    metrics = [
+        _run(suite_dir, kill),
+        _run(suite_dir, [e for e in kill if e.kind != "fault_inject"], repeat=1),
+    ]
+    metrics += [
+        _run(suite_dir, _kept(n))
+        for n in (
+            "restart_hang",
+            "restart_oom",
+            "restart_sdc_nan",
+            "torchrun_kill",
+            "torchrun_kill_rendezvous_host",
+        )
+    ]
     control_dir = suite_dir / "torchft__control" / "0"
     control = compute_metrics(write_lighthouse_died_control(control_dir, T0), total_steps=30)
     control.run_dir = str(control_dir)
@@ -60,15 +73,21 @@ def test_headline_per_framework(report: tuple[str, str]) -> None:
     md, _ = report
     # restart: 4 of 4 fired faults recovered (the fault of repeat 1 of the kill did not fire); the median of the
     # four measured times to resume (5.295, 7.384, 8.434, 8.856 s) is 7.909 s; Wilson 95 % of 4/4 is 51-100 %
-    restart = ("- **restart:** recovered 4/4 (95 % CI 51-100 %); median time to resume 7.909 s; detected by process exit ×2 "
-               "(timeout: monitor_interval_s=0.05), step watchdog ×1 (timeout: heartbeat_timeout_s=3 + "
-               "monitor_interval_s=0.05), loss guard ×1 (timeout: — no detection model for a sdc fault under "
-               "restart); unusable rows: restart/kill repeat 1 (fault_not_fired: fault did not fire)")
-    torchrun = ("- **torchrun:** recovered 1/2 (95 % CI 9-91 %; 1 not recovered); median time to resume 5.084 s; detected by "
-                "process exit ×1 (timeout: monitor_interval_s=0.1), rendezvous store lost ×1 (timeout: — no "
-                "detection model for a crash of the rendezvous-host under torchrun)")
-    torchft = ("- **torchft:** unusable, not counted (1 fault run): its control run did not complete (control failed "
-               "(failed); 'lighthouse' exited 1 before the job's first step: " + OTLP + ")")  # fmt: skip
+    restart = (
+        "- **restart:** recovered 4/4 (95 % CI 51-100 %); median time to resume 7.909 s; detected by process exit ×2 "
+        "(timeout: monitor_interval_s=0.05), step watchdog ×1 (timeout: heartbeat_timeout_s=3 + "
+        "monitor_interval_s=0.05), loss guard ×1 (timeout: — no detection model for a sdc fault under "
+        "restart); unusable rows: restart/kill repeat 1 (fault_not_fired: fault did not fire)"
+    )
+    torchrun = (
+        "- **torchrun:** recovered 1/2 (95 % CI 9-91 %; 1 not recovered); median time to resume 5.084 s; detected by "
+        "process exit ×1 (timeout: monitor_interval_s=0.1), rendezvous store lost ×1 (timeout: — no "
+        "detection model for a crash of the rendezvous-host under torchrun)"
+    )
+    torchft = (
+        "- **torchft:** unusable, not counted (1 fault run): its control run did not complete (control failed "
+        "(failed); 'lighthouse' exited 1 before the job's first step: " + OTLP + ")"
+    )
     head = md.split("## Scorecard", 1)[0]
     assert head.splitlines()[2:] == ["## Headline", "", restart, torchrun, torchft, ""]
 
@@ -138,8 +157,12 @@ def test_outlasted_and_not_recovered_cells_look_apart() -> None:
     from chaosbench.report.html import _score_cell
 
     scale = _TimeScale([1.0, 2.0])
-    some_out = _score_cell(ScoreCell(["1/2 recovered"], fired=2, recovered=1, outlasted=1, seconds=1.0), scale)
-    some_nr = _score_cell(ScoreCell(["1/2 recovered"], fired=2, recovered=1, not_recovered=1, seconds=2.0), scale)
+    some_out = _score_cell(
+        ScoreCell(["1/2 recovered"], fired=2, recovered=1, outlasted=1, seconds=1.0), scale
+    )
+    some_nr = _score_cell(
+        ScoreCell(["1/2 recovered"], fired=2, recovered=1, not_recovered=1, seconds=2.0), scale
+    )
     all_out = _score_cell(ScoreCell(["0/2 recovered"], fired=2, outlasted=2), scale)
     none_nr = _score_cell(ScoreCell(["0/2 recovered"], fired=2, outlasted=1, not_recovered=1), scale)
     unfired = _score_cell(ScoreCell(["no fault fired"]), scale)
@@ -156,10 +179,15 @@ def test_a_detection_without_its_mechanism_says_why() -> None:
     from chaosbench.report.writer import _records
 
     runs = [RunView(r) for r in _records(to_frame([compute_metrics(_kept("calibration_kill"))]))]
-    assert headline_items(runs) == [("cal", "recovered 0/1 (95 % CI 0-79 %; 1 not recovered); median time to resume — "
-                                     "(none recovered); detected by a mechanism not named (the detection's source "
-                                     "does not say what noticed the failure (via: none)) ×1 (timeout: — no detector: "
-                                     "a failed rank ends the job, a hung one stalls it)")]  # fmt: skip
+    assert headline_items(runs) == [
+        (
+            "cal",
+            "recovered 0/1 (95 % CI 0-79 %; 1 not recovered); median time to resume — "
+            "(none recovered); detected by a mechanism not named (the detection's source "
+            "does not say what noticed the failure (via: none)) ×1 (timeout: — no detector: "
+            "a failed rank ends the job, a hung one stalls it)",
+        )
+    ]
 
 
 def test_the_framework_named_none_is_named() -> None:

@@ -33,8 +33,13 @@ def test_milestones_of_a_restart_from_a_checkpoint() -> None:
     stones = _milestones(events, rel, run_markers(row))
     restart = next(rel(ev) for ev in events if ev.kind == "restart")
     restore = next(rel(ev) for ev in events if ev.kind == "ckpt_load_end" and rel(ev) >= restart)
-    assert stones == [("fault", row["fault_t_s"]), ("detect", row["detect_t_s"]), ("restart", restart),
-                      ("restore", restore), ("resume", row["resume_t_s"])]  # fmt: skip
+    assert stones == [
+        ("fault", row["fault_t_s"]),
+        ("detect", row["detect_t_s"]),
+        ("restart", restart),
+        ("restore", restore),
+        ("resume", row["resume_t_s"]),
+    ]
     assert [t for _, t in stones] == sorted(t for _, t in stones)
 
 
@@ -62,7 +67,9 @@ def test_steps_are_a_line_per_rank_and_incarnation(tmp_path: Path) -> None:
     expected = {}
     for ev in events:
         if ev.kind == "step":
-            xs, ys = expected.setdefault(f"steps rank {ev.get('rank')} incarnation {ev.get('incarnation')}", ([], []))
+            xs, ys = expected.setdefault(
+                f"steps rank {ev.get('rank')} incarnation {ev.get('incarnation')}", ([], [])
+            )
             xs.append(rel(ev))
             ys.append(ev.get("step"))
     assert set(lines) == set(expected) == {f"steps rank {r} incarnation {i}" for r in (0, 1) for i in (0, 1)}
@@ -70,8 +77,14 @@ def test_steps_are_a_line_per_rank_and_incarnation(tmp_path: Path) -> None:
         assert list(lines[gid].get_xdata()) == xs and list(lines[gid].get_ydata()) == ys
     # the checkpoints: each complete save and each load at its step
     legend = [t.get_text() for t in steps_ax.get_legend().get_texts()]
-    assert {"checkpoint saved", "checkpoint loaded", "fault → detect", "detect → restart", "restart → restore",
-            "restore → resume"} <= set(legend) and "not resumed by the run's end" not in legend  # fmt: skip
+    assert {
+        "checkpoint saved",
+        "checkpoint loaded",
+        "fault → detect",
+        "detect → restart",
+        "restart → restore",
+        "restore → resume",
+    } <= set(legend) and "not resumed by the run's end" not in legend
     saved = next(ln for ln in steps_ax.get_lines() if ln.get_marker() == "v")
     saves = [(rel(ev), ev.get("step")) for ev in events if ev.kind == "ckpt_save_end" and ev.get("complete")]
     assert list(zip(saved.get_xdata(), saved.get_ydata(), strict=True)) == saves

@@ -53,8 +53,12 @@ def test_limits_cover_the_size_of_a_run_ranks_nodes_and_steps() -> None:
     over = suite_limits(make_suite(SIZED % (10**12, 1, 60)))[2]
     assert time.monotonic() - t < 1.0
     assert over == ["defaults.workload: 1000000000000 ranks a run (limit 4096)"]
-    assert suite_limits(make_suite(SIZED % (2048, 2048, 60)))[2] == ["defaults.workload: 2048 nodes a run (limit 1024)"]
-    assert suite_limits(make_suite(SIZED % (2, 1, 10**7)))[2] == ["defaults.workload: 10000000 steps a run (limit 1000000)"]
+    assert suite_limits(make_suite(SIZED % (2048, 2048, 60)))[2] == [
+        "defaults.workload: 2048 nodes a run (limit 1024)"
+    ]
+    assert suite_limits(make_suite(SIZED % (2, 1, 10**7)))[2] == [
+        "defaults.workload: 10000000 steps a run (limit 1000000)"
+    ]
     own = make_suite(SIZED % (2, 1, 60) + "frameworks: {restart: {workload: {ranks: 8192}}}\n")
     assert suite_limits(own)[2] == ["framework 'restart' workload: 8192 ranks a run (limit 4096)"]
 
@@ -62,25 +66,40 @@ def test_limits_cover_the_size_of_a_run_ranks_nodes_and_steps() -> None:
 def test_a_world_of_a_trillion_ranks_is_refused_at_once(tmp_path: Path, capsys) -> None:
     suite = tmp_path / "ranks.yaml"
     suite.write_text(SIZED % (10**12, 1, 60))
-    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 2  # no plan per rank is built
+    assert (
+        main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    )  # no plan per rank is built
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"chaosbench: error: {suite}: suite 'sized' is too large: defaults.workload: 1000000000000 ranks a run "
         "(limit 4096) (check matrix.repeats, defaults.deadline_s and the workloads' ranks, nodes and steps); pass "
-        "--yes to run it anyway")
+        "--yes to run it anyway"
+    )
 
 
-def test_dry_run_warns_when_a_runs_own_numbers_cannot_finish_before_its_deadline(tmp_path: Path, capsys) -> None:
+def test_dry_run_warns_when_a_runs_own_numbers_cannot_finish_before_its_deadline(
+    tmp_path: Path, capsys
+) -> None:
     suite = tmp_path / "slow.yaml"
-    suite.write_text("name: slow\ndefaults:\n  deadline_s: 60\n  workload: {name: ddp-mlp, ranks: 2, steps: 30, "
-                     "step_sleep_s: 3, pg_timeout_s: 1.0e+18}\nmatrix: {frameworks: [none]}\n")
+    suite.write_text(
+        "name: slow\ndefaults:\n  deadline_s: 60\n  workload: {name: ddp-mlp, ranks: 2, steps: 30, "
+        "step_sleep_s: 3, pg_timeout_s: 1.0e+18}\nmatrix: {frameworks: [none]}\n"
+    )
     assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     captured = capsys.readouterr()
-    want = ["30 steps x step_sleep_s 3 s = 90 s: a run cannot finish before its deadline of 60 s",
-            "workload_pg_timeout_s (1e+18 s) is longer than the run's deadline (60 s): a wait on it ends only at the "
-            "deadline"]  # fmt: skip
+    want = [
+        "30 steps x step_sleep_s 3 s = 90 s: a run cannot finish before its deadline of 60 s",
+        "workload_pg_timeout_s (1e+18 s) is longer than the run's deadline (60 s): a wait on it ends only at the "
+        "deadline",
+    ]
     assert json.loads(captured.out)["timeout_problems"] == {"none": want}
-    assert [f"  warning: none: {w}" for w in want] == [ln for ln in captured.err.splitlines() if "warning" in ln]
-    suite.write_text(suite.read_text().replace("step_sleep_s: 3, pg_timeout_s: 1.0e+18", "step_sleep_s: 1, pg_timeout_s: 10"))
+    assert [f"  warning: none: {w}" for w in want] == [
+        ln for ln in captured.err.splitlines() if "warning" in ln
+    ]
+    suite.write_text(
+        suite.read_text().replace(
+            "step_sleep_s: 3, pg_timeout_s: 1.0e+18", "step_sleep_s: 1, pg_timeout_s: 10"
+        )
+    )
     assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     assert json.loads(capsys.readouterr().out)["timeout_problems"] == {"none": []}
 
@@ -131,19 +150,25 @@ def test_resume_keeps_finished_runs_and_refuses_a_changed_suite(tmp_path: Path) 
     assert resumed._finished(scs[1]) is None  # interrupted: run again
     assert resumed._finished(scs[2]) is None  # unreadable: run again
     assert resumed._finished(scs[3]) is None  # never started
-    with pytest.raises(ChaosbenchError, match=r"cannot resume: suite 'guard' has changed since .*\(in matrix\)"):
+    with pytest.raises(
+        ChaosbenchError, match=r"cannot resume: suite 'guard' has changed since .*\(in matrix\)"
+    ):
         Runner(make_suite(SUITE % 3), tmp_path).prepare(resume=True)
 
 
-@pytest.mark.parametrize(("policy", "outcome", "fidelity", "kept"), [
-    ("failed", "recovered", "exact", False),
-    ("failed", "recovered", "diverged", True),
-    ("failed", "not_recovered", None, True),
-    ("all", "recovered", "exact", True),
-    ("none", "not_recovered", None, False),
-])  # fmt: skip
-def test_checkpoints_kept_by_policy_and_always_listed(tmp_path: Path, policy: str, outcome: str,
-                                                      fidelity: str | None, kept: bool) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("policy", "outcome", "fidelity", "kept"),
+    [
+        ("failed", "recovered", "exact", False),
+        ("failed", "recovered", "diverged", True),
+        ("failed", "not_recovered", None, True),
+        ("all", "recovered", "exact", True),
+        ("none", "not_recovered", None, False),
+    ],
+)
+def test_checkpoints_kept_by_policy_and_always_listed(
+    tmp_path: Path, policy: str, outcome: str, fidelity: str | None, kept: bool
+) -> None:
     runner = Runner(make_suite(SUITE % 1 + f"keep_checkpoints: {policy}\n"), tmp_path)
     rd = RunDir(tmp_path / "run")
     (rd.checkpoints / "step_00000010").mkdir(parents=True)
@@ -154,8 +179,10 @@ def test_checkpoints_kept_by_policy_and_always_listed(tmp_path: Path, policy: st
     listing = json.loads(rd.checkpoint_list.read_text())
     assert listing["kept"] is kept and listing["policy"] == policy
     assert listing["files"] == 2 and listing["bytes"] == 107
-    assert {c["path"] for c in listing["checkpoints"]} == {"checkpoints/step_00000010/__0_0.distcp",
-                                                           "ckpt-backing/c.pt"}  # fmt: skip
+    assert {c["path"] for c in listing["checkpoints"]} == {
+        "checkpoints/step_00000010/__0_0.distcp",
+        "ckpt-backing/c.pt",
+    }
     assert rd.checkpoints.exists() is kept and rd.ckpt_backing.exists() is kept
 
 
@@ -168,7 +195,11 @@ def test_a_finished_run_is_recorded_last(tmp_path: Path, monkeypatch: pytest.Mon
     rd = RunDir(tmp_path / "run")
     rd.path.mkdir()
     order: list[str] = []
-    monkeypatch.setattr(results, "run_metrics", lambda run, control: order.append("metrics") or RunMetrics(outcome="completed"))
+    monkeypatch.setattr(
+        results,
+        "run_metrics",
+        lambda run, control: order.append("metrics") or RunMetrics(outcome="completed"),
+    )
     real = runner._checkpoints
     monkeypatch.setattr(runner, "_checkpoints", lambda r, m: order.append("checkpoints") or real(r, m))
     runner.finish(RunRecord(sc, rd.path, JobResult("completed")), elapsed_s=1.5)
@@ -207,7 +238,9 @@ def test_slurm_slots_give_each_run_nodes_of_its_own(monkeypatch: pytest.MonkeyPa
     from chaosbench.runtimes.slurm.runtime import SlurmRuntime
 
     states = {"n1": "IDLE", "n2": "MIXED", "n3": "IDLE", "n4": "DOWN", "n5": "IDLE"}
-    monkeypatch.setattr(SlurmCommands, "nodes_info", lambda self: {n: {"State": s} for n, s in states.items()})
+    monkeypatch.setattr(
+        SlurmCommands, "nodes_info", lambda self: {n: {"State": s} for n, s in states.items()}
+    )
     monkeypatch.setattr(SlurmCommands, "partition_nodes", lambda self: list(states))
     slots = SlurmRuntime.concurrent_slots({"exclude": ["n5"]}, 2, 1)
     assert slots == [{"exclude": ["n5", "n2"]}, {"exclude": ["n5", "n1", "n3"]}]  # n4 is down: in no group
@@ -222,10 +255,22 @@ def test_the_pytest_plugin_keeps_the_same_size_guard(tmp_path: Path) -> None:
 
     suite = tmp_path / "ranks.yaml"
     suite.write_text(SIZED % (10**12, 1, 60))
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "--chaos-suite", str(suite)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--collect-only",
+        "-q",
+        "--chaos-suite",
+        str(suite),
+    ]
     t = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's chaosbench, whatever is installed
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert time.monotonic() - t < 60 and out.returncode == 4  # pytest's usage error, at collection
-    assert (f"ERROR: {suite}: suite 'sized' is too large: defaults.workload: 1000000000000 ranks a run (limit 4096); "
-            "pass --chaos-yes to collect it anyway") in out.stderr
+    assert (
+        f"ERROR: {suite}: suite 'sized' is too large: defaults.workload: 1000000000000 ranks a run (limit 4096); "
+        "pass --chaos-yes to collect it anyway"
+    ) in out.stderr

@@ -30,8 +30,9 @@ matrix: {frameworks: [restart], faults: [first, second], repeats: 1}
 REASON = "stall-fs needs FUSE: fusermount3 is not installed (apt-get install fuse3)"
 
 
-def test_a_run_that_cannot_start_is_its_result_and_the_suite_goes_on(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_run_that_cannot_start_is_its_result_and_the_suite_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def no_engine(self: KillInjector, setup: object) -> None:
         raise MissingEngine(REASON)
 
@@ -39,7 +40,9 @@ def test_a_run_that_cannot_start_is_its_result_and_the_suite_goes_on(tmp_path: P
     runner = Runner(make_suite(SUITE), tmp_path)
     records = runner.run()
     assert [(r.scenario.id, r.result.status, r.result.reason) for r in records] == [
-        ("restart/first", "error", REASON), ("restart/second", "error", REASON)]
+        ("restart/first", "error", REASON),
+        ("restart/second", "error", REASON),
+    ]
     for r in records:
         rd = RunDir(r.run_dir)
         assert json.loads(rd.result.read_text())["reason"] == REASON

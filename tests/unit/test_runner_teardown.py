@@ -110,7 +110,9 @@ def _run_end(run_dir: Path) -> dict[str, object]:
     return {"outcome": events[-1].get("outcome"), "reason": events[-1].get("reason")}
 
 
-def test_a_failing_runtime_cleanup_is_the_runs_error_and_every_other_cleanup_still_runs(tmp_path: Path) -> None:
+def test_a_failing_runtime_cleanup_is_the_runs_error_and_every_other_cleanup_still_runs(
+    tmp_path: Path,
+) -> None:
     suite = make_suite(_suite("test-broken-cleanup", "[kill, kill2]"))
     (sc,) = suite.scenarios()
     runner = Runner(suite, tmp_path)
@@ -119,13 +121,16 @@ def test_a_failing_runtime_cleanup_is_the_runs_error_and_every_other_cleanup_sti
     assert CALLS == ["runtime", "injector kill2", "injector kill"]
     assert _failures(rec.cleanup_failures) == [ENGINE_GONE]
     assert (rec.result.status, rec.result.reason) == (
-        "error", "no nodes today; cleanup failed: runtime cleanup: RuntimeError: the engine went away")
+        "error",
+        "no nodes today; cleanup failed: runtime cleanup: RuntimeError: the engine went away",
+    )
     assert _run_end(rec.run_dir) == {"outcome": "error", "reason": rec.result.reason}
     assert runner.halted is None  # nothing of the run is left: the suite may go on
 
 
 def test_a_failing_injector_cleanup_is_the_runs_error_and_the_runtime_and_the_other_fault_still_clean_up(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def cleanup(self: KillInjector) -> None:
         CALLS.append(f"injector {self.fault_name}")
         if self.fault_name == "kill2":
@@ -138,7 +143,9 @@ def test_a_failing_injector_cleanup_is_the_runs_error_and_the_runtime_and_the_ot
     assert CALLS == ["runtime", "injector kill2", "injector kill"]
     assert _failures(rec.cleanup_failures) == [("fault 'kill2' cleanup", "OSError: umount: target is busy")]
     assert rec.result.status == "error"
-    assert rec.result.reason.endswith("cleanup failed: fault 'kill2' cleanup: OSError: umount: target is busy")
+    assert rec.result.reason.endswith(
+        "cleanup failed: fault 'kill2' cleanup: OSError: umount: target is busy"
+    )
     events = read_events(RunDir(rec.run_dir).events)
     (revert,) = [e for e in events if e.kind == "fault_revert"]
     assert (revert.get("fault"), revert.get("error")) == ("kill2", "OSError: umount: target is busy")
@@ -149,34 +156,48 @@ def test_the_suite_goes_on_after_a_failed_cleanup_and_keeps_every_result(tmp_pat
     runner = Runner(make_suite(_suite("test-broken-cleanup")), tmp_path)
     records = runner.run()  # the old teardown raised the runtime's error here, ending the suite
     assert [(r.scenario.id, _failures(r.cleanup_failures)) for r in records] == [
-        ("restart/kill", [ENGINE_GONE]), ("restart/kill2", [ENGINE_GONE])]
-    assert all(r.result.status == "error" and "runtime cleanup: RuntimeError" in r.result.reason for r in records)
+        ("restart/kill", [ENGINE_GONE]),
+        ("restart/kill2", [ENGINE_GONE]),
+    ]
+    assert all(
+        r.result.status == "error" and "runtime cleanup: RuntimeError" in r.result.reason for r in records
+    )
     for r in records:
         result = json.loads(RunDir(r.run_dir).result.read_text())
-        assert result["cleanup_failures"] == [{"step": "runtime cleanup", "error": "RuntimeError: the engine went away"}]
+        assert result["cleanup_failures"] == [
+            {"step": "runtime cleanup", "error": "RuntimeError: the engine went away"}
+        ]
     assert (runner.suite_dir / RESULTS_CSV).exists()
     assert runner.halted is None
 
 
-@pytest.mark.parametrize(("runtime", "left"), [
-    ("test-left-running", ["pid 4242"]),
-    ("test-cannot-list", ["whatever the runtime could not list (RuntimeError: the engine went away)"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("runtime", "left"),
+    [
+        ("test-left-running", ["pid 4242"]),
+        ("test-cannot-list", ["whatever the runtime could not list (RuntimeError: the engine went away)"]),
+    ],
+)
 def test_a_failed_cleanup_that_may_have_left_the_run_running_stops_the_suite_and_keeps_its_results(
-        runtime: str, left: list[str], tmp_path: Path) -> None:  # fmt: skip
+    runtime: str, left: list[str], tmp_path: Path
+) -> None:
     runner = Runner(make_suite(_suite(runtime)), tmp_path)
     records = runner.run()
     assert [r.scenario.id for r in records] == ["restart/kill"]  # kill2 would have collided with what is left
     assert runner.halted is not None
     assert (runner.halted.label, runner.halted.run_dir, runner.halted.left) == (
-        "restart/kill #0", records[0].run_dir, left)
+        "restart/kill #0",
+        records[0].run_dir,
+        left,
+    )
     assert ENGINE_GONE in _failures(runner.halted.failures)
     assert RunDir(records[0].run_dir).result.exists() and (runner.suite_dir / RESULTS_CSV).exists()
     assert not RunDir.of(runner.suite_dir, make_suite(_suite(runtime)).scenarios()[1]).events.exists()
 
 
 def test_the_cli_names_the_run_and_what_may_be_left_in_one_line_and_still_writes_the_manifest(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     suite_file = tmp_path / "teardown.yaml"
     suite_file.write_text(_suite("test-left-running"))
     assert main(["run", str(suite_file), "--out", str(tmp_path / "out")]) == EXIT_HARNESS

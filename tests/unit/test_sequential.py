@@ -51,19 +51,29 @@ def test_repeats_a_number_or_until_decided() -> None:
     assert s.run_count() == 2 * (1 + 5)  # a cell until decided counts its max
     assert _suite("{max: 1, until: decided}").matrix.repeats.min_repeats == 1  # type: ignore[union-attr]
     assert _suite("{max: 6, min: 3, until: decided}").matrix.repeats.looks == 4  # type: ignore[union-attr]
-    part = make_suite(SUITE.replace("SLOS", "").replace("repeats: REPEATS}", "repeats: 2, include: [{frameworks: "
-                                                         "[none], faults: [kill], repeats: {max: 4, until: decided}}]}"))  # fmt: skip
+    part = make_suite(
+        SUITE.replace("SLOS", "").replace(
+            "repeats: REPEATS}",
+            "repeats: 2, include: [{frameworks: [none], faults: [kill], repeats: {max: 4, until: decided}}]}",
+        )
+    )
     assert part.until_decided() == {"none/kill": UntilDecided(max=4, until="decided")}
 
 
-@pytest.mark.parametrize(("repeats", "message"), [
-    ("{max: 3, min: 5, until: decided}", "suites/x.yaml:10: matrix: repeats: min (5) is above max (3)"),
-    ("{max: 8, until: sometimes}", "suites/x.yaml:10: matrix: repeats.until: Input should be 'decided'"),
-    ("{max: 8}", "suites/x.yaml:10: matrix: repeats.until: required key is missing"),
-    ("{max: 8, until: decided, mni: 2}", "suites/x.yaml:10: matrix: repeats.mni: unknown key"),
-    ("{max: 0, until: decided}", "suites/x.yaml:10: matrix: repeats.max: Input should be greater than or equal to 1"),
-    ("0", "suites/x.yaml:10: matrix: repeats: Input should be greater than or equal to 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("repeats", "message"),
+    [
+        ("{max: 3, min: 5, until: decided}", "suites/x.yaml:10: matrix: repeats: min (5) is above max (3)"),
+        ("{max: 8, until: sometimes}", "suites/x.yaml:10: matrix: repeats.until: Input should be 'decided'"),
+        ("{max: 8}", "suites/x.yaml:10: matrix: repeats.until: required key is missing"),
+        ("{max: 8, until: decided, mni: 2}", "suites/x.yaml:10: matrix: repeats.mni: unknown key"),
+        (
+            "{max: 0, until: decided}",
+            "suites/x.yaml:10: matrix: repeats.max: Input should be greater than or equal to 1",
+        ),
+        ("0", "suites/x.yaml:10: matrix: repeats: Input should be greater than or equal to 1"),
+    ],
+)
 def test_bad_repeats_are_one_line_naming_the_field(repeats: str, message: str) -> None:
     with pytest.raises(SpecError) as exc:
         _suite(repeats)
@@ -85,7 +95,11 @@ def test_nothing_to_decide_runs_max() -> None:
     s = rule.settle("a/kill", DESIGN, [row("a/kill")] * 3, has_slos=False)
     assert not s.decided and not s.stops and s.nothing_to_decide
     last = rule.settle("a/kill", DESIGN, [row("a/kill")] * 8, has_slos=False)
-    assert last.stops and last.describe() == "a/kill: max reached: 8 repeats (nothing to decide (no baseline for it, no SLOs))"
+    assert (
+        last.stops
+        and last.describe()
+        == "a/kill: max reached: 8 repeats (nothing to decide (no baseline for it, no SLOs))"
+    )
 
 
 def test_an_slo_miss_settles_the_slos_met_ones_do_not() -> None:
@@ -96,7 +110,11 @@ def test_an_slo_miss_settles_the_slos_met_ones_do_not() -> None:
     missed = [row("a/kill", slo_ok=False)]
     assert not rule.settle("a/kill", DESIGN, missed, True).decided  # before min
     s = rule.settle("a/kill", DESIGN, missed + [row("a/kill", slo_ok=True)], True)
-    assert s.decided and s.slo_missed and s.describe() == "a/kill: decided after 2 of at most 8 repeats (an SLO missed)"
+    assert (
+        s.decided
+        and s.slo_missed
+        and s.describe() == "a/kill: decided after 2 of at most 8 repeats (an SLO missed)"
+    )
 
 
 def _clean(rng: random.Random, key: str = "a/kill") -> dict[str, Any]:
@@ -114,9 +132,16 @@ def test_a_clean_scenario_against_a_large_baseline_stops_early_and_no_continuati
     assert s.decided and s.repeats < design.max and not s.regressions
     # whatever the runs not made had been (here: broken ones, the most adverse), the verdict stays clean
     for _ in range(50):
-        more = [row("a/kill", outcome="not_recovered", detected=rng.random() < 0.5, fidelity=None,
-                    time_to_resume_s=None if rng.random() < 0.5 else 100.0 + rng.random())
-                for _ in range(rng.randint(1, design.max - s.repeats))]  # fmt: skip
+        more = [
+            row(
+                "a/kill",
+                outcome="not_recovered",
+                detected=rng.random() < 0.5,
+                fidelity=None,
+                time_to_resume_s=None if rng.random() < 0.5 else 100.0 + rng.random(),
+            )
+            for _ in range(rng.randint(1, design.max - s.repeats))
+        ]
         assert not any(d.regression for d in compare(base, rows + more, looks={"a/kill": design.looks}))
 
 
@@ -134,7 +159,11 @@ def test_a_slower_recovery_is_settled_as_a_regression_before_max() -> None:
     # settled: even every run not made faster than any so far leaves it a regression, in the gate too
     fast = [row("a/kill", time_to_resume_s=0.1 * i) for i in range(1, design.max - s.repeats + 1)]
     for extra in (0, len(fast)):
-        found = {d.metric for d in compare(base, rows + fast[:extra], looks={"a/kill": design.looks}) if d.regression}
+        found = {
+            d.metric
+            for d in compare(base, rows + fast[:extra], looks={"a/kill": design.looks})
+            if d.regression
+        }
         assert found == {"time_to_resume_s"}
 
 
@@ -149,7 +178,9 @@ def test_a_figure_no_longer_measured_is_settled_only_at_max() -> None:
     assert s10.stops and not s10.decided and s10.regressions == ("recovered",)
     assert s10.describe() == "a/kill: max reached: 10 repeats (not settled: time_to_resume_s)"
     assert {d.metric for d in compare(base, broken, looks={"a/kill": design.looks}) if d.regression} == {
-        "recovered", "time_to_resume_s"}  # the gate fails it: no longer measured
+        "recovered",
+        "time_to_resume_s",
+    }  # the gate fails it: no longer measured
 
 
 # ------------------------------------------------------------------------------------------- alpha spending
@@ -163,8 +194,13 @@ def test_every_p_of_a_scenario_repeated_until_decided_is_multiplied_by_its_looks
     assert "x 7 looks" in spent.describe()
 
 
-def _sequential_verdict(rng: random.Random, base: list[dict[str, Any]], scenarios: tuple[str, ...],
-                        design: UntilDecided, spend: bool) -> tuple[bool, int]:  # fmt: skip
+def _sequential_verdict(
+    rng: random.Random,
+    base: list[dict[str, Any]],
+    scenarios: tuple[str, ...],
+    design: UntilDecided,
+    spend: bool,
+) -> tuple[bool, int]:
     """One suite against ``base`` from the same distribution, each scenario repeated until the rule stops it:
     whether the final verdict has a regression, and the runs made. ``spend`` False: every look at the full
     alpha, stopping at the first regression (the naive rule the spending corrects)."""
@@ -204,8 +240,10 @@ def test_the_whole_verdicts_false_alarm_rate_with_repeats_until_decided_is_at_mo
         runs += n
     assert alarms / len(bases) <= 0.05
     assert (alarms, runs) == (0, 2424)  # the seeded figures the docstring states
-    naive = sum(_sequential_verdict(random.Random(i), b, scenarios, design, spend=False)[0]
-                for i, b in enumerate(bases))  # fmt: skip
+    naive = sum(
+        _sequential_verdict(random.Random(i), b, scenarios, design, spend=False)[0]
+        for i, b in enumerate(bases)
+    )
     assert naive == 46 and naive / len(bases) > 0.05
 
 
@@ -218,8 +256,13 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, slo_ok: Any) -> list[str]:
     def fake(self: Runner, index: int, sc: Scenario, slot: dict[str, Any], follow: bool) -> None:
         rd = RunDir.of(self.suite_dir, sc)
         rd.path.mkdir(parents=True, exist_ok=True)
-        m = RunMetrics(scenario=sc.id, repeat=sc.repeat, control=sc.control, outcome="recovered",
-                       slo_ok=None if sc.control else slo_ok(sc))  # fmt: skip
+        m = RunMetrics(
+            scenario=sc.id,
+            repeat=sc.repeat,
+            control=sc.control,
+            outcome="recovered",
+            slo_ok=None if sc.control else slo_ok(sc),
+        )
         write_atomic(rd.metrics, json.dumps(m.to_dict()))
         write_atomic(rd.result, json.dumps({"status": "completed", "reason": "", "leftover_pids": []}))
         rec = RunRecord(sc, rd.path, JobResult("completed"), metrics=m, index=index)
@@ -236,13 +279,17 @@ SLOS = "slos: {outcome: recovered}"
 
 
 @pytest.mark.parametrize("jobs", [None, 2])
-def test_the_runner_repeats_until_decided(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, jobs: int | None) -> None:
+def test_the_runner_repeats_until_decided(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, jobs: int | None
+) -> None:
     """restart/kill misses an SLO in its 2nd run: decided after 2 (min); none/kill meets them: max (5)."""
     ran = _fake_runs(monkeypatch, lambda sc: not (sc.framework_label == "restart" and sc.repeat == 1))
     runner = Runner(_suite(slos=SLOS), tmp_path)
     runner._run(False, None if jobs is None else [{}] * jobs)
-    assert sorted(ran) == sorted(["restart/control#0", "restart/kill#0", "restart/kill#1", "none/control#0"]
-                                 + [f"none/kill#{i}" for i in range(5)])  # fmt: skip
+    assert sorted(ran) == sorted(
+        ["restart/control#0", "restart/kill#0", "restart/kill#1", "none/control#0"]
+        + [f"none/kill#{i}" for i in range(5)]
+    )
     doc = json.loads((runner.suite_dir / REPEATS_FILE).read_text())
     assert doc["restart/kill"]["decided"] and doc["restart/kill"]["repeats"] == 2
     assert doc["restart/kill"]["why"] == "restart/kill: decided after 2 of at most 5 repeats (an SLO missed)"
@@ -256,8 +303,9 @@ def test_the_runner_repeats_until_decided(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert ran == [] and json.loads((again.suite_dir / REPEATS_FILE).read_text()) == doc
 
 
-def test_a_resumed_suite_goes_on_where_an_undecided_scenario_was_left(monkeypatch: pytest.MonkeyPatch,
-                                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_a_resumed_suite_goes_on_where_an_undecided_scenario_was_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     ran = _fake_runs(monkeypatch, lambda sc: True)
     runner = Runner(_suite(slos=SLOS), tmp_path)
     runner.prepare()
@@ -266,31 +314,45 @@ def test_a_resumed_suite_goes_on_where_an_undecided_scenario_was_left(monkeypatc
     ran.clear()
     Runner(_suite(slos=SLOS), tmp_path)._run(True, None)
     # the controls first (restart's finished earlier), then the fault cells in the suite's order
-    assert ran == ["none/control#0"] + [f"restart/kill#{i}" for i in range(1, 5)] + [f"none/kill#{i}" for i in range(5)]
+    assert ran == ["none/control#0"] + [f"restart/kill#{i}" for i in range(1, 5)] + [
+        f"none/kill#{i}" for i in range(5)
+    ]
 
 
-def test_a_dry_run_states_each_scenario_repeated_until_decided(capsys: pytest.CaptureFixture[str],
-                                                               tmp_path: Path) -> None:  # fmt: skip
+def test_a_dry_run_states_each_scenario_repeated_until_decided(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from chaosbench.analysis.baseline import load_rows
     from chaosbench.cli import main
     from tests.unit.test_baseline_rules import CI_BASELINE, ROOT
 
-    text = (ROOT / "suites/ci.yaml").read_text().replace("  repeats: 3", "  repeats: {max: 8, until: decided}")
+    text = (
+        (ROOT / "suites/ci.yaml").read_text().replace("  repeats: 3", "  repeats: {max: 8, until: decided}")
+    )
     suite = tmp_path / "ci.yaml"
     suite.write_text(text)
-    assert main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o"), "--baseline", str(CI_BASELINE)]) == 0
+    assert (
+        main(["run", str(suite), "--dry-run", "--out", str(tmp_path / "o"), "--baseline", str(CI_BASELINE)])
+        == 0
+    )
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["runs_total"] == 2 + 4 * 8
     assert doc["repeats_until_decided"]["restart/kill-rank1"] == {"min": 2, "max": 8, "looks": 7}
     assert "suite 'ci': at most 34 runs" in err
-    assert ("  restart/kill-rank1: 2 to 8 repeats, 7 looks; its SLOs are settled only by a miss (while every run "
-            "meets them it runs max)") in err  # fmt: skip
+    assert (
+        "  restart/kill-rank1: 2 to 8 repeats, 7 looks; its SLOs are settled only by a miss (while every run "
+        "meets them it runs max)"
+    ) in err
     rule = StoppingRule.for_suite(make_suite(text), load_rows(CI_BASELINE))
-    assert rule.family_bound == 68  # the power statement's bound: 4 scenarios x 17 figures the baseline measured
+    assert (
+        rule.family_bound == 68
+    )  # the power statement's bound: 4 scenarios x 17 figures the baseline measured
 
 
-def test_every_frameworks_control_runs_before_the_fault_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_every_frameworks_control_runs_before_the_fault_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Sequential runs as ``--jobs``: the controls first, each run keeping its index in the suite's order."""
     ran = _fake_runs(monkeypatch, lambda sc: True)
     runner = Runner(_suite(), tmp_path)
@@ -298,5 +360,7 @@ def test_every_frameworks_control_runs_before_the_fault_runs(monkeypatch: pytest
     controls = sum(1 for r in records if r.scenario.control)
     assert ran[:controls] == [f"{fw}/control#0" for fw in runner.suite.matrix.all_frameworks()]
     assert all(not name.endswith("control#0") for name in ran[controls:])
-    assert [r.index for r in records] == list(range(1, len(records) + 1))  # sorted back into the suite's order
+    assert [r.index for r in records] == list(
+        range(1, len(records) + 1)
+    )  # sorted back into the suite's order
     assert records[0].scenario.control and not records[1].scenario.control

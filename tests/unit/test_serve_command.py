@@ -62,7 +62,7 @@ def test_replica_argv_is_the_shim_with_the_ready_check(tmp_path: Path) -> None:
     w = _workload(ready={"path": "/healthz", "interval_s": 0.2}, env={"MODEL_PORT": "{port}"})
     argv = w.argv(RunPaths(tmp_path, tmp_path / "ck", 3, project_dir="/proj"))
     assert argv[:3] == [sys.executable, "-m", SHIM]
-    assert argv[argv.index("--") + 1:] == SERVER
+    assert argv[argv.index("--") + 1 :] == SERVER
     ready = json.loads(argv[argv.index("--ready") + 1])
     assert ready == {"path": "/healthz", "expect_status": 200, "interval_s": 0.2, "timeout_s": 1.0}
     subst = json.loads(argv[argv.index("--subst") + 1])
@@ -143,7 +143,9 @@ def _error(command: str = GOOD_COMMAND, request: str = "{method: GET, path: /hea
 
 
 def test_the_good_suite_loads() -> None:
-    suite = make_suite(SUITE.format(command=GOOD_COMMAND, request="{method: GET, path: /health}"), "suites/x.yaml")
+    suite = make_suite(
+        SUITE.format(command=GOOD_COMMAND, request="{method: GET, path: /health}"), "suites/x.yaml"
+    )
     assert [sc.workload.name for sc in suite.scenarios()] == ["serve-command"]
 
 
@@ -169,7 +171,9 @@ def test_bad_options_name_their_line(command: str, request_: str, line: int, pro
 def test_the_requests_are_required() -> None:
     text = SUITE.format(command=GOOD_COMMAND, request="{path: /h}").replace(
         "    load:\n      users: 2\n      requests:\n        - {name: predict, method: POST, path: /predict, "
-        "body: {x: [1]}}\n        - {path: /h}\n", "    load: {users: 2}\n")
+        "body: {x: [1]}}\n        - {path: /h}\n",
+        "    load: {users: 2}\n",
+    )
     with pytest.raises(SpecError) as ei:
         make_suite(text, "suites/x.yaml")
     assert (ei.value.line, ei.value.problem) == (7, "load.requests: required option is missing")
@@ -186,15 +190,19 @@ def test_the_port_may_come_through_the_environment() -> None:
 
 def test_haproxy_checks_the_workloads_health_path_and_status() -> None:
     o = BalancerOptions()
-    text = haproxy_config(o, "127.0.0.1:8080", [(0, "127.0.0.1:9000")], "127.0.0.1:9999", None, "/healthz", 204)
+    text = haproxy_config(
+        o, "127.0.0.1:8080", [(0, "127.0.0.1:9000")], "127.0.0.1:9999", None, "/healthz", 204
+    )
     assert "option httpchk GET /healthz\n    http-check expect status 204\n" in text
     assert "http-check" not in haproxy_config(o, "127.0.0.1:8080", [(0, "127.0.0.1:9000")], "127.0.0.1:9999")
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="the balancer plans only where haproxy is installed")
+@pytest.mark.skipif(
+    shutil.which("haproxy") is None, reason="the balancer plans only where haproxy is installed"
+)
 def test_the_balancer_plans_no_init_process(tmp_path: Path) -> None:
     suite = make_suite(SUITE.format(command=GOOD_COMMAND, request="{path: /h}"), "suites/x.yaml")
-    (_, plan), = list(Runner(suite, tmp_path).plans())
+    ((_, plan),) = list(Runner(suite, tmp_path).plans())
     roles = [p.role for p in plan.processes]
     assert roles == ["rank", "rank", "balancer", "load"]
     replicas = [p for p in plan.processes if p.role == "rank"]
@@ -242,8 +250,9 @@ class _Child:
 READY = {"path": "/healthz", "expect_status": 200, "interval_s": 0.01, "timeout_s": 1.0}
 
 
-def test_ready_once_the_health_path_answers_the_expected_status(tmp_path: Path,
-                                                                health_server: ThreadingHTTPServer) -> None:
+def test_ready_once_the_health_path_answers_the_expected_status(
+    tmp_path: Path, health_server: ThreadingHTTPServer
+) -> None:
     _Health.answers = [503, 503]
     port = health_server.server_address[1]
     events = tmp_path / "events.jsonl"
@@ -259,7 +268,9 @@ def test_ready_once_the_health_path_answers_the_expected_status(tmp_path: Path,
     # the two 503s are said once (one kind of answer), then the ready line
     url = f"http://127.0.0.1:{port}/healthz"
     assert lines[0] == f"chaosbench: replica 1 not ready yet: GET {url}: answered 503, expecting 200"
-    assert lines[1].startswith(f"chaosbench: replica 1 ready: GET http://127.0.0.1:{port}/healthz answered 200")
+    assert lines[1].startswith(
+        f"chaosbench: replica 1 ready: GET http://127.0.0.1:{port}/healthz answered 200"
+    )
     assert len(lines) == 2 and _Health.answers == []
 
 
@@ -272,11 +283,17 @@ def test_no_ready_from_a_server_that_exited(tmp_path: Path) -> None:
 
 
 def test_the_port_placeholder_needs_the_frameworks_port() -> None:
-    assert shim.serve_values({"SERVE_PORT": "8001", "SERVE_HOST": "0.0.0.0"}) == {"port": "8001", "host": "0.0.0.0"}
+    assert shim.serve_values({"SERVE_PORT": "8001", "SERVE_HOST": "0.0.0.0"}) == {
+        "port": "8001",
+        "host": "0.0.0.0",
+    }
     with pytest.raises(ValueError, match="SERVE_PORT"):
         shim.serve_values({})
-    assert (shim.poll_host("0.0.0.0"), shim.poll_host("::"), shim.poll_host("10.0.0.2")) == ("127.0.0.1", "::1",
-                                                                                            "10.0.0.2")  # fmt: skip
+    assert (shim.poll_host("0.0.0.0"), shim.poll_host("::"), shim.poll_host("10.0.0.2")) == (
+        "127.0.0.1",
+        "::1",
+        "10.0.0.2",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -286,10 +303,12 @@ def test_a_user_servers_own_exit_takes_its_replica_out() -> None:
     """Under the shim the runtime's process is the shim (its pid is no rank's): the server's ``rank_exit`` is
     what says the replica is gone, until its next incarnation is ready."""
     s = 1_000_000_000
-    evs = [Event(0, "rank_start", "rank", data={"rank": 1, "pid": 500, "world_size": 2, "incarnation": 0}),
-           Event(2 * s, "proc_exit", "runtime", data={"proc": "replica1.i0", "pid": 499, "returncode": 1}),
-           Event(2 * s, "rank_exit", "rank", data={"rank": 1, "pid": 500, "returncode": 1, "incarnation": 0}),
-           Event(5 * s, "replica_ready", "rank", data={"rank": 1, "incarnation": 1})]  # fmt: skip
+    evs = [
+        Event(0, "rank_start", "rank", data={"rank": 1, "pid": 500, "world_size": 2, "incarnation": 0}),
+        Event(2 * s, "proc_exit", "runtime", data={"proc": "replica1.i0", "pid": 499, "returncode": 1}),
+        Event(2 * s, "rank_exit", "rank", data={"rank": 1, "pid": 500, "returncode": 1, "incarnation": 0}),
+        Event(5 * s, "replica_ready", "rank", data={"rank": 1, "incarnation": 1}),
+    ]
     assert out_of_service_s(TimelineIndex(evs), 0, 10 * s) == (3.0, 1)
 
 
@@ -297,9 +316,11 @@ def test_the_workload_imports_neither_locust_nor_torch() -> None:
     """The harness loads it to plan a run: nothing heavy, and nothing that monkey-patches (locust)."""
     import subprocess
 
-    code = ("import sys; import chaosbench.workloads.serve_command, chaosbench.launchers.command; "
-            "loaded = [m for m in ('locust', 'gevent', 'torch', 'uvicorn', 'starlette') if m in sys.modules]; "
-            "print(loaded); sys.exit(1 if loaded else 0)")  # fmt: skip
+    code = (
+        "import sys; import chaosbench.workloads.serve_command, chaosbench.launchers.command; "
+        "loaded = [m for m in ('locust', 'gevent', 'torch', 'uvicorn', 'starlette') if m in sys.modules]; "
+        "print(loaded); sys.exit(1 if loaded else 0)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -333,11 +354,29 @@ def test_the_shim_runs_a_server_on_its_port_and_says_when_it_is_ready(tmp_path: 
     (tmp_path / "server.py").write_text(TINY_SERVER)
     port = free_port()
     events = tmp_path / "events.jsonl"
-    env = {**os.environ, "SERVE_PORT": str(port), "SERVE_HOST": "127.0.0.1", "RANK": "1", "WORLD_SIZE": "2",
-           "CHAOSBENCH_EVENTS": str(events)}  # fmt: skip
+    env = {
+        **os.environ,
+        "SERVE_PORT": str(port),
+        "SERVE_HOST": "127.0.0.1",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "CHAOSBENCH_EVENTS": str(events),
+    }
     ready = json.dumps({"path": "/ok", "expect_status": 200, "interval_s": 0.05, "timeout_s": 1.0})
-    argv = [sys.executable, "-m", SHIM, "--ready", ready, "--cwd", str(tmp_path), "--",
-            sys.executable, "server.py", "{port}", "{host}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        SHIM,
+        "--ready",
+        ready,
+        "--cwd",
+        str(tmp_path),
+        "--",
+        sys.executable,
+        "server.py",
+        "{port}",
+        "{host}",
+    ]
     shim_proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
@@ -374,4 +413,7 @@ def test_the_example_suite_runs_the_fixture_server() -> None:
     script = Path(opts.command[1].replace("{project_dir}", str(ROOT)))
     assert script == ROOT / "tests" / "fixtures" / "foreign" / "model_server.py" and script.is_file()
     assert "chaosbench" not in script.read_text().split('"""', 2)[2]
-    assert (opts.ready.path, [r.label for r in opts.load.requests]) == ("/healthz", ["predict", "health", "bad-input"])
+    assert (opts.ready.path, [r.label for r in opts.load.requests]) == (
+        "/healthz",
+        ["predict", "health", "bad-input"],
+    )

@@ -101,16 +101,34 @@ def test_replica_and_init_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert w.model_file(run) == tmp_path / "ckpt" / MODEL_FILE_NAME
     argv = w.argv(run)
     assert argv[:3] == [sys.executable, "-m", REPLICA_PROGRAM]
-    assert argv[3:] == ["--model-file", str(tmp_path / "ckpt" / "model.pt"), "--hidden", "32", "--layers", "3",
-                        "--seed", "7", "--load-delay-s", "0.5"]  # fmt: skip
+    assert argv[3:] == [
+        "--model-file",
+        str(tmp_path / "ckpt" / "model.pt"),
+        "--hidden",
+        "32",
+        "--layers",
+        "3",
+        "--seed",
+        "7",
+        "--load-delay-s",
+        "0.5",
+    ]
     init = w.init_argv(run)
-    assert init[:4] == [sys.executable, "-m", REPLICA_PROGRAM, "--init-model"] and "--load-delay-s" not in init
+    assert (
+        init[:4] == [sys.executable, "-m", REPLICA_PROGRAM, "--init-model"] and "--load-delay-s" not in init
+    )
     # the replica's own parser reads them back (the port from the environment, as the framework sets it)
     monkeypatch.setenv("SERVE_PORT", "8123")
     monkeypatch.setenv("SERVE_HOST", "127.0.0.2")
     args = serve_replica.parse_args(argv[3:])
     assert (args.model_file, args.hidden, args.layers, args.seed, args.load_delay_s, args.init_model) == (
-        str(w.model_file(run)), 32, 3, 7, 0.5, False)  # fmt: skip
+        str(w.model_file(run)),
+        32,
+        3,
+        7,
+        0.5,
+        False,
+    )
     assert (args.host, args.port) == ("127.0.0.2", 8123)
     assert serve_replica.parse_args(init[3:]).init_model
 
@@ -124,9 +142,19 @@ def test_replica_without_a_port_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_load_argv_round_trips_through_the_load_programs_parser() -> None:
-    w = _workload(load={"users": 7, "spawn_rate": 3.5, "duration_s": 12, "mix": {"predict": 5, "info": 2},
-                        "wait_s": 0, "request_timeout_s": 0.75, "window_ms": 250, "max_requests": 999},
-                  slo={"availability": 0.99, "window_days": 7, "error_rate": 0.05, "recovery_window_s": 2})  # fmt: skip
+    w = _workload(
+        load={
+            "users": 7,
+            "spawn_rate": 3.5,
+            "duration_s": 12,
+            "mix": {"predict": 5, "info": 2},
+            "wait_s": 0,
+            "request_timeout_s": 0.75,
+            "window_ms": 250,
+            "max_requests": 999,
+        },
+        slo={"availability": 0.99, "window_days": 7, "error_rate": 0.05, "recovery_window_s": 2},
+    )
     argv = w.load_argv("http://127.0.0.1:8100", allow_cidrs=["172.18.0.0/16"])
     assert argv[:5] == [sys.executable, "-m", LOAD_PROGRAM, "--target", "http://127.0.0.1:8100"]
     assert argv[-2:] == ["--allow-cidr", "172.18.0.0/16"]
@@ -149,10 +177,12 @@ def test_load_program_refuses_bad_options() -> None:
 
 def test_modules_import_neither_locust_nor_torch() -> None:
     """locust monkey-patches whatever imports it: only serve_load's main may; torch loads inside the replica."""
-    code = ("import sys; import chaosbench.workloads.serve, chaosbench.workloads.serve_load, "
-            "chaosbench.workloads.serve_replica; "
-            "loaded = [m for m in ('locust', 'gevent', 'torch', 'uvicorn', 'starlette') if m in sys.modules]; "
-            "print(loaded); sys.exit(1 if loaded else 0)")  # fmt: skip
+    code = (
+        "import sys; import chaosbench.workloads.serve, chaosbench.workloads.serve_load, "
+        "chaosbench.workloads.serve_replica; "
+        "loaded = [m for m in ('locust', 'gevent', 'torch', 'uvicorn', 'starlette') if m in sys.modules]; "
+        "print(loaded); sys.exit(1 if loaded else 0)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -209,7 +239,9 @@ def test_histogram_bins_follow_the_edges() -> None:
     (w,) = agg.finish(MS * 1000)
     hist = w["latency_hist"]
     assert len(hist) == len(LATENCY_EDGES_MS) + 1 and sum(hist) == 5
-    assert hist[0] == 1 and hist[1] == 2 and hist[-1] == 1  # below 1 ms, [1, 1.12) ms, at or above the last edge
+    assert (
+        hist[0] == 1 and hist[1] == 2 and hist[-1] == 1
+    )  # below 1 ms, [1, 1.12) ms, at or above the last edge
 
 
 def test_quantiles_by_nearest_rank() -> None:
@@ -264,9 +296,13 @@ def test_host_names_are_resolved_and_every_address_checked() -> None:
 
 def test_a_refused_target_exits_2_with_one_line(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
-    res = subprocess.run([sys.executable, "-m", LOAD_PROGRAM, "--target", "http://192.0.2.1:80"],
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "CHAOSBENCH_EVENTS": str(events)})  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", LOAD_PROGRAM, "--target", "http://192.0.2.1:80"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "CHAOSBENCH_EVENTS": str(events)},
+    )
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "192.0.2.1" in res.stderr and not events.exists()
 
@@ -280,18 +316,24 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 def test_model_file_is_written_atomically_and_loads(tmp_path: Path) -> None:
     model_file = tmp_path / "ckpt" / "model.pt"
-    args = serve_replica.parse_args(["--init-model", "--model-file", str(model_file), "--hidden", "8",
-                                     "--layers", "1", "--seed", "3"])  # fmt: skip
+    args = serve_replica.parse_args(
+        ["--init-model", "--model-file", str(model_file), "--hidden", "8", "--layers", "1", "--seed", "3"]
+    )
     ev = tmp_path / "events.jsonl"
     probe = Probe(str(ev), rank=0)
     assert serve_replica.write_model(args, probe) == 0
     assert [p.name for p in model_file.parent.iterdir()] == ["model.pt"]  # no temporary file left
     begin, end = _events(ev)
     assert (begin["kind"], end["kind"], end["complete"], end["path"]) == (
-        "ckpt_save_begin", "ckpt_save_end", True, str(model_file))  # fmt: skip
+        "ckpt_save_begin",
+        "ckpt_save_end",
+        True,
+        str(model_file),
+    )
 
-    load_args = serve_replica.parse_args(["--model-file", str(model_file), "--hidden", "8", "--layers", "1",
-                                          "--port", "1"])  # fmt: skip
+    load_args = serve_replica.parse_args(
+        ["--model-file", str(model_file), "--hidden", "8", "--layers", "1", "--port", "1"]
+    )
     replica = Probe(str(ev), rank=1)
     model, info = serve_replica.load_model(load_args, replica, Planted(replica, {}))
     assert info["bytes"] == model_file.stat().st_size and info["finite"]
@@ -299,20 +341,31 @@ def test_model_file_is_written_atomically_and_loads(tmp_path: Path) -> None:
     assert kinds == ["model_load_begin", "model_load_end"]
     # the same seed gives the same model, whoever writes it
     again = tmp_path / "again.pt"
-    serve_replica.write_model(serve_replica.parse_args(["--init-model", "--model-file", str(again), "--hidden", "8",
-                                                        "--layers", "1", "--seed", "3"]), Probe(None))  # fmt: skip
-    _, info2 = serve_replica.load_model(serve_replica.parse_args(["--model-file", str(again), "--hidden", "8",
-                                                                  "--layers", "1", "--port", "1"]),
-                                        Probe(None), Planted(Probe(None), {}))  # fmt: skip
+    serve_replica.write_model(
+        serve_replica.parse_args(
+            ["--init-model", "--model-file", str(again), "--hidden", "8", "--layers", "1", "--seed", "3"]
+        ),
+        Probe(None),
+    )
+    _, info2 = serve_replica.load_model(
+        serve_replica.parse_args(
+            ["--model-file", str(again), "--hidden", "8", "--layers", "1", "--port", "1"]
+        ),
+        Probe(None),
+        Planted(Probe(None), {}),
+    )
     assert info2["digest"] == info["digest"]
 
 
 def test_crash_loop_fires_during_the_load_and_other_plants_are_skipped(tmp_path: Path) -> None:
     model_file = tmp_path / "model.pt"
-    serve_replica.write_model(serve_replica.parse_args(["--init-model", "--model-file", str(model_file)]),
-                              Probe(None))  # fmt: skip
-    plants = [{"fault": "boom", "injector": "crash-loop", "ranks": "1", "at_step": 1},
-              {"fault": "late", "injector": "segfault", "ranks": "all", "at_step": 5}]  # fmt: skip
+    serve_replica.write_model(
+        serve_replica.parse_args(["--init-model", "--model-file", str(model_file)]), Probe(None)
+    )
+    plants = [
+        {"fault": "boom", "injector": "crash-loop", "ranks": "1", "at_step": 1},
+        {"fault": "late", "injector": "segfault", "ranks": "all", "at_step": 5},
+    ]
     env = {"CHAOSBENCH_PLANTED": json.dumps(plants), "CHAOSBENCH_RUN_DIR": str(tmp_path)}
     ev = tmp_path / "events.jsonl"
     probe = Probe(str(ev), rank=1)
@@ -323,5 +376,10 @@ def test_crash_loop_fires_during_the_load_and_other_plants_are_skipped(tmp_path:
         with pytest.raises(PlantedFault):
             serve_replica.load_model(args, probe, planted)
     kinds = [(e["kind"], e.get("fault")) for e in _events(ev)]
-    assert kinds == [("fault_skipped", "late"), ("model_load_begin", None), ("fault_inject", "boom"),
-                     ("model_load_begin", None), ("fault_inject", "boom")]  # fmt: skip
+    assert kinds == [
+        ("fault_skipped", "late"),
+        ("model_load_begin", None),
+        ("fault_inject", "boom"),
+        ("model_load_begin", None),
+        ("fault_inject", "boom"),
+    ]

@@ -40,47 +40,110 @@ def _server(rank: int) -> dict[str, Any]:
 
 def _window(k: int, requests: int = 100, failures: int = 0, slow: bool = False) -> Event:
     ok = requests - failures
-    return Event(LOAD + k * S, "load_window", src="load", data={
-        "window_s": 1.0, "requests": requests, "failures": failures, "errors": {"502": failures} if failures else {},
-        "latency_hist": _hist(slow=ok) if slow else _hist(fast=ok), "p50_ms": None, "p99_ms": None,
-        "max_ms": SLOW_HI if slow else FAST_HI})  # fmt: skip
+    return Event(
+        LOAD + k * S,
+        "load_window",
+        src="load",
+        data={
+            "window_s": 1.0,
+            "requests": requests,
+            "failures": failures,
+            "errors": {"502": failures} if failures else {},
+            "latency_hist": _hist(slow=ok) if slow else _hist(fast=ok),
+            "p50_ms": None,
+            "p99_ms": None,
+            "max_ms": SLOW_HI if slow else FAST_HI,
+        },
+    )
 
 
-def _timeline(windows: dict[int, tuple[int, bool]], *, control: bool = False, fault_at_s: float | None = 5.5,
-              downs: list[tuple[float, float | None]] | None = None, stats: dict[str, Any] | None = None,
-              n_windows: int = 20, scenario: str = "health/kill-replica",
-              back_at_s: float | None = None) -> list[Event]:  # fmt: skip
+def _timeline(
+    windows: dict[int, tuple[int, bool]],
+    *,
+    control: bool = False,
+    fault_at_s: float | None = 5.5,
+    downs: list[tuple[float, float | None]] | None = None,
+    stats: dict[str, Any] | None = None,
+    n_windows: int = 20,
+    scenario: str = "health/kill-replica",
+    back_at_s: float | None = None,
+) -> list[Event]:
     """Three replicas; 20 one-second windows of 100 requests from LOAD; ``windows``: k -> (failures, slow) for
     the windows that differ; ``downs``: (balancer_down, balancer_up or None) of replica 1, in seconds after
     LOAD; the fault (kill of replica 1) ``fault_at_s`` after LOAD; ``back_at_s``: its restarted incarnation is
     ready then."""
-    ev = [Event(T0, "run_start", data={"suite": "serving", "scenario": scenario, "framework": scenario.split("/")[0],
-                                       "fault": None if control else scenario.split("/")[1], "repeat": 0,
-                                       "control": control})]  # fmt: skip
+    ev = [
+        Event(
+            T0,
+            "run_start",
+            data={
+                "suite": "serving",
+                "scenario": scenario,
+                "framework": scenario.split("/")[0],
+                "fault": None if control else scenario.split("/")[1],
+                "repeat": 0,
+                "control": control,
+            },
+        )
+    ]
     for r in range(3):
-        ev.append(Event(T0 + S // 10, "rank_start", src="rank", data={"rank": r, "world_size": 3, "incarnation": 0,
-                                                                          "pid": 100 + r}))  # fmt: skip
-        ev.append(Event(T0 + S, "replica_ready", src="rank", data={"rank": r, "incarnation": 0, "port": 9000 + r}))
-    ev.append(Event(LOAD, "load_start", src="load", data={"target": "http://127.0.0.1:8000", "users": 10,
-                                                          "window_s": 1.0, "slo": SLO}))  # fmt: skip
+        ev.append(
+            Event(
+                T0 + S // 10,
+                "rank_start",
+                src="rank",
+                data={"rank": r, "world_size": 3, "incarnation": 0, "pid": 100 + r},
+            )
+        )
+        ev.append(
+            Event(T0 + S, "replica_ready", src="rank", data={"rank": r, "incarnation": 0, "port": 9000 + r})
+        )
+    ev.append(
+        Event(
+            LOAD,
+            "load_start",
+            src="load",
+            data={"target": "http://127.0.0.1:8000", "users": 10, "window_s": 1.0, "slo": SLO},
+        )
+    )
     for k in range(n_windows):
         failures, slow = windows.get(k, (0, False))
         ev.append(_window(k, failures=failures, slow=slow))
     if not control and fault_at_s is not None:
-        ev.append(Event(LOAD + int(fault_at_s * S), "fault_inject", src="injector",
-                        data={"fault": "kill-replica", "injector": "kill", "target": [{"rank": 1}]}))  # fmt: skip
+        ev.append(
+            Event(
+                LOAD + int(fault_at_s * S),
+                "fault_inject",
+                src="injector",
+                data={"fault": "kill-replica", "injector": "kill", "target": [{"rank": 1}]},
+            )
+        )
     if back_at_s is not None:
-        ev.append(Event(LOAD + int(back_at_s * S), "replica_ready", src="rank", data={"rank": 1, "incarnation": 1}))
+        ev.append(
+            Event(LOAD + int(back_at_s * S), "replica_ready", src="rank", data={"rank": 1, "incarnation": 1})
+        )
     for down, up in downs or []:
         ev.append(Event(LOAD + int(down * S), "balancer_down", src="framework", data=_server(1)))
         if up is not None:
             ev.append(Event(LOAD + int(up * S), "balancer_up", src="framework", data=_server(1)))
     failed = sum(f for f, _ in windows.values())
-    ev.append(Event(LOAD + n_windows * S, "load_end", src="load", data={"requests": 100 * n_windows,
-                                                                      "failures": failed, "duration_s": n_windows}))  # fmt: skip
+    ev.append(
+        Event(
+            LOAD + n_windows * S,
+            "load_end",
+            src="load",
+            data={"requests": 100 * n_windows, "failures": failed, "duration_s": n_windows},
+        )
+    )
     if stats is not None:
-        ev.append(Event(LOAD + n_windows * S + S // 10, "balancer_stats", src="framework",
-                        data={"framework": "balancer", **stats}))  # fmt: skip)
+        ev.append(
+            Event(
+                LOAD + n_windows * S + S // 10,
+                "balancer_stats",
+                src="framework",
+                data={"framework": "balancer", **stats},
+            )
+        )
     ev.append(Event(LOAD + n_windows * S + S // 2, "run_end", data={"outcome": "completed"}))
     return sorted(ev, key=lambda e: e.t_ns)
 
@@ -117,7 +180,10 @@ P50_SLOW, P99_SLOW = _q(0, 1, 0.5), _q(0, 1, 0.99)
 
 # ------------------------------------------------------------------------------------------------ histogram
 def test_histogram_edges_and_quantiles() -> None:
-    assert list(LATENCY_EDGES_MS) == sorted(set(LATENCY_EDGES_MS)) and LATENCY_BUCKETS == len(LATENCY_EDGES_MS) + 1
+    assert (
+        list(LATENCY_EDGES_MS) == sorted(set(LATENCY_EDGES_MS))
+        and LATENCY_BUCKETS == len(LATENCY_EDGES_MS) + 1
+    )
     assert latency_bucket(LATENCY_EDGES_MS[0] / 2) == 0 and latency_bucket(1e9) == LATENCY_BUCKETS - 1
     assert FAST_LO <= 10.0 < FAST_HI and SLOW_LO <= 20.0 < SLOW_HI and FAST < SLOW
     assert quantile_ms(_hist(fast=100), 0.5) == pytest.approx(FAST_LO + (FAST_HI - FAST_LO) * 0.5)
@@ -158,7 +224,9 @@ def test_control_run() -> None:
     assert m.latency_p50_ms == pytest.approx(P50_FAST) and m.latency_p99_ms == pytest.approx(P99_FAST)
     assert m.capacity_lost_replica_s == 0.0 and m.capacity_lost_share == 0.0 and m.replicas == 3
     assert m.time_to_detect_s is None and m.missing["time_to_detect_s"] == "control run (no fault)"
-    assert m.lost_steps is None and m.fidelity is None and m.missing["fidelity"] == "serving run (no training)"
+    assert (
+        m.lost_steps is None and m.fidelity is None and m.missing["fidelity"] == "serving run (no training)"
+    )
     assert m.verdict == "completed: 2000 requests, 0 failed"
 
 
@@ -180,9 +248,15 @@ def test_fault_run_every_metric() -> None:
     # the span [8, 11) holds windows 8 (1 %: healthy), 9, 10: recovered at 8 s, 2.5 s after the fault.
     assert m.time_to_recover_s == pytest.approx(2.5)
     # Latency: before = windows 0-4 (fast); during = windows 5-7 (slow successes 90 + 70 + 70); after = 8-19.
-    assert m.latency_p50_before_ms == pytest.approx(P50_FAST) and m.latency_p99_before_ms == pytest.approx(P99_FAST)
-    assert m.latency_p50_during_ms == pytest.approx(P50_SLOW) and m.latency_p99_during_ms == pytest.approx(P99_SLOW)
-    assert m.latency_p50_after_ms == pytest.approx(P50_FAST) and m.latency_p99_after_ms == pytest.approx(P99_FAST)
+    assert m.latency_p50_before_ms == pytest.approx(P50_FAST) and m.latency_p99_before_ms == pytest.approx(
+        P99_FAST
+    )
+    assert m.latency_p50_during_ms == pytest.approx(P50_SLOW) and m.latency_p99_during_ms == pytest.approx(
+        P99_SLOW
+    )
+    assert m.latency_p50_after_ms == pytest.approx(P50_FAST) and m.latency_p99_after_ms == pytest.approx(
+        P99_FAST
+    )
     fast, slow = 500 + 99 + 1100, 230
     assert m.latency_p50_ms == pytest.approx(_q(fast, slow, 0.5))
     assert m.latency_p99_ms == pytest.approx(_q(fast, slow, 0.99))
@@ -191,8 +265,10 @@ def test_fault_run_every_metric() -> None:
     assert m.capacity_lost_replica_s == pytest.approx(4.0) and m.capacity_lost_share == pytest.approx(4 / 60)
     assert m.lost_steps is None and m.time_to_resume_s is None and m.fidelity is None
     assert m.crash_loop is False and m.failure_class == "transient"
-    assert m.verdict == ("recovered after 2.50 s: 2000 requests, 71 failed (0.0274 % of the error budget); detected by "
-                         "failed request after 0.50 s; 9 retried by the balancer")  # fmt: skip
+    assert m.verdict == (
+        "recovered after 2.50 s: 2000 requests, 71 failed (0.0274 % of the error budget); detected by "
+        "failed request after 0.50 s; 9 retried by the balancer"
+    )
 
 
 def test_balancer_detects_first() -> None:
@@ -214,12 +290,21 @@ def test_without_balancer_down_first_failed_request_detects() -> None:
     """No health checks: the balancer never marks the replica down; the first failed request detects it; the
     replica is out from its kill until its restarted incarnation is ready (the balancer sends to it at once)."""
     m = compute_metrics(fault_run(downs=[], stats=None), control=control_run())
-    assert m.detected is True and m.time_to_detect_s == pytest.approx(0.5) and m.detected_via == "failed request"
-    assert m.capacity_lost_replica_s == pytest.approx(3.5) and m.capacity_lost_share == pytest.approx(3.5 / 60)
+    assert (
+        m.detected is True and m.time_to_detect_s == pytest.approx(0.5) and m.detected_via == "failed request"
+    )
+    assert m.capacity_lost_replica_s == pytest.approx(3.5) and m.capacity_lost_share == pytest.approx(
+        3.5 / 60
+    )
     assert m.retried_requests is None and "no balancer_stats" in m.missing["retried_requests"]
     assert m.time_to_recover_s == pytest.approx(2.5)
-    m = compute_metrics(fault_run(stats={"missing": "stats socket 127.0.0.1:9: refused"}), control=control_run())
-    assert m.missing["retried_requests"] == "the balancer's stats name no retries (stats socket 127.0.0.1:9: refused)"
+    m = compute_metrics(
+        fault_run(stats={"missing": "stats socket 127.0.0.1:9: refused"}), control=control_run()
+    )
+    assert (
+        m.missing["retried_requests"]
+        == "the balancer's stats name no retries (stats socket 127.0.0.1:9: refused)"
+    )
 
 
 def test_not_recovered() -> None:
@@ -249,8 +334,12 @@ def test_budget_rate_without_control_is_the_rate_before_the_fault() -> None:
     m = compute_metrics(fault_run())
     assert m.budget_request_rate_per_s == pytest.approx(100.0)
     assert m.notes["budget_request_rate_per_s"] == "no control run: this run's rate before the fault"
-    ev = [e if not (e.kind == "load_window" and e.t_ns == LOAD) else
-          Event(e.t_ns, e.kind, e.src, e.host, {**e.data, "requests": 50}) for e in fault_run()]  # fmt: skip
+    ev = [
+        e
+        if not (e.kind == "load_window" and e.t_ns == LOAD)
+        else Event(e.t_ns, e.kind, e.src, e.host, {**e.data, "requests": 50})
+        for e in fault_run()
+    ]
     m = compute_metrics(ev)
     assert m.budget_request_rate_per_s == pytest.approx(450 / 5)
     assert m.error_budget_burn == pytest.approx(71 / (0.001 * 90 * 30 * 86400))
@@ -282,8 +371,14 @@ def test_teardown_is_no_incident() -> None:
 def test_crash_loop_on_load() -> None:
     ev = fault_run(back_at_s=None)
     for inc in (1, 2, 3):
-        ev.append(Event(LOAD + (6 + inc) * S, "rank_start", src="rank", data={"rank": 1, "world_size": 3,
-                                                                                "incarnation": inc, "pid": 200 + inc}))  # fmt: skip
+        ev.append(
+            Event(
+                LOAD + (6 + inc) * S,
+                "rank_start",
+                src="rank",
+                data={"rank": 1, "world_size": 3, "incarnation": inc, "pid": 200 + inc},
+            )
+        )
     m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
     assert m.crash_loop is True and m.failure_class == "deterministic" and m.restart_count == 3
 
@@ -292,8 +387,10 @@ def test_events_from_json_lines() -> None:
     """The same answers from the timeline as written to events.jsonl."""
     from chaosbench.timeline import parse_lines
 
-    m = compute_metrics(parse_lines([e.to_json() for e in fault_run()]),
-                        control=parse_lines([e.to_json() for e in control_run()]))  # fmt: skip
+    m = compute_metrics(
+        parse_lines([e.to_json() for e in fault_run()]),
+        control=parse_lines([e.to_json() for e in control_run()]),
+    )
     assert m.failed_requests == 71 and m.time_to_recover_s == pytest.approx(2.5)
 
 
@@ -302,12 +399,19 @@ def test_per_second_series() -> None:
     assert ps is not None
     assert ps.t_s[:3] == [0.0, 1.0, 2.0] and len(ps.t_s) == 20
     assert ps.ok[5] == 90 and ps.failed[5] == 10 and ps.p99_ms[5] == pytest.approx(P99_SLOW)
-    assert per_second(
-        [e for e in fault_run() if e.kind not in ("load_start", "load_window", "load_end")]) is None  # fmt: skip
+    assert (
+        per_second([e for e in fault_run() if e.kind not in ("load_start", "load_window", "load_end")])
+        is None
+    )
 
 
 def test_training_runs_have_no_serving_metrics() -> None:
-    m = compute_metrics([Event(T0, "run_start", data={"control": True}), Event(T0 + S, "run_end", data={"outcome": "completed"})])
+    m = compute_metrics(
+        [
+            Event(T0, "run_start", data={"control": True}),
+            Event(T0 + S, "run_end", data={"outcome": "completed"}),
+        ]
+    )
     assert not m.serving and m.requests is None and m.failed_requests is None
 
 
@@ -325,8 +429,9 @@ def test_slos_on_serving_metrics() -> None:
 def test_fault_accepts_serving_slos() -> None:
     from chaosbench.specs import FaultSpec
 
-    spec = FaultSpec.model_validate({"injector": "kill", "slos": {"failed_requests": {"max": 100},
-                                                                  "error_budget_burn": {"max": 0.05}}})  # fmt: skip
+    spec = FaultSpec.model_validate(
+        {"injector": "kill", "slos": {"failed_requests": {"max": 100}, "error_budget_burn": {"max": 0.05}}}
+    )
     assert set(spec.slos) == {"failed_requests", "error_budget_burn"}
 
 
@@ -353,10 +458,23 @@ def _write_run(suite_dir: Path, scenario: str, repeat: int, events: list[Event],
     run = RunDir.at(suite_dir, scenario, repeat)
     run.path.mkdir(parents=True)
     fw, fault = scenario.split("/")
-    run.config.write_text(json.dumps({"scenario": {
-        "suite": "serving", "scenario": scenario, "framework": fw, "fault": None if control else fault,
-        "repeat": repeat, "control": control, "workload": {"name": "serve"}, "strategy": None,
-        "slos": {"failed_requests": {"max": 100}, "error_budget_burn": {"max": 0.01}}}}))  # fmt: skip
+    run.config.write_text(
+        json.dumps(
+            {
+                "scenario": {
+                    "suite": "serving",
+                    "scenario": scenario,
+                    "framework": fw,
+                    "fault": None if control else fault,
+                    "repeat": repeat,
+                    "control": control,
+                    "workload": {"name": "serve"},
+                    "strategy": None,
+                    "slos": {"failed_requests": {"max": 100}, "error_budget_burn": {"max": 0.01}},
+                }
+            }
+        )
+    )
     run.events.write_text("".join(e.to_json() + "\n" for e in events))
 
 
@@ -376,8 +494,11 @@ def test_report_has_the_serving_section(tmp_path: Path) -> None:
     _write_run(suite_dir, "nocheck/kill-replica", 0, _timeline(dead, scenario="nocheck/kill-replica"), False)
     metrics = collect(suite_dir)
     assert {(m.scenario, m.outcome, m.slo_ok) for m in metrics} == {
-        ("health/control", "completed", True), ("nocheck/control", "completed", True),
-        ("health/kill-replica", "recovered", True), ("nocheck/kill-replica", "not_recovered", False)}  # fmt: skip
+        ("health/control", "completed", True),
+        ("nocheck/control", "completed", True),
+        ("health/kill-replica", "recovered", True),
+        ("nocheck/kill-replica", "not_recovered", False),
+    }
     written = write_report(suite_dir, load_results(suite_dir))
     assert {"plots/serving_kill-replica_health.png", "plots/serving_kill-replica_nocheck.png"} <= set(written)
     html = (suite_dir / "report.html").read_text()
@@ -385,7 +506,9 @@ def test_report_has_the_serving_section(tmp_path: Path) -> None:
     assert "Serving: recovery policies under load" in html and "Fault: kill-replica" in html
     assert html.count('src="data:image/png;base64,') >= 2
     assert "Framework comparison" not in md  # no training runs: no training analysis
-    section = md.split("Serving: recovery policies under load", 1)[1]  # (the first screen's scorecard has rows too)
+    section = md.split("Serving: recovery policies under load", 1)[
+        1
+    ]  # (the first screen's scorecard has rows too)
     row = next(line for line in section.splitlines() if line.startswith("| health |") and "2/2" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "2" and cells[3].startswith("0.500") and cells[4] == "2 failed request"
@@ -410,14 +533,34 @@ def test_partition_hits_the_replicas_cut_off_from_the_balancer() -> None:
     """A partition's ``target`` is only the rank it resolved by default (rank 0 here); the replicas it hit are
     those on the nodes cut off from the balancer's node: replica 1 on node1."""
     ev = [e for e in fault_run(back_at_s=None) if e.kind != "fault_inject"]
-    ev.append(Event(T0, "proc_start", data={"proc": "haproxy", "role": "balancer", "node": "node3", "pid": 9}))
+    ev.append(
+        Event(T0, "proc_start", data={"proc": "haproxy", "role": "balancer", "node": "node3", "pid": 9})
+    )
     for r in range(3):
-        ev.append(Event(T0 + S // 5, "rank_start", src="rank", data={"rank": r, "world_size": 3, "node": f"node{r}",
-                                                                   "incarnation": 0, "pid": 100 + r}))  # fmt: skip
-    ev.append(Event(LOAD + int(5.5 * S), "fault_inject", src="injector", data={
-        "fault": "cut", "injector": "partition", "target": [{"rank": 0, "node": "node0"}],
-        "params": {"groups": [["node1"], ["node0", "node2", "node3"]], "duration_s": 4}}))  # fmt: skip
-    ev.append(Event(LOAD + int(9.5 * S), "fault_revert", src="injector", data={"fault": "cut", "undone": True}))
+        ev.append(
+            Event(
+                T0 + S // 5,
+                "rank_start",
+                src="rank",
+                data={"rank": r, "world_size": 3, "node": f"node{r}", "incarnation": 0, "pid": 100 + r},
+            )
+        )
+    ev.append(
+        Event(
+            LOAD + int(5.5 * S),
+            "fault_inject",
+            src="injector",
+            data={
+                "fault": "cut",
+                "injector": "partition",
+                "target": [{"rank": 0, "node": "node0"}],
+                "params": {"groups": [["node1"], ["node0", "node2", "node3"]], "duration_s": 4},
+            },
+        )
+    )
+    ev.append(
+        Event(LOAD + int(9.5 * S), "fault_revert", src="injector", data={"fault": "cut", "undone": True})
+    )
     m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
     # detected by the balancer's down of replica 1 at 6.5 s? no: the failed window [5, 6) ends first (0.5 s)
     assert m.time_to_detect_s == pytest.approx(0.5)
@@ -432,12 +575,22 @@ def test_latency_during_lasts_the_fault() -> None:
     """A slow-down that fails nothing (windows 5-8 slow, reverted at 9.0 s): recovered at once by error rate, yet
     its latency counts as during until the revert."""
     ev = [e for e in _timeline({k: (0, True) for k in (5, 6, 7, 8)}, downs=[]) if e.kind != "fault_inject"]
-    ev.append(Event(LOAD + int(5.0 * S), "fault_inject", src="injector", data={
-        "fault": "slow", "injector": "net-delay", "target": [{"node": "node1"}]}))  # fmt: skip
-    ev.append(Event(LOAD + int(9.0 * S), "fault_revert", src="injector", data={"fault": "slow", "undone": True}))
+    ev.append(
+        Event(
+            LOAD + int(5.0 * S),
+            "fault_inject",
+            src="injector",
+            data={"fault": "slow", "injector": "net-delay", "target": [{"node": "node1"}]},
+        )
+    )
+    ev.append(
+        Event(LOAD + int(9.0 * S), "fault_revert", src="injector", data={"fault": "slow", "undone": True})
+    )
     m = compute_metrics(sorted(ev, key=lambda e: e.t_ns), control=control_run())
     assert m.failed_requests == 0 and m.time_to_recover_s == pytest.approx(0.0)
-    assert m.latency_p50_during_ms == pytest.approx(P50_SLOW) and m.latency_p50_after_ms == pytest.approx(P50_FAST)
+    assert m.latency_p50_during_ms == pytest.approx(P50_SLOW) and m.latency_p50_after_ms == pytest.approx(
+        P50_FAST
+    )
     assert m.capacity_lost_replica_s == 0.0  # slowed, never out
 
 
@@ -450,8 +603,12 @@ def test_recovery_waits_out_the_request_timeout() -> None:
     (start,) = [e for e in ev if e.kind == "load_start"]
     start.data["request_timeout_s"] = 3.0
     # and the pace collapsed: from the fault on, 25 requests a second where there were 100
-    ev = [e if e.kind != "load_window" or e.t_ns < LOAD + 6 * S else
-          _window((e.t_ns - LOAD) // S, requests=25, failures=int(e.data["failures"])) for e in ev]  # fmt: skip
+    ev = [
+        e
+        if e.kind != "load_window" or e.t_ns < LOAD + 6 * S
+        else _window((e.t_ns - LOAD) // S, requests=25, failures=int(e.data["failures"]))
+        for e in ev
+    ]
     m = compute_metrics(ev, control=control_run())
     assert m.recovered is False and m.time_to_recover_s is None
     assert "request timeout" in m.missing["time_to_recover_s"]

@@ -116,7 +116,8 @@ def test_a_process_planned_unresolved_is_refused(tmp_path: Path, no_subprocess: 
 
 
 def test_a_signal_step_ended_with_its_job_after_its_clock_reading_counts_as_sent(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The helper step overlaps a job of the run on the node; a SIGKILL of that job's own task ends the job and
     Slurm ends the step under the helper ("task 0: Terminated"). The helper printed its clock before the kill, so
     the kill counts as sent at that reading (it was reported as a failure and the fault as skipped, while the rank
@@ -125,8 +126,10 @@ def test_a_signal_step_ended_with_its_job_after_its_clock_reading_counts_as_sent
     monkeypatch.setattr(rt, "slurm_node_now", lambda node: "n1")
     monkeypatch.setattr(rt.slurm, "our_jobs_on", lambda *a: [86, 87])
     monkeypatch.setattr(rt, "clock_offset_ns", lambda snode: 0)  # n1's clock measured equal to the harness's
-    answers = [(143, "1796193874415254688\n", "srun: error: n1: task 0: Terminated\n"),
-               (143, "", "srun: error: n1: task 0: Terminated\n")]  # fmt: skip
+    answers = [
+        (143, "1796193874415254688\n", "srun: error: n1: task 0: Terminated\n"),
+        (143, "", "srun: error: n1: task 0: Terminated\n"),
+    ]
 
     def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         rc, out, err = answers.pop(0)

@@ -42,14 +42,20 @@ def test_good_suite_expands_to_controls_and_matrix() -> None:
 
 
 def test_matrix_include_adds_runs_of_some_frameworks_only() -> None:
-    text = GOOD.replace("  repeats: 2\n", "  repeats: 2\n  include:\n    - {frameworks: [restart, ft], faults: [[kill-rank1, "
-                        "hang-any]], repeats: 1}\n").replace("  tr-default: {adapter: torchrun}", "  tr-default: "
-                        "{adapter: torchrun}\n  ft: {adapter: restart}")  # fmt: skip
+    text = GOOD.replace(
+        "  repeats: 2\n",
+        "  repeats: 2\n  include:\n    - {frameworks: [restart, ft], faults: [[kill-rank1, "
+        "hang-any]], repeats: 1}\n",
+    ).replace(
+        "  tr-default: {adapter: torchrun}", "  tr-default: {adapter: torchrun}\n  ft: {adapter: restart}"
+    )
     ids = [(s.id, s.repeat) for s in make_suite(text).scenarios()]
     restart = [i for i in ids if i[0].startswith("restart/")]
     assert restart[-1] == ("restart/kill-rank1+hang-any", 0) and len(restart) == 1 + 2 * 2 + 1
     assert [i for i in ids if i[0].startswith("ft/")] == [("ft/control", 0), ("ft/kill-rank1+hang-any", 0)]
-    assert ids.index(("ft/control", 0)) > ids.index(("none/control", 0))  # after the cross product's frameworks
+    assert ids.index(("ft/control", 0)) > ids.index(
+        ("none/control", 0)
+    )  # after the cross product's frameworks
     msg = _error(text.replace("[[kill-rank1, hang-any]]", "[[kill-rank1, nope]]"))
     assert msg.startswith("suites/x.yaml:") and "matrix: unknown fault 'nope'" in msg, msg
 
@@ -71,22 +77,54 @@ def _error(text: str) -> str:
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
-        ("injector: kill,", "injector: kil,", "suites/x.yaml:9: fault 'kill-rank1': unknown injector 'kil' (known: "),
-        ("at_step: 5}", "at_step: 5, after_s: 2}", "suites/x.yaml:9: fault 'kill-rank1': trigger: give exactly one"),
-        ("at_step: 5}", "at_step: -1}", "suites/x.yaml:9: fault 'kill-rank1': trigger.at_step: Input should be"),
-        ("duration_s: 2}", "duration_s: soon}", "suites/x.yaml:10: fault 'hang-any': duration_s: Input should be"),
+        (
+            "injector: kill,",
+            "injector: kil,",
+            "suites/x.yaml:9: fault 'kill-rank1': unknown injector 'kil' (known: ",
+        ),
+        (
+            "at_step: 5}",
+            "at_step: 5, after_s: 2}",
+            "suites/x.yaml:9: fault 'kill-rank1': trigger: give exactly one",
+        ),
+        (
+            "at_step: 5}",
+            "at_step: -1}",
+            "suites/x.yaml:9: fault 'kill-rank1': trigger.at_step: Input should be",
+        ),
+        (
+            "duration_s: 2}",
+            "duration_s: soon}",
+            "suites/x.yaml:10: fault 'hang-any': duration_s: Input should be",
+        ),
         ("duration_s: 2}", "duration: 2}", "suites/x.yaml:10: fault 'hang-any': duration: unknown option"),
-        ("faults: [kill-rank1, hang-any]", "faults: [kill-rank1, hang-all]",
-         "suites/x.yaml:13: matrix: unknown fault 'hang-all' (known: hang-any, kill-rank1)"),
-        ("restart: {max_restarts: 2}", "restart: {max_restart: 2}",
-         "suites/x.yaml:6: framework 'restart': max_restart: unknown option"),
-        ("tr-default: {adapter: torchrun}", "tr-default: {adapter: torchrn}",
-         "suites/x.yaml:7: framework 'tr-default': unknown framework 'torchrn' (known: "),
-        ("target: {rank: 1}", "target: {rank: 5}",
-         "suites/x.yaml:9: fault 'kill-rank1': target rank 5 does not exist (the workload has 2 ranks)"),
+        (
+            "faults: [kill-rank1, hang-any]",
+            "faults: [kill-rank1, hang-all]",
+            "suites/x.yaml:13: matrix: unknown fault 'hang-all' (known: hang-any, kill-rank1)",
+        ),
+        (
+            "restart: {max_restarts: 2}",
+            "restart: {max_restart: 2}",
+            "suites/x.yaml:6: framework 'restart': max_restart: unknown option",
+        ),
+        (
+            "tr-default: {adapter: torchrun}",
+            "tr-default: {adapter: torchrn}",
+            "suites/x.yaml:7: framework 'tr-default': unknown framework 'torchrn' (known: ",
+        ),
+        (
+            "target: {rank: 1}",
+            "target: {rank: 5}",
+            "suites/x.yaml:9: fault 'kill-rank1': target rank 5 does not exist (the workload has 2 ranks)",
+        ),
         ("steps: 30}", "steps: 30, stepz: 3}", "suites/x.yaml:4: workload 'ddp-mlp': stepz: unknown option"),
         ("seed: 3", "sed: 3", "suites/x.yaml:2: sed: unknown key"),
-        ("repeats: 2", "repeats: 0", "suites/x.yaml:14: matrix: repeats: Input should be greater than or equal"),
+        (
+            "repeats: 2",
+            "repeats: 0",
+            "suites/x.yaml:14: matrix: repeats: Input should be greater than or equal",
+        ),
         ("name: ddp-mlp", "name: ddp-mpl", "suites/x.yaml:4: workload: unknown workload 'ddp-mpl'"),
         ("signal: x", "", ""),
     ],
@@ -144,7 +182,9 @@ def test_fault_definitions_from_faults_folder(tmp_path, monkeypatch) -> None:
         load_suite(suite_file)
 
 
-SHIPPED_USE = "name: u\nfaults:\n  k: {use: kill-rank, target: {rank: 1}}\nmatrix: {frameworks: [none], faults: [k]}\n"
+SHIPPED_USE = (
+    "name: u\nfaults:\n  k: {use: kill-rank, target: {rank: 1}}\nmatrix: {frameworks: [none], faults: [k]}\n"
+)
 
 
 def test_the_fault_library_ships_in_the_package_and_is_the_repositorys_faults_folder() -> None:
@@ -159,7 +199,12 @@ def test_use_finds_the_shipped_library_wherever_the_suite_lives(tmp_path, monkey
     suite_file.parent.mkdir()
     suite_file.write_text(SHIPPED_USE)
     fault = load_suite(suite_file).faults["k"]
-    assert (fault.injector, fault.params, fault.target.rank, fault.trigger.at_step) == ("kill", {"signal": "SIGKILL"}, 1, 25)
+    assert (fault.injector, fault.params, fault.target.rank, fault.trigger.at_step) == (
+        "kill",
+        {"signal": "SIGKILL"},
+        1,
+        25,
+    )
     d = fault_definitions(str(suite_file))["kill-rank"]
     assert d.builtin and d.file == fault_library()["kill-rank"] and d.shadows is None
 
@@ -186,8 +231,14 @@ def test_the_repositorys_suites_resolve_use_from_its_own_faults_folder() -> None
 def test_a_use_name_too_long_for_a_file_is_a_clean_error() -> None:
     name = "k" * 5000
     with pytest.raises(SpecError) as exc:
-        make_suite(f"name: u\nfaults:\n  k:\n    use: {name}\nmatrix: {{frameworks: [none], faults: [k]}}\n", "s.yaml")
-    assert str(exc.value) == "s.yaml:4: fault 'k': use: a fault definition's name has at most 200 characters (this one 5000)"
+        make_suite(
+            f"name: u\nfaults:\n  k:\n    use: {name}\nmatrix: {{frameworks: [none], faults: [k]}}\n",
+            "s.yaml",
+        )
+    assert (
+        str(exc.value)
+        == "s.yaml:4: fault 'k': use: a fault definition's name has at most 200 characters (this one 5000)"
+    )
 
 
 def test_shipped_fault_definitions_are_valid() -> None:
@@ -209,10 +260,14 @@ def test_framework_workload_override() -> None:
     )
     by_fw = {sc.framework_label: sc.workload for sc in suite.scenarios()}
     assert by_fw["restart"].options == {"steps": 40, "load_fallback": True}  # same name: merged
-    assert by_fw["torchft"].name == "ft-mlp" and by_fw["torchft"].options == {"steps": 20}  # other name: own options
+    assert by_fw["torchft"].name == "ft-mlp" and by_fw["torchft"].options == {
+        "steps": 20
+    }  # other name: own options
     assert (by_fw["torchft"].ranks, by_fw["torchft"].nodes) == (2, 2)
     assert by_fw["none"].options == {"steps": 30, "load_fallback": True}
-    msg = _error("name: t\nframeworks: {torchft: {workload: {name: ft-mlp, stepz: 3}}}\nmatrix: {frameworks: [torchft]}\n")
+    msg = _error(
+        "name: t\nframeworks: {torchft: {workload: {name: ft-mlp, stepz: 3}}}\nmatrix: {frameworks: [torchft]}\n"
+    )
     assert msg == "suites/x.yaml:2: framework 'torchft' workload 'ft-mlp': stepz: unknown option"
 
 
@@ -226,10 +281,13 @@ def test_netem_for_ingress_is_refused_at_load(injector: str) -> None:
     """netem shapes a node's egress only: asking for it on ingress is an error naming the fault, not a silent
     switch to the other method at injection."""
     amount = "delay_ms: 5" if injector == "net-delay" else "percent: 5"
-    fault = (f"  slow-net: {{injector: {injector}, target: {{node: node1}}, trigger: {{at_step: 5}}, "
-             f"params: {{{amount}, direction: ingress, method: netem}}}}\n")  # fmt: skip
-    text = GOOD.replace("\nfaults:\n", "\nfaults:\n" + fault).replace("faults: [kill-rank1, hang-any]",
-                                                                   "faults: [slow-net]")  # fmt: skip
+    fault = (
+        f"  slow-net: {{injector: {injector}, target: {{node: node1}}, trigger: {{at_step: 5}}, "
+        f"params: {{{amount}, direction: ingress, method: netem}}}}\n"
+    )
+    text = GOOD.replace("\nfaults:\n", "\nfaults:\n" + fault).replace(
+        "faults: [kill-rank1, hang-any]", "faults: [slow-net]"
+    )
     text = text.replace("ranks: 2, steps: 30}", "ranks: 2, nodes: 2, steps: 30}")
     msg = _error(text)
     assert msg.startswith("suites/x.yaml:9: fault 'slow-net':"), msg
@@ -242,9 +300,14 @@ def test_a_node_fault_on_a_runtime_without_node_control_fails_at_load(injector: 
     """Docker-only faults on the local runtime: one line naming the fault, before anything runs."""
     params = {"node-cpu": "cpus: 0.5", "net-delay": "delay_ms: 5", "partition": "groups: [[node0], [node1]]"}
     target = "" if injector == "partition" else "target: {node: node1}, "
-    fault = (f"  n: {{injector: {injector}, {target}trigger: {{at_step: 5}}"
-             + (f", params: {{{params[injector]}}}" if injector in params else "") + "}\n")  # fmt: skip
-    text = GOOD.replace("\nfaults:\n", "\nfaults:\n" + fault).replace("faults: [kill-rank1, hang-any]", "faults: [n]")
+    fault = (
+        f"  n: {{injector: {injector}, {target}trigger: {{at_step: 5}}"
+        + (f", params: {{{params[injector]}}}" if injector in params else "")
+        + "}\n"
+    )
+    text = GOOD.replace("\nfaults:\n", "\nfaults:\n" + fault).replace(
+        "faults: [kill-rank1, hang-any]", "faults: [n]"
+    )
     text = text.replace("ranks: 2, steps: 30}", "ranks: 2, nodes: 2, steps: 30}")
     msg = _error(text)
     assert msg.startswith("suites/x.yaml:9: fault 'n':"), msg
@@ -265,10 +328,17 @@ def test_framework_runtime_options_and_strategy() -> None:
     by_fw = {sc.framework_label: sc for sc in suite.scenarios()}
     assert by_fw["spare"].runtime_options == {"cpus_per_node": 1.0, "spare_nodes": 1, "lost_node": "spare"}
     assert by_fw["restart"].runtime_options == {"cpus_per_node": 1.0}
-    assert by_fw["spare"].to_dict()["strategy"] == "hot-spare" and by_fw["restart"].strategy == "restart-in-place"
-    bad = "name: t\ndefaults: {runtime: docker}\nframeworks:\n  restart: {runtime_options: {spare_nodez: 1}}\n"
+    assert (
+        by_fw["spare"].to_dict()["strategy"] == "hot-spare"
+        and by_fw["restart"].strategy == "restart-in-place"
+    )
+    bad = (
+        "name: t\ndefaults: {runtime: docker}\nframeworks:\n  restart: {runtime_options: {spare_nodez: 1}}\n"
+    )
     assert "framework 'restart'" in _error(bad + "matrix: {frameworks: [restart]}\n")
-    assert "strategy" in _error("name: t\nframeworks:\n  restart: {strategy: pray}\nmatrix: {frameworks: [restart]}\n")
+    assert "strategy" in _error(
+        "name: t\nframeworks:\n  restart: {strategy: pray}\nmatrix: {frameworks: [restart]}\n"
+    )
 
 
 TYPED = """\
@@ -289,25 +359,67 @@ _NOT_A_DIR = "is not usable as a directory name (give letters, digits, '.', '_',
 @pytest.mark.parametrize(
     ("given", "wrong", "error"),
     [
-        ("steps: 30", "steps: true", "s.yaml:4: workload 'ddp-mlp': steps: Input should be a valid integer (got True)"),
-        ("max_restarts: 2", "max_restarts: 1.0e+12",
-         "s.yaml:6: framework 'restart': max_restarts: Input should be a valid integer (got 1000000000000.0)"),
-        ("at_step: 5", "at_step: 5.0", "s.yaml:8: fault 'k': trigger.at_step: Input should be a valid integer (got 5.0)"),
-        ("repeats: 1", "repeats: true", "s.yaml:10: matrix: repeats: Input should be a valid integer (got True)"),
-        ("ranks: 2", "ranks: 2.0", "s.yaml:4: defaults: workload.ranks: Input should be a valid integer (got 2.0)"),
-        ("pg_timeout_s: 10", "pg_timeout_s: true",
-         "s.yaml:4: workload 'ddp-mlp': pg_timeout_s: Input should be a valid number (got True)"),
-        ("deadline_s: 60", "deadline_s: true", "s.yaml:3: defaults: deadline_s: Input should be a valid number (got True)"),
+        (
+            "steps: 30",
+            "steps: true",
+            "s.yaml:4: workload 'ddp-mlp': steps: Input should be a valid integer (got True)",
+        ),
+        (
+            "max_restarts: 2",
+            "max_restarts: 1.0e+12",
+            "s.yaml:6: framework 'restart': max_restarts: Input should be a valid integer (got 1000000000000.0)",
+        ),
+        (
+            "at_step: 5",
+            "at_step: 5.0",
+            "s.yaml:8: fault 'k': trigger.at_step: Input should be a valid integer (got 5.0)",
+        ),
+        (
+            "repeats: 1",
+            "repeats: true",
+            "s.yaml:10: matrix: repeats: Input should be a valid integer (got True)",
+        ),
+        (
+            "ranks: 2",
+            "ranks: 2.0",
+            "s.yaml:4: defaults: workload.ranks: Input should be a valid integer (got 2.0)",
+        ),
+        (
+            "pg_timeout_s: 10",
+            "pg_timeout_s: true",
+            "s.yaml:4: workload 'ddp-mlp': pg_timeout_s: Input should be a valid number (got True)",
+        ),
+        (
+            "deadline_s: 60",
+            "deadline_s: true",
+            "s.yaml:3: defaults: deadline_s: Input should be a valid number (got True)",
+        ),
         ("name: t\n", "name: t\ncontrol: 1\n", "s.yaml:2: control: Input should be a valid boolean (got 1)"),
-        ("detected: true", "detected: ''", "s.yaml:9: slos: detected is true or false: give true or false (got '')"),
-        ("detected: true", "detected: 1", "s.yaml:9: slos: detected is true or false: give true or false (got 1.0)"),
-        ("{detected: true}", "{time_to_resume_s: true}",
-         "s.yaml:9: slos: time_to_resume_s is a number: give a number or a bound such as {max: 30} (got True)"),
-        ("{detected: true}", "{outcome: ''}",
-         "s.yaml:9: slos: outcome is a text: give a non-empty value such as recovered (got '')"),
-        ("  k: {injector: kill, target: 1, trigger: {at_step: 5}}\n",
-         "  k: {injector: kill, target: 1, trigger: {at_step: 5}, slos: {fidelity: ''}}\n",
-         "s.yaml:8: fault 'k': slos: fidelity is a text: give a non-empty value such as exact (got '')"),
+        (
+            "detected: true",
+            "detected: ''",
+            "s.yaml:9: slos: detected is true or false: give true or false (got '')",
+        ),
+        (
+            "detected: true",
+            "detected: 1",
+            "s.yaml:9: slos: detected is true or false: give true or false (got 1.0)",
+        ),
+        (
+            "{detected: true}",
+            "{time_to_resume_s: true}",
+            "s.yaml:9: slos: time_to_resume_s is a number: give a number or a bound such as {max: 30} (got True)",
+        ),
+        (
+            "{detected: true}",
+            "{outcome: ''}",
+            "s.yaml:9: slos: outcome is a text: give a non-empty value such as recovered (got '')",
+        ),
+        (
+            "  k: {injector: kill, target: 1, trigger: {at_step: 5}}\n",
+            "  k: {injector: kill, target: 1, trigger: {at_step: 5}, slos: {fidelity: ''}}\n",
+            "s.yaml:8: fault 'k': slos: fidelity is a text: give a non-empty value such as exact (got '')",
+        ),
         ("name: t", "name: ''", f"s.yaml:1: name: '' {_NOT_A_DIR}"),
         ("name: t", "name: ../up", f"s.yaml:1: name: '../up' {_NOT_A_DIR}"),
         ("name: t", "name: a b", f"s.yaml:1: name: 'a b' {_NOT_A_DIR}"),
@@ -326,28 +438,66 @@ def test_types_mean_what_they_say(given: str, wrong: str, error: str) -> None:
 @pytest.mark.parametrize(
     ("given", "wrong", "error"),
     [
-        ("at_step: 5", "at_step: 1000000000000000000", "s.yaml:8: fault 'k': at_step 1000000000000000000: the "
-         "workload runs 30 steps; this fault can never fire (framework 'restart')"),
-        ("at_step: 5", "at_step: 31",
-         "s.yaml:8: fault 'k': at_step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
-        ("trigger: {at_step: 5}", "trigger: {every_steps: 40}", "s.yaml:8: fault 'k': every_steps 40: the workload "
-         "runs 30 steps; this fault can never fire (framework 'restart')"),
-        ("trigger: {at_step: 5}", "trigger: {on_event: {kind: ckpt_save_begin, step: 31}}", "s.yaml:8: fault 'k': "
-         "on_event.step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
-        ("trigger: {at_step: 5}", "trigger: {after_s: 60}", "s.yaml:8: fault 'k': after_s 60: the run's deadline is "
-         "60 s; this fault can never fire (framework 'restart')"),
-        ("trigger: {at_step: 5}", "trigger: {at_step: 5, delay_s: 100}", "s.yaml:8: fault 'k': delay_s 100: the "
-         "run's deadline is 60 s; this fault can never fire (framework 'restart')"),
-        ("{injector: kill, target: 1, trigger: {at_step: 5}}", "{injector: abort, target: 1, params: {at_step: 99}}",
-         "s.yaml:8: fault 'k': at_step 99: the workload runs 30 steps; this fault can never fire (framework 'restart')"),
-        ("{detected: true}", "{time_to_resume_s: -1}",
-         "s.yaml:9: slos: time_to_resume_s -1.0: time_to_resume_s is never negative; no run can meet it"),
-        ("{detected: true}", "{time_to_resume_s: {max: -1}}",
-         "s.yaml:9: slos: time_to_resume_s {'max': -1.0}: time_to_resume_s is never negative; no run can meet it"),
-        ("{detected: true}", "{lost_steps: {min: 5, max: 3}}",
-         "s.yaml:9: slos: lost_steps {'max': 3.0, 'min': 5.0}: min is above max; no run can meet it"),
-        ("{detected: true}", "{goodput: {min: 1.5}}",
-         "s.yaml:9: slos: goodput {'min': 1.5}: goodput is a share, at most 1; no run can meet it"),
+        (
+            "at_step: 5",
+            "at_step: 1000000000000000000",
+            "s.yaml:8: fault 'k': at_step 1000000000000000000: the "
+            "workload runs 30 steps; this fault can never fire (framework 'restart')",
+        ),
+        (
+            "at_step: 5",
+            "at_step: 31",
+            "s.yaml:8: fault 'k': at_step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')",
+        ),
+        (
+            "trigger: {at_step: 5}",
+            "trigger: {every_steps: 40}",
+            "s.yaml:8: fault 'k': every_steps 40: the workload "
+            "runs 30 steps; this fault can never fire (framework 'restart')",
+        ),
+        (
+            "trigger: {at_step: 5}",
+            "trigger: {on_event: {kind: ckpt_save_begin, step: 31}}",
+            "s.yaml:8: fault 'k': "
+            "on_event.step 31: the workload runs 30 steps; this fault can never fire (framework 'restart')",
+        ),
+        (
+            "trigger: {at_step: 5}",
+            "trigger: {after_s: 60}",
+            "s.yaml:8: fault 'k': after_s 60: the run's deadline is "
+            "60 s; this fault can never fire (framework 'restart')",
+        ),
+        (
+            "trigger: {at_step: 5}",
+            "trigger: {at_step: 5, delay_s: 100}",
+            "s.yaml:8: fault 'k': delay_s 100: the "
+            "run's deadline is 60 s; this fault can never fire (framework 'restart')",
+        ),
+        (
+            "{injector: kill, target: 1, trigger: {at_step: 5}}",
+            "{injector: abort, target: 1, params: {at_step: 99}}",
+            "s.yaml:8: fault 'k': at_step 99: the workload runs 30 steps; this fault can never fire (framework 'restart')",
+        ),
+        (
+            "{detected: true}",
+            "{time_to_resume_s: -1}",
+            "s.yaml:9: slos: time_to_resume_s -1.0: time_to_resume_s is never negative; no run can meet it",
+        ),
+        (
+            "{detected: true}",
+            "{time_to_resume_s: {max: -1}}",
+            "s.yaml:9: slos: time_to_resume_s {'max': -1.0}: time_to_resume_s is never negative; no run can meet it",
+        ),
+        (
+            "{detected: true}",
+            "{lost_steps: {min: 5, max: 3}}",
+            "s.yaml:9: slos: lost_steps {'max': 3.0, 'min': 5.0}: min is above max; no run can meet it",
+        ),
+        (
+            "{detected: true}",
+            "{goodput: {min: 1.5}}",
+            "s.yaml:9: slos: goodput {'min': 1.5}: goodput is a share, at most 1; no run can meet it",
+        ),
     ],
 )
 def test_what_can_never_happen_is_refused_with_its_line(given: str, wrong: str, error: str) -> None:
@@ -358,7 +508,10 @@ def test_what_can_never_happen_is_refused_with_its_line(given: str, wrong: str, 
 
 
 def test_what_can_happen_is_accepted() -> None:
-    for given, edge in [("at_step: 5", "at_step: 30"), ("{detected: true}", "{extra_wall_s: {max: -1}}"),
-                        ("{detected: true}", "{time_to_resume_s: {min: 0, max: 0}}"),
-                        ("trigger: {at_step: 5}", "trigger: {after_s: 59}")]:  # fmt: skip
+    for given, edge in [
+        ("at_step: 5", "at_step: 30"),
+        ("{detected: true}", "{extra_wall_s: {max: -1}}"),
+        ("{detected: true}", "{time_to_resume_s: {min: 0, max: 0}}"),
+        ("trigger: {at_step: 5}", "trigger: {after_s: 59}"),
+    ]:
         assert make_suite(TYPED.replace(given, edge), "s.yaml").name == "t"

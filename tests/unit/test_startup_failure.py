@@ -25,7 +25,9 @@ def _lighthouse_died(printed: str | None) -> TL:
     for r in range(2):
         tl.add(0.06, "proc_start", proc=f"rank{r}", pid=4001 + r, role="rank")
     if printed is not None:
-        tl.add(0.40, "proc_error", proc="lighthouse", pid=4000, role="lighthouse", stream="stderr", line=printed)
+        tl.add(
+            0.40, "proc_error", proc="lighthouse", pid=4000, role="lighthouse", stream="stderr", line=printed
+        )
     tl.add(0.41, "proc_exit", proc="lighthouse", pid=4000, returncode=1, role="lighthouse")
     tl.add(0.50, "teardown_begin", reason="job ended")
     for r in range(2):
@@ -41,16 +43,22 @@ def test_a_helper_that_died_at_start_up_is_named_with_its_first_error_line() -> 
     assert m.verdict == f"control failed (failed); {why}"
     # the report's unusable row carries it (the control's verdict)
     row = {**m.to_dict(), "framework": "torchft"}
-    assert unusable_frameworks([row]) == {"torchft": f"its control run did not complete (control failed (failed); {why})"}
+    assert unusable_frameworks([row]) == {
+        "torchft": f"its control run did not complete (control failed (failed); {why})"
+    }
 
 
 def test_a_process_that_printed_no_error_line_is_still_named() -> None:
     m = compute_metrics(_lighthouse_died(None).sorted(), total_steps=30)
-    assert m.startup_failure == ("'lighthouse' exited 1 before the job's first step, with no error line in its "
-                                 "output (logs/lighthouse.err)")  # fmt: skip
+    assert m.startup_failure == (
+        "'lighthouse' exited 1 before the job's first step, with no error line in its "
+        "output (logs/lighthouse.err)"
+    )
 
 
-def test_exits_after_the_first_step_a_fault_or_the_teardown_or_by_a_signal_are_not_start_up_failures() -> None:
+def test_exits_after_the_first_step_a_fault_or_the_teardown_or_by_a_signal_are_not_start_up_failures() -> (
+    None
+):
     # a rank that exits 1 once the job stepped: the system under test's business (or the fault's)
     tl = TL(control=True).incarnation(0, 0.1, 1, 5)
     tl.add(tl.t_last + 0.1, "proc_exit", proc="rank1", pid=101, returncode=1, role="rank")
@@ -71,10 +79,22 @@ def test_exits_after_the_first_step_a_fault_or_the_teardown_or_by_a_signal_are_n
 
 
 def test_error_lines() -> None:
-    said = [OTLP, "[rank0]: RuntimeError: boom", "KeyboardInterrupt", "error: bad flag", "FATAL: no such file",
-            "thread 'main' panicked at src/lighthouse.rs:10", "torch.distributed.DistStoreError: timed out"]  # fmt: skip
-    not_said = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>', "errors: 0",
-                "INFO step 3 Error: none", "ErrorCount: 3"]  # fmt: skip
+    said = [
+        OTLP,
+        "[rank0]: RuntimeError: boom",
+        "KeyboardInterrupt",
+        "error: bad flag",
+        "FATAL: no such file",
+        "thread 'main' panicked at src/lighthouse.rs:10",
+        "torch.distributed.DistStoreError: timed out",
+    ]
+    not_said = [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "errors: 0",
+        "INFO step 3 Error: none",
+        "ErrorCount: 3",
+    ]
     assert [error_line(s) for s in said] == [True] * len(said)
     assert [error_line(s) for s in not_said] == [False] * len(not_said)
 
@@ -84,7 +104,9 @@ def test_the_harness_records_a_real_processs_first_error_line(tmp_path: Path) ->
     timeline = TimelineWriter(tmp_path / "events.jsonl")
     rt = LocalRuntime(RunInfo("run-1", tmp_path, timeline), LocalRuntime.Options())
     rt.line_observers.append(ProcErrorWatcher(timeline))
-    code = "import sys; print('error: first', file=sys.stderr); import opentelemetry.exporter.no_such_module_xyz"
+    code = (
+        "import sys; print('error: first', file=sys.stderr); import opentelemetry.exporter.no_such_module_xyz"
+    )
     try:
         h = rt.start(ProcessSpec("helper", [sys.executable, "-c", code], role="lighthouse"))
         assert h.exited.wait(30)
@@ -93,4 +115,5 @@ def test_the_harness_records_a_real_processs_first_error_line(tmp_path: Path) ->
     timeline.close()
     errors = [e for e in read_events(tmp_path / "events.jsonl") if e.kind == "proc_error"]
     assert [(e["proc"], e["pid"], e["role"], e["stream"], e["line"]) for e in errors] == [
-        ("helper", h.pid, "lighthouse", "stderr", "error: first")]
+        ("helper", h.pid, "lighthouse", "stderr", "error: first")
+    ]

@@ -69,10 +69,16 @@ def test_wilson_interval() -> None:
     p, lo, hi = wilson(2, 2)
     assert p == 1.0 and hi == 1.0 and lo == pytest.approx(0.342, abs=1e-3)  # the textbook value for 2/2
     # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3
-    for k, n, want_lo, want_hi in ((81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611),
-                                   (1, 29, 0.0061, 0.1718)):  # fmt: skip
+    for k, n, want_lo, want_hi in (
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ):
         p, lo, hi = wilson(k, n)
-        assert p == k / n and lo == pytest.approx(want_lo, abs=1e-4) and hi == pytest.approx(want_hi, abs=1e-4)
+        assert (
+            p == k / n and lo == pytest.approx(want_lo, abs=1e-4) and hi == pytest.approx(want_hi, abs=1e-4)
+        )
     assert wilson(0, 5)[1] == 0.0 and wilson(5, 5)[2] == 1.0
     assert wilson(0, 0) == (None, None, None)
     assert wilson(3, -1) == (None, None, None)
@@ -86,7 +92,12 @@ def test_mann_whitney_exact() -> None:
     t = mann_whitney([1, 2, 3, 4], [5, 6, 7, 8])
     assert t is not None and t.exact and t.p_less == pytest.approx(1 / 70)
     t = mann_whitney([5, 6, 7, 8], [1, 2, 3, 4])
-    assert t is not None and t.u == 16.0 and t.p_greater == pytest.approx(1 / 70) and t.p_less == pytest.approx(1.0)
+    assert (
+        t is not None
+        and t.u == 16.0
+        and t.p_greater == pytest.approx(1 / 70)
+        and t.p_less == pytest.approx(1.0)
+    )
 
 
 def test_mann_whitney_exact_with_ties() -> None:
@@ -147,7 +158,9 @@ def test_mann_whitney_degenerate_inputs() -> None:
 def test_young_daly() -> None:
     c, m = 10.0, 3600.0
     young = math.sqrt(2 * c * m)
-    assert young_daly_interval_s(c, m) == pytest.approx(young * (1 + math.sqrt(c / (2 * m)) / 3 + c / (18 * m)) - c)
+    assert young_daly_interval_s(c, m) == pytest.approx(
+        young * (1 + math.sqrt(c / (2 * m)) / 3 + c / (18 * m)) - c
+    )
     assert young_daly_interval_s(100.0, 40.0) == 40.0  # C >= 2M: checkpoint every MTBF
     with pytest.raises(ValueError):
         young_daly_interval_s(0, 1)
@@ -183,11 +196,27 @@ def test_fleet_projection_ranks_by_measured_recovery() -> None:
     checkpoint settings were (they play no part at fleet scale)."""
     rows = []
     for fw, resume in (("slow", 25.0), ("fast", 5.0)):
-        rows.append({"framework": fw, "control": True, "outcome": "completed", "clean": True,
-                     "checkpoint_save_s": 0.02 if fw == "fast" else 0.001})
+        rows.append(
+            {
+                "framework": fw,
+                "control": True,
+                "outcome": "completed",
+                "clean": True,
+                "checkpoint_save_s": 0.02 if fw == "fast" else 0.001,
+            }
+        )
         for _ in range(3):
-            rows.append({"framework": fw, "control": False, "outcome": "recovered", "fault_class": "crash",
-                         "time_to_resume_s": resume, "rollback": True, "lost_work_s": 1.0})
+            rows.append(
+                {
+                    "framework": fw,
+                    "control": False,
+                    "outcome": "recovered",
+                    "fault_class": "crash",
+                    "time_to_resume_s": resume,
+                    "rollback": True,
+                    "lost_work_s": 1.0,
+                }
+            )
     from chaosbench.report.analysis import projection_table
 
     table = projection_table(rows, LLAMA3, None)
@@ -203,10 +232,23 @@ def test_fleet_projection_ranks_by_measured_recovery() -> None:
 
 
 def test_fleet_projection_marks_unusable_frameworks() -> None:
-    rows = [{"framework": "nvrx", "control": True, "outcome": "completed", "clean": False,
-             "verdict": "completed, but not clean: 3 restarts and 3 detections without a fault"},
-            {"framework": "nvrx", "control": False, "outcome": "recovered", "fault_class": "crash",
-             "time_to_resume_s": 1.0, "rollback": True}]
+    rows = [
+        {
+            "framework": "nvrx",
+            "control": True,
+            "outcome": "completed",
+            "clean": False,
+            "verdict": "completed, but not clean: 3 restarts and 3 detections without a fault",
+        },
+        {
+            "framework": "nvrx",
+            "control": False,
+            "outcome": "recovered",
+            "fault_class": "crash",
+            "time_to_resume_s": 1.0,
+            "rollback": True,
+        },
+    ]
     from chaosbench.report.analysis import projection_table, stats_table
 
     table = projection_table(rows, LLAMA3, None)

@@ -13,10 +13,12 @@ PACKAGE = ROOT / "chaosbench"
 #: Private names of other libraries that chaosbench must use, each for a stated reason.
 FOREIGN_PRIVATES = {
     "os._exit",  # public API despite the underscore: leave without running atexit hooks (fsdp_lm)
-    "api._post_json", "api._result", "api._url",  # docker SDK: the Engine API's update has NanoCpus, the SDK not
+    "api._post_json",
+    "api._result",
+    "api._url",  # docker SDK: the Engine API's update has NanoCpus, the SDK not
     "agent_cls._start_workers",  # torch elastic's agent: number incarnations by rendezvous round
     "parser._actions",  # argparse: a parser's arguments, for the generated CLI reference (docgen)
-}  # fmt: skip
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -79,8 +81,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle_inside_the_package() -> None:
     modules = _modules()
     # a package's __init__ importing its own submodules is no cycle of concepts
-    graph = {m: {i for i in _imports(p, modules) if not (p.name == "__init__.py" and i.startswith(m + "."))}
-             for m, p in modules.items()}  # fmt: skip
+    graph = {
+        m: {i for i in _imports(p, modules) if not (p.name == "__init__.py" and i.startswith(m + "."))}
+        for m, p in modules.items()
+    }
     assert _cycles(graph) == []
 
 
@@ -89,9 +93,16 @@ def test_no_module_touches_another_ones_private_names() -> None:
     for mod, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("chaosbench"):
-                offenders += [f"{mod}: from {node.module} import {a.name}" for a in node.names
-                              if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
-            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                offenders += [
+                    f"{mod}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+            if not (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 continue
             owner = node.value
             if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):

@@ -18,10 +18,17 @@ SCHEMA = suite_schema()
 BASES = project_suites(ROOT)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(case=suites(BASES, SCHEMA))
-def test_every_generated_suite_is_refused_with_its_line_or_dry_runs_in_seconds(case: FuzzCase, tmp_path: Path) -> None:
+def test_every_generated_suite_is_refused_with_its_line_or_dry_runs_in_seconds(
+    case: FuzzCase, tmp_path: Path
+) -> None:
     path = tmp_path / "chaos" / "ci.yaml"  # a folder of its own: `use:` finds the shipped fault library
     path.parent.mkdir(exist_ok=True)
     path.write_text(case.text)
@@ -55,11 +62,18 @@ def _suite(tmp_path: Path, text: str = "name: x\nmatrix: {frameworks: [none]}\n"
     return path
 
 
-def test_the_check_tells_refused_accepted_and_escaped_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_check_tells_refused_accepted_and_escaped_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ok = check_suite_file(_suite(tmp_path), tmp_path / "out")
     assert (ok.kind, ok.detail) == ("accepted", "")
-    bad = check_suite_file(_suite(tmp_path, "name: x\nseed: true\nmatrix: {frameworks: [none]}\n"), tmp_path / "out")
-    assert (bad.kind, bad.detail) == ("refused", f"{tmp_path / 's.yaml'}:2: seed: Input should be a valid integer (got True)")
+    bad = check_suite_file(
+        _suite(tmp_path, "name: x\nseed: true\nmatrix: {frameworks: [none]}\n"), tmp_path / "out"
+    )
+    assert (bad.kind, bad.detail) == (
+        "refused",
+        f"{tmp_path / 's.yaml'}:2: seed: Input should be a valid integer (got True)",
+    )
     import chaosbench.runner
 
     def boom(*_a: object, **_k: object) -> None:
@@ -83,4 +97,7 @@ def test_the_check_tells_refused_accepted_and_escaped_apart(tmp_path: Path, monk
 
     monkeypatch.setattr(chaosbench.runner.Runner, "plans", no_line)
     vague = check_suite_file(_suite(tmp_path), tmp_path / "out")
-    assert (vague.kind, vague.detail) == ("escaped", "refused without file:line: something is wrong somewhere")
+    assert (vague.kind, vague.detail) == (
+        "escaped",
+        "refused without file:line: something is wrong somewhere",
+    )

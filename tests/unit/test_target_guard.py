@@ -42,11 +42,22 @@ def _info(tmp_path: Path) -> RunInfo:
 
 
 def _ctx(tmp_path: Path, runtime: Runtime, *nodes: str) -> FaultContext:
-    setup = RunSetup(run_id=RUN, run_dir=tmp_path, ckpt_dir=tmp_path / "ckpt", runtime=runtime,
-                     timeline=runtime.run.timeline, rng=random.Random(0), ranks=2, nodes=2)  # fmt: skip
-    targets = [ResolvedTarget(rank=i, pid=None, pid_ticks=None, node=n, incarnation=0) for i, n in enumerate(nodes)]
-    return FaultContext(runtime=runtime, timeline=runtime.run.timeline, targets=targets, rng=random.Random(0),
-                        setup=setup)  # fmt: skip
+    setup = RunSetup(
+        run_id=RUN,
+        run_dir=tmp_path,
+        ckpt_dir=tmp_path / "ckpt",
+        runtime=runtime,
+        timeline=runtime.run.timeline,
+        rng=random.Random(0),
+        ranks=2,
+        nodes=2,
+    )
+    targets = [
+        ResolvedTarget(rank=i, pid=None, pid_ticks=None, node=n, incarnation=0) for i, n in enumerate(nodes)
+    ]
+    return FaultContext(
+        runtime=runtime, timeline=runtime.run.timeline, targets=targets, rng=random.Random(0), setup=setup
+    )
 
 
 def _wait_for(cond: Any, timeout_s: float = 5.0) -> None:
@@ -152,7 +163,9 @@ def _docker(tmp_path: Path) -> tuple[DockerRuntime, FakeContainer, FakeContainer
     ours = FakeContainer("cb-x-node0", {"chaosbench.run": RUN, "chaosbench.node": "node0"})
     foreign = FakeContainer("someone-elses", {"chaosbench.run": "another-run"})
     foreign.status = "paused"
-    rt.pool.provisioned = True  # provisioned with these two as its nodes: node1's is the mix-up the guard is for
+    rt.pool.provisioned = (
+        True  # provisioned with these two as its nodes: node1's is the mix-up the guard is for
+    )
     rt.pool.nodes = {"node0": Node("node0", ours), "node1": Node("node1", foreign)}
     return rt, ours, foreign
 
@@ -182,7 +195,9 @@ def test_docker_refuses_every_action_on_a_container_without_the_runs_label(
         assert str(err.value) == ("pid 1: " if doing == "signalling it" else "") + refusal + doing
     with pytest.raises(ChaosbenchError, match=refusal + "killing it"):
         rt.lose_nodes(["node1"], DockerNodeLossOptions(), [])
-    with pytest.raises(ChaosbenchError, match=refusal + "signalling it"):  # searched in every node: still refused
+    with pytest.raises(
+        ChaosbenchError, match=refusal + "signalling it"
+    ):  # searched in every node: still refused
         rt.signal_pid(7, signal.SIGKILL)
     # through the injectors
     with pytest.raises(ChaosbenchError, match=refusal + "pausing it"):
@@ -222,8 +237,9 @@ class FakeSlurm(SlurmCommands):
         self.jobs = jobs
         self.commands: list[list[str]] = []
 
-    def command(self, argv: list[str], check: bool = True, timeout_s: float | None = None,
-                extra_env: Any = None) -> str:  # fmt: skip
+    def command(
+        self, argv: list[str], check: bool = True, timeout_s: float | None = None, extra_env: Any = None
+    ) -> str:
         self.commands.append(argv)
         if argv[0] == "squeue" and "-w" in argv:
             node = argv[argv.index("-w") + 1]
@@ -241,11 +257,14 @@ class FakeSlurm(SlurmCommands):
 def _slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SlurmRuntime, FakeSlurm]:
     rt = SlurmRuntime(_info(tmp_path))
     ours, p = run_comment(RUN), rt.job_prefix
-    fake = FakeSlurm(p, [
-        (11, f"{p}.rank0", ours, "n1"),
-        (99, "alice.train", "(null)", "n1"),
-        (77, f"{p}.impostor", "(null)", "n2"),  # named like ours, not submitted by this run
-    ])  # fmt: skip
+    fake = FakeSlurm(
+        p,
+        [
+            (11, f"{p}.rank0", ours, "n1"),
+            (99, "alice.train", "(null)", "n1"),
+            (77, f"{p}.impostor", "(null)", "n2"),  # named like ours, not submitted by this run
+        ],
+    )
     rt.slurm = fake
     monkeypatch.setattr(rt, "slurm_node_now", {"node0": "n1", "node1": "n2"}.__getitem__)
     return rt, fake
@@ -256,12 +275,19 @@ def test_slurm_knows_its_jobs_by_name_and_comment(tmp_path: Path, monkeypatch: p
     assert fake.jobs_on("n1") == {11: f"{rt.job_prefix}.rank0"} and fake.jobs_on("n2") == {}
     assert fake.foreign_jobs_on("n2") == [77] and fake.foreign_jobs_on("n1") == [99]
     assert fake.our_jobs() == {11: f"{rt.job_prefix}.rank0"}
-    assert fake.job_id_named(f"{rt.job_prefix}.impostor") is None and fake.job_id_named(f"{rt.job_prefix}.rank0") == 11
-    with pytest.raises(ChaosbenchError, match="pid 5: Slurm node n2 runs no job of this run; not signalling it"):
+    assert (
+        fake.job_id_named(f"{rt.job_prefix}.impostor") is None
+        and fake.job_id_named(f"{rt.job_prefix}.rank0") == 11
+    )
+    with pytest.raises(
+        ChaosbenchError, match="pid 5: Slurm node n2 runs no job of this run; not signalling it"
+    ):
         fake.our_jobs_on("n2", "signalling it", "pid 5")
 
 
-def test_slurm_refuses_to_signal_where_no_job_of_the_run_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slurm_refuses_to_signal_where_no_job_of_the_run_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rt, fake = _slurm(tmp_path, monkeypatch)
     steps: list[list[str]] = []
     monkeypatch.setattr(slurm_runtime.subprocess, "run", lambda argv, **kw: steps.append(argv))
@@ -291,20 +317,28 @@ def test_slurm_checks_the_pid_against_exactly_its_jobs_on_the_node(
     assert step[-2:] == ["n1", "11"]  # and the helper checks the pid against our job only
 
 
-def test_slurm_node_loss_refuses_a_node_with_only_an_impostor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slurm_node_loss_refuses_a_node_with_only_an_impostor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rt, fake = _slurm(tmp_path, monkeypatch)
     restorable: list[str] = []
     with pytest.raises(ChaosbenchError) as err:
         rt.lose_nodes(["node1"], SlurmNodeLossOptions(state="drain"), restorable)
     assert str(err.value) == "Slurm node n2 runs no job of this run; not touching it"
-    with pytest.raises(ChaosbenchError, match=r"Slurm node n1 also runs jobs of others \(\[99\]\); not touching it"):
+    with pytest.raises(
+        ChaosbenchError, match=r"Slurm node n1 also runs jobs of others \(\[99\]\); not touching it"
+    ):
         rt.lose_nodes(["node0"], SlurmNodeLossOptions(), restorable)
-    assert restorable == [] and not any(c[:2] == ["scontrol", "update"] or c[0] == "srun" for c in fake.commands)
+    assert restorable == [] and not any(
+        c[:2] == ["scontrol", "update"] or c[0] == "srun" for c in fake.commands
+    )
 
 
 def test_slurm_cancels_only_batch_jobs_it_submitted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rt, fake = _slurm(tmp_path, monkeypatch)
-    with pytest.raises(ChaosbenchError, match="Slurm job 99 was not submitted by this run; not cancelling it"):
+    with pytest.raises(
+        ChaosbenchError, match="Slurm job 99 was not submitted by this run; not cancelling it"
+    ):
         rt.cancel_batch(99)
     assert not any(c[0] == "scancel" for c in fake.commands)
 
@@ -332,7 +366,9 @@ def test_slurm_cleanup_of_a_crashed_run_cancels_only_that_runs_jobs(
         return f"11|{prefix}.rank0|{run_comment(RUN)}\n77|{prefix}.impostor|(null)\n99|alice.train|(null)\n"
 
     monkeypatch.setattr(SlurmCommands, "command", command)
-    assert slurm_cleanup.cleanup_stale_jobs(tmp_path) == [f"scancel Slurm job 11 ({prefix}.rank0) of {tmp_path}"]
+    assert slurm_cleanup.cleanup_stale_jobs(tmp_path) == [
+        f"scancel Slurm job 11 ({prefix}.rank0) of {tmp_path}"
+    ]
     assert cancelled == [["scancel", "11"]]
 
 
@@ -346,7 +382,10 @@ def test_slurm_cleanup_of_crashed_runs_resumes_only_the_nodes_they_set_down(
     # among them (another harness's, still running), n5 drained by an operator, n1 in use
     canned = (FIXTURES / "slurm" / "scontrol_show_node_crashed.txt").read_text().splitlines()
     lines = {line.split()[0].removeprefix("NodeName="): line for line in canned}
-    crashed = {"crash-slurm-restart__down-0-4f1c2a9e": tmp_path / "down", "crash-slurm-restart__drain-0-9b0d7c11": tmp_path / "drain"}
+    crashed = {
+        "crash-slurm-restart__down-0-4f1c2a9e": tmp_path / "down",
+        "crash-slurm-restart__drain-0-9b0d7c11": tmp_path / "drain",
+    }
     monkeypatch.setattr(slurm_cleanup, "crashed_run_ids", lambda d: crashed)
     monkeypatch.setattr(slurm_cleanup.shutil, "which", lambda name: "/usr/bin/" + name)
     commands: list[list[str]] = []
@@ -371,7 +410,10 @@ def test_slurm_cleanup_of_crashed_runs_resumes_only_the_nodes_they_set_down(
         f"scontrol update nodename=n3 state=RESUME (was MIXED+DRAIN) of {tmp_path / 'drain'}",
     ]
     updates = [c for c in commands if c[:2] == ["scontrol", "update"]]
-    assert updates == [["scontrol", "update", "nodename=n2", "state=RESUME"], ["scontrol", "update", "nodename=n3", "state=RESUME"]]
+    assert updates == [
+        ["scontrol", "update", "nodename=n2", "state=RESUME"],
+        ["scontrol", "update", "nodename=n3", "state=RESUME"],
+    ]
     # resumed: nothing left to do the second time
     assert SlurmRuntime.cleanup_crashed(tmp_path) == []
 
@@ -382,7 +424,9 @@ def test_slurm_cleanup_leaves_a_node_whose_reason_changed_since(
     """An operator took over the node between the listing and the resume: it keeps its state."""
     canned = (FIXTURES / "slurm" / "scontrol_show_node_crashed.txt").read_text().splitlines()
     n2 = next(line for line in canned if line.startswith("NodeName=n2 "))
-    monkeypatch.setattr(slurm_cleanup, "crashed_run_ids", lambda d: {"crash-slurm-restart__down-0-4f1c2a9e": tmp_path})
+    monkeypatch.setattr(
+        slurm_cleanup, "crashed_run_ids", lambda d: {"crash-slurm-restart__down-0-4f1c2a9e": tmp_path}
+    )
     monkeypatch.setattr(slurm_cleanup.shutil, "which", lambda name: "/usr/bin/" + name)
     listings: list[str] = [n2, n2.split(" Reason=")[0] + " Reason=bad fan [root@2026-12-04T14:31:09]"]
 

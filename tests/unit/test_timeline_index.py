@@ -10,8 +10,16 @@ from tests.unit.test_metrics import T0, S, restart_run
 
 
 def _scan_first(events: list[Event], kind: str, after_ns: int | None = None, **match: object) -> Event | None:
-    return next((e for e in events if e.kind == kind and (after_ns is None or e.t_ns >= after_ns)
-                 and all(e.get(k) == v for k, v in match.items())), None)  # fmt: skip
+    return next(
+        (
+            e
+            for e in events
+            if e.kind == kind
+            and (after_ns is None or e.t_ns >= after_ns)
+            and all(e.get(k) == v for k, v in match.items())
+        ),
+        None,
+    )
 
 
 def test_lookups_equal_scans() -> None:

@@ -74,7 +74,9 @@ def test_rank_error_signatures_are_the_ones_the_harness_watches_for() -> None:
 
 def test_the_json_schema_names_every_kind() -> None:
     schema = events_json_schema()
-    consts = {schema["$defs"][ref["$ref"].split("/")[-1]]["properties"]["kind"]["const"] for ref in schema["oneOf"]}
+    consts = {
+        schema["$defs"][ref["$ref"].split("/")[-1]]["properties"]["kind"]["const"] for ref in schema["oneOf"]
+    }
     assert consts == {k.value for k in EventKind}
 
 
@@ -90,14 +92,18 @@ def test_the_probe_refuses_an_unknown_kind(tmp_path: Path) -> None:
     assert p.read_text() == ""  # nothing written
 
 
-@pytest.mark.parametrize(("kind", "fields", "field"), [
-    ("ckpt_load_failed", {"step": 3, "path": "c"}, "error"),  # required, missing
-    ("rank_start", {"pid": "123", "world_size": 2}, "pid"),  # of the wrong JSON type
-    ("step", {"step": True}, "step"),  # a bool is no int
-    ("step", {"step": 1, "lose": 0.5}, "lose"),  # a field its model does not declare
-])  # fmt: skip
-def test_the_probe_refuses_a_missing_or_ill_typed_field(tmp_path: Path, kind: str, fields: dict[str, object],
-                                                         field: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "fields", "field"),
+    [
+        ("ckpt_load_failed", {"step": 3, "path": "c"}, "error"),  # required, missing
+        ("rank_start", {"pid": "123", "world_size": 2}, "pid"),  # of the wrong JSON type
+        ("step", {"step": True}, "step"),  # a bool is no int
+        ("step", {"step": 1, "lose": 0.5}, "lose"),  # a field its model does not declare
+    ],
+)
+def test_the_probe_refuses_a_missing_or_ill_typed_field(
+    tmp_path: Path, kind: str, fields: dict[str, object], field: str
+) -> None:
     p = tmp_path / "events.jsonl"
     probe = Probe(str(p), rank=0)
     with pytest.raises(MalformedEvent) as exc:
@@ -109,8 +115,10 @@ def test_the_probe_refuses_a_missing_or_ill_typed_field(tmp_path: Path, kind: st
 
 
 def test_the_probe_and_the_command_shim_check_without_pydantic() -> None:
-    code = ("import sys; import chaosbench.probe, chaosbench.launchers.command, chaosbench.launchers.nvrx; "
-            "sys.exit('pydantic' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys; import chaosbench.probe, chaosbench.launchers.command, chaosbench.launchers.nvrx; "
+        "sys.exit('pydantic' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -118,7 +126,9 @@ def test_the_probe_and_the_command_shim_check_without_pydantic() -> None:
 def test_the_harness_writer_refuses_what_only_the_full_model_knows(tmp_path: Path) -> None:
     p = tmp_path / "events.jsonl"
     with harness_writer(p) as w:
-        with pytest.raises(MalformedEvent) as exc:  # a value outside the model's set (the table only knows str)
+        with pytest.raises(
+            MalformedEvent
+        ) as exc:  # a value outside the model's set (the table only knows str)
             w.emit("run_end", outcome="finished")
         assert exc.value.field == "outcome" and exc.value.kind == "run_end"
         with pytest.raises(MalformedEvent) as exc:  # a nested type
@@ -155,15 +165,20 @@ def test_read_events_names_the_file_and_line_of_an_unknown_kind(tmp_path: Path) 
     assert str(exc.value).startswith(f"{p}:4: event 'stepp'")
 
 
-@pytest.mark.parametrize(("line", "field"), [
-    (_line("step", src="rank", rank=0, step="2"), "step"),
-    (_line("step", src="rank", rank=0), "step"),
-    (_line("step", src="rank", rank=0, step=2, pad="x"), "pad"),
-    (_line("restart", framework="f", attempts_left="3"), "attempts_left"),
-    (_line("node_start", node="node1", reason="rebooted"), "reason"),
-    (_line("step", src="ranks", rank=0, step=2), "src"),
-])  # fmt: skip
-def test_read_events_names_the_file_and_line_of_a_malformed_field(tmp_path: Path, line: str, field: str) -> None:
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        (_line("step", src="rank", rank=0, step="2"), "step"),
+        (_line("step", src="rank", rank=0), "step"),
+        (_line("step", src="rank", rank=0, step=2, pad="x"), "pad"),
+        (_line("restart", framework="f", attempts_left="3"), "attempts_left"),
+        (_line("node_start", node="node1", reason="rebooted"), "reason"),
+        (_line("step", src="ranks", rank=0, step=2), "src"),
+    ],
+)
+def test_read_events_names_the_file_and_line_of_a_malformed_field(
+    tmp_path: Path, line: str, field: str
+) -> None:
     p = _timeline(tmp_path, _line("step", src="rank", rank=0, step=1), line)
     with pytest.raises(MalformedEvent) as exc:
         read_events(p)
@@ -180,16 +195,27 @@ def test_a_torn_last_line_is_skipped_a_torn_line_before_others_is_not(tmp_path: 
 
 
 def test_lines_that_are_no_events(tmp_path: Path) -> None:
-    for bad in ("[1, 2]\n", '{"kind": "run_end", "outcome": "completed"}\n', '{"t_ns": 1.5, "kind": "log", "line": ""}\n'):
+    for bad in (
+        "[1, 2]\n",
+        '{"kind": "run_end", "outcome": "completed"}\n',
+        '{"t_ns": 1.5, "kind": "log", "line": ""}\n',
+    ):
         with pytest.raises(MalformedEvent) as exc:
             parse_lines([_line("run_end", outcome="completed"), bad], "f.jsonl")
         assert exc.value.line == 2 and exc.value.path == "f.jsonl"
 
 
-def test_a_timeline_of_an_older_chaosbench_is_read_as_it_was(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    p = _timeline(tmp_path, _line("detect", framework="torchrun", exitcode="-9", local_rank="1"),
-                  _line("heartbeat_lost", rank=0), "not json\n", _line("run_end", outcome="completed"),
-                  version=None)  # fmt: skip
+def test_a_timeline_of_an_older_chaosbench_is_read_as_it_was(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = _timeline(
+        tmp_path,
+        _line("detect", framework="torchrun", exitcode="-9", local_rank="1"),
+        _line("heartbeat_lost", rank=0),
+        "not json\n",
+        _line("run_end", outcome="completed"),
+        version=None,
+    )
     with caplog.at_level(logging.WARNING, logger="chaosbench.timeline"):
         ev = read_events(p)
     assert [e.kind for e in ev] == ["run_start", "detect", "heartbeat_lost", "run_end"]
@@ -221,7 +247,11 @@ def _log_patterns() -> list[tuple[str, LogPattern]]:
     out = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "LogPattern"]
+        calls = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "LogPattern"
+        ]
         if not calls:
             continue
         mod = importlib.import_module(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
@@ -241,15 +271,18 @@ def test_every_framework_log_pattern_declares_its_fields(tmp_path: Path) -> None
 
 def test_a_pattern_with_an_undeclared_group_is_refused_when_the_watcher_is_made(tmp_path: Path) -> None:
     with pytest.raises(MalformedEvent) as exc:
-        LogWatcher("fw", [LogPattern("detect", r"lost (?P<lost_rank>\d+)")], TimelineWriter(tmp_path / "e.jsonl"))
+        LogWatcher(
+            "fw", [LogPattern("detect", r"lost (?P<lost_rank>\d+)")], TimelineWriter(tmp_path / "e.jsonl")
+        )
     assert exc.value.field == "lost_rank"
     with pytest.raises(UnknownEventKind):
         LogWatcher("fw", [LogPattern("detection", r"lost")], TimelineWriter(tmp_path / "e.jsonl"))
 
 
 def test_log_pattern_groups_are_typed_by_the_model() -> None:
-    assert typed_fields("detect", {"exitcode": "-9", "local_rank": "1", "open_s": "2.5", "signal": "SIGTERM"}) == {
-        "exitcode": -9, "local_rank": 1, "open_s": 2.5, "signal": "SIGTERM"}  # fmt: skip
+    assert typed_fields(
+        "detect", {"exitcode": "-9", "local_rank": "1", "open_s": "2.5", "signal": "SIGTERM"}
+    ) == {"exitcode": -9, "local_rank": 1, "open_s": 2.5, "signal": "SIGTERM"}
     with pytest.raises(MalformedEvent):
         typed_fields("detect", {"heartbeat": "final"})
 
@@ -268,8 +301,22 @@ def test_real_timelines_validate_entirely() -> None:
         kinds_seen |= {e.kind for e in ev}
         for n, raw in enumerate(f.read_text().splitlines(), 1):
             check_obj(json.loads(raw), str(f), n)
-    assert {"step", "detect", "restart", "fault_inject", "ckpt_save_end", "quorum", "heal_end", "rendezvous",
-            "preempt_save", "load_window", "balancer_down", "log", "step_counting", "rank_exit"} <= kinds_seen
+    assert {
+        "step",
+        "detect",
+        "restart",
+        "fault_inject",
+        "ckpt_save_end",
+        "quorum",
+        "heal_end",
+        "rendezvous",
+        "preempt_save",
+        "load_window",
+        "balancer_down",
+        "log",
+        "step_counting",
+        "rank_exit",
+    } <= kinds_seen
 
 
 # -------------------------------------------------------------------------------------- the generated tables
@@ -308,15 +355,20 @@ def test_every_run_metrics_field_has_a_documented_row() -> None:
 
 
 def test_brace_expansion() -> None:
-    assert expand("latency_p{50,99}_{before,after}_ms") == ["latency_p50_before_ms", "latency_p50_after_ms",
-                                                            "latency_p99_before_ms", "latency_p99_after_ms"]  # fmt: skip
+    assert expand("latency_p{50,99}_{before,after}_ms") == [
+        "latency_p50_before_ms",
+        "latency_p50_after_ms",
+        "latency_p99_before_ms",
+        "latency_p99_after_ms",
+    ]
 
 
 def test_render_page_replaces_only_the_regions() -> None:
     text = "a\n<!-- generated: metrics -->\nold\n<!-- end generated -->\nb\n"
     out = docgen.render_page(text)
     assert out.startswith("a\n<!-- generated: metrics -->\n\n| metric | meaning |") and out.endswith(
-        "\n\n<!-- end generated -->\nb\n")  # fmt: skip
+        "\n\n<!-- end generated -->\nb\n"
+    )
     with pytest.raises(ValueError):
         docgen.render_page("<!-- generated: nothing -->\n<!-- end generated -->")
     with pytest.raises(ValueError):
@@ -325,6 +377,10 @@ def test_render_page_replaces_only_the_regions() -> None:
 
 def test_invalid_event_errors_carry_their_context() -> None:
     exc = MalformedEvent("step", "required field 'step' is missing", path="e.jsonl", line=3, field="step")
-    assert isinstance(exc, InvalidEvent) and (exc.kind, exc.path, exc.line, exc.field) == ("step", "e.jsonl", 3,
-                                                                                            "step")  # fmt: skip
+    assert isinstance(exc, InvalidEvent) and (exc.kind, exc.path, exc.line, exc.field) == (
+        "step",
+        "e.jsonl",
+        3,
+        "step",
+    )
     assert COMMON_FIELDS == ("t_ns", "kind", "src", "host")

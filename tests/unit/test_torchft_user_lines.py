@@ -26,10 +26,17 @@ PATTERNS = {
 
 
 def test_a_replica_ids_group_is_its_trailing_digits_as_torchft_numbers_them() -> None:
-    assert [replica_group_of(r) for r in ("chaosbench_1", "train_ft_0", "train_ddp_12", "spare")] == [1, 0, 12, "spare"]
+    assert [replica_group_of(r) for r in ("chaosbench_1", "train_ft_0", "train_ddp_12", "spare")] == [
+        1,
+        0,
+        12,
+        "spare",
+    ]
 
 
-def _watch(tmp_path: Path, lines: list[str], events: list[Event], total_steps: int | None = 30) -> list[Event]:
+def _watch(
+    tmp_path: Path, lines: list[str], events: list[Event], total_steps: int | None = 30
+) -> list[Event]:
     path = tmp_path / "events.jsonl"
     watch = _LighthouseWatch("torchft", TimelineWriter(path, src="framework"), total_steps)
     lighthouse = SimpleNamespace(spec=SimpleNamespace(role="lighthouse"))
@@ -41,11 +48,20 @@ def _watch(tmp_path: Path, lines: list[str], events: list[Event], total_steps: i
     return read_events(path) if path.exists() else []
 
 
-def test_the_lighthouse_quorum_of_a_users_groups_names_them_and_blames_the_one_left_out(tmp_path: Path) -> None:
+def test_the_lighthouse_quorum_of_a_users_groups_names_them_and_blames_the_one_left_out(
+    tmp_path: Path,
+) -> None:
     out = _watch(tmp_path, LIGHTHOUSE[:2], [])
-    assert [(e.kind, e.get("replica_groups")) for e in out if e.kind == "quorum"] == [("quorum", [0, 1]), ("quorum", [0])]
+    assert [(e.kind, e.get("replica_groups")) for e in out if e.kind == "quorum"] == [
+        ("quorum", [0, 1]),
+        ("quorum", [0]),
+    ]
     detect = [e for e in out if e.kind == "detect"]
-    assert len(detect) == 1 and detect[0].get("blame_groups") == [1] and detect[0].get("mechanism") == "quorum change"
+    assert (
+        len(detect) == 1
+        and detect[0].get("blame_groups") == [1]
+        and detect[0].get("mechanism") == "quorum change"
+    )
 
 
 def test_groups_leaving_after_the_last_step_are_no_fault_even_without_an_end_line(tmp_path: Path) -> None:
@@ -61,10 +77,17 @@ def test_groups_leaving_after_the_last_step_are_no_fault_even_without_an_end_lin
 
 def test_torchfts_manager_lines_are_commits_a_skipped_step_and_a_heal() -> None:
     out = parse_all(OutputParser(PATTERNS, 1, per_step_commit=True), [(MANAGER.encode(), 5)])
-    got = [(p.kind, p.fields.get("step"), p.fields.get("participants"), p.fields.get("committed")) for p in out
-           if p.kind != "step_counting"]
+    got = [
+        (p.kind, p.fields.get("step"), p.fields.get("participants"), p.fields.get("committed"))
+        for p in out
+        if p.kind != "step_counting"
+    ]
     # step 1 committed by 2 groups; "- step 11] should_commit=False": step 12 not committed, and the script's
     # "step 11" line after it is no commit; a heal to step 11
-    assert got == [("step", 1, 2, True), ("step_skipped", 12, None, None), ("heal_begin", 11, None, None),
-                   ("heal_end", 11, None, None)]
+    assert got == [
+        ("step", 1, 2, True),
+        ("step_skipped", 12, None, None),
+        ("heal_begin", 11, None, None),
+        ("heal_end", 11, None, None),
+    ]
     assert next(p for p in out if p.kind == "step_skipped").fields["reason"] == "None"

@@ -39,18 +39,29 @@ def torchrun_variables() -> set[str]:
     return names | {"LOCAL_RANK"}
 
 
-def expected(rank: int, ranks: int, nodes: int, restarts: int, max_restarts: int, run_id: str, addr: str,
-             port: str) -> dict[str, str]:  # fmt: skip
+def expected(
+    rank: int, ranks: int, nodes: int, restarts: int, max_restarts: int, run_id: str, addr: str, port: str
+) -> dict[str, str]:
     """What torchrun would give global rank ``rank`` of a ``ranks`` x ``nodes`` job (node-major), one role."""
     per_node = ranks // nodes
     return {
-        "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "GROUP_RANK": str(rank // per_node),
-        "ROLE_RANK": str(rank), "ROLE_NAME": "default", "WORLD_SIZE": str(ranks), "ROLE_WORLD_SIZE": str(ranks),
-        "LOCAL_WORLD_SIZE": str(per_node), "GROUP_WORLD_SIZE": str(nodes), "MASTER_ADDR": addr, "MASTER_PORT": port,
-        "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank % per_node),
+        "GROUP_RANK": str(rank // per_node),
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": str(ranks),
+        "ROLE_WORLD_SIZE": str(ranks),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "GROUP_WORLD_SIZE": str(nodes),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-    }  # fmt: skip
+    }
 
 
 SUITE = """
@@ -70,7 +81,9 @@ matrix: {{frameworks: [{frameworks}], faults: [], repeats: 1}}
 
 def _plans(tmp_path: Path, runtime: str, frameworks: str) -> dict[str, list[dict[str, str]]]:
     suite = make_suite(SUITE.format(runtime=runtime, frameworks=frameworks))
-    return {sc.framework_label: [p.env for p in plan.processes] for sc, plan in Runner(suite, tmp_path).plans()}
+    return {
+        sc.framework_label: [p.env for p in plan.processes] for sc, plan in Runner(suite, tmp_path).plans()
+    }
 
 
 def _job(tmp_path: Path, runtime: str, run_id: str = "run-7") -> JobContext:
@@ -78,24 +91,57 @@ def _job(tmp_path: Path, runtime: str, run_id: str = "run-7") -> JobContext:
     sc = next(make_suite(SUITE.format(runtime=runtime, frameworks="none")).iter_scenarios())
     wl = WORKLOADS.get(sc.workload.name)
     rt = RUNTIMES.get(sc.runtime)
-    return JobContext(scenario=sc, run_id=run_id, run_dir=tmp_path / "run", ckpt_dir=tmp_path / "run" / "ck",
-                      events_path=tmp_path / "run" / "events.jsonl",
-                      workload=wl(sc.workload, wl.Options.model_validate(sc.workload.options)),
-                      runtime=rt(RunInfo(run_id, tmp_path, TimelineWriter(tmp_path / "t.jsonl"))))  # fmt: skip
+    return JobContext(
+        scenario=sc,
+        run_id=run_id,
+        run_dir=tmp_path / "run",
+        ckpt_dir=tmp_path / "run" / "ck",
+        events_path=tmp_path / "run" / "events.jsonl",
+        workload=wl(sc.workload, wl.Options.model_validate(sc.workload.options)),
+        runtime=rt(RunInfo(run_id, tmp_path, TimelineWriter(tmp_path / "t.jsonl"))),
+    )
 
 
 def test_the_function_sets_what_torchs_agent_sets() -> None:
-    env = torchrun_worker_env(rank=5, local_rank=1, group_rank=2, world_size=8, local_world_size=2,
-                              group_world_size=4, master_addr="h0", master_port=29500, run_id="r",
-                              restart_count=3, max_restarts=4, inherited={})  # fmt: skip
+    env = torchrun_worker_env(
+        rank=5,
+        local_rank=1,
+        group_rank=2,
+        world_size=8,
+        local_world_size=2,
+        group_world_size=4,
+        master_addr="h0",
+        master_port=29500,
+        run_id="r",
+        restart_count=3,
+        max_restarts=4,
+        inherited={},
+    )
     assert set(env) == torchrun_variables() | {ENV_RESTART_COUNT_COUNTED}
-    assert env == {**expected(5, 8, 4, 3, 4, "r", "h0", "29500"), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-                   ENV_RESTART_COUNT_COUNTED: "3"}  # fmt: skip
+    assert env == {
+        **expected(5, 8, 4, 3, 4, "r", "h0", "29500"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        ENV_RESTART_COUNT_COUNTED: "3",
+    }
     # the agent passes its own setting on; so does the harness
     inherited = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
-    assert torchrun_worker_env(rank=0, local_rank=0, group_rank=0, world_size=1, local_world_size=1,
-                               group_world_size=1, master_addr="h0", master_port=1, run_id="r", restart_count=0,
-                               max_restarts=0, inherited=inherited)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # fmt: skip
+    assert (
+        torchrun_worker_env(
+            rank=0,
+            local_rank=0,
+            group_rank=0,
+            world_size=1,
+            local_world_size=1,
+            group_world_size=1,
+            master_addr="h0",
+            master_port=1,
+            run_id="r",
+            restart_count=0,
+            max_restarts=0,
+            inherited=inherited,
+        )["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+        == "3"
+    )
 
 
 @pytest.mark.parametrize("runtime", ["local", "docker", "slurm"])
@@ -108,8 +154,9 @@ def test_none_and_restart_plans_give_every_rank_torchruns_environment(tmp_path: 
         assert addr == {"local": "127.0.0.1", "docker": "node0", "slurm": UNRESOLVED_MASTER_ADDR}[runtime]
         for rank, env in enumerate(envs):
             assert torchrun_variables() <= set(env)
-            assert {k: env[k] for k in torchrun_variables()} == expected(rank, 4, 2, 0, max_restarts, "dry-run",
-                                                                         addr, port)  # fmt: skip
+            assert {k: env[k] for k in torchrun_variables()} == expected(
+                rank, 4, 2, 0, max_restarts, "dry-run", addr, port
+            )
             assert env["CHAOSBENCH_NODE"] == f"node{rank // 2}"
             assert incarnation_from_env(env) == 0
 
@@ -119,8 +166,9 @@ def test_a_restarted_incarnation_carries_its_restart_count_and_counts_it_once(tm
     procs = rank_processes(job, 2, 31000, max_restarts=5)
     for rank, p in enumerate(procs):
         assert p.incarnation == 2 and p.name == f"rank{rank}.i2"
-        assert {k: p.env[k] for k in torchrun_variables()} == expected(rank, 4, 2, 2, 5, "run-7", "127.0.0.1",
-                                                                       "31000")  # fmt: skip
+        assert {k: p.env[k] for k in torchrun_variables()} == expected(
+            rank, 4, 2, 2, 5, "run-7", "127.0.0.1", "31000"
+        )
         assert p.env["CHAOSBENCH_INCARNATION"] == "2"
         # the probe and the command shim's {incarnation}: 2, not CHAOSBENCH_INCARNATION + TORCHELASTIC_RESTART_COUNT
         assert incarnation_from_env(p.env) == 2
@@ -138,7 +186,11 @@ def test_the_probe_still_adds_the_restart_count_of_a_real_agent() -> None:
     # no agent, no harness: 0
     assert incarnation_from_env({}) == 0
     # a torchrun the user's command starts inside a rank chaosbench launched: that torchrun's own count is added
-    nested = {"CHAOSBENCH_INCARNATION": "0", ENV_RESTART_COUNT_COUNTED: "0", "TORCHELASTIC_RESTART_COUNT": "2"}
+    nested = {
+        "CHAOSBENCH_INCARNATION": "0",
+        ENV_RESTART_COUNT_COUNTED: "0",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+    }
     assert incarnation_from_env(nested) == 2
 
 
@@ -181,7 +233,9 @@ def test_the_slurm_requeue_batch_script_gives_every_task_torchruns_environment(t
     """The batch script, run by bash with srun and scontrol faked: every task's environment as it would be on a
     cluster, after its second requeue (SLURM_RESTART_COUNT=2)."""
     job = _job(tmp_path, "slurm", run_id="run-9")
-    fw = SlurmRequeueFramework("slurm-requeue", SlurmRequeueFramework.Options.model_validate({"max_restarts": 2}))
+    fw = SlurmRequeueFramework(
+        "slurm-requeue", SlurmRequeueFramework.Options.model_validate({"max_restarts": 2})
+    )
     script = fw.script(job)
     srun_line = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "bash -c" in srun_line and "exec" in shlex.split(srun_line)[shlex.split(srun_line).index("-c") + 1]
@@ -193,16 +247,24 @@ def test_the_slurm_requeue_batch_script_gives_every_task_torchruns_environment(t
     (tmp_path / "job.sh").write_text(script)
     out = tmp_path / "tasks.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAOSBENCH_", "TORCHELASTIC_"))}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", SLURM_RESTART_COUNT="2", SLURM_JOB_NODELIST="c[1-2]",
-               FAKE_SRUN_OUT=str(out))  # fmt: skip
-    res = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=60)
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        SLURM_RESTART_COUNT="2",
+        SLURM_JOB_NODELIST="c[1-2]",
+        FAKE_SRUN_OUT=str(out),
+    )
+    res = subprocess.run(
+        ["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     tasks = json.loads(out.read_text())
     assert len(tasks) == 4
     port = tasks[0]["MASTER_PORT"]
     assert port.isdigit()
     for rank, task in enumerate(tasks):
-        assert {k: task[k] for k in torchrun_variables()} == expected(rank, 4, 2, 2, 2, "run-9", "10.1.2.3", port)
+        assert {k: task[k] for k in torchrun_variables()} == expected(
+            rank, 4, 2, 2, 2, "run-9", "10.1.2.3", port
+        )
         assert task["CHAOSBENCH_NODE"] == f"node{rank // 2}"
         assert task["CHAOSBENCH_INCARNATION"] == "2"
         assert incarnation_from_env(task) == 2

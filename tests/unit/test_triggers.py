@@ -22,7 +22,9 @@ def controller(tmp_path: Path, fault: dict, ranks: int = 4, nodes: int = 2, seed
     writer = TimelineWriter(tmp_path / "events.jsonl")
     rt = RecordingRuntime(RunInfo("r", tmp_path, writer))
     spec = FaultSpec.model_validate({"injector": "kill", **fault})
-    setup = RunSetup("r", tmp_path, tmp_path / "ck", rt, writer, random.Random(seed), ranks, nodes, spec.target)
+    setup = RunSetup(
+        "r", tmp_path, tmp_path / "ck", rt, writer, random.Random(seed), ranks, nodes, spec.target
+    )
     c = FaultController("f", spec, KillInjector("f", KillParams()), setup, seed)
     return c, rt, writer
 
@@ -33,8 +35,16 @@ def ev(kind: str, t: int = 0, **data) -> Event:
 
 def start(c: FaultController, inc: int = 0, ranks: int = 4, per_node: int = 2) -> None:
     for r in range(ranks):
-        c(ev("rank_start", rank=r, pid=1000 + 10 * inc + r, world_size=ranks, node=f"node{r // per_node}",
-             incarnation=inc))  # fmt: skip
+        c(
+            ev(
+                "rank_start",
+                rank=r,
+                pid=1000 + 10 * inc + r,
+                world_size=ranks,
+                node=f"node{r // per_node}",
+                incarnation=inc,
+            )
+        )
 
 
 def steps(c: FaultController, lo: int, hi: int, inc: int = 0) -> None:
@@ -81,7 +91,9 @@ def test_every_steps_and_targets(tmp_path: Path) -> None:
 
 
 def test_on_event_with_filters(tmp_path: Path) -> None:
-    c, rt, _ = controller(tmp_path, {"target": 2, "trigger": {"on_event": {"kind": "ckpt_save_begin", "step": 20}}})
+    c, rt, _ = controller(
+        tmp_path, {"target": 2, "trigger": {"on_event": {"kind": "ckpt_save_begin", "step": 20}}}
+    )
     start(c)
     c(ev("ckpt_save_begin", step=10, rank=0, incarnation=0))
     assert rt.signals == []
@@ -91,8 +103,13 @@ def test_on_event_with_filters(tmp_path: Path) -> None:
 
 
 def test_start_of_incarnation_and_delay(tmp_path: Path) -> None:
-    c, rt, w = controller(tmp_path, {"target": 0, "trigger": {
-        "on_event": {"kind": "rank_start", "incarnation": 1, "rank": 0}, "delay_s": 0.2}})  # fmt: skip
+    c, rt, w = controller(
+        tmp_path,
+        {
+            "target": 0,
+            "trigger": {"on_event": {"kind": "rank_start", "incarnation": 1, "rank": 0}, "delay_s": 0.2},
+        },
+    )
     start(c)
     assert rt.signals == []
     start(c, inc=1)
@@ -116,8 +133,9 @@ def test_random_target_is_seeded(tmp_path: Path) -> None:
 
 def test_poisson_schedule_replays_for_the_same_seed(tmp_path: Path) -> None:
     def schedule(sub: str, seed: int) -> list[float]:
-        c, rt, w = controller(tmp_path / sub, {"target": 0, "trigger": {"poisson": {"mtbf_s": 0.05}, "max_fires": 5}},
-                              seed=seed)  # fmt: skip
+        c, rt, w = controller(
+            tmp_path / sub, {"target": 0, "trigger": {"poisson": {"mtbf_s": 0.05}, "max_fires": 5}}, seed=seed
+        )
         start(c)
         steps(c, 1, 1)
         time.sleep(1.0)
@@ -189,8 +207,11 @@ faults:
   again: {{injector: kill, target: 1, trigger: {{on_phase: {phase}}}}}
 matrix: {{frameworks: [restart], faults: [{faults}]}}
 """
-    with pytest.raises(SpecError, match=r"suites/x.yaml:.*fault 'again' fires on the restore phase of another "
-                       r"fault's recovery; run it with one"):  # fmt: skip
+    with pytest.raises(
+        SpecError,
+        match=r"suites/x.yaml:.*fault 'again' fires on the restore phase of another "
+        r"fault's recovery; run it with one",
+    ):
         make_suite(suite.format(phase="restore", faults="again"), "suites/x.yaml")
     with pytest.raises(SpecError, match="heal phase, which framework 'restart' does not have"):
         make_suite(suite.format(phase="heal", faults="[kill, again]"), "suites/x.yaml")
@@ -207,7 +228,9 @@ def test_role_targets_resolve_to_the_frameworks_processes(tmp_path: Path) -> Non
     start(c)
     steps(c, 1, 2)
     assert fired_pids(rt) == [500]  # node0's agent by default
-    c2, rt2, _ = controller(tmp_path / "b", {"target": {"role": "agent", "node": "node1"}, "trigger": {"at_step": 2}})
+    c2, rt2, _ = controller(
+        tmp_path / "b", {"target": {"role": "agent", "node": "node1"}, "trigger": {"at_step": 2}}
+    )
     c2.setup.roles = dict(TorchrunFramework.roles)
     c2(ev("proc_start", proc="agent.node1", pid=501, role="agent", node="node1", incarnation=0))
     c2(ev("proc_start", proc="agent.node0", pid=500, role="agent", node="node0", incarnation=0))
@@ -224,11 +247,23 @@ def test_role_targets_resolve_to_the_frameworks_processes(tmp_path: Path) -> Non
     assert inject["target"] == [{"rank": 0, "pid": 1000, "node": "node0", "incarnation": 0, "role": "rank0"}]
     from chaosbench.frameworks.nvrx import NvrxFramework
 
-    c4, rt4, _ = controller(tmp_path / "d", {"target": {"role": "bridge", "node": "node1"}, "trigger": {"at_step": 2}})
+    c4, rt4, _ = controller(
+        tmp_path / "d", {"target": {"role": "bridge", "node": "node1"}, "trigger": {"at_step": 2}}
+    )
     c4.setup.roles = dict(NvrxFramework.roles)
     for pid, rank, node in ((700, 0, "node0"), (702, 2, "node1"), (703, 3, "node1")):
-        c4(ev("helper_start", pid, proc=f"bridge.rank{rank}", pid=pid, role="bridge", node=node, rank=rank,
-              incarnation=0))
+        c4(
+            ev(
+                "helper_start",
+                pid,
+                proc=f"bridge.rank{rank}",
+                pid=pid,
+                role="bridge",
+                node=node,
+                rank=rank,
+                incarnation=0,
+            )
+        )
     start(c4)
     steps(c4, 1, 2)
     assert fired_pids(rt4) == [703]  # node1's newest bridge
@@ -237,14 +272,23 @@ def test_role_targets_resolve_to_the_frameworks_processes(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("framework", "fault", "problem"),
     [
-        ("restart", "{injector: kill, target: {role: lighthouse}, trigger: {at_step: 5}}",
-         "fault 'f': framework 'restart' has no lighthouse (its roles: rank0, rendezvous-host)"),
-        ("torchrun", "{injector: straggler, target: {role: agent}, trigger: {at_step: 5}}",
-         "fault 'f': straggler cannot target a role (agent): only faults that signal a process"),
-        ("torchrun", "{injector: kill, target: {role: agent, rank: 1}, trigger: {at_step: 5}}",
-         "role takes node only"),
+        (
+            "restart",
+            "{injector: kill, target: {role: lighthouse}, trigger: {at_step: 5}}",
+            "fault 'f': framework 'restart' has no lighthouse (its roles: rank0, rendezvous-host)",
+        ),
+        (
+            "torchrun",
+            "{injector: straggler, target: {role: agent}, trigger: {at_step: 5}}",
+            "fault 'f': straggler cannot target a role (agent): only faults that signal a process",
+        ),
+        (
+            "torchrun",
+            "{injector: kill, target: {role: agent, rank: 1}, trigger: {at_step: 5}}",
+            "role takes node only",
+        ),
     ],
-)  # fmt: skip
+)
 def test_role_targets_refused_where_there_is_no_such_role(framework: str, fault: str, problem: str) -> None:
     from chaosbench.errors import SpecError
     from tests.conftest import make_suite

@@ -18,7 +18,9 @@ def test_1_no_digest_on_either_side_is_no_match() -> None:
     ctl.add(ctl.t_last + 0.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), control=ctl.sorted(), total_steps=30)
     assert m.outcome == "recovered" and m.fidelity is None
-    assert m.missing["fidelity"].startswith("no final digest to compare (this run: its train_end carried no digest")
+    assert m.missing["fidelity"].startswith(
+        "no final digest to compare (this run: its train_end carried no digest"
+    )
 
 
 def _two_groups(tl: TL) -> None:
@@ -44,8 +46,17 @@ def test_2_per_step_commit_resume_comes_after_the_frameworks_reaction() -> None:
     tl.rank(tf + 0.005, "step", 0, 0, step=26, duration_s=0.02, committed=True, participants=2, quorum_id=1)
     tl.add(tf + 5.0, "detect", src="framework", framework="fw", via="lighthouse", blame_groups=["1"])
     for i, step in enumerate(range(27, 41)):
-        tl.rank(tf + 5.1 + 0.03 * i, "step", 0, 0, step=step, duration_s=0.02, committed=True, participants=1,
-                quorum_id=2)  # fmt: skip
+        tl.rank(
+            tf + 5.1 + 0.03 * i,
+            "step",
+            0,
+            0,
+            step=step,
+            duration_s=0.02,
+            committed=True,
+            participants=1,
+            quorum_id=2,
+        )
     tl.rank(tf + 6.0, "train_end", 0, 0, step=40, digest="d")
     tl.add(tf + 6.5, "run_end", outcome="completed")
     m = compute_metrics(tl.sorted(), total_steps=40)
@@ -89,10 +100,32 @@ def test_3_sparse_logging_of_every_rank_restarts_from_the_loaded_checkpoint() ->
 def test_4_a_fault_the_job_outlasted_is_no_recovery_anywhere() -> None:
     """A hang with a duration, nothing reacting: 'outlasted', counted apart in the comparison and costing its
     stall in the projection (before: 'recovered', and it out-ranked a framework that detects and restarts)."""
-    rows = [{"framework": "fw", "fault": "hang", "control": False, "outcome": "outlasted", "fault_class": "hang",
-             "time_to_resume_s": 3.1, "lost_steps": 0, "lost_work_s": 0.0, "rollback": False, "extra_wall_s": 3.0},
-            {"framework": "fw", "fault": "hang", "control": False, "outcome": "recovered", "fault_class": "hang",
-             "time_to_resume_s": 9.0, "lost_steps": 4, "lost_work_s": 0.4, "rollback": True, "extra_wall_s": 9.5}]  # fmt: skip
+    rows = [
+        {
+            "framework": "fw",
+            "fault": "hang",
+            "control": False,
+            "outcome": "outlasted",
+            "fault_class": "hang",
+            "time_to_resume_s": 3.1,
+            "lost_steps": 0,
+            "lost_work_s": 0.0,
+            "rollback": False,
+            "extra_wall_s": 3.0,
+        },
+        {
+            "framework": "fw",
+            "fault": "hang",
+            "control": False,
+            "outcome": "recovered",
+            "fault_class": "hang",
+            "time_to_resume_s": 9.0,
+            "lost_steps": 4,
+            "lost_work_s": 0.4,
+            "rollback": True,
+            "extra_wall_s": 9.5,
+        },
+    ]
     table = stats_table(rows)
     (row,) = table.rows
     assert row[2] == "1/2 (50%; 9%-91%); 1 outlasted"
@@ -103,11 +136,15 @@ def test_4_a_fault_the_job_outlasted_is_no_recovery_anywhere() -> None:
 
 def test_5_a_false_detection_that_ends_the_run_and_a_flap_after_recovery_count() -> None:
     tl = TL().incarnation(0, 0.1, 1, 8)
-    tl.add(tl.t_last + 0.1, "detect", src="framework", framework="fw", reason="heartbeat")  # nothing was faulted
+    tl.add(
+        tl.t_last + 0.1, "detect", src="framework", framework="fw", reason="heartbeat"
+    )  # nothing was faulted
     tl.add(tl.t_last + 0.2, "give_up", src="framework", framework="fw")
     tl.add(tl.t_last + 0.3, "run_end", outcome="gave_up")
     m = compute_metrics(tl.sorted(), total_steps=30)
-    assert m.outcome == "fault_not_fired" and m.false_detections == 1  # before: None (the scorecard dropped it)
+    assert (
+        m.outcome == "fault_not_fired" and m.false_detections == 1
+    )  # before: None (the scorecard dropped it)
 
     tl = restart_run()
     tl.add(tl.t_last - 0.2, "detect", src="framework", framework="fw", reason="flap")  # after the resume
@@ -126,7 +163,9 @@ def test_6_every_fault_is_measured_a_second_kill_during_recovery_interrupts_the_
     for r in (0, 1):
         tl.rank(t1 + 0.3, "rank_start", r, 1, pid=200 + r, world_size=2)
     t2 = t1 + 0.4
-    tl.add(t2, "fault_inject", src="injector", fault="kill-during-restore", injector="kill", target=[{"rank": 0}])
+    tl.add(
+        t2, "fault_inject", src="injector", fault="kill-during-restore", injector="kill", target=[{"rank": 0}]
+    )
     tl.add(t2 + 0.05, "detect", src="framework", framework="fw", blame_rank=0)
     tl.add(t2 + 0.1, "restart", src="framework", framework="fw")
     tl.incarnation(2, t2 + 0.2, 21, 30, load_from=20, end=True)
@@ -142,8 +181,11 @@ def test_6_every_fault_is_measured_a_second_kill_during_recovery_interrupts_the_
     assert m.faults[1]["restarts"] == 1 and m.faults[0]["restarts"] == 1
     assert m.time_to_resume_s is None and m.missing["time_to_resume_s"].startswith("interrupted: fault")
     table = stats_table([{**m.to_dict(), "fault": "kill+kill-during-restore"}])
-    assert [r[0] for r in table.rows] == ["kill+kill-during-restore", "kill+kill-during-restore › kill",
-                                          "kill+kill-during-restore › kill-during-restore"]  # fmt: skip
+    assert [r[0] for r in table.rows] == [
+        "kill+kill-during-restore",
+        "kill+kill-during-restore › kill",
+        "kill+kill-during-restore › kill-during-restore",
+    ]
 
 
 def test_7_a_clock_that_could_not_be_measured_is_not_one_host_one_clock() -> None:
@@ -151,28 +193,53 @@ def test_7_a_clock_that_could_not_be_measured_is_not_one_host_one_clock() -> Non
     tl.add(0.05, "clock_offset", node="node1", slurm_node="n2", error="srun timed out")
     m = compute_metrics(tl.sorted(), control=control_run(), total_steps=30)
     assert m.clock_offset_bound_s is None
-    assert m.missing["clock_offset_bound_s"] == ("the clock of node1 could not be measured (srun timed out): its "
-                                                 "stamps are uncorrected")  # fmt: skip
+    assert m.missing["clock_offset_bound_s"] == (
+        "the clock of node1 could not be measured (srun timed out): its stamps are uncorrected"
+    )
     assert "its stamps are uncorrected" in (m.verdict or "")
 
 
 def test_8_runs_that_did_not_recover_feed_no_median() -> None:
     """A not-recovered row of an older chaosbench still carrying a partial resume: the medians leave it out."""
-    rows = [{"framework": "fw", "fault": "kill", "control": False, "outcome": "recovered", "time_to_resume_s": 4.0,
-             "lost_steps": 5}, {"framework": "fw", "fault": "kill", "control": False, "outcome": "not_recovered",
-             "time_to_resume_s": 0.046, "lost_steps": 99}]  # fmt: skip
+    rows = [
+        {
+            "framework": "fw",
+            "fault": "kill",
+            "control": False,
+            "outcome": "recovered",
+            "time_to_resume_s": 4.0,
+            "lost_steps": 5,
+        },
+        {
+            "framework": "fw",
+            "fault": "kill",
+            "control": False,
+            "outcome": "not_recovered",
+            "time_to_resume_s": 0.046,
+            "lost_steps": 99,
+        },
+    ]
     (row,) = stats_table(rows).rows
     assert row[4] == "4.000 (n=1)" and row[5] == "5.000 (n=1)"
-    m = compute_metrics(TL().incarnation(0, 0.1, 1, 10).add(2.5, "fault_inject", src="injector", fault="k",
-                                                             injector="kill").add(9.0, "run_end", outcome="failed").sorted(),
-                        total_steps=30)  # fmt: skip
+    m = compute_metrics(
+        TL()
+        .incarnation(0, 0.1, 1, 10)
+        .add(2.5, "fault_inject", src="injector", fault="k", injector="kill")
+        .add(9.0, "run_end", outcome="failed")
+        .sorted(),
+        total_steps=30,
+    )
     assert all(getattr(m, k) is None for k in RECOVERY_METRICS)
 
 
 def test_9_naming_a_whole_node_for_one_ranks_fault_is_imprecise() -> None:
     tl = TL().incarnation(0, 0.1, 1, 25, ranks=4)
-    tl.events = [e if e.kind != "rank_start" else type(e)(e.t_ns, e.kind, e.src, e.host,
-                 {**e.data, "node": f"node{int(e.data['rank']) // 2}"}) for e in tl.events]  # two ranks a node
+    tl.events = [
+        e
+        if e.kind != "rank_start"
+        else type(e)(e.t_ns, e.kind, e.src, e.host, {**e.data, "node": f"node{int(e.data['rank']) // 2}"})
+        for e in tl.events
+    ]  # two ranks a node
     t = tl.t_last + 0.05
     tl.add(t, "fault_inject", src="injector", fault="kill", injector="kill", target=[{"rank": 1}])
     tl.add(t + 0.1, "detect", src="framework", framework="fw", blame_node="node0")
@@ -189,8 +256,16 @@ def test_10_restart_count_counts_each_groups_restarts() -> None:
     tl = TL(control=True)
     for inc in (0, 1):
         for r in (0, 1):
-            tl.rank(0.1 + inc + 0.5 * r, "rank_start", r, inc, pid=100 + 10 * inc + r, world_size=2, replica_group=r,
-                    group_world_size=1)  # fmt: skip
+            tl.rank(
+                0.1 + inc + 0.5 * r,
+                "rank_start",
+                r,
+                inc,
+                pid=100 + 10 * inc + r,
+                world_size=2,
+                replica_group=r,
+                group_world_size=1,
+            )
     for r in (0, 1):
         tl.rank(3.0, "step", r, 1, step=1, duration_s=0.1, committed=True, participants=2, quorum_id=5)
         tl.rank(3.1, "train_end", r, 1, step=1, digest="d")
@@ -201,8 +276,18 @@ def test_10_restart_count_counts_each_groups_restarts() -> None:
 def test_11_projection_inputs_are_what_was_given_and_measured() -> None:
     a, notes = assumptions_from({"nodes": 8, "node_mtbf_h": 100, "manual_recovery_s": 0.0})
     assert a.manual_recovery_s == 0.0  # an explicit 0 is not the default
-    rows = [{"framework": "fw", "fault": "k", "control": False, "outcome": "recovered", "fault_class": "crash",
-             "time_to_resume_s": 3.0, "rollback": False, "lost_work_s": None}]  # fmt: skip
+    rows = [
+        {
+            "framework": "fw",
+            "fault": "k",
+            "control": False,
+            "outcome": "recovered",
+            "fault_class": "crash",
+            "time_to_resume_s": 3.0,
+            "rollback": False,
+            "lost_work_s": None,
+        }
+    ]
     assert costs_from_rows(rows) == []  # a missing lost work is no 0 s of it
 
 
@@ -215,11 +300,18 @@ def test_a_kill_that_bites_late_is_detected_not_a_false_detection() -> None:
 
     from chaosbench.timeline import read_events
 
-    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "timelines" / "torchrun_kill_rendezvous_host.jsonl"
+    fixture = (
+        Path(__file__).resolve().parent.parent
+        / "fixtures"
+        / "timelines"
+        / "torchrun_kill_rendezvous_host.jsonl"
+    )
     m = compute_metrics(read_events(fixture, strict=True))
     assert m.outcome == "not_recovered" and m.run_end_outcome == "failed", m.verdict
     assert m.detected and m.detected_via == "rendezvous store lost" and m.false_detections == 0, m.verdict
-    assert m.time_to_detect_s == pytest.approx(0.974484883, abs=1e-9)  # the detect line less the kill's effect
+    assert m.time_to_detect_s == pytest.approx(
+        0.974484883, abs=1e-9
+    )  # the detect line less the kill's effect
 
 
 def test_a_give_up_with_no_detection_before_it_is_the_frameworks_reaction() -> None:
@@ -232,7 +324,12 @@ def test_a_give_up_with_no_detection_before_it_is_the_frameworks_reaction() -> N
 
     from chaosbench.timeline import read_events
 
-    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "timelines" / "nvrx07_kill_rendezvous_host.jsonl"
+    fixture = (
+        Path(__file__).resolve().parent.parent
+        / "fixtures"
+        / "timelines"
+        / "nvrx07_kill_rendezvous_host.jsonl"
+    )
     events = read_events(fixture, strict=True)
     m = compute_metrics(events)
     (give_up,) = [e for e in events if e.kind == "give_up"]
@@ -255,7 +352,12 @@ def test_a_fresh_run_whose_first_step_is_a_counted_loss_line_is_not_contaminated
 
     from chaosbench.timeline import read_events
 
-    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "timelines" / "hf_trainer_restart_kill_first_step_10.jsonl"
+    fixture = (
+        Path(__file__).resolve().parent.parent
+        / "fixtures"
+        / "timelines"
+        / "hf_trainer_restart_kill_first_step_10.jsonl"
+    )
     events = read_events(fixture, strict=True)
     m = compute_metrics(events)
     assert m.outcome == "recovered" and not m.contaminated, m.verdict
@@ -268,7 +370,9 @@ def test_a_fresh_run_whose_first_step_is_a_counted_loss_line_is_not_contaminated
 def test_runs_whose_fault_did_not_fire_are_not_in_the_recovered_share() -> None:
     """The comparison table's recovered x/y counts the runs whose fault fired, as the headline does: a fault that
     never fired and a contaminated run are named beside, not counted as failures to recover."""
-    rows = [{"framework": "fw", "fault": "kill", "control": False, "outcome": o, "time_to_resume_s": 4.0}
-            for o in ("recovered", "recovered", "not_recovered", "fault_not_fired", "contaminated")]  # fmt: skip
+    rows = [
+        {"framework": "fw", "fault": "kill", "control": False, "outcome": o, "time_to_resume_s": 4.0}
+        for o in ("recovered", "recovered", "not_recovered", "fault_not_fired", "contaminated")
+    ]
     (row,) = stats_table(rows).rows
     assert row[2] == "2/3 (67%; 21%-94%); not counted: 1 contaminated, 1 fault not fired"

@@ -11,8 +11,16 @@ from chaosbench.analysis.metrics import RECOVERY_METRICS, compute_metrics
 from tests.unit.test_metrics import TL
 
 
-def shim_run(tl: TL, inc: int, t: float, steps: list[int], ranks: tuple[int, ...] = (0,), dt: float = 0.1,
-             every: dict[int, int] | None = None, world: int = 2) -> float:  # fmt: skip
+def shim_run(
+    tl: TL,
+    inc: int,
+    t: float,
+    steps: list[int],
+    ranks: tuple[int, ...] = (0,),
+    dt: float = 0.1,
+    every: dict[int, int] | None = None,
+    world: int = 2,
+) -> float:
     """An incarnation as the shim reports it: every rank starts, ``ranks`` log the given steps (rank r only
     every ``every[r]``-th), nothing at the end. Returns the time of the last step."""
     for r in range(world):
@@ -35,8 +43,9 @@ def control(total: int = 30, steps: list[int] | None = None, artifact: str | Non
     return tl.sorted()
 
 
-def killed_and_restarted(resume_from: int, last_before: int = 25, total: int = 30, artifact: str | None = None,
-                         bar_gap: int = 1) -> TL:  # fmt: skip
+def killed_and_restarted(
+    resume_from: int, last_before: int = 25, total: int = 30, artifact: str | None = None, bar_gap: int = 1
+) -> TL:
     """Rank 0 alone logs steps; killed after ``last_before``, restarted, first step ``resume_from + 1``."""
     tl = TL()
     t = shim_run(tl, 0, 0.1, list(range(1, last_before + 1)))
@@ -61,8 +70,10 @@ def test_a_job_that_exits_0_short_of_its_total_says_by_how_much() -> None:
     """Before: "control failed (completed)". A 0-based counter read as 1-based ends one step short."""
     m = compute_metrics(control(steps=list(range(1, 30))), total_steps=30)
     assert m.outcome == "failed" and m.final_step == 29 and m.steps_short == 1
-    assert m.verdict.startswith("control failed: the job exited 0 at step 29 of 30 (1 short); check the workload's "
-                                "steps and how the step pattern counts (step_base")  # fmt: skip
+    assert m.verdict.startswith(
+        "control failed: the job exited 0 at step 29 of 30 (1 short); check the workload's "
+        "steps and how the step pattern counts (step_base"
+    )
 
 
 def test_a_job_that_did_not_exit_0_has_not_ended_training() -> None:
@@ -119,7 +130,8 @@ def test_no_digest_on_either_side_is_missing_not_exact() -> None:
     assert m.missing["fidelity"] == (
         "no final digest to compare (this run: it printed no final line and the suite names no final artifact "
         "(fidelity_from); its control: it printed no final line and the suite names no final artifact "
-        "(fidelity_from))")  # fmt: skip
+        "(fidelity_from))"
+    )
 
 
 @pytest.mark.parametrize(("run", "expected"), [("aa", "exact"), ("bb", "diverged")])
@@ -139,9 +151,17 @@ def test_an_artifact_that_could_not_be_digested_is_missing_with_why() -> None:
 
 def test_checkpoints_seen_on_the_filesystem_give_the_checkpoint_age() -> None:
     tl = killed_and_restarted(resume_from=20)
-    t20 = next(e.t_ns for e in tl.events if e.kind == "step" and e.get("step") == 20 and e.get("incarnation") == 0)
-    tl.events.append(type(tl.events[0])(t_ns=t20 + 10_000_000, kind="ckpt_save_end", src="watcher",
-                                        data={"path": "epoch=0-step=20.ckpt", "step": 20, "complete": True}))  # fmt: skip
+    t20 = next(
+        e.t_ns for e in tl.events if e.kind == "step" and e.get("step") == 20 and e.get("incarnation") == 0
+    )
+    tl.events.append(
+        type(tl.events[0])(
+            t_ns=t20 + 10_000_000,
+            kind="ckpt_save_end",
+            src="watcher",
+            data={"path": "epoch=0-step=20.ckpt", "step": 20, "complete": True},
+        )
+    )
     m = compute_metrics(tl.sorted(), control=control(), total_steps=30)
     fault = next(e.t_ns for e in tl.events if e.kind == "fault_inject")
     assert m.checkpoint_age_s == pytest.approx((fault - t20 - 10_000_000) / 1e9, abs=1e-6)
@@ -170,13 +190,22 @@ def test_a_sparse_bar_that_skips_the_first_steps_after_a_resume_is_placed_by_the
     within its 0.1 s). The watcher saw checkpoint-50's files read after the new ranks started: restored from 50."""
     tl = killed_and_restarted(resume_from=52, last_before=70, total=150)
     start1 = min(e.t_ns for e in tl.events if e.kind == "rank_start" and e.get("incarnation") == 1)
-    tl.events.append(type(tl.events[0])(t_ns=start1 + 500_000_000, kind="ckpt_load_end", src="watcher",
-                                        data={"path": "checkpoint-50", "step": 50}))  # fmt: skip
+    tl.events.append(
+        type(tl.events[0])(
+            t_ns=start1 + 500_000_000,
+            kind="ckpt_load_end",
+            src="watcher",
+            data={"path": "checkpoint-50", "step": 50},
+        )
+    )
     m = compute_metrics(tl.sorted(), control=control(150), total_steps=150)
     assert m.outcome == "recovered" and m.lost_steps == 20
     assert m.lost_work_s == pytest.approx(20 * 0.1, abs=1e-6)
-    without = compute_metrics(killed_and_restarted(resume_from=52, last_before=70, total=150).sorted(),
-                              control=control(150), total_steps=150)  # fmt: skip
+    without = compute_metrics(
+        killed_and_restarted(resume_from=52, last_before=70, total=150).sorted(),
+        control=control(150),
+        total_steps=150,
+    )
     assert without.lost_steps == 18  # what the bar alone shows
 
 
@@ -185,8 +214,11 @@ def test_a_script_that_trains_its_snapshots_last_epoch_again_lost_it_too() -> No
     snapshot holds e + 1 epochs (the watcher's step), yet epoch e (step e + 1) is trained again: it was lost."""
     tl = killed_and_restarted(resume_from=3, last_before=5, total=10)  # resumed: "Epoch 3" -> step 4 again
     start1 = min(e.t_ns for e in tl.events if e.kind == "rank_start" and e.get("incarnation") == 1)
-    tl.events.append(type(tl.events[0])(t_ns=start1 + 1, kind="ckpt_load_end", src="watcher",
-                                        data={"path": "snapshot.pt", "step": 4}))  # fmt: skip
+    tl.events.append(
+        type(tl.events[0])(
+            t_ns=start1 + 1, kind="ckpt_load_end", src="watcher", data={"path": "snapshot.pt", "step": 4}
+        )
+    )
     m = compute_metrics(tl.sorted(), control=control(10), total_steps=10)
     assert m.lost_steps == 2  # steps 4 and 5 done before the kill, done again
 

@@ -49,8 +49,19 @@ from chaosbench.waiting import wait_until
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
 
-Mode = Literal["bitflip", "truncate", "delete-shard", "delete-metadata", "garble-metadata", "torn-write",
-               "zero-optimizer", "drop-optimizer", "rewind-rng", "reset-data-position", "mixed-step"]
+Mode = Literal[
+    "bitflip",
+    "truncate",
+    "delete-shard",
+    "delete-metadata",
+    "garble-metadata",
+    "torn-write",
+    "zero-optimizer",
+    "drop-optimizer",
+    "rewind-rng",
+    "reset-data-position",
+    "mixed-step",
+]
 METADATA_MODES = ("delete-metadata", "garble-metadata")
 
 
@@ -96,8 +107,12 @@ class CorruptParams(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> CorruptParams:
         given = self.model_fields_set
-        only = {"bits": ("bitflip",), "tensors": ("bitflip",), "truncate_fraction": ("truncate",),
-                "torn_at": ("torn-write",)}  # fmt: skip
+        only = {
+            "bits": ("bitflip",),
+            "tensors": ("bitflip",),
+            "truncate_fraction": ("truncate",),
+            "torn_at": ("torn-write",),
+        }
         for key, modes in only.items():
             if key in given and self.mode not in modes:
                 raise ValueError(f"{key} applies to mode {modes[0]} only (mode is {self.mode})")
@@ -173,10 +188,15 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
 
     def _older(self, root: Path, file_glob: str | None, than: cf.Checkpoint) -> cf.Checkpoint:
         """The newest complete checkpoint before ``than`` (for rewind-rng and mixed-step)."""
-        older = [c for c in cf.list_checkpoints(root, file_glob)
-                 if c.complete and c.step is not None and than.step is not None and c.step < than.step]  # fmt: skip
+        older = [
+            c
+            for c in cf.list_checkpoints(root, file_glob)
+            if c.complete and c.step is not None and than.step is not None and c.step < than.step
+        ]
         if not older:
-            raise ChaosbenchError(f"no complete checkpoint older than {than.path.name} in {root} to take state from")
+            raise ChaosbenchError(
+                f"no complete checkpoint older than {than.path.name} in {root} to take state from"
+            )
         return older[-1]
 
     def _damage_state(self, ctx: FaultContext) -> dict[str, Any]:
@@ -186,7 +206,9 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         root, glob = ctx.setup.ckpt_dir, p.file_glob
         ranks = sorted({t.rank for t in ctx.targets if t.rank is not None})
         per_rank = glob is not None and "{rank}" in glob
-        globs: list[str | None] = [glob.replace("{rank}", str(r)) for r in ranks] if glob and per_rank else [glob]
+        globs: list[str | None] = (
+            [glob.replace("{rank}", str(r)) for r in ranks] if glob and per_rank else [glob]
+        )
         changes: list[dict[str, Any]] = []
         chosen = [self._select(root, g) for g in globs]
         for g, ck in zip(globs, chosen, strict=True):
@@ -200,10 +222,14 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 elif per_rank:
                     files = [ck.path]
                 else:
-                    raise ChaosbenchError("mixed-step on torch.save files needs one file per rank: a file_glob "
-                                          "with {rank}")  # fmt: skip
-                rec.update(older=str(older.path), older_step=older.step,
-                           files=damage.swap_from_older(files, older.path))  # fmt: skip
+                    raise ChaosbenchError(
+                        "mixed-step on torch.save files needs one file per rank: a file_glob with {rank}"
+                    )
+                rec.update(
+                    older=str(older.path),
+                    older_step=older.step,
+                    files=damage.swap_from_older(files, older.path),
+                )
             else:
                 sd = damage.load_whole(ck)
                 if p.mode == "rewind-rng":
@@ -211,12 +237,19 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                     keys = damage.rewind_rng(sd, damage.load_whole(older), None if per_rank else ranks)
                     rec.update(older=str(older.path), older_step=older.step)
                 else:
-                    keys = {"zero-optimizer": damage.zero_optimizer, "drop-optimizer": damage.drop_optimizer,
-                            "reset-data-position": damage.reset_data_position}[p.mode](sd)  # fmt: skip
+                    keys = {
+                        "zero-optimizer": damage.zero_optimizer,
+                        "drop-optimizer": damage.drop_optimizer,
+                        "reset-data-position": damage.reset_data_position,
+                    }[p.mode](sd)
                 if not keys:
-                    what = {"rewind-rng": "RNG state (of the target ranks) also in the older checkpoint",
-                            "reset-data-position": "data-position entry"}.get(p.mode, "optimizer state")  # fmt: skip
-                    raise ChaosbenchError(f"{ck.path}: no {what} found to damage (keys: {', '.join(map(str, sd))})")
+                    what = {
+                        "rewind-rng": "RNG state (of the target ranks) also in the older checkpoint",
+                        "reset-data-position": "data-position entry",
+                    }.get(p.mode, "optimizer state")
+                    raise ChaosbenchError(
+                        f"{ck.path}: no {what} found to damage (keys: {', '.join(map(str, sd))})"
+                    )
                 rec.update(keys=keys, files=damage.write_whole(ck, sd))
             changes.append(rec)
         return {
@@ -302,9 +335,12 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         return ranges
 
     def _damage_rank(
-        self, files: list[Path], ranges: dict[Path, list[cf.PayloadRange]] | None, rank: int | None,
+        self,
+        files: list[Path],
+        ranges: dict[Path, list[cf.PayloadRange]] | None,
+        rank: int | None,
         ctx: FaultContext,
-    ) -> list[dict[str, Any]]:  # fmt: skip
+    ) -> list[dict[str, Any]]:
         p = self.params
         if p.mode != "bitflip" or ranges is None:
             return [self._damage(f, rank, None, ctx) for f in files]
@@ -341,7 +377,9 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         return rec
 
     # ------------------------------------------------------------------ kills
-    def _signal(self, targets: list[ResolvedTarget], ctx: FaultContext, sig: signal.Signals) -> list[dict[str, Any]]:
+    def _signal(
+        self, targets: list[ResolvedTarget], ctx: FaultContext, sig: signal.Signals
+    ) -> list[dict[str, Any]]:
         """Send ``sig`` to each target's process; records what happened instead of failing (after SIGKILL:
         the damage is done)."""
         out = []
@@ -367,19 +405,29 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
             for t, (_, path) in zip(ctx.targets, saves, strict=True):
                 assert t.rank is not None  # no role targets here (role_targets is False)
                 self._wait_for_shard(Path(path) if path else None, t.rank)
-        delivered = [ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)
-                     for t in ctx.targets if t.pid is not None]  # each has one: checked above  # fmt: skip
+        delivered = [
+            ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)
+            for t in ctx.targets
+            if t.pid is not None
+        ]  # each has one: checked above
         step, path = saves[0]
-        out: dict[str, Any] = {"mode": "torn-write", "checkpoint": path, "step": step,
-                               "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets],
-                               **effect_of(delivered, "SIGKILL delivered during the save")}  # fmt: skip
+        out: dict[str, Any] = {
+            "mode": "torn-write",
+            "checkpoint": path,
+            "step": step,
+            "killed": [{"rank": t.rank, "pid": t.pid} for t in ctx.targets],
+            **effect_of(delivered, "SIGKILL delivered during the save"),
+        }
         d = Path(path) if path else None
         if d is not None:  # what the dead rank left (the others may still be writing)
             # the kill can land before the save has made its directory (rank 0 makes it after the begin): no
             # files, no marker, said as such (dir_at_kill)
             out["dir_at_kill"] = d.is_dir()
-            out["files_at_kill"] = ({f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
-                                    if out["dir_at_kill"] else {})  # fmt: skip
+            out["files_at_kill"] = (
+                {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
+                if out["dir_at_kill"]
+                else {}
+            )
             out["marker_at_kill"] = out["dir_at_kill"] and (d / cf.COMPLETE_MARKER).is_file()
         return out
 
@@ -404,10 +452,12 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         begin = max(begins, key=lambda e: (e.get("step") or 0, e.t_ns))
         step = begin.get("step")
         ended = any(
-            e.kind == "ckpt_save_end" and e.get("rank") == t.rank and e.get("step") == step
+            e.kind == "ckpt_save_end"
+            and e.get("rank") == t.rank
+            and e.get("step") == step
             and e.get("incarnation", 0) == inc
             for e in ctx.events
-        )  # fmt: skip
+        )
         if ended:
             raise ChaosbenchError(f"the checkpoint save of step {step} had already ended on rank {t.rank}")
         return step, begin.get("path")

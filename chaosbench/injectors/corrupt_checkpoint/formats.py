@@ -124,10 +124,15 @@ def _dcp_checkpoint(d: Path, markers_used: bool) -> Checkpoint:
     except OSError:
         mtime = 0
     return Checkpoint(
-        path=d, kind="dcp", step=step_of(d.name), complete=has_md and (has_marker or not markers_used),
-        has_metadata=has_md, has_marker=has_marker, mtime_ns=mtime,
+        path=d,
+        kind="dcp",
+        step=step_of(d.name),
+        complete=has_md and (has_marker or not markers_used),
+        has_metadata=has_md,
+        has_marker=has_marker,
+        mtime_ns=mtime,
         files=tuple(sorted(p.name for p in d.iterdir() if p.is_file())),
-    )  # fmt: skip
+    )
 
 
 def torch_save_complete(path: str | os.PathLike[str] | BinaryIO) -> bool:
@@ -154,8 +159,16 @@ def list_checkpoints(root: str | os.PathLike[str], file_glob: str | None = None)
         for p in base.glob(file_glob):
             if not p.is_file():
                 continue
-            out.append(Checkpoint(path=p, kind="torch-save", step=step_of(p.name), complete=torch_save_complete(p),
-                                  mtime_ns=p.stat().st_mtime_ns, files=(p.name,)))  # fmt: skip
+            out.append(
+                Checkpoint(
+                    path=p,
+                    kind="torch-save",
+                    step=step_of(p.name),
+                    complete=torch_save_complete(p),
+                    mtime_ns=p.stat().st_mtime_ns,
+                    files=(p.name,),
+                )
+            )
     else:
         dirs = [base] if _is_dcp_dir(base) else []
         dirs += sorted(d for d in base.iterdir() if d.is_dir() and _is_dcp_dir(d))

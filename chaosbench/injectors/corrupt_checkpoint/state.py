@@ -36,8 +36,9 @@ OPTIMIZER_KEY = re.compile(r"optim", re.IGNORECASE)
 #: Top-level keys holding RNG state (``rng.rank1``, ``rng_state``, ``torch_rng``, ``generator``).
 RNG_KEY = re.compile(r"rng|random|generator", re.IGNORECASE)
 #: Keys (at any depth) holding how far through its data a run is.
-DATA_POSITION_KEY = re.compile(r"data_position|data_pos|sampler|epoch|consumed|batch_idx|batches_seen",
-                               re.IGNORECASE)  # fmt: skip
+DATA_POSITION_KEY = re.compile(
+    r"data_position|data_pos|sampler|epoch|consumed|batch_idx|batches_seen", re.IGNORECASE
+)
 
 
 def _leaves(obj: Any, fn: Callable[[str, Any], Any], key: str = "") -> Any:
@@ -169,5 +170,7 @@ def swap_from_older(files: list[Path], older: Path) -> list[dict[str, Any]]:
             raise ValueError(f"the older checkpoint {older} has no {f.name}")
         size_before = f.stat().st_size
         shutil.copyfile(src, f)
-        out.append({"file": str(f), "from": str(src), "size_before": size_before, "size_after": f.stat().st_size})
+        out.append(
+            {"file": str(f), "from": str(src), "size_before": size_before, "size_after": f.stat().st_size}
+        )
     return out

@@ -64,7 +64,9 @@ def check_tools() -> None:
         raise MissingEngine(missing)
 
 
-def nsexec(rt: NodeControl, node: str, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+def nsexec(
+    rt: NodeControl, node: str, argv: list[str], check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run a host tool inside the node's network namespace."""
     cmd = ["nsenter", "-t", str(rt.node_pid(node)), "-n", *argv]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -112,7 +114,9 @@ class _NetInjector(Injector[P]):
 
     def _add_qdisc(self, ctx: FaultContext, rt: NodeControl, node: str, kind: str, args: list[str]) -> bool:
         """``tc qdisc add dev eth0 root KIND ARGS``; False when the kernel lacks the qdisc."""
-        res = nsexec(rt, node, ["tc", "qdisc", "add", "dev", iface(rt, node), "root", kind, *args], check=False)
+        res = nsexec(
+            rt, node, ["tc", "qdisc", "add", "dev", iface(rt, node), "root", kind, *args], check=False
+        )
         if res.returncode != 0:
             if NO_QDISC.search(res.stderr):
                 return False
@@ -124,11 +128,15 @@ class _NetInjector(Injector[P]):
         rt = node_control(ctx.runtime, self.name)
         undone = False
         for node, chain, spec in reversed(ctx.state.pop("rules", [])):
-            with contextlib.suppress(ChaosbenchError, ProcessLookupError, OSError, subprocess.SubprocessError):
+            with contextlib.suppress(
+                ChaosbenchError, ProcessLookupError, OSError, subprocess.SubprocessError
+            ):
                 if nsexec(rt, node, ["iptables", "-w", "5", "-D", chain, *spec], check=False).returncode == 0:
                     undone = True
         for node, kind, dev in ctx.state.pop("qdiscs", []):
-            with contextlib.suppress(ChaosbenchError, ProcessLookupError, OSError, subprocess.SubprocessError):
+            with contextlib.suppress(
+                ChaosbenchError, ProcessLookupError, OSError, subprocess.SubprocessError
+            ):
                 shown = nsexec(rt, node, ["tc", "qdisc", "show", "dev", dev, "root"], check=False).stdout
                 if shown.startswith(f"qdisc {kind} "):  # a rebooted node has its default qdisc again
                     nsexec(rt, node, ["tc", "qdisc", "del", "dev", dev, "root"])
@@ -149,7 +157,9 @@ class _ShapingParams(BaseModel):
     @model_validator(mode="after")
     def _netem_egress(self) -> _ShapingParams:
         if self.method == "netem" and self.direction != "egress":
-            raise ValueError("netem shapes egress only; use method auto (or the other method) for ingress/both")
+            raise ValueError(
+                "netem shapes egress only; use method auto (or the other method) for ingress/both"
+            )
         return self
 
 
@@ -196,8 +206,9 @@ class _ShapingInjector(_NetInjector[SP]):
 class NetDelayParams(_ShapingParams):
     delay_ms: float = Field(gt=0, description="added latency per packet (ms)")
     jitter_ms: float = Field(default=0.0, ge=0, description="uniform +- jitter (ms); packets may reorder")
-    method: Literal["auto", "netem", "nfqueue"] = Field(default="auto", description="netem if the kernel has "
-                                                        "it, else an NFQUEUE userspace delayer")  # fmt: skip
+    method: Literal["auto", "netem", "nfqueue"] = Field(
+        default="auto", description="netem if the kernel has it, else an NFQUEUE userspace delayer"
+    )
 
     @model_validator(mode="after")
     def _jitter(self) -> NetDelayParams:
@@ -207,11 +218,33 @@ class NetDelayParams(_ShapingParams):
 
 
 def _start_delayer(ctx: FaultContext, rt: NodeControl, node: str, queue: int, p: Any) -> dict[str, Any]:
-    cmd = ["nsenter", "-t", str(rt.node_pid(node)), "-n", sys.executable, "-m", "chaosbench.injectors.network.delayer",
-           "--queue", str(queue), "--delay-ms", str(p.delay_ms), "--jitter-ms", str(p.jitter_ms),
-           "--seed", str(ctx.rng.randrange(2**31)), "--parent-pid", str(os.getpid())]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, start_new_session=True)  # fmt: skip
+    cmd = [
+        "nsenter",
+        "-t",
+        str(rt.node_pid(node)),
+        "-n",
+        sys.executable,
+        "-m",
+        "chaosbench.injectors.network.delayer",
+        "--queue",
+        str(queue),
+        "--delay-ms",
+        str(p.delay_ms),
+        "--jitter-ms",
+        str(p.jitter_ms),
+        "--seed",
+        str(ctx.rng.randrange(2**31)),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     ready = threading.Event()
     lines: list[str] = []
 
@@ -228,8 +261,15 @@ def _start_delayer(ctx: FaultContext, rt: NodeControl, node: str, queue: int, p:
         proc.kill()
         err = proc.stderr.read() if proc.stderr else ""
         raise ChaosbenchError(f"{node}: the NFQUEUE delayer did not start: {err.strip()[-300:]}")
-    ctx.timeline.emit("proc_start", src="injector", proc=f"netdelay.{node}.{ctx.index}", pid=proc.pid,
-                      pid_ticks=procutil.start_ticks(proc.pid), role="injector", node=node)  # fmt: skip
+    ctx.timeline.emit(
+        "proc_start",
+        src="injector",
+        proc=f"netdelay.{node}.{ctx.index}",
+        pid=proc.pid,
+        pid_ticks=procutil.start_ticks(proc.pid),
+        role="injector",
+        node=node,
+    )
     return {"node": node, "proc": proc, "reader": reader, "lines": lines}
 
 
@@ -237,9 +277,14 @@ def _stop_delayer(ctx: FaultContext, fault: str, d: dict[str, Any]) -> bool:
     proc: subprocess.Popen[str] = d["proc"]
     early = proc.poll()
     if early is not None:  # it should hold packets until now: say so, the delay ended early
-        ctx.timeline.emit("log", src="injector", proc=f"netdelay.{d['node']}.{ctx.index}", fault=fault,
-                          line=f"netdelay on {d['node']} exited (code {early}) before the fault was reverted: "
-                               "the delay ended early")  # fmt: skip
+        ctx.timeline.emit(
+            "log",
+            src="injector",
+            proc=f"netdelay.{d['node']}.{ctx.index}",
+            fault=fault,
+            line=f"netdelay on {d['node']} exited (code {early}) before the fault was reverted: "
+            "the delay ended early",
+        )
     else:
         proc.terminate()
         try:
@@ -249,10 +294,22 @@ def _stop_delayer(ctx: FaultContext, fault: str, d: dict[str, Any]) -> bool:
             proc.wait(timeout=5)
     d["reader"].join(timeout=2)
     counters = next((ln for ln in reversed(d["lines"]) if ln.startswith("{")), None)
-    ctx.timeline.emit("proc_exit", src="injector", proc=f"netdelay.{d['node']}.{ctx.index}", pid=proc.pid,
-                      returncode=proc.returncode, role="injector", node=d["node"])  # fmt: skip
-    ctx.timeline.emit("log", src="injector", proc=f"netdelay.{d['node']}.{ctx.index}", fault=fault,
-                      line=f"netdelay counters {counters}")  # fmt: skip
+    ctx.timeline.emit(
+        "proc_exit",
+        src="injector",
+        proc=f"netdelay.{d['node']}.{ctx.index}",
+        pid=proc.pid,
+        returncode=proc.returncode,
+        role="injector",
+        node=d["node"],
+    )
+    ctx.timeline.emit(
+        "log",
+        src="injector",
+        proc=f"netdelay.{d['node']}.{ctx.index}",
+        fault=fault,
+        line=f"netdelay counters {counters}",
+    )
     return True
 
 
@@ -260,7 +317,9 @@ class NetDelayInjector(_ShapingInjector[NetDelayParams]):
     """Adds latency (and jitter) to a node's packets: netem, else an NFQUEUE userspace delayer."""
 
     name: ClassVar[str] = "net-delay"
-    summary: ClassVar[str] = "add latency/jitter to a node's packets (netem, else an NFQUEUE userspace delayer)"
+    summary: ClassVar[str] = (
+        "add latency/jitter to a node's packets (netem, else an NFQUEUE userspace delayer)"
+    )
     fallback: ClassVar[str] = "nfqueue"
 
     def netem_args(self) -> list[str]:
@@ -271,16 +330,25 @@ class NetDelayInjector(_ShapingInjector[NetDelayParams]):
         queue = 4200 + ctx.index % 1000
         ctx.state.setdefault("delayers", []).append(_start_delayer(ctx, rt, node, queue, self.params))
         for chain, opt in chains(self.params.direction):
-            spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-j", "NFQUEUE", "--queue-num", str(queue),
-                    "--queue-bypass"]  # fmt: skip
+            spec = [
+                opt,
+                iface(rt, node),
+                *rule_tag(ctx, self.fault_name),
+                "-j",
+                "NFQUEUE",
+                "--queue-num",
+                str(queue),
+                "--queue-bypass",
+            ]
             self._add_rule(ctx, rt, node, chain, spec)
 
 
 # ------------------------------------------------------------------------------------------------ loss
 class NetLossParams(_ShapingParams):
     percent: float = Field(gt=0, le=100, description="share of packets dropped (%)")
-    method: Literal["auto", "netem", "iptables"] = Field(default="auto", description="netem if the kernel "
-                                                         "has it, else iptables statistic DROP")  # fmt: skip
+    method: Literal["auto", "netem", "iptables"] = Field(
+        default="auto", description="netem if the kernel has it, else iptables statistic DROP"
+    )
 
 
 class NetLossInjector(_ShapingInjector[NetLossParams]):
@@ -296,8 +364,19 @@ class NetLossInjector(_ShapingInjector[NetLossParams]):
     def inject_fallback(self, ctx: FaultContext, rt: NodeControl, node: str) -> None:
         p = self.params
         for chain, opt in chains(p.direction):
-            spec = [opt, iface(rt, node), *rule_tag(ctx, self.fault_name), "-m", "statistic", "--mode", "random",
-                    "--probability", f"{p.percent / 100:.6f}", "-j", "DROP"]  # fmt: skip
+            spec = [
+                opt,
+                iface(rt, node),
+                *rule_tag(ctx, self.fault_name),
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                f"{p.percent / 100:.6f}",
+                "-j",
+                "DROP",
+            ]
             self._add_rule(ctx, rt, node, chain, spec)
 
 
@@ -337,7 +416,9 @@ class NetBandwidthInjector(_NetInjector[NetBandwidthParams]):
 class PartitionParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     groups: list[list[str]] = Field(description="groups of nodes that can no longer reach each other")
-    action: Literal["drop", "reject"] = Field(default="drop", description="drop silently, or reject (RST/ICMP)")
+    action: Literal["drop", "reject"] = Field(
+        default="drop", description="drop silently, or reject (RST/ICMP)"
+    )
     duration_s: float | None = Field(default=None, gt=0, description="window length; null: till the end")
 
     @field_validator("groups")
@@ -386,8 +467,23 @@ class PartitionInjector(_NetInjector[PartitionParams]):
                     continue
                 if p.action == "reject":  # a reset for TCP, so a peer's connect/recv fails at once
                     for chain, addr in (("OUTPUT", "-d"), ("INPUT", "-s")):
-                        self._add_rule(ctx, rt, node, chain, [addr, ips[peer], "-p", "tcp", *tag, "-j", "REJECT",
-                                                              "--reject-with", "tcp-reset"])  # fmt: skip
+                        self._add_rule(
+                            ctx,
+                            rt,
+                            node,
+                            chain,
+                            [
+                                addr,
+                                ips[peer],
+                                "-p",
+                                "tcp",
+                                *tag,
+                                "-j",
+                                "REJECT",
+                                "--reject-with",
+                                "tcp-reset",
+                            ],
+                        )
                 self._add_rule(ctx, rt, node, "OUTPUT", ["-d", ips[peer], *tag, *verdict])
                 self._add_rule(ctx, rt, node, "INPUT", ["-s", ips[peer], *tag, *verdict])
         return {"groups": p.groups, "action": p.action, "addresses": ips}

@@ -76,7 +76,9 @@ def _attr(kind: int, payload: bytes) -> bytes:
 
 def _message(msg_type: int, queue: int, attrs: bytes, seq: int, flags: int = NLM_F_REQUEST) -> bytes:
     body = _NFGENMSG.pack(socket.AF_UNSPEC, 0, socket.htons(queue)) + attrs
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), (NFNL_SUBSYS_QUEUE << 8) | msg_type, flags, seq, 0) + body
+    return (
+        _NLMSGHDR.pack(_NLMSGHDR.size + len(body), (NFNL_SUBSYS_QUEUE << 8) | msg_type, flags, seq, 0) + body
+    )
 
 
 def _messages(data: bytes) -> Iterator[tuple[int, bytes]]:
@@ -119,7 +121,9 @@ class NfQueue:
         self._request(_attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0, NFQNL_COPY_META)))
         self._request(_attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", maxlen)))
         flags = NFQA_CFG_F_FAIL_OPEN | NFQA_CFG_F_GSO
-        self._request(_attr(NFQA_CFG_MASK, struct.pack("!I", flags)) + _attr(NFQA_CFG_FLAGS, struct.pack("!I", flags)))
+        self._request(
+            _attr(NFQA_CFG_MASK, struct.pack("!I", flags)) + _attr(NFQA_CFG_FLAGS, struct.pack("!I", flags))
+        )
 
     def _request(self, attrs: bytes) -> None:
         """Send a config message and wait for the kernel's ack; an error raises OSError."""
@@ -156,7 +160,9 @@ class NfQueue:
         if not ids:
             return
         msgs = b"".join(
-            _message(NFQNL_MSG_VERDICT, self.queue, _attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, i)), 0)
+            _message(
+                NFQNL_MSG_VERDICT, self.queue, _attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, i)), 0
+            )
             for i in ids
         )
         for off in range(0, len(msgs), 1 << 15):  # chunks of whole messages (each is 32 bytes)
@@ -165,8 +171,14 @@ class NfQueue:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.send(_message(NFQNL_MSG_CONFIG, self.queue,
-                                    _attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_UNBIND, 0)), 0))  # fmt: skip
+            self.sock.send(
+                _message(
+                    NFQNL_MSG_CONFIG,
+                    self.queue,
+                    _attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_UNBIND, 0)),
+                    0,
+                )
+            )
         self.sock.close()
 
 
@@ -210,7 +222,9 @@ def run(queue: int, delay_ms: float, jitter_ms: float, seed: int, parent_pid: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chaosbench.injectors.network.delayer", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m chaosbench.injectors.network.delayer", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--queue", type=int, required=True, help="netfilter queue number")
     p.add_argument("--delay-ms", type=float, required=True, help="added latency per packet (ms)")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="uniform +- jitter (ms)")

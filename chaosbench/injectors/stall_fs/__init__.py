@@ -106,6 +106,7 @@ def unmount(mountpoint: str | os.PathLike[str], busy_retry_s: float = BUSY_RETRY
     tool = shutil.which("fusermount3")
     plain = [tool, "-u", mp] if tool else ["umount", mp]
     lazy = [tool, "-u", "-z", mp] if tool else ["umount", "-l", mp]
+
     # A plain unmount, retried while the mount is busy (a process still in a call that is being released).
     def done_or_not_busy() -> bool:
         return "busy" not in _run_quiet(plain).lower() or not is_mounted(mp)
@@ -121,8 +122,9 @@ def unmount(mountpoint: str | os.PathLike[str], busy_retry_s: float = BUSY_RETRY
 
 def _run_quiet(argv: list[str]) -> str:
     try:
-        res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15,
-                             check=False)  # fmt: skip
+        res = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     return res.stderr
@@ -218,15 +220,22 @@ def cleanup_stale_mounts(results_dir: str | os.PathLike[str]) -> list[dict[str, 
             mp = m.get("mountpoint")
             if not mp or m.get("unmounted_t_ns"):
                 continue
-            owner_alive = procutil.alive(int(m.get("owner_pid") or 0), m.get("owner_ticks")) if m.get(
-                "owner_pid") else False  # fmt: skip
+            owner_alive = (
+                procutil.alive(int(m.get("owner_pid") or 0), m.get("owner_ticks"))
+                if m.get("owner_pid")
+                else False
+            )
             if ended is None:
                 # leniently: a crashed run's mounts are removed even when a line of its timeline is not valid
                 ended = any(e.kind == "run_end" for e in read_events(run_dir / "events.jsonl", strict=False))
             if owner_alive and not ended:
                 continue
-            rec: dict[str, Any] = {"mountpoint": mp, "run_dir": str(run_dir), "owner_alive": owner_alive,
-                                   "run_ended": ended}  # fmt: skip
+            rec: dict[str, Any] = {
+                "mountpoint": mp,
+                "run_dir": str(run_dir),
+                "owner_alive": owner_alive,
+                "run_ended": ended,
+            }
             pid, ticks = m.get("fusefs_pid"), m.get("fusefs_ticks")
             live = bool(pid) and procutil.alive(int(pid), ticks) and is_our_fusefs(int(pid), mp)
             if live and m.get("control"):
@@ -279,10 +288,24 @@ class FuseMount:
         return self.proc is not None and self.proc.poll() is None
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", FUSEFS_MODULE, "--backing", str(self.backing), "--mountpoint",
-                str(self.mountpoint), "--control", str(self.control), "--stats", str(self.stats_path),
-                "--foreground", "--owner-pid", str(os.getpid()),
-                "--owner-ticks", str(procutil.start_ticks(os.getpid()))]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            FUSEFS_MODULE,
+            "--backing",
+            str(self.backing),
+            "--mountpoint",
+            str(self.mountpoint),
+            "--control",
+            str(self.control),
+            "--stats",
+            str(self.stats_path),
+            "--foreground",
+            "--owner-pid",
+            str(os.getpid()),
+            "--owner-ticks",
+            str(procutil.start_ticks(os.getpid())),
+        ]
 
     def start(self, timeout_s: float = MOUNT_TIMEOUT_S, on_started: Any = None) -> None:
         """Start the server and wait until the mount appears. ``on_started(self)`` runs right after the
@@ -302,8 +325,15 @@ class FuseMount:
         err = open(self.log_dir / "fusefs.err", "ab")
         self._logs = [out, err]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                     start_new_session=True, close_fds=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
         self.ticks = procutil.start_ticks(self.proc.pid)
         if on_started is not None:
             on_started(self)
@@ -313,8 +343,10 @@ class FuseMount:
             if is_mounted(self.mountpoint):
                 return True
             if proc.poll() is not None:
-                raise ChaosbenchError(f"fusefs exited with code {proc.returncode} before mounting "
-                                      f"{self.mountpoint}: {self._stderr_tail()}")  # fmt: skip
+                raise ChaosbenchError(
+                    f"fusefs exited with code {proc.returncode} before mounting "
+                    f"{self.mountpoint}: {self._stderr_tail()}"
+                )
             return False
 
         if not wait_until(mounted, timeout_s, interval_s=0.02):
@@ -400,8 +432,10 @@ class StallFsParams(BaseModel):
     error_probability: float = Field(
         default=1.0, ge=0, le=1, description="chance that an error_ops call fails"
     )
-    error_ops: list[str] = Field(default_factory=lambda: ["write", "fsync"],
-                                 description="operations that fail with errno ('fsync' covers dirs too)")  # fmt: skip
+    error_ops: list[str] = Field(
+        default_factory=lambda: ["write", "fsync"],
+        description="operations that fail with errno ('fsync' covers dirs too)",
+    )
     duration_s: float | None = Field(
         default=None, gt=0, description="window length; null: until the run ends"
     )
@@ -451,6 +485,7 @@ class StallFsInjector(Injector[StallFsParams]):
     @classmethod
     def cleanup_crashed(cls, results_dir: Path, run_ids: dict[str, Path]) -> list[str]:
         return [f"unmount {a.get('mountpoint', a)}" for a in cleanup_stale_mounts(results_dir)]
+
     summary: ClassVar[str] = (
         "checkpoint directory behind a FUSE passthrough: added I/O latency, a freeze, or EIO/ENOSPC errors"
     )
@@ -485,12 +520,22 @@ class StallFsInjector(Injector[StallFsParams]):
         self.mount = mount
 
         def record(m: FuseMount) -> None:
-            _record_mount(run_dir, {
-                "mountpoint": str(m.mountpoint), "backing": str(m.backing), "control": str(m.control),
-                "stats": str(m.stats_path), "fusefs_pid": m.pid, "fusefs_ticks": m.ticks,
-                "owner_pid": os.getpid(), "owner_ticks": procutil.start_ticks(os.getpid()),
-                "run_id": setup.run_id, "fault": self.fault_name, "t_ns": time.time_ns(),
-            })  # fmt: skip
+            _record_mount(
+                run_dir,
+                {
+                    "mountpoint": str(m.mountpoint),
+                    "backing": str(m.backing),
+                    "control": str(m.control),
+                    "stats": str(m.stats_path),
+                    "fusefs_pid": m.pid,
+                    "fusefs_ticks": m.ticks,
+                    "owner_pid": os.getpid(),
+                    "owner_ticks": procutil.start_ticks(os.getpid()),
+                    "run_id": setup.run_id,
+                    "fault": self.fault_name,
+                    "t_ns": time.time_ns(),
+                },
+            )
 
         mount.start(on_started=record)
 
@@ -506,8 +551,12 @@ class StallFsInjector(Injector[StallFsParams]):
         with self._lock:
             self._active.add(ctx.index)
         ctx.state["stall_fs"] = True
-        return {"mountpoint": str(mount.mountpoint), "fusefs_pid": mount.pid, "control": control,
-                "ack_s": round(ack_s, 4)}  # fmt: skip
+        return {
+            "mountpoint": str(mount.mountpoint),
+            "fusefs_pid": mount.pid,
+            "control": control,
+            "ack_s": round(ack_s, 4),
+        }
 
     def revert(self, ctx: FaultContext) -> bool:
         if not ctx.state.pop("stall_fs", False):
@@ -539,16 +588,27 @@ class StallFsInjector(Injector[StallFsParams]):
             return
         if not is_mounted(mount.mountpoint):
             with contextlib.suppress(OSError):
-                _update_mount(Path(setup.run_dir).resolve(), str(mount.mountpoint), unmounted_t_ns=time.time_ns(),
-                              unmounted_by="injector", fusefs_returncode=mount.proc.returncode if mount.proc
-                              else None)  # fmt: skip
+                _update_mount(
+                    Path(setup.run_dir).resolve(),
+                    str(mount.mountpoint),
+                    unmounted_t_ns=time.time_ns(),
+                    unmounted_by="injector",
+                    fusefs_returncode=mount.proc.returncode if mount.proc else None,
+                )
         summary = _summary(stats)
         with contextlib.suppress(ValueError):  # the timeline was closed already
             setup.timeline.emit(
-                "log", src="injector", proc="fusefs", fault=self.fault_name, injector=self.name,
-                line=f"stall-fs counters: {summary}", stats=stats, unmount=mount.unmount_result, error=error,
+                "log",
+                src="injector",
+                proc="fusefs",
+                fault=self.fault_name,
+                injector=self.name,
+                line=f"stall-fs counters: {summary}",
+                stats=stats,
+                unmount=mount.unmount_result,
+                error=error,
                 fusefs_returncode=None if mount.proc is None else mount.proc.returncode,
-            )  # fmt: skip
+            )
         if error is not None:
             raise ChaosbenchError(error)
 

@@ -48,10 +48,31 @@ from chaosbench import procutil
 
 #: Operations served (and counted); every name may carry a delay or an injected error.
 FS_OPS: tuple[str, ...] = (
-    "access", "chmod", "chown", "create", "flush", "fsync", "fsyncdir", "getattr", "link", "mkdir", "mknod",
-    "open", "read", "readdir", "readlink", "release", "rename", "rmdir", "statfs", "symlink", "truncate",
-    "unlink", "utimens", "write",
-)  # fmt: skip
+    "access",
+    "chmod",
+    "chown",
+    "create",
+    "flush",
+    "fsync",
+    "fsyncdir",
+    "getattr",
+    "link",
+    "mkdir",
+    "mknod",
+    "open",
+    "read",
+    "readdir",
+    "readlink",
+    "release",
+    "rename",
+    "rmdir",
+    "statfs",
+    "symlink",
+    "truncate",
+    "unlink",
+    "utimens",
+    "write",
+)
 
 CONTROL_POLL_S = 0.05
 STATS_EVERY_S = 0.5
@@ -141,8 +162,13 @@ class FaultConfig:
         err = None
         if self.errno_name is not None:
             err = {"name": self.errno_name, "probability": self.probability, "ops": sorted(self.error_ops)}
-        return {"generation": self.generation, "delay_s": dict(self.delay_s), "freeze": self.freeze,
-                "errno": err, "seed": self.seed}  # fmt: skip
+        return {
+            "generation": self.generation,
+            "delay_s": dict(self.delay_s),
+            "freeze": self.freeze,
+            "errno": err,
+            "seed": self.seed,
+        }
 
 
 class FaultState:
@@ -273,11 +299,19 @@ class Passthrough:
         # By path: with no opendir the handle of a directory is 0, which is not ours to fstat.
         st = os.lstat(self._p(path))
         return {
-            "st_mode": st.st_mode, "st_ino": st.st_ino, "st_nlink": st.st_nlink, "st_uid": st.st_uid,
-            "st_gid": st.st_gid, "st_size": st.st_size, "st_blocks": st.st_blocks, "st_blksize": st.st_blksize,
-            "st_rdev": st.st_rdev, "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns,
+            "st_mode": st.st_mode,
+            "st_ino": st.st_ino,
+            "st_nlink": st.st_nlink,
+            "st_uid": st.st_uid,
+            "st_gid": st.st_gid,
+            "st_size": st.st_size,
+            "st_blocks": st.st_blocks,
+            "st_blksize": st.st_blksize,
+            "st_rdev": st.st_rdev,
+            "st_atime": st.st_atime_ns,
+            "st_mtime": st.st_mtime_ns,
             "st_ctime": st.st_ctime_ns,
-        }  # fmt: skip
+        }
 
     def access(self, path: str, amode: int) -> int:
         self.faults.before("access")
@@ -313,8 +347,18 @@ class Passthrough:
     def statfs(self, path: str) -> dict[str, int]:
         self.faults.before("statfs")
         sv = os.statvfs(self._p(path))
-        keys = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
-                "f_flag", "f_namemax")  # fmt: skip
+        keys = (
+            "f_bsize",
+            "f_frsize",
+            "f_blocks",
+            "f_bfree",
+            "f_bavail",
+            "f_files",
+            "f_ffree",
+            "f_favail",
+            "f_flag",
+            "f_namemax",
+        )
         return {k: getattr(sv, k) for k in keys}
 
     def readlink(self, path: str) -> str:
@@ -451,8 +495,16 @@ def _run_fuse(ops: Passthrough, mountpoint: str, foreground: bool) -> None:
 class ControlLoop(threading.Thread):
     """Polls the control file, writes the stats file and watches the owner process."""
 
-    def __init__(self, faults: FaultState, control: Path, stats: Path, mountpoint: str, backing: str,
-                 owner_pid: int | None, owner_ticks: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        faults: FaultState,
+        control: Path,
+        stats: Path,
+        mountpoint: str,
+        backing: str,
+        owner_pid: int | None,
+        owner_ticks: int | None,
+    ) -> None:
         super().__init__(name="fusefs-control", daemon=True)
         self.faults = faults
         self.control = control
@@ -487,8 +539,16 @@ class ControlLoop(threading.Thread):
 
     def write_stats(self, final: bool = False) -> None:
         snap = self.faults.snapshot()
-        snap.update({"pid": os.getpid(), "mountpoint": self.mountpoint, "backing": self.backing,
-                     "final": final, "owner_gone": self.owner_gone, "t_ns": time.time_ns()})  # fmt: skip
+        snap.update(
+            {
+                "pid": os.getpid(),
+                "mountpoint": self.mountpoint,
+                "backing": self.backing,
+                "final": final,
+                "owner_gone": self.owner_gone,
+                "t_ns": time.time_ns(),
+            }
+        )
         with self._lock:
             try:
                 write_json_atomic(self.stats, snap)
@@ -518,8 +578,11 @@ class ControlLoop(threading.Thread):
                 next_owner_check = now + OWNER_POLL_S
                 if not self._owner_alive():
                     self.owner_gone = True
-                    log.warning("owner pid %s is gone: clearing faults and unmounting %s", self.owner_pid,
-                                self.mountpoint)  # fmt: skip
+                    log.warning(
+                        "owner pid %s is gone: clearing faults and unmounting %s",
+                        self.owner_pid,
+                        self.mountpoint,
+                    )
                     self.faults.close()
                     self.write_stats()
                     lazy_unmount(self.mountpoint)
@@ -546,17 +609,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control", required=True, help="JSON control file (faults); missing = no faults")
     p.add_argument("--stats", default=None, help="JSON stats file (default: <control stem>.stats.json)")
     p.add_argument("--foreground", action="store_true", help="do not daemonize")
-    p.add_argument("--owner-pid", type=int, default=None,
-                   help="unmount and exit when this process is gone (the harness)")  # fmt: skip
-    p.add_argument("--owner-ticks", type=int, default=None,
-                   help="start time (clock ticks) of --owner-pid, to tell a reused pid apart")  # fmt: skip
+    p.add_argument(
+        "--owner-pid", type=int, default=None, help="unmount and exit when this process is gone (the harness)"
+    )
+    p.add_argument(
+        "--owner-ticks",
+        type=int,
+        default=None,
+        help="start time (clock ticks) of --owner-pid, to tell a reused pid apart",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s fusefs[%(process)d] %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s fusefs[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
     backing = Path(args.backing).resolve()
     mountpoint = str(Path(args.mountpoint).resolve())
     control = Path(args.control).resolve()

@@ -78,8 +78,18 @@ from chaosbench.runtimes.docker.options import DockerNodeLossOptions, DockerOpti
 from chaosbench.runtimes.process import CaptureLimitWatcher
 from chaosbench.timeline import now_ns
 
-__all__ = ["CAPTURE_DIR_LABEL", "CONTAINER_STATES", "NODE_LABEL", "RUN_DIR_LABEL", "RUN_LABEL", "DockerNodeLossOptions", "DockerOptions",
-           "DockerRuntime", "ExecHandle", "remove_run_objects"]  # fmt: skip
+__all__ = [
+    "CAPTURE_DIR_LABEL",
+    "CONTAINER_STATES",
+    "NODE_LABEL",
+    "RUN_DIR_LABEL",
+    "RUN_LABEL",
+    "DockerNodeLossOptions",
+    "DockerOptions",
+    "DockerRuntime",
+    "ExecHandle",
+    "remove_run_objects",
+]
 
 FIRST_PORT = 29500
 
@@ -100,7 +110,11 @@ class DockerRuntime(Runtime[DockerOptions]):
             return "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"
         # an engine elsewhere (DOCKER_HOST) needs nothing installed here but the SDK; whether it answers is known
         # only by asking it, which a run does first (a run without one: "no Docker engine answers (...)")
-        if not os.environ.get("DOCKER_HOST") and shutil.which("dockerd") is None and shutil.which("docker") is None:
+        if (
+            not os.environ.get("DOCKER_HOST")
+            and shutil.which("dockerd") is None
+            and shutil.which("docker") is None
+        ):
             return "the docker runtime needs a Docker engine: scripts/docker-up (apt-get install docker.io)"
         return None
 
@@ -110,16 +124,21 @@ class DockerRuntime(Runtime[DockerOptions]):
         parts) and, as every run, its own internal network. Refused when there are fewer CPUs than runs or the
         suite pins a ``cpuset`` itself."""
         if options.get("cpuset"):
-            raise Unsupported("docker: the suite pins cpuset itself; --jobs cannot give concurrent runs CPUs of their own")
+            raise Unsupported(
+                "docker: the suite pins cpuset itself; --jobs cannot give concurrent runs CPUs of their own"
+            )
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < jobs:
-            raise Unsupported(f"docker: {jobs} concurrent runs need a CPU each of their own; this host has {len(cpus)}")
+            raise Unsupported(
+                f"docker: {jobs} concurrent runs need a CPU each of their own; this host has {len(cpus)}"
+            )
         share = len(cpus) // jobs
-        return [{"cpuset": ",".join(str(c) for c in cpus[i * share:(i + 1) * share])} for i in range(jobs)]
+        return [{"cpuset": ",".join(str(c) for c in cpus[i * share : (i + 1) * share])} for i in range(jobs)]
 
     @classmethod
     def cleanup_crashed(cls, results_dir: Path) -> list[str]:
         return remove_run_objects(results_dir)
+
     #: Option values used when the runner passes no options (variants registered under other names).
     default_options: ClassVar[dict[str, Any]] = {}
 
@@ -137,7 +156,9 @@ class DockerRuntime(Runtime[DockerOptions]):
         self._closing = threading.Event()
         self._closed = False
         self.events = EngineEvents(self.run.timeline, self.run.run_id, self._closing)
-        self.pool = NodePool(self.run, self.opts, self.run_hash, lambda: self.client, self.provision, self._closing)
+        self.pool = NodePool(
+            self.run, self.opts, self.run_hash, lambda: self.client, self.provision, self._closing
+        )
         self.network_name = self.pool.network_name
         self.execs = Execs(self.run, self.opts, self.pool, lambda: self.stream_client, self._closing)
         if self.execs.read_stamp_reason is None:
@@ -160,8 +181,12 @@ class DockerRuntime(Runtime[DockerOptions]):
         return self.pool.image
 
     def describe(self) -> dict[str, Any]:
-        return {"runtime": self.name, "image": self.image or self.opts.image or "default (local)",
-                "network": self.network_name, "options": self.opts.model_dump()}  # fmt: skip
+        return {
+            "runtime": self.name,
+            "image": self.image or self.opts.image or "default (local)",
+            "network": self.network_name,
+            "options": self.opts.model_dump(),
+        }
 
     # ------------------------------------------------------------------ engine
     @property
@@ -262,8 +287,11 @@ class DockerRuntime(Runtime[DockerOptions]):
         assert isinstance(options, DockerNodeLossOptions)
         since = now_ns()
         killed = {n: self.kill_node(n, options.signal) for n in nodes}
-        return {"containers": killed, "signal": options.signal,
-                **engine_effect(self, list(killed.values()), "die", since, "the container died")}  # fmt: skip
+        return {
+            "containers": killed,
+            "signal": options.signal,
+            **engine_effect(self, list(killed.values()), "die", since, "the container died"),
+        }
 
     def pause_node(self, name: str) -> str:
         """Freeze the node's container (docker pause); returns the container's name. Refused for a container that
@@ -273,7 +301,9 @@ class DockerRuntime(Runtime[DockerOptions]):
             node.container.pause()
             return str(node.container.name)
 
-    def engine_event_ns(self, container: str, action: str, since_ns: int, timeout_s: float = 5.0) -> int | None:
+    def engine_event_ns(
+        self, container: str, action: str, since_ns: int, timeout_s: float = 5.0
+    ) -> int | None:
         """When the engine reported ``action`` (``die``, ``pause``, ...) for a container of this run at or after
         ``since_ns`` (its own stamp: the moment a node fault took effect), waiting up to ``timeout_s`` for the
         event to arrive; None when it did not."""

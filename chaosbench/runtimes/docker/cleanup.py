@@ -36,7 +36,9 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
         networks = client.networks.list(filters=flt)
         capture_dirs |= {(n.attrs.get("Labels") or {}).get(CAPTURE_DIR_LABEL) or "" for n in networks}
         for c in client.containers.list(all=True, filters=flt, ignore_removed=True):
-            capture_dirs |= {m.get("Source", "") for m in c.attrs.get("Mounts") or [] if m.get("Destination") == NODE_DIR}
+            capture_dirs |= {
+                m.get("Source", "") for m in c.attrs.get("Mounts") or [] if m.get("Destination") == NODE_DIR
+            }
             actions.append(f"remove container {c.name} of {run_dir}")
             if not dry_run:
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
@@ -46,8 +48,12 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
         # the output handover's host directory, known from the run's own containers' mounts and network's label:
         # only a directory the handover makes (absolute, its prefix, not a link) and only while it is there
         for d in sorted(capture_dirs):
-            if not (os.path.isabs(d) and os.path.basename(d).startswith(CAPTURE_DIR_PREFIX) and os.path.isdir(d)
-                    and not os.path.islink(d)):  # fmt: skip
+            if not (
+                os.path.isabs(d)
+                and os.path.basename(d).startswith(CAPTURE_DIR_PREFIX)
+                and os.path.isdir(d)
+                and not os.path.islink(d)
+            ):
                 continue
             actions.append(f"remove capture directory {d} of {run_dir}")
             if not dry_run:

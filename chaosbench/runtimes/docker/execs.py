@@ -34,7 +34,18 @@ from chaosbench.timeline import now_ns
 from chaosbench.waiting import wait_until
 
 #: Environment of the harness passed on to processes in the nodes (the rest of it stays on the host).
-PASS_ENV_PREFIXES = ("TORCH_", "TORCHELASTIC_", "NCCL_", "GLOO_", "OMP_", "MKL_", "PYTHON", "LC_", "LANG", "TZ")
+PASS_ENV_PREFIXES = (
+    "TORCH_",
+    "TORCHELASTIC_",
+    "NCCL_",
+    "GLOO_",
+    "OMP_",
+    "MKL_",
+    "PYTHON",
+    "LC_",
+    "LANG",
+    "TZ",
+)
 #: How the launcher's line saying it could not take the capture sockets starts (on the exec's stderr).
 LAUNCHER_FALLBACK = FALLBACK.encode()
 #: Longest wait for a started process's launcher to take its capture sockets (seconds; Python's start-up, a
@@ -73,9 +84,21 @@ class Execs:
     ``read_stamp_reason``: why lines are stamped when read (None: the launcher hands the captures over, once
     :meth:`open_handover` made the handover)."""
 
-    def __init__(self, run: RunInfo, opts: DockerOptions, pool: NodePool, stream_client: Callable[[], Any],
-                 closing: threading.Event) -> None:  # fmt: skip
-        self.run, self.opts, self.pool, self._stream_client, self.closing = run, opts, pool, stream_client, closing
+    def __init__(
+        self,
+        run: RunInfo,
+        opts: DockerOptions,
+        pool: NodePool,
+        stream_client: Callable[[], Any],
+        closing: threading.Event,
+    ) -> None:
+        self.run, self.opts, self.pool, self._stream_client, self.closing = (
+            run,
+            opts,
+            pool,
+            stream_client,
+            closing,
+        )
         self.logs_dir = Path(run.run_dir) / "logs"
         self.lock = threading.Lock()
         self.handles: list[ExecHandle] = []
@@ -86,8 +109,10 @@ class Execs:
         if opts.output_capture == "pipe":
             self.read_stamp_reason = "output_capture: pipe"
         elif self.launcher_python() is None:
-            self.read_stamp_reason = (f"image {opts.image} without runtime_options.python: no interpreter known "
-                                      "there to run the capture launcher")  # fmt: skip
+            self.read_stamp_reason = (
+                f"image {opts.image} without runtime_options.python: no interpreter known "
+                "there to run the capture launcher"
+            )
 
     def open_handover(self) -> None:
         """The output capture's handover into the nodes (at provision), or why lines are stamped when read."""
@@ -149,8 +174,9 @@ class Execs:
             offer = self.handover.offer(open_captures("socket", env))
             argv = self.handover.launcher_argv(launcher_python, offer, argv)
         try:
-            ex = api.exec_create(node.cid, argv, stdout=True, stderr=True, stdin=False, environment=env,
-                                 workdir=spec.cwd)  # fmt: skip
+            ex = api.exec_create(
+                node.cid, argv, stdout=True, stderr=True, stdin=False, environment=env, workdir=spec.cwd
+            )
             stream = api.exec_start(ex["Id"], stream=True, demux=True)
         except Exception as exc:  # noqa: BLE001 - the engine's refusal, as one line
             if offer is not None:
@@ -164,7 +190,9 @@ class Execs:
             return info if done else None
 
         info = wait_until(started, 10, interval_s=0.005) or {}
-        t_start = now_ns()  # proc_start's moment: the process runs (the handover below takes its launcher's start-up)
+        t_start = (
+            now_ns()
+        )  # proc_start's moment: the process runs (the handover below takes its launcher's start-up)
         pid = int(info.get("Pid") or 0)
         handle.pid = pid
         handle.ticks = process.start_ticks(pid) if pid else None
@@ -178,8 +206,9 @@ class Execs:
         if pid:
             self.trees.add(pid, handle.ticks)
         # the exec's own stream: everything before the launcher took the sockets, or all of it when it could not
-        t = threading.Thread(target=self._pump, args=(handle, stream, on_line, offer), daemon=True,
-                             name=f"pump-{spec.name}")  # fmt: skip
+        t = threading.Thread(
+            target=self._pump, args=(handle, stream, on_line, offer), daemon=True, name=f"pump-{spec.name}"
+        )
         t.start()
         self.threads.append(t)
         stamp: dict[str, Any] = {"output_stamp": "read", "output_stamp_reason": self.read_stamp_reason}
@@ -189,15 +218,27 @@ class Execs:
             else:
                 close_captures(offer.captures)
                 stamp["output_stamp_reason"] = offer.reason
-        record_start(self.run.timeline, handle, t_ns=t_start, container=node.container.name,
-                     container_pid=handle.container_pid, rerun=rerun, **stamp)  # fmt: skip
+        record_start(
+            self.run.timeline,
+            handle,
+            t_ns=t_start,
+            container=node.container.name,
+            container_pid=handle.container_pid,
+            rerun=rerun,
+            **stamp,
+        )
         if offer is not None and offer.handed:
             self.threads += start_pumps(handle, offer.captures, self.logs_dir, on_line)
 
-    def _pump(self, handle: ExecHandle, stream: Any, on_line: LineCallback | None, offer: Offer | None) -> None:
+    def _pump(
+        self, handle: ExecHandle, stream: Any, on_line: LineCallback | None, offer: Offer | None
+    ) -> None:
         """The exec's own stream, stamped when read. With an ``offer``, the launcher's line saying it could not
         take the capture sockets, or the stream's end before they were taken, settles the offer as failed."""
-        paths = {"stdout": self.logs_dir / f"{handle.name}.out", "stderr": self.logs_dir / f"{handle.name}.err"}
+        paths = {
+            "stdout": self.logs_dir / f"{handle.name}.out",
+            "stderr": self.logs_dir / f"{handle.name}.err",
+        }
         files = {k: p.open("ab") for k, p in paths.items()}
         bufs = {"stdout": b"", "stderr": b""}
         try:
@@ -223,7 +264,9 @@ class Execs:
                 f.close()
 
     @staticmethod
-    def _line(handle: ProcHandle, stream: str, raw: bytes, out: Any, on_line: LineCallback | None, t: int) -> None:
+    def _line(
+        handle: ProcHandle, stream: str, raw: bytes, out: Any, on_line: LineCallback | None, t: int
+    ) -> None:
         out.write(raw)
         out.flush()
         if on_line is not None:
@@ -255,15 +298,21 @@ class Execs:
             status = handle.exit_watch.wait() if handle.exit_watch is not None else None
             t_exit, exit_stamp = (status.t_ns, status.stamp) if status is not None else (now_ns(), "wait")
             rc, node_lost = self._exit_code(handle)
-            rerun = (node_lost and handle.spec.role in self.opts.rerun_roles and self.opts.lost_node != "none"
-                     and not self.closing.is_set())  # fmt: skip
+            rerun = (
+                node_lost
+                and handle.spec.role in self.opts.rerun_roles
+                and self.opts.lost_node != "none"
+                and not self.closing.is_set()
+            )
             record_exit(self.run.timeline, handle, rc, t_exit, exit_stamp, node_lost=node_lost)
             if rerun:
                 try:
                     self._exec(handle, on_line, rerun=True)
                     continue
                 except ChaosbenchError as exc:
-                    self.run.timeline.emit("log", src="runtime", proc=handle.name, line=f"not run again: {exc}")
+                    self.run.timeline.emit(
+                        "log", src="runtime", proc=handle.name, line=f"not run again: {exc}"
+                    )
             handle.t_exit_ns = t_exit
             handle.returncode = rc
             handle.exited.set()

@@ -125,13 +125,16 @@ def connect(timeout_s: float = 30.0) -> Any:
     try:
         import docker
     except ImportError:
-        raise MissingEngine("the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'") from None
+        raise MissingEngine(
+            "the docker runtime needs the Docker SDK: pip install 'chaosbench[docker]'"
+        ) from None
     try:
         client = docker.from_env(timeout=int(timeout_s), max_pool_size=64)
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure to reach the engine means the same thing here
-        raise MissingEngine(f"no Docker engine answers ({type(exc).__name__}: {exc}); start dockerd "
-                            "(scripts/docker-up)") from None  # fmt: skip
+        raise MissingEngine(
+            f"no Docker engine answers ({type(exc).__name__}: {exc}); start dockerd (scripts/docker-up)"
+        ) from None
     return client
 
 
@@ -158,9 +161,12 @@ def build_default_image(client: Any | None = None, force: bool = False) -> str:
             base_tar(layout),
             repository=repo,
             tag=version,
-            changes=[f"LABEL {IMAGE_LABEL}=default", f"LABEL chaosbench.version={__version__}",
-                     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-        )  # fmt: skip
+            changes=[
+                f"LABEL {IMAGE_LABEL}=default",
+                f"LABEL chaosbench.version={__version__}",
+                "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            ],
+        )
     except Exception as exc:  # noqa: BLE001 - the engine's error, as one line
         raise ChaosbenchError(f"cannot build the default image {tag}: {exc}") from None
     if not image_exists(client, tag):

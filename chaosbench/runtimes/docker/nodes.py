@@ -28,8 +28,15 @@ RUN_DIR_LABEL = "chaosbench.run_dir"
 #: crash that left the network but no container (whose mounts name it too).
 CAPTURE_DIR_LABEL = "chaosbench.capture_dir"
 #: Docker container states -> what the runtime makes of them.
-CONTAINER_STATES = {"running": "up", "paused": "paused", "restarting": "transient", "removing": "transient",
-                    "created": "down", "exited": "down", "dead": "down"}  # fmt: skip
+CONTAINER_STATES = {
+    "running": "up",
+    "paused": "paused",
+    "restarting": "transient",
+    "removing": "transient",
+    "created": "down",
+    "exited": "down",
+    "dead": "down",
+}
 
 
 @dataclass
@@ -51,9 +58,22 @@ class NodePool:
     """The nodes of run ``run`` (options ``opts``) on the engine ``client()`` answers for; ``provision()`` makes
     them on first need, ``closing`` is set while the run is torn down."""
 
-    def __init__(self, run: RunInfo, opts: DockerOptions, run_hash: str, client: Callable[[], Any],
-                 provision: Callable[[], None], closing: threading.Event) -> None:  # fmt: skip
-        self.run, self.opts, self.run_hash, self._client, self._provision = run, opts, run_hash, client, provision
+    def __init__(
+        self,
+        run: RunInfo,
+        opts: DockerOptions,
+        run_hash: str,
+        client: Callable[[], Any],
+        provision: Callable[[], None],
+        closing: threading.Event,
+    ) -> None:
+        self.run, self.opts, self.run_hash, self._client, self._provision = (
+            run,
+            opts,
+            run_hash,
+            client,
+            provision,
+        )
         self.closing = closing
         self.network_name = f"{opts.network_prefix}-{run_hash}"
         self.network: Any = None
@@ -135,10 +155,16 @@ class NodePool:
             # read-only: connecting to a Unix socket needs no write access to its file system
             mounts.append(Mount(target=NODE_DIR, source=capture_dir, type="bind", read_only=True))
         spec: dict[str, Any] = {
-            "image": self.image, "command": command, "init": init, "detach": True, "mounts": mounts,
-            "tmpfs": {"/tmp": "rw,nosuid,nodev,size=1g"}, "network": self.network_name,
-            "environment": {"GLOO_SOCKET_IFNAME": "eth0"}, "stop_signal": "SIGKILL",
-        }  # fmt: skip
+            "image": self.image,
+            "command": command,
+            "init": init,
+            "detach": True,
+            "mounts": mounts,
+            "tmpfs": {"/tmp": "rw,nosuid,nodev,size=1g"},
+            "network": self.network_name,
+            "environment": {"GLOO_SOCKET_IFNAME": "eth0"},
+            "stop_signal": "SIGKILL",
+        }
         if self.opts.cpus_per_node is not None:
             spec["nano_cpus"] = int(self.opts.cpus_per_node * 1e9)
         if self.opts.cpuset is not None:
@@ -156,18 +182,26 @@ class NodePool:
         # The alias is what makes `node1` resolve on the network (it moves to a spare on takeover).
         endpoint = EndpointConfig(self.client.api.api_version, aliases=[name])
         try:
-            c = self.client.containers.create(name=cname, hostname=name, labels=self.labels(name),
-                                              networking_config={self.network_name: endpoint}, **spec)  # fmt: skip
+            c = self.client.containers.create(
+                name=cname,
+                hostname=name,
+                labels=self.labels(name),
+                networking_config={self.network_name: endpoint},
+                **spec,
+            )
         except docker.errors.ImageNotFound:
-            raise ChaosbenchError(f"image {self.image!r} is not on this engine (no registry is reachable: "
-                                  "build or load it first)") from None  # fmt: skip
+            raise ChaosbenchError(
+                f"image {self.image!r} is not on this engine (no registry is reachable: "
+                "build or load it first)"
+            ) from None
         with self.lock:
             self.containers[c.id] = c
         c.start()
         self.note_init(c)
         if c.status != "running":
-            raise ChaosbenchError(f"container {cname} did not start (status {c.status}); "
-                                  f"see `docker logs {cname}`")  # fmt: skip
+            raise ChaosbenchError(
+                f"container {cname} did not start (status {c.status}); see `docker logs {cname}`"
+            )
         return c
 
     def note_init(self, container: Any) -> None:
@@ -219,8 +253,14 @@ class NodePool:
                 self.network.disconnect(spare.container)
                 self.network.connect(spare.container, aliases=[name])
                 node = Node(name, spare.container)
-                self.run.timeline.emit("node_start", src="runtime", node=name, container=spare.container.name,
-                                       spare=True, reason="spare")  # fmt: skip
+                self.run.timeline.emit(
+                    "node_start",
+                    src="runtime",
+                    node=name,
+                    container=spare.container.name,
+                    spare=True,
+                    reason="spare",
+                )
             else:
                 node = Node(name, self._create_container(name))
             with self.lock:
@@ -273,8 +313,15 @@ class NodePool:
             node.former.append(node.container)
             node.container = spare.container
             self.note_init(node.container)
-            self.run.timeline.emit("node_start", src="runtime", node=node.name, container=node.container.name,
-                                   spare=True, reason="takeover", replaces=node.former[-1].name)  # fmt: skip
+            self.run.timeline.emit(
+                "node_start",
+                src="runtime",
+                node=node.name,
+                container=node.container.name,
+                spare=True,
+                reason="takeover",
+                replaces=node.former[-1].name,
+            )
             return
         if policy == "none" or policy == "spare":
             why = "no spare left" if policy == "spare" else "lost_node: none"
@@ -309,8 +356,10 @@ class NodePool:
             raise ProcessLookupError(f"node {name}: its container is gone") from None
         labels = (node.container.attrs.get("Config") or {}).get("Labels") or {}
         if labels.get(RUN_LABEL) != self.run.run_id:
-            raise ChaosbenchError(f"{who}container {node.container.name} has no label {RUN_LABEL}={self.run.run_id}; "
-                                  f"not {doing}")  # fmt: skip
+            raise ChaosbenchError(
+                f"{who}container {node.container.name} has no label {RUN_LABEL}={self.run.run_id}; "
+                f"not {doing}"
+            )
         return node
 
     def init_pid(self, name: str) -> int:
@@ -382,6 +431,9 @@ class NodePool:
     def leftover_objects(self) -> list[str]:
         """Containers and networks labelled with this run's id that still exist."""
         flt = {"label": f"{RUN_LABEL}={self.run.run_id}"}
-        out = [f"container {c.name}" for c in self.client.containers.list(all=True, filters=flt, ignore_removed=True)]
+        out = [
+            f"container {c.name}"
+            for c in self.client.containers.list(all=True, filters=flt, ignore_removed=True)
+        ]
         out += [f"network {n.name}" for n in self.client.networks.list(filters=flt)]
         return out

@@ -24,7 +24,8 @@ class DockerOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     image: str | None = Field(
-        default=None, description="node image; null: the built-in local image (built automatically if missing)"
+        default=None,
+        description="node image; null: the built-in local image (built automatically if missing)",
     )
     python: str | None = Field(
         default=None,
@@ -32,7 +33,8 @@ class DockerOptions(BaseModel):
     )
     cpus_per_node: float | None = Field(default=None, gt=0, description="CPU limit of each node container")
     cpuset: str | None = Field(
-        default=None, pattern=r"^[0-9]+([-,][0-9]+)*$",
+        default=None,
+        pattern=r"^[0-9]+([-,][0-9]+)*$",
         description="host CPUs the node containers may run on, e.g. '0-3' (chaosbench run --jobs gives each "
         "concurrent run its own)",
     )
@@ -66,8 +68,11 @@ class DockerOptions(BaseModel):
     def _mounts(cls, v: list[str]) -> list[str]:
         for m in v:
             parts = m.split(":")
-            if len(parts) not in (2, 3) or not parts[0].startswith("/") or not parts[1].startswith("/") or (
-                len(parts) == 3 and parts[2] not in ("ro", "rw")
+            if (
+                len(parts) not in (2, 3)
+                or not parts[0].startswith("/")
+                or not parts[1].startswith("/")
+                or (len(parts) == 3 and parts[2] not in ("ro", "rw"))
             ):
                 raise ValueError(f"mount {m!r}: give SRC:DST or SRC:DST:ro|rw with absolute paths")
         return v
@@ -86,5 +91,3 @@ class DockerNodeLossOptions(BaseModel):
         if name not in signal.Signals.__members__:
             raise ValueError(f"unknown signal {v!r}")
         return name
-
-

@@ -100,7 +100,9 @@ class OutputHandover:
     def __init__(self) -> None:
         self.host_dir = tempfile.mkdtemp(prefix=CAPTURE_DIR_PREFIX)
         try:
-            os.chmod(self.host_dir, 0o711)  # a node's process of any user may reach the socket, not list the directory
+            os.chmod(
+                self.host_dir, 0o711
+            )  # a node's process of any user may reach the socket, not list the directory
             path = os.path.join(self.host_dir, SOCKET_NAME)
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self._sock.bind(path)

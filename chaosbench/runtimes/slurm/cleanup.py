@@ -21,7 +21,10 @@ def cleanup_stale_jobs(results_dir: Path) -> list[str]:
     harness submitted are touched. No Slurm client or no cluster: nothing to do."""
     if shutil.which("squeue") is None:
         return []
-    runs = {job_prefix(run_id) + ".": (run_id, run_dir) for run_id, run_dir in crashed_run_ids(results_dir).items()}
+    runs = {
+        job_prefix(run_id) + ".": (run_id, run_dir)
+        for run_id, run_dir in crashed_run_ids(results_dir).items()
+    }
     if not runs:
         return []
     slurm = SlurmCommands(os.environ, timeout_s=15)

@@ -219,8 +219,11 @@ class SlurmCommands:
         """The id of the newest of this run's jobs named ``job_name`` (``squeue -t all``), None when the scheduler
         knows none."""
         out = self.command(["squeue", "-h", "-t", "all", f"--name={job_name}", "-o", "%i|%k"], check=False)
-        ids = [int(jid) for jid, _, comment in (ln.partition("|") for ln in out.splitlines())
-               if jid.isdigit() and self._ours(job_name, comment)]  # fmt: skip
+        ids = [
+            int(jid)
+            for jid, _, comment in (ln.partition("|") for ln in out.splitlines())
+            if jid.isdigit() and self._ours(job_name, comment)
+        ]
         return max(ids) if ids else None
 
     def requeue(self, job_id: int) -> None:
@@ -236,7 +239,9 @@ class SlurmCommands:
     def _ours(self, name: str, comment: str) -> bool:
         """Whether a job named ``name`` with ``comment`` is this run's: our name prefix, and our comment where the
         run id is known."""
-        return name.startswith(self.prefix + ".") and (self.run_id is None or comment == run_comment(self.run_id))
+        return name.startswith(self.prefix + ".") and (
+            self.run_id is None or comment == run_comment(self.run_id)
+        )
 
     def our_jobs(self, active_only: bool = True) -> dict[int, str]:
         """This run's jobs known to the scheduler: job id -> name (only those not ended, by default)."""
@@ -272,7 +277,9 @@ class SlurmCommands:
 
     def jobs_on(self, slurm_node: str) -> dict[int, str]:
         """This run's running jobs with an allocation on ``slurm_node``: job id -> name."""
-        return {int(jid): name for jid, name, comment in self._running_on(slurm_node) if self._ours(name, comment)}
+        return {
+            int(jid): name for jid, name, comment in self._running_on(slurm_node) if self._ours(name, comment)
+        }
 
     def our_jobs_on(self, slurm_node: str, doing: str, target: str | None = None) -> list[int]:
         """The rule before the runtime acts on ``slurm_node`` or a process there (a signal, a kill of its tasks,
@@ -285,7 +292,9 @@ class SlurmCommands:
             raise ChaosbenchError(f"{who}Slurm node {slurm_node} runs no job of this run; not {doing}")
         return jobs
 
-    def helper_step(self, slurm_node: str, jobs: list[int], script: str, args: list[str], *options: str) -> list[str]:
+    def helper_step(
+        self, slurm_node: str, jobs: list[int], script: str, args: list[str], *options: str
+    ) -> list[str]:
         """argv of an extra step overlapping the newest of ``jobs`` (this run's jobs on ``slurm_node``, from
         :meth:`our_jobs_on`) that runs ``sh -c SCRIPT`` with ``ARGS``, then the node and the job ids."""
         step = ["srun", "-Q", f"--jobid={max(jobs)}", "--overlap", "-w", slurm_node, "-N1", "-n1", *options]
@@ -293,4 +302,6 @@ class SlurmCommands:
 
     def foreign_jobs_on(self, slurm_node: str) -> list[int]:
         """Jobs of others (not this run's) running on ``slurm_node``."""
-        return [int(jid) for jid, name, comment in self._running_on(slurm_node) if not self._ours(name, comment)]
+        return [
+            int(jid) for jid, name, comment in self._running_on(slurm_node) if not self._ours(name, comment)
+        ]

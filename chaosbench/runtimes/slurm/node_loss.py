@@ -73,7 +73,12 @@ def down_nodes(
     appends each node to ``restorable`` once its state is set. Details: ``slurm_nodes``, ``state``, ``killed``
     (node -> pids), ``before`` and ``after`` (node -> Slurm's state spelling). Raises ChaosbenchError, touching
     nothing, when a node runs no job of this run or (without ``allow_foreign_jobs``) jobs of others."""
-    details: dict[str, Any] = {"slurm_nodes": list(snodes), "state": options.state, "killed": {}, "before": {}}
+    details: dict[str, Any] = {
+        "slurm_nodes": list(snodes),
+        "state": options.state,
+        "killed": {},
+        "before": {},
+    }
     for snode in snodes:
         slurm.our_jobs_on(snode, "touching it")
         foreign = slurm.foreign_jobs_on(snode)
@@ -85,7 +90,13 @@ def down_nodes(
         if kill:
             details["killed"][snode] = kill_tasks(slurm, snode)
         slurm.command(
-            ["scontrol", "update", f"nodename={snode}", f"state={options.state.upper()}", f"reason={reason(run_id)}"]
+            [
+                "scontrol",
+                "update",
+                f"nodename={snode}",
+                f"state={options.state.upper()}",
+                f"reason={reason(run_id)}",
+            ]
         )
         restorable.append(snode)
     details["after"] = {n: slurm.node_state(n)[1] for n in snodes}

@@ -158,8 +158,10 @@ def keeps_job_identity(args: list[str]) -> list[str]:
     and comments every job itself, and that is how it tells the run's jobs from anyone else's."""
     for arg in args:
         if arg.startswith(("--comment", "--job-name", "-J")):
-            raise ValueError(f"{arg!r}: the runtime names and comments every job itself (that is how it "
-                             "knows the run's jobs from anyone else's)")  # fmt: skip
+            raise ValueError(
+                f"{arg!r}: the runtime names and comments every job itself (that is how it "
+                "knows the run's jobs from anyone else's)"
+            )
     return args
 
 
@@ -212,8 +214,10 @@ class SlurmRuntime(Runtime[SlurmOptions]):
     def missing_engine(cls) -> str | None:
         missing = [c for c in ("sbatch", "srun", "squeue", "scontrol") if shutil.which(c) is None]
         if missing:
-            return (f"the slurm runtime needs the Slurm client commands ({', '.join(missing)} not found; apt-get "
-                    "install slurm-client, or scripts/slurm-local up)")  # fmt: skip
+            return (
+                f"the slurm runtime needs the Slurm client commands ({', '.join(missing)} not found; apt-get "
+                "install slurm-client, or scripts/slurm-local up)"
+            )
         return None
 
     #: Option values used when the runner passes no options (variants registered under other names).
@@ -233,16 +237,25 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         nodes than the workload needs; a suite that pins ``nodes`` cannot be split either."""
         opts = SlurmOptions(**{**cls.default_options, **options})
         if opts.nodes:
-            raise Unsupported("slurm: the suite pins workload nodes to Slurm nodes; --jobs cannot place runs apart")
+            raise Unsupported(
+                "slurm: the suite pins workload nodes to Slurm nodes; --jobs cannot place runs apart"
+            )
         slurm = _commands(opts)
         infos = slurm.nodes_info()
-        usable = [n for n in slurm.partition_nodes() if n not in opts.exclude
-                  and node_state(infos.get(n, {}).get("State", "")) in USABLE_NODE_STATES]  # fmt: skip
+        usable = [
+            n
+            for n in slurm.partition_nodes()
+            if n not in opts.exclude and node_state(infos.get(n, {}).get("State", "")) in USABLE_NODE_STATES
+        ]
         share = len(usable) // jobs  # the smallest group's size
         if share < nodes:
-            raise Unsupported(f"slurm: {jobs} concurrent runs of {nodes} node(s) each need {jobs * nodes} usable "
-                              f"nodes; the partition has {len(usable)} ({', '.join(usable) or 'none'})")  # fmt: skip
-        groups = [usable[i::jobs] for i in range(jobs)]  # the remainder's nodes too: spares of the first groups
+            raise Unsupported(
+                f"slurm: {jobs} concurrent runs of {nodes} node(s) each need {jobs * nodes} usable "
+                f"nodes; the partition has {len(usable)} ({', '.join(usable) or 'none'})"
+            )
+        groups = [
+            usable[i::jobs] for i in range(jobs)
+        ]  # the remainder's nodes too: spares of the first groups
         return [{"exclude": [*opts.exclude, *(n for n in usable if n not in group)]} for group in groups]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -358,9 +371,12 @@ class SlurmRuntime(Runtime[SlurmOptions]):
             self._reserved.pop(node, None)
             if current is not None:
                 self.run.timeline.emit(
-                    "node_map", node=node, slurm_node=choice, previous=current,
+                    "node_map",
+                    node=node,
+                    slurm_node=choice,
+                    previous=current,
                     reason=f"{current} is {infos.get(current, {}).get('State', '?')}",
-                )  # fmt: skip
+                )
             else:
                 self.run.timeline.emit(
                     "node_map", node=node, slurm_node=choice, previous=None, reason="first use"
@@ -516,11 +532,18 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         handle.popen = popen
         with self._lock:
             self._handles.append(handle)
-        record_start(self.run.timeline, handle, slurm_node=snode, job_name=job_name,
-                     output_stamp=captures["stdout"].stamp)  # fmt: skip
+        record_start(
+            self.run.timeline,
+            handle,
+            slurm_node=snode,
+            job_name=job_name,
+            output_stamp=captures["stdout"].stamp,
+        )
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._threads += start_pumps(handle, captures, self.logs_dir, on_line)
-        w = threading.Thread(target=self._wait, args=(handle, exit_watch), daemon=True, name=f"wait-{spec.name}")
+        w = threading.Thread(
+            target=self._wait, args=(handle, exit_watch), daemon=True, name=f"wait-{spec.name}"
+        )
         w.start()
         self._threads.append(w)
         return handle
@@ -544,8 +567,16 @@ class SlurmRuntime(Runtime[SlurmOptions]):
                 extra = {"srun_returncode": srun_rc, "slurm_state": info.slurm_state, "reason": info.reason}
         handle.returncode = rc
         assert handle.t_exit_ns is not None
-        record_exit(self.run.timeline, handle, rc, handle.t_exit_ns, status.stamp, slurm_node=handle.slurm_node,
-                    job_id=job_id, **extra)  # fmt: skip
+        record_exit(
+            self.run.timeline,
+            handle,
+            rc,
+            handle.t_exit_ns,
+            status.stamp,
+            slurm_node=handle.slurm_node,
+            job_id=job_id,
+            **extra,
+        )
         handle.exited.set()
 
     def job_id(self, handle: SlurmHandle) -> int | None:
@@ -644,7 +675,9 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         snode = self.slurm_node_now(node or "node0")
         jobs = self.slurm.our_jobs_on(snode, "signalling it", f"pid {pid}")
         args = [sig, str(pid), str(ticks) if ticks is not None else "-"]
-        argv = self.slurm.helper_step(snode, jobs, _SIGNAL_HELPER, args, f"--job-name={self.job_prefix}.signal")
+        argv = self.slurm.helper_step(
+            snode, jobs, _SIGNAL_HELPER, args, f"--job-name={self.job_prefix}.signal"
+        )
         try:
             res = subprocess.run(
                 argv,
