@@ -198,7 +198,7 @@ def write_events(run_dir: Path, m: RunMetrics) -> None:
                     t_ns=t0 + int(fault * S),
                     fault=m.fault,
                     injector="kill",
-                    target={"rank": 1},
+                    target=[{"rank": 1}],
                 )
                 if m.detect_t_s is not None:
                     tl.emit(

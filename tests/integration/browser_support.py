@@ -5,6 +5,7 @@ Skipped without Chromium, failed instead when ``CHAOSBENCH_REQUIRE`` contains ``
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import re
@@ -148,7 +149,7 @@ def check_page(
 
 
 def _unescape(text: str) -> str:
-    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"').replace("&amp;", "&")
+    return html.unescape(text)
 
 
 def non_background_share(screenshot: Path) -> tuple[int, float]:

@@ -91,7 +91,7 @@ def test_report_with_unusable_rows_and_missing_figures_reads_in_a_browser(tmp_pa
     html = written["report.html"].read_text()
     assert (
         f"unusable: its control run did not complete (control failed (failed); 'lighthouse' exited 1 before "
-        f"the job's first step: {OTLP})".replace("'", "&#x27;")
+        f"the job's first step: {OTLP})".replace("'", "&#39;")
         in html
     )
     assert "no timeline plot: no run_dir recorded" in html
