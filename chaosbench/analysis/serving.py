@@ -526,9 +526,15 @@ def _capacity_lost(s: Serving, ix: TimelineIndex, load: Load) -> None:
 
 def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: int) -> None:
     """Detection, recovery and the latency before, during and after the fault, in ``s``."""
-    miss = s.missing
-    wins = load.windows
-    slo = load.slo
+    failed_end = first_failure_end_ns(load.windows, tf)
+    _detection(s, ix, fault, tf, failed_end)
+    rec = _recovery(s, load, tf, failed_end)
+    _phases(s, ix, load, fault, tf, rec)
+
+
+def _detection(s: Serving, ix: TimelineIndex, fault: Event, tf: int, failed_end: int | None) -> None:
+    """The fault's detection, in ``s``: the first of the balancer marking a replica it hit down (before the
+    teardown) and ``failed_end``, the end of the first window after ``tf`` with a failed request."""
     cut = teardown_ns(ix)
     targets = replicas_hit(ix, fault)
     down = next(
@@ -541,7 +547,6 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
         ),
         None,
     )
-    failed_end = first_failure_end_ns(wins, tf)
     candidates = [
         (t, via, by)
         for t, via, by in (
@@ -555,25 +560,38 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
         s.detect_t_ns = t
         s.time_to_detect_s = ns_to_s(t - tf)
     else:
-        miss["time_to_detect_s"] = (
+        s.missing["time_to_detect_s"] = (
             "the balancer marked no faulted replica down and no request failed after the fault"
         )
 
+
+def _recovery(s: Serving, load: Load, tf: int, failed_end: int | None) -> int | None:
+    """The recovery from the fault at ``tf`` (:func:`recovery_ns`, not before ``failed_end``), in ``s``; returns
+    its time, None when not recovered."""
+    slo = load.slo
     span_ns = int(round(slo["recovery_window_s"] * 1e9))
     settle_ns = int(round(float(load.start.get("request_timeout_s") or 0.0) * 1e9))
     rec = recovery_ns(
-        wins, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"], settle_ns
+        load.windows, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"], settle_ns
     )
     s.recovered = rec is not None
     if rec is not None:
         s.time_to_recover_s = ns_to_s(rec - tf)
     else:
-        miss["time_to_recover_s"] = (
+        s.missing["time_to_recover_s"] = (
             f"no {slo['recovery_window_s']:g} s span after the fault with every window's "
             f"error rate <= {slo['error_rate']:g}, also for the request timeout after it, "
             "before the load ended"
         )
+    return rec
 
+
+def _phases(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: int, rec: int | None) -> None:
+    """The latency quantiles before, during and after the fault at ``tf`` (recovered at ``rec``, None: not
+    recovered) and the throughput during it relative to before, in ``s``."""
+    miss = s.missing
+    wins = load.windows
+    cut = teardown_ns(ix)
     # the fault is over at the later of the recovery and its revert (a delay that fails nothing lasts its duration)
     revert = next(
         (
