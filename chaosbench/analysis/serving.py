@@ -63,7 +63,7 @@ measured is None with the reason in ``missing``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from chaosbench.analysis.attribution import fault_targets
 from chaosbench.analysis.fleet import fault_class
@@ -75,27 +75,6 @@ from chaosbench.timeline import Event
 #: healthy, recovered after 5 s of healthy windows).
 DEFAULT_SLO = {"availability": 0.999, "window_days": 30.0, "error_rate": 0.01, "recovery_window_s": 5.0}
 
-#: RunMetrics fields this module fills (besides detection, recovery and outcome).
-SERVING_FIELDS = (
-    "replicas",
-    "requests",
-    "failed_requests",
-    "retried_requests",
-    "error_rate",
-    "budget_request_rate_per_s",
-    "error_budget_burn",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "latency_p50_before_ms",
-    "latency_p99_before_ms",
-    "latency_p50_during_ms",
-    "latency_p99_during_ms",
-    "latency_p50_after_ms",
-    "latency_p99_after_ms",
-    "capacity_lost_replica_s",
-    "capacity_lost_share",
-    "throughput_during_share",
-)
 #: Serving metrics that only exist for a run with a fault.
 SERVING_FAULT_METRICS = (
     "time_to_detect_s",
@@ -202,9 +181,14 @@ def latency(windows: Sequence[Window], q: float) -> float | None:
 
 # ----------------------------------------------------------------------------------------------- the metrics
 @dataclass
-class Serving:
-    """The serving metrics of one run (names as on RunMetrics), with ``missing`` and ``notes``."""
+class ServingRecord:
+    """A serving run's own metrics (definitions: the module docstring; None: not measured, the reason in the
+    run's ``missing``). Declared here only: :class:`~chaosbench.analysis.metrics.RunMetrics` inherits them
+    (its ``metrics.json`` keys and results-table columns) and :class:`Serving` carries them from
+    :func:`serving_metrics`."""
 
+    #: A serving run (its timeline has ``load_start``); its training metrics stay None.
+    serving: bool = False
     replicas: int | None = None
     requests: int | None = None
     failed_requests: int | None = None
@@ -223,6 +207,18 @@ class Serving:
     capacity_lost_replica_s: float | None = None
     capacity_lost_share: float | None = None
     throughput_during_share: float | None = None
+
+
+#: The :class:`ServingRecord` fields this module measures (all but the ``serving`` flag), which
+#: :func:`serving_metrics` fills (besides detection, recovery and outcome).
+SERVING_FIELDS = tuple(f.name for f in fields(ServingRecord) if f.name != "serving")
+
+
+@dataclass
+class Serving(ServingRecord):
+    """The serving metrics of one run (:class:`ServingRecord`, names as on RunMetrics), its detection and
+    recovery, whether its load ended (``completed``), with ``missing`` and ``notes``."""
+
     time_to_detect_s: float | None = None
     detect_t_ns: int | None = None
     detected_via: str | None = None
@@ -421,7 +417,7 @@ def serving_metrics(
     load = load_of(ix)
     if load is None:
         raise ValueError("not a serving run: no load_start event")
-    s = Serving()
+    s = Serving(serving=True)
     s.completed = load.end is not None
     s.replicas = replica_count(ix)
     if s.replicas is None:
