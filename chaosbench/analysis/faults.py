@@ -134,9 +134,40 @@ def _measure(
     t0: int,
     framework: str | None,
 ) -> Measured:
+    """One fault's figures: it took effect at ``tf``; ``nxt`` is the next fault (its effect time and event) or
+    None for the run's last (module docstring)."""
     until = nxt[0] if nxt is not None else None
-    steps = ix.steps
-    revert = next(
+    revert = _revert_ns(ix, fault, tf, until)
+    fp = timing.fault_point(ix, tf, until, revert)
+    fig = FaultFigures(
+        fault.get("fault"), fault.get("injector"), fault_class(fault), ns_to_s(tf - t0), "not_recovered"
+    )
+    miss = fig.missing
+    rec = _reaction(ix, fp, tf, nxt, finished, revert)
+    detect, resume = rec.detect, rec.resume
+    _record_detection(ix, fig, fault, tf, detect, framework, until)
+    # the restarts of its recovery: to its resume, or the next fault
+    upto = resume[0] if resume is not None else until
+    fig.restarts = _restarts(ix, fp, upto)
+    if resume is None:
+        _record_no_resume(ix, fig, fp, nxt, rec)
+        return Measured(fig, fault, tf, until, fp, detect, None, rec.went_on)
+    resume_t = resume[0]
+    if nxt is None and not finished:
+        fig.status = "not_recovered"
+        why = "not recovered: training did not finish"
+        miss["time_to_resume_s"] = miss["lost_steps"] = why
+        return Measured(fig, fault, tf, until, fp, detect, resume)
+    fig.status = "recovered" if reaction_in(ix, tf, resume_t) else "outlasted"
+    fig.time_to_resume_s = ns_to_s(resume_t - tf)
+    _lost(ix, fp, resume, fig, until)
+    return Measured(fig, fault, tf, until, fp, detect, resume)
+
+
+def _revert_ns(ix: TimelineIndex, fault: Event, tf: int, until: int | None) -> int | None:
+    """When ``fault`` (in effect from ``tf``) was reverted before the next fault at ``until`` (None: the run's
+    end): its first ``fault_revert`` in that window, or None if it was not."""
+    return next(
         (
             e.t_ns
             for e in ix.of("fault_revert")
@@ -144,11 +175,33 @@ def _measure(
         ),
         None,
     )
-    fp = timing.fault_point(ix, tf, until, revert)
-    fig = FaultFigures(
-        fault.get("fault"), fault.get("injector"), fault_class(fault), ns_to_s(tf - t0), "not_recovered"
-    )
-    miss = fig.missing
+
+
+@dataclass
+class _Reaction:
+    """The framework's detection of a fault and the job's resume from it (module docstring).
+
+    ``detect``: the detection (or give-up) credited to it, None if none; ``eventually``: the first step after
+    recovery, maybe after the next fault (its time and ``(incarnation, step)`` key); ``resume``: that step when
+    it came before the next fault, else None; ``went_on``: see :attr:`Measured.went_on` (then both are None)."""
+
+    detect: Event | None
+    eventually: tuple[int, tuple[int, int]] | None
+    resume: tuple[int, tuple[int, int]] | None
+    went_on: bool
+
+
+def _reaction(
+    ix: TimelineIndex,
+    fp: timing.FaultPoint,
+    tf: int,
+    nxt: tuple[int, Event] | None,
+    finished: bool,
+    revert: int | None,
+) -> _Reaction:
+    """The detection of and resume from the fault that took effect at ``tf`` (where the job stood: ``fp``;
+    reverted at ``revert``), before the next fault ``nxt`` (None: the run's last)."""
+    until = nxt[0] if nxt is not None else None
     # Its detection is the framework's first reaction in its window, and before its job resumed (a detection
     # after that is a flap, not a reaction to it); under per-step commit a survivor's step that was in flight
     # when the fault hit may commit at once: the job has not recovered until the framework reacted, so there the
@@ -158,10 +211,10 @@ def _measure(
     if ix.per_step_commit:
         detect = detects[0] if detects else None
         eventually = timing.resume_point(
-            steps, fp, True, after_ns=detect.t_ns if detect is not None else None
+            ix.steps, fp, True, after_ns=detect.t_ns if detect is not None else None
         )
     else:
-        eventually = timing.resume_point(steps, fp, False)  # maybe after the next fault
+        eventually = timing.resume_point(ix.steps, fp, False)  # maybe after the next fault
     resume = eventually if eventually is not None and (until is None or eventually[0] < until) else None
     went_on = (
         resume is not None
@@ -181,6 +234,21 @@ def _measure(
         resume = eventually = None
     if not ix.per_step_commit:
         detect = next((e for e in detects if resume is None or e.t_ns <= resume[0]), None)
+    return _Reaction(detect, eventually, resume, went_on)
+
+
+def _record_detection(
+    ix: TimelineIndex,
+    fig: FaultFigures,
+    fault: Event,
+    tf: int,
+    detect: Event | None,
+    framework: str | None,
+    until: int | None,
+) -> None:
+    """Into ``fig``: the fault's detection ``detect`` (its time from ``tf``, mechanism and blame), or why there
+    was none before the next fault at ``until`` (None: the run's end)."""
+    miss = fig.missing
     if detect is not None:
         fig.detected = True
         fig.time_to_detect_s = ns_to_s(detect.t_ns - tf)
@@ -196,41 +264,37 @@ def _measure(
         miss["time_to_detect_s"] = miss["blame"] = f"no detection by framework '{framework}' before " + (
             "the next fault" if until is not None else "the run ended"
         )
-    upto = (
-        resume[0] if resume is not None else until
-    )  # the restarts of its recovery: to its resume, or the next fault
-    fig.restarts = _restarts(ix, fp, upto)
-    if resume is None:
-        if nxt is not None:
-            fig.status, fig.interrupted_by = "interrupted", str(nxt[1].get("fault"))
-            miss["time_to_resume_s"] = (
-                f"interrupted: fault '{fig.interrupted_by}' took effect before the job resumed"
-            )
-            if fp.restarted and eventually is not None:  # the rollback it began is its loss all the same: to
-                _lost(ix, fp, eventually, fig, until)  # where the job finally restarted from
-            elif (
-                not fp.restarted
-            ):  # nothing rolled back before the next fault hit: whatever was redone is its
-                fig.lost_steps, fig.lost_work_s = 0, 0.0
-            else:
-                miss["lost_steps"] = miss["time_to_resume_s"]
+
+
+def _record_no_resume(
+    ix: TimelineIndex,
+    fig: FaultFigures,
+    fp: timing.FaultPoint,
+    nxt: tuple[int, Event] | None,
+    rec: _Reaction,
+) -> None:
+    """Into ``fig``: how a fault whose job did not resume before the next fault ``nxt`` (None: the run's end)
+    ended, ``interrupted`` (with the work its rollback lost) or ``not_recovered``, and why its resume is
+    missing."""
+    miss = fig.missing
+    if nxt is not None:
+        until = nxt[0]
+        fig.status, fig.interrupted_by = "interrupted", str(nxt[1].get("fault"))
+        miss["time_to_resume_s"] = (
+            f"interrupted: fault '{fig.interrupted_by}' took effect before the job resumed"
+        )
+        if fp.restarted and rec.eventually is not None:  # the rollback it began is its loss all the same: to
+            _lost(ix, fp, rec.eventually, fig, until)  # where the job finally restarted from
+        elif not fp.restarted:  # nothing rolled back before the next fault hit: whatever was redone is its
+            fig.lost_steps, fig.lost_work_s = 0, 0.0
         else:
-            miss["time_to_resume_s"] = miss["lost_steps"] = (
-                "not recovered: training did not finish"
-                if went_on
-                else "not recovered: no training step completed after the fault"
-            )
-        return Measured(fig, fault, tf, until, fp, detect, None, went_on)
-    resume_t, resume_key = resume
-    if nxt is None and not finished:
-        fig.status = "not_recovered"
-        why = "not recovered: training did not finish"
-        miss["time_to_resume_s"] = miss["lost_steps"] = why
-        return Measured(fig, fault, tf, until, fp, detect, resume)
-    fig.status = "recovered" if reaction_in(ix, tf, resume_t) else "outlasted"
-    fig.time_to_resume_s = ns_to_s(resume_t - tf)
-    _lost(ix, fp, resume, fig, until)
-    return Measured(fig, fault, tf, until, fp, detect, resume)
+            miss["lost_steps"] = miss["time_to_resume_s"]
+    else:
+        miss["time_to_resume_s"] = miss["lost_steps"] = (
+            "not recovered: training did not finish"
+            if rec.went_on
+            else "not recovered: no training step completed after the fault"
+        )
 
 
 def _restarts(ix: TimelineIndex, fp: timing.FaultPoint, upto: int | None) -> int:

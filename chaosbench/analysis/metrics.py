@@ -215,13 +215,18 @@ from chaosbench.analysis import attribution, fidelity, goodput, serving, timing
 from chaosbench.analysis import faults as per_fault
 from chaosbench.analysis.checkpoint_outcome import MODEL_LOADS, classify_checkpoint_outcome
 from chaosbench.analysis.fleet import fault_class
+from chaosbench.analysis.serving import ServingRecord
 from chaosbench.analysis.timeline_index import TimelineIndex, ns_to_s
 from chaosbench.timeline import Event
 from chaosbench.timeline.clocks import offset_bound_s, uncorrected_hosts
 
 
 @dataclass
-class RunMetrics:
+class TrainingRecord:
+    """The fields of :class:`RunMetrics` before a serving run's (:class:`.serving.ServingRecord`): which run
+    it is and its context, its outcome, detection and recovery (every run has them), and a training run's own
+    metrics (definitions: the module docstring)."""
+
     suite: str | None = None
     scenario: str | None = None
     framework: str | None = None
@@ -316,26 +321,16 @@ class RunMetrics:
     notes: dict[str, str] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     timeouts: dict[str, Any] = field(default_factory=dict)
-    # Serving runs (definitions: chaosbench.analysis.serving).
-    serving: bool = False
-    replicas: int | None = None
-    requests: int | None = None
-    failed_requests: int | None = None
-    retried_requests: int | None = None
-    error_rate: float | None = None
-    budget_request_rate_per_s: float | None = None
-    error_budget_burn: float | None = None
-    latency_p50_ms: float | None = None
-    latency_p99_ms: float | None = None
-    latency_p50_before_ms: float | None = None
-    latency_p99_before_ms: float | None = None
-    latency_p50_during_ms: float | None = None
-    latency_p99_during_ms: float | None = None
-    latency_p50_after_ms: float | None = None
-    latency_p99_after_ms: float | None = None
-    capacity_lost_replica_s: float | None = None
-    capacity_lost_share: float | None = None
-    throughput_during_share: float | None = None
+
+
+@dataclass
+class RunMetrics(ServingRecord, TrainingRecord):
+    """One run's metrics, as ``metrics.json`` and the results table hold them: the fields of
+    :class:`TrainingRecord`, then those of :class:`~chaosbench.analysis.serving.ServingRecord` (a serving
+    run's, declared there), then every fault's figures. A dataclass takes its bases' fields in reverse method
+    resolution order: ServingRecord is named first so that TrainingRecord's fields come first (the keys'
+    order)."""
+
     # Every fault of the run, each measured on its own (chaosbench.analysis.faults.FaultFigures as dicts).
     faults: list[dict[str, Any]] = field(default_factory=list)
 

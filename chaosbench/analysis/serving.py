@@ -63,7 +63,7 @@ measured is None with the reason in ``missing``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from chaosbench.analysis.attribution import fault_targets
 from chaosbench.analysis.fleet import fault_class
@@ -75,27 +75,6 @@ from chaosbench.timeline import Event
 #: healthy, recovered after 5 s of healthy windows).
 DEFAULT_SLO = {"availability": 0.999, "window_days": 30.0, "error_rate": 0.01, "recovery_window_s": 5.0}
 
-#: RunMetrics fields this module fills (besides detection, recovery and outcome).
-SERVING_FIELDS = (
-    "replicas",
-    "requests",
-    "failed_requests",
-    "retried_requests",
-    "error_rate",
-    "budget_request_rate_per_s",
-    "error_budget_burn",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "latency_p50_before_ms",
-    "latency_p99_before_ms",
-    "latency_p50_during_ms",
-    "latency_p99_during_ms",
-    "latency_p50_after_ms",
-    "latency_p99_after_ms",
-    "capacity_lost_replica_s",
-    "capacity_lost_share",
-    "throughput_during_share",
-)
 #: Serving metrics that only exist for a run with a fault.
 SERVING_FAULT_METRICS = (
     "time_to_detect_s",
@@ -202,9 +181,14 @@ def latency(windows: Sequence[Window], q: float) -> float | None:
 
 # ----------------------------------------------------------------------------------------------- the metrics
 @dataclass
-class Serving:
-    """The serving metrics of one run (names as on RunMetrics), with ``missing`` and ``notes``."""
+class ServingRecord:
+    """A serving run's own metrics (definitions: the module docstring; None: not measured, the reason in the
+    run's ``missing``). Declared here only: :class:`~chaosbench.analysis.metrics.RunMetrics` inherits them
+    (its ``metrics.json`` keys and results-table columns) and :class:`Serving` carries them from
+    :func:`serving_metrics`."""
 
+    #: A serving run (its timeline has ``load_start``); its training metrics stay None.
+    serving: bool = False
     replicas: int | None = None
     requests: int | None = None
     failed_requests: int | None = None
@@ -223,6 +207,18 @@ class Serving:
     capacity_lost_replica_s: float | None = None
     capacity_lost_share: float | None = None
     throughput_during_share: float | None = None
+
+
+#: The :class:`ServingRecord` fields this module measures (all but the ``serving`` flag), which
+#: :func:`serving_metrics` fills (besides detection, recovery and outcome).
+SERVING_FIELDS = tuple(f.name for f in fields(ServingRecord) if f.name != "serving")
+
+
+@dataclass
+class Serving(ServingRecord):
+    """The serving metrics of one run (:class:`ServingRecord`, names as on RunMetrics), its detection and
+    recovery, whether its load ended (``completed``), with ``missing`` and ``notes``."""
+
     time_to_detect_s: float | None = None
     detect_t_ns: int | None = None
     detected_via: str | None = None
@@ -421,7 +417,7 @@ def serving_metrics(
     load = load_of(ix)
     if load is None:
         raise ValueError("not a serving run: no load_start event")
-    s = Serving()
+    s = Serving(serving=True)
     s.completed = load.end is not None
     s.replicas = replica_count(ix)
     if s.replicas is None:
@@ -526,9 +522,15 @@ def _capacity_lost(s: Serving, ix: TimelineIndex, load: Load) -> None:
 
 def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: int) -> None:
     """Detection, recovery and the latency before, during and after the fault, in ``s``."""
-    miss = s.missing
-    wins = load.windows
-    slo = load.slo
+    failed_end = first_failure_end_ns(load.windows, tf)
+    _detection(s, ix, fault, tf, failed_end)
+    rec = _recovery(s, load, tf, failed_end)
+    _phases(s, ix, load, fault, tf, rec)
+
+
+def _detection(s: Serving, ix: TimelineIndex, fault: Event, tf: int, failed_end: int | None) -> None:
+    """The fault's detection, in ``s``: the first of the balancer marking a replica it hit down (before the
+    teardown) and ``failed_end``, the end of the first window after ``tf`` with a failed request."""
     cut = teardown_ns(ix)
     targets = replicas_hit(ix, fault)
     down = next(
@@ -541,7 +543,6 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
         ),
         None,
     )
-    failed_end = first_failure_end_ns(wins, tf)
     candidates = [
         (t, via, by)
         for t, via, by in (
@@ -555,25 +556,38 @@ def _fault_window(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: i
         s.detect_t_ns = t
         s.time_to_detect_s = ns_to_s(t - tf)
     else:
-        miss["time_to_detect_s"] = (
+        s.missing["time_to_detect_s"] = (
             "the balancer marked no faulted replica down and no request failed after the fault"
         )
 
+
+def _recovery(s: Serving, load: Load, tf: int, failed_end: int | None) -> int | None:
+    """The recovery from the fault at ``tf`` (:func:`recovery_ns`, not before ``failed_end``), in ``s``; returns
+    its time, None when not recovered."""
+    slo = load.slo
     span_ns = int(round(slo["recovery_window_s"] * 1e9))
     settle_ns = int(round(float(load.start.get("request_timeout_s") or 0.0) * 1e9))
     rec = recovery_ns(
-        wins, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"], settle_ns
+        load.windows, tf, failed_end if failed_end is not None else tf, span_ns, slo["error_rate"], settle_ns
     )
     s.recovered = rec is not None
     if rec is not None:
         s.time_to_recover_s = ns_to_s(rec - tf)
     else:
-        miss["time_to_recover_s"] = (
+        s.missing["time_to_recover_s"] = (
             f"no {slo['recovery_window_s']:g} s span after the fault with every window's "
             f"error rate <= {slo['error_rate']:g}, also for the request timeout after it, "
             "before the load ended"
         )
+    return rec
 
+
+def _phases(s: Serving, ix: TimelineIndex, load: Load, fault: Event, tf: int, rec: int | None) -> None:
+    """The latency quantiles before, during and after the fault at ``tf`` (recovered at ``rec``, None: not
+    recovered) and the throughput during it relative to before, in ``s``."""
+    miss = s.missing
+    wins = load.windows
+    cut = teardown_ns(ix)
     # the fault is over at the later of the recovery and its revert (a delay that fails nothing lasts its duration)
     revert = next(
         (

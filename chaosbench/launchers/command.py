@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command (module docstring) and return its exit status: 2 for a bad placeholder, 127 when it
+    cannot start; a child killed by a signal kills this process with the same signal."""
     ap = build_parser()
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -235,30 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     values = {**json.loads(args.subst), **rank_values(os.environ)}
     ready = json.loads(args.ready) if args.ready else None
     try:
-        if ready is not None:
-            values.update(serve_values(os.environ))
-        cmd = [substitute(part, values) for part in cmd]
-        env = dict(os.environ)
-        env.update({k: substitute(v, values) for k, v in json.loads(args.env).items()})
-        cwd = substitute(args.cwd, values) if args.cwd else None
+        cmd, env, cwd, values = _resolve(args, cmd, values, ready is not None)
     except (KeyError, ValueError, IndexError) as exc:
         print(f"chaosbench: bad placeholder in the command: {exc}", file=sys.stderr, flush=True)
         return 2
     probe = Probe.from_env()
     layout = replica_layout(os.environ)
     probe.rank, probe.world_size = job_rank(os.environ)
-    step_base = None if args.step_base == "auto" else int(args.step_base)
-    earlier = (
-        earlier_step_base(os.environ.get(ENV_EVENTS)) if step_base is None and probe.incarnation else None
-    )
-    parser = OutputParser(
-        patterns,
-        step_base,
-        args.step_every,
-        earlier_base=earlier,
-        resumed=probe.incarnation > 0,
-        per_step_commit=layout is not None,
-    )
+    parser = _output_parser(args, patterns, probe, layout is not None)
     last_ns = time.time_ns()
     capture = Capture("pipe" if os.environ.get(ENV_OUTPUT_CAPTURE) == "pipe" else "socket")
     try:
@@ -272,22 +258,86 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaosbench: cannot start {cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
         return 127
     capture.spawned()
-    poller = None
+    poller = _announce(child, probe, layout, ready, values)
+    _forward_signals(child)
+    _pump(capture, probe, parser, last_ns)
+    capture.close()
+    rc = child.wait()
+    if poller is not None:  # it stops once it sees the exit: at most one health request and one pause later
+        poller.join()
+    probe.emit("rank_exit", pid=child.pid, returncode=rc)
+    probe.close()
+    if rc < 0:
+        _die_of(-rc)
+    return rc
+
+
+def _resolve(
+    args: argparse.Namespace, cmd: list[str], values: Mapping[str, str], serving: bool
+) -> tuple[list[str], dict[str, str], str | None, dict[str, str]]:
+    """``(command, environment, working directory, placeholder values)`` of the child: the placeholders of
+    ``cmd``, ``--env`` and ``--cwd`` substituted with ``values`` (the run's and this rank's) and, for a
+    ``serving`` replica, its port and host (module docstring). Raises KeyError for an unknown placeholder and
+    ValueError or IndexError for a malformed template or a missing port."""
+    values = dict(values)
+    if serving:
+        values.update(serve_values(os.environ))
+    cmd = [substitute(part, values) for part in cmd]
+    env = dict(os.environ)
+    env.update({k: substitute(v, values) for k, v in json.loads(args.env).items()})
+    cwd = substitute(args.cwd, values) if args.cwd else None
+    return cmd, env, cwd, values
+
+
+def _output_parser(
+    args: argparse.Namespace, patterns: dict[str, str], probe: Probe, per_step_commit: bool
+) -> OutputParser:
+    """The parser of the child's output: ``--step-base`` (``auto``: detected, or in a restarted incarnation
+    the one an earlier incarnation detected), ``--step-every``; ``per_step_commit`` under replica groups."""
+    step_base = None if args.step_base == "auto" else int(args.step_base)
+    earlier = (
+        earlier_step_base(os.environ.get(ENV_EVENTS)) if step_base is None and probe.incarnation else None
+    )
+    return OutputParser(
+        patterns,
+        step_base,
+        args.step_every,
+        earlier_base=earlier,
+        resumed=probe.incarnation > 0,
+        per_step_commit=per_step_commit,
+    )
+
+
+def _announce(
+    child: subprocess.Popen[bytes],
+    probe: Probe,
+    layout: tuple[int, int, int, int] | None,
+    ready: Mapping[str, object] | None,
+    values: Mapping[str, str],
+) -> threading.Thread | None:
+    """Say ``rank_start`` for ``child`` (with its replica group from ``layout``, and for a serving replica,
+    ``ready`` not None, its address and port from ``values``) and, for a serving replica, start the thread that
+    says ``replica_ready`` (:func:`wait_ready`): returned to be joined, None otherwise."""
     extra: dict[str, object] = {}
     if layout is not None:
         extra.update(replica_group=layout[0], group_rank=layout[2], group_world_size=layout[3])
     if ready is None:
         probe.rank_start(pid=child.pid, **extra)
-    else:
-        host, port = values["host"], int(values["port"])
-        probe.rank_start(pid=child.pid, address=host, port=port, **extra)
-        poller = threading.Thread(
-            target=wait_ready,
-            args=(child, probe, ready, host, port, time.time_ns()),
-            daemon=True,
-            name="ready",
-        )
-        poller.start()
+        return None
+    host, port = values["host"], int(values["port"])
+    probe.rank_start(pid=child.pid, address=host, port=port, **extra)
+    poller = threading.Thread(
+        target=wait_ready,
+        args=(child, probe, ready, host, port, time.time_ns()),
+        daemon=True,
+        name="ready",
+    )
+    poller.start()
+    return poller
+
+
+def _forward_signals(child: subprocess.Popen[bytes]) -> None:
+    """Forward SIGTERM, SIGINT and SIGHUP to ``child`` (one that has exited already is left alone)."""
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -298,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, forward)
 
+
+def _pump(capture: Capture, probe: Probe, parser: OutputParser, last_ns: int) -> None:
+    """Forward the child's output to this process's stdout as written, and put what ``parser`` reads in it on
+    the timeline, until the output ends (``last_ns``: the stamp to end the parser at when nothing came)."""
     out = sys.stdout.buffer
     for data, t_ns in capture.records():
         out.write(data)
@@ -305,17 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         emit(probe, parser.feed(data, t_ns))
         last_ns = t_ns
     emit(probe, parser.end(last_ns))
-    capture.close()
-    rc = child.wait()
-    if poller is not None:  # it stops once it sees the exit: at most one health request and one pause later
-        poller.join()
-    probe.emit("rank_exit", pid=child.pid, returncode=rc)
-    probe.close()
-    if rc < 0:  # die of the same signal (SIGKILL and SIGSTOP cannot be caught: no handler to reset)
-        if -rc not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(-rc, signal.SIG_DFL)
-        os.kill(os.getpid(), -rc)
-    return rc
+
+
+def _die_of(signum: int) -> None:
+    """End this process with signal ``signum``, as the child did, so a launcher above sees the same exit
+    (SIGKILL and SIGSTOP cannot be caught: no handler to reset)."""
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 if __name__ == "__main__":

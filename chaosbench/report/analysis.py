@@ -516,6 +516,23 @@ def analysis_blocks(
                 + "."
             )
         )
+    plot_blocks, written = _plot_blocks(rows, suite_dir)
+    blocks += plot_blocks
+    blocks += _scorecard_blocks(rows)
+    blocks += [Heading(3, "Detection: predicted from the timeouts, and measured"), detection_table(rows)]
+    blocks += timeout_sanity_blocks(rows)
+    blocks += _measurement_notes(rows)
+    definition = definition or {}
+    blocks += _fleet_blocks(rows, definition)
+    written.update(serving_written)
+    return blocks + serving, written
+
+
+def _plot_blocks(rows: Sequence[dict[str, Any]], suite_dir: Path) -> tuple[list[Block], dict[str, Path]]:
+    """The time-to-resume distribution and the badput waterfall, drawn under ``suite_dir/plots``: their image
+    blocks (or a paragraph saying why a plot failed: a plot never costs the report) and the files written, by
+    path relative to ``suite_dir``."""
+    blocks: list[Block] = []
     written: dict[str, Path] = {}
     plots = suite_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -529,9 +546,13 @@ def analysis_blocks(
                 written[f"plots/{name}"] = plots / name
         except Exception as exc:  # noqa: BLE001 - a plot never costs the report
             blocks.append(Paragraph(f"{alt} plot failed: {type(exc).__name__}: {exc}"))
-    blocks += _scorecard_blocks(rows)
-    blocks += [Heading(3, "Detection: predicted from the timeouts, and measured"), detection_table(rows)]
-    blocks += timeout_sanity_blocks(rows)
+    return blocks, written
+
+
+def _measurement_notes(rows: Sequence[dict[str, Any]]) -> list[Block]:
+    """Notes on how the runs were measured: the largest clock-offset bound, and the faults that landed later
+    than their trigger asked (none when there is nothing to say)."""
+    blocks: list[Block] = []
     bounds = _values(rows, "clock_offset_bound_s")
     if bounds:
         blocks.append(
@@ -552,10 +573,15 @@ def analysis_blocks(
                 "injection_latency_s): their recovery is measured from when the fault took effect."
             )
         )
-    definition = definition or {}
+    return blocks
+
+
+def _fleet_blocks(rows: Sequence[dict[str, Any]], definition: dict[str, Any]) -> list[Block]:
+    """The Young/Daly checkpoint interval, the fleet-scale goodput projection and the elasticity section, at the
+    scale and assumptions of the suite ``definition``'s ``projection`` (defaults where it names none)."""
     projection = definition.get("projection")
     scale, source = _scale(projection)
-    blocks.append(Heading(3, "Checkpoint interval (Young/Daly)"))
+    blocks: list[Block] = [Heading(3, "Checkpoint interval (Young/Daly)")]
     yd = young_daly_table(rows, scale)
     blocks.append(yd if yd.rows else Paragraph(f"{MISSING} (no checkpoint saves measured)"))
     blocks.append(
@@ -576,5 +602,4 @@ def analysis_blocks(
     pt = projection_table(rows, scale, projection)
     blocks.append(pt if pt.rows else Paragraph(f"{MISSING} (no fault run of a class in the fault mix fired)"))
     blocks += elasticity_blocks(rows, definition, assumptions_from(projection)[0])
-    written.update(serving_written)
-    return blocks + serving, written
+    return blocks
