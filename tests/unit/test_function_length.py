@@ -18,16 +18,13 @@ MAX_LINES = 80
 #: (module path under chaosbench/, qualified name) -> its length today. These run only in real ranks or engines,
 #: where unit tests do not reach them: split them with the integration tests at hand.
 #: Lengths are of the code as ``ruff format`` writes it (the lint step checks it is): the 13 below went over 80
-#: lines when the formatter first ran over the package (2026-12-07), none of them changed otherwise.
+#: lines when the formatter first ran over the package (2026-12-07), none of them changed otherwise; the
+#: entries go as they are split.
 STILL_TOO_LONG: dict[tuple[str, str], int] = {
-    ("analysis/faults.py", "_measure"): 106,
-    ("analysis/serving.py", "_fault_window"): 92,
     ("cli.py", "cmd_run"): 115,
     ("frameworks/balancer.py", "BalancerFramework.supervise"): 99,
     ("frameworks/ray_train.py", "RayTrainFramework.plan"): 137,
     ("frameworks/torchft.py", "TorchftFramework.plan"): 82,
-    ("launchers/command.py", "main"): 91,
-    ("report/analysis.py", "analysis_blocks"): 81,
     ("runner.py", "Runner._start_and_supervise"): 105,
     ("runner.py", "Runner.run_one"): 84,
     ("workloads/fsdp_lm.py", "_train"): 89,
