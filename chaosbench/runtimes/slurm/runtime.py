@@ -24,10 +24,11 @@ Nodes. The workload's nodes ``node0..nodeN-1`` map to Slurm nodes: the ``nodes``
 whose Slurm state becomes unusable (down, drained, failing; see
 :data:`~chaosbench.runtimes.slurm.states.SLURM_STATES`) is replaced by a free one when a process is started
 there again (``replace_lost_nodes``; a ``node_map`` event records it), as a resubmitted job would land elsewhere. The rank's own events say which host it ran on.
+The placement is kept by :class:`~chaosbench.runtimes.slurm.nodes.NodeMap`.
 
 Planning runs nothing on the cluster. :meth:`SlurmRuntime.resolve`, called when a run starts, chooses node0's
 Slurm node (the master's address) and reads the scheduler's settings; a dry run never calls it and plans with
-:data:`UNRESOLVED_MASTER_ADDR`. Ports are a per-run sequence (:meth:`SlurmRuntime.free_port`), asked of nobody.
+:data:`~chaosbench.runtimes.slurm.nodes.UNRESOLVED_MASTER_ADDR`. Ports are a per-run sequence (:meth:`SlurmRuntime.free_port`), asked of nobody.
 
 Signals (``kill``, ``hang`` and the other signal injectors). The pid a rank reports lives on its node, so
 the runtime runs a tiny shell helper there as an extra step of the job that owns the rank
@@ -37,7 +38,8 @@ does), checks its start time against the one the rank reported, and signals it. 
 node as on this host, needs only ``sh``/``sed``/``kill`` there, and hits exactly the rank, where
 ``scancel --signal`` would hit every task of the step (a whole torchrun agent tree). The helper's own clock
 reading at the moment of the kill is written as a ``signal_sent`` event; its delay after ``fault_inject``
-(one step launch, ~0.1 s) is the delivery cost of a fault through Slurm.
+(one step launch, ~0.1 s) is the delivery cost of a fault through Slurm. The helper and how its answer is
+read: :mod:`~chaosbench.runtimes.slurm.signals`.
 
 Targets. The runtime acts only on this run's jobs: those named ``<prefix>.*`` *and* commented
 ``chaosbench.run=<run id>`` (a job someone else named like ours is not one). Before any signal, kill of a
@@ -48,7 +50,8 @@ taken down only if, besides, no one else's job runs there (unless ``allow_foreig
 cancels only a job this runtime submitted. ``srun_args``/``sbatch_args`` may not rename or re-comment jobs.
 
 Clocks. Before the first process on a Slurm node starts, the runtime measures that node's clock against the
-harness's (:mod:`chaosbench.timeline.clocks`, through ``srun`` stdin/stdout) and writes a ``clock_offset`` event.
+harness's (:mod:`chaosbench.timeline.clocks`, through ``srun`` stdin/stdout) and writes a ``clock_offset`` event
+(:mod:`~chaosbench.runtimes.slurm.node_clocks`).
 
 Lost nodes (the ``node-kill`` fault, also spelled ``slurm-node-down``): the Slurm node is set DOWN or DRAIN,
 refused on a node that runs no job of this run or jobs of others, and resumed on revert while our reason
@@ -60,29 +63,25 @@ Safe to call twice. ``cleanup`` waits until none of the run's jobs is pending, r
 
 Requires the Slurm client commands on the harness's host: every one runs through
 :class:`~chaosbench.runtimes.slurm.commands.SlurmCommands` (``self.slurm``), the one place that knows their
-arguments and output.
+arguments and output; the ``srun``/``sbatch`` command lines of the run's jobs are built in
+:mod:`~chaosbench.runtimes.slurm.jobs`, with the arguments the options give
+(:mod:`~chaosbench.runtimes.slurm.options`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
-import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel
 
-from chaosbench.errors import ChaosbenchError, MissingEngine, Unsupported
+from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
-from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
 from chaosbench.runtimes.process import (
     EXITS,
     CaptureLimitWatcher,
@@ -95,118 +94,46 @@ from chaosbench.runtimes.process import (
     start_ticks,
 )
 from chaosbench.runtimes.slurm.cleanup import cleanup_stale_jobs, resume_stale_nodes
-from chaosbench.runtimes.slurm.commands import SlurmCommands, job_prefix, run_comment
+from chaosbench.runtimes.slurm.commands import job_prefix
+from chaosbench.runtimes.slurm.jobs import (
+    SIGNAL_EXIT_BASE,
+    SlurmHandle,
+    batch_job_node,
+    process_returncode,
+    sbatch_argv,
+    srun_argv,
+)
+from chaosbench.runtimes.slurm.node_clocks import NodeClocks
 from chaosbench.runtimes.slurm.node_loss import SlurmNodeLossOptions, down_nodes, resume_nodes
-from chaosbench.runtimes.slurm.states import USABLE_NODE_STATES, JobState, node_state
-from chaosbench.timeline import clocks, now_ns
+from chaosbench.runtimes.slurm.nodes import PORT_RANGE, UNRESOLVED_MASTER_ADDR, NodeMap, split_partition
+from chaosbench.runtimes.slurm.options import (
+    SlurmOptions,
+    commands_for,
+    keeps_job_identity,
+    node_argv,
+    node_python,
+)
+from chaosbench.runtimes.slurm.signals import refuse_unsent, run_signal_helper
+from chaosbench.runtimes.slurm.states import JobState
+from chaosbench.timeline import now_ns
 from chaosbench.waiting import wait_until
 
-#: ``srun`` exits 128+N when its task was killed by signal N.
-SIGNAL_EXIT_BASE = 128
-#: What a plan holds for the master's address while the runtime is not resolved (a dry run).
-UNRESOLVED_MASTER_ADDR = "<slurm:node0>"
-#: Listener ports (rendezvous, stores) come from here: below Linux's ephemeral range (32768-60999), from which
-#: every connection's local port is taken, so none of those can hold one of ours.
-PORT_RANGE = (20000, 32768)
-
-
-class SlurmOptions(BaseModel):
-    """Options of the ``slurm`` runtime (``defaults.runtime_options`` in a suite)."""
-
-    model_config = ConfigDict(extra="forbid")
-    partition: str | None = Field(default=None, description="partition (-p); null: the cluster's default")
-    account: str | None = Field(default=None, description="account (-A) the jobs are charged to")
-    time_limit: str | None = Field(default="30:00", description="time limit of each job (-t), Slurm syntax")
-    nodes: dict[str, str] = Field(
-        default_factory=dict, description="pin workload nodes to Slurm nodes, e.g. {node0: n1, node1: n2}"
-    )
-    exclude: list[str] = Field(default_factory=list, description="Slurm nodes never used")
-    replace_lost_nodes: bool = Field(
-        default=True, description="start on a free Slurm node when a workload node's Slurm node is unusable"
-    )
-    sbatch_args: list[str] = Field(default_factory=list, description="more sbatch arguments, as is")
-    srun_args: list[str] = Field(default_factory=list, description="more srun arguments, as is")
-    python: str | None = Field(
-        default=None, description="interpreter on the nodes; replaces the harness's sys.executable in argv"
-    )
-    slurm_conf: str | None = Field(default=None, description="SLURM_CONF for every Slurm command")
-    measure_clocks: bool = Field(default=True, description="measure each node's clock offset before use")
-    clock_samples: int = Field(default=8, ge=1, le=1000)
-    command_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for one Slurm command")
-    job_wait_s: float = Field(
-        default=60.0, gt=0, description="longest wait for the run's jobs to end at cleanup"
-    )
-    output_capture: OutputCapture = Field(default="socket", description=OUTPUT_CAPTURE_HELP + " (of srun)")
-
-    @field_validator("sbatch_args", "srun_args")
-    @classmethod
-    def _keeps_our_names(cls, v: list[str]) -> list[str]:
-        return keeps_job_identity(v)
-
-
-def _commands(opts: SlurmOptions, prefix: str = "", run_id: str | None = None) -> SlurmCommands:
-    """The Slurm client commands with the harness's environment (and ``slurm_conf`` as SLURM_CONF), the options'
-    timeout and partition, and the jobs of ``prefix``/``run_id`` as this run's."""
-    env = dict(os.environ)
-    if opts.slurm_conf:
-        env["SLURM_CONF"] = opts.slurm_conf
-    return SlurmCommands(env, opts.command_timeout_s, opts.partition, prefix, run_id)
-
-
-def keeps_job_identity(args: list[str]) -> list[str]:
-    """Refuse (ValueError) extra srun/sbatch arguments that would rename or re-comment a job: the runtime names
-    and comments every job itself, and that is how it tells the run's jobs from anyone else's."""
-    for arg in args:
-        if arg.startswith(("--comment", "--job-name", "-J")):
-            raise ValueError(
-                f"{arg!r}: the runtime names and comments every job itself (that is how it "
-                "knows the run's jobs from anyone else's)"
-            )
-    return args
-
-
-# A shell helper run on the node (as an overlap step of one of our jobs): $1 signal (0: check only), $2 pid,
-# $3 start ticks or '-', $4 Slurm node, then the run's job ids. Exit 3: no such process; 4: pid reused;
-# 5: not in our jobs. Prints the node's clock (ns) right after the signal.
-_SIGNAL_HELPER = r"""
-sig=$1; pid=$2; ticks=$3; node=$4; shift 4
-[ -r /proc/$pid/stat ] || exit 3
-ours=0
-for j in "$@"; do
-    if scontrol listpids "$j" "$node" 2>/dev/null | awk -v p="$pid" '$1 == p {f = 1} END {exit !f}'; then
-        ours=1; break
-    fi
-done
-[ "$ours" = 1 ] || exit 5
-if [ "$ticks" != "-" ]; then
-    now=$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f20)
-    [ -n "$now" ] || exit 3
-    [ "$now" = "$ticks" ] || exit 4
-fi
-state=$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f1)
-[ "$state" = Z ] && exit 3
-date +%s%N
-kill -s "$sig" "$pid" 2>/dev/null || exit 3
-"""
-#: How srun reports a step that Slurm ended under it (the job it overlapped ended).
-_STEP_TERMINATED = "Terminated"
-
-
-class SlurmHandle(ProcHandle):
-    """A process started as its own Slurm job: the local ``srun``'s pid, plus the job's name and node."""
-
-    def __init__(
-        self, spec: ProcessSpec, pid: int, ticks: int | None, job_name: str, slurm_node: str
-    ) -> None:
-        super().__init__(spec, pid, ticks)
-        self.job_name = job_name
-        self.slurm_node = slurm_node
-        self.job_id: int | None = None
-        self.popen: subprocess.Popen[bytes] | None = None
+__all__ = [
+    "PORT_RANGE",
+    "SIGNAL_EXIT_BASE",
+    "UNRESOLVED_MASTER_ADDR",
+    "SlurmHandle",
+    "SlurmOptions",
+    "SlurmRuntime",
+    "keeps_job_identity",
+]
 
 
 class SlurmRuntime(Runtime[SlurmOptions]):
-    """Processes are jobs of an existing Slurm cluster (see the module docstring)."""
+    """Processes are jobs of an existing Slurm cluster (see the module docstring): the workload nodes' placement
+    in a :class:`~chaosbench.runtimes.slurm.nodes.NodeMap`, the nodes' clocks in a
+    :class:`~chaosbench.runtimes.slurm.node_clocks.NodeClocks`, the jobs' command lines from
+    :mod:`~chaosbench.runtimes.slurm.jobs`, signals through :mod:`~chaosbench.runtimes.slurm.signals`."""
 
     name: ClassVar[str] = "slurm"
 
@@ -234,29 +161,9 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         """Each concurrent run on Slurm nodes of its own: the partition's usable nodes (less ``exclude``) split
         in ``jobs`` groups, each slot excluding every other group's, so no node is shared between two runs
         being timed (a lost node is replaced from the slot's own group). Refused when a group would have fewer
-        nodes than the workload needs; a suite that pins ``nodes`` cannot be split either."""
-        opts = SlurmOptions(**{**cls.default_options, **options})
-        if opts.nodes:
-            raise Unsupported(
-                "slurm: the suite pins workload nodes to Slurm nodes; --jobs cannot place runs apart"
-            )
-        slurm = _commands(opts)
-        infos = slurm.nodes_info()
-        usable = [
-            n
-            for n in slurm.partition_nodes()
-            if n not in opts.exclude and node_state(infos.get(n, {}).get("State", "")) in USABLE_NODE_STATES
-        ]
-        share = len(usable) // jobs  # the smallest group's size
-        if share < nodes:
-            raise Unsupported(
-                f"slurm: {jobs} concurrent runs of {nodes} node(s) each need {jobs * nodes} usable "
-                f"nodes; the partition has {len(usable)} ({', '.join(usable) or 'none'})"
-            )
-        groups = [
-            usable[i::jobs] for i in range(jobs)
-        ]  # the remainder's nodes too: spares of the first groups
-        return [{"exclude": [*opts.exclude, *(n for n in usable if n not in group)]} for group in groups]
+        nodes than the workload needs; a suite that pins ``nodes`` cannot be split either
+        (:func:`~chaosbench.runtimes.slurm.nodes.split_partition`)."""
+        return split_partition(SlurmOptions(**{**cls.default_options, **options}), jobs, nodes)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -268,31 +175,16 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         self.logs_dir = Path(self.run.run_dir) / "logs"
         self.job_prefix = job_prefix(self.run.run_id)
         #: The Slurm client commands, with this run's environment, timeout, partition and job names.
-        self.slurm = _commands(self.opts, self.job_prefix, self.run.run_id)
+        self.slurm = commands_for(self.opts, self.job_prefix, self.run.run_id)
+        #: Where the workload nodes run (the commands asked through ``self.slurm`` at each use).
+        self.nodes = NodeMap(self.run, self.opts, lambda: self.slurm, self.job_prefix)
+        self.clocks = NodeClocks(self.run, self.opts, lambda: self.slurm, self.job_prefix)
         self._handles: list[SlurmHandle] = []
         self._threads: list[threading.Thread] = []
         self._batch: dict[int, str] = {}  # job id -> name, batch jobs of this run
-        self._node_map: dict[str, str] = {}  # workload node -> Slurm node
-        self._reserved: dict[str, str] = {}  # workload node -> Slurm node chosen by resolve(), not yet used
         self._resolved = False
         self._scheduler: dict[str, Any] = {}
-        self._local_addrs: dict[str, bool] = {}  # node address -> whether it is this host
-        lo, hi = PORT_RANGE
-        self._next_port = int(self.job_prefix.removeprefix("cb-"), 16) % (hi - lo)  # this run's first port
-        self._clocks: dict[str, clocks.ClockOffset | None] = {}  # Slurm node -> its measured clock
-        self._node_addr: dict[str, str] = {}
         self._lock = threading.RLock()
-        self._map_lock = threading.Lock()
-
-    # ------------------------------------------------------------------ job submission
-    def _common(self) -> list[str]:
-        """Arguments every job of the run is submitted with: partition, account, time limit."""
-        out = self.slurm.partition_args()
-        if self.opts.account:
-            out += ["-A", self.opts.account]
-        if self.opts.time_limit:
-            out += ["-t", self.opts.time_limit]
-        return out
 
     # ------------------------------------------------------------------ nodes
     def resolve(self) -> None:
@@ -300,152 +192,50 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         there, and a batch job, placed by the scheduler, never uses it), look up its address, and read the
         scheduler's settings (:attr:`scheduler`). Runs Slurm commands: called when the run starts, never in a
         dry run (see :meth:`Runtime.resolve`). Idempotent."""
-        with self._map_lock:
+        with self.nodes.lock:
             if self._resolved:
                 return
-            if "node0" not in self._node_map:
-                self._reserved["node0"] = self._choose("node0", None)[0]
+            self.nodes.reserve("node0")
         try:
             self._scheduler = self.slurm.scheduler_config()
         except ChaosbenchError:
             self._scheduler = {}
         self._resolved = True
 
-    def _choose(self, node: str, current: str | None) -> tuple[str, dict[str, dict[str, str]]]:
-        """Where workload node ``node`` goes (``current``: where it is now; None: first use), without taking it,
-        and the partition's nodes as ``scontrol`` shows them. Remembers the chosen node's address. Call with
-        ``_map_lock`` held."""
-        self.slurm.check()
-        infos = self.slurm.nodes_info()
-        usable = {n for n, kv in infos.items() if node_state(kv.get("State", "")) in USABLE_NODE_STATES}
-        pinned = self.opts.nodes.get(node)
-        reserved = self._reserved.get(node)
-        if current is not None and current in usable:
-            choice = current
-        elif current is None and pinned is not None:
-            if pinned not in infos:
-                raise ChaosbenchError(
-                    f"runtime option nodes: {node} -> {pinned}: no such node in the partition"
-                )
-            choice = pinned
-        elif current is None and reserved is not None and reserved in usable:
-            choice = reserved
-        else:
-            taken = (
-                set(self._node_map.values())
-                | set(self.opts.nodes.values())
-                | {s for n, s in self._reserved.items() if n != node}
-            )
-            free = [
-                n
-                for n in self.slurm.partition_nodes()
-                if n in usable and n not in taken and n not in self.opts.exclude
-            ]
-            if current is not None and not self.opts.replace_lost_nodes:
-                raise ChaosbenchError(
-                    f"{node}'s Slurm node {current} is unusable and replace_lost_nodes is off"
-                )
-            if not free:
-                raise ChaosbenchError(
-                    f"no usable Slurm node left for {node} (partition {self.opts.partition})"
-                )
-            choice = free[0]
-        if choice not in self._node_addr:
-            addr = infos.get(choice, {}).get("NodeAddr", choice)
-            self._node_addr[choice] = addr
-            self._local_addrs.setdefault(addr, _is_local(addr))
-        return choice, infos
-
     def slurm_node(self, node: str, for_start: bool = False) -> str:
-        """The Slurm node a workload node runs on, taken on first use (the one :meth:`resolve` reserved for it,
-        if still usable). With ``for_start`` an unusable mapped node is replaced by a free one
-        (``replace_lost_nodes``). Either is recorded as a ``node_map`` event."""
-        with self._map_lock:
-            current = self._node_map.get(node)
-            if current is not None and not for_start:
-                return current
-            choice, infos = self._choose(node, current)
-            if choice == current:
-                return current
-            self._node_map[node] = choice
-            self._reserved.pop(node, None)
-            if current is not None:
-                self.run.timeline.emit(
-                    "node_map",
-                    node=node,
-                    slurm_node=choice,
-                    previous=current,
-                    reason=f"{current} is {infos.get(current, {}).get('State', '?')}",
-                )
-            else:
-                self.run.timeline.emit(
-                    "node_map", node=node, slurm_node=choice, previous=None, reason="first use"
-                )
-            return choice
+        """The Slurm node a workload node runs on (:meth:`NodeMap.slurm_node
+        <chaosbench.runtimes.slurm.nodes.NodeMap.slurm_node>`: taken on first use, replaced ``for_start`` when
+        unusable)."""
+        return self.nodes.slurm_node(node, for_start)
 
     def node_of_slurm(self, slurm_node: str) -> str | None:
         """The workload node mapped to a Slurm node, if any."""
-        with self._map_lock:
-            return next((n for n, s in self._node_map.items() if s == slurm_node), None)
+        return self.nodes.node_of_slurm(slurm_node)
+
+    def slurm_node_now(self, node: str) -> str:
+        """Where workload node ``node`` runs now: the mapping of per-process jobs, else the matching node of
+        this run's running batch job (``nodeK`` = the K-th node of its allocation)."""
+        mapped = self.nodes.mapped_to(node)
+        if mapped is not None:
+            return mapped
+        return batch_job_node(self.slurm, self._batch, node)
 
     def measure_clock(self, slurm_node: str, node: str | None = None, job_id: int | None = None) -> None:
-        """Measure a Slurm node's clock offset once per run and write a ``clock_offset`` event (on failure the
-        event carries the error instead of an offset). The probe runs as its own one-task job, or, with
-        ``job_id``, as an extra step of that running job (a batch job's nodes are only free to it)."""
-        with self._lock:
-            if slurm_node in self._clocks:
-                return
-            self._clocks[slurm_node] = None
-        where = (
-            [f"--jobid={job_id}", "--overlap"]
-            if job_id is not None
-            else [
-                *self._common(),
-                f"--job-name={self.job_prefix}.clock",
-                f"--comment={run_comment(self.run.run_id)}",
-            ]
-        )
-        argv = [
-            "srun",
-            "-Q",
-            "-N1",
-            "-n1",
-            "-w",
-            slurm_node,
-            "--unbuffered",
-            *where,
-            self.python(),
-            "-u",
-            "-c",
-            clocks.ECHO_PROGRAM,
-        ]
-        try:
-            off = clocks.measure(
-                argv, slurm_node, self.opts.clock_samples, self.opts.command_timeout_s, self.slurm.env
-            )
-        except ValueError as exc:
-            self.run.timeline.emit("clock_offset", node=node, slurm_node=slurm_node, error=str(exc))
-            return
-        with self._lock:
-            self._clocks[slurm_node] = off
-        fields = off.event_fields()
-        fields.update(node=node, slurm_node=slurm_node)
-        self.run.timeline.emit("clock_offset", **fields)
+        """Measure a Slurm node's clock offset once per run and write a ``clock_offset`` event
+        (:meth:`NodeClocks.measure <chaosbench.runtimes.slurm.node_clocks.NodeClocks.measure>`; with ``job_id``
+        the probe is an extra step of that running job)."""
+        self.clocks.measure(slurm_node, node, job_id)
 
     def clock_offset_ns(self, slurm_node: str) -> int | None:
         """The measured offset of a Slurm node's clock (node - harness), None when not measured."""
-        with self._lock:
-            off = self._clocks.get(slurm_node)
-        return off.offset_ns if off is not None else None
+        return self.clocks.offset_ns(slurm_node)
 
     # ------------------------------------------------------------------ plain data (no Slurm command)
     @property
     def master_addr(self) -> str:
         """The address (``NodeAddr``) of node0's Slurm node: where it runs, else where :meth:`resolve` reserved
         it; :data:`UNRESOLVED_MASTER_ADDR` before either (a dry run)."""
-        with self._map_lock:
-            snode = self._node_map.get("node0") or self._reserved.get("node0")
-            return self._node_addr.get(snode, snode) if snode is not None else UNRESOLVED_MASTER_ADDR
+        return self.nodes.master_addr
 
     @property
     def scheduler(self) -> dict[str, Any]:
@@ -458,29 +248,18 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         sequence in :data:`PORT_RANGE` (it starts where the run id says, so concurrent runs rarely meet, and a
         dry run plans the same ports every time). Where the master is known to be this host (:meth:`resolve`),
         a port something here already listens on is skipped."""
-        lo, hi = PORT_RANGE
-        addr = self.master_addr
-        local = self._local_addrs.get(addr, False)
-        with self._lock:
-            for _ in range(hi - lo):
-                port = lo + self._next_port % (hi - lo)
-                self._next_port += 1
-                if not local or _bindable(addr, port):
-                    return port
-        raise ChaosbenchError(f"no free port left in {lo}-{hi - 1} on {addr}")
+        return self.nodes.free_port()
 
     def python(self) -> str:
         """The Python the nodes run (the ``python`` option, else the harness's own)."""
-        return self.opts.python or sys.executable
+        return node_python(self.opts)
 
     def node_argv(self, argv: list[str]) -> list[str]:
         """``argv`` as the nodes run it: the harness's Python replaced by the nodes' (the ``python`` option)."""
-        if self.opts.python:
-            return [self.opts.python if a == sys.executable else a for a in argv]
-        return list(argv)
+        return node_argv(self.opts, argv)
 
     def describe(self) -> dict[str, Any]:
-        return {"runtime": self.name, "options": self.opts.model_dump(), "nodes": dict(self._node_map)}
+        return {"runtime": self.name, "options": self.opts.model_dump(), "nodes": dict(self.nodes.mapped)}
 
     # ------------------------------------------------------------------ processes
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
@@ -495,22 +274,7 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         if self.opts.measure_clocks:
             self.measure_clock(snode, spec.node)
         job_name = f"{self.job_prefix}.{spec.name}"
-        argv = [
-            "srun",
-            f"--job-name={job_name}",
-            f"--comment={run_comment(self.run.run_id)}",
-            "-N1",
-            "-n1",
-            "-w",
-            snode,
-            "--kill-on-bad-exit=1",
-            "--unbuffered",
-            *self._common(),
-            *([f"--chdir={spec.cwd}"] if spec.cwd else []),
-            *self.opts.srun_args,
-            "--",
-            *self.node_argv(spec.argv),
-        ]
+        argv = srun_argv(self.opts, self.slurm, self.run.run_id, job_name, snode, spec)
         env = dict(self.slurm.env)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -551,10 +315,9 @@ class SlurmRuntime(Runtime[SlurmOptions]):
     def _wait(self, handle: SlurmHandle, exit_watch: ExitWatch) -> None:
         status = exit_watch.wait()
         assert status is not None and status.returncode is not None  # a child's watch reaps it: never None
-        srun_rc = rc = status.returncode
+        srun_rc = status.returncode
         handle.t_exit_ns = status.t_ns
-        if rc > SIGNAL_EXIT_BASE and rc - SIGNAL_EXIT_BASE in {int(s) for s in signal.Signals}:
-            rc = -(rc - SIGNAL_EXIT_BASE)
+        rc = process_returncode(srun_rc)
         extra: dict[str, Any] = {}
         job_id = None
         with contextlib.suppress(ChaosbenchError):
@@ -600,50 +363,41 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         self.slurm.check()
         job_name = f"{self.job_prefix}.{name}"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            "sbatch",
-            "--parsable",
-            f"--job-name={job_name}",
-            f"--comment={run_comment(self.run.run_id)}",
-            "-N",
-            str(nodes),
-            f"--ntasks-per-node={ntasks_per_node}",
-            "--open-mode=append",
-            f"--output={self.logs_dir / name}.out",
-            f"--error={self.logs_dir / name}.err",
-            f"--chdir={self.run.run_dir}",
-            *self._common(),
-            *self.opts.sbatch_args,
-            *(extra or []),
-            str(script),
-        ]
-        if self.opts.exclude:
-            argv[-1:-1] = [f"--exclude={','.join(self.opts.exclude)}"]
+        argv = sbatch_argv(
+            self.opts,
+            self.slurm,
+            self.run.run_id,
+            job_name,
+            nodes,
+            ntasks_per_node,
+            self.logs_dir / name,
+            self.run.run_dir,
+            extra or [],
+            script,
+        )
         out = self.slurm.command(argv, extra_env=env)
         job_id = int(out.strip().split(";")[0])
         with self._lock:
             self._batch[job_id] = job_name
         return job_id
 
-    # ------------------------------------------------------------------ signals
-    def slurm_node_now(self, node: str) -> str:
-        """Where workload node ``node`` runs now: the mapping of per-process jobs, else the matching node of
-        this run's running batch job (``nodeK`` = the K-th node of its allocation)."""
-        with self._map_lock:
-            mapped = self._node_map.get(node)
-        if mapped is not None:
-            return mapped
-        m = re.fullmatch(r"node(\d+)", node)
-        for job_id in sorted(self._batch, reverse=True):
-            info = self.slurm.job_info(job_id)
-            if (
-                info is not None
-                and info.state is JobState.RUNNING
-                and m
-                and int(m.group(1)) < len(info.nodes)
-            ):
-                return info.nodes[int(m.group(1))]
-        raise ChaosbenchError(f"no job of this run runs on {node}")
+    def _own_batch(self, job_id: int, doing: str) -> None:
+        with self._lock:
+            ours = job_id in self._batch
+        if not ours:
+            raise ChaosbenchError(f"Slurm job {job_id} was not submitted by this run; not {doing} it")
+
+    def cancel_batch(self, job_id: int) -> None:
+        """End a batch job of this run for good (``scancel``); refused (ChaosbenchError) for a job this runtime
+        did not submit."""
+        self._own_batch(job_id, "cancelling")
+        self.slurm.scancel([job_id])
+
+    def requeue_batch(self, job_id: int) -> None:
+        """Hand a batch job of this run back to the scheduler (``scontrol requeue``); refused (ChaosbenchError)
+        for a job this runtime did not submit."""
+        self._own_batch(job_id, "requeueing")
+        self.slurm.requeue(job_id)
 
     # ------------------------------------------------------------------ node loss (NodeLoss, NodeRestore)
     @classmethod
@@ -665,55 +419,23 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         """RESUME the Slurm nodes this run took down, only while the reason on each is still ours."""
         return resume_nodes(self.slurm, restorable, self.run.run_id)
 
+    # ------------------------------------------------------------------ signals
     def _node_helper(
         self, sig: str, pid: int, ticks: int | None, node: str | None
     ) -> tuple[int, int | None, str]:
-        """Run the signal helper on the rank's node: (helper exit code, node clock ns or None, Slurm node). The
-        helper runs as a step of one of this run's jobs there and acts only on a pid of those jobs (exit 5
-        otherwise); refused (ChaosbenchError) when no job of this run runs there
-        (:meth:`SlurmCommands.our_jobs_on`)."""
+        """Run the signal helper on the rank's node (:func:`~chaosbench.runtimes.slurm.signals.run_signal_helper`):
+        (helper exit code, node clock ns or None, Slurm node). Refused (ChaosbenchError) when no job of this run
+        runs there."""
         snode = self.slurm_node_now(node or "node0")
-        jobs = self.slurm.our_jobs_on(snode, "signalling it", f"pid {pid}")
-        args = [sig, str(pid), str(ticks) if ticks is not None else "-"]
-        argv = self.slurm.helper_step(
-            snode, jobs, _SIGNAL_HELPER, args, f"--job-name={self.job_prefix}.signal"
+        rc, t_node = run_signal_helper(
+            self.slurm, snode, sig, pid, ticks, self.job_prefix, self.opts.command_timeout_s
         )
-        try:
-            res = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                env=self.slurm.env,
-                stdin=subprocess.DEVNULL,
-                timeout=self.opts.command_timeout_s,
-            )
-        except subprocess.TimeoutExpired:
-            raise ChaosbenchError(f"signalling pid {pid} on {snode}: no answer") from None
-        t_node = None
-        with contextlib.suppress(ValueError, IndexError):
-            t_node = int(res.stdout.split()[-1])
-        rc = res.returncode
-        if rc not in (0, 3, 4, 5) and t_node is not None and _STEP_TERMINATED in res.stderr:
-            # The helper had passed every check and read its clock for the kill (printed right before it) when
-            # Slurm ended its step: the step overlaps a job of this run there, and a SIGKILL of that job's own
-            # task (the target) ends the job and every step in it (seen: "srun: error: n1: task 0: Terminated"
-            # right as the killed rank exited). The kill was sent (or, had the job ended for another reason in
-            # that same instant, was about to be: its task had gone anyway).
-            rc = 0
-        if rc not in (0, 3, 4, 5):
-            err = (res.stderr.strip() or f"exit code {rc}").splitlines()[-1]
-            raise ChaosbenchError(f"signalling pid {pid} on {snode} failed: {err}")
         return rc, t_node, snode
 
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         name = signal.Signals(sig).name if sig else "0"
         rc, t_node, snode = self._node_helper(name.removeprefix("SIG") if sig else "0", pid, ticks, node)
-        if rc == 3:
-            raise ProcessLookupError(pid)
-        if rc == 4:
-            raise ChaosbenchError(f"pid {pid} on {snode} now belongs to another process; not signalling it")
-        if rc == 5:
-            raise ChaosbenchError(f"pid {pid} on {snode} is not in a job of this run; not signalling it")
+        refuse_unsent(rc, pid, snode)
         if sig:
             # The node's clock reading right before the kill, on the harness's clock when the offset is known.
             off = self.clock_offset_ns(snode)
@@ -761,24 +483,6 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         for h in hs:
             h.exited.wait(timeout=10)
 
-    def _own_batch(self, job_id: int, doing: str) -> None:
-        with self._lock:
-            ours = job_id in self._batch
-        if not ours:
-            raise ChaosbenchError(f"Slurm job {job_id} was not submitted by this run; not {doing} it")
-
-    def cancel_batch(self, job_id: int) -> None:
-        """End a batch job of this run for good (``scancel``); refused (ChaosbenchError) for a job this runtime
-        did not submit."""
-        self._own_batch(job_id, "cancelling")
-        self.slurm.scancel([job_id])
-
-    def requeue_batch(self, job_id: int) -> None:
-        """Hand a batch job of this run back to the scheduler (``scontrol requeue``); refused (ChaosbenchError)
-        for a job this runtime did not submit."""
-        self._own_batch(job_id, "requeueing")
-        self.slurm.requeue(job_id)
-
     def cleanup(self, grace_s: float = 5.0) -> None:
         with self._lock:
             handles = list(self._handles)
@@ -806,25 +510,3 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         except ChaosbenchError:
             jobs = []
         return jobs + alive
-
-
-def _bindable(addr: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((addr, port))
-        except OSError:
-            return False
-    return True
-
-
-def _is_local(addr: str) -> bool:
-    try:
-        ip = ipaddress.ip_address(socket.gethostbyname(addr))
-    except (OSError, ValueError):
-        return False
-    if ip.is_loopback:
-        return True
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((str(ip), 0))
-        return True
-    return False
