@@ -16,6 +16,9 @@ text; the message is built from them)::
     ├── EngineCommandFailed(argv, rc, stderr)
     │                                   an engine's command (a Slurm client, a tool in a node's namespace) failed
     ├── TargetRefused(target, reason)   a load target outside the run's own addresses (also a ValueError)
+    ├── ForeignTarget(subject, reason, doing, target)
+    │                                   the target guard refused to act on what this run did not create (a pid it
+    │                                   did not start, a container without its label, a Slurm node or job of others)
     ├── HarnessInterrupted              the harness was asked to stop; runs are torn down, results kept
     └── InvalidEvent(kind, problem, path, line, field)
         ├── UnknownEventKind            a timeline event of no known kind
@@ -112,6 +115,22 @@ class TargetRefused(ChaosbenchError, ValueError):
         self.target = target
         self.reason = reason
         super().__init__(reason if target is None else f"target {target!r}: {reason}")
+
+
+class ForeignTarget(ChaosbenchError):
+    """The target guard of a runtime refused to act, and did nothing: what it would have acted on is not this
+    run's own. ``subject``: what was found not to be the run's (``pid 12``, ``container x``, ``Slurm node n2``,
+    ``Slurm job 41``); ``reason``: why, in words (``was not started by this run``); ``doing``: what would have
+    been done (``signalling it``); ``target``: what the action was aimed at when that is not the subject itself
+    (``pid 12`` in a node whose container is not the run's), else None. The message is
+    ``[target: ]subject reason; not doing``."""
+
+    def __init__(self, subject: str, reason: str, doing: str, *, target: str | None = None) -> None:
+        self.subject = subject
+        self.reason = reason
+        self.doing = doing
+        self.target = target
+        super().__init__(f"{target + ': ' if target else ''}{subject} {reason}; not {doing}")
 
 
 class HarnessInterrupted(ChaosbenchError):

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import ChaosbenchError, ForeignTarget, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, NoOptions, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
@@ -194,18 +194,18 @@ class LocalRuntime(Runtime[LocalOptions]):
     def _refuse_foreign(self, procs: list[psutil.Process], doing: str) -> None:
         """The one rule before this runtime acts on a process (a signal, a node loss): every process of
         ``procs`` that still runs must be this run's (:meth:`_ours`). Raises ChaosbenchError naming the first
-        one that is not, before anything is done to any of them; ``doing`` says what would have been done
+        one that is not (:class:`~chaosbench.errors.ForeignTarget`), before anything is done to any of them; ``doing`` says what would have been done
         ("signalling it")."""
         for proc in procs:
             if process.running(proc) and not self._ours(proc):
-                raise ChaosbenchError(f"pid {proc.pid} was not started by this run; not {doing}")
+                raise ForeignTarget(f"pid {proc.pid}", "was not started by this run", doing)
 
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
         proc = process.find(pid)
         if proc is None:
             raise ProcessLookupError(pid)
         if not process.same(proc, ticks):
-            raise ChaosbenchError(f"pid {pid} now belongs to another process; not signalling it")
+            raise ForeignTarget(f"pid {pid}", "now belongs to another process", "signalling it")
         self._refuse_foreign([proc], "signalling it")
         # its children now, while they are still its: a killed agent's workers outlive it, reparented to init,
         # where no tree walk from a root finds them at teardown

@@ -26,7 +26,7 @@ import pytest
 from docker_support import require_docker
 
 from chaosbench import procutil
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ForeignTarget
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup
 from chaosbench.injectors.network import NetLossInjector, NetLossParams
 from chaosbench.injectors.node_pause import NodePauseInjector, NodePauseParams
@@ -77,9 +77,13 @@ def test_local_refuses_a_process_the_test_started(tmp_path: Path) -> None:
         own = rt.start(ProcessSpec("own", ["sleep", "60"], node="node0"))
         ticks = procutil.start_ticks(stranger.pid)
         for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):
-            with pytest.raises(ChaosbenchError) as err:
+            with pytest.raises(ForeignTarget) as err:
                 rt.signal_pid(stranger.pid, sig, ticks, "node0")
-            assert str(err.value) == f"pid {stranger.pid} was not started by this run; not signalling it"
+            assert (err.value.subject, err.value.reason, err.value.doing) == (
+                f"pid {stranger.pid}",
+                "was not started by this run",
+                "signalling it",
+            )
         with pytest.raises(ProcessLookupError):  # no node holds it: losing a node never reaches it
             rt.lose_nodes(["node1"], LocalNodeLossOptions(), [])
         assert rt.lose_nodes(["node0"], LocalNodeLossOptions(), [])["pids"] == {"node0": [own.pid]}
@@ -133,7 +137,8 @@ def _unharmed(foreign: Any, init_pid: int, init_ticks: int | None) -> None:
     foreign.reload()
     assert foreign.status == "running"
     assert process.alive(init_pid, init_ticks) and process.state(init_pid) != "stopped"
-    assert not foreign.attrs["HostConfig"].get("NanoCpus")
+    host = foreign.attrs["HostConfig"]
+    assert not host.get("NanoCpus") and not host.get("CpuQuota")  # no CPU limit was set on it
 
 
 def test_docker_refuses_a_container_without_the_runs_label(
@@ -147,14 +152,14 @@ def test_docker_refuses_a_container_without_the_runs_label(
         lambda: rt.signal_pid(1, signal.SIGKILL, None, foreign.name),
         lambda: rt.pause_node(foreign.name),
     ):
-        with pytest.raises(ChaosbenchError, match=f"'{foreign.name}' is not a node of this run"):
+        with pytest.raises(ForeignTarget) as err:
             act()
+        assert (err.value.subject, err.value.reason) == (repr(foreign.name), "is not a node of this run")
     # put where node0's container would be: every action is refused by the engine's own labels
     node = rt.pool.nodes["node0"]
     own = node.container
     node.container = foreign
     try:
-        refusal = f"container {foreign.name} has no label chaosbench.run={rt.run.run_id}; not "
         actions = {
             "signalling it": lambda: rt.signal_pid(1, signal.SIGKILL, None, "node0"),
             "pausing it": lambda: rt.pause_node("node0"),
@@ -162,14 +167,22 @@ def test_docker_refuses_a_container_without_the_runs_label(
             "changing its CPU limit": lambda: rt.set_node_cpus("node0", 0.1),
             "entering its namespaces": lambda: rt.node_pid("node0"),
         }
+        label = f"has no label chaosbench.run={rt.run.run_id}"
         for doing, act in actions.items():
-            with pytest.raises(ChaosbenchError) as err:
+            with pytest.raises(ForeignTarget) as err:
                 act()
-            assert str(err.value).endswith(refusal + doing), str(err.value)
-        with pytest.raises(ChaosbenchError, match=refusal + "pausing it"):
-            NodePauseInjector("pause", NodePauseParams()).inject(_ctx(tmp_path, rt, "node0"))
-        with pytest.raises(ChaosbenchError, match=refusal + "entering its namespaces"):
-            NetLossInjector("loss", NetLossParams(percent=100)).inject(_ctx(tmp_path, rt, "node0"))
+            assert (err.value.subject, err.value.reason, err.value.doing) == (
+                f"container {foreign.name}",
+                label,
+                doing,
+            )
+        for doing, injector in (
+            ("pausing it", NodePauseInjector("pause", NodePauseParams())),
+            ("entering its namespaces", NetLossInjector("loss", NetLossParams(percent=100))),
+        ):
+            with pytest.raises(ForeignTarget) as err:
+                injector.inject(_ctx(tmp_path, rt, "node0"))
+            assert (err.value.subject, err.value.doing) == (f"container {foreign.name}", doing)
         _unharmed(foreign, init_pid, init_ticks)
     finally:
         node.container = own
@@ -279,20 +292,37 @@ def test_slurm_refuses_a_job_it_did_not_submit(slurm_jobs: dict[str, Any]) -> No
         pids[slurm_jobs["own"]], ticks[slurm_jobs["own"]], "node0"
     )  # control: its own is seen
     # a pid of someone else's job on the node where the run's job runs: the node helper finds it in none of ours
-    with pytest.raises(ChaosbenchError) as err:
+    with pytest.raises(ForeignTarget) as err:
         rt.signal_pid(pids[foreign], signal.SIGKILL, ticks[foreign], "node0")
-    assert str(err.value) == f"pid {pids[foreign]} on n1 is not in a job of this run; not signalling it"
+    assert (err.value.subject, err.value.reason) == (
+        f"pid {pids[foreign]} on n1",
+        "is not in a job of this run",
+    )
     # a pid of a job named like the run's, on a node where none of the run's jobs runs: no step is even started
-    with pytest.raises(ChaosbenchError) as err:
+    with pytest.raises(ForeignTarget) as err:
         rt.signal_pid(pids[impostor], signal.SIGKILL, ticks[impostor], "node1")
-    assert str(err.value) == f"pid {pids[impostor]}: Slurm node n2 runs no job of this run; not signalling it"
+    assert (err.value.target, err.value.subject, err.value.reason) == (
+        f"pid {pids[impostor]}",
+        "Slurm node n2",
+        "runs no job of this run",
+    )
     # node loss: n2 runs no job of the run; n1 runs someone else's too
-    with pytest.raises(ChaosbenchError, match="^Slurm node n2 runs no job of this run; not touching it$"):
+    with pytest.raises(ForeignTarget) as err:
         rt.lose_nodes(["node1"], SlurmNodeLossOptions(), [])
-    with pytest.raises(ChaosbenchError, match=rf"Slurm node n1 also runs jobs of others \(\[{foreign}\]\)"):
+    assert (err.value.subject, err.value.reason, err.value.doing) == (
+        "Slurm node n2",
+        "runs no job of this run",
+        "touching it",
+    )
+    with pytest.raises(ForeignTarget) as err:
         rt.lose_nodes(["node0"], SlurmNodeLossOptions(state="drain"), [])
-    with pytest.raises(ChaosbenchError, match=f"Slurm job {foreign} was not submitted by this run"):
+    assert (err.value.subject, err.value.reason) == (
+        "Slurm node n1",
+        f"also runs jobs of others ([{foreign}])",
+    )
+    with pytest.raises(ForeignTarget) as err:
         rt.cancel_batch(foreign)
+    assert (err.value.subject, err.value.reason) == (f"Slurm job {foreign}", "was not submitted by this run")
     for job in (foreign, impostor):
         assert _job_state(job) == "RUNNING" and process.alive(pids[job], ticks[job])
     states = rt.slurm.nodes_info(["n1", "n2"])

@@ -13,9 +13,6 @@ PACKAGE = ROOT / "chaosbench"
 #: Private names of other libraries that chaosbench must use, each for a stated reason.
 FOREIGN_PRIVATES = {
     "os._exit",  # public API despite the underscore: leave without running atexit hooks (fsdp_lm)
-    "api._post_json",
-    "api._result",
-    "api._url",  # docker SDK: the Engine API's update has NanoCpus, the SDK not
     "agent_cls._start_workers",  # torch elastic's agent: number incarnations by rendezvous round
     "parser._actions",  # argparse: a parser's arguments, for the generated CLI reference (docgen)
 }

@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from chaosbench import procutil
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, ForeignTarget
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup
 from chaosbench.injectors.network import NetLossInjector, NetLossParams
 from chaosbench.injectors.node_kill import NodeKillInjector, NodeKillParams
@@ -67,6 +67,11 @@ def _wait_for(cond: Any, timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def _refused(err: ForeignTarget, subject: str, reason: str, doing: str, target: str | None = None) -> None:
+    """The guard's error says what it refused, why and what it would have done, as fields."""
+    assert (err.subject, err.reason, err.doing, err.target) == (subject, reason, doing, target)
+
+
 # ---------------------------------------------------------------------------------------------- local
 @pytest.fixture
 def stranger() -> Any:
@@ -82,11 +87,13 @@ def test_local_refuses_a_pid_it_did_not_start(tmp_path: Path, stranger: subproce
     try:
         own = rt.start(ProcessSpec("own", ["sleep", "30"]))
         ticks = procutil.start_ticks(stranger.pid)
-        with pytest.raises(ChaosbenchError) as err:
+        with pytest.raises(ForeignTarget) as err:
             rt.signal_pid(stranger.pid, signal.SIGKILL, ticks)
+        _refused(err.value, f"pid {stranger.pid}", "was not started by this run", "signalling it")
         assert str(err.value) == f"pid {stranger.pid} was not started by this run; not signalling it"
-        with pytest.raises(ChaosbenchError, match="was not started by this run"):
+        with pytest.raises(ForeignTarget) as err:
             rt.signal_pid(stranger.pid, signal.SIGKILL)  # without the start time too
+        _refused(err.value, f"pid {stranger.pid}", "was not started by this run", "signalling it")
         assert stranger.poll() is None and process.state(stranger.pid) != "stopped"
         assert rt.signal_pid(own.pid, signal.SIGSTOP, own.ticks) is not None  # its own: acted on
         rt.signal_pid(own.pid, signal.SIGCONT, own.ticks)
@@ -123,9 +130,9 @@ def test_local_node_loss_refuses_a_tree_holding_a_foreign_process_and_touches_no
             return {**real_tree(roots), stranger.pid: psutil.Process(stranger.pid)}
 
         monkeypatch.setattr(process, "tree", tree_with_stranger)
-        with pytest.raises(ChaosbenchError) as err:
+        with pytest.raises(ForeignTarget) as err:
             rt.lose_nodes(["node1"], LocalNodeLossOptions(), [])
-        assert str(err.value) == f"pid {stranger.pid} was not started by this run; not killing it with node1"
+        _refused(err.value, f"pid {stranger.pid}", "was not started by this run", "killing it with node1")
         assert process.state(own.pid) != "stopped" and own.poll() is None  # nothing was frozen first
         assert process.state(stranger.pid) != "stopped" and stranger.poll() is None
     finally:
@@ -190,9 +197,11 @@ def test_docker_refuses_every_action_on_a_container_without_the_runs_label(
         "signalling it": lambda: rt.signal_pid(1, signal.SIGKILL, None, "node1"),
     }
     for doing, act in actions.items():
-        with pytest.raises(ChaosbenchError) as err:
+        with pytest.raises(ForeignTarget) as err:
             act()
-        assert str(err.value) == ("pid 1: " if doing == "signalling it" else "") + refusal + doing
+        target = "pid 1" if doing == "signalling it" else None
+        _refused(err.value, "container someone-elses", f"has no label chaosbench.run={RUN}", doing, target)
+        assert str(err.value) == ("pid 1: " if target else "") + refusal + doing
     with pytest.raises(ChaosbenchError, match=refusal + "killing it"):
         rt.lose_nodes(["node1"], DockerNodeLossOptions(), [])
     with pytest.raises(
@@ -219,11 +228,13 @@ def test_docker_acts_on_its_own_container(tmp_path: Path) -> None:
 
 def test_docker_refuses_a_node_that_is_not_the_runs(tmp_path: Path) -> None:
     rt, ours, foreign = _docker(tmp_path)
-    with pytest.raises(ChaosbenchError) as err:
+    with pytest.raises(ForeignTarget) as err:
         rt.signal_pid(1, signal.SIGKILL, None, "someone-elses")  # a container's name given as the node
+    _refused(err.value, "'someone-elses'", "is not a node of this run", "signalling it", "pid 1")
     assert str(err.value) == "pid 1: 'someone-elses' is not a node of this run; not signalling it"
-    with pytest.raises(ChaosbenchError, match="^'node7' is not a node of this run; not pausing it$"):
+    with pytest.raises(ForeignTarget) as err:
         rt.pause_node("node7")
+    _refused(err.value, "'node7'", "is not a node of this run", "pausing it")
     assert sorted(rt.pool.nodes) == ["node0", "node1"]  # and no container was created for it
     assert ours.calls == [] and foreign.calls == []
 
@@ -279,10 +290,9 @@ def test_slurm_knows_its_jobs_by_name_and_comment(tmp_path: Path, monkeypatch: p
         fake.job_id_named(f"{rt.job_prefix}.impostor") is None
         and fake.job_id_named(f"{rt.job_prefix}.rank0") == 11
     )
-    with pytest.raises(
-        ChaosbenchError, match="pid 5: Slurm node n2 runs no job of this run; not signalling it"
-    ):
+    with pytest.raises(ForeignTarget) as err:
         fake.our_jobs_on("n2", "signalling it", "pid 5")
+    _refused(err.value, "Slurm node n2", "runs no job of this run", "signalling it", "pid 5")
 
 
 def test_slurm_refuses_to_signal_where_no_job_of_the_run_runs(
@@ -291,8 +301,9 @@ def test_slurm_refuses_to_signal_where_no_job_of_the_run_runs(
     rt, fake = _slurm(tmp_path, monkeypatch)
     steps: list[list[str]] = []
     monkeypatch.setattr(slurm_runtime.subprocess, "run", lambda argv, **kw: steps.append(argv))
-    with pytest.raises(ChaosbenchError) as err:
+    with pytest.raises(ForeignTarget) as err:
         rt.signal_pid(4321, signal.SIGKILL, None, "node1")
+    _refused(err.value, "Slurm node n2", "runs no job of this run", "signalling it", "pid 4321")
     assert str(err.value) == "pid 4321: Slurm node n2 runs no job of this run; not signalling it"
     assert steps == []  # no step was started on the node
     assert rt.process_alive(4321, None, "node1") is False
@@ -309,9 +320,9 @@ def test_slurm_checks_the_pid_against_exactly_its_jobs_on_the_node(
         return subprocess.CompletedProcess(argv, 5, "", "")
 
     monkeypatch.setattr(slurm_runtime.subprocess, "run", helper_says_not_ours)
-    with pytest.raises(ChaosbenchError) as err:
+    with pytest.raises(ForeignTarget) as err:
         rt.signal_pid(4321, signal.SIGKILL, None, "node0")
-    assert str(err.value) == "pid 4321 on n1 is not in a job of this run; not signalling it"
+    _refused(err.value, "pid 4321 on n1", "is not in a job of this run", "signalling it")
     (step,) = steps
     assert step[:4] == ["srun", "-Q", "--jobid=11", "--overlap"]  # a step of our job, not of alice's
     assert step[-2:] == ["n1", "11"]  # and the helper checks the pid against our job only
@@ -322,13 +333,12 @@ def test_slurm_node_loss_refuses_a_node_with_only_an_impostor(
 ) -> None:
     rt, fake = _slurm(tmp_path, monkeypatch)
     restorable: list[str] = []
-    with pytest.raises(ChaosbenchError) as err:
+    with pytest.raises(ForeignTarget) as err:
         rt.lose_nodes(["node1"], SlurmNodeLossOptions(state="drain"), restorable)
-    assert str(err.value) == "Slurm node n2 runs no job of this run; not touching it"
-    with pytest.raises(
-        ChaosbenchError, match=r"Slurm node n1 also runs jobs of others \(\[99\]\); not touching it"
-    ):
+    _refused(err.value, "Slurm node n2", "runs no job of this run", "touching it")
+    with pytest.raises(ForeignTarget) as err:
         rt.lose_nodes(["node0"], SlurmNodeLossOptions(), restorable)
+    _refused(err.value, "Slurm node n1", "also runs jobs of others ([99])", "touching it")
     assert restorable == [] and not any(
         c[:2] == ["scontrol", "update"] or c[0] == "srun" for c in fake.commands
     )
@@ -336,10 +346,9 @@ def test_slurm_node_loss_refuses_a_node_with_only_an_impostor(
 
 def test_slurm_cancels_only_batch_jobs_it_submitted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rt, fake = _slurm(tmp_path, monkeypatch)
-    with pytest.raises(
-        ChaosbenchError, match="Slurm job 99 was not submitted by this run; not cancelling it"
-    ):
+    with pytest.raises(ForeignTarget) as err:
         rt.cancel_batch(99)
+    _refused(err.value, "Slurm job 99", "was not submitted by this run", "cancelling it")
     assert not any(c[0] == "scancel" for c in fake.commands)
 
 

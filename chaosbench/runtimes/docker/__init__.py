@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import ChaosbenchError, ForeignTarget, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime, engine_effect
 from chaosbench.runtimes.docker.cleanup import remove_run_objects
@@ -68,11 +68,13 @@ from chaosbench.runtimes.docker.events import EngineEvents
 from chaosbench.runtimes.docker.execs import ExecHandle, Execs
 from chaosbench.runtimes.docker.nodes import (
     CAPTURE_DIR_LABEL,
+    CFS_PERIOD_US,
     CONTAINER_STATES,
     NODE_LABEL,
     RUN_DIR_LABEL,
     RUN_LABEL,
     NodePool,
+    cfs_quota_us,
 )
 from chaosbench.runtimes.docker.options import DockerNodeLossOptions, DockerOptions
 from chaosbench.runtimes.process import CaptureLimitWatcher
@@ -320,17 +322,16 @@ class DockerRuntime(Runtime[DockerOptions]):
             return True
 
     def set_node_cpus(self, name: str, cpus: float | None) -> float | None:
-        """Change the node's CPU limit live (``docker update --cpus``); returns the previous limit (None: none
-        was set). None sets the host's CPU count: the engine cannot drop a CPU limit once set. Refused for a
+        """Change the node's CPU limit live (``docker update --cpus``, as a CFS quota per 100 ms period: the
+        SDK's public update has no ``--cpus``); returns the previous limit (None: none was set). None sets the host's CPU count: the engine cannot drop a CPU limit once set. Refused for a
         container that is not this run's (:meth:`NodePool.owned`)."""
         node = self.pool.owned(name, "changing its CPU limit")
-        before = int(node.container.attrs["HostConfig"].get("NanoCpus") or 0)
-        nano = int((cpus if cpus else float(os.cpu_count() or 1)) * 1e9)
-        api = self.client.api
-        # The SDK's update_container() has no nano_cpus; the Engine API's update takes NanoCpus.
-        res = api._post_json(api._url("/containers/{0}/update", node.cid), data={"NanoCpus": nano})
-        api._result(res, True)
-        return before / 1e9 if before else None
+        host = node.container.attrs["HostConfig"]
+        quota, period = int(host.get("CpuQuota") or 0), int(host.get("CpuPeriod") or 0)
+        node.container.update(
+            cpu_period=CFS_PERIOD_US, cpu_quota=cfs_quota_us(cpus if cpus else float(os.cpu_count() or 1))
+        )
+        return quota / period if quota > 0 and period > 0 else None
 
     # ------------------------------------------------------------------ processes
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
@@ -343,14 +344,14 @@ class DockerRuntime(Runtime[DockerOptions]):
 
     # ------------------------------------------------------------------ signals
     def signal_pid(self, pid: int, sig: int, ticks: int | None = None, node: str | None = None) -> int | None:
-        """Signals ``pid`` of the named node's pid namespace; refused (ChaosbenchError) for a node that is not
+        """Signals ``pid`` of the named node's pid namespace; refused (:class:`~chaosbench.errors.ForeignTarget`) for a node that is not
         this run's or whose container lacks the run's label (:meth:`NodePool.owned`)."""
         host = self.pool.host_pid(pid, node)
         proc = process.find(host) if host is not None else None
         if proc is None:
             raise ProcessLookupError(pid)
         if not process.same(proc, ticks):
-            raise ChaosbenchError(f"pid {pid} on {node} now belongs to another process; not signalling it")
+            raise ForeignTarget(f"pid {pid} on {node}", "now belongs to another process", "signalling it")
         # the engine's host: the same kernel and clock as the harness
         return process.signal_stamped(proc, sig)
 

@@ -13,13 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import ChaosbenchError, ForeignTarget, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import RunInfo
 from chaosbench.runtimes.docker import pids
 from chaosbench.runtimes.docker.options import DockerOptions
 from chaosbench.runtimes.docker.output import NODE_DIR
 from chaosbench.waiting import wait_until
+
+#: The CFS period of a node's CPU limit, in microseconds (what ``docker run --cpus`` uses).
+CFS_PERIOD_US = 100_000
+
+
+def cfs_quota_us(cpus: float) -> int:
+    """The CFS quota per :data:`CFS_PERIOD_US` that limits a container to ``cpus`` CPUs."""
+    return int(round(cpus * CFS_PERIOD_US))
+
 
 RUN_LABEL = "chaosbench.run"
 NODE_LABEL = "chaosbench.node"
@@ -166,7 +175,10 @@ class NodePool:
             "stop_signal": "SIGKILL",
         }
         if self.opts.cpus_per_node is not None:
-            spec["nano_cpus"] = int(self.opts.cpus_per_node * 1e9)
+            # as `docker run --cpus` does (its NanoCpus is a CFS quota per 100 ms period), but through the
+            # fields the SDK's public update() can change later (set_node_cpus)
+            spec["cpu_period"] = CFS_PERIOD_US
+            spec["cpu_quota"] = cfs_quota_us(self.opts.cpus_per_node)
         if self.opts.cpuset is not None:
             spec["cpuset_cpus"] = self.opts.cpuset
         if self.opts.memory_per_node is not None:
@@ -339,16 +351,15 @@ class NodePool:
         """The one rule before the runtime acts on a node (pause, unpause, kill, CPU limit, ``nsenter``, a
         signal to a process in it): ``name`` must be a node of this run and its container must carry this run's
         label as the engine reports it now (the container is reloaded). Returns the node. Raises
-        ChaosbenchError, and does nothing, when either does not hold: one line naming ``target`` (what would have
+        :class:`~chaosbench.errors.ForeignTarget`, and does nothing, when either does not hold: one line naming ``target`` (what would have
         been acted on, e.g. ``pid 12``) when given, the node or container, why, and ``doing`` (what would have
         been done: "pausing it"). ProcessLookupError when the node's container is gone."""
         import docker.errors
 
-        who = f"{target}: " if target else ""
         with self.lock:
             known = name in self.nodes
         if not known:
-            raise ChaosbenchError(f"{who}{name!r} is not a node of this run; not {doing}")
+            raise ForeignTarget(repr(name), "is not a node of this run", doing, target=target)
         node = self.node(name)
         try:
             node.container.reload()
@@ -356,9 +367,11 @@ class NodePool:
             raise ProcessLookupError(f"node {name}: its container is gone") from None
         labels = (node.container.attrs.get("Config") or {}).get("Labels") or {}
         if labels.get(RUN_LABEL) != self.run.run_id:
-            raise ChaosbenchError(
-                f"{who}container {node.container.name} has no label {RUN_LABEL}={self.run.run_id}; "
-                f"not {doing}"
+            raise ForeignTarget(
+                f"container {node.container.name}",
+                f"has no label {RUN_LABEL}={self.run.run_id}",
+                doing,
+                target=target,
             )
         return node
 

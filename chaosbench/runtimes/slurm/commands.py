@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError, EngineCommandFailed, MissingEngine
+from chaosbench.errors import ChaosbenchError, EngineCommandFailed, ForeignTarget, MissingEngine
 from chaosbench.runtimes.slurm.states import (
     ACTIVE_JOB_STATES,
     JobInfo,
@@ -283,13 +283,12 @@ class SlurmCommands:
 
     def our_jobs_on(self, slurm_node: str, doing: str, target: str | None = None) -> list[int]:
         """The rule before the runtime acts on ``slurm_node`` or a process there (a signal, a kill of its tasks,
-        DOWN/DRAIN): the ids of this run's jobs running there, sorted. Raises ChaosbenchError, naming ``target``
+        DOWN/DRAIN): the ids of this run's jobs running there, sorted. Raises ForeignTarget, naming ``target``
         (what would have been acted on, e.g. ``pid 1234``) when given, when none runs there; ``doing`` says what
         would have been done ("signalling it"). A pid is then checked, on the node, against exactly these jobs."""
         jobs = sorted(self.jobs_on(slurm_node))
         if not jobs:
-            who = f"{target}: " if target else ""
-            raise ChaosbenchError(f"{who}Slurm node {slurm_node} runs no job of this run; not {doing}")
+            raise ForeignTarget(f"Slurm node {slurm_node}", "runs no job of this run", doing, target=target)
         return jobs
 
     def helper_step(

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, ForeignTarget
 from chaosbench.runtimes.slurm.commands import SlurmCommands
 
 # Kills every pid of the given jobs on the node: $1 node, then job ids. Prints the node's clock afterwards.
@@ -83,7 +83,7 @@ def down_nodes(
         slurm.our_jobs_on(snode, "touching it")
         foreign = slurm.foreign_jobs_on(snode)
         if foreign and not options.allow_foreign_jobs:
-            raise ChaosbenchError(f"Slurm node {snode} also runs jobs of others ({foreign}); not touching it")
+            raise ForeignTarget(f"Slurm node {snode}", f"also runs jobs of others ({foreign})", "touching it")
         details["before"][snode] = slurm.node_state(snode)[1]
     kill = options.kill_tasks if options.kill_tasks is not None else options.state == "drain"
     for snode in snodes:

@@ -80,7 +80,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from chaosbench.errors import ChaosbenchError, MissingEngine
+from chaosbench.errors import ChaosbenchError, ForeignTarget, MissingEngine
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.process import (
     EXITS,
@@ -385,7 +385,7 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         with self._lock:
             ours = job_id in self._batch
         if not ours:
-            raise ChaosbenchError(f"Slurm job {job_id} was not submitted by this run; not {doing} it")
+            raise ForeignTarget(f"Slurm job {job_id}", "was not submitted by this run", f"{doing} it")
 
     def cancel_batch(self, job_id: int) -> None:
         """End a batch job of this run for good (``scancel``); refused (ChaosbenchError) for a job this runtime

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, ForeignTarget
 from chaosbench.runtimes.slurm.commands import SlurmCommands
 
 # A shell helper run on the node (as an overlap step of one of our jobs): $1 signal (0: check only), $2 pid,
@@ -94,6 +94,6 @@ def refuse_unsent(rc: int, pid: int, snode: str) -> None:
     if rc == 3:
         raise ProcessLookupError(pid)
     if rc == 4:
-        raise ChaosbenchError(f"pid {pid} on {snode} now belongs to another process; not signalling it")
+        raise ForeignTarget(f"pid {pid} on {snode}", "now belongs to another process", "signalling it")
     if rc == 5:
-        raise ChaosbenchError(f"pid {pid} on {snode} is not in a job of this run; not signalling it")
+        raise ForeignTarget(f"pid {pid} on {snode}", "is not in a job of this run", "signalling it")
