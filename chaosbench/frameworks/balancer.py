@@ -36,6 +36,7 @@ import shutil
 import socket
 import threading
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -68,6 +69,8 @@ SERVER_STATE_RE = re.compile(
 DOCKER_DNS = "127.0.0.11:53"
 #: The backend's name in the generated configuration.
 BACKEND = "replicas"
+#: The run's haproxy configuration, in ``frameworks/templates``.
+HAPROXY_TEMPLATE = "haproxy.cfg.j2"
 
 
 class BalancerOptions(BaseModel):
@@ -137,47 +140,42 @@ def haproxy_config(
     health_path: str = "/health",
     health_status: int | None = None,
 ) -> str:
-    """The run's haproxy configuration: one frontend on ``bind`` (host:port), round robin over ``servers``
+    """The run's haproxy configuration (the template ``frameworks/templates/haproxy.cfg.j2``): one frontend on ``bind`` (host:port), round robin over ``servers``
     (replica index, host:port), its stats socket on ``stats_bind`` (host:port, TCP: a unix socket's path is
     limited to 107 bytes); health-state changes logged raw on stdout, requests not logged. ``nameserver``
     (host:port): servers are names resolved there again while haproxy runs (a container node that comes back
     after a reboot may have another address). Health checks GET ``health_path``; a check passes on
     ``health_status`` (None: haproxy's default, any 2xx or 3xx)."""
-    resolvers = []
-    if nameserver is not None:
-        resolvers = ["resolvers nodes", f"    nameserver dns {nameserver}", "    hold valid 1s"]
-    lines = [
-        "global",
-        "    log stdout format raw local0 info",
-        f"    stats socket ipv4@{stats_bind} level operator",
-        *resolvers,
-        "defaults",
-        "    mode http",
-        "    log global",
-        f"    timeout connect {o.timeout_connect_ms}ms",
-        f"    timeout client {o.timeout_client_ms}ms",
-        f"    timeout server {o.timeout_server_ms}ms",
-        "frontend serve",
-        f"    bind {bind}",
-        "    no log",
-        f"    default_backend {BACKEND}",
-        f"backend {BACKEND}",
-        "    balance roundrobin",
-        f"    retries {o.retries}",
-    ]
-    if o.retries:
-        lines.append("    option redispatch")
-    check = ""
-    if o.health_checks:
-        lines.append(f"    option httpchk GET {health_path}")
-        if health_status is not None:
-            lines.append(f"    http-check expect status {health_status}")
-        lines.append(f"    default-server inter {o.check_interval_ms}ms fall {o.fall} rise {o.rise}")
-        check = " check"
-    if nameserver is not None:
-        check += " resolvers nodes init-addr last,libc,none"
-    lines += [f"    server r{i} {addr}{check}" for i, addr in servers]
-    return "\n".join(lines) + "\n"
+    return (
+        _templates()
+        .get_template(HAPROXY_TEMPLATE)
+        .render(
+            o=o,
+            bind=bind,
+            servers=servers,
+            stats_bind=stats_bind,
+            nameserver=nameserver,
+            health_path=health_path,
+            health_status=health_status,
+            backend=BACKEND,
+        )
+    )
+
+
+@cache
+def _templates() -> Any:
+    """The templates of this package's frameworks (``frameworks/templates``): plain text, no escaping; a value
+    missing from a render raises."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("chaosbench.frameworks", "templates"),
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
 
 
 def read_stats(host: str, port: int, timeout_s: float = 2.0) -> dict[str, Any]:

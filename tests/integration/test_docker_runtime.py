@@ -123,6 +123,12 @@ def test_exec_capture_signal_and_teardown(tmp_path: Path) -> None:
         t = time.monotonic()
         assert inj.inject(ctx)["previous"] == {"node1": None}
         update_s = time.monotonic() - t
+        node1 = rt.pool.nodes["node1"].container
+        node1.reload()  # the engine's record: a CFS quota of a quarter of each 100 ms period, as --cpus 0.25
+        assert (node1.attrs["HostConfig"]["CpuQuota"], node1.attrs["HostConfig"]["CpuPeriod"]) == (
+            25_000,
+            100_000,
+        )
         assert rt.set_node_cpus("node1", 0.25) == 0.25
         assert inj.revert(ctx) and rt.set_node_cpus("node1", None) == os.cpu_count()
         print(f"\nprovision 2 nodes: {provision_s:.2f} s; docker update --cpus: {update_s:.3f} s")
