@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from chaosbench.errors import ChaosbenchError, EngineCommandFailed, SpecError, TargetRefused
+from chaosbench.errors import ChaosbenchError, EngineCommandFailed, MissingEngine, SpecError, TargetRefused
 from tests.conftest import make_suite
 
 SUITE = """\
@@ -99,6 +100,47 @@ def test_a_failed_tool_in_a_node_namespace_carries_the_command_run(monkeypatch: 
         "iptables: No chain",
     )
     assert str(err) == "node1: iptables -D X: iptables: No chain"
+
+
+@pytest.mark.parametrize(
+    ("stderr", "method", "raised"),
+    [
+        ("RTNETLINK answers: Operation not permitted\n", "auto", EngineCommandFailed),
+        ("Error: Specified qdisc kind is unknown.\n", "netem", MissingEngine),
+    ],
+)
+def test_a_qdisc_that_fails_says_which_command_or_which_engine_is_missing(
+    monkeypatch: pytest.MonkeyPatch, stderr: str, method: str, raised: type[Exception]
+) -> None:
+    """net-delay's netem on a node: tc failing is an engine command that failed (argv, rc, stderr); the kernel
+    lacking sch_netem when netem was asked for by name is a missing engine."""
+    from chaosbench.injectors import network
+
+    class Node:
+        def node_pid(self, name: str) -> int:
+            return 4242
+
+        def node_iface(self, name: str) -> str:
+            return "eth0"
+
+    monkeypatch.setattr(
+        network.subprocess,
+        "run",
+        lambda argv, **kw: subprocess.CompletedProcess(argv, 2, "", stderr),
+    )
+    inj = network.NetDelayInjector("slow", network.NetDelayParams(delay_ms=50, method=method))
+    ctx: Any = SimpleNamespace(state={})
+    with pytest.raises(raised) as info:
+        inj._netem(ctx, Node(), "node1")  # type: ignore[arg-type]
+    if raised is EngineCommandFailed:
+        err = info.value
+        assert isinstance(err, EngineCommandFailed)
+        argv = ["nsenter", "-t", "4242", "-n", "tc", "qdisc", "add", "dev", "eth0", "root", "netem"]
+        assert (err.argv[: len(argv)], err.rc, err.stderr) == (argv, 2, stderr.strip())
+        assert str(err) == f"node1: tc qdisc add netem: {stderr.strip()}"
+    else:
+        assert str(info.value) == "node1: the kernel has no sch_netem (use method: nfqueue)"
+    assert ctx.state == {}  # nothing to undo: no qdisc was added
 
 
 @pytest.mark.parametrize(

@@ -114,13 +114,15 @@ class _NetInjector(Injector[P]):
 
     def _add_qdisc(self, ctx: FaultContext, rt: NodeControl, node: str, kind: str, args: list[str]) -> bool:
         """``tc qdisc add dev eth0 root KIND ARGS``; False when the kernel lacks the qdisc."""
-        res = nsexec(
-            rt, node, ["tc", "qdisc", "add", "dev", iface(rt, node), "root", kind, *args], check=False
-        )
+        argv = ["tc", "qdisc", "add", "dev", iface(rt, node), "root", kind, *args]
+        res = nsexec(rt, node, argv, check=False)
         if res.returncode != 0:
             if NO_QDISC.search(res.stderr):
                 return False
-            raise ChaosbenchError(f"{node}: tc qdisc add {kind}: {res.stderr.strip()}")
+            said = res.stderr.strip()
+            raise EngineCommandFailed(
+                list(res.args), res.returncode, said, message=f"{node}: tc qdisc add {kind}: {said}"
+            )
         ctx.state.setdefault("qdiscs", []).append((node, kind, iface(rt, node)))
         return True
 
@@ -198,7 +200,7 @@ class _ShapingInjector(_NetInjector[SP]):
         if self._add_qdisc(ctx, rt, node, "netem", self.netem_args()):
             return True
         if p.method == "netem":
-            raise ChaosbenchError(f"{node}: the kernel has no sch_netem (use method: {self.fallback})")
+            raise MissingEngine(f"{node}: the kernel has no sch_netem (use method: {self.fallback})")
         return False
 
 
@@ -408,7 +410,7 @@ class NetBandwidthInjector(_NetInjector[NetBandwidthParams]):
         for node in target_nodes(ctx):
             args = ["rate", p.rate, "burst", p.burst, "latency", f"{p.latency_ms}ms"]
             if not self._add_qdisc(ctx, rt, node, "tbf", args):
-                raise ChaosbenchError(f"{node}: the kernel has no tbf qdisc")
+                raise MissingEngine(f"{node}: the kernel has no tbf qdisc")
         return {"method": "tbf", "rate": p.rate, "burst": p.burst}
 
 
