@@ -16,6 +16,8 @@ text; the message is built from them)::
     ├── EngineCommandFailed(argv, rc, stderr)
     │                                   an engine's command (a Slurm client, a tool in a node's namespace) failed
     ├── TargetRefused(target, reason)   a load target outside the run's own addresses (also a ValueError)
+    ├── TargetNotFound(target, reason)  a fault's target that is not there when it fires (no such role, no live
+    │                                   process of it, a rank that has not started): the fault does not fire
     ├── ForeignTarget(subject, reason, doing, target)
     │                                   the target guard refused to act on what this run did not create (a pid it
     │                                   did not start, a container without its label, a Slurm node or job of others)
@@ -115,6 +117,17 @@ class TargetRefused(ChaosbenchError, ValueError):
         self.target = target
         self.reason = reason
         super().__init__(reason if target is None else f"target {target!r}: {reason}")
+
+
+class TargetNotFound(ChaosbenchError):
+    """A fault's target that cannot be resolved when the fault fires, so nothing is done. ``target``: what was
+    looked for (``rank 1``, ``role agent``, ``node node1``); ``reason``: why it is not there, in words.
+    ``message``: the one line shown, when the caller words it (default: ``target: reason``)."""
+
+    def __init__(self, target: str, reason: str, *, message: str | None = None) -> None:
+        self.target = target
+        self.reason = reason
+        super().__init__(message if message is not None else f"{target}: {reason}")
 
 
 class ForeignTarget(ChaosbenchError):

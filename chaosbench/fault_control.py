@@ -7,7 +7,7 @@ import random
 import threading
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, TargetNotFound
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup
 from chaosbench.specs import RECOVERY_PHASES, FaultSpec
 from chaosbench.timeline import Event, now_ns
@@ -178,17 +178,25 @@ class FaultController:
         """A ``role`` target: the framework's process of that role (:class:`~chaosbench.injectors.base.Role`)."""
         role = self.setup.roles.get(name)
         if role is None:
-            raise ChaosbenchError(f"the framework has no {name}")
+            raise TargetNotFound(f"role {name}", "no such role", message=f"the framework has no {name}")
         if role.rank is not None:
             ev = self._ranks.get(role.rank)
             if ev is None:
-                raise ChaosbenchError(f"rank {role.rank} ({name}) has not reported a rank_start event")
+                raise TargetNotFound(
+                    f"rank {role.rank}",
+                    "no rank_start event",
+                    message=f"rank {role.rank} ({name}) has not reported a rank_start event",
+                )
             return [_target_of(ev, role.rank, name)]
         node = self.spec.target.node or role.node
         alive = [e for e in self._procs.values() if e.get("role") == role.proc_role]
         mine = [e for e in alive if node is None or e.get("node") == node] or alive
         if not mine:
-            raise ChaosbenchError(f"no live {role.proc_role} process for role {name}")
+            raise TargetNotFound(
+                f"role {name}",
+                f"no live {role.proc_role} process",
+                message=f"no live {role.proc_role} process for role {name}",
+            )
         ev = max(mine, key=lambda e: e.t_ns)
         rank = ev.get("rank")  # a helper of one rank (nvrx's bridge) names it
         return [_target_of(ev, None if rank is None else int(rank), name)]
@@ -209,7 +217,9 @@ class FaultController:
                 node = self.rng.choice(nodes) if tgt.node == "random" and nodes else tgt.node
                 ranks = [r for r, e in sorted(self._ranks.items()) if e.get("node") == node]
                 if not ranks:
-                    raise ChaosbenchError(f"no rank has started on node {node}")
+                    raise TargetNotFound(
+                        f"node {node}", "no rank started", message=f"no rank has started on node {node}"
+                    )
             elif tgt.rank == "random":
                 ranks = [self.rng.randrange(n)]
             else:
@@ -219,7 +229,11 @@ class FaultController:
                 ev = self._ranks.get(r)
                 if ev is None:
                     if self.injector.needs_process:
-                        raise ChaosbenchError(f"rank {r} has not reported a rank_start event")
+                        raise TargetNotFound(
+                            f"rank {r}",
+                            "no rank_start event",
+                            message=f"rank {r} has not reported a rank_start event",
+                        )
                     out.append(ResolvedTarget(r, None, None, f"node{r // max(1, n // self.setup.nodes)}", 0))
                     continue
                 out.append(_target_of(ev, r))

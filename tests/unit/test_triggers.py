@@ -303,3 +303,23 @@ matrix: {{frameworks: [{framework}], faults: [f]}}
     with pytest.raises(SpecError, match="suites/x.yaml:") as exc:
         make_suite(text, "suites/x.yaml")
     assert problem in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("target", "looked_for", "reason"),
+    [
+        ({"node": "node5"}, "node node5", "no rank started"),
+        ({"role": "agent"}, "role agent", "no such role"),
+    ],
+)
+def test_a_target_not_there_is_an_error_naming_what_was_looked_for(
+    tmp_path: Path, target: dict, looked_for: str, reason: str
+) -> None:
+    from chaosbench.errors import TargetNotFound
+
+    c, rt, _ = controller(tmp_path, {"target": target, "trigger": {"at_step": 5}})
+    start(c)
+    with pytest.raises(TargetNotFound) as err:
+        c._resolve()
+    assert (err.value.target, err.value.reason) == (looked_for, reason)
+    assert rt.signals == []
