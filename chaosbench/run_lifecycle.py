@@ -63,7 +63,8 @@ class LiveRuns:
             for control in self._controls:
                 control.interrupted.set()
 
-    def __len__(self) -> int:
+    def count(self) -> int:
+        """How many runs are live now."""
         return len(self._controls)
 
 
@@ -175,7 +176,7 @@ class RunLifecycle:
             reason=end.reason,
             leftover_pids=self.pids,
             leftover_objects=objects,
-            concurrent_runs=len(self.live) + 1,
+            concurrent_runs=self.live.count() + 1,
             harness_cpu_s=round(time.process_time() - cpu_start_s, 4),
         )
 
