@@ -18,11 +18,14 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chaosbench import __version__
 from chaosbench.errors import ChaosbenchError, SpecError, UnknownPlugin
 from chaosbench.gate import EXIT_HARNESS, EXIT_INPUT, EXIT_OK, EXIT_SLO
+
+if TYPE_CHECKING:
+    from chaosbench.runner import Runner, RunRecord
 
 
 def _err(msg: str) -> None:
@@ -34,11 +37,35 @@ def _progress(msg: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from chaosbench.progress import format_duration
-    from chaosbench.runner import RUN_OVERHEAD_S, Runner, missing_engines, suite_limits, suite_plan
+    """``chaosbench run``: the suite's size and outlook printed, then its plans (``--dry-run``) or its runs,
+    its report, the gate's verdict (the exit code) and its manifest."""
+    from chaosbench.runner import Runner, missing_engines
     from chaosbench.specs import load_suite
 
     suite = load_suite(args.suite)
+    n, bound_s = _announce_suite(args, suite)
+    runner = Runner(suite, args.out, stopping=_stopping(args, suite))
+    outlook, problems = runner.outlook()
+    _print_outlook(outlook, problems)
+    engines = missing_engines(suite)
+    for what, why in engines.items():
+        _progress(f"warning: {what}: {why}; its runs will fail here")
+    if args.baseline:
+        _print_power(args, suite)
+    _print_until_decided(args, suite)
+    if args.dry_run:
+        _print_dry_run(runner, n, bound_s, outlook, problems, engines)
+        return EXIT_OK
+    records = _run_suite(args, runner, n, bound_s, outlook)
+    return _conclude_run(args, runner, records)
+
+
+def _announce_suite(args: argparse.Namespace, suite: Any) -> tuple[int, float]:
+    """The suite's number of runs and wall-time bound (:func:`~chaosbench.runner.suite_limits`), printed; raises
+    :class:`SpecError` for a ``--jobs`` below 1, and for a suite over the limits unless ``--yes``."""
+    from chaosbench.progress import format_duration
+    from chaosbench.runner import RUN_OVERHEAD_S, suite_limits
+
     if args.jobs < 1:
         raise SpecError(f"--jobs {args.jobs}: give 1 or more runs at once")
     n, bound_s, over = suite_limits(suite, args.jobs)
@@ -53,53 +80,64 @@ def cmd_run(args: argparse.Namespace) -> int:
             "defaults.deadline_s and the workloads' ranks, nodes and steps); pass --yes to run it anyway",
             file=args.suite,
         )
-    runner = Runner(suite, args.out, stopping=_stopping(args, suite))
-    outlook, problems = runner.outlook()
-    _print_outlook(outlook, problems)
-    engines = missing_engines(suite)
-    for what, why in engines.items():
-        _progress(f"warning: {what}: {why}; its runs will fail here")
-    if args.baseline:
-        _print_power(args, suite)
-    _print_until_decided(args, suite)
-    if args.dry_run:
-        plans = [
-            {
-                "scenario": sc.id,
-                "repeat": sc.repeat,
-                "deadline_s": sc.deadline_s,
-                "fault": sc.fault.model_dump() if sc.fault else None,
-                "faults": sc.to_dict()["faults"],
-                "slos": sc.to_dict()["slos"],
-                "plan": plan if isinstance(plan, str) else plan.to_dict(),
-            }
-            for sc, plan in runner.plans()
-        ]
-        until = {
-            key: {"min": d.min_repeats, "max": d.max, "looks": d.looks}
-            for key, d in suite.until_decided().items()
-        }
-        print(
-            json.dumps(
-                {
-                    "suite": suite.name,
-                    "runs_total": n,
-                    "wall_bound_s": bound_s,
-                    "detection_outlook": outlook,
-                    "timeout_problems": problems,
-                    "missing_engines": engines,
-                    "runs": plans,
-                    "repeats_until_decided": until,
-                },
-                indent=2,
-                default=str,
-            )
-        )
-        return EXIT_OK
+    return n, bound_s
 
+
+def _print_dry_run(
+    runner: Runner,
+    n: int,
+    bound_s: float,
+    outlook: list[dict[str, Any]],
+    problems: dict[str, list[str]],
+    engines: dict[str, str],
+) -> None:
+    """``run --dry-run``: the suite's size, outlook, missing engines, every run's plan and its repeats until
+    decided, as one JSON document on stdout."""
+    suite = runner.suite
+    plans = [
+        {
+            "scenario": sc.id,
+            "repeat": sc.repeat,
+            "deadline_s": sc.deadline_s,
+            "fault": sc.fault.model_dump() if sc.fault else None,
+            "faults": sc.to_dict()["faults"],
+            "slos": sc.to_dict()["slos"],
+            "plan": plan if isinstance(plan, str) else plan.to_dict(),
+        }
+        for sc, plan in runner.plans()
+    ]
+    until = {
+        key: {"min": d.min_repeats, "max": d.max, "looks": d.looks}
+        for key, d in suite.until_decided().items()
+    }
+    print(
+        json.dumps(
+            {
+                "suite": suite.name,
+                "runs_total": n,
+                "wall_bound_s": bound_s,
+                "detection_outlook": outlook,
+                "timeout_problems": problems,
+                "missing_engines": engines,
+                "runs": plans,
+                "repeats_until_decided": until,
+            },
+            indent=2,
+            default=str,
+        )
+    )
+
+
+def _run_suite(
+    args: argparse.Namespace, runner: Runner, n: int, bound_s: float, outlook: list[dict[str, Any]]
+) -> list[RunRecord]:
+    """The suite's runs under a live progress, SIGINT/SIGTERM asking the runner to stop (a second one raises
+    KeyboardInterrupt); the runs' records. Raises :class:`SpecError` when ``--jobs`` cannot run here."""
     from chaosbench.errors import Unsupported
     from chaosbench.progress import SuiteProgress
+    from chaosbench.runner import suite_plan
 
+    suite = runner.suite
     if args.jobs > 1:
         try:
             runner.slots(args.jobs, args.timings_may_interfere)
@@ -128,6 +166,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    return records
+
+
+def _conclude_run(args: argparse.Namespace, runner: Runner, records: list[RunRecord]) -> int:
+    """After the runs: the suite's report written, the gate's verdict (the exit code), why the suite stopped
+    early if it did, and its manifest."""
+    suite = runner.suite
     paths = _write_report(runner.suite_dir, suite.name, recompute=False)
     if paths:
         _progress(f"report: {paths.get('report.html')}  (also {paths.get('report.md')})")
