@@ -38,7 +38,21 @@ def _progress(msg: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``chaosbench run``: the suite's size and outlook printed, then its plans (``--dry-run``) or its runs,
-    its report, the gate's verdict (the exit code) and its manifest."""
+    its report, the gate's verdict (the exit code) and its manifest.
+
+    Args:
+        args: The parsed command line: ``suite``, ``out``, ``dry_run``, ``jobs``, ``baseline``, ``junit`` and
+            the other options ``chaosbench run --help`` lists.
+
+    Returns:
+        The exit code: ``EXIT_OK`` (0), ``EXIT_SLO`` (3) when a run missed an SLO, ``EXIT_REGRESSION`` (4)
+        when the baseline's gate found a regression, ``EXIT_HARNESS`` (1) when the suite was halted.
+
+    Raises:
+        SpecError: The suite file is malformed or names what does not exist (the CLI exits 2).
+        ChaosbenchError: The harness cannot run the suite at all (the CLI exits 1); a run that cannot start is
+            that run's error, not raised.
+    """
     from chaosbench.runner import Runner, missing_engines
     from chaosbench.specs import load_suite
 
@@ -316,6 +330,18 @@ def _write_report(
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """``chaosbench report DIR``: the metrics and reports of every suite below ``DIR`` recomputed from their run
+    directories (timelines), one line each naming its report.
+
+    Args:
+        args: ``dir`` (a suite's results directory, or a directory of them) and ``plots``.
+
+    Returns:
+        ``EXIT_OK``.
+
+    Raises:
+        ChaosbenchError: ``DIR`` does not exist or holds no suite's results.
+    """
     from chaosbench.runner import SUITE_MARKER
 
     d = Path(args.dir)
@@ -332,6 +358,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
+    """``chaosbench faults``: every injector with its parameters (required first), then the fault definitions a
+    suite's ``use: NAME`` finds.
+
+    Args:
+        args: ``suite``, the suite whose own ``faults/`` folders are searched first (None: the current
+            directory's).
+
+    Returns:
+        ``EXIT_OK``.
+
+    Raises:
+        SpecError: ``suite`` is given and is not a file.
+    """
     from chaosbench.registry import INJECTORS
 
     for name in INJECTORS.names():
@@ -373,6 +412,18 @@ def _print_fault_definitions(suite: str | None) -> None:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    """``chaosbench cleanup DIR``: what crashed runs below ``DIR`` left behind (processes, containers, networks,
+    Slurm jobs, mounts, qdiscs, capture directories) removed, each action printed.
+
+    Args:
+        args: ``dir`` and ``dry_run`` (list the processes it would end, do nothing).
+
+    Returns:
+        ``EXIT_OK``.
+
+    Raises:
+        ChaosbenchError: ``DIR`` does not exist.
+    """
     from chaosbench.cleanup import cleanup
 
     d = Path(args.dir)
@@ -387,12 +438,35 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """``chaosbench verify DIR``: a suite's results checked against the manifest written when it ended.
+
+    Args:
+        args: ``dir`` and ``checkpoints`` (verify the checkpoint files' names and sizes too).
+
+    Returns:
+        0 when every file matches, else 1 (each problem printed).
+
+    Raises:
+        ChaosbenchError: No readable manifest.
+    """
     from chaosbench.manifest import main_verify
 
     return main_verify(args.dir, checkpoints=args.checkpoints)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """``chaosbench compare A B``: two results directories side by side, per ``by`` (scenario, framework, ...),
+    with the rank test's p for each timing, as Markdown (printed, and written to ``out`` when given).
+
+    Args:
+        args: ``a``, ``b``, ``by``, ``threshold``, ``alpha`` and ``out``.
+
+    Returns:
+        ``EXIT_OK``.
+
+    Raises:
+        ChaosbenchError: The two have nothing of ``by`` in common.
+    """
     from chaosbench.gate import Comparison
 
     comparison = Comparison.of(args.a, args.b, by=args.by, threshold=args.threshold, alpha=args.alpha)
@@ -406,6 +480,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
+    """``chaosbench baseline DIR``: a suite's results saved as the baseline later runs are gated against.
+
+    Args:
+        args: ``dir`` (the results) and ``to`` (the baseline file).
+
+    Returns:
+        ``EXIT_OK``.
+
+    Raises:
+        ChaosbenchError: ``DIR`` has no results.csv.
+    """
     from chaosbench.analysis.baseline import save_baseline
 
     print(f"baseline saved: {save_baseline(args.dir, args.to)}")
@@ -420,6 +505,20 @@ def schedule_strategy_check(fuzzer: Any) -> None:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    """``chaosbench fuzz SUITE``: fault schedules generated against one framework of the suite until one breaks
+    a recovery invariant, then shrunk to a minimal reproducer suite.
+
+    Args:
+        args: ``suite``, ``framework``, ``out``, ``examples``, ``max_runs``, ``max_faults``, ``seed``, ``kinds``
+            and ``write`` (the reproducer's path).
+
+    Returns:
+        ``EXIT_OK`` when no schedule violated the invariants, ``EXIT_SLO`` when one did (its reproducer
+        written).
+
+    Raises:
+        SpecError: The suite is malformed, or ``kinds`` names an unknown fault kind.
+    """
     from chaosbench.fuzz import Fuzzer
     from chaosbench.specs import load_suite
 
@@ -464,6 +563,15 @@ def suite_schema() -> dict[str, Any]:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    """``chaosbench schema``: the JSON schema of a suite file (or, with ``--events``, of the timeline's events),
+    from the typed models.
+
+    Args:
+        args: ``events`` and ``out`` (a file; None: standard output).
+
+    Returns:
+        ``EXIT_OK``.
+    """
     if args.events:
         from chaosbench.timeline.schema import events_json_schema
 
@@ -480,6 +588,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    """``chaosbench init DIR``: a starter suite (``chaos/ci.yaml``) and a CI job running it
+    (``.github/workflows/chaos.yml``) written into a team's own repository.
+
+    Args:
+        args: ``dir``, the repository's root.
+
+    Returns:
+        ``EXIT_OK``, each file written printed.
+
+    Raises:
+        SpecError: One of the files exists already (nothing is written).
+    """
     from chaosbench.starter import write_starter
 
     for p in write_starter(args.dir):
@@ -488,6 +608,18 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
+    """``chaosbench image build``: the docker runtime's default node image assembled from local files.
+
+    Args:
+        args: ``force`` (rebuild although the image exists).
+
+    Returns:
+        0, the image's tag printed.
+
+    Raises:
+        ChaosbenchError: The engine cannot build it.
+        MissingEngine: No Docker engine answers.
+    """
     from chaosbench.runtimes.docker.image import main_build
 
     return main_build(force=args.force)
@@ -778,6 +910,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``chaosbench`` command: parse the command line and run its subcommand.
+
+    Args:
+        argv: The arguments after the program's name (None: ``sys.argv[1:]``).
+
+    Returns:
+        The subcommand's exit code; ``EXIT_INPUT`` (2) for bad input (a malformed suite, an unknown plugin)
+        and ``EXIT_HARNESS`` (1) for any other chaosbench error or an interrupt, each printed as one line.
+    """
     args = build_parser().parse_args(argv)
     args.argv = ["chaosbench", *(sys.argv[1:] if argv is None else argv)]
     try:
