@@ -36,6 +36,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -434,8 +435,10 @@ class BalancerFramework(Framework[BalancerOptions]):
 
     # -- running
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
+        """Starts the run's processes in order (init, the replicas, haproxy once every replica is ready, the
+        load) and watches them until the load exits or the harness stops the run (see the module docstring)."""
         o = self.options
-        rt, tl = control.runtime, control.timeline
+        rt = control.runtime
         specs = {p.role if p.role != "rank" else p.name: p for p in plan.processes}
         if "init" in specs:
             init = rt.start(specs["init"])
@@ -450,6 +453,31 @@ class BalancerFramework(Framework[BalancerOptions]):
                 rank = int(p.env["RANK"])
                 ports[rank] = int(p.env["SERVE_PORT"])
                 replicas[rank] = rt.start(p)
+        if (failed := self._wait_ready(replicas, ready, control)) is not None:
+            return failed
+        cfg = self._write_config(job, plan)
+        states = StateWatcher(self.label, control.timeline)
+        balancer = rt.start(specs["balancer"], states)
+        if not self._wait_listening(plan, control, balancer):
+            return JobResult("error", f"haproxy did not start (see {cfg.parent}/logs/haproxy.err)")
+        load = rt.start(specs["load"])
+        supervisor = _ReplicaSupervisor(
+            o,
+            self.label,
+            control,
+            replicas,
+            ports,
+            failure=lambda h, rank, started_ns: self._replica_failure(h, rank, states, ready, started_ns, o),
+            spec=lambda rank, incarnation, port: self.replica_spec(job, rank, incarnation, port),
+        )
+        return self._watch(plan, control, load, balancer, supervisor)
+
+    def _wait_ready(
+        self, replicas: dict[int, ProcHandle], ready: ReadyWatch, control: RunControl
+    ) -> JobResult | None:
+        """None once every replica's first incarnation said ``replica_ready``; else why the run ends: the harness
+        stopped it, a replica exited first (``failed``) or ``ready_timeout_s`` passed (``error``)."""
+        o = self.options
         deadline = time.monotonic() + o.ready_timeout_s
         while not all((r, 0) in ready.ready_ns for r in replicas):
             if (stop := control.stop_reason()) is not None:
@@ -467,15 +495,20 @@ class BalancerFramework(Framework[BalancerOptions]):
                 )
             ready.changed.wait(o.monitor_interval_s)
             ready.changed.clear()
-        cfg = self._write_config(job, plan)
-        states = StateWatcher(self.label, tl)
-        balancer = rt.start(specs["balancer"], states)
-        if not self._wait_listening(plan, control, balancer):
-            return JobResult("error", f"haproxy did not start (see {cfg.parent}/logs/haproxy.err)")
-        load = rt.start(specs["load"])
-        restarts = 0
-        incarnation = dict.fromkeys(replicas, 0)
-        started_ns = dict.fromkeys(replicas, time.time_ns())
+        return None
+
+    def _watch(
+        self,
+        plan: LaunchPlan,
+        control: RunControl,
+        load: ProcHandle,
+        balancer: ProcHandle,
+        supervisor: _ReplicaSupervisor,
+    ) -> JobResult:
+        """Every ``monitor_interval_s`` until the load exits (``completed`` on 0, else ``failed``; the balancer's
+        counters are read first) or the harness stops the run: notes an exited haproxy (``balancer_exit``) and,
+        with the supervisor on, restarts failed replicas."""
+        o = self.options
         while True:
             if (stop := control.stop_reason()) is not None:
                 return JobResult(stop, f"harness stopped the run ({stop})")
@@ -486,51 +519,14 @@ class BalancerFramework(Framework[BalancerOptions]):
                     return JobResult("completed")
                 return JobResult("failed", f"the load process exited with {describe_exit(rc)}")
             if balancer.poll() is not None:
-                tl.emit(
+                control.timeline.emit(
                     "balancer_exit",
                     src="framework",
                     framework=self.label,
                     reason=f"haproxy exited with {describe_exit(balancer.returncode or 0)}",
                 )
-            if o.supervisor:
-                for rank, h in list(replicas.items()):
-                    why = self._replica_failure(h, rank, states, ready, started_ns[rank], o)
-                    if why is None:
-                        continue
-                    tl.emit(
-                        "detect",
-                        src="framework",
-                        framework=self.label,
-                        via=why[1],
-                        reason=why[0],
-                        blame_rank=rank,
-                    )
-                    if h.poll() is None:  # a liveness restart: the hung replica goes first
-                        rt.terminate([h], 0.0)
-                    if restarts >= o.max_restarts:
-                        tl.emit(
-                            "give_up",
-                            src="framework",
-                            framework=self.label,
-                            reason=f"supervisor: restart limit reached ({o.max_restarts})",
-                        )
-                        o = o.model_copy(update={"supervisor": False})
-                        break
-                    restarts += 1
-                    incarnation[rank] += 1
-                    if o.restart_delay_s:
-                        control.sleep(o.restart_delay_s)
-                    tl.emit(
-                        "restart",
-                        src="framework",
-                        framework=self.label,
-                        rank=rank,
-                        attempt=restarts,
-                        incarnation=incarnation[rank],
-                        reason=why[0],
-                    )
-                    replicas[rank] = rt.start(self.replica_spec(job, rank, incarnation[rank], ports[rank]))
-                    started_ns[rank] = time.time_ns()
+            if supervisor.enabled:
+                supervisor.restart_failed()
             control.sleep(o.monitor_interval_s)
 
     def _replica_failure(
@@ -616,6 +612,80 @@ class BalancerFramework(Framework[BalancerOptions]):
             )
             return
         control.timeline.emit("balancer_stats", src="framework", framework=self.label, **stats)
+
+
+class _ReplicaSupervisor:
+    """The balancer's supervisor over one run (options ``supervisor``, ``max_restarts``, ``restart_delay_s``):
+    each replica's process, port, incarnation and start, and the restarts made so far. Built once the load has
+    started (that is every first incarnation's start, for the startup timeout); ``enabled`` is the ``supervisor``
+    option until the restart limit is reached.
+
+    ``failure(handle, rank, started_ns)``: why replica ``rank``, whose incarnation started at ``started_ns``, is
+    to be restarted now (reason, via), or None; ``spec(rank, incarnation, port)``: the process of its next
+    incarnation."""
+
+    def __init__(
+        self,
+        options: BalancerOptions,
+        label: str,
+        control: RunControl,
+        replicas: dict[int, ProcHandle],
+        ports: dict[int, int],
+        failure: Callable[[ProcHandle, int, int], tuple[str, str] | None],
+        spec: Callable[[int, int, int], ProcessSpec],
+    ) -> None:
+        self.options = options
+        self.label = label
+        self.control = control
+        self.replicas = replicas  # rank -> its current incarnation's process
+        self.ports = ports  # rank -> its port (a restart keeps it)
+        self.failure = failure
+        self.spec = spec
+        self.enabled = options.supervisor
+        self.restarts = 0
+        self.incarnation = dict.fromkeys(replicas, 0)
+        self.started_ns = dict.fromkeys(replicas, time.time_ns())
+
+    def restart_failed(self) -> None:
+        """One pass over the replicas: each that failed is detected, killed if still running (a liveness
+        restart) and started again as its next incarnation, on its port, after ``restart_delay_s``. At the
+        restart limit: ``give_up``, the pass ends and the supervisor is off."""
+        o, tl = self.options, self.control.timeline
+        for rank, h in list(self.replicas.items()):
+            why = self.failure(h, rank, self.started_ns[rank])
+            if why is None:
+                continue
+            tl.emit(
+                "detect", src="framework", framework=self.label, via=why[1], reason=why[0], blame_rank=rank
+            )
+            if h.poll() is None:  # a liveness restart: the hung replica goes first
+                self.control.runtime.terminate([h], 0.0)
+            if self.restarts >= o.max_restarts:
+                tl.emit(
+                    "give_up",
+                    src="framework",
+                    framework=self.label,
+                    reason=f"supervisor: restart limit reached ({o.max_restarts})",
+                )
+                self.enabled = False
+                return
+            self.restarts += 1
+            self.incarnation[rank] += 1
+            if o.restart_delay_s:
+                self.control.sleep(o.restart_delay_s)
+            tl.emit(
+                "restart",
+                src="framework",
+                framework=self.label,
+                rank=rank,
+                attempt=self.restarts,
+                incarnation=self.incarnation[rank],
+                reason=why[0],
+            )
+            self.replicas[rank] = self.control.runtime.start(
+                self.spec(rank, self.incarnation[rank], self.ports[rank])
+            )
+            self.started_ns[rank] = time.time_ns()
 
 
 def haproxy_version(exe: str) -> str | None:

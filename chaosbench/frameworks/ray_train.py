@@ -63,6 +63,7 @@ import hashlib
 import json
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -228,6 +229,19 @@ def ray_temp_link(run_dir: Path) -> Path:
     return Path("/tmp") / f"cbray-{digest}"
 
 
+@dataclass(frozen=True)
+class _RayCluster:
+    """What every process of a run's Ray cluster is planned from."""
+
+    python: str  #: the workload's interpreter, which runs Ray's processes too
+    addr: str  #: the runtime's master address
+    gcs: str  #: the head's GCS address, ``<addr>:<port>``
+    temp: Path  #: the short link Ray's temp dirs live under (:func:`ray_temp_link`)
+    #: the runtime's nodes are machines of their own (docker's containers, :class:`NodeControl`)
+    containers: bool
+    head_node: str  #: where the head (and the driver) run: ``node0`` on container nodes, else ``head``
+
+
 class RayTrainFramework(Framework[RayTrainOptions]):
     """Ray Train on a per-run Ray cluster; see the module docstring."""
 
@@ -285,59 +299,70 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         )
         return env
 
-    def plan(self, job: JobContext) -> LaunchPlan:
-        o = self.options
-        python = job.workload_argv()[0]
+    def _cluster(self, job: JobContext) -> _RayCluster:
+        """The run's cluster layout; takes the GCS port (the first of the plan's free ports)."""
         addr = job.runtime.master_addr
-        gcs = f"{addr}:{job.runtime.free_port()}"
-        temp = ray_temp_link(job.run_dir)
-        store = str(o.object_store_mb * 1024 * 1024)
         # Nodes that are machines of their own (docker's containers): the head shares node0's, and each Ray node
         # is given its machine's own address (its name, resolved at start); on local every node is this host
         containers = isinstance(job.runtime, NodeControl)
-        head_node = job.node_name(0) if containers else "head"
+        return _RayCluster(
+            python=job.workload_argv()[0],
+            addr=addr,
+            gcs=f"{addr}:{job.runtime.free_port()}",
+            temp=ray_temp_link(job.run_dir),
+            containers=containers,
+            head_node=job.node_name(0) if containers else "head",
+        )
 
-        def ray_start(name: str, machine: str, cpus: int) -> list[str]:
-            # Every node on one machine needs ports of its own where Ray's are fixed (the agent's 52365), and a
-            # temp dir of its own: each node's log monitor forwards every log file under it to the driver (one
-            # shared dir: each line twice). The temp dir is under a short link the entrypoint makes in the
-            # node's own /tmp (ray_node)
-            argv = [
-                python,
-                "-m",
-                "chaosbench.launchers.ray_node",
-                "--temp-link",
-                str(temp),
-                "--temp-target",
-                str(job.run_dir / RUN_DIR_RAY),
-                "--",
-                python,
-                "-m",
-                "ray.scripts.scripts",
-                "start",
-                "--block",
-                "--node-ip-address",
-                machine if containers else addr,
-                "--node-name",
-                name,
-                "--num-cpus",
-                str(cpus),
-                "--num-gpus",
-                "0",
-                "--object-store-memory",
-                store,
-                "--disable-usage-stats",
-                "--temp-dir",
-                str(temp / name),
-                "--dashboard-agent-listen-port",
-                str(job.runtime.free_port()),
-            ]
-            if containers:
-                # a container's /dev/shm is 64 MB, less than one node's store: the store goes in its /tmp, a
-                # tmpfs as /dev/shm is (Ray would fall back to the temp dir, here in the run dir on disk)
-                argv += ["--plasma-directory", "/tmp"]
-            return argv
+    def _ray_start(
+        self, job: JobContext, cluster: _RayCluster, name: str, machine: str, cpus: int
+    ) -> list[str]:
+        """The command line of Ray node ``name`` (on ``machine``, offering ``cpus`` CPUs): the node entrypoint,
+        then ``ray start --block``; takes one free port (the node's dashboard agent)."""
+        # Every node on one machine needs ports of its own where Ray's are fixed (the agent's 52365), and a
+        # temp dir of its own: each node's log monitor forwards every log file under it to the driver (one
+        # shared dir: each line twice). The temp dir is under a short link the entrypoint makes in the
+        # node's own /tmp (ray_node)
+        python = cluster.python
+        argv = [
+            python,
+            "-m",
+            "chaosbench.launchers.ray_node",
+            "--temp-link",
+            str(cluster.temp),
+            "--temp-target",
+            str(job.run_dir / RUN_DIR_RAY),
+            "--",
+            python,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--block",
+            "--node-ip-address",
+            machine if cluster.containers else cluster.addr,
+            "--node-name",
+            name,
+            "--num-cpus",
+            str(cpus),
+            "--num-gpus",
+            "0",
+            "--object-store-memory",
+            str(self.options.object_store_mb * 1024 * 1024),
+            "--disable-usage-stats",
+            "--temp-dir",
+            str(cluster.temp / name),
+            "--dashboard-agent-listen-port",
+            str(job.runtime.free_port()),
+        ]
+        if cluster.containers:
+            # a container's /dev/shm is 64 MB, less than one node's store: the store goes in its /tmp, a
+            # tmpfs as /dev/shm is (Ray would fall back to the temp dir, here in the run dir on disk)
+            argv += ["--plasma-directory", "/tmp"]
+        return argv
 
+    def _cluster_processes(self, job: JobContext, cluster: _RayCluster) -> list[ProcessSpec]:
+        """The head (``ray.head``) and one Ray node per workload node (``ray.node<i>``), in that order."""
+        gcs, head_node = cluster.gcs, cluster.head_node
         procs = [
             ProcessSpec(
                 name="ray.head",
@@ -345,7 +370,7 @@ class RayTrainFramework(Framework[RayTrainOptions]):
                 node=head_node,
                 env=self._env(job, head_node, gcs),
                 argv=[
-                    *ray_start("head", head_node, o.head_cpus),
+                    *self._ray_start(job, cluster, "head", head_node, self.options.head_cpus),
                     "--head",
                     "--port",
                     gcs.rsplit(":", 1)[1],
@@ -362,15 +387,18 @@ class RayTrainFramework(Framework[RayTrainOptions]):
                     role="node",
                     node=node,
                     env=self._env(job, node, gcs),
-                    argv=[*ray_start(node, node, job.ranks_per_node), "--address", gcs],
+                    argv=[*self._ray_start(job, cluster, node, node, job.ranks_per_node), "--address", gcs],
                 )
             )
-        workload_argv = job.workload_argv()
-        in_process = job.workload.bridged_checkpoints and workload_argv[1:2] == ["-m"]
-        pg_name, pg_s = pg_timeout(self.timeouts(job))
-        mode = "in-process" if in_process else "subprocess"
-        config: dict[str, Any] = {
-            "address": gcs,
+        return procs
+
+    def _driver_config(self, job: JobContext, cluster: _RayCluster, mode: str, pg_s: float) -> dict[str, Any]:
+        """The driver's ``--config`` (:mod:`chaosbench.launchers.ray_train`): the cluster to wait for and the
+        TorchTrainer's settings; ``mode`` is how the workload runs in a worker (``in-process``/``subprocess``),
+        ``pg_s`` the workload's process-group timeout (s)."""
+        o = self.options
+        return {
+            "address": cluster.gcs,
             "nodes": job.nodes + 1,
             "cpus": job.ranks_per_node * job.nodes + o.head_cpus,
             "cluster_start_timeout_s": o.cluster_start_timeout_s,
@@ -385,17 +413,44 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             "max_failures": o.max_failures,
             "loop": {
                 "mode": mode,
-                "argv": workload_argv,
+                "argv": job.workload_argv(),
                 "attempts_file": str(job.run_dir / "ray-train-starts"),
             },
         }
+
+    def _notes(self, job: JobContext, config: dict[str, Any], in_process: bool, pg_name: str) -> list[str]:
+        """The plan's notes: the cluster, the incarnation, how the workload runs and resumes, and the process-group
+        timeout (``pg_name``: the timeout it comes from)."""
+        return [
+            f"Ray head (GCS {config['address']}) + {job.nodes} Ray node(s) x {job.ranks_per_node} CPUs; the "
+            f"driver runs a TorchTrainer with num_workers={config['num_workers']}, "
+            f"max_failures={self.options.max_failures}",
+            "incarnation = the worker group's start (counted by rank 0 of each start)",
+            (
+                "the program runs inside each Ray Train worker; checkpoints go through ray.train.report and a "
+                "restart resumes from ray.train.get_checkpoint()"
+            )
+            if in_process
+            else "the workload runs as a child of each Ray Train worker and resumes from its own checkpoints",
+            f"process-group timeout: TorchConfig(timeout_s={config['torch_timeout_s']}) from {pg_name}",
+        ]
+
+    def plan(self, job: JobContext) -> LaunchPlan:
+        """The head, one Ray node per workload node, then the driver (``ray.driver``); see the module docstring."""
+        cluster = self._cluster(job)
+        procs = self._cluster_processes(job, cluster)
+        workload_argv = job.workload_argv()
+        in_process = job.workload.bridged_checkpoints and workload_argv[1:2] == ["-m"]
+        pg_name, pg_s = pg_timeout(self.timeouts(job))
+        mode = "in-process" if in_process else "subprocess"
+        config = self._driver_config(job, cluster, mode, pg_s)
         procs.append(
             ProcessSpec(
                 name="ray.driver",
                 role="driver",
-                node=head_node,
-                env=self._env(job, head_node, gcs),
-                argv=[python, "-m", "chaosbench.launchers.ray_train", "--config", json.dumps(config)],
+                node=cluster.head_node,
+                env=self._env(job, cluster.head_node, cluster.gcs),
+                argv=[cluster.python, "-m", "chaosbench.launchers.ray_train", "--config", json.dumps(config)],
             )
         )
         return self.launch_plan(
@@ -403,24 +458,13 @@ class RayTrainFramework(Framework[RayTrainOptions]):
             procs,
             RAY_TRAIN_PATTERNS,
             options={
-                **o.model_dump(),
+                **self.options.model_dump(),
                 "num_workers": config["num_workers"],
-                "gcs_address": gcs,
+                "gcs_address": cluster.gcs,
                 "workload_mode": mode,
-                "temp_dir": str(temp),
+                "temp_dir": str(cluster.temp),
             },
-            notes=[
-                f"Ray head (GCS {gcs}) + {job.nodes} Ray node(s) x {job.ranks_per_node} CPUs; the driver runs a "
-                f"TorchTrainer with num_workers={config['num_workers']}, max_failures={o.max_failures}",
-                "incarnation = the worker group's start (counted by rank 0 of each start)",
-                (
-                    "the program runs inside each Ray Train worker; checkpoints go through ray.train.report and a "
-                    "restart resumes from ray.train.get_checkpoint()"
-                )
-                if in_process
-                else "the workload runs as a child of each Ray Train worker and resumes from its own checkpoints",
-                f"process-group timeout: TorchConfig(timeout_s={config['torch_timeout_s']}) from {pg_name}",
-            ],
+            notes=self._notes(job, config, in_process, pg_name),
         )
 
     def timeouts(self, job: JobContext) -> dict[str, float | None]:

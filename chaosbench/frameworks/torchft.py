@@ -268,7 +268,64 @@ class TorchftFramework(Framework[TorchftOptions]):
             raise Unsupported(f"torchft: ranks ({job.ranks}) must be a multiple of replica groups ({groups})")
         return groups
 
+    def _lighthouse(self, job: JobContext, python: str, bind: str) -> ProcessSpec:
+        """The lighthouse (role ``lighthouse``, on ``node0``), listening on ``bind`` (``host:port``)."""
+        o = self.options
+        return ProcessSpec(
+            name="lighthouse",
+            argv=[
+                *lighthouse_command(python),
+                "--min_replicas",
+                str(o.min_replicas),
+                "--quorum_tick_ms",
+                str(o.quorum_tick_ms),
+                "--join_timeout_ms",
+                str(o.join_timeout_ms),
+                "--heartbeat_timeout_ms",
+                str(o.heartbeat_timeout_ms),
+                "--bind",
+                bind,
+            ],
+            env={"RUST_LOG": o.lighthouse_log, "PYTHONUNBUFFERED": "1"},
+            role="lighthouse",
+            node=job.node_name(0),
+        )
+
+    def _group_env(
+        self, job: JobContext, group: int, groups: int, node: str, lighthouse_url: str
+    ) -> dict[str, str]:
+        """The environment of replica group ``group`` (of ``groups``) on ``node``: the ranks' and torchft's
+        settings (its group, the lighthouse, the Manager's timeouts) and the address its ranks advertise."""
+        o = self.options
+        env = job.rank_env(0, node)
+        env.update(
+            {
+                "REPLICA_GROUP_ID": str(group),
+                "NUM_REPLICA_GROUPS": str(groups),
+                # the command shim's numbering of a user's script: rank = group * K + group-local rank
+                ENV_REPLICA_GROUP: str(group),
+                ENV_REPLICA_GROUPS: str(groups),
+                "TORCHFT_LIGHTHOUSE": lighthouse_url,
+                "TORCHFT_TIMEOUT_SEC": str(o.manager_timeout_s),
+                "TORCHFT_QUORUM_TIMEOUT_SEC": str(o.quorum_timeout_s),
+                "TORCHFT_CONNECT_TIMEOUT_SEC": str(o.connect_timeout_s),
+                "CHAOSBENCH_FT_MIN_REPLICAS": str(o.min_replica_size or o.min_replicas),
+                "CHAOSBENCH_FT_HEARTBEAT_INTERVAL_S": str(o.manager_heartbeat_interval_s),
+                "CHAOSBENCH_FT_START_GROUPS": str(groups if o.start_together else 1),
+                "CHAOSBENCH_FT_START_TIMEOUT_S": str(o.start_timeout_s),
+                "CHAOSBENCH_FRAMEWORK": self.label,
+                "LOGLEVEL": o.log_level,
+                "RUST_LOG": o.worker_log,
+            }
+        )
+        # ranks on the harness's host advertise the runtime's master address; on nodes of their own, the node's hostname
+        advertise = o.advertise_host or (job.runtime.master_addr if job.runtime.ranks_on_harness_host else "")
+        if advertise:
+            env["CHAOSBENCH_FT_HOSTNAME"] = advertise
+        return env
+
     def plan(self, job: JobContext) -> LaunchPlan:
+        """The lighthouse, then one torchrun (``torchrun.g<i>``, role ``agent``) per replica group."""
         o = self.options
         groups = self.groups(job)
         per_group = job.ranks // groups
@@ -276,55 +333,10 @@ class TorchftFramework(Framework[TorchftOptions]):
         addr = job.runtime.master_addr
         lh_port = job.runtime.free_port()
         lighthouse_url = f"http://{addr}:{lh_port}"
-        lh_env = {"RUST_LOG": o.lighthouse_log, "PYTHONUNBUFFERED": "1"}
-        procs = [
-            ProcessSpec(
-                name="lighthouse",
-                argv=[
-                    *lighthouse_command(python),
-                    "--min_replicas",
-                    str(o.min_replicas),
-                    "--quorum_tick_ms",
-                    str(o.quorum_tick_ms),
-                    "--join_timeout_ms",
-                    str(o.join_timeout_ms),
-                    "--heartbeat_timeout_ms",
-                    str(o.heartbeat_timeout_ms),
-                    "--bind",
-                    f"{addr}:{lh_port}",
-                ],
-                env=lh_env,
-                role="lighthouse",
-                node=job.node_name(0),
-            )
-        ]
-        # ranks on the harness's host advertise the runtime's master address; on nodes of their own, the node's hostname
-        advertise = o.advertise_host or (addr if job.runtime.ranks_on_harness_host else "")
+        procs = [self._lighthouse(job, python, f"{addr}:{lh_port}")]
         for g in range(groups):
             node = group_node(job, g, groups)
-            env = job.rank_env(0, node)
-            env.update(
-                {
-                    "REPLICA_GROUP_ID": str(g),
-                    "NUM_REPLICA_GROUPS": str(groups),
-                    # the command shim's numbering of a user's script: rank = group * K + group-local rank
-                    ENV_REPLICA_GROUP: str(g),
-                    ENV_REPLICA_GROUPS: str(groups),
-                    "TORCHFT_LIGHTHOUSE": lighthouse_url,
-                    "TORCHFT_TIMEOUT_SEC": str(o.manager_timeout_s),
-                    "TORCHFT_QUORUM_TIMEOUT_SEC": str(o.quorum_timeout_s),
-                    "TORCHFT_CONNECT_TIMEOUT_SEC": str(o.connect_timeout_s),
-                    "CHAOSBENCH_FT_MIN_REPLICAS": str(o.min_replica_size or o.min_replicas),
-                    "CHAOSBENCH_FT_HEARTBEAT_INTERVAL_S": str(o.manager_heartbeat_interval_s),
-                    "CHAOSBENCH_FT_START_GROUPS": str(groups if o.start_together else 1),
-                    "CHAOSBENCH_FT_START_TIMEOUT_S": str(o.start_timeout_s),
-                    "CHAOSBENCH_FRAMEWORK": self.label,
-                    "LOGLEVEL": o.log_level,
-                    "RUST_LOG": o.worker_log,
-                }
-            )
-            if advertise:
-                env["CHAOSBENCH_FT_HOSTNAME"] = advertise
+            env = self._group_env(job, g, groups, node, lighthouse_url)
             # A group's torchrun hosts its own store: on container nodes that is the group's node (node0's name
             # would send a group elsewhere to a store nobody serves); on one host, the master address
             group_addr = node if isinstance(job.runtime, NodeControl) else addr

@@ -175,20 +175,13 @@ def _no_gradient_sync(model: Any) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
-def _train(args: argparse.Namespace, probe: Probe) -> int:
-    # Heavy imports after rank_start so the harness sees the pid before torch's import time.
+def _sharded_model(args: argparse.Namespace, mesh: Any, device: Any) -> Any:
+    """The module docstring's transformer LM on ``device``, its init drawn from ``--seed`` alone (identical on
+    every rank), then every block and the root wrapped with ``fully_shard`` over ``mesh``: this rank keeps its
+    dim-0 slice of each parameter. Leaves the global RNG seeded for the init; the caller reseeds it."""
     import torch
     from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    if args.d_model % args.heads:
-        raise SystemExit(f"fsdp_lm: --d-model {args.d_model} is not divisible by --heads {args.heads}")
-    # Embedding backward and attention backward use atomics on CUDA: a bit-identical resume needs the
-    # deterministic kernels.
-    d = init_distributed("fsdp_lm", args.pg_timeout_s, args.backend, deterministic=True)
-    rank, device = d.rank, d.device
-    mesh = init_device_mesh(device.type, (d.world_size,))
 
     class TinyLM(nn.Module):
         def __init__(self) -> None:
@@ -227,6 +220,23 @@ def _train(args: argparse.Namespace, probe: Probe) -> int:
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model
+
+
+def _train(args: argparse.Namespace, probe: Probe) -> int:
+    # Heavy imports after rank_start so the harness sees the pid before torch's import time.
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if args.d_model % args.heads:
+        raise SystemExit(f"fsdp_lm: --d-model {args.d_model} is not divisible by --heads {args.heads}")
+    # Embedding backward and attention backward use atomics on CUDA: a bit-identical resume needs the
+    # deterministic kernels.
+    d = init_distributed("fsdp_lm", args.pg_timeout_s, args.backend, deterministic=True)
+    rank, device = d.rank, d.device
+    mesh = init_device_mesh(device.type, (d.world_size,))
+    model = _sharded_model(args, mesh, device)
     # Dropout draws from the global RNG, seeded per rank, so the RNG state is part of the resumable state.
     torch.manual_seed(mix_seed(args.seed, 0x64726F70, rank))
 

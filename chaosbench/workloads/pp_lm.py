@@ -81,7 +81,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
@@ -755,6 +755,46 @@ def _attempt_stores(timeout_s: float) -> tuple[Any, Any]:
     return attempt, manager_store
 
 
+def _sum_slot_passes(
+    runner: _StageRunner,
+    step: int,
+    slots: Iterable[int],
+    batch: Callable[[int, int], tuple[Any, Any]],
+    numel: int,
+) -> Any:
+    """This group's share of step ``step`` on this stage: one pipeline pass per replica slot in ``slots`` (its
+    batch: ``batch(step, slot)``), from zeroed gradients each. Returns a float64 CPU buffer of ``numel + 1``:
+    the sum over the passes of the stage's gradients (flat, in parameter order; ``numel``: their element count),
+    then, on the last stage, the sum of each pass's mean loss (else 0). No slots: all zeros."""
+    import torch
+
+    params = runner.params
+    buf = torch.zeros(numel + 1, dtype=torch.float64)
+    for slot in slots:
+        x, y = batch(step, slot)
+        runner.optimizer.zero_grad(set_to_none=True)
+        losses = runner.forward_backward(step, slot, x, y)
+        off = 0
+        for q in params:
+            if q.grad is not None:
+                buf[off : off + q.numel()] += q.grad.reshape(-1).double().cpu()
+            off += q.numel()
+        if runner.last:
+            buf[numel] += float(torch.stack([t.detach().double() for t in losses]).mean())
+    return buf
+
+
+def _set_gradients(params: list[Any], flat: Any) -> None:
+    """Each parameter's ``.grad`` from ``flat`` (float64, parameters in order, as :func:`_sum_slot_passes`
+    lays them out): a float32 copy on the parameter's device."""
+    import torch
+
+    off = 0
+    for q in params:
+        q.grad = flat[off : off + q.numel()].to(torch.float32).view_as(q).to(q.device).clone()
+        off += q.numel()
+
+
 def _train_ft(
     args: argparse.Namespace, opts: PpLmOptions, probe: Probe, group: int, groups: int, stage: int
 ) -> int:
@@ -797,28 +837,15 @@ def _train_ft(
         step = quorum.step
         planted.before_step(step)
         t_step = time.perf_counter()
-        buf = torch.zeros(numel + 1, dtype=torch.float64)
         p, n = quorum.participant, quorum.participants
-        for slot in replica_slots(p, n, groups) if p is not None else []:
-            x, y = batch(step, slot)
-            optimizer.zero_grad(set_to_none=True)
-            losses = runner.forward_backward(step, slot, x, y)
-            off = 0
-            for q in params:
-                if q.grad is not None:
-                    buf[off : off + q.numel()] += q.grad.reshape(-1).double().cpu()
-                off += q.numel()
-            if runner.last:
-                buf[numel] += float(torch.stack([t.detach().double() for t in losses]).mean())
+        slots = replica_slots(p, n, groups) if p is not None else []
+        buf = _sum_slot_passes(runner, step, slots, batch, numel)
         if opts.step_sleep_s > 0:
             time.sleep(opts.step_sleep_s)
         t_comm = time.perf_counter()
         loop.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
         buf.div_(groups)
-        off = 0
-        for q in params:
-            q.grad = buf[off : off + q.numel()].to(torch.float32).view_as(q).to(q.device).clone()
-            off += q.numel()
+        _set_gradients(params, buf)
         planted.after_backward(step, params)
         if loop.manager.should_commit():
             optimizer.step()

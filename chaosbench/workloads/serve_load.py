@@ -474,16 +474,49 @@ def _announce(emit: Callable[..., None], args: LoadArgs, start_ns: int) -> None:
     print(f"load start: {lo.users} users on {args.target} for {lo.duration_s} s, mix {mix}", flush=True)
 
 
-def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
-    """Drive the load (see the module docstring); returns the exit code."""
-    # importing locust monkey-patches this process with gevent (gevent's own import does not)
-    import gevent
-    import gevent.event
+class _Events:
+    """The load's events: to ``writer`` (nowhere when it is None), stamped ``t_ns`` or else now on ``clock``."""
+
+    def __init__(self, writer: TimelineWriter | None, clock: _Clock) -> None:
+        self.writer, self.clock = writer, clock
+
+    def emit(self, kind: str, t_ns: int | None = None, **data: Any) -> None:
+        if self.writer is not None:
+            self.writer.emit(kind, t_ns=self.clock.now_ns() if t_ns is None else t_ns, **data)
+
+    def windows(self, windows: list[dict[str, Any]]) -> None:
+        """One ``load_window`` event per closed window."""
+        for w in windows:
+            self.emit("load_window", **w)
+
+
+class _Stop:
+    """Why the load ends (``reason``: None while it runs, then ``max_requests``, ``signal`` or ``duration``; the
+    first one given stays) and ``done`` (a gevent Event), set when it ends."""
+
+    def __init__(self, done: Any) -> None:
+        self.reason: str | None = None
+        self.done = done
+
+    def full(self) -> None:
+        """The ``max_requests``-th request was counted (:class:`_Counting`'s ``full``)."""
+        if self.reason is None:
+            self.reason = "max_requests"
+            self.done.set()
+
+    def on_signal(self) -> None:
+        """SIGTERM or SIGINT: the load ends now."""
+        if self.reason is None:
+            self.reason = "signal"
+        self.done.set()
+
+
+def _user_class(args: LoadArgs, started: Counter[str]) -> tuple[type, dict[str, int | None]]:
+    """The locust ``HttpUser`` class against ``args.target`` (its tasks: :func:`user_tasks`, counting the requests
+    they begin in ``started``; ``wait_time`` constant ``wait_s``) and each request name's expected status."""
     from locust import HttpUser, constant
-    from locust.env import Environment
 
     lo = args.load
-    started: Counter[str] = Counter()
     tasks, expect = user_tasks(lo, started)
     user_class = type(
         "ServeUser",
@@ -494,75 +527,85 @@ def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
             "tasks": tasks,
         },
     )
-    env = Environment(user_classes=[user_class])
-    clock = _Clock()
-    stop: dict[str, str | None] = {"reason": None}
-    window_ns = lo.window_ms * 1_000_000
+    return user_class, expect
 
-    def emit(kind: str, t_ns: int | None = None, **data: Any) -> None:
-        if writer is not None:
-            writer.emit(kind, t_ns=clock.now_ns() if t_ns is None else t_ns, **data)
 
-    def emit_windows(windows: list[dict[str, Any]]) -> None:
-        for w in windows:
-            emit("load_window", **w)
+def _tick_windows(
+    events: _Events, agg: WindowAggregator, clock: _Clock, done: Any, start_ns: int, window_ns: int
+) -> None:
+    """A greenlet until ``done`` is set: emits each window of ``window_ns`` (counted from ``start_ns``) as it
+    ends, waking at the next window's end (a request completing later is filed in a later window)."""
+    import gevent
 
-    start_ns = clock.now_ns()
-    agg = WindowAggregator(start_ns, window_ns)
-    done = gevent.event.Event()
+    while not done.is_set():
+        now = clock.now_ns()
+        events.windows(agg.close_until(now))
+        nxt = start_ns + (now - start_ns) // window_ns * window_ns + window_ns
+        gevent.sleep(max(0.0, (nxt - clock.now_ns()) / 1e9))
 
-    def full() -> None:
-        if stop["reason"] is None:
-            stop["reason"] = "max_requests"
-            done.set()
 
-    on_request = _Counting(lo.max_requests, expect, agg, clock, full)
-    env.events.request.add_listener(on_request)
-    runner = env.create_local_runner()
-    _announce(emit, args, start_ns)
-
-    def on_signal() -> None:
-        if stop["reason"] is None:
-            stop["reason"] = "signal"
-        done.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(sig, on_signal)
-
-    def ticker() -> None:
-        # closes each window as it ends (a request completing later is filed in a later window)
-        while not done.is_set():
-            now = clock.now_ns()
-            emit_windows(agg.close_until(now))
-            nxt = start_ns + (now - start_ns) // window_ns * window_ns + window_ns
-            gevent.sleep(max(0.0, (nxt - clock.now_ns()) / 1e9))
-
-    tick = gevent.spawn(ticker)
-    runner.start(lo.users, spawn_rate=lo.spawn_rate)
-    if not done.wait(timeout=max(0.0, lo.duration_s - (clock.now_ns() - start_ns) / 1e9)):
-        stop["reason"] = "duration"
-    done.set()
-    end_ns = clock.now_ns()
-    # stop the users first: a request completing from here on is abandoned, not counted
-    env.events.request.remove_listener(on_request)
-    runner.quit()
-    tick.kill()
-    emit_windows(agg.finish(end_ns))
+def _report_end(
+    events: _Events,
+    agg: WindowAggregator,
+    by_request: dict[str, dict[str, int]],
+    reason: str | None,
+    start_ns: int,
+    end_ns: int,
+) -> None:
+    """The ``load_end`` event (stamped ``end_ns``: the counts, the duration, why it ended, ``by_request``) and its
+    line."""
     duration_s = (end_ns - start_ns) / 1e9
-    emit(
+    events.emit(
         "load_end",
         t_ns=end_ns,
         requests=agg.requests,
         failures=agg.failures,
         duration_s=duration_s,
-        reason=stop["reason"],
-        by_request=on_request.by_request(started),
+        reason=reason,
+        by_request=by_request,
     )
     print(
-        f"load end ({stop['reason']}): {agg.requests} requests, {agg.failures} failed, in {duration_s:.2f} s",
+        f"load end ({reason}): {agg.requests} requests, {agg.failures} failed, in {duration_s:.2f} s",
         flush=True,
     )
-    return 1 if stop["reason"] == "signal" else 0
+
+
+def run_load(args: LoadArgs, writer: TimelineWriter | None) -> int:
+    """Drive the load (see the module docstring); returns the exit code."""
+    # importing locust monkey-patches this process with gevent (gevent's own import does not)
+    import gevent
+    import gevent.event
+    from locust.env import Environment
+
+    lo = args.load
+    started: Counter[str] = Counter()
+    user_class, expect = _user_class(args, started)
+    env = Environment(user_classes=[user_class])
+    clock = _Clock()
+    window_ns = lo.window_ms * 1_000_000
+    events = _Events(writer, clock)
+    start_ns = clock.now_ns()
+    agg = WindowAggregator(start_ns, window_ns)
+    stop = _Stop(gevent.event.Event())
+    on_request = _Counting(lo.max_requests, expect, agg, clock, stop.full)
+    env.events.request.add_listener(on_request)
+    runner = env.create_local_runner()
+    _announce(events.emit, args, start_ns)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(sig, stop.on_signal)
+    tick = gevent.spawn(_tick_windows, events, agg, clock, stop.done, start_ns, window_ns)
+    runner.start(lo.users, spawn_rate=lo.spawn_rate)
+    if not stop.done.wait(timeout=max(0.0, lo.duration_s - (clock.now_ns() - start_ns) / 1e9)):
+        stop.reason = "duration"
+    stop.done.set()
+    end_ns = clock.now_ns()
+    # stop the users first: a request completing from here on is abandoned, not counted
+    env.events.request.remove_listener(on_request)
+    runner.quit()
+    tick.kill()
+    events.windows(agg.finish(end_ns))
+    _report_end(events, agg, on_request.by_request(started), stop.reason, start_ns, end_ns)
+    return 1 if stop.reason == "signal" else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
