@@ -21,7 +21,11 @@ import pytest
 from chaosbench.timeline import read_events
 from chaosbench.workloads.skeleton import marked_step
 from tests.helpers import events_of, launch_ranks, require_engines
-from tests.helpers.truth import assert_stages_match_the_timeline, lost_steps_by_the_logs
+from tests.helpers.truth import (
+    assert_ray_blamed_by_the_logs,
+    assert_stages_match_the_timeline,
+    lost_steps_by_the_logs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -89,9 +93,7 @@ def test_ray_train_restarts_a_killed_worker_from_the_checkpoint_it_kept(run_suit
     assert [int(p) for p in re.findall(r"A worker died or was killed.*?Worker PID: (\d+)", out + err)] == [
         killed_pid
     ]
-    assert m.detected and m.blame == "correct" and m.blamed == "rank 1", (m.blame, m.blamed)
-    first = next(e for e in events if e.kind == "detect" and e.t_ns >= fault.t_ns)
-    assert first.get("pid") == killed_pid and first.get("blame_rank") == 1
+    assert_ray_blamed_by_the_logs(m, events, fault, killed_pid, rank=1)
     assert m.time_to_detect_s is not None and m.time_to_detect_s < 2.0  # both lines come within one poll
 
     # the restarted group restored the checkpoint Ray handed it: step 10, the newest reported before the kill

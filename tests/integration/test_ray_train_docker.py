@@ -24,7 +24,11 @@ import pytest
 from docker_support import events_of, kinds, require_docker, run_objects
 
 from tests.helpers import require_engines, run_suite_text
-from tests.helpers.truth import assert_stages_match_the_timeline, lost_steps_by_the_logs
+from tests.helpers.truth import (
+    assert_ray_blamed_by_the_logs,
+    assert_stages_match_the_timeline,
+    lost_steps_by_the_logs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -103,9 +107,7 @@ def test_ray_train_on_docker_restarts_a_killed_worker_from_the_checkpoint_it_kep
     assert [int(p) for p in re.findall(r"A worker died or was killed.*?Worker PID: (\d+)", logs)] == [
         killed_pid
     ]
-    assert m.detected and m.blame == "correct" and m.blamed == "rank 1", (m.blame, m.blamed)
-    first = next(e for e in events if e.kind == "detect" and e.t_ns >= fault.t_ns)
-    assert first.get("pid") == killed_pid and first.get("blame_rank") == 1
+    assert_ray_blamed_by_the_logs(m, events, fault, killed_pid, rank=1)
     # the raylet's line comes when its child dies, the controller's at its next 0.25 s poll (measured: 0.02 s and
     # 0.09 s); 2 s leaves room for a loaded machine
     assert m.time_to_detect_s is not None and m.time_to_detect_s < 2.0
