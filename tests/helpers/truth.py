@@ -102,3 +102,34 @@ def assert_ray_blamed_by_the_logs(
     else:
         assert (m.blame, m.blamed) == ("none", None)
     assert m.detected
+
+
+def assert_torchrun_blamed_by_the_logs(m: Any, rank: int) -> None:
+    """torchrun's first reaction to a killed rank ``rank``, as torch elastic decides whom to name. Its agent polls
+    its workers every monitor interval and, once one has failed, names the failure with the smallest timestamp in
+    whole seconds (``ProcessFailure``: the poll's ``time.time()``, or an error file's), ties going to the failure
+    it recorded first, in local-rank order within one poll. So the killed rank is named unless a peer, finding
+    the connection closed (gloo's "Connection closed by peer"), exited with an error of its own before that poll
+    saw the kill: then the peer is named, and blame is ``wrong`` (measured in a loaded CI run: trainer_style's
+    rank 0 exited with 1 inside torchrun's 0.1 s poll after rank 1's SIGKILL, and torchrun named local_rank 0;
+    idle, the agent's SIGTERM ends rank 0 first, -15, and it names the killed rank)."""
+    events = events_of(m)
+    fault = next(e for e in events if e.kind == "fault_inject")
+    fault_inc = max((_inc(e) for e in events if e.kind == "rank_start" and e.t_ns <= fault.t_ns), default=0)
+    said = next(
+        e for e in events if e.kind == "detect" and e.t_ns >= fault.t_ns and e.get("local_rank") is not None
+    )
+    named = next(
+        int(e["rank"])
+        for e in events
+        if e.kind == "rank_start" and _inc(e) == fault_inc and int(e["local_rank"]) == int(said["local_rank"])
+    )
+    assert m.detected and m.blamed == f"rank {named}", (m.blamed, said.get("line"))
+    if named == rank:
+        assert m.blame == "correct" and int(said["exitcode"]) == -9, (m.blame, said.get("line"))
+        return
+    own = next(
+        e for e in events if e.kind == "rank_exit" and _inc(e) == fault_inc and int(e["rank"]) == named
+    )
+    assert int(own["returncode"]) > 0 and own.t_ns <= said.t_ns, (own.data, said.get("line"))
+    assert int(said["exitcode"]) == int(own["returncode"]) and m.blame == "wrong", (m.blame, said.get("line"))
