@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from chaosbench import __version__
-from chaosbench.errors import ChaosbenchError, SpecError, UnknownPlugin
+from chaosbench.errors import ChaosbenchError, ResultsError, SpecError, UnknownPlugin
 from chaosbench.gate import EXIT_HARNESS, EXIT_INPUT, EXIT_OK, EXIT_SLO
 
 if TYPE_CHECKING:
@@ -340,16 +340,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         ``EXIT_OK``.
 
     Raises:
-        ChaosbenchError: ``DIR`` does not exist or holds no suite's results.
+        ResultsError: ``DIR`` does not exist or holds no suite's results.
     """
     from chaosbench.runner import SUITE_MARKER
 
     d = Path(args.dir)
     if not d.is_dir():
-        raise ChaosbenchError(f"{d}: no such results directory")
+        raise ResultsError(str(d), "no such results directory")
     suites = [d] if (d / SUITE_MARKER).exists() else sorted(p.parent for p in d.glob(f"*/{SUITE_MARKER}"))
     if not suites:
-        raise ChaosbenchError(f"{d}: no chaosbench results found (expected {SUITE_MARKER})")
+        raise ResultsError(str(d), f"no chaosbench results found (expected {SUITE_MARKER})")
     for s in suites:
         title = json.loads((s / SUITE_MARKER).read_text()).get("suite")
         paths = _write_report(s, title, plots=args.plots)
@@ -422,13 +422,13 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         ``EXIT_OK``.
 
     Raises:
-        ChaosbenchError: ``DIR`` does not exist.
+        ResultsError: ``DIR`` does not exist.
     """
     from chaosbench.cleanup import cleanup
 
     d = Path(args.dir)
     if not d.is_dir():
-        raise ChaosbenchError(f"{d}: no such results directory")
+        raise ResultsError(str(d), "no such results directory")
     actions = cleanup(d, dry_run=args.dry_run)
     for a in actions:
         print(("would " if args.dry_run else "") + a)
@@ -447,7 +447,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         0 when every file matches, else 1 (each problem printed).
 
     Raises:
-        ChaosbenchError: No readable manifest.
+        ResultsError: No readable manifest.
     """
     from chaosbench.manifest import main_verify
 
@@ -465,13 +465,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         ``EXIT_OK``.
 
     Raises:
-        ChaosbenchError: The two have nothing of ``by`` in common.
+        ResultsError: The two have nothing of ``by`` in common.
     """
     from chaosbench.gate import Comparison
 
     comparison = Comparison.of(args.a, args.b, by=args.by, threshold=args.threshold, alpha=args.alpha)
     if not comparison.diffs:
-        raise ChaosbenchError(f"{args.a} and {args.b} have no {args.by} in common")
+        raise ResultsError(
+            str(args.b),
+            f"no {args.by} in common with {args.a}",
+            message=f"{args.a} and {args.b} have no {args.by} in common",
+        )
     text = comparison.markdown()
     print(text)
     if args.out:
@@ -489,7 +493,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         ``EXIT_OK``.
 
     Raises:
-        ChaosbenchError: ``DIR`` has no results.csv.
+        ResultsError: ``DIR`` has no results.csv.
     """
     from chaosbench.analysis.baseline import save_baseline
 
@@ -617,7 +621,7 @@ def cmd_image(args: argparse.Namespace) -> int:
         0, the image's tag printed.
 
     Raises:
-        ChaosbenchError: The engine cannot build it.
+        EngineError: The engine cannot build it.
         MissingEngine: No Docker engine answers.
     """
     from chaosbench.runtimes.docker.image import main_build

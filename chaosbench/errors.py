@@ -5,7 +5,8 @@ text; the message is built from them)::
 
     ChaosbenchError                     everything chaosbench raises on purpose (the CLI prints one line)
     ├── SpecError(problem, file, line, obj)
-    │                                   a suite, fault definition or option is invalid, found when it loads
+    │                                   a suite, fault definition or option is invalid (found when it loads, or
+    │                                   when a plugin plans a run with it)
     ├── PluginError(kind, name, problem, source)
     │   │                               a plugin that cannot be registered or loaded (not a subclass of its kind's
     │   │                               base, a malformed name, options that are not a model, a name taken)
@@ -15,9 +16,14 @@ text; the message is built from them)::
     ├── MissingEngine                   an engine a runtime needs (Docker, Slurm, FUSE) is not there
     ├── EngineCommandFailed(argv, rc, stderr)
     │                                   an engine's command (a Slurm client, a tool in a node's namespace) failed
+    ├── EngineError(engine, problem)    an engine did not do what it was asked, with no command's exit status to
+    │                                   show (a container that did not start, a FUSE mount that did not come up)
+    ├── ResultsError(path, problem)     a results directory, result set, baseline or manifest that is not there
+    │                                   or cannot be used
     ├── TargetRefused(target, reason)   a load target outside the run's own addresses (also a ValueError)
     ├── TargetNotFound(target, reason)  a fault's target that is not there when it fires (no such role, no live
-    │                                   process of it, a rank that has not started): the fault does not fire
+    │                                   process of it, a rank that has not started, a node that is down, a
+    │                                   checkpoint with nothing of what the fault damages): it does not fire
     ├── ForeignTarget(subject, reason, doing, target)
     │                                   the target guard refused to act on what this run did not create (a pid it
     │                                   did not start, a container without its label, a Slurm node or job of others)
@@ -25,6 +31,10 @@ text; the message is built from them)::
     └── InvalidEvent(kind, problem, path, line, field)
         ├── UnknownEventKind            a timeline event of no known kind
         └── MalformedEvent              a known kind with a field missing, unknown or of the wrong type
+
+The root itself is raised only for a call that the run's own state forbids (a start after the docker runtime
+was cleaned up or while it is torn down, a Slurm start planned before the runtime resolved its nodes) and for a
+fuzzing session whose fault-free control failed.
 
 Foreign exceptions are translated at the boundary where they arise (a pydantic ValidationError into a
 SpecError naming the YAML line, a failed ``subprocess`` into an EngineCommandFailed).
@@ -108,6 +118,31 @@ class EngineCommandFailed(ChaosbenchError):
         super().__init__(message)
 
 
+class EngineError(ChaosbenchError):
+    """An engine chaosbench drives did not do what it was asked, and there is no command's exit status to show
+    (that is :class:`EngineCommandFailed`): a container or process that did not start, a FUSE mount that did not
+    come up or go away, a Slurm node that gave no answer. ``engine``: which (``docker``, ``slurm``, ``fuse``,
+    ``nfqueue``, ``local``: the operating system the local runtime drives); ``problem``: what went wrong, in words.
+    ``message``: the one line shown, when the caller words it (default: the problem)."""
+
+    def __init__(self, engine: str, problem: str, *, message: str | None = None) -> None:
+        self.engine = engine
+        self.problem = problem
+        super().__init__(message if message is not None else problem)
+
+
+class ResultsError(ChaosbenchError):
+    """A results directory, result set, baseline or manifest that is not there or cannot be used (no such
+    directory, no results in it, an unreadable manifest, a directory that is not chaosbench's). ``path``: the
+    file or directory; ``problem``: what is wrong with it, in words. ``message``: the one line shown, when the
+    caller words it (default: ``path: problem``)."""
+
+    def __init__(self, path: str, problem: str, *, message: str | None = None) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(message if message is not None else f"{path}: {problem}")
+
+
 class TargetRefused(ChaosbenchError, ValueError):
     """A load generator's target that it refuses to send to (not loopback, not in an allowed network, not
     ``http://host:port``), or an allowed network that is not one. ``target``: the URL (None when the problem is
@@ -120,8 +155,9 @@ class TargetRefused(ChaosbenchError, ValueError):
 
 
 class TargetNotFound(ChaosbenchError):
-    """A fault's target that cannot be resolved when the fault fires, so nothing is done. ``target``: what was
-    looked for (``rank 1``, ``role agent``, ``node node1``); ``reason``: why it is not there, in words.
+    """A fault's target that cannot be resolved when the fault fires, so nothing is done; also a node a run asks
+    for that is not there (down with no spare, not one of the run's). ``target``: what was looked for (``rank
+    1``, ``role agent``, ``node node1``, a checkpoint's path); ``reason``: why it is not there, in words.
     ``message``: the one line shown, when the caller words it (default: ``target: reason``)."""
 
     def __init__(self, target: str, reason: str, *, message: str | None = None) -> None:

@@ -7,7 +7,7 @@ import random
 import threading
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError, TargetNotFound
+from chaosbench.errors import ChaosbenchError, SpecError, TargetNotFound
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup
 from chaosbench.specs import RECOVERY_PHASES, FaultSpec
 from chaosbench.timeline import Event, now_ns
@@ -26,7 +26,7 @@ class FaultController:
         self, fault_name: str, spec: FaultSpec, injector: Injector, setup: RunSetup, rng_seed: int
     ) -> None:
         if spec.trigger is None:
-            raise ChaosbenchError(f"fault '{fault_name}' has no trigger")
+            raise SpecError("has no trigger", obj=f"fault '{fault_name}'")
         self.fault_name = fault_name
         self.spec = spec
         self.trigger = spec.trigger

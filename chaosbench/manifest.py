@@ -61,7 +61,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ResultsError
 from chaosbench.frameworks.base import package_version
 from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 
@@ -591,7 +591,7 @@ def check(suite_dir: Path, checkpoints: bool = False) -> Verification:
     sha256 and no unlisted file may be (``files``); the suite definition must match its hash; every run of
     ``results.csv`` must have its run directory. A changed, missing or new ``derived`` file is a note, and so
     are a changed suite file outside the directory and removed checkpoints (a problem with ``checkpoints``:
-    names and sizes are then compared too). Raises ChaosbenchError when there is no readable manifest."""
+    names and sizes are then compared too). Raises ResultsError when there is no readable manifest."""
     suite_dir = Path(suite_dir)
     manifest = _manifest_to_check(suite_dir)
     suite = manifest.get("suite") or {}
@@ -606,21 +606,21 @@ def check(suite_dir: Path, checkpoints: bool = False) -> Verification:
 
 
 def _manifest_to_check(suite_dir: Path) -> dict[str, Any]:
-    """The manifest of ``suite_dir``, of this chaosbench's format; raises ChaosbenchError when there is no results
+    """The manifest of ``suite_dir``, of this chaosbench's format; raises ResultsError when there is no results
     directory, no manifest, an unreadable one or one of another format."""
     path = suite_dir / MANIFEST
     if not suite_dir.is_dir():
-        raise ChaosbenchError(f"{suite_dir}: no such results directory")
+        raise ResultsError(str(suite_dir), "no such results directory")
     if not path.exists():
-        raise ChaosbenchError(f"{path}: no manifest (chaosbench run writes one when a suite ends)")
+        raise ResultsError(str(path), "no manifest (chaosbench run writes one when a suite ends)")
     try:
         manifest = dict(json.loads(path.read_text()))
     except (OSError, ValueError) as exc:
-        raise ChaosbenchError(f"{path}: unreadable manifest: {exc}") from exc
+        raise ResultsError(str(path), f"unreadable manifest: {exc}") from exc
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ChaosbenchError(
-            f"{path}: manifest format {manifest.get('format_version')!r}, this chaosbench "
-            f"reads format {FORMAT_VERSION}"
+        raise ResultsError(
+            str(path),
+            f"manifest format {manifest.get('format_version')!r}, this chaosbench reads format {FORMAT_VERSION}",
         )
     return manifest
 
@@ -701,14 +701,14 @@ def _check_suite_file(result: Verification, suite: dict[str, Any], hasher: _Hash
 
 def verify(suite_dir: Path) -> list[str]:
     """The problems found in ``suite_dir`` against its manifest, one line each naming the file (see
-    :func:`check`); empty when it verifies. Raises ChaosbenchError without a readable manifest."""
+    :func:`check`); empty when it verifies. Raises ResultsError without a readable manifest."""
     return check(suite_dir).problems
 
 
 def main_verify(path: str, checkpoints: bool = False) -> int:
     """``chaosbench verify DIR``: prints ``verified: N files, M runs, suite NAME`` (then any notes, ``note: ``
     first) and returns 0, or prints each problem on its own line (then the notes) and returns 1. With
-    ``checkpoints`` the checkpoint files' names and sizes are verified too. Raises ChaosbenchError without a
+    ``checkpoints`` the checkpoint files' names and sizes are verified too. Raises ResultsError without a
     readable manifest."""
     result = check(Path(path), checkpoints=checkpoints)
     for p in result.problems:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.analysis.sequential import REPEATS_FILE, Settlement, StoppingRule
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import ResultsError, Unsupported
 from chaosbench.frameworks.base import JobContext, LaunchPlan
 from chaosbench.planning import (
     MAX_NODES,
@@ -202,8 +202,10 @@ class Runner:
         left); a different definition is refused."""
         marker = self.suite_dir / SUITE_MARKER
         if self.suite_dir.exists() and not marker.exists():
-            raise ChaosbenchError(
-                f"{self.suite_dir} exists and is not a chaosbench results directory; choose another --out"
+            raise ResultsError(
+                str(self.suite_dir),
+                "exists and is not a chaosbench results directory; choose another --out",
+                message=f"{self.suite_dir} exists and is not a chaosbench results directory; choose another --out",
             )
         definition = self.suite.model_dump(mode="json")
         from chaosbench.cleanup import cleanup
@@ -216,9 +218,10 @@ class Runner:
                     for k in set(earlier or {}) | set(definition)
                     if (earlier or {}).get(k) != definition.get(k)
                 )
-                raise ChaosbenchError(
-                    f"{self.suite_dir}: cannot resume: suite '{self.suite.name}' has changed since those runs "
-                    f"(in {', '.join(changed) or 'its definition'}); run without --resume to start over"
+                raise ResultsError(
+                    str(self.suite_dir),
+                    f"cannot resume: suite '{self.suite.name}' has changed since those runs "
+                    f"(in {', '.join(changed) or 'its definition'}); run without --resume to start over",
                 )
             # what the killed harness left: processes, mounts, containers
             for line in cleanup(self.suite_dir):

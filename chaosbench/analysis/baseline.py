@@ -54,7 +54,7 @@ from typing import Any
 from chaosbench.analysis.faults import FIRED_OUTCOMES
 from chaosbench.analysis.stats import fisher_worse, holm, mann_whitney, rank_min_p
 from chaosbench.analysis.values import as_bool, as_float, is_missing
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ResultsError
 
 LOWER_IS_BETTER = (
     "time_to_detect_s",
@@ -291,14 +291,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
 
         df = pd.read_csv(p)
     else:
-        raise ChaosbenchError(f"{p}: no such result set (a suite results directory or a results CSV)")
+        raise ResultsError(str(p), "no such result set (a suite results directory or a results CSV)")
     return [{str(k): v for k, v in r.items()} for r in df.to_dict("records")]
 
 
 def save_baseline(suite_dir: str | Path, to: str | Path) -> Path:
     src = Path(suite_dir) / "results.csv"
     if not src.is_file():
-        raise ChaosbenchError(f"{suite_dir}: no results.csv to save as a baseline")
+        raise ResultsError(str(suite_dir), "no results.csv to save as a baseline")
     dst = Path(to)
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)

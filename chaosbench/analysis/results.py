@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from chaosbench.analysis.metrics import RunMetrics, compute_metrics
 from chaosbench.analysis.slo import evaluate
 from chaosbench.analysis.values import is_missing
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ResultsError
 from chaosbench.rundir import RunDir, SuiteDir, replace_atomic, write_atomic
 from chaosbench.timeline import Event, read_events
 
@@ -95,7 +95,7 @@ RESULTS_CSV = "results.csv"
 def load_results(suite_dir: str | Path) -> pd.DataFrame:
     """Read ``results.parquet`` from ``suite_dir``, or ``results.csv`` when there is no parquet file.
 
-    Raises :class:`~chaosbench.errors.ChaosbenchError` when neither exists.
+    Raises :class:`~chaosbench.errors.ResultsError` when neither exists.
     """
     import pandas as pd
 
@@ -106,7 +106,11 @@ def load_results(suite_dir: str | Path) -> pd.DataFrame:
         return pd.read_parquet(parquet)
     if csv.exists():
         return pd.read_csv(csv)
-    raise ChaosbenchError(f"no {RESULTS_PARQUET} or {RESULTS_CSV} in {suite_dir}")
+    raise ResultsError(
+        str(suite_dir),
+        f"no {RESULTS_PARQUET} or {RESULTS_CSV}",
+        message=f"no {RESULTS_PARQUET} or {RESULTS_CSV} in {suite_dir}",
+    )
 
 
 def _kind(value: Any) -> str:

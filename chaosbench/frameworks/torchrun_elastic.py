@@ -144,10 +144,11 @@ class ElasticFramework(AgentFramework[ElasticOptions]):
         o = self.options
         max_nodes = self._max_nodes(job)
         if job.nodes > max_nodes or job.nodes < o.min_nodes:
-            from chaosbench.errors import ChaosbenchError
+            from chaosbench.errors import SpecError
 
-            raise ChaosbenchError(
-                f"torchrun-elastic: workload.nodes ({job.nodes}) is outside --nnodes {o.min_nodes}:{max_nodes}"
+            raise SpecError(
+                f"workload.nodes ({job.nodes}) is outside --nnodes {o.min_nodes}:{max_nodes}",
+                obj="torchrun-elastic",
             )
         endpoint = f"{job.runtime.master_addr}:{job.runtime.free_port()}"
         procs = [self.agent_spec(job, n, endpoint) for n in range(job.nodes)]

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench import procutil
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, MissingEngine
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
@@ -70,7 +70,7 @@ class StragglerInjector(Injector[StragglerParams]):
         if m == "auto":
             return "cgroup" if cgroup_v1_cpu_available() else "duty-cycle"
         if m == "cgroup" and not cgroup_v1_cpu_available():
-            raise ChaosbenchError(f"cgroup v1 cpu controller not writable at {CPU_ROOT}")
+            raise MissingEngine(f"cgroup v1 cpu controller not writable at {CPU_ROOT}")
         return m
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:

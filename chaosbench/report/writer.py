@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import SpecError
 from chaosbench.report.analysis import analysis_blocks
 from chaosbench.report.document import Heading
 from chaosbench.report.fmt import as_text
@@ -138,10 +138,10 @@ def write_report(
     Returns what was written, keyed by path relative to ``suite_dir``: ``"report.md"``, ``"report.html"``, the
     suite-level figures (``"plots/<name>.png"``) and each run's PNG drawn by this call. ``definition``: the suite's
     definition (``suite.json``), used by the analysis section (checkpoint interval, projection settings); read
-    from ``suite.json`` when omitted. Raises :class:`~chaosbench.errors.ChaosbenchError` for an unknown ``plots``.
+    from ``suite.json`` when omitted. Raises :class:`~chaosbench.errors.SpecError` for an unknown ``plots``.
     """
     if plots not in PLOTS_MODES:
-        raise ChaosbenchError(f"plots={plots!r}: expected one of {', '.join(PLOTS_MODES)}")
+        raise SpecError(f"expected one of {', '.join(PLOTS_MODES)}", obj=f"plots={plots!r}")
     suite_dir = Path(suite_dir)
     suite_dir.mkdir(parents=True, exist_ok=True)
     suite_abs = os.path.abspath(suite_dir)

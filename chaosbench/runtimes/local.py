@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaosbench.errors import ChaosbenchError, ForeignTarget, Unsupported
+from chaosbench.errors import EngineError, ForeignTarget, TargetNotFound, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, NoOptions, ProcessSpec, ProcHandle, Runtime
 from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
@@ -157,8 +157,8 @@ class LocalRuntime(Runtime[LocalOptions]):
             )
         except OSError as exc:
             close_captures(captures)
-            raise ChaosbenchError(
-                f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}"
+            raise EngineError(
+                "local", f"cannot start process '{spec.name}' ({spec.argv[0]}): {exc.strerror}"
             ) from None
         exit_watch = process.EXITS.watch_child(
             popen
@@ -245,7 +245,9 @@ class LocalRuntime(Runtime[LocalOptions]):
         live process. Nothing is restorable."""
         killed = {node: self._kill_node_trees(node) for node in nodes}
         if not any(killed.values()):
-            raise ChaosbenchError(f"nothing to kill on {', '.join(nodes)}")
+            raise TargetNotFound(
+                ", ".join(nodes), "nothing to kill", message=f"nothing to kill on {', '.join(nodes)}"
+            )
         return {"nodes": list(nodes), "pids": killed}
 
     def _kill_node_trees(self, node: str) -> list[int]:

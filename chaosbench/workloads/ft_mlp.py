@@ -337,10 +337,11 @@ class FtMlpWorkload(ProgramWorkload[FtMlpOptions]):
     def argv(self, run: RunPaths) -> list[str]:
         o = self.options
         if o.batch_mode == "global" and o.batch_size % self.spec.ranks:
-            from chaosbench.errors import ChaosbenchError
+            from chaosbench.errors import SpecError
 
-            raise ChaosbenchError(
-                f"ft-mlp: batch_size {o.batch_size} must be a multiple of ranks ({self.spec.ranks}) in global mode"
+            raise SpecError(
+                f"batch_size {o.batch_size} must be a multiple of ranks ({self.spec.ranks}) in global mode",
+                obj="ft-mlp",
             )
         return super().argv(run)
 

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from chaosbench.analysis.checkpoint_outcome import classify_checkpoint_outcome  # noqa: E402
-from chaosbench.errors import ChaosbenchError, SpecError  # noqa: E402
+from chaosbench.errors import ChaosbenchError, SpecError, TargetNotFound  # noqa: E402
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
 from chaosbench.injectors.corrupt_checkpoint import CorruptCheckpointInjector  # noqa: E402
 from chaosbench.injectors.corrupt_checkpoint import formats as cf  # noqa: E402
@@ -165,18 +165,29 @@ def test_kill_after_stops_the_targets_during_the_damage_then_sends_sigkill(ckpt:
 
 def test_kill_after_lets_the_targets_go_on_when_there_is_nothing_to_damage(ckpt: Path) -> None:
     ctx, rt = context(ckpt, [0])
-    with pytest.raises(ChaosbenchError, match="no checkpoint matches 30"):
+    with pytest.raises(TargetNotFound, match="no checkpoint matches 30"):
         injector(checkpoint=30, kill_after=True).inject(ctx)
     assert rt.signals == [(4242, signal.SIGSTOP, 77), (4242, signal.SIGCONT, 77)]
 
 
-def test_nothing_to_corrupt_is_a_chaosbench_error(ckpt: Path, tmp_path: Path) -> None:
-    with pytest.raises(ChaosbenchError, match=r"no checkpoint matches 30 .*step_00000010, step_00000020"):
+def test_nothing_to_corrupt_is_a_target_not_found(ckpt: Path, tmp_path: Path) -> None:
+    with pytest.raises(TargetNotFound) as err:
         injector(checkpoint=30).inject(context(ckpt, [0])[0])
-    with pytest.raises(ChaosbenchError, match="no shard file of rank 1"):
+    assert err.value.target == str(ckpt)
+    assert err.value.reason.startswith(
+        "no checkpoint matches 30 among the DCP checkpoints (found: step_00000010"
+    )
+    assert str(err.value).startswith(f"no checkpoint matches 30 among the DCP checkpoints in {ckpt} (found:")
+    with pytest.raises(TargetNotFound) as err:
         injector().inject(context(ckpt, [1])[0])
-    with pytest.raises(ChaosbenchError, match="found: none"):
+    assert err.value.target == str(ckpt / "step_00000020")
+    assert err.value.reason.startswith("no shard file of rank 1 (shards: ")
+    with pytest.raises(TargetNotFound) as err:
         injector().inject(context(tmp_path / "empty", [0])[0])
+    assert (err.value.target, err.value.reason) == (
+        str(tmp_path / "empty"),
+        "no checkpoint matches 'newest-complete' among the DCP checkpoints (found: none)",
+    )
     (ckpt / "step_00000020" / "COMPLETE").unlink()
     (ckpt / "step_00000010" / "COMPLETE").unlink()
     (ckpt / "step_00000010" / ".metadata").unlink()
@@ -231,13 +242,17 @@ def test_a_torn_write_before_the_saves_directory_exists_says_so(ckpt: Path) -> N
 
 
 def test_torn_write_needs_a_save_in_progress(ckpt: Path) -> None:
-    with pytest.raises(ChaosbenchError, match="no checkpoint save in progress"):
+    with pytest.raises(TargetNotFound) as err:
         injector(mode="torn-write").inject(context(ckpt, [1])[0])
+    assert (err.value.target, err.value.reason) == (
+        "rank 1",
+        "no checkpoint save in progress (incarnation 0)",
+    )
     done = [
         ev(1, "ckpt_save_begin", rank=1, step=20, path="p", incarnation=0),
         ev(2, "ckpt_save_end", rank=1, step=20, path="p", incarnation=0, complete=True),
     ]
-    with pytest.raises(ChaosbenchError, match="already ended"):
+    with pytest.raises(TargetNotFound, match="already ended"):
         injector(mode="torn-write").inject(context(ckpt, [1], done)[0])
     with pytest.raises(ProcessLookupError):
         injector(mode="torn-write").inject(context(ckpt, [1], done[:1], pid=None)[0])

@@ -11,7 +11,7 @@ import pytest
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.cli import main
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ResultsError
 from chaosbench.frameworks.base import JobResult
 from chaosbench.rundir import RunDir
 from chaosbench.runner import MAX_RUNS, RUN_OVERHEAD_S, Runner, RunRecord, suite_limits
@@ -151,9 +151,12 @@ def test_resume_keeps_finished_runs_and_refuses_a_changed_suite(tmp_path: Path) 
     assert resumed._finished(scs[2]) is None  # unreadable: run again
     assert resumed._finished(scs[3]) is None  # never started
     with pytest.raises(
-        ChaosbenchError, match=r"cannot resume: suite 'guard' has changed since .*\(in matrix\)"
-    ):
+        ResultsError, match=r"cannot resume: suite 'guard' has changed since .*\(in matrix\)"
+    ) as err:
         Runner(make_suite(SUITE % 3), tmp_path).prepare(resume=True)
+    assert err.value.problem.startswith(
+        "cannot resume: suite 'guard' has changed since those runs (in matrix)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from chaosbench.cli import main
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, EngineCommandFailed
 from chaosbench.runtimes.base import ProcessSpec, RunInfo
 from chaosbench.runtimes.slurm import SlurmRuntime
 from chaosbench.runtimes.slurm.runtime import PORT_RANGE, UNRESOLVED_MASTER_ADDR
@@ -137,5 +137,7 @@ def test_a_signal_step_ended_with_its_job_after_its_clock_reading_counts_as_sent
 
     monkeypatch.setattr(subprocess, "run", run)
     assert rt.signal_pid(29211, signal.SIGKILL, 803342, "node1") == 1796193874415254688
-    with pytest.raises(ChaosbenchError, match="failed: srun: error: n1: task 0: Terminated"):
+    with pytest.raises(EngineCommandFailed) as err:
         rt.signal_pid(29211, signal.SIGKILL, 803342, "node1")
+    assert (err.value.rc, err.value.stderr) == (143, "srun: error: n1: task 0: Terminated")
+    assert str(err.value) == "signalling pid 29211 on n1 failed: srun: error: n1: task 0: Terminated"

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, TargetNotFound, Unsupported
 from chaosbench.injectors.base import FaultContext, Injector, ResolvedTarget, RunSetup, effect_of
 from chaosbench.injectors.corrupt_checkpoint import formats as cf
 from chaosbench.injectors.corrupt_checkpoint import state as damage
@@ -176,7 +176,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 details = self._corrupt_dcp(ctx)
         except (cf.CheckpointFormatError, ValueError) as exc:
             self._signal(ctx.targets, ctx, signal.SIGCONT)  # the firing is skipped: nothing was damaged
-            raise ChaosbenchError(str(exc)) from None
+            raise TargetNotFound("checkpoint", str(exc), message=str(exc)) from None
         except BaseException:
             self._signal(ctx.targets, ctx, signal.SIGCONT)
             raise
@@ -194,8 +194,10 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
             if c.complete and c.step is not None and than.step is not None and c.step < than.step
         ]
         if not older:
-            raise ChaosbenchError(
-                f"no complete checkpoint older than {than.path.name} in {root} to take state from"
+            raise TargetNotFound(
+                str(root),
+                f"no complete checkpoint older than {than.path.name} to take state from",
+                message=f"no complete checkpoint older than {than.path.name} in {root} to take state from",
             )
         return older[-1]
 
@@ -218,11 +220,11 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 if ck.kind == "dcp":
                     files = [f for r in ranks for f in cf.shard_files(ck.path, r)]
                     if not files:
-                        raise ChaosbenchError(f"{ck.path}: no shard file of ranks {ranks}")
+                        raise TargetNotFound(str(ck.path), f"no shard file of ranks {ranks}")
                 elif per_rank:
                     files = [ck.path]
                 else:
-                    raise ChaosbenchError(
+                    raise Unsupported(
                         "mixed-step on torch.save files needs one file per rank: a file_glob with {rank}"
                     )
                 rec.update(
@@ -247,8 +249,8 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                         "rewind-rng": "RNG state (of the target ranks) also in the older checkpoint",
                         "reset-data-position": "data-position entry",
                     }.get(p.mode, "optimizer state")
-                    raise ChaosbenchError(
-                        f"{ck.path}: no {what} found to damage (keys: {', '.join(map(str, sd))})"
+                    raise TargetNotFound(
+                        str(ck.path), f"no {what} found to damage (keys: {', '.join(map(str, sd))})"
                     )
                 rec.update(keys=keys, files=damage.write_whole(ck, sd))
             changes.append(rec)
@@ -267,8 +269,10 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         if ck is None:
             what = f"files matching {file_glob!r}" if file_glob else "DCP checkpoints"
             seen = ", ".join(f"{c.path.name}{'' if c.complete else ' (incomplete)'}" for c in found) or "none"
-            raise ChaosbenchError(
-                f"no checkpoint matches {which!r} among the {what} in {root} (found: {seen})"
+            raise TargetNotFound(
+                str(root),
+                f"no checkpoint matches {which!r} among the {what} (found: {seen})",
+                message=f"no checkpoint matches {which!r} among the {what} in {root} (found: {seen})",
             )
         return ck
 
@@ -284,7 +288,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         if p.mode in METADATA_MODES:
             md = ck.path / cf.METADATA_FILE
             if not md.is_file():
-                raise ChaosbenchError(f"{ck.path}: no {cf.METADATA_FILE} to {p.mode.split('-')[0]}")
+                raise TargetNotFound(str(ck.path), f"no {cf.METADATA_FILE} to {p.mode.split('-')[0]}")
             out["files"] = [self._damage(md, None, None, ctx)]
             return out
         # Find every target's files (and payload ranges) before touching anything: all or nothing.
@@ -293,7 +297,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
             shards = cf.shard_files(ck.path, t.rank)
             if not shards:
                 have = ", ".join(s.name for s in cf.shard_files(ck.path)) or "none"
-                raise ChaosbenchError(f"{ck.path}: no shard file of rank {t.rank} (shards: {have})")
+                raise TargetNotFound(str(ck.path), f"no shard file of rank {t.rank} (shards: {have})")
             ranges = {s: self._ranges(s) for s in shards} if p.mode == "bitflip" else None
             plan.append((shards, ranges, t.rank))
         out["files"] = [
@@ -329,8 +333,8 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         if pattern is not None:
             ranges = [r for r in ranges if fnmatch.fnmatchcase(r.name, pattern)]
         if not ranges:
-            raise ChaosbenchError(
-                f"{file}: no tensor data" + (f" in tensors matching {pattern!r}" if pattern else "")
+            raise TargetNotFound(
+                str(file), "no tensor data" + (f" in tensors matching {pattern!r}" if pattern else "")
             )
         return ranges
 
@@ -435,10 +439,18 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
     def _wait_for_shard(path: Path | None, rank: int, timeout_s: float = 10.0) -> None:
         """Block until the rank's shard file exists in the checkpoint being written (polled every ms)."""
         if path is None:
-            raise ChaosbenchError("the checkpoint save in progress has no path")
+            raise TargetNotFound(
+                "checkpoint save",
+                "the save in progress has no path",
+                message="the checkpoint save in progress has no path",
+            )
         shard = path / f"__{rank}_0.distcp"
         if not wait_until(shard.exists, timeout_s, interval_s=0.001):
-            raise ChaosbenchError(f"rank {rank} wrote no shard into {path} within {timeout_s} s")
+            raise TargetNotFound(
+                str(path),
+                f"rank {rank} wrote no shard within {timeout_s} s",
+                message=f"rank {rank} wrote no shard into {path} within {timeout_s} s",
+            )
 
     @staticmethod
     def _save_in_progress(ctx: FaultContext, t: ResolvedTarget) -> tuple[int | None, str | None]:
@@ -448,7 +460,11 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
         inc = t.incarnation
         begins = [e for e in ctx.events if e.kind == "ckpt_save_begin" and e.get("incarnation", 0) == inc]
         if not begins:
-            raise ChaosbenchError(f"no checkpoint save in progress on rank {t.rank} (incarnation {inc})")
+            raise TargetNotFound(
+                f"rank {t.rank}",
+                f"no checkpoint save in progress (incarnation {inc})",
+                message=f"no checkpoint save in progress on rank {t.rank} (incarnation {inc})",
+            )
         begin = max(begins, key=lambda e: (e.get("step") or 0, e.t_ns))
         step = begin.get("step")
         ended = any(
@@ -459,7 +475,11 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
             for e in ctx.events
         )
         if ended:
-            raise ChaosbenchError(f"the checkpoint save of step {step} had already ended on rank {t.rank}")
+            raise TargetNotFound(
+                f"rank {t.rank}",
+                f"the checkpoint save of step {step} had already ended",
+                message=f"the checkpoint save of step {step} had already ended on rank {t.rank}",
+            )
         return step, begin.get("path")
 
     def revert(self, ctx: FaultContext) -> bool:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaosbench import procutil
-from chaosbench.errors import ChaosbenchError, EngineCommandFailed, MissingEngine
+from chaosbench.errors import ChaosbenchError, EngineCommandFailed, EngineError, MissingEngine, TargetNotFound
 from chaosbench.injectors.base import FaultContext, Injector, P, RunSetup, target_nodes
 from chaosbench.runtimes.base import NodeControl, node_control
 
@@ -262,7 +262,7 @@ def _start_delayer(ctx: FaultContext, rt: NodeControl, node: str, queue: int, p:
     if not ready.wait(READY_TIMEOUT_S):
         proc.kill()
         err = proc.stderr.read() if proc.stderr else ""
-        raise ChaosbenchError(f"{node}: the NFQUEUE delayer did not start: {err.strip()[-300:]}")
+        raise EngineError("nfqueue", f"{node}: the NFQUEUE delayer did not start: {err.strip()[-300:]}")
     ctx.timeline.emit(
         "proc_start",
         src="injector",
@@ -458,7 +458,11 @@ class PartitionInjector(_NetInjector[PartitionParams]):
         known = set(rt.node_names())
         unknown = [n for g in p.groups for n in g if n not in known]
         if unknown:
-            raise ChaosbenchError(f"partition: no such nodes {unknown} (nodes: {sorted(known)})")
+            raise TargetNotFound(
+                ", ".join(unknown),
+                f"no such nodes (nodes: {sorted(known)})",
+                message=f"partition: no such nodes {unknown} (nodes: {sorted(known)})",
+            )
         ips = {n: rt.node_ip(n) for g in p.groups for n in g}
         group_of = {n: i for i, g in enumerate(p.groups) for n in g}
         verdict = ["-j", "DROP"] if p.action == "drop" else ["-j", "REJECT"]

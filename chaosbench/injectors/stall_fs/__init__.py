@@ -31,7 +31,7 @@ from typing import IO, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaosbench import procutil
-from chaosbench.errors import ChaosbenchError, MissingEngine
+from chaosbench.errors import ChaosbenchError, EngineError, MissingEngine
 from chaosbench.injectors.base import FaultContext, Injector, RunSetup
 from chaosbench.injectors.stall_fs.server import FS_OPS, default_stats_path, no_faults, write_json_atomic
 from chaosbench.rundir import RunDir
@@ -117,7 +117,7 @@ def unmount(mountpoint: str | os.PathLike[str], busy_retry_s: float = BUSY_RETRY
     err = _run_quiet(lazy)
     if not is_mounted(mp):
         return "lazy"
-    raise ChaosbenchError(f"cannot unmount {mp}: {err.strip() or 'still mounted'}")
+    raise EngineError("fuse", f"cannot unmount {mp}: {err.strip() or 'still mounted'}")
 
 
 def _run_quiet(argv: list[str]) -> str:
@@ -318,7 +318,7 @@ class FuseMount:
         self.control.parent.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if is_mounted(self.mountpoint):
-            raise ChaosbenchError(f"{self.mountpoint} is already a mount point")
+            raise EngineError("fuse", f"{self.mountpoint} is already a mount point")
         self.stats_path.unlink(missing_ok=True)
         write_json_atomic(self.control, no_faults(self.generation))
         out = open(self.log_dir / "fusefs.out", "ab")  # closed in stop()
@@ -343,15 +343,17 @@ class FuseMount:
             if is_mounted(self.mountpoint):
                 return True
             if proc.poll() is not None:
-                raise ChaosbenchError(
+                raise EngineError(
+                    "fuse",
                     f"fusefs exited with code {proc.returncode} before mounting "
-                    f"{self.mountpoint}: {self._stderr_tail()}"
+                    f"{self.mountpoint}: {self._stderr_tail()}",
                 )
             return False
 
         if not wait_until(mounted, timeout_s, interval_s=0.02):
-            raise ChaosbenchError(
-                f"fusefs did not mount {self.mountpoint} within {timeout_s:g} s: {self._stderr_tail()}"
+            raise EngineError(
+                "fuse",
+                f"fusefs did not mount {self.mountpoint} within {timeout_s:g} s: {self._stderr_tail()}",
             )
 
     def _stderr_tail(self) -> str:
@@ -542,12 +544,12 @@ class StallFsInjector(Injector[StallFsParams]):
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         mount = self.mount
         if mount is None or not mount.alive:
-            raise ChaosbenchError("stall-fs: the fusefs server is not running")
+            raise EngineError("fuse", "stall-fs: the fusefs server is not running")
         control = self.p.control(seed=ctx.rng.randrange(1 << 31))
         ack_s = mount.set_faults(control)
         if ack_s is None:
             mount.clear_faults(timeout_s=0.5)  # no firing in force: nothing would revert it
-            raise ChaosbenchError(f"stall-fs: fusefs (pid {mount.pid}) did not apply the faults")
+            raise EngineError("fuse", f"stall-fs: fusefs (pid {mount.pid}) did not apply the faults")
         with self._lock:
             self._active.add(ctx.index)
         ctx.state["stall_fs"] = True
@@ -610,7 +612,7 @@ class StallFsInjector(Injector[StallFsParams]):
                 fusefs_returncode=None if mount.proc is None else mount.proc.returncode,
             )
         if error is not None:
-            raise ChaosbenchError(error)
+            raise EngineError("fuse", error)
 
 
 def _summary(stats: dict[str, Any] | None) -> str:

@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from chaosbench.errors import ChaosbenchError, ForeignTarget, Unsupported
+from chaosbench.errors import ChaosbenchError, EngineError, ForeignTarget, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, Runtime, engine_effect
 from chaosbench.runtimes.docker.cleanup import remove_run_objects
@@ -275,7 +275,7 @@ class DockerRuntime(Runtime[DockerOptions]):
                 node.container.kill(signal=sig)
             except Exception as exc:  # noqa: BLE001 - the engine's refusal, as a skipped fault
                 self.events.exit_reasons.pop(node.cid, None)
-                raise ChaosbenchError(f"cannot kill node {name}: {exc}") from None
+                raise EngineError("docker", f"cannot kill node {name}: {exc}") from None
             return str(node.container.name)
 
     @classmethod

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import ChaosbenchError, EngineError
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import LineCallback, ProcessSpec, ProcHandle, RunInfo
 from chaosbench.runtimes.docker import pids
@@ -182,7 +182,7 @@ class Execs:
             if offer is not None:
                 offer.fail("the exec did not start")
                 close_captures(offer.captures)
-            raise ChaosbenchError(f"cannot start '{spec.name}' on {spec.node}: {exc}") from None
+            raise EngineError("docker", f"cannot start '{spec.name}' on {spec.node}: {exc}") from None
 
         def started() -> dict[str, Any] | None:  # the exec's inspect data once it has a pid, or an exit code
             info: dict[str, Any] = api.exec_inspect(ex["Id"])

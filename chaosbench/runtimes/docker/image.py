@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosbench import __version__
-from chaosbench.errors import ChaosbenchError, MissingEngine
+from chaosbench.errors import EngineError, MissingEngine
 
 DEFAULT_REPOSITORY = "chaosbench/local"
 #: Label on the default image (and the value ``docker images --filter label=chaosbench.image`` finds).
@@ -168,9 +168,9 @@ def build_default_image(client: Any | None = None, force: bool = False) -> str:
             ],
         )
     except Exception as exc:  # noqa: BLE001 - the engine's error, as one line
-        raise ChaosbenchError(f"cannot build the default image {tag}: {exc}") from None
+        raise EngineError("docker", f"cannot build the default image {tag}: {exc}") from None
     if not image_exists(client, tag):
-        raise ChaosbenchError(f"docker import did not produce {tag}")
+        raise EngineError("docker", f"docker import did not produce {tag}")
     return tag
 
 

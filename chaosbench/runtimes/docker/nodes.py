@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError, ForeignTarget, Unsupported
+from chaosbench.errors import ChaosbenchError, EngineError, ForeignTarget, TargetNotFound, Unsupported
 from chaosbench.runtimes import process
 from chaosbench.runtimes.base import RunInfo
 from chaosbench.runtimes.docker import pids
@@ -139,7 +139,7 @@ class NodePool:
             self.provisioned = True
         if errors:
             why = "; ".join(f"{', '.join(sorted(who))}: {e}" for e, who in errors.items())
-            raise ChaosbenchError(f"cannot start the nodes of run {self.run.run_id}: {why}")
+            raise EngineError("docker", f"cannot start the nodes of run {self.run.run_id}: {why}")
 
     def _container_spec(self, capture_dir: str | None) -> dict[str, Any]:
         from docker.types import Mount
@@ -202,17 +202,17 @@ class NodePool:
                 **spec,
             )
         except docker.errors.ImageNotFound:
-            raise ChaosbenchError(
-                f"image {self.image!r} is not on this engine (no registry is reachable: "
-                "build or load it first)"
+            raise EngineError(
+                "docker",
+                f"image {self.image!r} is not on this engine (no registry is reachable: build or load it first)",
             ) from None
         with self.lock:
             self.containers[c.id] = c
         c.start()
         self.note_init(c)
         if c.status != "running":
-            raise ChaosbenchError(
-                f"container {cname} did not start (status {c.status}); see `docker logs {cname}`"
+            raise EngineError(
+                "docker", f"container {cname} did not start (status {c.status}); see `docker logs {cname}`"
             )
         return c
 
@@ -249,7 +249,11 @@ class NodePool:
         if node is None:
             if not re.fullmatch(r"node\d+", name):
                 known = ", ".join(sorted(self.nodes))
-                raise ChaosbenchError(f"no node '{name}' in this run (nodes: {known})")
+                raise TargetNotFound(
+                    f"node {name}",
+                    f"no such node in this run (nodes: {known})",
+                    message=f"no node '{name}' in this run (nodes: {known})",
+                )
             node = self._add_node(name)
         return node
 
@@ -311,7 +315,7 @@ class NodePool:
 
         found = wait_until(ready, self.opts.node_wait_s)
         if found is None:
-            raise ChaosbenchError(f"node {name} stayed {state} for {self.opts.node_wait_s} s")
+            raise EngineError("docker", f"node {name} stayed {state} for {self.opts.node_wait_s} s")
         return found
 
     def _recover(self, node: Node) -> None:
@@ -337,14 +341,16 @@ class NodePool:
             return
         if policy == "none" or policy == "spare":
             why = "no spare left" if policy == "spare" else "lost_node: none"
-            raise ChaosbenchError(f"node {node.name} is down ({why})")
+            raise TargetNotFound(
+                f"node {node.name}", f"is down ({why})", message=f"node {node.name} is down ({why})"
+            )
         if self.opts.reboot_delay_s:
             time.sleep(self.opts.reboot_delay_s)
         try:
             node.container.start()
             self.note_init(node.container)
         except Exception as exc:  # noqa: BLE001
-            raise ChaosbenchError(f"cannot reboot node {node.name}: {exc}") from None
+            raise EngineError("docker", f"cannot reboot node {node.name}: {exc}") from None
 
     # ------------------------------------------------------------------ the guard, and what it guards
     def owned(self, name: str, doing: str, target: str | None = None) -> Node:

@@ -18,7 +18,14 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError, EngineCommandFailed, ForeignTarget, MissingEngine
+from chaosbench.errors import (
+    ChaosbenchError,
+    EngineCommandFailed,
+    EngineError,
+    ForeignTarget,
+    MissingEngine,
+    TargetNotFound,
+)
 from chaosbench.runtimes.slurm.states import (
     ACTIVE_JOB_STATES,
     JobInfo,
@@ -88,7 +95,7 @@ class SlurmCommands:
                 f"Slurm command '{argv[0]}' not found: is this host a Slurm client?"
             ) from None
         except subprocess.TimeoutExpired:
-            raise ChaosbenchError(f"'{' '.join(argv[:3])}' gave no answer within the timeout") from None
+            raise EngineError("slurm", f"'{' '.join(argv[:3])}' gave no answer within the timeout") from None
         if check and res.returncode != 0:
             raise EngineCommandFailed(argv, res.returncode, res.stderr.strip() or res.stdout.strip())
         return res.stdout
@@ -156,7 +163,9 @@ class SlurmCommands:
         """A Slurm node's state: (chaosbench's, Slurm's raw spelling)."""
         kv = self.nodes_info([slurm_node]).get(slurm_node)
         if kv is None:
-            raise ChaosbenchError(f"Slurm node {slurm_node} not found")
+            raise TargetNotFound(
+                f"Slurm node {slurm_node}", "not found", message=f"Slurm node {slurm_node} not found"
+            )
         return node_state(kv.get("State", "UNKNOWN")), kv.get("State", "UNKNOWN")
 
     def partition_nodes(self) -> list[str]:

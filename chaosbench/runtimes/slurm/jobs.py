@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import TargetNotFound
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 from chaosbench.runtimes.slurm.commands import SlurmCommands, run_comment
 from chaosbench.runtimes.slurm.options import SlurmOptions, job_args, node_argv
@@ -104,10 +104,10 @@ def sbatch_argv(
 
 def batch_job_node(slurm: SlurmCommands, job_ids: Iterable[int], node: str) -> str:
     """Where workload node ``node`` (``nodeK``) runs in the newest running batch job of ``job_ids``: the K-th node
-    of its allocation. Raises ChaosbenchError when no such job runs there."""
+    of its allocation. Raises TargetNotFound when no such job runs there."""
     m = re.fullmatch(r"node(\d+)", node)
     for job_id in sorted(job_ids, reverse=True):
         info = slurm.job_info(job_id)
         if info is not None and info.state is JobState.RUNNING and m and int(m.group(1)) < len(info.nodes):
             return info.nodes[int(m.group(1))]
-    raise ChaosbenchError(f"no job of this run runs on {node}")
+    raise TargetNotFound(node, "no job of this run runs there", message=f"no job of this run runs on {node}")

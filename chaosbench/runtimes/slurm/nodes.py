@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError, Unsupported
+from chaosbench.errors import EngineError, SpecError, Unsupported
 from chaosbench.runtimes.base import RunInfo
 from chaosbench.runtimes.slurm.commands import SlurmCommands
 from chaosbench.runtimes.slurm.options import SlurmOptions, commands_for
@@ -93,8 +93,8 @@ class NodeMap:
             choice = current
         elif current is None and pinned is not None:
             if pinned not in infos:
-                raise ChaosbenchError(
-                    f"runtime option nodes: {node} -> {pinned}: no such node in the partition"
+                raise SpecError(
+                    f"{node} -> {pinned}: no such node in the partition", obj="runtime option nodes"
                 )
             choice = pinned
         elif current is None and reserved is not None and reserved in usable:
@@ -109,7 +109,7 @@ class NodeMap:
 
     def _free_node(self, slurm: SlurmCommands, node: str, current: str | None, usable: set[str]) -> str:
         """The partition's first usable Slurm node that no other workload node has, is pinned to or reserved,
-        and that is not excluded. Raises ChaosbenchError when there is none, or when ``node`` already runs on
+        and that is not excluded. Raises EngineError when there is none, or when ``node`` already runs on
         ``current`` (unusable) and ``replace_lost_nodes`` is off. Call with ``lock`` held."""
         taken = (
             set(self.mapped.values())
@@ -122,9 +122,13 @@ class NodeMap:
             if n in usable and n not in taken and n not in self.opts.exclude
         ]
         if current is not None and not self.opts.replace_lost_nodes:
-            raise ChaosbenchError(f"{node}'s Slurm node {current} is unusable and replace_lost_nodes is off")
+            raise EngineError(
+                "slurm", f"{node}'s Slurm node {current} is unusable and replace_lost_nodes is off"
+            )
         if not free:
-            raise ChaosbenchError(f"no usable Slurm node left for {node} (partition {self.opts.partition})")
+            raise EngineError(
+                "slurm", f"no usable Slurm node left for {node} (partition {self.opts.partition})"
+            )
         return free[0]
 
     def slurm_node(self, node: str, for_start: bool = False) -> str:
@@ -185,7 +189,7 @@ class NodeMap:
                 self._next_port += 1
                 if not local or _bindable(addr, port):
                     return port
-        raise ChaosbenchError(f"no free port left in {lo}-{hi - 1} on {addr}")
+        raise EngineError("slurm", f"no free port left in {lo}-{hi - 1} on {addr}")
 
 
 def _bindable(addr: str, port: int) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 
-from chaosbench.errors import ChaosbenchError, ForeignTarget
+from chaosbench.errors import EngineCommandFailed, EngineError, ForeignTarget
 from chaosbench.runtimes.slurm.commands import SlurmCommands
 
 # A shell helper run on the node (as an overlap step of one of our jobs): $1 signal (0: check only), $2 pid,
@@ -69,7 +69,7 @@ def run_signal_helper(
             timeout=timeout_s,
         )
     except subprocess.TimeoutExpired:
-        raise ChaosbenchError(f"signalling pid {pid} on {snode}: no answer") from None
+        raise EngineError("slurm", f"signalling pid {pid} on {snode}: no answer") from None
     t_node = None
     with contextlib.suppress(ValueError, IndexError):
         t_node = int(res.stdout.split()[-1])
@@ -83,7 +83,9 @@ def run_signal_helper(
         rc = 0
     if rc not in (0, 3, 4, 5):
         err = (res.stderr.strip() or f"exit code {rc}").splitlines()[-1]
-        raise ChaosbenchError(f"signalling pid {pid} on {snode} failed: {err}")
+        raise EngineCommandFailed(
+            argv, rc, res.stderr.strip(), message=f"signalling pid {pid} on {snode} failed: {err}"
+        )
     return rc, t_node
 
 

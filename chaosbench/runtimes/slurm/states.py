@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaosbench.errors import ChaosbenchError
+from chaosbench.errors import EngineError
 
 
 class JobState(str, enum.Enum):
@@ -105,11 +105,11 @@ USABLE_NODE_STATES = {NodeState.UP, NodeState.BUSY}
 
 def job_state(slurm_state: str) -> JobState:
     """A Slurm job state (``squeue %T``, ``scontrol JobState``, ``sacct State`` such as ``CANCELLED by 0``)
-    through :data:`SLURM_STATES`; unknown states raise ChaosbenchError (never guessed)."""
+    through :data:`SLURM_STATES`; unknown states raise EngineError (never guessed)."""
     base = slurm_state.strip().split()[0].upper() if slurm_state.strip() else ""
     st = SLURM_STATES.get(("job", base))
     if not isinstance(st, JobState):
-        raise ChaosbenchError(f"unknown Slurm job state {slurm_state!r}")
+        raise EngineError("slurm", f"unknown Slurm job state {slurm_state!r}")
     return st
 
 
