@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,9 +45,10 @@ from chaosbench.planning import (
     suite_outlook,
     suite_plan,
 )
+from chaosbench.post_run import DEFAULT_HOOKS, PostRunHook
 from chaosbench.registry import RUNTIMES
 from chaosbench.run_lifecycle import LiveRuns, RunLifecycle
-from chaosbench.run_results import CleanupFailure, RunRecord, SuiteHalt, finished_record, retain_checkpoints
+from chaosbench.run_results import CleanupFailure, RunRecord, SuiteHalt, finished_record
 from chaosbench.rundir import RunDir, SuiteDir, write_atomic
 from chaosbench.runtimes.base import Runtime
 from chaosbench.specs import Scenario, Suite, UntilDecided
@@ -152,10 +153,13 @@ class Runner:
         out_dir: str | Path,
         progress: Progress | Callable[[str], None] | None = None,
         stopping: StoppingRule | None = None,
+        post_run: Sequence[PostRunHook] = DEFAULT_HOOKS,
     ) -> None:
         """``stopping``: when a scenario repeated until decided stops (:mod:`chaosbench.analysis.sequential`;
-        default: without a baseline, on its SLOs alone)."""
+        default: without a baseline, on its SLOs alone). ``post_run``: the hooks called on each finished run,
+        in order (:mod:`chaosbench.post_run`; default: checkpoints kept or deleted, then the timeline plot)."""
         self.suite = suite
+        self.post_run = tuple(post_run)
         self.stopping = stopping or StoppingRule(None)
         #: Scenario id -> why it stopped, for each scenario repeated until decided that has.
         self.settlements: dict[str, Settlement] = {}
@@ -243,28 +247,25 @@ class Runner:
 
     def finish(self, rec: RunRecord, elapsed_s: float | None = None) -> RunMetrics:
         """A run has ended: its metrics, computed once (against its framework's control, which runs first), go
-        into ``metrics.json``, its timeline plot is drawn, its checkpoints kept or not (``keep_checkpoints``),
-        and last its ``result.json``: from then on the run counts as finished (``--resume`` skips it).
-        ``chaosbench report`` recomputes the metrics from the timelines."""
+        into ``metrics.json``, the post-run hooks do their work (by default its checkpoints kept or not, then
+        its timeline plot drawn) and last its ``result.json``, with what the hooks added, is written: from then
+        on the run counts as finished (``--resume`` skips it). ``chaosbench report`` recomputes the metrics
+        from the timelines."""
         from chaosbench.analysis.results import run_metrics
 
         control = self._control_of(rec.scenario)
         rd = RunDir(rec.run_dir)
         rec.metrics = run_metrics(rd, RunDir(control) if control is not None else None)
-        kept = self._checkpoints(rd, rec.metrics)
-        from chaosbench.report.plots import draw_run_timeline
-
-        plot = draw_run_timeline(rd.path, rec.metrics)  # once, here: the report links it
-        result = {
+        result: dict[str, Any] = {
             "status": rec.result.status,
             "reason": rec.result.reason,
             "leftover_pids": rec.leftovers,
             "outcome": rec.metrics.outcome,
             "elapsed_s": elapsed_s,
-            "checkpoints_kept": kept,
-            "timeline_plot": plot.reason or "timeline.png",
-            "cleanup_failures": [dataclasses.asdict(f) for f in rec.cleanup_failures],
         }
+        for hook in self.post_run:
+            result.update(hook(rd, rec.metrics, self.suite))
+        result["cleanup_failures"] = [dataclasses.asdict(f) for f in rec.cleanup_failures]
         write_atomic(rd.result, json.dumps(result, indent=2, default=str))
         self.records.append(rec)
         return rec.metrics
@@ -278,11 +279,6 @@ class Runner:
             ),
             None,
         )
-
-    def _checkpoints(self, rd: RunDir, m: RunMetrics) -> bool:
-        """The run's checkpoints listed, and kept or deleted by the suite's ``keep_checkpoints``
-        (:func:`~chaosbench.run_results.retain_checkpoints`); whether they were kept."""
-        return retain_checkpoints(rd, m, self.suite.keep_checkpoints)
 
     def _finished(self, sc: Scenario) -> RunRecord | None:
         """The record of a run an earlier harness finished (``result.json``), or None: run it (again)."""

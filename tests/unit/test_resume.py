@@ -13,6 +13,7 @@ from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.cli import main
 from chaosbench.errors import ResultsError
 from chaosbench.frameworks.base import JobResult
+from chaosbench.post_run import checkpoint_retention
 from chaosbench.rundir import RunDir
 from chaosbench.runner import MAX_RUNS, RUN_OVERHEAD_S, Runner, RunRecord, suite_limits
 from tests.conftest import ROOT, make_suite
@@ -178,7 +179,8 @@ def test_checkpoints_kept_by_policy_and_always_listed(
     (rd.checkpoints / "step_00000010" / "__0_0.distcp").write_bytes(b"x" * 100)
     rd.ckpt_backing.mkdir()
     (rd.ckpt_backing / "c.pt").write_bytes(b"y" * 7)
-    assert runner._checkpoints(rd, RunMetrics(outcome=outcome, fidelity=fidelity)) is kept
+    m = RunMetrics(outcome=outcome, fidelity=fidelity)
+    assert checkpoint_retention(rd, m, runner.suite) == {"checkpoints_kept": kept}
     listing = json.loads(rd.checkpoint_list.read_text())
     assert listing["kept"] is kept and listing["policy"] == policy
     assert listing["files"] == 2 and listing["bytes"] == 107
@@ -190,25 +192,46 @@ def test_checkpoints_kept_by_policy_and_always_listed(
 
 
 def test_a_finished_run_is_recorded_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``result.json`` is written after metrics.json and checkpoints.json: its presence means the rest is there."""
+    """``result.json`` is written after metrics.json and the post-run hooks (checkpoints.json, the plot): its
+    presence means the rest is there. The hooks run in order, each given the run, its metrics and the suite,
+    and what they return goes into ``result.json``."""
     import chaosbench.analysis.results as results
 
-    runner = Runner(make_suite(SUITE % 1), tmp_path)
+    order: list[str] = []
+    metrics = RunMetrics(outcome="completed")
+
+    def hook(name: str):  # noqa: ANN202 - a post-run hook that records its call
+        def run(rd: RunDir, m: RunMetrics, suite: object) -> dict[str, object]:
+            assert rd.read_result() is None and m is metrics and suite is runner.suite
+            order.append(name)
+            return {name: len(order)}
+
+        return run
+
+    runner = Runner(make_suite(SUITE % 1), tmp_path, post_run=[hook("retain"), hook("plot")])
     sc = runner.suite.scenarios()[0]
     rd = RunDir(tmp_path / "run")
     rd.path.mkdir()
-    order: list[str] = []
-    monkeypatch.setattr(
-        results,
-        "run_metrics",
-        lambda run, control: order.append("metrics") or RunMetrics(outcome="completed"),
-    )
-    real = runner._checkpoints
-    monkeypatch.setattr(runner, "_checkpoints", lambda r, m: order.append("checkpoints") or real(r, m))
+    monkeypatch.setattr(results, "run_metrics", lambda run, control: order.append("metrics") or metrics)
     runner.finish(RunRecord(sc, rd.path, JobResult("completed")), elapsed_s=1.5)
-    assert order == ["metrics", "checkpoints"]
+    assert order == ["metrics", "retain", "plot"]
     res = rd.read_result()
     assert res is not None and res["status"] == "completed" and res["elapsed_s"] == 1.5
+    assert (res["retain"], res["plot"]) == (2, 3)
+    assert list(res)[-1] == "cleanup_failures"
+
+
+def test_the_default_post_run_hooks_keep_checkpoints_then_draw(tmp_path: Path) -> None:
+    from chaosbench.post_run import DEFAULT_HOOKS, timeline_plot
+
+    assert DEFAULT_HOOKS == (checkpoint_retention, timeline_plot)
+    runner = Runner(make_suite(SUITE % 1), tmp_path)
+    assert runner.post_run == DEFAULT_HOOKS
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    assert timeline_plot(rd, RunMetrics(outcome="completed"), runner.suite)["timeline_plot"].startswith(
+        "no timeline"
+    )
 
 
 # ------------------------------------------------------------------------------------------ --jobs slots
