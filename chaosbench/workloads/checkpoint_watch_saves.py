@@ -223,11 +223,18 @@ class SaveTracker:
         stale = self._saves.pop(path, None)
         if stale is not None:
             self._vanish(stale, "replaced by a rename before it was closed")
+        save = self._file_save(p, path, min(begin_ns, t), t, mono)
+        self._activity(save, t, mono, sample=True)
+        self._finish(save)
+
+    def _file_save(self, p: Place, path: str, first_ns: int, t: int, mono: float) -> PendingSave:
+        """A new save of the checkpoint file ``path``, begun at ``first_ns`` (last seen at ``t``), pending and
+        recorded as begun."""
         save = PendingSave(
             root=p.root,
             key=path,
             is_dir=False,
-            first_ns=min(begin_ns, t),
+            first_ns=first_ns,
             last_ns=t,
             last_mono=mono,
             name_step=step_of(os.path.basename(path)),
@@ -235,8 +242,7 @@ class SaveTracker:
         )
         self._saves[path] = save
         self._recorder.save_begin(save)
-        self._activity(save, t, mono, sample=True)
-        self._finish(save)
+        return save
 
     def file_event(self, path: str, what: str, t: int, mono: float, syn: bool) -> None:
         """A file was created, modified (``what``: ``create``, ``modify``) or closed after writing (``close``)."""
@@ -262,18 +268,7 @@ class SaveTracker:
             if save is None:
                 if what == "close":
                     return
-                save = PendingSave(
-                    root=p.root,
-                    key=path,
-                    is_dir=False,
-                    first_ns=t,
-                    last_ns=t,
-                    last_mono=mono,
-                    name_step=step_of(os.path.basename(path)),
-                    confirmed=True,
-                )
-                self._saves[path] = save
-                self._recorder.save_begin(save)
+                save = self._file_save(p, path, t, t, mono)
             self._track(save, path, what, t, mono, syn)
             if what == "close":
                 self._finish(save)
