@@ -123,10 +123,29 @@ def signal_stamped(proc: psutil.Process, sig: int) -> int:
     """:func:`send_signal`, returning when the signal was sent: the clock read right before ``kill(2)``, which
     queues the signal microseconds after it is entered. Not the moment it returned: a signal that wakes its
     target lets the scheduler switch the caller out on the way back: on a busy 2-core machine that stamp came up
-    to 2 ms after a watchdog had already seen the killed process gone. Raises as :func:`send_signal` does."""
-    t = now_ns()
-    send_signal(proc, sig)
-    return t
+    to 2 ms after a watchdog had already seen the killed process gone. Raises as :func:`send_signal` does.
+
+    The process is pinned by a pidfd first (opened, then checked to be ``proc`` still: a pid that is still
+    ``proc`` after its pidfd was opened is the pidfd's process), so that only the clock read stands between the
+    stamp and the signal. psutil's own check of the pid reads /proc, which lets another harness thread take the
+    GIL: with the clock read before it, a CI run stamped a kill 0.8 ms before the killed server's last log line.
+    Where the kernel has no pidfds, the clock is read before psutil's checked kill."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        raise
+    except (OSError, AttributeError):
+        t = now_ns()
+        send_signal(proc, sig)
+        return t
+    try:
+        if not proc.is_running():  # the pid was given to another process since proc was looked up
+            raise ProcessLookupError(proc.pid)
+        t = now_ns()
+        signal.pidfd_send_signal(fd, sig)
+        return t
+    finally:
+        os.close(fd)
 
 
 def send(procs: Iterable[psutil.Process], sig: int) -> None:

@@ -142,6 +142,42 @@ def test_a_pid_with_another_start_time_is_never_signalled(spawn: list[subprocess
     assert p.poll() is None and process.alive(p.pid, ticks)
 
 
+def test_signal_stamped_reads_the_clock_right_before_the_signal(
+    spawn: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = _start(spawn, "sleep 30")
+    proc = psutil.Process(p.pid)
+    # the pid is pinned by a pidfd and checked before the clock is read: the clock read is the last thing done
+    # before pidfd_send_signal
+    calls: list[str] = []
+    real_now, real_send = process.now_ns, signal.pidfd_send_signal
+    monkeypatch.setattr(process, "now_ns", lambda: calls.append("clock") or real_now())
+    monkeypatch.setattr(
+        signal, "pidfd_send_signal", lambda fd, sig: calls.append("signal") or real_send(fd, sig)
+    )
+    monkeypatch.setattr(proc, "is_running", lambda: calls.append("identity") or True)
+    before = time.time_ns()
+    t = process.signal_stamped(proc, signal.SIGKILL)
+    assert calls == ["identity", "clock", "signal"]
+    assert before <= t <= time.time_ns()
+    assert p.wait(timeout=5) == -signal.SIGKILL
+    # gone: the process is reaped, its pid no one's
+    with pytest.raises(ProcessLookupError):
+        process.signal_stamped(proc, signal.SIGKILL)
+
+
+def test_signal_stamped_never_signals_a_pid_given_to_another_process(
+    spawn: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = _start(spawn, "sleep 30")
+    proc = psutil.Process(p.pid)
+    monkeypatch.setattr(proc, "is_running", lambda: False)  # as psutil says of a pid reused since the lookup
+    with pytest.raises(ProcessLookupError):
+        process.signal_stamped(proc, signal.SIGKILL)
+    time.sleep(0.1)
+    assert p.poll() is None
+
+
 def test_kill_known_takes_orphans_that_outlived_their_parent(spawn: list[subprocess.Popen[bytes]]) -> None:
     p = _start(spawn, "sleep 30 & wait")
     procs = _whole_tree(p, size=2)
