@@ -16,6 +16,9 @@ after the fault decides; failed restores before it are counted:
 - ``crashed``: no successful restore, and exactly one incarnation failed while loading.
 - ``crash_looped``: no successful restore, and two or more incarnations failed while loading.
 
+None when the injector found that it damaged nothing (``damaged: false`` in its details: a torn write whose
+kill landed after the save had finished); the metrics then say why (:func:`undamaged_reason`).
+
 A serving run's replicas load their model file between ``model_load_begin`` and ``model_load_end``
 (``load_kinds``): there a restarted replica's load of the damaged file is the restore.
 """
@@ -42,6 +45,16 @@ def _incarnation(ev: Event) -> int:
     return int(ev.get("incarnation", 0) or 0)
 
 
+def undamaged_reason(events: list[Event]) -> str | None:
+    """Why the run's checkpoint-damaging fault damaged nothing, as its injector found (``damaged: false`` in its
+    details, with ``undamaged``: a torn write whose kill landed after the save had finished); else None."""
+    fault = corruption_fault(events)
+    details = (fault.get("details") or {}) if fault is not None else {}
+    if details.get("damaged") is False:
+        return str(details.get("undamaged") or "the injector found nothing damaged")
+    return None
+
+
 #: The events that bracket a checkpoint load: a training rank's, and a serving replica's model load.
 TRAINING_LOADS = ("ckpt_load_begin", "ckpt_load_end")
 MODEL_LOADS = ("model_load_begin", "model_load_end")
@@ -60,6 +73,8 @@ def classify_checkpoint_outcome(
     if fault is None:
         return None
     details: dict[str, Any] = fault.get("details") or {"step": fault.get("checkpoint_step")}
+    if details.get("damaged") is False:  # the injector found nothing damaged (undamaged_reason says why)
+        return None
     damaged = details.get("step")
     damaged_step = int(damaged) if isinstance(damaged, int | float) else None
     tf = fault.t_ns

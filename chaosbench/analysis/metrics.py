@@ -213,7 +213,7 @@ from typing import Any
 
 from chaosbench.analysis import attribution, fidelity, goodput, serving, timing
 from chaosbench.analysis import faults as per_fault
-from chaosbench.analysis.checkpoint_outcome import MODEL_LOADS, classify_checkpoint_outcome
+from chaosbench.analysis.checkpoint_outcome import MODEL_LOADS, classify_checkpoint_outcome, undamaged_reason
 from chaosbench.analysis.fleet import fault_class
 from chaosbench.analysis.serving import ServingRecord
 from chaosbench.analysis.timeline_index import TimelineIndex, ns_to_s
@@ -725,6 +725,9 @@ def _training_run(
     _training_health(m, ix, ctl, final)
     fault = ix.first("fault_inject")
     m.checkpoint_outcome = classify_checkpoint_outcome(ix.events, control=m.control)
+    undamaged = undamaged_reason(ix.events)
+    if undamaged is not None:
+        miss["checkpoint_outcome"] = undamaged
     if m.control:
         m.outcome = "completed" if finished else "failed"
         m.false_detections = attribution.detection_episodes(ix)

@@ -22,6 +22,7 @@ require_docker()
 from chaosbench import procutil  # noqa: E402
 from chaosbench.errors import ChaosbenchError  # noqa: E402
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
+from chaosbench.injectors.corrupt_checkpoint import formats as cf  # noqa: E402
 from chaosbench.injectors.node_cpu import NodeCpuInjector  # noqa: E402
 from chaosbench.runtimes import process  # noqa: E402
 from chaosbench.runtimes.base import ProcessSpec, RunInfo  # noqa: E402
@@ -339,7 +340,17 @@ def test_storage_faults_on_the_shared_volume(run_suite) -> None:
     )
     ctl = res["restart/control#0"]
     torn, flip = res["restart/torn#0"], res["restart/flip#0"]
-    assert torn.outcome == "recovered" and torn.checkpoint_outcome == "fell_back" and torn.fidelity == "exact"
+    assert torn.outcome == "recovered" and torn.fidelity == "exact", torn.verdict
+    # torn_at shard-write kills rank 1 once its shard file exists; under load the kill can come after the whole
+    # save had finished (CI: .metadata and COMPLETE written 20 ms after the trigger). The injector says so from
+    # the files, and then nothing was damaged: no outcome, with its reason; else the restart fell back
+    (fault,) = [e for e in events_of(torn) if e.kind == "fault_inject"]
+    if fault["details"].get("damaged") is False:
+        assert cf.METADATA_FILE in fault["details"]["files_at_kill"], fault["details"]
+        assert torn.checkpoint_outcome is None
+        assert torn.missing["checkpoint_outcome"] == fault["details"]["undamaged"]
+    else:
+        assert torn.checkpoint_outcome == "fell_back", torn.verdict
     assert flip.outcome == "recovered" and flip.checkpoint_outcome == "loaded_silently"
     assert flip.fidelity == "diverged"
     if "slow" in names:

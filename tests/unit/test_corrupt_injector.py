@@ -229,6 +229,29 @@ def test_torn_write_kills_the_rank_that_is_saving(ckpt: Path) -> None:
     assert rt.signals == [(4243, signal.SIGKILL, 77)]
     assert d["step"] == 20 and d["checkpoint"] == path and d["killed"] == [{"rank": 1, "pid": 4243}]
     assert d["marker_at_kill"] is True and "__0_0.distcp" in d["files_at_kill"] and d["dir_at_kill"] is True
+    # its .metadata was written after the save began (stamped at 3 ns here): the kill came too late to tear it
+    assert d["damaged"] is False and d["undamaged"].startswith(
+        "the torn write missed: the save of step 20 was"
+    )
+
+
+def test_a_torn_write_with_only_an_earlier_saves_metadata_damaged_it(ckpt: Path) -> None:
+    """A save into a directory an earlier save had filled: its ``.metadata`` is the earlier save's, older than
+    the begin by more than the file clock's lag, so it proves nothing (nor does a workload's own marker)."""
+    path = str(ckpt / "step_00000020")
+    md = Path(path) / ".metadata"
+    begun = md.stat().st_mtime_ns + 50_000_000  # this save began 50 ms after that file was written
+    events = [ev(begun, "ckpt_save_begin", rank=1, step=20, path=path, incarnation=0)]
+    ctx, rt = context(ckpt, [1], events)
+    d = injector(mode="torn-write").inject(ctx)
+    assert rt.signals == [(4243, signal.SIGKILL, 77)]
+    assert d["marker_at_kill"] is True and "damaged" not in d and "undamaged" not in d
+    # written 5 ms before the begin's stamp: within the file clock's lag, counted as this save's
+    events = [
+        ev(md.stat().st_mtime_ns + 5_000_000, "ckpt_save_begin", rank=1, step=20, path=path, incarnation=0)
+    ]
+    d = injector(mode="torn-write").inject(context(ckpt, [1], events)[0])
+    assert d["damaged"] is False
 
 
 def test_a_torn_write_before_the_saves_directory_exists_says_so(ckpt: Path) -> None:
@@ -307,6 +330,23 @@ LOAD_OK_20 = [("ckpt_load_begin", 20), ("ckpt_load_end", 20), ("step", 21)]
 )
 def test_classify_checkpoint_outcome(incarnations: list, expected: str) -> None:
     assert classify_checkpoint_outcome(timeline(*incarnations)) == expected
+
+
+def test_a_torn_write_that_missed_has_no_checkpoint_outcome_and_says_why() -> None:
+    """The injector found the save whole at the kill (``damaged: false``): loading step 20 again is no silent
+    load of a damaged checkpoint; the outcome is missing, with the injector's reason."""
+    from chaosbench.analysis.checkpoint_outcome import undamaged_reason
+    from chaosbench.analysis.metrics import compute_metrics
+
+    events = timeline(LOAD_OK_20)
+    assert classify_checkpoint_outcome(events) == "loaded_silently"
+    assert undamaged_reason(events) is None
+    why = "the torn write missed: the save of step 20 was whole when the kill landed"
+    fault = next(e for e in events if e.kind == "fault_inject")
+    fault.data["details"] = {"step": 20, "damaged": False, "undamaged": why}
+    assert classify_checkpoint_outcome(events) is None and undamaged_reason(events) == why
+    m = compute_metrics(events)
+    assert m.checkpoint_outcome is None and m.missing["checkpoint_outcome"] == why
 
 
 def test_classify_a_replicas_model_loads() -> None:

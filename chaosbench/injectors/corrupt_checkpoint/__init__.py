@@ -65,6 +65,23 @@ Mode = Literal[
 METADATA_MODES = ("delete-metadata", "garble-metadata")
 
 
+#: How far a file's modification time may lag the clock that stamped an event: the kernel stamps files from its
+#: coarse clock, up to one scheduler tick (4 ms at HZ=250) behind.
+MTIME_LAG_NS = 10_000_000
+
+
+def _whole_at_kill(d: Path, begun_ns: int) -> bool:
+    """Whether the DCP save into ``d``, begun at ``begun_ns``, had finished when the kill landed: its coordinator
+    writes ``.metadata`` (a temporary file, renamed) only after every rank's shards were written and gathered,
+    so a ``.metadata`` written since the save began means that the target had written its part. A workload's
+    own marker says nothing of the kind (a non-atomic save writes it first), and a ``.metadata`` older than the
+    save is an earlier save's, into the same directory."""
+    try:
+        return (d / cf.METADATA_FILE).stat().st_mtime_ns >= begun_ns - MTIME_LAG_NS
+    except OSError:
+        return False
+
+
 class CorruptParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mode: Mode = Field(default="bitflip", description="what to do to the checkpoint (see the module docs)")
@@ -433,6 +450,19 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 else {}
             )
             out["marker_at_kill"] = out["dir_at_kill"] and (d / cf.COMPLETE_MARKER).is_file()
+            begun = [
+                e.t_ns
+                for e in ctx.events
+                if e.kind == "ckpt_save_begin"
+                and e.get("step") == step
+                and e.get("incarnation", 0) == ctx.targets[0].incarnation
+            ]
+            if begun and _whole_at_kill(d, min(begun)):
+                out["damaged"] = False
+                out["undamaged"] = (
+                    f"the torn write missed: the save of step {step} was whole when the kill landed (its "
+                    f"{cf.METADATA_FILE} had been written since the save began)"
+                )
         return out
 
     @staticmethod
