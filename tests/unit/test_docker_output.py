@@ -11,7 +11,14 @@ from pathlib import Path
 
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 from chaosbench.runtimes.docker.launcher import FALLBACK
-from chaosbench.runtimes.docker.output import LAUNCHER_SOURCE, NODE_DIR, SOCKET_NAME, OutputHandover
+from chaosbench.runtimes.docker.output import (
+    CAPTURE_DIR_PREFIX,
+    CAPTURE_RECORD,
+    LAUNCHER_SOURCE,
+    NODE_DIR,
+    SOCKET_NAME,
+    OutputHandover,
+)
 from chaosbench.runtimes.process import close_captures, open_captures, start_pumps
 
 #: A command that reports its pid, then the moments around one write of a line to stdout, and one to stderr.
@@ -116,3 +123,18 @@ def test_a_command_that_cannot_be_run_exits_as_a_shell_says() -> None:
         handover.close()
         close_captures(offer.captures)
     assert child.returncode == 127
+
+
+def test_the_capture_directory_is_named_in_the_run_directory_before_it_is_made(tmp_path: Path) -> None:
+    """A harness killed at any moment of the handover's life leaves its directory named in the run directory
+    (the record is written before the directory is made, removed after it is gone): what `chaosbench cleanup`
+    reads for a crashed run."""
+    record = tmp_path / CAPTURE_RECORD
+    handover = OutputHandover(record)
+    try:
+        assert record.read_text() == handover.host_dir + "\n"
+        assert os.path.isdir(handover.host_dir)
+        assert os.path.basename(handover.host_dir).startswith(CAPTURE_DIR_PREFIX)
+    finally:
+        handover.close()
+    assert not os.path.exists(handover.host_dir) and not record.exists()

@@ -8,7 +8,7 @@ import shutil
 
 from chaosbench.errors import ChaosbenchError
 from chaosbench.runtimes.docker.nodes import CAPTURE_DIR_LABEL, RUN_LABEL
-from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX, NODE_DIR
+from chaosbench.runtimes.docker.output import CAPTURE_DIR_PREFIX, CAPTURE_RECORD, NODE_DIR
 from chaosbench.timeline.reader import crashed_run_ids
 
 
@@ -33,6 +33,8 @@ def remove_run_objects(results_dir: str | os.PathLike[str], dry_run: bool = Fals
     for run_id, run_dir in runs.items():
         flt = {"label": f"{RUN_LABEL}={run_id}"}
         capture_dirs: set[str] = set()
+        with contextlib.suppress(OSError):  # named before it was made: found even when nothing else names it
+            capture_dirs.add((run_dir / CAPTURE_RECORD).read_text().strip())
         networks = client.networks.list(filters=flt)
         capture_dirs |= {(n.attrs.get("Labels") or {}).get(CAPTURE_DIR_LABEL) or "" for n in networks}
         for c in client.containers.list(all=True, filters=flt, ignore_removed=True):

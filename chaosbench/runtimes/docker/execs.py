@@ -21,7 +21,7 @@ from chaosbench.runtimes.docker import pids
 from chaosbench.runtimes.docker.launcher import FALLBACK
 from chaosbench.runtimes.docker.nodes import NodePool
 from chaosbench.runtimes.docker.options import DockerOptions
-from chaosbench.runtimes.docker.output import Offer, OutputHandover
+from chaosbench.runtimes.docker.output import CAPTURE_RECORD, Offer, OutputHandover
 from chaosbench.runtimes.process import (
     ProcessTrees,
     close_captures,
@@ -118,7 +118,7 @@ class Execs:
         """The output capture's handover into the nodes (at provision), or why lines are stamped when read."""
         if self.read_stamp_reason is None:
             try:
-                self.handover = OutputHandover()
+                self.handover = OutputHandover(Path(self.run.run_dir) / CAPTURE_RECORD)
             except OSError as exc:
                 self.read_stamp_reason = f"no capture socket on this host: {exc}"
 

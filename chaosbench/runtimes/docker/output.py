@@ -35,6 +35,9 @@ from chaosbench.runtimes.docker import launcher
 NODE_DIR = "/run/chaosbench-capture"
 #: How the host directory's name starts (``chaosbench cleanup`` removes a crashed run's, found by its mounts).
 CAPTURE_DIR_PREFIX = "chaosbench-capture-"
+#: The file in the run directory that names the run's capture directory, written before the directory is made
+#: (and removed once it is gone), so that `chaosbench cleanup` finds it whenever the harness was killed.
+CAPTURE_RECORD = "docker-capture-dir"
 #: The listening socket's name in that directory.
 SOCKET_NAME = "capture.sock"
 #: The launcher's source, given to the node's interpreter with ``-c`` (nothing to install in an image).
@@ -97,8 +100,20 @@ class OutputHandover:
     launcher its process's captures. :attr:`host_dir` is bind-mounted into every node at :data:`NODE_DIR`;
     :meth:`close` removes it. Raises OSError when the socket cannot be made here."""
 
-    def __init__(self) -> None:
-        self.host_dir = tempfile.mkdtemp(prefix=CAPTURE_DIR_PREFIX)
+    def __init__(self, record: Path | None = None) -> None:
+        # Named first, recorded in ``record`` (the run directory's CAPTURE_RECORD), then made: a harness killed at
+        # any point leaves a name that `chaosbench cleanup` reads (CI: a harness killed between a temporary
+        # directory's creation and the network that names it left one that nothing named).
+        self.host_dir = os.path.join(tempfile.gettempdir(), CAPTURE_DIR_PREFIX + secrets.token_hex(6))
+        self._record = record
+        if record is not None:
+            record.write_text(self.host_dir + "\n")
+        try:
+            os.mkdir(self.host_dir, 0o700)  # never one that was there: a name taken is not ours to remove
+        except OSError:
+            if record is not None:
+                record.unlink(missing_ok=True)
+            raise
         try:
             os.chmod(
                 self.host_dir, 0o711
@@ -110,6 +125,8 @@ class OutputHandover:
             self._sock.listen(64)
         except OSError:
             shutil.rmtree(self.host_dir, ignore_errors=True)
+            if record is not None:
+                record.unlink(missing_ok=True)
             raise
         self._offers: dict[str, Offer] = {}
         self._lock = threading.Lock()
@@ -170,3 +187,5 @@ class OutputHandover:
         self._sock.close()
         self._thread.join(timeout=5)
         shutil.rmtree(self.host_dir, ignore_errors=True)
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
