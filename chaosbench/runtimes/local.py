@@ -80,6 +80,16 @@ def listen_port_range() -> tuple[int, int] | None:
     return (hi + 1, 65535) if hi < 64535 else None
 
 
+def _bindable(port: int) -> bool:
+    """Whether nothing listens on ``port`` at any local address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 class LocalRuntime(Runtime[LocalOptions]):
     """Processes on this machine. Output is captured per process, each line stamped when it was written
     (:mod:`chaosbench.runtimes.capture`); each exit stamped when the kernel reported it (the pidfd poller:
@@ -101,6 +111,7 @@ class LocalRuntime(Runtime[LocalOptions]):
         self._threads: list[threading.Thread] = []
         self._trees = ProcessTrees()
         self._lock = threading.Lock()
+        self._ports_given: set[int] = set()
         self.logs_dir = Path(self.run.run_dir) / "logs"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
 
@@ -119,23 +130,27 @@ class LocalRuntime(Runtime[LocalOptions]):
         kernel hands out for ``bind(("", 0))`` could go to another process (another run's server, an outgoing
         connection) between this call and the bind of the process it is for. Seen: torchrun's agent, hosting
         its rendezvous store, found the port taken, took that for a store hosted elsewhere, and waited 60 s on
-        a stranger's listener. Outside that range only a process that chose a port on purpose can take it."""
+        a stranger's listener. Outside that range only a process that chose a port on purpose can take it.
+
+        A port this runtime gave out before is never given again: a run asks for all its ports before any is
+        bound (CI: two serving replicas of one run were given the same port, and the second could not bind)."""
         span = listen_port_range()
-        if span is not None:
-            pick = random.SystemRandom()
-            for _ in range(256):
-                port = pick.randint(*span)
+        with self._lock:
+            if span is not None:
+                pick = random.SystemRandom()
+                for _ in range(256):
+                    port = pick.randint(*span)
+                    if port not in self._ports_given and _bindable(port):
+                        self._ports_given.add(port)
+                        return port
+            for _ in range(256):  # no such range, or full: the kernel's pick
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    try:
-                        s.bind(("0.0.0.0", port))  # any local address: fails if anything listens on it
-                    except OSError:
-                        continue
+                    s.bind(("127.0.0.1", 0))
+                    port = int(s.getsockname()[1])
+                if port not in self._ports_given:
+                    self._ports_given.add(port)
                     return port
-        with socket.socket(
-            socket.AF_INET, socket.SOCK_STREAM
-        ) as s:  # no such range, or full: the kernel's pick
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        raise EngineError("local", "no free port left: 256 picks were all taken or given to this run before")
 
     def start(self, spec: ProcessSpec, on_line: LineCallback | None = None) -> ProcHandle:
         on_line = self.observed(on_line)

@@ -383,3 +383,23 @@ def test_free_port_is_below_the_kernels_ephemeral_range_and_free(tmp_path, monke
     assert local.listen_port_range() == (61000, 65535)
     ranges.write_text("1024 65000\n")  # no room either side: the kernel's own pick
     assert local.listen_port_range() is None and rt.free_port() > 0
+
+
+def test_free_port_never_gives_one_run_the_same_port_twice(tmp_path, monkeypatch) -> None:
+    """A run asks for all its ports before any is bound: a port drawn again is skipped (CI: two serving replicas
+    were given one port)."""
+    from chaosbench.runtimes import local
+
+    rt = LocalRuntime(RunInfo("run-1", tmp_path, TimelineWriter(tmp_path / "events.jsonl")))
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    monkeypatch.setattr(local, "EPHEMERAL_RANGE_FILE", str(ranges))
+    draws = iter([24001, 24001, 24001, 24002])
+
+    class Drawn:
+        def randint(self, lo: int, hi: int) -> int:
+            return next(draws)
+
+    monkeypatch.setattr(local.random, "SystemRandom", Drawn)
+    monkeypatch.setattr(local, "_bindable", lambda port: True)
+    assert [rt.free_port(), rt.free_port()] == [24001, 24002]
