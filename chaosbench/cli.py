@@ -711,8 +711,8 @@ def _add_report_command(sub: _Subcommands) -> None:
         "--plots",
         choices=["existing", "missing", "all"],
         default="existing",
-        help="per-run timeline plots (each run's timeline.png, drawn when it ended): link the "
-        "existing ones (default), draw the missing ones, or redraw all",
+        help="per-run plots (each run's timeline.png and a serving run's per_second.png, drawn when "
+        "it ended): show the existing ones (default), draw the missing ones, or redraw all",
     )
     rep.set_defaults(fn=cmd_report)
 

@@ -4,7 +4,7 @@ marks it finished (from then on ``--resume`` skips it).
 A hook gets the run's directory, its metrics and the suite, and returns the fields it adds to ``result.json``.
 The runner calls the hooks it was given, in order (:class:`~chaosbench.runner.Runner`'s ``post_run``; default
 :data:`DEFAULT_HOOKS`: the checkpoints kept or deleted by the suite's ``keep_checkpoints``, then the run's
-timeline plot drawn). A hook must not raise for a run it cannot handle: it says so in the fields it returns
+timeline plot drawn, then a serving run's per-second plot). A hook must not raise for a run it cannot handle: it says so in the fields it returns
 (as the plot does with ``timeline_plot``), so that its work never costs a finished run.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from chaosbench.analysis.metrics import RunMetrics
 from chaosbench.report.plots import draw_run_timeline
+from chaosbench.report.serving import PER_SECOND_PNG, draw_run_per_second
 from chaosbench.run_results import retain_checkpoints
 from chaosbench.rundir import RunDir
 from chaosbench.specs import Suite
@@ -36,5 +37,14 @@ def timeline_plot(rd: RunDir, metrics: RunMetrics, suite: Suite) -> dict[str, An
     return {"timeline_plot": plot.reason or "timeline.png"}
 
 
+def per_second_plot(rd: RunDir, metrics: RunMetrics, suite: Suite) -> dict[str, Any]:
+    """A serving run's ``per_second.png`` (requests and p99 latency per second), drawn once here (the report
+    shows it): ``per_second_plot``, its file name or why it was not drawn; nothing for a training run."""
+    if not metrics.serving:
+        return {}
+    plot = draw_run_per_second(rd.path, metrics)
+    return {"per_second_plot": plot.reason or PER_SECOND_PNG}
+
+
 #: The hooks a runner calls unless it is given others, in this order.
-DEFAULT_HOOKS: tuple[PostRunHook, ...] = (checkpoint_retention, timeline_plot)
+DEFAULT_HOOKS: tuple[PostRunHook, ...] = (checkpoint_retention, timeline_plot, per_second_plot)

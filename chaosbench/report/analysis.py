@@ -498,11 +498,15 @@ def _scorecard_blocks(rows: Sequence[dict[str, Any]]) -> list[Block]:
 
 
 def analysis_blocks(
-    rows: Sequence[dict[str, Any]], suite_dir: Path, definition: dict[str, Any] | None
+    rows: Sequence[dict[str, Any]],
+    suite_dir: Path,
+    definition: dict[str, Any] | None,
+    plots: str = "existing",
 ) -> tuple[list[Block], dict[str, Path]]:
     """The analysis section; ``definition`` is the suite's own definition (from suite.json), if known. Serving
-    runs get their own section (:mod:`chaosbench.report.serving`), after the training runs' analysis."""
-    serving, serving_written = serving_blocks(rows, suite_dir)
+    runs get their own section (:mod:`chaosbench.report.serving`), after the training runs' analysis; ``plots``
+    says whether their per-second plots absent from their run directories are drawn (the report's ``plots``)."""
+    serving, serving_written = serving_blocks(rows, suite_dir, plots)
     rows = [r for r in rows if not is_serving(r)]
     if not _cells(rows):
         return serving, serving_written

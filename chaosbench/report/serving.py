@@ -2,19 +2,21 @@
 balancer under a load): per fault, a table comparing the recovery policies (the framework entries: no health
 checks, health checks, a supervisor, retries) on time to detect, time to recover, failed requests, error-budget
 burn, p99 latency during the incident and capacity lost, as medians with percentile-bootstrap 95 % intervals; the
-controls' baseline; and per policy x fault a per-second plot of successful and failed requests and the p99
-latency, with the fault marked, drawn from the first repeat's timeline into ``plots/``. The numbers are the
-results table's (definitions: :mod:`chaosbench.analysis.serving`); the plot reads the run's ``events.jsonl``.
-matplotlib is imported inside the plotting function."""
+controls' baseline; and per policy x fault the per-second plot of successful and failed requests and the p99
+latency of its first repeat that has one, with the fault marked. The numbers are the results table's
+(definitions: :mod:`chaosbench.analysis.serving`). The plot is the run's own ``per_second.png``, drawn from its
+``events.jsonl`` when the run ended (:func:`draw_run_per_second`, a post-run hook); the report reads no timeline
+unless asked to draw absent plots (``plots="missing"``) or all again (``"all"``). matplotlib is imported inside the
+plotting function."""
 
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from chaosbench.analysis.serving import load_of, per_second
 from chaosbench.analysis.stats import median_ci, wilson
@@ -31,8 +33,12 @@ from chaosbench.report.fmt import (
     fmt_percent,
     fmt_seconds,
 )
-from chaosbench.rundir import RunDir, dirname
-from chaosbench.timeline import Event, read_events
+from chaosbench.report.plots import DrawnTimeline, load_run_events
+from chaosbench.rundir import RunDir, dirname, replace_atomic
+from chaosbench.timeline import Event
+
+if TYPE_CHECKING:
+    from chaosbench.analysis.metrics import RunMetrics
 
 #: Metrics of the per-scenario table for a serving scenario, and how each is formatted.
 SERVING_METRICS: list[tuple[str, str]] = [
@@ -66,6 +72,10 @@ SERVING_METRICS: list[tuple[str, str]] = [
 #: Figure size in inches and resolution of a per-second plot.
 FIGSIZE_IN = (9.0, 3.6)
 DPI = 80
+#: A serving run's per-second plot, in its run directory.
+PER_SECOND_PNG = "per_second.png"
+#: Why a serving run has no per-second plot in ``plots="existing"`` mode.
+NOT_DRAWN = "drawn when the run ends; `chaosbench report --plots missing` draws missing ones"
 
 
 def is_serving(row: dict[str, Any]) -> bool:
@@ -207,9 +217,9 @@ def control_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 # ------------------------------------------------------------------------------------------------- the plots
-def run_events(suite_dir: Path, row: dict[str, Any]) -> list[Event]:
-    """The run's timeline: its directory in the standard layout under ``suite_dir``, else ``run_dir`` as recorded
-    (relative to ``suite_dir``, then as it is); ``[]`` when none is found."""
+def run_dirs(suite_dir: Path, row: dict[str, Any]) -> list[Path]:
+    """Where the run's directory may be: the standard layout under ``suite_dir``, then ``run_dir`` as recorded
+    (relative to ``suite_dir``, then as it is)."""
     cands: list[Path] = []
     scenario, repeat = as_text(row.get("scenario")), as_int(row.get("repeat"))
     if scenario and repeat is not None:
@@ -219,10 +229,39 @@ def run_events(suite_dir: Path, row: dict[str, Any]) -> list[Event]:
         if not os.path.isabs(recorded):
             cands.append(suite_dir / recorded)
         cands.append(Path(recorded))
-    for c in cands:
-        if (c / RunDir.EVENTS).is_file():
-            return read_events(c / RunDir.EVENTS)
-    return []
+    return list(dict.fromkeys(cands))
+
+
+def per_second_title(row: Mapping[str, Any]) -> str:
+    """A per-second plot's title from the run's metrics row: ``health · kill-replica1 · repeat 0: recovered``."""
+    return (
+        f"{as_text(row.get('framework'))} · {as_text(row.get('fault'))} · repeat {as_int(row.get('repeat'))}: "
+        f"{as_text(row.get('outcome')) or MISSING}"
+    )
+
+
+def draw_run_per_second(run_dir: str | Path, metrics: RunMetrics | Mapping[str, Any]) -> DrawnTimeline:
+    """Draw a serving run's ``<run_dir>/per_second.png`` from its ``events.jsonl``, titled and marked from its
+    metrics (a :class:`~chaosbench.analysis.metrics.RunMetrics` or its results-table row). Meant to be called
+    once when the run ends; the report then only shows it. The PNG is renamed into place whole. Never raises:
+    ``(path, None)``, or ``(None, reason)`` when there is nothing to draw (no timeline, no load) or drawing
+    failed, so a plot never costs a run or a report."""
+    try:
+        row: Mapping[str, Any] = metrics if isinstance(metrics, Mapping) else vars(metrics)
+        events = load_run_events(run_dir)
+        if not events:
+            return DrawnTimeline(None, "no timeline")
+        if per_second(events) is None:
+            return DrawnTimeline(None, "the run recorded no load")
+        title, recover_s = per_second_title(row), as_float(row.get("time_to_recover_s"))
+        png = replace_atomic(
+            Path(run_dir) / PER_SECOND_PNG, lambda tmp: plot_per_second(events, tmp, title, recover_s)
+        )
+        return DrawnTimeline(png, None)
+    except OSError as exc:
+        return DrawnTimeline(None, f"timeline unreadable or plot not written: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a plotting bug must not cost the run or the report; it is reported
+        return DrawnTimeline(None, f"plot failed: {type(exc).__name__}: {exc}")
 
 
 def plot_per_second(
@@ -294,43 +333,64 @@ def plot_per_second(
     return True
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+def _href(png: Path, suite_dir: Path) -> str:
+    """The PNG's path relative to the report in ``suite_dir``, as a URL path."""
+    return quote(Path(os.path.relpath(os.path.abspath(png), os.path.abspath(suite_dir))).as_posix())
+
+
+def _per_second_png(rows: Sequence[dict[str, Any]], suite_dir: Path, plots: str) -> tuple[Path | None, str]:
+    """The per-second plot to show of one policy's runs (by repeat), and whether this call drew it: the first
+    repeat's ``per_second.png`` there is (``plots`` ``existing``/``missing``); else, with ``missing``, or always
+    with ``all``, the first repeat that can be drawn, drawn now. ``(None, why)`` when there is none."""
+    rows = sorted(rows, key=lambda r: as_int(r.get("repeat")) or 0)
+    if plots != "all":
+        for r in rows:
+            for d in run_dirs(suite_dir, r):
+                if (d / PER_SECOND_PNG).is_file():
+                    return d / PER_SECOND_PNG, ""
+        if plots == "existing":
+            return None, NOT_DRAWN
+    why = "no run's events.jsonl found"
+    for r in rows:
+        for d in run_dirs(suite_dir, r):
+            if (d / RunDir.EVENTS).is_file():
+                png, reason = draw_run_per_second(d, r)
+                if png is not None:
+                    return png, "drawn"
+                why = reason or why
+                break
+    return None, why
 
 
 def plot_blocks(
-    fault: str, rows: Sequence[dict[str, Any]], suite_dir: Path
+    fault: str, rows: Sequence[dict[str, Any]], suite_dir: Path, plots: str = "existing"
 ) -> tuple[list[Block], dict[str, Path]]:
-    """One per-second plot per framework for ``fault``, from its first repeat with a timeline."""
+    """One per-second plot per framework for ``fault``: its first repeat's ``per_second.png`` (drawn when the run
+    ended; with ``plots`` ``missing`` or ``all`` drawn here, see :func:`_per_second_png`), shown in the report
+    by its path and embedded in the HTML. Returns the blocks and the PNGs this call drew, by path relative to
+    ``suite_dir``."""
     blocks: list[Block] = []
     written: dict[str, Path] = {}
     by_fw: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_fw.setdefault(str(r.get("framework")), []).append(r)
     for fw, rs in sorted(by_fw.items()):
-        rs = sorted(rs, key=lambda r: as_int(r.get("repeat")) or 0)
-        chosen = next(((r, ev) for r in rs if (ev := run_events(suite_dir, r))), None)
-        if chosen is None:
-            blocks.append(Paragraph(f"{fw} · {fault}: no per-second plot (no run's events.jsonl found)."))
+        png, how = _per_second_png(rs, suite_dir, plots)
+        if png is None:
+            blocks.append(Paragraph(f"{fw} · {fault}: no per-second plot ({how})."))
             continue
-        row, events = chosen
-        rel = f"plots/serving_{_slug(fault)}_{_slug(fw)}.png"
-        title = (
-            f"{fw} · {fault} · repeat {as_int(row.get('repeat'))}: {as_text(row.get('outcome')) or MISSING}"
-        )
-        try:
-            if plot_per_second(events, suite_dir / rel, title, as_float(row.get("time_to_recover_s"))):
-                blocks.append(Image(rel, f"requests and p99 latency per second: {fw}, {fault}"))
-                written[rel] = suite_dir / rel
-            else:
-                blocks.append(Paragraph(f"{fw} · {fault}: no per-second plot (the run recorded no load)."))
-        except Exception as exc:  # noqa: BLE001 - a plot never costs the report
-            blocks.append(Paragraph(f"{fw} · {fault}: per-second plot failed: {type(exc).__name__}: {exc}"))
+        rel = _href(png, suite_dir)
+        blocks.append(Image(rel, f"requests and p99 latency per second: {fw}, {fault}"))
+        if how == "drawn":
+            written[Path(os.path.relpath(os.path.abspath(png), os.path.abspath(suite_dir))).as_posix()] = png
     return blocks, written
 
 
-def serving_blocks(rows: Sequence[dict[str, Any]], suite_dir: Path) -> tuple[list[Block], dict[str, Path]]:
-    """The section and the plots it wrote (paths relative to ``suite_dir``), or nothing without serving runs."""
+def serving_blocks(
+    rows: Sequence[dict[str, Any]], suite_dir: Path, plots: str = "existing"
+) -> tuple[list[Block], dict[str, Path]]:
+    """The section and the plots it drew (paths relative to ``suite_dir``; ``plots``: see :func:`plot_blocks`),
+    or nothing without serving runs."""
     runs = [r for r in rows if is_serving(r)]
     if not runs:
         return [], {}
@@ -361,8 +421,8 @@ def serving_blocks(rows: Sequence[dict[str, Any]], suite_dir: Path) -> tuple[lis
         by_fault.setdefault(str(r.get("fault")), []).append(r)
     for fault, rs in sorted(by_fault.items()):
         blocks += [Heading(3, f"Fault: {fault}"), fault_table(rs)]
-        plots, w = plot_blocks(fault, rs, suite_dir)
-        blocks += plots
+        drawn, w = plot_blocks(fault, rs, suite_dir, plots)
+        blocks += drawn
         written.update(w)
     if unfired:
         blocks.append(Paragraph(f"{unfired} serving run(s) whose fault did not fire are left out."))

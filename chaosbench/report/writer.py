@@ -130,8 +130,9 @@ def write_report(
     :data:`~chaosbench.report.tables.INLINE_TIMELINES_MAX_RUNS` runs. The run directory is the standard layout
     under ``suite_dir`` (:class:`~chaosbench.rundir.RunDir`), else ``run_dir`` as recorded (relative to
     ``suite_dir``, then as it is). A run without a PNG gets a note saying why. ``plots``: ``"existing"`` links only; ``"missing"`` first draws the PNGs that are absent (runs with an
-    ``events.jsonl``), ``"all"`` redraws every run's, one after the other (0.1 to 0.4 s a plot). A plot that
-    cannot be drawn is noted, never raised.
+    ``events.jsonl``), ``"all"`` redraws every run's, one after the other (0.1 to 0.4 s a plot). The same goes
+    for a serving run's ``per_second.png`` (:mod:`chaosbench.report.serving`). A plot that cannot be drawn is
+    noted, never raised.
     The HTML embeds only the suite-level figures as base64 (two, one row per fault x framework: about 15 kB for
     the smoke suite's 6 rows, 135 kB for 45).
 
@@ -168,7 +169,7 @@ def write_report(
             definition = json.loads((suite_dir / "suite.json").read_text()).get("definition")
         except ValueError:
             definition = None
-    extra, extra_written = analysis_blocks([run.row for run in runs], suite_dir, definition)
+    extra, extra_written = analysis_blocks([run.row for run in runs], suite_dir, definition, plots)
     written.update(extra_written)
     at = next(
         (

@@ -222,9 +222,9 @@ def test_a_finished_run_is_recorded_last(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_the_default_post_run_hooks_keep_checkpoints_then_draw(tmp_path: Path) -> None:
-    from chaosbench.post_run import DEFAULT_HOOKS, timeline_plot
+    from chaosbench.post_run import DEFAULT_HOOKS, per_second_plot, timeline_plot
 
-    assert DEFAULT_HOOKS == (checkpoint_retention, timeline_plot)
+    assert DEFAULT_HOOKS == (checkpoint_retention, timeline_plot, per_second_plot)
     runner = Runner(make_suite(SUITE % 1), tmp_path)
     assert runner.post_run == DEFAULT_HOOKS
     rd = RunDir(tmp_path / "run")
@@ -232,6 +232,11 @@ def test_the_default_post_run_hooks_keep_checkpoints_then_draw(tmp_path: Path) -
     assert timeline_plot(rd, RunMetrics(outcome="completed"), runner.suite)["timeline_plot"].startswith(
         "no timeline"
     )
+    # the per-second plot is a serving run's only: a training run gets no field
+    assert per_second_plot(rd, RunMetrics(outcome="completed"), runner.suite) == {}
+    assert per_second_plot(rd, RunMetrics(outcome="completed", serving=True), runner.suite) == {
+        "per_second_plot": "no timeline"
+    }
 
 
 # ------------------------------------------------------------------------------------------ --jobs slots
