@@ -72,9 +72,9 @@ def classify_checkpoint_outcome(
     fault = corruption_fault(events)
     if fault is None:
         return None
-    details: dict[str, Any] = fault.get("details") or {"step": fault.get("checkpoint_step")}
-    if details.get("damaged") is False:  # the injector found nothing damaged (undamaged_reason says why)
+    if undamaged_reason(events) is not None:  # the injector found nothing damaged
         return None
+    details: dict[str, Any] = fault.get("details") or {"step": fault.get("checkpoint_step")}
     damaged = details.get("step")
     damaged_step = int(damaged) if isinstance(damaged, int | float) else None
     tf = fault.t_ns

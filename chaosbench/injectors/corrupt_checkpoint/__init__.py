@@ -35,7 +35,7 @@ from __future__ import annotations
 import fnmatch
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,6 +68,15 @@ METADATA_MODES = ("delete-metadata", "garble-metadata")
 #: How far a file's modification time may lag the clock that stamped an event: the kernel stamps files from its
 #: coarse clock, up to one scheduler tick (4 ms at HZ=250) behind.
 MTIME_LAG_NS = 10_000_000
+
+
+class SaveInProgress(NamedTuple):
+    """The checkpoint save a torn write kills: its step and path (its ``ckpt_save_begin``'s) and the earliest
+    rank's begin of that step (ns)."""
+
+    step: int | None
+    path: str | None
+    begun_ns: int
 
 
 def _whole_at_kill(d: Path, begun_ns: int) -> bool:
@@ -423,15 +432,15 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 raise ProcessLookupError(f"rank {t.rank} has no process")
             saves.append(self._save_in_progress(ctx, t))
         if self.params.torn_at == "shard-write":
-            for t, (_, path) in zip(ctx.targets, saves, strict=True):
+            for t, save in zip(ctx.targets, saves, strict=True):
                 assert t.rank is not None  # no role targets here (role_targets is False)
-                self._wait_for_shard(Path(path) if path else None, t.rank)
+                self._wait_for_shard(Path(save.path) if save.path else None, t.rank)
         delivered = [
             ctx.runtime.signal_pid(t.pid, signal.SIGKILL, t.pid_ticks, t.node)
             for t in ctx.targets
             if t.pid is not None
         ]  # each has one: checked above
-        step, path = saves[0]
+        step, path, _ = saves[0]
         out: dict[str, Any] = {
             "mode": "torn-write",
             "checkpoint": path,
@@ -450,14 +459,7 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 else {}
             )
             out["marker_at_kill"] = out["dir_at_kill"] and (d / cf.COMPLETE_MARKER).is_file()
-            begun = [
-                e.t_ns
-                for e in ctx.events
-                if e.kind == "ckpt_save_begin"
-                and e.get("step") == step
-                and e.get("incarnation", 0) == ctx.targets[0].incarnation
-            ]
-            if begun and _whole_at_kill(d, min(begun)):
+            if _whole_at_kill(d, saves[0].begun_ns):
                 out["damaged"] = False
                 out["undamaged"] = (
                     f"the torn write missed: the save of step {step} was whole when the kill landed (its "
@@ -483,10 +485,10 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
             )
 
     @staticmethod
-    def _save_in_progress(ctx: FaultContext, t: ResolvedTarget) -> tuple[int | None, str | None]:
-        """(step, path) of the checkpoint save running in the target's incarnation: the newest
-        ``ckpt_save_begin`` seen from any rank (the trigger may be another rank's begin, seen before the
-        target's own) that the target has not ended."""
+    def _save_in_progress(ctx: FaultContext, t: ResolvedTarget) -> SaveInProgress:
+        """The checkpoint save running in the target's incarnation: the newest ``ckpt_save_begin`` seen from any
+        rank (the trigger may be another rank's begin, seen before the target's own) that the target has not
+        ended; ``begun_ns``: the earliest rank's begin of that step."""
         inc = t.incarnation
         begins = [e for e in ctx.events if e.kind == "ckpt_save_begin" and e.get("incarnation", 0) == inc]
         if not begins:
@@ -510,7 +512,8 @@ class CorruptCheckpointInjector(Injector[CorruptParams]):
                 f"the checkpoint save of step {step} had already ended",
                 message=f"the checkpoint save of step {step} had already ended on rank {t.rank}",
             )
-        return step, begin.get("path")
+        begun_ns = min(e.t_ns for e in begins if e.get("step") == step)
+        return SaveInProgress(step, begin.get("path"), begun_ns)
 
     def revert(self, ctx: FaultContext) -> bool:
         """Nothing to undo: damage to a checkpoint is permanent, by design (as on a real disk)."""
