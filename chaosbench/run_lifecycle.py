@@ -61,7 +61,7 @@ class LiveRuns:
         """Every live run's ``interrupted`` set: each ends promptly, with its teardown and reverts."""
         with self._lock:
             for control in self._controls:
-                control.interrupted.set()
+                control.interrupt()
 
     def count(self) -> int:
         """How many runs are live now."""
@@ -233,7 +233,7 @@ class RunLifecycle:
         self.live.add(control)
         teardown.cleanup("run control", self.live.discard, control)
         if self.stop_requested.is_set():
-            control.interrupted.set()
+            control.interrupt()
         return framework.supervise(job, plan, control)
 
     def _prepare_faults(

@@ -19,6 +19,7 @@ from chaosbench.frameworks.base import (
     RunControl,
     chain,
     pg_timeout,
+    supervise_job,
 )
 from chaosbench.injectors.base import Role
 
@@ -161,17 +162,17 @@ def supervise_agents(
     0, failed when all have exited and one did not; the harness's stop (deadline, interrupt) ends the wait."""
     watcher = LogWatcher(label, plan.patterns, control.timeline)
     agents = [control.runtime.start(p, on_line=watcher) for p in plan.processes]
-    while True:
+
+    def step() -> JobResult | None:
         codes = [a.poll() for a in agents]
         if all(c == 0 for c in codes):
             return JobResult("completed")
         if all(c is not None for c in codes):
             bad = [f"{a.name} exited with code {c}" for a, c in zip(agents, codes, strict=True) if c]
             return JobResult("failed", "; ".join(bad))
-        stop = control.stop_reason()
-        if stop:
-            return JobResult(stop, f"harness stopped the run ({stop})")
-        control.sleep(min(0.05, monitor_interval_s))
+        return None
+
+    return supervise_job(control, step, min(0.05, monitor_interval_s))
 
 
 #: The roles of a job started by one launcher agent per node (torchrun, ft_launcher).

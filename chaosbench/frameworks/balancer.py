@@ -53,6 +53,7 @@ from chaosbench.frameworks.base import (
     RunControl,
     chain,
     package_version,
+    supervise_job,
 )
 from chaosbench.frameworks.none import describe_exit
 from chaosbench.injectors.base import Role
@@ -509,9 +510,10 @@ class BalancerFramework(Framework[BalancerOptions]):
         counters are read first) or the harness stops the run: notes an exited haproxy (``balancer_exit``) and,
         with the supervisor on, restarts failed replicas."""
         o = self.options
-        while True:
-            if (stop := control.stop_reason()) is not None:
-                return JobResult(stop, f"harness stopped the run ({stop})")
+
+        def step() -> JobResult | None:
+            if control.stop_reason():  # the load's end is not read once the run is stopped
+                return None
             rc = load.poll()
             if rc is not None:
                 self._emit_stats(plan, control)
@@ -527,7 +529,10 @@ class BalancerFramework(Framework[BalancerOptions]):
                 )
             if supervisor.enabled:
                 supervisor.restart_failed()
-            control.sleep(o.monitor_interval_s)
+            return None
+
+        # the supervisor's detection is its poll every monitor_interval_s (modelled): an exit does not wake it
+        return supervise_job(control, step, o.monitor_interval_s, wake_on_exit=False)
 
     def _replica_failure(
         self, h: ProcHandle, rank: int, states: StateWatcher, ready: ReadyWatch, started_ns: int, o: Any
@@ -554,13 +559,19 @@ class BalancerFramework(Framework[BalancerOptions]):
     def _wait_exit(self, h: ProcHandle, control: RunControl, timeout_s: float) -> JobResult | None:
         """None once ``h`` exited 0; else why the run ends."""
         deadline = time.monotonic() + timeout_s
-        while (rc := h.poll()) is None:
-            if (stop := control.stop_reason()) is not None:
-                return JobResult(stop, f"harness stopped the run ({stop})")
+
+        def step() -> JobResult | None:
+            rc = h.poll()
+            if rc is not None:
+                return JobResult(
+                    "completed" if rc == 0 else "failed", f"{h.name} exited with {describe_exit(rc)}"
+                )
             if time.monotonic() > deadline:
                 return JobResult("error", f"{h.name} did not finish in {timeout_s:g} s")
-            control.sleep(0.05)
-        return None if rc == 0 else JobResult("failed", f"{h.name} exited with {describe_exit(rc)}")
+            return None
+
+        out = supervise_job(control, step, 0.05)
+        return None if out.status == "completed" else out
 
     def _write_config(self, job: JobContext, plan: LaunchPlan) -> Path:
         o = self.options

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -289,7 +289,75 @@ class RunControl:
         return None
 
     def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, never past the deadline; the harness's stop ends it early."""
         self.interrupted.wait(max(0.0, min(seconds, self.deadline_monotonic - time.monotonic())))
+
+    def interrupt(self) -> None:
+        """Stop the run: :meth:`stop_reason` says ``interrupted`` from now on, and every wait ends."""
+        self.interrupted.set()
+        self.runtime.run.exits.wake()
+
+    def wait(self, seconds: float, exits_seen: int | None = None) -> None:
+        """:meth:`sleep`, also ended by any exit of the run's processes after the ``exits_seen``-th (the run's
+        :class:`~chaosbench.runtimes.base.ExitQueue` count when the caller last looked); None: only the
+        stop ends it early."""
+        if exits_seen is None:
+            self.sleep(seconds)
+            return
+        timeout = max(0.0, min(seconds, self.deadline_monotonic - time.monotonic()))
+        self.runtime.run.exits.wait(exits_seen, timeout, self.interrupted)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The harness stopped the run before the job had a result: ``reason`` is ``deadline`` or ``interrupted``."""
+
+    reason: str
+
+    def result(self, detail: str | None = None) -> JobResult:
+        """The job's result: the stop, and ``detail`` (default: the harness stopped the run)."""
+        return JobResult(self.reason, detail or f"harness stopped the run ({self.reason})")
+
+
+R = TypeVar("R")
+
+
+def supervise_loop(
+    control: RunControl, step: Callable[[], R | None], interval_s: float, *, wake_on_exit: bool = True
+) -> R | Stopped:
+    """The loop every adapter supervises its job with. ``step()`` looks at the job (its processes' exits, a
+    watchdog, the scheduler's state, spares to start) and returns what ends the watch (a :class:`JobResult`, or a
+    failure the adapter acts on), or None; then the harness's stop (deadline, interrupt) ends it as
+    :class:`Stopped`; else the loop waits up to ``interval_s`` and steps again.
+
+    The wait is on the run's exit queue (:class:`~chaosbench.runtimes.base.ExitQueue`). With ``wake_on_exit``
+    an exit of any of the run's processes since the step began wakes it at once: a launcher that exits is seen
+    when it does (the adapters watching launchers, whose interval is only the harness's own pace). Without, the
+    loop steps every ``interval_s`` and no sooner: for adapters whose interval is the modelled framework's
+    polling (the plain restart loop's and the balancer supervisor's ``monitor_interval_s``, the Slurm poll),
+    which their detection time includes by design, as the predictions say. The stop ends either wait."""
+    exits = control.runtime.run.exits
+    while True:
+        seen = exits.count
+        out = step()
+        if out is not None:
+            return out
+        stop = control.stop_reason()
+        if stop:
+            return Stopped(stop)
+        control.wait(interval_s, seen if wake_on_exit else None)
+
+
+def supervise_job(
+    control: RunControl,
+    step: Callable[[], JobResult | None],
+    interval_s: float,
+    *,
+    wake_on_exit: bool = True,
+) -> JobResult:
+    """:func:`supervise_loop` until ``step`` returns the job's result; the harness's stop is the result then."""
+    out = supervise_loop(control, step, interval_s, wake_on_exit=wake_on_exit)
+    return out.result() if isinstance(out, Stopped) else out
 
 
 def process_context(handle: ProcHandle) -> dict[str, Any]:
@@ -473,7 +541,8 @@ class Framework(ABC, Generic[O]):
     @abstractmethod
     def supervise(self, job: JobContext, plan: LaunchPlan, control: RunControl) -> JobResult:
         """Run the plan to its end. Must return promptly once ``control.stop_reason()`` is set, leaving
-        teardown of what is still running to the caller (``runtime.cleanup``).
+        teardown of what is still running to the caller (``runtime.cleanup``). The adapters watch their job with
+        :func:`supervise_job` (or :func:`supervise_loop`), woken by the run's process exits.
 
         Args:
             job: The run, as it was planned.

@@ -18,6 +18,8 @@ from chaosbench.frameworks.base import (
     LaunchPlan,
     Prediction,
     RunControl,
+    Stopped,
+    supervise_loop,
     torchrun_worker_env,
 )
 from chaosbench.injectors.base import Role
@@ -154,26 +156,38 @@ class NoneFramework(Framework[NO]):
                 watchdog.reset(incarnation)
             launched_ns = now_ns()
             handles = [control.runtime.start(s) for s in specs]
-            failure: Failure | None = None
-            while failure is None:
-                stop = control.stop_reason()
-                if stop:
-                    return JobResult(stop, f"harness stopped the run ({stop})")
+
+            def step(
+                handles: list[ProcHandle] = handles, launched_ns: int = launched_ns
+            ) -> JobResult | Failure | None:
+                if control.stop_reason():  # the ranks are not looked at once the run is stopped
+                    return None
                 if all(h.poll() == 0 for h in handles):
                     return JobResult("completed")
                 failure = self._failure(handles)
                 if failure is None and watchdog is not None:
                     failure = watchdog.check(job.ranks, launched_ns)
-                if failure is None:
-                    control.sleep(o.monitor_interval_s)
+                return failure
+
+            # this loop is the framework: its poll every monitor_interval_s is how soon it detects (modelled)
+            seen: JobResult | Failure | Stopped = supervise_loop(
+                control, step, o.monitor_interval_s, wake_on_exit=False
+            )
+            if isinstance(seen, Stopped):
+                return seen.result()
+            if isinstance(seen, JobResult):
+                return seen
+            failure = seen
             if not self.restarts_allowed:
                 if o.kill_on_bad_exit:
                     control.runtime.terminate(handles, o.teardown_grace_s)
                 else:
-                    while not all(h.exited.is_set() for h in handles):
-                        if control.stop_reason():
-                            return JobResult(control.stop_reason() or "deadline", failure.reason)
-                        control.sleep(o.monitor_interval_s)
+
+                    def all_exited(handles: list[ProcHandle] = handles) -> bool | None:
+                        return True if all(h.exited.is_set() for h in handles) else None
+
+                    if isinstance(supervise_loop(control, all_exited, o.monitor_interval_s), Stopped):
+                        return JobResult(control.stop_reason() or "deadline", failure.reason)
                 return JobResult("failed", failure.reason)
             blame = {} if failure.rank is None else {"blame_rank": failure.rank}
             control.timeline.emit(

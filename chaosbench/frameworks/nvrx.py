@@ -74,6 +74,7 @@ from chaosbench.frameworks.base import (
     chain,
     package_version,
     pg_timeout,
+    supervise_job,
 )
 from chaosbench.injectors.base import Role
 from chaosbench.launchers.nvrx import BRIDGE_SECTIONS
@@ -577,9 +578,11 @@ class NvrxFramework(Framework[NvrxOptions]):
 
         active, spares = plan.processes[: job.nodes], plan.processes[job.nodes :]
         agents: list[ProcHandle] = [control.runtime.start(p, on_line=on_line) for p in active]
-        while True:
+
+        def step() -> JobResult | None:
+            nonlocal spares
             if spares and len(assigned) >= len(active):
-                agents += [control.runtime.start(p, on_line=on_line) for p in spares]
+                agents.extend(control.runtime.start(p, on_line=on_line) for p in spares)
                 spares = []
             codes = [a.poll() for a in agents]
             if all(c is not None for c in codes):
@@ -588,7 +591,6 @@ class NvrxFramework(Framework[NvrxOptions]):
                 if all(c == 0 or (c is not None and c < 0) for c in codes) and any(c == 0 for c in codes):
                     return JobResult("completed", f"lost: {', '.join(lost)}" if lost else "")
                 return JobResult("failed", "; ".join(bad))
-            stop = control.stop_reason()
-            if stop:
-                return JobResult(stop, f"harness stopped the run ({stop})")
-            control.sleep(min(0.05, self.options.monitor_interval_s))
+            return None
+
+        return supervise_job(control, step, min(0.05, self.options.monitor_interval_s))

@@ -82,6 +82,7 @@ from chaosbench.frameworks.base import (
     chain,
     package_version,
     pg_timeout,
+    supervise_job,
 )
 from chaosbench.injectors.base import Role
 from chaosbench.launchers.ray_train import DRIVER_GAVE_UP, EXIT_GAVE_UP
@@ -534,20 +535,19 @@ class RayTrainFramework(Framework[RayTrainOptions]):
         head = control.runtime.start(head_spec, on_line=on_line)
         nodes = [control.runtime.start(p, on_line=on_line) for p in node_specs]
         driver = control.runtime.start(driver_spec, on_line=on_line)
-        while True:
+
+        def step() -> JobResult | None:
             rc = driver.poll()
-            if rc is not None:
-                cluster = [head, *nodes]
-                control.runtime.terminate(cluster, o.teardown_grace_s)
-                if rc == 0:
-                    return JobResult("completed")
-                if rc == EXIT_GAVE_UP:
-                    return JobResult("gave_up", f"Ray Train gave up (driver exit code {rc})")
-                return JobResult("failed", f"ray.driver exited with code {rc}")
-            stop = control.stop_reason()
-            if stop:
-                return JobResult(stop, f"harness stopped the run ({stop})")
-            control.sleep(0.05)
+            if rc is None:
+                return None
+            control.runtime.terminate([head, *nodes], o.teardown_grace_s)
+            if rc == 0:
+                return JobResult("completed")
+            if rc == EXIT_GAVE_UP:
+                return JobResult("gave_up", f"Ray Train gave up (driver exit code {rc})")
+            return JobResult("failed", f"ray.driver exited with code {rc}")
+
+        return supervise_job(control, step, 0.05)
 
     def cleanup(self, job: JobContext) -> None:
         link = ray_temp_link(job.run_dir)

@@ -45,6 +45,7 @@ from chaosbench.frameworks.base import (
     Prediction,
     RunControl,
     chain,
+    supervise_job,
     torchrun_worker_env,
 )
 from chaosbench.runtimes.base import BatchJobs, ProcessSpec
@@ -239,10 +240,10 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
             slurm_version=version,
         )
         watch = _RequeueWatch(self.label, o, rt, control, job_id)
-        while True:
-            stop = control.stop_reason()
-            if stop:
-                return JobResult(stop, f"harness stopped the run ({stop})")
+
+        def step() -> JobResult | None:
+            if control.stop_reason():  # before asking the scheduler: the loop ends on it
+                return None
             info = rt.slurm.job_info(job_id)
             if info is None:
                 return JobResult("failed", f"job {job_id} is unknown to the scheduler")
@@ -253,9 +254,10 @@ class SlurmRequeueFramework(Framework[SlurmRequeueOptions]):
                 return JobResult("completed")
             if info.state is JobState.CANCELLED:
                 return JobResult("failed", f"job {job_id} was cancelled ({info.reason or info.slurm_state})")
-            if (ended := watch.failed(info)) is not None:
-                return ended
-            control.sleep(o.poll_interval_s)
+            return watch.failed(info)
+
+        # the job's state is polled (the scheduler's own clock): no process exit of ours ends a wait
+        return supervise_job(control, step, o.poll_interval_s, wake_on_exit=False)
 
 
 class _RequeueWatch:

@@ -55,6 +55,7 @@ from chaosbench.frameworks.base import (
     chain,
     package_version,
     pg_timeout,
+    supervise_job,
 )
 from chaosbench.injectors.base import Role
 from chaosbench.launchers.command import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS
@@ -448,7 +449,9 @@ class TorchftFramework(Framework[TorchftOptions]):
             return ready
         agents = [control.runtime.start(p, on_line=on_line) for p in group_specs]
         lighthouse_gone = False
-        while True:
+
+        def step() -> JobResult | None:
+            nonlocal lighthouse_gone
             codes = [a.poll() for a in agents]
             if all(c is not None for c in codes):
                 bad = [f"{a.name} exited with code {c}" for a, c in zip(agents, codes, strict=True) if c]
@@ -470,10 +473,9 @@ class TorchftFramework(Framework[TorchftOptions]):
                     proc=lh.name,
                     line=f"lighthouse exited with code {lh.poll()}",
                 )
-            stop = control.stop_reason()
-            if stop:
-                return JobResult(stop, f"harness stopped the run ({stop})")
-            control.sleep(min(0.05, o.monitor_interval_s))
+            return None
+
+        return supervise_job(control, step, min(0.05, o.monitor_interval_s))
 
     @staticmethod
     def _wait_port(

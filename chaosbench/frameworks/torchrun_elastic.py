@@ -46,6 +46,7 @@ from chaosbench.frameworks.base import (
     LogPattern,
     LogWatcher,
     RunControl,
+    supervise_job,
 )
 from chaosbench.runtimes.base import ProcessSpec, ProcHandle
 
@@ -201,7 +202,9 @@ class ElasticFramework(AgentFramework[ElasticOptions]):
         next_node = job.nodes
         lost: set[str] = set()
         pending: list[float] = []  # monotonic times at which a spare starts
-        while True:
+
+        def step() -> JobResult | None:
+            nonlocal spares_left, next_node
             for a in agents:
                 rc = a.poll()
                 if rc is not None and rc < 0 and a.name not in lost:
@@ -227,7 +230,7 @@ class ElasticFramework(AgentFramework[ElasticOptions]):
                     return JobResult("completed")
                 reason = "; ".join(bad) or "every node was lost"
                 return JobResult("gave_up" if any(c and c > 0 for c in codes) else "failed", reason)
-            stop = control.stop_reason()
-            if stop:
-                return JobResult(stop, f"harness stopped the run ({stop})")
-            control.sleep(min(0.05, o.monitor_interval_s))
+            return None
+
+        # a spare's start is due at a time, not at an exit: the interval bounds how late it starts
+        return supervise_job(control, step, min(0.05, o.monitor_interval_s))

@@ -73,6 +73,41 @@ class ProcHandle:
         return f"<ProcHandle {self.name} pid={self.pid} rc={self.returncode}>"
 
 
+class ExitQueue:
+    """The exits of one run's processes, as the runtime settles them: :meth:`settle` records a handle's exit
+    (its ``returncode``, ``t_exit_ns`` and ``exited``) and counts it; a supervise loop waits for the count to move
+    (:meth:`wait`), so it wakes when any process of the run exits instead of at its next poll
+    (:func:`~chaosbench.frameworks.base.supervise_loop`). :meth:`wake` wakes the waiters without an exit (the
+    harness stopping the run)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.count = 0  # exits settled so far
+
+    def settle(self, handle: ProcHandle, returncode: int, t_ns: int | None) -> None:
+        """``handle`` exited with ``returncode`` at ``t_ns``: recorded on it, its ``exited`` set, the waiters
+        woken."""
+        handle.t_exit_ns = t_ns
+        handle.returncode = returncode
+        handle.exited.set()
+        with self._cond:
+            self.count += 1
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Wake every waiter now (they look at what ended their wait themselves)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout_s: float, stop: threading.Event | None = None) -> bool:
+        """Block until an exit is settled after the ``seen``-th, ``stop`` is set, or ``timeout_s`` passed; True
+        when an exit ended the wait."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self.count != seen or (stop is not None and stop.is_set()), timeout_s
+            ) and (self.count != seen)
+
+
 #: Called from a reader thread for each line a process prints: (handle, stream, line, t_ns). ``t_ns`` is when the
 #: process wrote the line where the runtime can tell (local and slurm: the kernel's stamp of the write; the
 #: ``proc_start`` event's ``output_stamp`` says ``write``), else when it was read (docker; ``read``).
@@ -86,6 +121,8 @@ class RunInfo:
     run_id: str
     run_dir: Path
     timeline: TimelineWriter
+    #: The exits of the run's processes (each runtime settles its handles' exits here).
+    exits: ExitQueue = field(default_factory=ExitQueue)
 
 
 class NoOptions(BaseModel):

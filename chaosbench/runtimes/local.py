@@ -194,10 +194,8 @@ class LocalRuntime(Runtime[LocalOptions]):
     def _wait(self, handle: ProcHandle, exit_watch: process.ExitWatch) -> None:
         status = exit_watch.wait()
         assert status is not None and status.returncode is not None  # a child's watch reaps it: never None
-        handle.t_exit_ns = status.t_ns
-        handle.returncode = status.returncode
         record_exit(self.run.timeline, handle, status.returncode, status.t_ns, status.stamp)
-        handle.exited.set()
+        self.run.exits.settle(handle, status.returncode, status.t_ns)
 
     def _ours(self, proc: psutil.Process) -> bool:
         """Whether ``proc`` is a live process this run started, a descendant of one, or a process once seen in

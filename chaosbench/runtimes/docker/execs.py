@@ -313,9 +313,7 @@ class Execs:
                     self.run.timeline.emit(
                         "log", src="runtime", proc=handle.name, line=f"not run again: {exc}"
                     )
-            handle.t_exit_ns = t_exit
-            handle.returncode = rc
-            handle.exited.set()
+            self.run.exits.settle(handle, rc, t_exit)
             return
 
     # ------------------------------------------------------------------ teardown

@@ -316,7 +316,6 @@ class SlurmRuntime(Runtime[SlurmOptions]):
         status = exit_watch.wait()
         assert status is not None and status.returncode is not None  # a child's watch reaps it: never None
         srun_rc = status.returncode
-        handle.t_exit_ns = status.t_ns
         rc = process_returncode(srun_rc)
         extra: dict[str, Any] = {}
         job_id = None
@@ -328,19 +327,17 @@ class SlurmRuntime(Runtime[SlurmOptions]):
             if info is not None and info.state in (JobState.FAILED, JobState.LOST, JobState.CANCELLED):
                 rc = 1
                 extra = {"srun_returncode": srun_rc, "slurm_state": info.slurm_state, "reason": info.reason}
-        handle.returncode = rc
-        assert handle.t_exit_ns is not None
         record_exit(
             self.run.timeline,
             handle,
             rc,
-            handle.t_exit_ns,
+            status.t_ns,
             status.stamp,
             slurm_node=handle.slurm_node,
             job_id=job_id,
             **extra,
         )
-        handle.exited.set()
+        self.run.exits.settle(handle, rc, status.t_ns)
 
     def job_id(self, handle: SlurmHandle) -> int | None:
         """The Slurm job id of a process (looked up by its unique job name; None before it is known)."""
