@@ -8,6 +8,7 @@ processes it started (or their descendants). ``cleanup`` is idempotent and leave
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -71,6 +72,17 @@ class ProcHandle:
 
     def __repr__(self) -> str:
         return f"<ProcHandle {self.name} pid={self.pid} rc={self.returncode}>"
+
+
+def bindable(addr: str, port: int) -> bool:
+    """Whether a TCP socket can bind ``port`` on ``addr`` here now (``0.0.0.0``: nothing listens on it at any
+    local address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, port))
+        except OSError:
+            return False
+    return True
 
 
 class ExitQueue:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaosbench.errors import EngineError, ForeignTarget, TargetNotFound, Unsupported
 from chaosbench.runtimes import process
-from chaosbench.runtimes.base import LineCallback, NoOptions, ProcessSpec, ProcHandle, Runtime
+from chaosbench.runtimes.base import LineCallback, NoOptions, ProcessSpec, ProcHandle, Runtime, bindable
 from chaosbench.runtimes.capture import OUTPUT_CAPTURE_HELP, OutputCapture
 from chaosbench.runtimes.process import (
     CaptureLimitWatcher,
@@ -78,16 +78,6 @@ def listen_port_range() -> tuple[int, int] | None:
     if lo > 21000:
         return 20000, lo - 1
     return (hi + 1, 65535) if hi < 64535 else None
-
-
-def _bindable(port: int) -> bool:
-    """Whether nothing listens on ``port`` at any local address."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 class LocalRuntime(Runtime[LocalOptions]):
@@ -140,7 +130,7 @@ class LocalRuntime(Runtime[LocalOptions]):
                 pick = random.SystemRandom()
                 for _ in range(256):
                     port = pick.randint(*span)
-                    if port not in self._ports_given and _bindable(port):
+                    if port not in self._ports_given and bindable("0.0.0.0", port):
                         self._ports_given.add(port)
                         return port
             for _ in range(256):  # no such range, or full: the kernel's pick

@@ -401,5 +401,5 @@ def test_free_port_never_gives_one_run_the_same_port_twice(tmp_path, monkeypatch
             return next(draws)
 
     monkeypatch.setattr(local.random, "SystemRandom", Drawn)
-    monkeypatch.setattr(local, "_bindable", lambda port: True)
+    monkeypatch.setattr(local, "bindable", lambda addr, port: True)
     assert [rt.free_port(), rt.free_port()] == [24001, 24002]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaosbench.errors import EngineError, SpecError, Unsupported
-from chaosbench.runtimes.base import RunInfo
+from chaosbench.runtimes.base import RunInfo, bindable
 from chaosbench.runtimes.slurm.commands import SlurmCommands
 from chaosbench.runtimes.slurm.options import SlurmOptions, commands_for
 from chaosbench.runtimes.slurm.states import USABLE_NODE_STATES, node_state
@@ -187,18 +187,9 @@ class NodeMap:
             for _ in range(hi - lo):
                 port = lo + self._next_port % (hi - lo)
                 self._next_port += 1
-                if not local or _bindable(addr, port):
+                if not local or bindable(addr, port):
                     return port
         raise EngineError("slurm", f"no free port left in {lo}-{hi - 1} on {addr}")
-
-
-def _bindable(addr: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((addr, port))
-        except OSError:
-            return False
-    return True
 
 
 def _is_local(addr: str) -> bool:
