@@ -93,7 +93,11 @@ def test_tree_and_descent(spawn: list[subprocess.Popen[bytes]]) -> None:
     p = _start(spawn, PLAIN_TREE)
     procs = _whole_tree(p)
     assert len(procs) == 3 and p.pid in procs
-    grandchild = next(q for q in procs.values() if q.name() == "sleep")
+    # the grandchild is in the tree once forked, and is `sleep` only once it has exec'd (seen: still `sh`)
+    grandchild = wait_until(
+        lambda: next((q for q in procs.values() if q.name() == "sleep"), None), 5.0, interval_s=0.01
+    )
+    assert grandchild is not None
     assert process.descends_from(grandchild, {p.pid}) and process.descends_from(procs[p.pid], {p.pid})
     assert not process.descends_from(psutil.Process(os.getpid()), {p.pid})
     ticks = procutil.start_ticks(p.pid)
