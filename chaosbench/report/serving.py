@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from chaosbench.analysis.serving import load_of, per_second
 from chaosbench.analysis.stats import median_ci, wilson
@@ -33,8 +32,9 @@ from chaosbench.report.fmt import (
     fmt_percent,
     fmt_seconds,
 )
+from chaosbench.report.links import href, run_dir_candidates
 from chaosbench.report.plots import DrawnTimeline, load_run_events
-from chaosbench.rundir import RunDir, dirname, replace_atomic
+from chaosbench.rundir import RunDir, replace_atomic
 from chaosbench.timeline import Event
 
 if TYPE_CHECKING:
@@ -217,21 +217,6 @@ def control_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 # ------------------------------------------------------------------------------------------------- the plots
-def run_dirs(suite_dir: Path, row: dict[str, Any]) -> list[Path]:
-    """Where the run's directory may be: the standard layout under ``suite_dir``, then ``run_dir`` as recorded
-    (relative to ``suite_dir``, then as it is)."""
-    cands: list[Path] = []
-    scenario, repeat = as_text(row.get("scenario")), as_int(row.get("repeat"))
-    if scenario and repeat is not None:
-        cands.append(suite_dir / dirname(scenario) / str(repeat))
-    recorded = as_text(row.get("run_dir"))
-    if recorded:
-        if not os.path.isabs(recorded):
-            cands.append(suite_dir / recorded)
-        cands.append(Path(recorded))
-    return list(dict.fromkeys(cands))
-
-
 def per_second_title(row: Mapping[str, Any]) -> str:
     """A per-second plot's title from the run's metrics row: ``health · kill-replica1 · repeat 0: recovered``."""
     return (
@@ -333,11 +318,6 @@ def plot_per_second(
     return True
 
 
-def _href(png: Path, suite_dir: Path) -> str:
-    """The PNG's path relative to the report in ``suite_dir``, as a URL path."""
-    return quote(Path(os.path.relpath(os.path.abspath(png), os.path.abspath(suite_dir))).as_posix())
-
-
 def _per_second_png(rows: Sequence[dict[str, Any]], suite_dir: Path, plots: str) -> tuple[Path | None, str]:
     """The per-second plot to show of one policy's runs (by repeat), and whether this call drew it: the first
     repeat's ``per_second.png`` there is (``plots`` ``existing``/``missing``); else, with ``missing``, or always
@@ -345,14 +325,14 @@ def _per_second_png(rows: Sequence[dict[str, Any]], suite_dir: Path, plots: str)
     rows = sorted(rows, key=lambda r: as_int(r.get("repeat")) or 0)
     if plots != "all":
         for r in rows:
-            for d in run_dirs(suite_dir, r):
+            for d in map(Path, run_dir_candidates(str(suite_dir), r)):
                 if (d / PER_SECOND_PNG).is_file():
                     return d / PER_SECOND_PNG, ""
         if plots == "existing":
             return None, NOT_DRAWN
     why = "no run's events.jsonl found"
     for r in rows:
-        for d in run_dirs(suite_dir, r):
+        for d in map(Path, run_dir_candidates(str(suite_dir), r)):
             if (d / RunDir.EVENTS).is_file():
                 png, reason = draw_run_per_second(d, r)
                 if png is not None:
@@ -379,7 +359,7 @@ def plot_blocks(
         if png is None:
             blocks.append(Paragraph(f"{fw} · {fault}: no per-second plot ({how})."))
             continue
-        rel = _href(png, suite_dir)
+        rel = href(os.path.abspath(png), os.path.abspath(suite_dir))
         blocks.append(Image(rel, f"requests and p99 latency per second: {fw}, {fault}"))
         if how == "drawn":
             written[Path(os.path.relpath(os.path.abspath(png), os.path.abspath(suite_dir))).as_posix()] = png

@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from chaosbench.errors import SpecError
 from chaosbench.report.analysis import analysis_blocks
@@ -16,10 +15,11 @@ from chaosbench.report.document import Heading
 from chaosbench.report.fmt import as_text
 from chaosbench.report.headline import first_screen_blocks
 from chaosbench.report.html import render_html
+from chaosbench.report.links import href, run_dir_candidates
 from chaosbench.report.markdown import render_markdown
 from chaosbench.report.plots import TIMELINE_PNG, draw_run_timeline
 from chaosbench.report.tables import COLUMNS, RunView, build_document
-from chaosbench.rundir import RunDir, dirname, write_atomic
+from chaosbench.rundir import RunDir, write_atomic
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,50 +54,22 @@ def _records(results: pd.DataFrame) -> list[dict[str, Any]]:
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
-def _candidates(suite_dir: str, run: RunView) -> list[str]:
-    """Where the run's directory may be, as paths (strings: 10,000 runs make Path objects cost): the standard
-    layout under the suite directory (:class:`chaosbench.rundir.RunDir`; right for a suite that was moved or
-    copied), then ``run_dir`` as recorded, relative to the suite directory and then as it is."""
-    out: list[str] = []
-    if as_text(run.row.get("scenario")) and run.repeat is not None:
-        out.append(os.path.join(suite_dir, dirname(run.scenario), str(run.repeat)))
-    recorded = as_text(run.row.get("run_dir"))
-    if recorded:
-        if not os.path.isabs(recorded):
-            out.append(os.path.join(suite_dir, recorded))
-        out.append(recorded)
-    return list(dict.fromkeys(out))
-
-
-def _href(png: str, suite_dir: str) -> str:
-    """The PNG's path relative to the report in ``suite_dir`` (absolute), as a URL path (``/``-separated,
-    percent-quoted)."""
-    if png.startswith(suite_dir + os.sep):
-        rel = png[len(suite_dir) + 1 :]
-    else:
-        try:
-            rel = os.path.relpath(png, suite_dir)
-        except ValueError:  # another drive (Windows): only an absolute link can reach it
-            return Path(png).resolve().as_uri()
-    return quote(rel.replace(os.sep, "/"))
-
-
 def _find_plot(suite_dir: str, run: RunView, redraw: bool) -> str | None:
     """Find the run's directory (``dir_rel``); link the run's existing timeline PNG (``plot_rel``), or say why
     there is none (``plot_note``); returns the
     run directory to draw it in when it can be drawn (it has an ``events.jsonl``) and is absent or ``redraw``.
     ``suite_dir``: absolute."""
-    candidates = _candidates(suite_dir, run)
+    candidates = run_dir_candidates(suite_dir, run.row)
     if not candidates:
         run.plot_note = "no timeline plot: no run_dir recorded"
         return None
     found = next((c for c in candidates if os.path.isdir(c)), None)
     if found is not None:
-        run.dir_rel = _href(found, suite_dir) + "/"
+        run.dir_rel = href(found, suite_dir) + "/"
     if not redraw:
         for cand in candidates:
             if os.path.isfile(png := os.path.join(cand, TIMELINE_PNG)):
-                run.plot_rel = _href(png, suite_dir)
+                run.plot_rel = href(png, suite_dir)
                 return None
     drawable = next((c for c in candidates if os.path.isfile(os.path.join(c, RunDir.EVENTS))), None)
     if drawable is None:
@@ -160,7 +132,7 @@ def write_report(
         if png is None:
             run.plot_note = why
         else:
-            run.plot_rel, run.plot_note = _href(os.path.abspath(png), suite_abs), None
+            run.plot_rel, run.plot_note = href(os.path.abspath(png), suite_abs), None
             written[Path(os.path.relpath(png, suite_abs)).as_posix()] = png
 
     blocks = build_document(runs, title, suite, generated, lead=first_screen_blocks(runs))
