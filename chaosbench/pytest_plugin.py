@@ -16,6 +16,7 @@ Thin on purpose: torch, pandas and the rest are imported only when an item runs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,9 @@ class _SuiteState:
             self.runner.halted is not None
         ):  # an earlier run may have left something this one would collide with
             raise ChaosFailure(f"not run: {self.runner.halted.describe()}")
+        t = time.monotonic()
         rec = self.runner.run_one(scenario)
-        return rec, self.runner.finish(rec)
+        return rec, self.runner.finish(rec, time.monotonic() - t)
 
 
 class ChaosItem(pytest.Item):

@@ -217,6 +217,9 @@ def test_the_pytest_plugin_runs_nothing_after_a_halt_and_says_why(tmp_path: Path
     first, second = state.suite.scenarios()
     rec, _ = state.run(first)
     assert rec.result.status == "error" and state.runner.halted is not None
+    # timed as chaosbench run times a run (result.json's elapsed_s was null under the plugin)
+    elapsed = json.loads(RunDir.of(state.runner.suite_dir, first).result.read_text())["elapsed_s"]
+    assert isinstance(elapsed, float) and elapsed > 0
     with pytest.raises(ChaosFailure, match="^not run: suite stopped after run restart/kill #0: "):
         state.run(second)
     assert not RunDir.of(state.runner.suite_dir, second).events.exists()
