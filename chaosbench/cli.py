@@ -86,7 +86,7 @@ def _announce_suite(args: argparse.Namespace, suite: Any) -> tuple[int, float]:
     at_once = f", {args.jobs} at once" if args.jobs > 1 else ""
     _progress(
         f"suite '{suite.name}': {'at most ' if suite.until_decided() else ''}{n} runs, at most {format_duration(bound_s)} (each run to its deadline of "
-        f"{suite.defaults.deadline_s:g} s, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})"
+        f"{_deadlines(suite)}, +{RUN_OVERHEAD_S:g} s to set up and tear down{at_once})"
     )
     if over and not args.yes:
         raise SpecError(
@@ -95,6 +95,13 @@ def _announce_suite(args: argparse.Namespace, suite: Any) -> tuple[int, float]:
             file=args.suite,
         )
     return n, bound_s
+
+
+def _deadlines(suite: Any) -> str:
+    """The suite's run deadlines in words: ``300 s``, or ``300 s (hang: 60 s)`` where faults set their own."""
+    own = {n: f.deadline_s for n, f in suite.faults.items() if f.deadline_s is not None}
+    shown = ", ".join(f"{n}: {d:g} s" for n, d in sorted(own.items()))
+    return f"{suite.defaults.deadline_s:g} s" + (f" ({shown})" if shown else "")
 
 
 def _print_dry_run(

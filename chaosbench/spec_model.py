@@ -396,6 +396,12 @@ class FaultSpec(_Strict):
     description: str | None = None
     use: str | None = Field(default=None, exclude=True)  # resolved by load_suite (faults/NAME.yaml)
     slos: Slos = Field(default_factory=dict, description="SLOs for runs of this fault (override the suite's)")
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="the deadline of this fault's runs, instead of defaults.deadline_s (a fault the framework is "
+        "not meant to survive need not wait out the suite's); a run of several faults gets the longest of theirs",
+    )
 
     @field_validator("slos")
     @classmethod
@@ -711,9 +717,22 @@ class Suite(_Strict):
         return sum(repeats for _, _, repeats in self.cells())
 
     def wall_bound_s(self, per_run_overhead_s: float, jobs: int = 1) -> float:
-        """An upper bound of the suite's wall time: every run reaching its deadline, plus ``per_run_overhead_s``
-        for setting it up and tearing it down, ``jobs`` runs at once."""
-        return math.ceil(self.run_count() / jobs) * (self.defaults.deadline_s + per_run_overhead_s)
+        """An upper bound of the suite's wall time: every run reaching its deadline (:meth:`deadline_for`), plus
+        ``per_run_overhead_s`` for setting it up and tearing it down. One run at a time, their sum; ``jobs`` at
+        once, at most ceil(runs / jobs) of the longest (a busy slot ends its run within that and takes the next)."""
+        runs = [
+            (self.deadline_for(names) + per_run_overhead_s, repeats) for _, names, repeats in self.cells()
+        ]
+        total = sum(each * repeats for each, repeats in runs)
+        longest = max((each for each, _ in runs), default=0.0)
+        return min(total, math.ceil(self.run_count() / jobs) * longest)
+
+    def deadline_for(self, names: list[str]) -> float:
+        """The deadline of a run of the faults ``names`` (none: a control): the longest of their ``deadline_s``,
+        a fault without one counting ``defaults.deadline_s``."""
+        if not names:
+            return self.defaults.deadline_s
+        return max(self.faults[n].deadline_s or self.defaults.deadline_s for n in names)
 
     def framework_spec(self, label: str) -> FrameworkSpec:
         return self.frameworks.get(label) or FrameworkSpec()
@@ -751,7 +770,7 @@ class Suite(_Strict):
             workload=self.workload_for(fw),
             runtime=self.defaults.runtime,
             runtime_options={**self.defaults.runtime_options, **(fspec.runtime_options or {})},
-            deadline_s=self.defaults.deadline_s,
+            deadline_s=self.deadline_for(names),
             strategy=fspec.strategy,
             faults=tuple((n, self.faults[n]) for n in names),
             slos=slos,
