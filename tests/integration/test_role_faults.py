@@ -22,6 +22,9 @@ defaults:
   # 19.7 s quiet; on a machine busy with another test file its ranks took 12.6 s from rank_start to their first
   # step, the restarted ones were up at 24.7 s and had not stepped when a deadline of 35 s cut them (2026-12-07)
   deadline_s: 50
+  # the two runs that wait out their deadline by design have their own (faults' deadline_s): the orphaned
+  # worker's last step came at 19.7-19.8 s (two CI sessions, 2026-12-07), 22 s on a busy machine; the Lighthouse
+  # was killed at 11.3-11.4 s, after which no group steps again
   workload: {name: ddp-mlp, ranks: 2, nodes: 2, steps: 30, checkpoint_every: 10, step_sleep_s: 0.35, pg_timeout_s: 10}
 frameworks:
   torchrun: {max_restarts: 2, share_rdzv_tcp_store: false}
@@ -29,10 +32,10 @@ frameworks:
     workload: {name: ft-mlp, steps: 30, step_sleep_s: 0.1, pg_timeout_s: 10}
   nvrx: {max_restarts: 2, share_rdzv_tcp_store: false, workload: {step_sleep_s: 0.05}}
 faults:
-  kill-agent1: {injector: kill, target: {role: agent, node: node1}, trigger: {at_step: 10}}
+  kill-agent1: {injector: kill, target: {role: agent, node: node1}, trigger: {at_step: 10}, deadline_s: 35}
   # 20 steps (> 6 s) still to train: node1's agent notices within its 5 s keep-alive interval
   kill-rendezvous-host: {injector: kill, target: {role: rendezvous-host}, trigger: {at_step: 10}}
-  kill-lighthouse: {injector: kill, target: {role: lighthouse}, trigger: {at_step: 10}}
+  kill-lighthouse: {injector: kill, target: {role: lighthouse}, trigger: {at_step: 10}, deadline_s: 30}
   kill-bridge1: {injector: kill, target: {role: bridge, node: node1}, trigger: {at_step: 10}}
 matrix:
   frameworks: [torchrun]
