@@ -453,7 +453,7 @@ def _check_fault_workloads(suite: Suite, smap: SourceMap) -> None:
                 raise smap.error(
                     ("faults", name, "injector"), f"{problem} (framework '{fw}')", obj=f"fault '{name}'"
                 )
-            never = _never_fires(fault.trigger, params, steps, fault.deadline_s or suite.defaults.deadline_s)
+            never = _never_fires(fault.trigger, params, steps, suite.deadline_for([name]))
             if never is not None:
                 raise smap.error(
                     ("faults", name) + never[0],
