@@ -313,6 +313,9 @@ class FaultController:
                 "index": ctx.index,
                 "reason": reason,
             }
+            # The fault's effect ends somewhere in the revert (a rule deleted first, its helper stopped after):
+            # when it began bounds the time it was certainly in force, as fault_inject's effect_t_ns does the start
+            base["began_t_ns"] = now_ns()
             try:
                 undone = self.injector.revert(ctx)
             except Exception as exc:  # noqa: BLE001 - report and keep the harness alive

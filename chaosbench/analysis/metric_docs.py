@@ -111,8 +111,8 @@ TRAINING: tuple[MetricRow, ...] = (
     ),
     MetricRow(
         "`slowdown`, `fault_step_time_s`",
-        "the job's time per step while the fault lasted (a stall in full), and how many times longer "
-        "those same steps took than in the control",
+        "the job's time per step while the fault certainly lasted (from its effect to the start of its "
+        "revert; a stall in full), and how many times longer those same steps took than in the control",
     ),
     MetricRow(
         "`detected_by`, `gave_up`, `crash_loop`, `failure_class`, `time_burned_s`",

@@ -121,11 +121,11 @@ own, ``faults`` below):
 - ``ranks_agree``: every rank's final digest (its newest ``train_end``) is the same (False exposes silent
   corruption that made replicas diverge); missing when fewer than two ranks reported one.
 - ``step_time_s``: median interval between consecutive step completions over the whole run (same
-  incarnation); ``fault_step_time_s``: the mean of the intervals overlapping the fault window (fault_inject
-  to fault_revert or run end: the job's time per step while the fault lasted, a stall in full); ``slowdown``:
-  how many times longer those same steps took than in the control run (the sum of the window's intervals over
-  the sum of the control's intervals of the same step indices, so a checkpoint save in the window is matched by
-  the control's).
+  incarnation); ``fault_step_time_s``: the mean of the intervals overlapping the fault window (fault_inject's
+  effect to the start of its revert, or the run's end: the job's time per step while the fault certainly lasted,
+  a stall in full); ``slowdown``: how many times longer those same steps took than in the control run (the
+  sum of the window's intervals over the sum of the control's intervals of the same step indices, so a
+  checkpoint save in the window is matched by the control's).
 - ``verdict``: one line saying what the framework did (recovered after N restarts / in place, not detected,
   gave up, crash loop, diverged silently, ...), derived from the fields above.
 - ``faults``: every fault of the run (each ``fault_inject``, in the order they took effect) measured on its
@@ -991,11 +991,14 @@ def _first_fault(
 def _fault_window(
     m: RunMetrics, ix: TimelineIndex, ctl: TimelineIndex | None, tf: int, end: Event | None
 ) -> None:
-    """The step time while the first fault was in effect (from its effect ``tf`` to its revert, else the run's
-    end) and the slowdown against the control run's same steps."""
+    """The step time while the first fault was in effect (from its effect ``tf`` to the start of its revert,
+    else the run's end) and the slowdown against the control run's same steps."""
     miss = m.missing
     revert = ix.first("fault_revert", after_ns=tf)
-    t_win_end = revert.t_ns if revert is not None else (end.t_ns if end is not None else ix.events[-1].t_ns)
+    if revert is not None:
+        t_win_end = timing.revert_began_ns(revert)
+    else:
+        t_win_end = end.t_ns if end is not None else ix.events[-1].t_ns
     in_window = timing.window_intervals(ix.steps, tf, t_win_end)
     m.fault_step_time_s = statistics.fmean(s for _, s in in_window) if in_window else None
     if not in_window:

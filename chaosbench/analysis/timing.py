@@ -24,6 +24,13 @@ def fault_effect_ns(ix: TimelineIndex, fault: Event) -> int:
     return min(seen) if seen else tf
 
 
+def revert_began_ns(revert: Event) -> int:
+    """Until when a reverted fault was certainly in effect: when its revert began (``began_t_ns`` of its
+    ``fault_revert``; the effect ended between that and the event's own time), else the event's time."""
+    began = revert.get("began_t_ns")
+    return int(began) if began is not None else revert.t_ns
+
+
 @dataclass(frozen=True)
 class FaultPoint:
     """Where the job stood when the fault took effect (``t_ns``): the incarnation running (``incarnation``), the

@@ -242,6 +242,7 @@ FIELDS: dict[str, dict[str, tuple[bool, tuple[str, ...]]]] = {
         "undone": (False, ("null", "bool")),
         "error": (False, ("null", "str")),
         "step": (False, ("null", "int")),
+        "began_t_ns": (False, ("null", "int")),
     },
     "fault_skipped": {
         "rank": (False, ("null", "int")),

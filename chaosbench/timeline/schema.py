@@ -619,6 +619,11 @@ class FaultRevert(_MaybeRank):
     undone: bool | None = Field(None, description="the injector undid it")
     error: str | None = Field(None, description="why reverting failed")
     step: int | None = Field(None, description="the step it ended at (planted)")
+    began_t_ns: int | None = Field(
+        None,
+        description="when the injector began reverting it, ns on the harness's clock: the fault's effect ended "
+        "between this and the event's time",
+    )
 
 
 class FaultSkipped(_MaybeRank):

@@ -560,3 +560,35 @@ def test_slowdown_counts_a_stall_after_quick_steps_in_full() -> None:
     assert m.fault_step_time_s == pytest.approx(3.3 / 3, abs=1e-6)
     assert m.slowdown == pytest.approx(3.3 / 0.35, rel=1e-6)
     assert compute_metrics(tl.sorted(), total_steps=12).missing["slowdown"] == "no control run"
+
+
+def test_fault_window_ends_where_the_revert_began() -> None:
+    """A network delay's revert deletes its rule first and stops its delayer after: two quick steps came between
+    (as in a CI run, where 6 of them outnumbered the window's 4 delayed ones). The window ends at the revert's
+    start (``began_t_ns``), so only the delayed steps count; without it, at the event's own time."""
+
+    def run(began: bool) -> TL:
+        tl = TL(fault="delay").incarnation(0, 0.1, 1, 8)
+        tf = tl.t_last + 0.002
+        tl.add(tf, "fault_inject", src="injector", fault="delay", injector="net-delay")
+        t = tl.t_last
+        for step, dt in ((9, 1.0), (10, 1.0), (11, 0.03), (12, 0.03)):
+            t += dt
+            for r in range(2):
+                tl.rank(t, "step", r, 0, step=step, loss=0.1)
+        stamp = {"began_t_ns": T0 + int(round((tf + 1.99) * S))} if began else {}
+        tl.add(t + 0.01, "fault_revert", src="injector", fault="delay", undone=True, **stamp)
+        for r in range(2):
+            tl.rank(t + 0.02, "train_end", r, 0, step=12, loss=0.1, digest="d")
+        tl.add(t + 0.1, "run_end", outcome="completed")
+        return tl
+
+    # the intervals overlapping the window: those ending at steps 9 and 10 (1 s each; the revert began at tf + 1.99,
+    # before step 10 ended), not the quick ones after
+    assert compute_metrics(run(True).sorted(), total_steps=12).fault_step_time_s == pytest.approx(
+        1.0, abs=1e-6
+    )
+    # the event's own time takes in the intervals ending at 11 and 12 too
+    assert compute_metrics(run(False).sorted(), total_steps=12).fault_step_time_s == pytest.approx(
+        2.06 / 4, abs=1e-6
+    )
