@@ -131,7 +131,7 @@ def test_inject_and_revert_in_the_node_namespace(nodes) -> None:
 
     bw = NetBandwidthInjector("bw", NetBandwidthInjector.Params(rate="1mbit"))
     ctx = _ctx(setup, 2)
-    bw.inject(ctx)
+    bw_details = bw.inject(ctx)
     assert _qdisc(rt, "node1").startswith("qdisc tbf")
     assert bw.revert(ctx) and not _qdisc(rt, "node1").startswith("qdisc tbf")
 
@@ -156,6 +156,12 @@ def test_inject_and_revert_in_the_node_namespace(nodes) -> None:
         f"{loss_details['method']['node1']}"
     )
     assert details["method"]["node1"] in ("netem", "nfqueue")
+    # each shaping fault says the target's TCP congestion control, as the node's namespace has it
+    argv = ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]
+    cmd = ["nsenter", "-t", str(rt.node_pid("node1")), "-n", *argv]
+    cc = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    assert details["tcp_congestion_control"] == loss_details["tcp_congestion_control"] == {"node1": cc}
+    assert bw_details["tcp_congestion_control"] == {"node1": cc}
     assert 40 <= delayed < 40 + base + 30  # one-way egress delay on node1: once per round trip
     assert after < 20 and healed < 20
     assert cut.startswith("unreachable")

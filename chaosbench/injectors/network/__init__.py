@@ -39,6 +39,7 @@ from chaosbench import procutil
 from chaosbench.errors import ChaosbenchError, EngineCommandFailed, EngineError, MissingEngine, TargetNotFound
 from chaosbench.injectors.base import FaultContext, Injector, P, RunSetup, target_nodes
 from chaosbench.runtimes.base import NodeControl, node_control
+from chaosbench.timeline import now_ns
 
 if TYPE_CHECKING:
     from chaosbench.specs import Target, Trigger
@@ -74,6 +75,31 @@ def nsexec(
         said = res.stderr.strip() or res.stdout.strip()
         raise EngineCommandFailed(cmd, res.returncode, said, message=f"{node}: {' '.join(argv)}: {said}")
     return res
+
+
+def congestion_controls(rt: NodeControl, nodes: list[str]) -> dict[str, str | None]:
+    """Each node's TCP congestion control (``net.ipv4.tcp_congestion_control`` of its namespace): what a delay,
+    a loss or a bandwidth cap costs a job is that TCP's answer to it. None where it could not be read."""
+    out: dict[str, str | None] = {}
+    for node in nodes:
+        out[node] = None
+        with contextlib.suppress(ChaosbenchError, ProcessLookupError, OSError, subprocess.SubprocessError):
+            res = nsexec(rt, node, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"], check=False)
+            if res.returncode == 0:
+                out[node] = res.stdout.strip() or None
+    return out
+
+
+def with_congestion_controls(rt: NodeControl, nodes: list[str], details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` of a shaping fault now in force, with its effect stamped first and then the nodes'
+    congestion controls (``tcp_congestion_control``) read, so reading them does not delay the stamp."""
+    effect = now_ns()
+    return {
+        **details,
+        "tcp_congestion_control": congestion_controls(rt, nodes),
+        "effect_t_ns": effect,
+        "effect": "the rules, qdisc or delayer in place",
+    }
 
 
 def iface(rt: NodeControl, node: str) -> str:
@@ -184,11 +210,13 @@ class _ShapingInjector(_NetInjector[SP]):
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         rt = node_control(ctx.runtime, self.name)
         used: dict[str, str] = {}
-        for node in target_nodes(ctx):
+        nodes = target_nodes(ctx)
+        for node in nodes:
             used[node] = "netem" if self._netem(ctx, rt, node) else self.fallback
             if used[node] != "netem":
                 self.inject_fallback(ctx, rt, node)
-        return {"method": used, **self.params.model_dump(exclude={"method", "duration_s"})}
+        details = {"method": used, **self.params.model_dump(exclude={"method", "duration_s"})}
+        return with_congestion_controls(rt, nodes, details)
 
     def _netem(self, ctx: FaultContext, rt: NodeControl, node: str) -> bool:
         """``netem`` on the node's egress when the params allow it (``method`` auto or netem, ``direction``
@@ -407,11 +435,12 @@ class NetBandwidthInjector(_NetInjector[NetBandwidthParams]):
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         p = self.params
         rt = node_control(ctx.runtime, self.name)
-        for node in target_nodes(ctx):
+        nodes = target_nodes(ctx)
+        for node in nodes:
             args = ["rate", p.rate, "burst", p.burst, "latency", f"{p.latency_ms}ms"]
             if not self._add_qdisc(ctx, rt, node, "tbf", args):
                 raise MissingEngine(f"{node}: the kernel has no tbf qdisc")
-        return {"method": "tbf", "rate": p.rate, "burst": p.burst}
+        return with_congestion_controls(rt, nodes, {"method": "tbf", "rate": p.rate, "burst": p.burst})
 
 
 # ------------------------------------------------------------------------------------------------ partition
