@@ -18,7 +18,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from chaosbench.injectors.base import FaultContext, ResolvedTarget, RunSetup  # noqa: E402
-from chaosbench.injectors.network import NetDelayInjector  # noqa: E402
+from chaosbench.injectors.network import NetDelayInjector, nsexec  # noqa: E402
 from chaosbench.runtimes.base import ProcessSpec, RunInfo  # noqa: E402
 from chaosbench.runtimes.docker import DockerRuntime  # noqa: E402
 from chaosbench.timeline import TimelineWriter  # noqa: E402
@@ -77,10 +76,7 @@ def one_run(cc: str, delay_ms: float, workdir: Path) -> list[tuple[str, float]] 
     try:
         rt.provision(2)
         for node in ("node0", "node1"):
-            argv = ["sysctl", "-w", f"net.ipv4.tcp_congestion_control={cc}"]
-            res = subprocess.run(
-                ["nsenter", "-t", str(rt.node_pid(node)), "-n", *argv], capture_output=True, text=True
-            )
+            res = nsexec(rt, node, ["sysctl", "-w", f"net.ipv4.tcp_congestion_control={cc}"], check=False)
             if res.returncode != 0:
                 return f"{node}: {res.stderr.strip()}"
         rt.start(ProcessSpec("server", [sys.executable, "-c", SERVER], node="node0"))
